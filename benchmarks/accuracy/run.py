@@ -1,0 +1,204 @@
+"""Accuracy of the estimator against published, measured fine-tuning runs.
+
+Each case in ``cases.jsonl`` (a copy of shared/benchmarks/memory_cases.jsonl; every row keeps its
+``source`` and ``locator``) is a plan plus what its source measured. We estimate the plan and compare
+with the measured figure using the matching counter: ``allocated`` with peak_allocated_gib,
+``reserved`` with peak_reserved_gib, ``device`` with peak_device_gib; ``unknown`` (the source does not
+say) is compared with peak_reserved_gib, the counter that decides an out-of-memory.
+
+Run: ``python -m benchmarks.accuracy.run`` (writes benchmarks/results/accuracy.{md,json}).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from services.catalog.gpus import find_gpu
+from services.estimator.errors import EstimatorError
+from services.estimator.estimate import estimate
+from services.estimator.plan import Plan
+
+HERE = Path(__file__).resolve().parent
+CASES = HERE / "cases.jsonl"
+RESULTS = HERE.parent / "results"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    id: str
+    source: str
+    confidence: str
+    gpu: str
+    metric: str
+    measured_gib: float | None
+    predicted_gib: float | None
+    error_pct: float | None  # signed, (predicted - measured) / measured
+    measured_oom: bool
+    card_gib: float | None
+    predicted_fits: bool | None
+    measured_tokens_per_s: float | None
+    predicted_tokens_per_s: float | None
+    tokens_error_pct: float | None
+    note: str
+
+
+def _card(label: str) -> tuple[str | None, float | None]:
+    """The catalog GPU behind a case's label and the card's memory (GiB) for the fit check."""
+    try:
+        spec = find_gpu(label)
+        return spec.name, spec.memory_gib
+    except EstimatorError:
+        match = re.search(r"(\d+)\s*GB", label)
+        return None, float(match.group(1)) if match else None
+
+
+def evaluate_case(case: dict[str, Any]) -> CaseResult:
+    measured = case["measured"]
+    plan = Plan.model_validate(case["plan"])
+    gpu_name, card_gib = _card(case["gpu"])
+    result = estimate(plan, gpu_name)
+    mem = result.memory
+    metric = measured["metric"]
+    predicted = {
+        "allocated": mem.peak_allocated_gib,
+        "reserved": mem.peak_reserved_gib,
+        "device": mem.peak_device_gib,
+        "unknown": mem.peak_reserved_gib,
+    }[metric]
+    peak = measured["peak_gib"]
+    error = None if peak is None else (predicted - peak) / peak * 100
+    fits = None if card_gib is None else mem.peak_device_gib <= card_gib
+
+    tps_measured = measured.get("tokens_per_s")
+    scope = measured.get("tokens_per_s_scope")
+    tps_pred = tps_err = None
+    note = ""
+    if tps_measured and result.throughput is not None:
+        if scope == "per_gpu" or (scope == "unknown" and plan.gpus == 1):
+            tps_pred = result.throughput.tokens_per_s_per_gpu
+        elif scope == "total":
+            tps_pred = result.throughput.tokens_per_s
+        else:
+            note = "tokens/s scope unknown on several GPUs: not compared"
+        if tps_pred is not None:
+            tps_err = (tps_pred - tps_measured) / tps_measured * 100
+    elif tps_measured:
+        note = f"no specs for GPU {case['gpu']!r}: tokens/s not compared"
+    return CaseResult(
+        id=case["id"], source=case["source"], confidence=case["confidence"], gpu=case["gpu"], metric=metric,
+        measured_gib=peak, predicted_gib=predicted, error_pct=error, measured_oom=bool(measured["oom"]),
+        card_gib=card_gib, predicted_fits=fits, measured_tokens_per_s=tps_measured,
+        predicted_tokens_per_s=tps_pred, tokens_error_pct=tps_err, note=note,
+    )
+
+
+def load_cases(path: Path = CASES) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    cases: int
+    memory_cases: int
+    median_abs_error_pct: float
+    p90_abs_error_pct: float
+    ooms: int
+    ooms_flagged: int
+    ran_but_predicted_not_to_fit: list[str]
+    tokens_cases: int
+    tokens_median_abs_error_pct: float
+
+
+def summarize(results: list[CaseResult]) -> Summary:
+    errors = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    tokens = [abs(r.tokens_error_pct) for r in results if r.tokens_error_pct is not None]
+    ooms = [r for r in results if r.measured_oom]
+    false_ooms = [r.id for r in results if not r.measured_oom and r.predicted_fits is False]
+    return Summary(
+        cases=len(results),
+        memory_cases=len(errors),
+        median_abs_error_pct=statistics.median(errors) if errors else float("nan"),
+        p90_abs_error_pct=_percentile(errors, 0.9),
+        ooms=len(ooms),
+        ooms_flagged=sum(1 for r in ooms if r.predicted_fits is False),
+        ran_but_predicted_not_to_fit=false_ooms,
+        tokens_cases=len(tokens),
+        tokens_median_abs_error_pct=statistics.median(tokens) if tokens else float("nan"),
+    )
+
+
+def evaluate_all(cases: list[dict[str, Any]] | None = None) -> dict[str, list[CaseResult]]:
+    """Results split into the headline set (medium + high confidence) and the low-confidence set."""
+    results = [evaluate_case(c) for c in (cases if cases is not None else load_cases())]
+    return {
+        "medium_high": [r for r in results if r.confidence in ("medium", "high")],
+        "low": [r for r in results if r.confidence == "low"],
+    }
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def summary_table(groups: dict[str, list[CaseResult]]) -> str:
+    lines = [
+        "| set | cases | memory median abs err | memory p90 abs err | OOMs flagged | ran but predicted OOM "
+        "| tokens/s cases | tokens/s median abs err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, label in (("medium_high", "medium + high confidence"), ("low", "low confidence")):
+        s = summarize(groups[name])
+        lines.append(
+            f"| {label} | {s.memory_cases} | {s.median_abs_error_pct:.1f}% | {s.p90_abs_error_pct:.1f}% | "
+            f"{s.ooms_flagged}/{s.ooms} | {len(s.ran_but_predicted_not_to_fit)} | {s.tokens_cases} | "
+            f"{s.tokens_median_abs_error_pct:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def report(groups: dict[str, list[CaseResult]]) -> str:
+    out = ["# Estimator accuracy on the public measured cases", "", summary_table(groups), ""]
+    for name, label in (("medium_high", "Medium + high confidence"), ("low", "Low confidence")):
+        out += [f"## {label}", "", "| case | gpu | metric | measured GiB | predicted GiB | error | OOM | fits "
+                "| tok/s measured | tok/s predicted | tok/s error | note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in groups[name]:
+            out.append(
+                f"| {r.id} | {r.gpu} | {r.metric} | {_fmt(r.measured_gib, 2)} | {_fmt(r.predicted_gib, 2)} | "
+                f"{_fmt(r.error_pct)}% | {'yes' if r.measured_oom else ''} | {'' if r.predicted_fits is None else r.predicted_fits} | "
+                f"{_fmt(r.measured_tokens_per_s, 0)} | {_fmt(r.predicted_tokens_per_s, 0)} | {_fmt(r.tokens_error_pct)} | {r.note} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    groups = evaluate_all()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = report(groups)
+    (RESULTS / "accuracy.md").write_text(text + "\n", encoding="utf-8")
+    data = {
+        "summary": {k: asdict(summarize(v)) for k, v in groups.items()},
+        "cases": {k: [asdict(r) for r in v] for k, v in groups.items()},
+    }
+    (RESULTS / "accuracy.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(summary_table(groups) if argv and "--summary" in argv else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,120 @@
+"""GPU specifications (a versioned data file) and forgiving GPU-name matching."""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import functools
+import io
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from services.estimator.errors import EstimatorError
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    aliases: tuple[str, ...]
+    memory_gib: float
+    memory_gb_vendor: float
+    bf16_tflops: float | None
+    fp16_tflops: float
+    fp8_tflops: float | None
+    hbm_bandwidth_gb_per_s: float
+    nvlink_gb_per_s: float
+    pcie_gb_per_s: float
+    gpu_class: str
+    source: str
+
+    def dense_tflops(self, precision: str) -> float:
+        """Peak dense tensor TFLOPs for the plan's compute dtype (fp16 where a card lacks bf16)."""
+        if precision.startswith("bf16") and self.bf16_tflops:
+            return self.bf16_tflops
+        if precision == "fp32":
+            # Training in fp32 uses TF32 tensor cores where available: half the 16-bit rate.
+            return (self.bf16_tflops or self.fp16_tflops) / 2
+        return self.fp16_tflops
+
+    @property
+    def interconnect_gb_per_s(self) -> float:
+        return self.nvlink_gb_per_s or self.pcie_gb_per_s
+
+
+def parse_gpu_specs(text: str) -> tuple[GpuSpec, ...]:
+    """Parse the GPU spec CSV (lines starting with '#' are comments)."""
+    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(True) if not line.startswith("#"))))
+
+    def opt(value: str) -> float | None:
+        return float(value) if value.strip() else None
+
+    specs = []
+    for row in rows:
+        specs.append(
+            GpuSpec(
+                name=row["name"],
+                aliases=tuple(a.strip() for a in row["aliases"].split(";") if a.strip()),
+                memory_gib=float(row["memory_gib"]),
+                memory_gb_vendor=float(row["memory_gb_vendor"]),
+                bf16_tflops=opt(row["bf16_tflops"]),
+                fp16_tflops=float(row["fp16_tflops"]),
+                fp8_tflops=opt(row["fp8_tflops"]),
+                hbm_bandwidth_gb_per_s=float(row["hbm_bandwidth_gb_per_s"]),
+                nvlink_gb_per_s=float(row["nvlink_gb_per_s"]),
+                pcie_gb_per_s=float(row["pcie_gb_per_s"]),
+                gpu_class=row["class"],
+                source=row["source"],
+            )
+        )
+    return tuple(specs)
+
+
+@functools.cache
+def gpu_specs() -> tuple[GpuSpec, ...]:
+    """The bundled GPU specs (read once, on first use)."""
+    text = resources.files("services.catalog").joinpath("data/gpus.csv").read_text(encoding="utf-8")
+    return parse_gpu_specs(text)
+
+
+_NOISE = re.compile(r"\b(nvidia|geforce|tesla|gpu|hbm\d?e?|gddr\d?x?)\b")
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", _NOISE.sub("", name.lower()))
+
+
+def _model_and_memory(name: str) -> tuple[str, int | None]:
+    lowered = _NOISE.sub("", name.lower())
+    memory = re.search(r"(\d+)\s*g(i)?b", lowered)
+    model = re.sub(r"(\d+)\s*g(i)?b", "", lowered)
+    return re.sub(r"[^a-z0-9]", "", model), int(memory.group(1)) if memory else None
+
+
+def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
+    """Match a GPU name forgivingly: 'A100 80GB', 'a100-80gb', 'A100-SXM4-80GB', 'NVIDIA H100'."""
+    specs = specs if specs is not None else gpu_specs()
+    wanted = _normalize(name)
+    if not wanted:
+        raise EstimatorError("gpu", "empty GPU name")
+    for spec in specs:
+        if wanted in {_normalize(n) for n in (spec.name, *spec.aliases)}:
+            return spec
+    # Same model and memory size, ignoring form-factor words (sxm4, pcie, nvl, ...).
+    model, memory = _model_and_memory(name)
+    candidates = []
+    for spec in specs:
+        for known in (spec.name, *spec.aliases):
+            k_model, k_memory = _model_and_memory(known)
+            same_memory = memory is None or k_memory is None or memory == k_memory
+            if same_memory and model and (model.startswith(k_model) or k_model.startswith(model)) and len(k_model) >= 2:
+                candidates.append(spec)
+                break
+    by_memory = [s for s in candidates if memory is None or round(s.memory_gb_vendor) == memory]
+    chosen = by_memory or candidates
+    if len({s.name for s in chosen}) == 1:
+        return chosen[0]
+    names = [s.name for s in specs]
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise EstimatorError("gpu", f"unknown GPU {name!r}{hint} Known: {', '.join(names)}")

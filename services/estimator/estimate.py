@@ -1,0 +1,337 @@
+"""The estimator's entry point: a plan in, memory per GPU, fit per card, throughput and cost out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.catalog.models import find_model
+from services.catalog.offers import Offer, bundled_offers
+from services.estimator.architecture import Architecture, architecture_from_config, parameter_counts
+from services.estimator.errors import EstimatorError
+from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
+from services.estimator.plan import GenericModel, Plan
+from services.estimator.recipe import Recipe, framework_note, resolve_recipe
+from services.estimator.throughput import Throughput, estimate_throughput, run_cost
+
+# Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few
+# percent between runs and library versions.
+TIGHT_HEADROOM = 0.05
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ParameterReport(_Out):
+    total: int
+    trainable: int
+    active: int
+    embedding: int
+    attention: int
+    mlp: int
+    lm_head: int
+
+
+class MemoryReport(_Out):
+    peak_allocated_gib: float
+    peak_reserved_gib: float
+    peak_device_gib: float
+    peak_moment: str
+    breakdown: dict[str, float]  # GiB per component at the peak moment; sums to peak_device_gib
+    moments_gib: dict[str, float]  # allocated GiB at each moment of the step
+    activations_per_layer_per_token_bytes: dict[str, float]
+    optimizer_states_paged_gib: float
+
+
+class FitReport(_Out):
+    gpu: str
+    memory_gib: float
+    fits: bool
+    headroom_gib: float
+    tight: bool
+
+
+class ThroughputReport(_Out):
+    gpu: str
+    gpus: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    utilisation_assumed: float
+    utilisation_source: str
+    hardware_flops_per_token: float
+    step_seconds: float
+    seconds_per_step: dict[str, float]
+
+
+class CostReport(_Out):
+    provider: str
+    gpu: str
+    gpus: int
+    fits: bool
+    tokens_per_s: float
+    on_demand_usd_per_hour: float  # for all GPUs of the plan
+    spot_usd_per_hour: float | None
+    usd_per_million_tokens: float
+    hours: float | None
+    on_demand_usd: float | None
+    spot_usd: float | None
+
+
+class Estimate(_Out):
+    model: str
+    model_type: str
+    parameters: ParameterReport
+    mode: str
+    memory: MemoryReport
+    fits: list[FitReport]
+    throughput: ThroughputReport | None
+    costs: list[CostReport]
+    total_tokens: float | None
+    warnings: list[str]
+    assumptions: list[str]
+
+
+def resolve_architecture(plan: Plan) -> tuple[str, Architecture]:
+    """The model's name and architecture, from its config.json or the bundled catalog."""
+    spec = plan.model
+    if spec.config is not None:
+        return spec.name or str(spec.config.get("_name_or_path") or "custom model"), architecture_from_config(spec.config)
+    if spec.name is None:
+        raise EstimatorError("model", "give model.name or model.config")
+    found = find_model(spec.name)
+    return found.hf_id, architecture_from_config(found.config)
+
+
+def _gib(value: float) -> float:
+    return round(value / GIB, 3)
+
+
+def estimate(
+    plan: Plan,
+    gpu: str | GpuSpec | None = None,
+    *,
+    catalog: tuple[GpuSpec, ...] | None = None,
+    offers: tuple[Offer, ...] | None = None,
+    utilisation: float | None = None,
+    utilisation_source: str | None = None,
+) -> Estimate:
+    """Estimate ``plan``: peak memory per GPU, fit on every catalog card, tokens/s on ``gpu``, costs."""
+    catalog = catalog if catalog is not None else gpu_specs()
+    offers = offers if offers is not None else bundled_offers()
+    target = find_gpu(gpu, catalog) if isinstance(gpu, str) else gpu
+    if plan.model.generic is not None:
+        return _generic_estimate(plan, plan.model.generic, catalog)
+
+    name, arch = resolve_architecture(plan)
+    recipe = resolve_recipe(plan)
+    mem = peak_memory(plan, arch, recipe)
+    states = model_states(plan, arch, recipe)
+    counts = parameter_counts(arch)
+    warnings = _warnings(plan, arch, recipe, mem, target)
+
+    fits = [_fit(spec, mem.peak_device) for spec in catalog]
+    throughput: ThroughputReport | None = None
+    if target is not None:
+        throughput = _throughput_report(
+            estimate_throughput(plan, arch, recipe, states, target, utilisation, utilisation_source), target, plan
+        )
+    total_tokens = plan.data.total_tokens() if plan.data is not None else None
+    costs = []
+    by_name = {s.name: s for s in catalog}
+    fit_by_name = {f.gpu: f.fits for f in fits}
+    for offer in offers:
+        spec = by_name.get(offer.gpu)
+        if spec is None:
+            continue
+        tp = estimate_throughput(plan, arch, recipe, states, spec)
+        costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
+    costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
+
+    return Estimate(
+        model=name,
+        model_type=arch.model_type,
+        parameters=ParameterReport(
+            total=counts.total, trainable=mem.trainable_params, active=counts.active, embedding=counts.embedding,
+            attention=counts.attention, mlp=counts.mlp, lm_head=counts.lm_head,
+        ),
+        mode=plan.mode,
+        memory=_memory_report(mem, states.optimizer_states_paged),
+        fits=fits,
+        throughput=throughput,
+        costs=costs,
+        total_tokens=total_tokens,
+        warnings=warnings,
+        assumptions=_assumptions(plan, recipe),
+    )
+
+
+def _memory_report(mem: MemoryBreakdown, paged: float) -> MemoryReport:
+    return MemoryReport(
+        peak_allocated_gib=_gib(mem.peak_allocated),
+        peak_reserved_gib=_gib(mem.peak_reserved),
+        peak_device_gib=_gib(mem.peak_device),
+        peak_moment=mem.peak_moment,
+        breakdown={k: _gib(v) for k, v in mem.components.items()},
+        moments_gib={k: _gib(v) for k, v in mem.moments.items()},
+        activations_per_layer_per_token_bytes={k: round(v, 1) for k, v in mem.activations_per_layer_per_token.items()},
+        optimizer_states_paged_gib=_gib(paged),
+    )
+
+
+def _fit(spec: GpuSpec, device_bytes: float) -> FitReport:
+    headroom = spec.memory_gib - device_bytes / GIB
+    return FitReport(
+        gpu=spec.name,
+        memory_gib=spec.memory_gib,
+        fits=headroom >= 0,
+        headroom_gib=round(headroom, 3),
+        tight=0 <= headroom < TIGHT_HEADROOM * spec.memory_gib,
+    )
+
+
+def _throughput_report(tp: Throughput, spec: GpuSpec, plan: Plan) -> ThroughputReport:
+    return ThroughputReport(
+        gpu=spec.name,
+        gpus=plan.gpus,
+        tokens_per_s=round(tp.tokens_per_s, 1),
+        tokens_per_s_per_gpu=round(tp.tokens_per_s_per_gpu, 1),
+        mfu=round(tp.mfu, 4),
+        utilisation_assumed=tp.utilisation_assumed,
+        utilisation_source=tp.utilisation_source,
+        hardware_flops_per_token=tp.flops_per_token.hardware,
+        step_seconds=round(tp.step_seconds, 6),
+        seconds_per_step={k: round(v, 6) for k, v in tp.seconds.items()},
+    )
+
+
+def _cost(offer: Offer, spec: GpuSpec, plan: Plan, tp: Throughput, total_tokens: float | None, fits: bool) -> CostReport:
+    per_hour = offer.on_demand_usd_per_hour * plan.gpus
+    spot_per_hour = offer.spot_usd_per_hour * plan.gpus if offer.spot_usd_per_hour is not None else None
+    per_million = per_hour / (tp.tokens_per_s * 3600.0) * 1e6
+    hours = on_demand = spot = None
+    if total_tokens is not None:
+        cost = run_cost(total_tokens, tp.tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour)
+        hours, on_demand, spot = round(cost.hours, 3), cost.on_demand_usd, cost.spot_usd
+    return CostReport(
+        provider=offer.provider,
+        gpu=spec.name,
+        gpus=plan.gpus,
+        fits=fits,
+        tokens_per_s=round(tp.tokens_per_s, 1),
+        on_demand_usd_per_hour=round(per_hour, 4),
+        spot_usd_per_hour=None if spot_per_hour is None else round(spot_per_hour, 4),
+        usd_per_million_tokens=round(per_million, 4),
+        hours=hours,
+        on_demand_usd=None if on_demand is None else round(on_demand, 2),
+        spot_usd=None if spot is None else round(spot, 2),
+    )
+
+
+def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdown, gpu: GpuSpec | None) -> list[str]:
+    out: list[str] = []
+    if plan.method != "full" and plan.lora is None:
+        out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
+    if arch.max_position_embeddings and plan.seq_len > arch.max_position_embeddings:
+        out.append(
+            f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}"
+        )
+    if gpu is not None and plan.precision.startswith("bf16") and not gpu.bf16_tflops:
+        out.append(f"{gpu.name} has no bf16 tensor cores: use fp16 (throughput assumes the fp16 rate)")
+    if plan.optimizer.startswith("paged"):
+        out.append(
+            "paged optimizer states live in CUDA unified memory: not counted in allocated/reserved; they page "
+            "to host memory when the GPU is full (slower, not an out-of-memory)"
+        )
+    if plan.cpu_offload:
+        out.append("cpu_offload: optimizer states (and sharded parameters) live in host RAM; size the host to match")
+    if arch.is_moe:
+        out.append("mixture of experts: every expert's weights are resident; activations follow experts_per_token")
+    if any(b.kind != "decoder" for b in arch.blocks):
+        out.append("encoder-decoder model: seq_len is used for both the encoder and the decoder")
+    if arch.vision_params:
+        out.append("multimodal model: the vision tower's weights are counted, image activations are not")
+    if plan.method == "qlora" and plan.quantization == "int8":
+        out.append("int8 base (LLM.int8): bitsandbytes int8 matmuls are much slower than nf4 dequant+bf16")
+    return out
+
+
+def _assumptions(plan: Plan, recipe: Recipe) -> list[str]:
+    grads = "gradients accumulate across micro-batches (live through the forward pass)" if recipe.grads_persist else (
+        "no gradient accumulation (gradients freed after each optimizer step)"
+    )
+    out = [
+        f"framework defaults: {framework_note(plan.framework)}",
+        f"attention: {recipe.attention}; loss: {recipe.loss}"
+        + (" with fp32 logits" if recipe.logits_fp32 else " in the model dtype"),
+        f"optimizer implementation: {recipe.optimizer_impl}; {grads}",
+    ]
+    if plan.gradient_checkpointing:
+        out.append(f"activation checkpointing granularity: {recipe.checkpoint_granularity}")
+    if plan.method != "full":
+        out.append(
+            f"LoRA r{recipe.lora_rank} on {','.join(recipe.lora_targets) or 'no layers'}; adapters in "
+            f"{'fp32' if recipe.adapter_bytes == 4 else '16-bit'}; lora_dropout {recipe.lora_dropout}"
+        )
+    if plan.quantized is not None:
+        out.append(f"quantized base: {plan.quantized} via {recipe.quant_backend}")
+    return out
+
+
+def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec, ...]) -> Estimate:
+    """SEEDS.md section 3: parameters x bytes x (1 for inference; +grads +AdamW for training) plus
+    activations per sample x batch, plus a 10-30% safety margin. No architecture, so no throughput."""
+    dtype_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}[generic.dtype]
+    p = generic.parameters
+    parts: dict[str, float] = {"weights": p * dtype_bytes}
+    trainable = 0
+    warnings = ["generic model: no architecture, so activations come from activation_bytes_per_sample and "
+                "throughput is not estimated"]
+    if plan.is_training:
+        if plan.method == "full":
+            trainable = p
+        else:
+            trainable = p // 100
+            warnings.append("generic model with LoRA: adapters assumed at 1% of the parameters")
+        grad_bytes = 4.0 if plan.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2.0
+        parts["gradients"] = trainable * grad_bytes
+        states = {"adamw": 8.0, "paged-adamw": 0.0, "adamw-8bit": 2.0, "paged-adamw-8bit": 0.0, "sgd": 4.0,
+                  "adafactor": 0.0}[plan.optimizer]
+        parts["optimizer_states"] = trainable * states
+        if plan.precision.endswith("-mixed") and dtype_bytes == 2.0:
+            parts["master_weights"] = trainable * 4.0
+        parts["activations"] = float(generic.activation_bytes_per_sample * plan.micro_batch_size)
+    allocated = sum(parts.values())
+    parts["safety_margin"] = allocated * generic.safety_margin
+    device = allocated + parts["safety_margin"]
+    mem = MemoryReport(
+        peak_allocated_gib=_gib(allocated),
+        peak_reserved_gib=_gib(device),
+        peak_device_gib=_gib(device),
+        peak_moment="whole step (generic)",
+        breakdown={k: _gib(v) for k, v in parts.items()},
+        moments_gib={},
+        activations_per_layer_per_token_bytes={},
+        optimizer_states_paged_gib=0.0,
+    )
+    return Estimate(
+        model=plan.model.name or "generic model",
+        model_type="generic",
+        parameters=ParameterReport(total=p, trainable=trainable, active=p, embedding=0, attention=0, mlp=0, lm_head=0),
+        mode=plan.mode,
+        memory=mem,
+        fits=[_fit(spec, device) for spec in catalog],
+        throughput=None,
+        costs=[],
+        total_tokens=plan.data.total_tokens() if plan.data is not None else None,
+        warnings=warnings,
+        assumptions=[f"safety margin {generic.safety_margin:.0%} (SEEDS.md section 3: 10-30%)"],
+    )
+
+
+def estimate_dict(plan_data: dict[str, Any], gpu: str | None = None) -> dict[str, Any]:
+    """Validate a plan given as JSON data and return the estimate as JSON data."""
+    return estimate(Plan.model_validate(plan_data), gpu).model_dump(mode="json")

@@ -1,0 +1,607 @@
+"""Peak GPU memory of one training (or inference) step, per GPU, term by term.
+
+Every function computes one quantity from one mechanism: which tensors exist, in which dtype, and
+when they are alive. Sizes are bytes; the caller converts to GiB. The peak is the largest of the
+memory in use at four moments of a step (end of forward, start of backward, end of backward,
+optimizer step), because activations are freed while gradients are created.
+
+Main sources:
+- activations: the tensors autograd saves for backward in the transformers / torchtune / LitGPT
+  modelling code (RMSNorm upcasts to fp32, SDPA saves q, k, v, out and the log-sum-exp; a gated MLP
+  saves gate, act(gate) and up); Korthikanti et al. 2022 (arXiv 2205.05198) for the per-layer method.
+- model states: DeepSpeed ZeRO paper (Rajbhandari et al. 2020, arXiv 1910.02054) and
+  ``estimate_zero{2,3}_model_states_mem_needs``; bitsandbytes/torchao for quantized weights and 8-bit
+  optimizer states; QLoRA paper (Dettmers et al. 2023, arXiv 2305.14314) for NF4 constants.
+- allocator and context: PyTorch caching-allocator notes and measured reserved/allocated gaps (see
+  shared/reference/memory_estimators.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.estimator.architecture import Architecture, Block, Linear, parameter_counts
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+
+GIB = 1024**3
+
+# NF4 / int8 storage per quantized weight element (bytes), including the quantization constants.
+# bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper, section 2).
+NF4_BNB_BYTES = 0.5 + 4 / 64
+# torchao NF4Tensor (torchtune): block 64, absmax quantized to int8 with an fp32 scaler per 256 blocks,
+# the same layout as QLoRA's double quantization.
+NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# LLM.int8(): int8 weights + one fp32 scale per output row (approximated per element as negligible).
+INT8_BYTES = 1.0
+# bitsandbytes blockwise 8-bit optimizer states: 1 byte + fp32 absmax per 2048-element block, per state.
+ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
+# The caching allocator's extra reservation over the live tensors, as a share of the memory that is
+# allocated and freed within a step (activations, gradients in backward, temporaries). Runs that log
+# both counters show reserved 10-20% above allocated (shared/reference/memory_estimators.md); we take
+# the midpoint for the churning part and leave long-lived model states packed.
+FRAGMENTATION_OF_DYNAMIC = 0.15
+# CUDA context + cuBLAS/cuDNN handles as nvidia-smi shows them for a PyTorch process (0.5-1 GiB).
+CUDA_CONTEXT_BYTES = int(0.6 * GIB)
+# NCCL communicator buffers per process in a multi-GPU job.
+NCCL_BYTES = int(0.5 * GIB)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Long-lived bytes per GPU: weights, adapters, master copies, gradients, optimizer states."""
+
+    weights: float
+    adapters: float
+    master_weights: float
+    gradients: float  # all gradients of one step, per GPU
+    largest_gradient: float  # with the optimizer fused into backward only one lives at a time
+    optimizer_states: float
+    optimizer_states_paged: float  # in CUDA unified memory: outside the PyTorch allocator
+    optimizer_temporaries: float
+    ddp_buckets: float
+    trainable_params: int
+    quantized_params: int
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU of each component at the peak moment, and the three peaks."""
+
+    components: dict[str, float]
+    peak_allocated: float
+    peak_reserved: float
+    peak_device: float
+    peak_moment: str
+    moments: dict[str, float]
+    trainable_params: int
+    activations_per_layer_per_token: dict[str, float]
+
+
+# --------------------------------------------------------------------------------------------------
+# Which layers are trained, adapted, quantized
+
+
+def lora_roles_of(linear: Linear, recipe: Recipe) -> tuple[str, ...]:
+    return tuple(role for role in linear.roles if role in recipe.lora_targets)
+
+
+def lora_adapter_params(linear: Linear, recipe: Recipe) -> int:
+    """LoRA A (r x in) and B (out x r) for the targeted part of one (possibly fused) linear."""
+    roles = lora_roles_of(linear, recipe)
+    if not roles:
+        return 0
+    out = linear.out_features * len(roles) // len(linear.roles)
+    return linear.copies * recipe.lora_rank * (linear.in_features + out)
+
+
+def adapter_params(arch: Architecture, recipe: Recipe) -> int:
+    total = sum(lora_adapter_params(lin, recipe) * b.count for b in arch.blocks for lin in b.linears)
+    if "lm_head" in recipe.lora_targets:
+        total += recipe.lora_rank * (arch.hidden_size + arch.vocab_size)
+    return total
+
+
+def quantized_params(arch: Architecture, recipe: Recipe) -> int:
+    """Weights stored 4/8-bit: every block linear (not biases), plus the head where the framework does."""
+    total = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    if recipe.quantize_lm_head:
+        total += arch.lm_head_matmul_params if not arch.tie_word_embeddings else 0
+    return total
+
+
+# --------------------------------------------------------------------------------------------------
+# Model states
+
+
+def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, int]:
+    """Frozen or trained base weights as stored (quantized linears plus 16-bit everything else)."""
+    total = parameter_counts(arch).total
+    quant = plan.quantized
+    if quant is None:
+        return float(total * recipe.weight_bytes), 0
+    q = quantized_params(arch, recipe)
+    if quant == "nf4":
+        per = NF4_DOUBLE_QUANT_BYTES if recipe.quant_backend == "torchao" else NF4_BNB_BYTES
+    else:
+        per = INT8_BYTES
+    # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype.
+    return q * per + (total - q) * recipe.compute_bytes, q
+
+
+def optimizer_state_bytes_per_param(plan: Plan, state_dtype_bytes: int) -> tuple[float, bool]:
+    """(bytes per trainable parameter, paged?) for the plan's optimizer.
+
+    AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype (torch.optim.AdamW) or fp32 under a
+    master copy; 8-bit variants store both blockwise-quantized (bitsandbytes); paged variants live in
+    CUDA unified memory that the driver pages to the host under pressure; SGD keeps one momentum
+    buffer; Adafactor's factored second moment is O(rows + cols) and is handled by the caller.
+    """
+    opt = plan.optimizer
+    if opt == "adamw":
+        return 2.0 * state_dtype_bytes, False
+    if opt == "adamw-8bit":
+        return 2 * ADAM8BIT_STATE_BYTES, False
+    if opt == "paged-adamw":
+        return 8.0, True  # bitsandbytes PagedAdamW keeps 32-bit states whatever the parameter dtype
+    if opt == "paged-adamw-8bit":
+        return 2 * ADAM8BIT_STATE_BYTES, True
+    if opt == "sgd":
+        return float(state_dtype_bytes), False
+    return 0.0, False  # adafactor: computed from the factored shapes
+
+
+def adafactor_state_elements(arch: Architecture, plan: Plan, recipe: Recipe) -> int:
+    """Adafactor (Shazeer & Stern 2018): a row and a column accumulator per matrix, full for vectors."""
+    if plan.method == "full":
+        mats = sum(b.count * lin.copies * (lin.in_features + lin.out_features) for b in arch.blocks for lin in b.linears)
+        mats += 2 * (arch.hidden_size + arch.vocab_size)
+        vectors = parameter_counts(arch).norms + sum(b.count * b.other_params for b in arch.blocks)
+        return mats + vectors
+    # LoRA: A (r x in) and B (out x r) are each a matrix.
+    elems = 0
+    for b in arch.blocks:
+        for lin in b.linears:
+            if lora_roles_of(lin, recipe):
+                elems += b.count * lin.copies * (2 * recipe.lora_rank + lin.in_features + lin.out_features)
+    return elems
+
+
+def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
+    """Weights, adapters, gradients, master weights and optimizer states per GPU after sharding."""
+    n = plan.gpus
+    shard = plan.sharding
+    counts = parameter_counts(arch)
+    weights, n_quant = weight_bytes(plan, arch, recipe)
+    training = plan.is_training
+
+    if plan.method == "full":
+        trainable = counts.total
+        param_bytes = recipe.weight_bytes
+        adapters = 0.0
+    else:
+        trainable = adapter_params(arch, recipe) if training else 0
+        param_bytes = recipe.adapter_bytes
+        adapters = float(trainable * param_bytes)
+
+    if not training:
+        return ModelStates(weights, adapters, 0, 0, 0, 0, 0, 0, 0, 0, n_quant)
+
+    master = float(trainable * 4) if recipe.master_weights else 0.0
+    # ZeRO with a master copy reduces fp32 gradients into the optimizer's partition beside the 16-bit
+    # ones (DeepSpeed's "2 + 4" bytes of gradient per parameter in estimate_zero2_model_states_mem_needs).
+    grad_bytes = param_bytes + (4 if recipe.master_weights else 0)
+    grads = float(trainable * grad_bytes)
+    largest = _largest_trainable_tensor(arch, plan, recipe) * grad_bytes
+
+    state_dtype = 4 if (recipe.master_weights or param_bytes == 4) else param_bytes
+    per_param, paged = optimizer_state_bytes_per_param(plan, state_dtype)
+    if plan.optimizer == "adafactor":
+        states = float(adafactor_state_elements(arch, plan, recipe) * 4)
+    else:
+        states = trainable * per_param
+
+    # torch AdamW's foreach path allocates sqrt(exp_avg_sq) for every parameter at once
+    # (torch/optim/adamw.py _multi_tensor_adamw: torch._foreach_sqrt); the fused kernel and the
+    # per-parameter loop need no whole-model temporary (torchtune PR #389 measured ~1x params).
+    temps = 0.0
+    if plan.optimizer in ("adamw", "sgd") and recipe.optimizer_impl == "foreach" and not plan.optimizer_in_backward:
+        temps = float(trainable * state_dtype)
+    elif plan.optimizer in ("adamw", "sgd"):
+        temps = float(largest / grad_bytes * state_dtype) if grad_bytes else 0.0
+
+    # Sharding divides what each stage partitions (ZeRO paper, figure 1; FSDP full shard = stage 3).
+    if shard in ("zero1", "zero2", "zero3", "fsdp"):
+        states /= n
+        master /= n
+        temps /= n
+    if shard in ("zero2", "zero3", "fsdp"):
+        grads /= n
+    if shard in ("zero3", "fsdp"):
+        weights /= n
+        adapters /= n
+
+    ddp = 0.0
+    if shard == "none" and n > 1:
+        # DistributedDataParallel reduces through bucket buffers the size of all gradients
+        # (gradient_as_bucket_view=False by default).
+        ddp = float(trainable * param_bytes)
+
+    paged_states = 0.0
+    if paged:
+        paged_states, states = states, 0.0
+
+    if plan.cpu_offload:
+        # FSDP CPUOffload / ZeRO-Offload keep optimizer states, master weights and sharded gradients in
+        # host memory and step on the CPU; FSDP and ZeRO-3 offload the sharded parameters as well.
+        states = master = temps = paged_states = 0.0
+        grads = 0.0
+        if shard in ("zero3", "fsdp"):
+            weights = adapters = 0.0
+
+    return ModelStates(
+        weights=weights,
+        adapters=adapters,
+        master_weights=master,
+        gradients=grads,
+        largest_gradient=largest,
+        optimizer_states=states,
+        optimizer_states_paged=paged_states,
+        optimizer_temporaries=temps,
+        ddp_buckets=ddp,
+        trainable_params=trainable,
+        quantized_params=n_quant,
+    )
+
+
+def _largest_trainable_tensor(arch: Architecture, plan: Plan, recipe: Recipe) -> int:
+    if plan.method == "full":
+        biggest_linear = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+        return max(biggest_linear, arch.embedding_params)
+    sizes = [
+        recipe.lora_rank * max(lin.in_features, lin.out_features)
+        for b in arch.blocks
+        for lin in b.linears
+        if lora_roles_of(lin, recipe)
+    ]
+    if "lm_head" in recipe.lora_targets:
+        sizes.append(recipe.lora_rank * arch.vocab_size)
+    return max(sizes, default=0)
+
+
+def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(forward, backward) bytes of parameters gathered from shards under ZeRO-3 / FSDP.
+
+    FSDP all-gathers one wrapped unit (a transformer block) at a time and prefetches the next, so two
+    units are unsharded at once; backward also holds the unit's unsharded gradients until they are
+    reduce-scattered. The root unit (embeddings, final norm, head) stays gathered in HF / torchtune
+    wrapping. DeepSpeed ZeRO-3 behaves alike with its prefetch bucket.
+    """
+    if plan.sharding not in ("zero3", "fsdp") or plan.gpus == 1 and not plan.cpu_offload:
+        return 0.0, 0.0
+    quant = plan.quantized
+    if quant is not None:
+        per = NF4_BNB_BYTES if quant == "nf4" else INT8_BYTES
+        block = max(
+            sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) * per
+            + (b.params - sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears)) * recipe.compute_bytes
+            for b in arch.blocks
+        )
+    else:
+        # FSDP mixed precision gathers in param_dtype (16-bit) even when the shards are fp32.
+        block = arch.largest_block_params * recipe.compute_bytes
+    root = 0.0 if recipe.framework == "torchtitan" else float(
+        (arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes
+    )
+    fwd = 2 * block + root
+    grad_block = 0.0
+    if plan.method == "full" and plan.is_training:
+        grad_block = arch.largest_block_params * (4 if recipe.weight_bytes == 4 else recipe.compute_bytes)
+    return fwd, fwd + grad_block
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations
+
+
+def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
+    # transformers' BLOOM and T5 have no SDPA path: their attention is eager.
+    if arch.model_type in ("bloom", "t5", "mt5"):
+        return "eager"
+    return recipe.attention
+
+
+def block_saved_bytes_per_token(
+    block: Block, arch: Architecture, plan: Plan, recipe: Recipe, seq_len: int
+) -> dict[str, float]:
+    """Bytes per token that autograd keeps for backward in one block, by what holds them.
+
+    The rules: a linear saves its input when its weight trains, when it carries a LoRA adapter, or when
+    it is a bitsandbytes 4/8-bit layer (MatMul4Bit/MatMul8bitLt keep the input in ctx); inputs shared by
+    several layers are kept once. Norms keep their input (RMSNorm upcasts to fp32 first).
+    """
+    a = recipe.compute_bytes
+    res = recipe.residual_bytes
+    h = arch.hidden_size
+    full = plan.method == "full"
+    bnb_quant = plan.quantized is not None and recipe.quant_backend == "bitsandbytes"
+    heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
+    saves: dict[str, float] = {}
+
+    def add(name: str, value: float) -> None:
+        if value:
+            saves[name] = saves.get(name, 0.0) + value
+
+    def needs_input(linears: list[Linear]) -> bool:
+        return full or bnb_quant or any(lora_roles_of(lin, recipe) for lin in linears)
+
+    def by_role(*roles: str, cross: bool = False) -> list[Linear]:
+        return [
+            lin for lin in block.linears
+            if set(lin.roles) & set(roles) and lin.name.startswith("EncDecAttention.") == cross
+        ]
+
+    # Norms: RMSNorm in Python upcasts its input to fp32 and keeps it; native LayerNorm keeps its input.
+    norm_in = 4 if arch.norm == "rms" else res
+    norm_weight = res if full and arch.norm != "nonparam" else 0
+    add("norms", block.norm_count * h * (norm_in + norm_weight))
+
+    attn_sets = [(by_role("q", "k", "v"), by_role("o"), False)]
+    if block.kind == "cross-decoder":
+        attn_sets.append((by_role("q", "k", "v", cross=True), by_role("o", cross=True), True))
+    impl = _attention_impl(arch, recipe)
+    for qkv, out_proj, _cross in attn_sets:
+        if needs_input(qkv):
+            add("attention_input", a * h)
+        kv_width = heads if recipe.expands_kv else kv_heads
+        # SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2 paper, alg. 2).
+        add("attention_qkv_out", a * hd * (2 * heads + 2 * kv_width) + 4 * heads)
+        if impl == "eager":
+            # Eager attention keeps the score matrix: softmax output in fp32 (HF upcasts) and its
+            # 16-bit copy for the value matmul, plus the dropout mask when dropout is active.
+            add("attention_scores", heads * seq_len * (4 + a))
+            if recipe.model_dropout and arch.attention_dropout > 0:
+                add("attention_scores", heads * seq_len * 1)
+        if needs_input(out_proj):
+            add("attention_output_proj_input", a * heads * hd)
+        if recipe.model_dropout and arch.hidden_dropout > 0:
+            add("dropout_masks", h)
+
+    # MLP
+    k = block.experts_per_token
+    inter = block.intermediate_size
+    mlp_in_lins = by_role("gate", "up")
+    down = by_role("down")
+    if needs_input(mlp_in_lins) and not (block.parallel_residual and block.norm_count == 1):
+        add("mlp_input", a * h)
+    if block.num_experts > 1:
+        # HF MoE layers gather each expert's tokens (a copy) and scale its output by the routing weight.
+        add("moe_routing", k * a * h * (2 if needs_input(mlp_in_lins) else 1))
+    if block.mlp_gated:
+        add("mlp_hidden", k * 3 * a * inter)  # gate output, act(gate), up output
+    else:
+        gelu_saves = 4 if (recipe.python_gelu and arch.activation == "gelu_new") else 1
+        add("mlp_hidden", k * gelu_saves * a * inter)
+    if needs_input(down):
+        add("mlp_down_input", k * a * inter)
+    if recipe.model_dropout and arch.hidden_dropout > 0:
+        add("dropout_masks", h)
+
+    # LoRA adapters: lora_A keeps its input (an fp32 copy when PEFT autocasts the adapter to fp32, the
+    # dropout output when lora_dropout > 0), lora_B keeps lora_A's output (r values per token).
+    for lin in block.linears:
+        roles = lora_roles_of(lin, recipe)
+        if not roles:
+            continue
+        copies = k if lin.copies > 1 else 1
+        add("lora", copies * recipe.lora_rank * recipe.adapter_bytes)
+        separate_input = recipe.adapter_bytes != a or recipe.lora_dropout > 0
+        if separate_input:
+            add("lora", copies * lin.in_features * (recipe.adapter_bytes + (1 if recipe.lora_dropout > 0 else 0)))
+    return saves
+
+
+def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:
+    """What a checkpointed block keeps: its input, or per-op selective saves (torchtitan's policy).
+
+    torchtitan's selective AC saves the outputs of every other matmul and of SDPA
+    (torchtitan/models/llama3/infra/parallelize.py, _save_list and the mm_count policy).
+    """
+    a = recipe.compute_bytes
+    h = arch.hidden_size
+    kept = recipe.residual_bytes * h
+    if recipe.checkpoint_granularity == "selective":
+        mm_outputs = [lin.out_features if lin.copies == 1 else lin.out_features * block.experts_per_token
+                      for lin in block.linears]
+        kept += a * sum(mm_outputs[::2])  # the 1st, 3rd, ... matmul of the block
+        kept += a * block.num_heads * block.head_dim + 4 * block.num_heads  # SDPA output and log-sum-exp
+    return kept
+
+
+def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe) -> float:
+    """Gradients alive while one block's backward runs: the MLP hidden gradients (gate, up and their
+    product) and two residual-stream gradients, in the compute dtype."""
+    a = recipe.compute_bytes
+    return block.experts_per_token * 2 * a * block.intermediate_size + 2 * recipe.residual_bytes * arch.hidden_size
+
+
+@dataclass(frozen=True)
+class Activations:
+    saved: float  # bytes kept for backward at the end of the forward pass
+    recompute: float  # bytes of one block's activations rebuilt during backward (checkpointing)
+    backward_transient: float  # gradients of one block's intermediates during its backward
+    per_layer_per_token: dict[str, float]  # breakdown of one (the largest) block, bytes/token
+
+
+def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activations:
+    tokens = plan.tokens_per_micro_batch
+    seq = plan.seq_len
+    saved = 0.0
+    biggest_block = 0.0
+    biggest_breakdown: dict[str, float] = {}
+    transient = 0.0
+    for block in arch.blocks:
+        per_token = block_saved_bytes_per_token(block, arch, plan, recipe, seq)
+        block_total = sum(per_token.values())
+        if block_total > biggest_block:
+            biggest_block, biggest_breakdown = block_total, per_token
+        kept = _checkpointed_block_bytes_per_token(block, arch, plan, recipe) if plan.gradient_checkpointing else block_total
+        saved += block.count * kept * tokens
+        transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe) * tokens)
+
+    # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
+    # embedding dropout mask.
+    h = arch.hidden_size
+    norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
+    head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
+    head_keeps_input = head_trains or (plan.quantized is not None and recipe.quantize_lm_head)
+    saved += tokens * h * (norm_in + (recipe.compute_bytes if head_keeps_input else 0))
+    if recipe.model_dropout and arch.hidden_dropout > 0:
+        saved += tokens * h
+
+    recompute = biggest_block * tokens if plan.gradient_checkpointing else 0.0
+    return Activations(saved, recompute, transient, biggest_breakdown)
+
+
+# --------------------------------------------------------------------------------------------------
+# Logits and loss
+
+
+def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward, start of backward) bytes of logits, log-probabilities and their gradients.
+
+    Standard loss (transformers ForCausalLMLoss, torchtitan): 16-bit logits, an fp32 upcast for
+    cross-entropy whose log_softmax output is kept; its backward holds the kept output, the incoming
+    gradient and the input gradient (3 fp32 tensors of tokens x vocab). Chunked loss (torchtune
+    CEWithChunkedOutputLoss, LitGPT chunked_cross_entropy) keeps the same log-probabilities but
+    materialises the fp32 temporaries one chunk at a time. A fused kernel (Unsloth, Liger) never holds
+    more than the 16-bit logits and their gradient.
+    """
+    tokens = plan.tokens_per_micro_batch
+    v = arch.vocab_size
+    a = recipe.compute_bytes
+    up = 4 if recipe.logits_fp32 else a
+    if recipe.loss == "fused":
+        return float(tokens * v * a), float(tokens * v * a)
+    if recipe.loss == "chunked":
+        chunks = 8 if recipe.framework == "torchtune" else max(1, plan.seq_len // 128)
+        fwd = tokens * v * (a + up) + tokens * v * up / chunks
+        bwd = tokens * v * up + tokens * v * 2 * up / chunks
+        if recipe.framework == "litgpt":
+            bwd += tokens * v * a  # LitGPT keeps the logits chunks referenced through backward
+        return float(fwd), float(bwd)
+    fwd = tokens * v * (a + 2 * up)  # logits, upcast copy, kept log-probabilities
+    bwd = tokens * v * 3 * up
+    return float(fwd), float(bwd)
+
+
+# --------------------------------------------------------------------------------------------------
+# Putting it together
+
+
+def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
+    states = model_states(plan, arch, recipe)
+    if not plan.is_training:
+        return _inference_peak(plan, arch, recipe, states)
+
+    acts = activation_bytes(plan, arch, recipe)
+    logit_fwd, logit_bwd = logits_bytes(plan, arch, recipe)
+    shard_fwd, shard_bwd = sharded_working_bytes(plan, arch, recipe)
+
+    grads_all = states.gradients
+    if plan.optimizer_in_backward:
+        # Each parameter steps as soon as its gradient is ready and the gradient is freed
+        # (torchtune optimizer_in_bwd / torch register_post_accumulate_grad_hook).
+        grads_all = states.largest_gradient
+    persistent_grads = grads_all if recipe.grads_persist and not plan.optimizer_in_backward else 0.0
+    growing_grads = grads_all - persistent_grads
+    head_grad = 0.0
+    if growing_grads and plan.method == "full":
+        head_grad = min(growing_grads, arch.lm_head_matmul_params * recipe.weight_bytes / (
+            plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1))
+
+    static = {
+        "weights": states.weights,
+        "adapters": states.adapters,
+        "master_weights": states.master_weights,
+        "optimizer_states": states.optimizer_states,
+        "gradients": persistent_grads,
+        "ddp_buckets": states.ddp_buckets,
+    }
+    moments: dict[str, dict[str, float]] = {
+        "end_of_forward": {
+            **static, "activations": acts.saved, "logits_and_loss": logit_fwd, "sharding_buffers": shard_fwd,
+        },
+        "start_of_backward": {
+            **static,
+            "gradients": persistent_grads + head_grad,
+            "activations": acts.saved,
+            "logits_and_loss": logit_bwd,
+            "sharding_buffers": shard_bwd,
+        },
+        "during_backward": {
+            **static,
+            "gradients": persistent_grads + head_grad,
+            "activations": acts.saved,
+            "temporaries": acts.recompute + acts.backward_transient,
+            "sharding_buffers": shard_bwd,
+        },
+        "end_of_backward": {
+            **static,
+            "gradients": persistent_grads + growing_grads,
+            "temporaries": acts.recompute + acts.backward_transient,
+            "sharding_buffers": shard_bwd,
+        },
+        "optimizer_step": {
+            **static,
+            "gradients": persistent_grads + growing_grads,
+            "temporaries": states.optimizer_temporaries,
+        },
+    }
+    return _finish(plan, moments, states, acts.per_layer_per_token)
+
+
+def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates) -> MemoryBreakdown:
+    """Serving/generation: weights, the KV cache for every sequence, one layer's working set, logits."""
+    kv_bytes = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[plan.kv_cache_dtype or (
+        "fp32" if recipe.compute_bytes == 4 else "bf16")]
+    kv = sum(2 * b.count * b.num_kv_heads * b.head_dim for b in arch.blocks) * plan.tokens_per_micro_batch * kv_bytes
+    a = recipe.compute_bytes
+    layer = max(
+        a * (b.num_heads * b.head_dim * 2 + 2 * b.num_kv_heads * b.head_dim + b.experts_per_token * 3 * b.intermediate_size)
+        for b in arch.blocks
+    ) * plan.tokens_per_micro_batch  # prefill of the whole context, one layer at a time
+    logits = plan.micro_batch_size * arch.vocab_size * 4.0  # last position only, fp32
+    weights = states.weights / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
+    moments = {
+        "prefill": {"weights": weights, "adapters": states.adapters, "kv_cache": kv, "activations": layer, "logits_and_loss": logits},
+    }
+    return _finish(plan, moments, states, {})
+
+
+def _finish(
+    plan: Plan, moments: dict[str, dict[str, float]], states: ModelStates, per_layer: dict[str, float]
+) -> MemoryBreakdown:
+    totals = {name: sum(parts.values()) for name, parts in moments.items()}
+    peak_name = max(totals, key=lambda name: totals[name])
+    components = {k: v for k, v in moments[peak_name].items() if v}
+    allocated = totals[peak_name]
+    long_lived = sum(
+        components.get(k, 0.0)
+        for k in ("weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache")
+    )
+    fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
+    reserved = allocated + fragmentation
+    context = CUDA_CONTEXT_BYTES + (NCCL_BYTES if plan.gpus > 1 else 0)
+    components["allocator_reserve"] = fragmentation
+    components["cuda_context"] = float(context)
+    return MemoryBreakdown(
+        components=components,
+        peak_allocated=allocated,
+        peak_reserved=reserved,
+        peak_device=reserved + context,
+        peak_moment=peak_name,
+        moments=totals,
+        trainable_params=states.trainable_params,
+        activations_per_layer_per_token=per_layer,
+    )

@@ -1,0 +1,143 @@
+"""The training-plan schema shared by the API, the CLI, the estimator and the benchmark cases.
+
+The base fields are exactly those of ``shared/benchmarks/README.md``; everything added here is optional
+and defaults to "what the chosen framework does", so every published case stays a valid plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Method = Literal["full", "lora", "qlora"]
+Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
+Precision = Literal["bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp32"]
+Quantization = Literal["nf4", "int8"]
+Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd"]
+Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp"]
+LoraRole = Literal["q", "k", "v", "o", "gate", "up", "down", "lm_head"]
+Mode = Literal["train", "inference"]
+Attention = Literal["sdpa", "flash", "eager"]
+Loss = Literal["standard", "chunked", "fused"]
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
+CheckpointGranularity = Literal["block", "selective"]
+AdapterDtype = Literal["fp32", "bf16", "fp16"]
+
+ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GenericModel(_Strict):
+    """A model known only by its size (SEEDS.md section 3): no architecture, so a coarser estimate."""
+
+    parameters: int = Field(gt=0, description="total parameter count")
+    dtype: Literal["fp32", "bf16", "fp16", "int8", "int4"] = "bf16"
+    activation_bytes_per_sample: int = Field(
+        default=0, ge=0, description="activation memory of one training sample, in bytes"
+    )
+    safety_margin: float = Field(
+        default=0.2, ge=0.1, le=0.3, description="fraction added against out-of-memory (10-30%)"
+    )
+
+
+class ModelSpec(_Strict):
+    """Which model: an HF id from the bundled catalog, an HF config.json, or a generic size."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    config: dict[str, Any] | None = None
+    generic: GenericModel | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if self.name is None and self.config is None and self.generic is None:
+            raise ValueError("give the model's 'name' (an HF id), its 'config' (config.json) or 'generic'")
+        return self
+
+
+class LoraSpec(_Strict):
+    rank: int = Field(ge=1, le=4096)
+    alpha: int | None = Field(default=None, ge=1)
+    targets: list[LoraRole] | Literal["all-linear"] = "all-linear"
+    dropout: float | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
+
+
+class DataSpec(_Strict):
+    """The data set: total tokens, or examples times their average length."""
+
+    tokens: int | None = Field(default=None, gt=0)
+    examples: int | None = Field(default=None, gt=0)
+    avg_tokens_per_example: float | None = Field(default=None, gt=0)
+    epochs: float = Field(default=1.0, gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _size_given(self) -> DataSpec:
+        if self.tokens is None and (self.examples is None or self.avg_tokens_per_example is None):
+            raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens_per_example'")
+        return self
+
+    def total_tokens(self) -> float:
+        per_epoch = self.tokens if self.tokens is not None else self.examples * self.avg_tokens_per_example  # type: ignore[operator]
+        return float(per_epoch) * self.epochs
+
+
+class Plan(_Strict):
+    """One fine-tuning (or inference) run, per ``shared/benchmarks/README.md`` plus optional extensions."""
+
+    model: ModelSpec
+    method: Method = "full"
+    framework: Framework = "hf-trainer"
+    lora: LoraSpec | None = None
+    precision: Precision = "bf16"
+    quantization: Quantization | None = None
+    optimizer: Optimizer = "adamw"
+    optimizer_in_backward: bool = False
+    micro_batch_size: int = Field(default=1, ge=1, le=65536)
+    seq_len: int = Field(default=2048, ge=1, le=4_194_304)
+    gradient_checkpointing: bool = False
+    gpus: int = Field(default=1, ge=1, le=65536)
+    sharding: Sharding = "none"
+    cpu_offload: bool = False
+
+    # Extensions (all optional; None means "the framework's default").
+    mode: Mode = "train"
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=100_000)
+    attention: Attention | None = None
+    loss: Loss | None = None
+    logits_fp32: bool | None = None
+    optimizer_impl: OptimizerImpl | None = None
+    checkpoint_granularity: CheckpointGranularity | None = None
+    adapter_dtype: AdapterDtype | None = None
+    kv_cache_dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
+    data: DataSpec | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        if self.method == "full" and self.quantization is not None:
+            raise ValueError(
+                "quantization: a quantized base cannot be fully fine-tuned; use method 'qlora' "
+                "or set quantization to null"
+            )
+        if self.method == "full" and self.lora is not None:
+            raise ValueError("lora: adapter settings need method 'lora' or 'qlora', not 'full'")
+        if self.cpu_offload and self.sharding == "none":
+            raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
+        return self
+
+    @property
+    def is_training(self) -> bool:
+        return self.mode == "train"
+
+    @property
+    def quantized(self) -> Quantization | None:
+        """The base-weight quantization; QLoRA without an explicit one means NF4."""
+        if self.quantization is not None:
+            return self.quantization
+        return "nf4" if self.method == "qlora" else None
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch_size * self.seq_len

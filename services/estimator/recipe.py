@@ -1,0 +1,194 @@
+"""Framework defaults: what each training framework does where the plan is silent.
+
+A :class:`Recipe` is the plan with every memory-relevant choice made explicit. Each default names the
+framework code or documentation it comes from; an explicit plan field always wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from services.estimator.plan import (
+    ALL_LINEAR_ROLES,
+    Attention,
+    CheckpointGranularity,
+    Framework,
+    LoraRole,
+    Loss,
+    OptimizerImpl,
+    Plan,
+)
+
+QuantBackend = Literal["bitsandbytes", "torchao"]
+
+
+@dataclass(frozen=True)
+class FrameworkDefaults:
+    attention: Attention
+    loss: Loss
+    logits_fp32: bool
+    optimizer_impl: OptimizerImpl
+    checkpoint_granularity: CheckpointGranularity
+    adapter_fp32: bool  # LoRA weights kept in fp32 over a 16-bit base
+    lora_dropout: float
+    quant_backend: QuantBackend
+    quantize_lm_head: bool
+    model_dropout: bool  # honours the config's dropout probabilities in training
+    grads_persist: bool  # gradient accumulation by default, so gradients live through the forward
+    expands_kv: bool  # GQA K/V are repeated to all heads before attention (saved at full width)
+    python_gelu: bool  # HF's gelu_new is a chain of Python ops, each saving its input
+    note: str
+
+
+# Sources, per framework:
+# - hf-trainer: transformers Trainer defaults (optim "adamw_torch" = torch AdamW, foreach on CUDA;
+#   gradient_accumulation_steps 1; attn_implementation "sdpa"; ForCausalLMLoss upcasts logits to
+#   fp32); PEFT LoraConfig(lora_dropout=0.0) and autocast_adapter_dtype=True (adapters in fp32);
+#   bitsandbytes Linear4bit saves the layer input for backward; transformers keeps lm_head unquantized.
+# - torchtune: recipes/configs (fused AdamW, gradient_accumulation_steps 1, CEWithChunkedOutputLoss
+#   with 8 chunks, the decoder upcasts its output to fp32, lora_dropout 0.0, NF4 from torchao whose
+#   linear_nf4 saves no input, k/v expanded before SDPA).
+# - litgpt: finetune scripts (lm_head_chunk_size=128 with chunked_cross_entropy in the model dtype,
+#   torch AdamW, global_batch_size > micro_batch_size so gradients accumulate, lora_dropout 0.05,
+#   Lightning's BitsandbytesPrecision converts every Linear including the head, no model dropout).
+# - torchtitan: FSDP2 pre-training loop, per-op selective activation checkpointing, fused AdamW,
+#   cross_entropy on logits upcast to fp32.
+# - axolotl: Hugging Face Trainer underneath (same as hf-trainer), sample packing to seq_len.
+# - unsloth: its fused cross-entropy kernel (no fp32 logits copy), bf16 adapters, and its own
+#   offloaded gradient checkpointing (not modelled: treated as block checkpointing).
+# - pytorch: a plain loop over an HF model (HF loss with fp32 upcast, torch AdamW foreach).
+_HF = FrameworkDefaults(
+    attention="sdpa", loss="standard", logits_fp32=True, optimizer_impl="foreach",
+    checkpoint_granularity="block", adapter_fp32=True, lora_dropout=0.0, quant_backend="bitsandbytes",
+    quantize_lm_head=False, model_dropout=True, grads_persist=False, expands_kv=True, python_gelu=True,
+    note="Hugging Face Trainer + PEFT defaults",
+)
+_DEFAULTS: dict[Framework, FrameworkDefaults] = {
+    "hf-trainer": _HF,
+    "pytorch": replace(_HF, note="a plain PyTorch loop over a transformers model"),
+    "axolotl": replace(
+        _HF, attention="flash", grads_persist=True, expands_kv=False,
+        note="axolotl (Trainer-based; flash attention, gradient accumulation)",
+    ),
+    "torchtune": FrameworkDefaults(
+        attention="sdpa", loss="chunked", logits_fp32=True, optimizer_impl="fused",
+        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.0, quant_backend="torchao",
+        quantize_lm_head=False, model_dropout=False, grads_persist=False, expands_kv=True,
+        python_gelu=False, note="torchtune recipe defaults",
+    ),
+    "litgpt": FrameworkDefaults(
+        attention="sdpa", loss="chunked", logits_fp32=False, optimizer_impl="foreach",
+        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.05, quant_backend="bitsandbytes",
+        quantize_lm_head=True, model_dropout=False, grads_persist=True, expands_kv=True, python_gelu=False,
+        note="LitGPT finetune defaults",
+    ),
+    "torchtitan": FrameworkDefaults(
+        attention="sdpa", loss="standard", logits_fp32=True, optimizer_impl="fused",
+        checkpoint_granularity="selective", adapter_fp32=False, lora_dropout=0.0, quant_backend="torchao",
+        quantize_lm_head=False, model_dropout=False, grads_persist=False, expands_kv=True,
+        python_gelu=False, note="torchtitan defaults",
+    ),
+    "unsloth": FrameworkDefaults(
+        attention="flash", loss="fused", logits_fp32=False, optimizer_impl="foreach",
+        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.0, quant_backend="bitsandbytes",
+        quantize_lm_head=False, model_dropout=False, grads_persist=True, expands_kv=False,
+        python_gelu=False, note="Unsloth defaults",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every memory-relevant choice of a plan, made explicit."""
+
+    framework: Framework
+    weight_bytes: int  # bytes per element of the (unquantized) model weights as stored
+    compute_bytes: int  # bytes per element of activations in matmuls
+    residual_bytes: int  # bytes per element of the residual stream (fp32 under autocast)
+    master_weights: bool  # fp32 master copy of trainable params kept beside 16-bit ones
+    attention: Attention
+    loss: Loss
+    logits_fp32: bool
+    optimizer_impl: OptimizerImpl
+    checkpoint_granularity: CheckpointGranularity
+    adapter_bytes: int
+    lora_dropout: float
+    lora_targets: tuple[LoraRole, ...]
+    lora_rank: int
+    quant_backend: QuantBackend
+    quantize_lm_head: bool
+    model_dropout: bool
+    grads_persist: bool
+    expands_kv: bool
+    python_gelu: bool
+
+
+def _bytes_of(precision: str) -> tuple[int, int, int]:
+    """(weight bytes, compute bytes, residual-stream bytes) for a plan precision."""
+    return {
+        "bf16": (2, 2, 2),
+        "fp16": (2, 2, 2),
+        "fp32": (4, 4, 4),
+        # torch.autocast: fp32 weights, bf16/fp16 matmuls, fp32 residual stream and norms.
+        "bf16-mixed": (4, 2, 4),
+        "fp16-mixed": (4, 2, 4),
+    }[precision]
+
+
+def resolve_recipe(plan: Plan) -> Recipe:
+    """Fill every choice the plan leaves open with its framework's default."""
+    d = _DEFAULTS[plan.framework]
+    weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
+    # DeepSpeed ZeRO always keeps fp32 master weights for the trainable parameters when the model
+    # runs in 16-bit (deepspeed/runtime/bf16_optimizer.py, fp16/fused_optimizer.py).
+    master = plan.sharding in ("zero1", "zero2", "zero3") and weight_bytes == 2 and plan.is_training
+
+    lora = plan.lora
+    rank = lora.rank if lora is not None else 16
+    targets: tuple[LoraRole, ...]
+    if lora is None or lora.targets == "all-linear":
+        targets = ALL_LINEAR_ROLES
+    else:
+        targets = tuple(lora.targets)
+    if plan.method == "full":
+        targets, rank = (), 0
+
+    if plan.adapter_dtype is not None:
+        adapter_bytes = 4 if plan.adapter_dtype == "fp32" else 2
+    elif weight_bytes == 4:
+        adapter_bytes = 4
+    else:
+        adapter_bytes = 4 if d.adapter_fp32 else 2
+
+    accumulation = plan.gradient_accumulation_steps
+    grads_persist = d.grads_persist if accumulation is None else accumulation > 1
+
+    attention = plan.attention or d.attention
+    return Recipe(
+        framework=plan.framework,
+        weight_bytes=weight_bytes,
+        compute_bytes=compute_bytes,
+        residual_bytes=residual_bytes,
+        master_weights=master,
+        attention=attention,
+        loss=plan.loss or d.loss,
+        logits_fp32=d.logits_fp32 if plan.logits_fp32 is None else plan.logits_fp32,
+        optimizer_impl=plan.optimizer_impl or d.optimizer_impl,
+        checkpoint_granularity=plan.checkpoint_granularity or d.checkpoint_granularity,
+        adapter_bytes=adapter_bytes,
+        lora_dropout=(lora.dropout if lora is not None and lora.dropout is not None else d.lora_dropout),
+        lora_targets=targets,
+        lora_rank=rank,
+        quant_backend=d.quant_backend,
+        quantize_lm_head=d.quantize_lm_head,
+        model_dropout=d.model_dropout,
+        grads_persist=grads_persist,
+        # flash-attention 2 takes grouped K/V as they are; SDPA paths repeat them first.
+        expands_kv=d.expands_kv and attention != "flash",
+        python_gelu=d.python_gelu,
+    )
+
+
+def framework_note(framework: Framework) -> str:
+    return _DEFAULTS[framework].note

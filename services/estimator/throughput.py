@@ -1,0 +1,224 @@
+"""Training throughput: FLOPs per token, achievable utilisation, communication, time and cost.
+
+Step time per GPU = compute (hardware FLOPs / (peak x utilisation), at least the weight-read time)
++ QLoRA dequantisation + the exposed part of communication + the optimizer step, amortised over the
+micro-batches of an optimizer step. Sources are named where each term is computed; the utilisation
+priors come from shared/reference/orchestration_lessons.md section 3.2 and are replaced by calibrated
+values when a calibration benchmark exists for the GPU and method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.catalog.gpus import GpuSpec
+from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.memory import ModelStates, adapter_params, quantized_params
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+
+# Share of dense peak that the matmul-heavy part of a training step reaches, by GPU class, for a
+# well-fed micro-batch. Priors from published MFU (orchestration_lessons.md 3.2): MPT/llm-foundry on
+# H100 ~40-46%, A100 ~48-64%; consumer/workstation cards run close to their (lower) peaks.
+UTILISATION_PRIOR: dict[str, float] = {
+    "blackwell": 0.40,
+    "hopper": 0.42,
+    "ampere-dc": 0.50,
+    "ampere-pro": 0.55,
+    "ada": 0.45,
+    "consumer": 0.60,
+    "blackwell-pro": 0.40,
+    "turing": 0.35,
+}
+# Eager PyTorch issues roughly this many kernels per transformer block per forward; backward ~2x.
+KERNELS_PER_BLOCK_FORWARD = 40
+# CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
+DISPATCH_SECONDS_PER_KERNEL = 12e-6
+# Communication that overlaps with compute: FSDP/ZeRO-3 prefetch overlaps most of the all-gathers;
+# DDP buckets overlap the all-reduce with the backward pass only.
+OVERLAP_SHARDED = 0.8
+OVERLAP_DDP = 0.6
+GPUS_PER_NODE = 8
+INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
+# DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
+# reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    forward: float
+    backward: float
+    recompute: float
+    model_flops: float  # 6N + 12 L h s convention (MFU numerator), per token
+
+    @property
+    def hardware(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float  # over all GPUs of the plan
+    tokens_per_s_per_gpu: float
+    step_seconds: float  # one micro-batch on every GPU, optimizer and communication amortised
+    mfu: float
+    utilisation_assumed: float
+    flops_per_token: FlopsPerToken
+    seconds: dict[str, float]  # per micro-batch: compute, dequantization, communication, optimizer
+    utilisation_source: str
+
+
+def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerToken:
+    """FLOPs one token costs in a training step (Kaplan et al. 2020: 2N forward, 4N backward).
+
+    Frozen weights skip the weight-gradient matmul (LoRA paper, Hu et al. 2021: ~25% faster than
+    full); activation checkpointing replays the forward (+2N, llm-foundry HFU accounting); causal
+    flash attention computes half the score matrix (2 * 2 * s/2 * d per layer forward).
+    """
+    seq = plan.seq_len
+    matmul = float(arch.lm_head_matmul_params)
+    attn_fwd = 0.0
+    layer_matmul = 0.0
+    for b in arch.blocks:
+        active_linear = sum(
+            lin.in_features * lin.out_features * (b.experts_per_token if lin.copies > 1 else 1) for lin in b.linears
+        )
+        layer_matmul += b.count * active_linear
+        causal = 0.5 if recipe.attention != "eager" else 1.0
+        n_attn = 2 if b.kind == "cross-decoder" else 1
+        attn_fwd += b.count * n_attn * 2 * 2 * seq * causal * b.num_heads * b.head_dim
+    matmul += layer_matmul
+    adapters = float(adapter_params(arch, recipe))
+    fwd = 2 * matmul + attn_fwd + 2 * adapters
+    if not plan.is_training:
+        return FlopsPerToken(fwd, 0.0, 0.0, fwd)
+    weight_grad = 2 * matmul if plan.method == "full" else 2 * adapters
+    # FlashAttention's backward recomputes the scores: ~2.5x the forward attention FLOPs.
+    bwd = 2 * matmul + 2 * adapters + weight_grad + 2.5 * attn_fwd
+    recompute = 0.0
+    if plan.gradient_checkpointing:
+        block_fwd = 2 * layer_matmul + attn_fwd
+        recompute = block_fwd * (0.5 if recipe.checkpoint_granularity == "selective" else 1.0)
+        if recipe.checkpoint_granularity == "selective":
+            recompute -= attn_fwd * 0.5  # SDPA outputs are saved, not recomputed
+    n_active = parameter_counts(arch).active
+    layers = arch.num_layers
+    width = max(b.num_heads * b.head_dim for b in arch.blocks)
+    model = 6.0 * n_active + 12.0 * layers * width * seq
+    return FlopsPerToken(fwd, bwd, recompute, model)
+
+
+def _comm_bandwidth_gb_per_s(plan: Plan, gpu: GpuSpec) -> float:
+    if plan.gpus > GPUS_PER_NODE:
+        return INTER_NODE_GB_PER_S
+    return gpu.interconnect_gb_per_s
+
+
+def estimate_throughput(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    states: ModelStates,
+    gpu: GpuSpec,
+    utilisation: float | None = None,
+    utilisation_source: str | None = None,
+) -> Throughput:
+    """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on."""
+    precision = plan.precision
+    peak = gpu.dense_tflops(precision) * 1e12
+    util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
+    source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
+    fpt = flops_per_token(plan, arch, recipe)
+    tokens = plan.tokens_per_micro_batch
+    bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
+
+    compute = fpt.hardware * tokens / (peak * util)
+    # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
+    passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
+    weight_read = passes * (states.weights + states.adapters) / bandwidth
+    compute = max(compute, weight_read)
+    dispatch = arch.num_layers * KERNELS_PER_BLOCK_FORWARD * DISPATCH_SECONDS_PER_KERNEL * (
+        1 + (2 if plan.is_training else 0) + (1 if plan.gradient_checkpointing else 0)
+    )
+    compute = max(compute, dispatch)
+
+    # QLoRA dequantises every 4-bit weight to 16-bit before each matmul (read 0.5 B + constants,
+    # write 2 B, read 2 B back): bandwidth-bound work on top of the matmuls.
+    dequant = 0.0
+    if plan.quantized is not None:
+        q = quantized_params(arch, recipe) / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
+        dequant = passes * q * 4.6 / bandwidth
+
+    accumulation = plan.gradient_accumulation_steps or 1
+    comm = 0.0
+    overlap = 0.0
+    if plan.is_training and plan.gpus > 1:
+        n = plan.gpus
+        ring = (n - 1) / n
+        bw = _comm_bandwidth_gb_per_s(plan, gpu) * 1e9
+        grad_bytes = states.trainable_params * 2.0  # gradients are reduced in 16-bit
+        if plan.sharding in ("zero3", "fsdp"):
+            gathered = parameter_counts(arch).total * (0.56 if plan.quantized else 2.0)
+            comm = (2 * gathered * ring + grad_bytes * ring) / bw
+            overlap = OVERLAP_SHARDED
+        else:
+            comm = 2 * grad_bytes * ring / bw / accumulation
+            overlap = OVERLAP_DDP
+    exposed_comm = max(0.0, comm - overlap * compute)
+
+    optimizer = 0.0
+    if plan.is_training:
+        trainable_per_gpu = states.trainable_params / (
+            plan.gpus if plan.sharding in ("zero1", "zero2", "zero3", "fsdp") else 1
+        )
+        if plan.cpu_offload:
+            optimizer = trainable_per_gpu / CPU_ADAM_PARAMS_PER_S + 4.0 * trainable_per_gpu / (gpu.pcie_gb_per_s * 1e9)
+        else:
+            # AdamW reads param, grad, m, v and writes param, m, v: ~16 B/param in 16-bit, 28 in fp32.
+            touched = 7 * (4 if recipe.weight_bytes == 4 or recipe.master_weights else 2)
+            optimizer = trainable_per_gpu * touched / bandwidth
+        optimizer /= accumulation
+
+    step = compute + dequant + exposed_comm + optimizer
+    per_gpu = tokens / step
+    total = per_gpu * plan.gpus
+    mfu = fpt.model_flops * per_gpu / peak
+    return Throughput(
+        tokens_per_s=total,
+        tokens_per_s_per_gpu=per_gpu,
+        step_seconds=step,
+        mfu=mfu,
+        utilisation_assumed=util,
+        flops_per_token=fpt,
+        seconds={"compute": compute, "dequantization": dequant, "communication": exposed_comm, "optimizer": optimizer},
+        utilisation_source=source,
+    )
+
+
+@dataclass(frozen=True)
+class RunCost:
+    tokens: float
+    hours: float
+    gpu_hours: float
+    on_demand_usd: float | None
+    spot_usd: float | None
+
+
+def run_cost(
+    total_tokens: float,
+    tokens_per_s: float,
+    gpus: int,
+    on_demand_usd_per_gpu_hour: float | None,
+    spot_usd_per_gpu_hour: float | None,
+) -> RunCost:
+    """Wall-clock hours for the data set (tokens x epochs) and its cost at per-GPU hourly prices."""
+    hours = total_tokens / tokens_per_s / 3600.0
+    gpu_hours = hours * gpus
+    return RunCost(
+        tokens=total_tokens,
+        hours=hours,
+        gpu_hours=gpu_hours,
+        on_demand_usd=None if on_demand_usd_per_gpu_hour is None else gpu_hours * on_demand_usd_per_gpu_hour,
+        spot_usd=None if spot_usd_per_gpu_hour is None else gpu_hours * spot_usd_per_gpu_hour,
+    )
