@@ -91,10 +91,21 @@ def evaluate_case(case: dict[str, Any]) -> CaseResult:
     elif tps_measured:
         note = f"no specs for GPU {case['gpu']!r}: tokens/s not compared"
     return CaseResult(
-        id=case["id"], source=case["source"], confidence=case["confidence"], gpu=case["gpu"], metric=metric,
-        measured_gib=peak, predicted_gib=predicted, error_pct=error, measured_oom=bool(measured["oom"]),
-        card_gib=card_gib, predicted_fits=fits, measured_tokens_per_s=tps_measured,
-        predicted_tokens_per_s=tps_pred, tokens_error_pct=tps_err, note=note,
+        id=case["id"],
+        source=case["source"],
+        confidence=case["confidence"],
+        gpu=case["gpu"],
+        metric=metric,
+        measured_gib=peak,
+        predicted_gib=predicted,
+        error_pct=error,
+        measured_oom=bool(measured["oom"]),
+        card_gib=card_gib,
+        predicted_fits=fits,
+        measured_tokens_per_s=tps_measured,
+        predicted_tokens_per_s=tps_pred,
+        tokens_error_pct=tps_err,
+        note=note,
     )
 
 
@@ -174,13 +185,20 @@ def summary_table(groups: dict[str, list[CaseResult]]) -> str:
 def report(groups: dict[str, list[CaseResult]]) -> str:
     out = ["# Estimator accuracy on the public measured cases", "", summary_table(groups), ""]
     for name, label in (("medium_high", "Medium + high confidence"), ("low", "Low confidence")):
-        out += [f"## {label}", "", "| case | gpu | metric | measured GiB | predicted GiB | error | OOM | fits "
-                "| tok/s measured | tok/s predicted | tok/s error | note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"## {label}",
+            "",
+            "| case | gpu | metric | measured GiB | predicted GiB | error | OOM | fits "
+            "| tok/s measured | tok/s predicted | tok/s error | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in groups[name]:
+            fits = "" if r.predicted_fits is None else r.predicted_fits
             out.append(
                 f"| {r.id} | {r.gpu} | {r.metric} | {_fmt(r.measured_gib, 2)} | {_fmt(r.predicted_gib, 2)} | "
-                f"{_fmt(r.error_pct)}% | {'yes' if r.measured_oom else ''} | {'' if r.predicted_fits is None else r.predicted_fits} | "
-                f"{_fmt(r.measured_tokens_per_s, 0)} | {_fmt(r.predicted_tokens_per_s, 0)} | {_fmt(r.tokens_error_pct)} | {r.note} |"
+                f"{_fmt(r.error_pct)}% | {'yes' if r.measured_oom else ''} | {fits} | "
+                f"{_fmt(r.measured_tokens_per_s, 0)} | {_fmt(r.predicted_tokens_per_s, 0)} | "
+                f"{_fmt(r.tokens_error_pct)} | {r.note} |"
             )
         out.append("")
     return "\n".join(out)

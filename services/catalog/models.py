@@ -21,6 +21,8 @@ class CatalogModel:
     published_active_params: int | None
     published_params_source: str
     source: str
+    # Some published totals (HF safetensors metadata) count a tied embedding/head twice.
+    published_counts_tied_head_twice: bool = False
 
 
 def parse_model_file(text: str) -> CatalogModel:
@@ -33,6 +35,7 @@ def parse_model_file(text: str) -> CatalogModel:
         published_active_params=raw.get("published_active_params"),
         published_params_source=raw.get("published_params_source") or "",
         source=raw.get("source") or "",
+        published_counts_tied_head_twice=bool(raw.get("published_params_tied_head_counted_twice")),
     )
 
 

@@ -187,22 +187,20 @@ class _Config:
                 return value
         return None
 
-    def int(self, *names: str, default: int | None = None) -> int:
+    def get_int(self, *names: str, default: int | None = None) -> int:
         value = self._get(names)
         if value is None:
             if default is not None:
                 return default
-            raise EstimatorError(
-                f"model.config.{names[0]}", f"missing; a {self.model_type} config.json needs it"
-            )
+            raise EstimatorError(f"model.config.{names[0]}", f"missing; a {self.model_type} config.json needs it")
         if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 0:
             raise EstimatorError(f"model.config.{names[0]}", f"must be a non-negative integer, got {value!r}")
         return int(value)
 
     def opt_int(self, *names: str) -> int | None:
-        return self.int(*names) if self._get(names) is not None else None
+        return self.get_int(*names) if self._get(names) is not None else None
 
-    def float(self, *names: str, default: float = 0.0) -> float:
+    def get_float(self, *names: str, default: float = 0.0) -> float:
         value = self._get(names)
         if value is None:
             return default
@@ -210,7 +208,7 @@ class _Config:
             raise EstimatorError(f"model.config.{names[0]}", f"must be a number, got {value!r}")
         return float(value)
 
-    def bool(self, *names: str, default: bool) -> bool:
+    def get_bool(self, *names: str, default: bool) -> bool:
         value = self._get(names)
         if value is None:
             return default
@@ -218,7 +216,7 @@ class _Config:
             raise EstimatorError(f"model.config.{names[0]}", f"must be true or false, got {value!r}")
         return value
 
-    def str(self, *names: str, default: str) -> str:
+    def get_str(self, *names: str, default: str) -> str:
         value = self._get(names)
         return str(value) if value is not None else default
 
@@ -250,11 +248,12 @@ def _qkvo(hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool,
     )
 
 
-def _dropouts(c: _Config) -> dict[str, float]:
-    return {
-        "hidden_dropout": c.float("resid_pdrop", "hidden_dropout", "dropout_rate", "dropout"),
-        "attention_dropout": c.float("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
-    }
+def _hidden_dropout(c: _Config) -> float:
+    return c.get_float("resid_pdrop", "hidden_dropout", "dropout_rate", "dropout")
+
+
+def _attention_dropout(c: _Config) -> float:
+    return c.get_float("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,23 +267,23 @@ def _llama_like(c: _Config) -> Architecture:
     experts), RMSNorm (LayerNorm for stablelm, a weightless LayerNorm for olmo).
     """
     mt = c.model_type
-    h = c.int("hidden_size")
-    layers = c.int("num_hidden_layers")
-    heads = c.int("num_attention_heads")
-    kv_heads = c.int("num_key_value_heads", default=heads)
-    head_dim = c.int("head_dim", default=h // heads if heads else 0)
-    vocab = c.int("vocab_size")
-    inter = c.int("intermediate_size", default=0)
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    kv_heads = c.get_int("num_key_value_heads", default=heads)
+    head_dim = c.get_int("head_dim", default=h // heads if heads else 0)
+    vocab = c.get_int("vocab_size")
+    inter = c.get_int("intermediate_size", default=0)
     notes: list[str] = []
 
-    qkv_bias = c.bool("attention_bias", default=mt == "qwen2" or mt == "qwen2_moe")
+    qkv_bias = c.get_bool("attention_bias", default=mt == "qwen2" or mt == "qwen2_moe")
     if mt in ("qwen2", "qwen2_moe"):
         qkv_bias, o_bias = True, False
     elif mt == "stablelm":
-        qkv_bias, o_bias = c.bool("use_qkv_bias", default=False), False
+        qkv_bias, o_bias = c.get_bool("use_qkv_bias", default=False), False
     else:
         o_bias = qkv_bias
-    mlp_bias = c.bool("mlp_bias", default=False)
+    mlp_bias = c.get_bool("mlp_bias", default=False)
 
     norm: NormKind = "rms"
     norm_width = h  # parameters per hidden-size norm
@@ -294,7 +293,7 @@ def _llama_like(c: _Config) -> Architecture:
         norm, norm_width = "nonparam", 0
 
     norms_per_layer = 4 if mt in ("gemma2", "gemma3_text", "gemma3") else 2
-    parallel = mt == "stablelm" and c.bool("use_parallel_residual", default=False)
+    parallel = mt == "stablelm" and c.get_bool("use_parallel_residual", default=False)
     if parallel:
         norms_per_layer = 1
     other = 0
@@ -302,44 +301,59 @@ def _llama_like(c: _Config) -> Architecture:
         other += 2 * head_dim  # per-head q_norm and k_norm (RMSNorm over head_dim)
     if mt == "olmo2":
         other += heads * head_dim + kv_heads * head_dim  # q_norm, k_norm over the projections
-    if mt == "stablelm" and c.bool("qk_layernorm", default=False):
+    if mt == "stablelm" and c.get_bool("qk_layernorm", default=False):
         other += (heads + kv_heads) * head_dim  # per-head LayerNorm weights, no bias
 
     attn = _qkvo(h, heads, kv_heads, head_dim, qkv_bias, o_bias)
-    act = c.str("hidden_act", "hidden_activation", default="silu")
+    act = c.get_str("hidden_act", "hidden_activation", default="silu")
 
     def dense_block(count: int) -> Block:
         return Block(
-            "decoder", count, heads, kv_heads, head_dim, attn + _gated_mlp(h, inter, mlp_bias),
-            norm_params=norms_per_layer * norm_width, norm_count=norms_per_layer, other_params=other,
-            mlp_gated=True, intermediate_size=inter, parallel_residual=parallel,
+            "decoder",
+            count,
+            heads,
+            kv_heads,
+            head_dim,
+            attn + _gated_mlp(h, inter, mlp_bias),
+            norm_params=norms_per_layer * norm_width,
+            norm_count=norms_per_layer,
+            other_params=other,
+            mlp_gated=True,
+            intermediate_size=inter,
+            parallel_residual=parallel,
         )
 
     blocks: tuple[Block, ...]
     if mt == "mixtral":
-        n_exp = c.int("num_local_experts")
-        k = c.int("num_experts_per_tok", default=2)
+        n_exp = c.get_int("num_local_experts")
+        k = c.get_int("num_experts_per_tok", default=2)
         blocks = (
             Block(
-                "decoder", layers, heads, kv_heads, head_dim,
+                "decoder",
+                layers,
+                heads,
+                kv_heads,
+                head_dim,
                 attn + _gated_mlp(h, inter, copies=n_exp),
-                norm_params=2 * h, norm_count=2, other_params=other + h * n_exp,  # router
-                intermediate_size=inter, experts_per_token=k, num_experts=n_exp,
+                norm_params=2 * h,
+                norm_count=2,
+                other_params=other + h * n_exp,  # router
+                intermediate_size=inter,
+                experts_per_token=k,
+                num_experts=n_exp,
             ),
         )
     elif mt in ("qwen2_moe", "qwen3_moe"):
-        n_exp = c.int("num_experts")
-        k = c.int("num_experts_per_tok")
-        moe_inter = c.int("moe_intermediate_size")
-        step = c.int("decoder_sparse_step", default=1)
+        n_exp = c.get_int("num_experts")
+        k = c.get_int("num_experts_per_tok")
+        moe_inter = c.get_int("moe_intermediate_size")
+        step = c.get_int("decoder_sparse_step", default=1)
         dense_layers = set(c.raw.get("mlp_only_layers") or [])
-        sparse_count = sum(
-            1 for i in range(layers) if i not in dense_layers and step > 0 and (i + 1) % step == 0
-        )
+        sparse_count = sum(1 for i in range(layers) if i not in dense_layers and step > 0 and (i + 1) % step == 0)
         experts = _gated_mlp(h, moe_inter, copies=n_exp)
         shared: tuple[Linear, ...] = ()
         router = h * n_exp
-        shared_inter = c.int("shared_expert_intermediate_size", default=0)
+        shared_inter = c.get_int("shared_expert_intermediate_size", default=0)
         if shared_inter:
             shared = tuple(
                 Linear("shared_" + lin.name, lin.roles, lin.in_features, lin.out_features)
@@ -347,172 +361,280 @@ def _llama_like(c: _Config) -> Architecture:
             )
             router += h  # shared_expert_gate
         sparse = Block(
-            "decoder", sparse_count, heads, kv_heads, head_dim, attn + experts + shared,
-            norm_params=2 * h, norm_count=2, other_params=other + router,
-            intermediate_size=moe_inter, experts_per_token=k, num_experts=n_exp,
+            "decoder",
+            sparse_count,
+            heads,
+            kv_heads,
+            head_dim,
+            attn + experts + shared,
+            norm_params=2 * h,
+            norm_count=2,
+            other_params=other + router,
+            intermediate_size=moe_inter,
+            experts_per_token=k,
+            num_experts=n_exp,
         )
         blocks = (sparse, dense_block(layers - sparse_count)) if layers > sparse_count else (sparse,)
     else:
         blocks = (dense_block(layers),)
 
     tie_default = mt in ("gemma", "gemma2", "gemma3_text", "gemma3")
-    tie = c.bool("tie_word_embeddings", default=tie_default)
-    if mt == "olmo" and c.float("clip_qkv", default=0.0):
+    tie = c.get_bool("tie_word_embeddings", default=tie_default)
+    if mt == "olmo" and c.get_float("clip_qkv", default=0.0):
         notes.append("OLMo clips q/k/v activations (clip_qkv): no memory effect")
     return Architecture(
-        model_type=mt, hidden_size=h, vocab_size=vocab, tie_word_embeddings=tie, blocks=blocks,
-        norm=norm, activation=act, embedding_params=vocab * h, extra_params=norm_width,
+        model_type=mt,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        blocks=blocks,
+        norm=norm,
+        activation=act,
+        embedding_params=vocab * h,
+        extra_params=norm_width,
         max_position_embeddings=c.opt_int("max_position_embeddings"),
-        notes=tuple(notes), **_dropouts(c),
+        notes=tuple(notes),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
     )
 
 
 def _phi3(c: _Config) -> Architecture:
     """phi3 (Phi-3, Phi-3.5, Phi-4): fused qkv_proj and gate_up_proj (modeling_phi3.py)."""
-    h = c.int("hidden_size")
-    heads = c.int("num_attention_heads")
-    kv = c.int("num_key_value_heads", default=heads)
-    hd = c.int("head_dim", default=h // heads)
-    inter = c.int("intermediate_size")
-    vocab = c.int("vocab_size")
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads)
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
     linears = (
         Linear("qkv_proj", ("q", "k", "v"), h, (heads + 2 * kv) * hd),
         Linear("o_proj", ("o",), heads * hd, h),
         *_gated_mlp(h, inter, fused=True),
     )
-    block = Block("decoder", c.int("num_hidden_layers"), heads, kv, hd, linears, norm_params=2 * h,
-                  norm_count=2, intermediate_size=inter)
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        linears,
+        norm_params=2 * h,
+        norm_count=2,
+        intermediate_size=inter,
+    )
     return Architecture(
-        model_type="phi3", hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=False), blocks=(block,), norm="rms",
-        activation=c.str("hidden_act", default="silu"), embedding_params=vocab * h, extra_params=h,
-        max_position_embeddings=c.opt_int("max_position_embeddings"), **_dropouts(c),
+        model_type="phi3",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
     )
 
 
 def _phi(c: _Config) -> Architecture:
     """phi (phi-1, phi-1.5, phi-2): parallel attention + plain MLP, one LayerNorm (modeling_phi.py)."""
-    h = c.int("hidden_size")
-    heads = c.int("num_attention_heads")
-    kv = c.int("num_key_value_heads", default=heads)
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
     hd = h // heads
-    inter = c.int("intermediate_size", default=4 * h)
-    vocab = c.int("vocab_size")
+    inter = c.get_int("intermediate_size", default=4 * h)
+    vocab = c.get_int("vocab_size")
     linears = (
         *_qkvo(h, heads, kv, hd, qkv_bias=True, o_bias=True),
         Linear("fc1", ("up",), h, inter, True),
         Linear("fc2", ("down",), inter, h, True),
     )
     other = 0
-    if c.bool("qk_layernorm", default=False):
+    if c.get_bool("qk_layernorm", default=False):
         other = 2 * 2 * hd
-    block = Block("decoder", c.int("num_hidden_layers"), heads, kv, hd, linears, norm_params=2 * h,
-                  norm_count=1, other_params=other, mlp_gated=False, intermediate_size=inter,
-                  parallel_residual=True)
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        linears,
+        norm_params=2 * h,
+        norm_count=1,
+        other_params=other,
+        mlp_gated=False,
+        intermediate_size=inter,
+        parallel_residual=True,
+    )
     return Architecture(
-        model_type="phi", hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=False), blocks=(block,), norm="layer",
-        activation=c.str("hidden_act", default="gelu_new"), embedding_params=vocab * h, extra_params=2 * h,
-        lm_head_bias=True, max_position_embeddings=c.opt_int("max_position_embeddings"), **_dropouts(c),
+        model_type="phi",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("hidden_act", default="gelu_new"),
+        embedding_params=vocab * h,
+        extra_params=2 * h,
+        lm_head_bias=True,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
     )
 
 
 def _gpt2(c: _Config) -> Architecture:
     """gpt2 and gpt_bigcode: fused c_attn, learned positions, tied head (modeling_gpt2.py)."""
     mt = c.model_type
-    h = c.int("n_embd", "hidden_size")
-    heads = c.int("n_head", "num_attention_heads")
+    h = c.get_int("n_embd", "hidden_size")
+    heads = c.get_int("n_head", "num_attention_heads")
     hd = h // heads
-    inter = c.int("n_inner", "intermediate_size", default=4 * h)
-    vocab = c.int("vocab_size")
-    positions = c.int("n_positions", "max_position_embeddings")
-    kv = 1 if mt == "gpt_bigcode" and c.bool("multi_query", default=True) else heads
+    inter = c.get_int("n_inner", "intermediate_size", default=4 * h)
+    vocab = c.get_int("vocab_size")
+    positions = c.get_int("n_positions", "max_position_embeddings")
+    kv = 1 if mt == "gpt_bigcode" and c.get_bool("multi_query", default=True) else heads
     linears = (
         Linear("c_attn", ("q", "k", "v"), h, h + 2 * kv * hd, True),
         Linear("c_proj", ("o",), h, h, True),
         Linear("c_fc", ("up",), h, inter, True),
         Linear("mlp.c_proj", ("down",), inter, h, True),
     )
-    block = Block("decoder", c.int("n_layer", "num_hidden_layers"), heads, kv, hd, linears,
-                  norm_params=4 * h, norm_count=2, mlp_gated=False, intermediate_size=inter)
+    block = Block(
+        "decoder",
+        c.get_int("n_layer", "num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        linears,
+        norm_params=4 * h,
+        norm_count=2,
+        mlp_gated=False,
+        intermediate_size=inter,
+    )
     return Architecture(
-        model_type=mt, hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=True), blocks=(block,), norm="layer",
-        activation=c.str("activation_function", default="gelu_new"), embedding_params=vocab * h,
-        position_embedding_params=positions * h, extra_params=2 * h, max_position_embeddings=positions,
-        hidden_dropout=c.float("resid_pdrop", default=0.1), attention_dropout=c.float("attn_pdrop", default=0.1),
+        model_type=mt,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=True),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("activation_function", default="gelu_new"),
+        embedding_params=vocab * h,
+        position_embedding_params=positions * h,
+        extra_params=2 * h,
+        max_position_embeddings=positions,
+        hidden_dropout=c.get_float("resid_pdrop", default=0.1),
+        attention_dropout=c.get_float("attn_pdrop", default=0.1),
     )
 
 
 def _gpt_neox(c: _Config) -> Architecture:
     """gpt_neox (Pythia, StableLM-alpha): fused query_key_value, two LayerNorms (modeling_gpt_neox.py)."""
-    h = c.int("hidden_size")
-    heads = c.int("num_attention_heads")
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
     hd = h // heads
-    inter = c.int("intermediate_size", default=4 * h)
-    vocab = c.int("vocab_size")
-    bias = c.bool("attention_bias", default=True)
+    inter = c.get_int("intermediate_size", default=4 * h)
+    vocab = c.get_int("vocab_size")
+    bias = c.get_bool("attention_bias", default=True)
     linears = (
         Linear("query_key_value", ("q", "k", "v"), h, 3 * h, bias),
         Linear("dense", ("o",), h, h, bias),
         Linear("dense_h_to_4h", ("up",), h, inter, True),
         Linear("dense_4h_to_h", ("down",), inter, h, True),
     )
-    parallel = c.bool("use_parallel_residual", default=True)
-    block = Block("decoder", c.int("num_hidden_layers"), heads, heads, hd, linears, norm_params=4 * h,
-                  norm_count=2, mlp_gated=False, intermediate_size=inter, parallel_residual=parallel)
+    parallel = c.get_bool("use_parallel_residual", default=True)
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        heads,
+        hd,
+        linears,
+        norm_params=4 * h,
+        norm_count=2,
+        mlp_gated=False,
+        intermediate_size=inter,
+        parallel_residual=parallel,
+    )
     return Architecture(
-        model_type="gpt_neox", hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=False), blocks=(block,), norm="layer",
-        activation=c.str("hidden_act", default="gelu"), embedding_params=vocab * h, extra_params=2 * h,
-        max_position_embeddings=c.opt_int("max_position_embeddings"), **_dropouts(c),
+        model_type="gpt_neox",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("hidden_act", default="gelu"),
+        embedding_params=vocab * h,
+        extra_params=2 * h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
     )
 
 
 def _falcon(c: _Config) -> Architecture:
     """falcon (7B/40B/180B): fused query_key_value with multi-query or grouped KV (modeling_falcon.py)."""
-    h = c.int("hidden_size")
-    heads = c.int("num_attention_heads", "n_head")
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads", "n_head")
     hd = h // heads
-    new_arch = c.bool("new_decoder_architecture", default=False)
+    new_arch = c.get_bool("new_decoder_architecture", default=False)
     if new_arch:
-        kv = c.int("num_kv_heads", "n_head_kv", default=heads)
-    elif c.bool("multi_query", default=True):
+        kv = c.get_int("num_kv_heads", "n_head_kv", default=heads)
+    elif c.get_bool("multi_query", default=True):
         kv = 1
     else:
         kv = heads
-    bias = c.bool("bias", default=False)
-    inter = c.int("ffn_hidden_size", default=4 * h)
-    vocab = c.int("vocab_size")
+    bias = c.get_bool("bias", default=False)
+    inter = c.get_int("ffn_hidden_size", default=4 * h)
+    vocab = c.get_int("vocab_size")
     linears = (
         Linear("query_key_value", ("q", "k", "v"), h, (heads + 2 * kv) * hd, bias),
         Linear("dense", ("o",), h, h, bias),
         Linear("dense_h_to_4h", ("up",), h, inter, bias),
         Linear("dense_4h_to_h", ("down",), inter, h, bias),
     )
-    parallel = c.bool("parallel_attn", default=True)
-    if new_arch:
-        n_norms = c.int("num_ln_in_parallel_attn", default=2)
-    else:
-        n_norms = 1 if parallel else 2
-    block = Block("decoder", c.int("num_hidden_layers", "n_layer"), heads, kv, hd, linears,
-                  norm_params=n_norms * 2 * h, norm_count=n_norms, mlp_gated=False, intermediate_size=inter,
-                  parallel_residual=parallel or new_arch)
-    notes = ("ALiBi positions",) if c.bool("alibi", default=False) else ()
+    parallel = c.get_bool("parallel_attn", default=True)
+    n_norms = c.get_int("num_ln_in_parallel_attn", default=2) if new_arch else 1 if parallel else 2
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers", "n_layer"),
+        heads,
+        kv,
+        hd,
+        linears,
+        norm_params=n_norms * 2 * h,
+        norm_count=n_norms,
+        mlp_gated=False,
+        intermediate_size=inter,
+        parallel_residual=parallel or new_arch,
+    )
+    notes = ("ALiBi positions",) if c.get_bool("alibi", default=False) else ()
     return Architecture(
-        model_type="falcon", hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=True), blocks=(block,), norm="layer",
-        activation=c.str("activation", default="gelu"), embedding_params=vocab * h, extra_params=2 * h,
-        max_position_embeddings=c.opt_int("max_position_embeddings"), notes=notes, **_dropouts(c),
+        model_type="falcon",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=True),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("activation", default="gelu"),
+        embedding_params=vocab * h,
+        extra_params=2 * h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        notes=notes,
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
     )
 
 
 def _bloom(c: _Config) -> Architecture:
     """bloom: ALiBi, fused query_key_value, an extra LayerNorm after the embedding (modeling_bloom.py)."""
-    h = c.int("hidden_size", "n_embed")
-    heads = c.int("n_head", "num_attention_heads")
+    h = c.get_int("hidden_size", "n_embed")
+    heads = c.get_int("n_head", "num_attention_heads")
     hd = h // heads
-    vocab = c.int("vocab_size")
+    vocab = c.get_int("vocab_size")
     inter = 4 * h
     linears = (
         Linear("query_key_value", ("q", "k", "v"), h, 3 * h, True),
@@ -520,59 +642,114 @@ def _bloom(c: _Config) -> Architecture:
         Linear("dense_h_to_4h", ("up",), h, inter, True),
         Linear("dense_4h_to_h", ("down",), inter, h, True),
     )
-    block = Block("decoder", c.int("n_layer", "num_hidden_layers"), heads, heads, hd, linears,
-                  norm_params=4 * h, norm_count=2, mlp_gated=False, intermediate_size=inter)
+    block = Block(
+        "decoder",
+        c.get_int("n_layer", "num_hidden_layers"),
+        heads,
+        heads,
+        hd,
+        linears,
+        norm_params=4 * h,
+        norm_count=2,
+        mlp_gated=False,
+        intermediate_size=inter,
+    )
     return Architecture(
-        model_type="bloom", hidden_size=h, vocab_size=vocab,
-        tie_word_embeddings=c.bool("tie_word_embeddings", default=True), blocks=(block,), norm="layer",
-        activation="gelu", embedding_params=vocab * h, extra_params=4 * h, notes=("ALiBi positions",),
-        hidden_dropout=c.float("hidden_dropout"), attention_dropout=c.float("attention_dropout"),
+        model_type="bloom",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=True),
+        blocks=(block,),
+        norm="layer",
+        activation="gelu",
+        embedding_params=vocab * h,
+        extra_params=4 * h,
+        notes=("ALiBi positions",),
+        hidden_dropout=c.get_float("hidden_dropout"),
+        attention_dropout=c.get_float("attention_dropout"),
     )
 
 
 def _t5(c: _Config) -> Architecture:
     """t5 / mt5 encoder-decoder (modeling_t5.py): relative position bias in the first layer of each stack."""
-    d = c.int("d_model", "hidden_size")
-    heads = c.int("num_heads", "num_attention_heads")
-    d_kv = c.int("d_kv", default=d // heads)
+    d = c.get_int("d_model", "hidden_size")
+    heads = c.get_int("num_heads", "num_attention_heads")
+    d_kv = c.get_int("d_kv", default=d // heads)
     inner = heads * d_kv
-    d_ff = c.int("d_ff", "intermediate_size")
-    vocab = c.int("vocab_size")
-    enc_layers = c.int("num_layers", "num_hidden_layers")
-    dec_layers = c.int("num_decoder_layers", default=enc_layers)
-    gated = c.str("feed_forward_proj", default="relu").startswith("gated")
-    buckets = c.int("relative_attention_num_buckets", default=32)
+    d_ff = c.get_int("d_ff", "intermediate_size")
+    vocab = c.get_int("vocab_size")
+    enc_layers = c.get_int("num_layers", "num_hidden_layers")
+    dec_layers = c.get_int("num_decoder_layers", default=enc_layers)
+    gated = c.get_str("feed_forward_proj", default="relu").startswith("gated")
+    buckets = c.get_int("relative_attention_num_buckets", default=32)
+    ff: tuple[Linear, ...]
     if gated:
-        ff = (Linear("wi_0", ("gate",), d, d_ff), Linear("wi_1", ("up",), d, d_ff), Linear("wo", ("down",), d_ff, d))
+        ff = (
+            Linear("wi_0", ("gate",), d, d_ff),
+            Linear("wi_1", ("up",), d, d_ff),
+            Linear("wo", ("down",), d_ff, d),
+        )
     else:
         ff = (Linear("wi", ("up",), d, d_ff), Linear("wo", ("down",), d_ff, d))
-    self_attn = (Linear("q", ("q",), d, inner), Linear("k", ("k",), d, inner), Linear("v", ("v",), d, inner),
-                 Linear("o", ("o",), inner, d))
-    cross_attn = tuple(Linear("EncDecAttention." + lin.name, lin.roles, lin.in_features, lin.out_features)
-                       for lin in self_attn)
+    self_attn = (
+        Linear("q", ("q",), d, inner),
+        Linear("k", ("k",), d, inner),
+        Linear("v", ("v",), d, inner),
+        Linear("o", ("o",), inner, d),
+    )
+    cross_attn = tuple(
+        Linear("EncDecAttention." + lin.name, lin.roles, lin.in_features, lin.out_features) for lin in self_attn
+    )
     # The relative-position table (buckets x heads) lives in the first layer of each stack; spreading it
     # over the layers keeps every block identical without changing the total.
-    enc = Block("encoder", enc_layers, heads, heads, d_kv, self_attn + ff, norm_params=2 * d, norm_count=2,
-                mlp_gated=gated, intermediate_size=d_ff)
-    dec = Block("cross-decoder", dec_layers, heads, heads, d_kv, self_attn + cross_attn + ff,
-                norm_params=3 * d, norm_count=3, mlp_gated=gated, intermediate_size=d_ff)
-    tie = c.bool("tie_word_embeddings", default=True)
+    enc = Block(
+        "encoder",
+        enc_layers,
+        heads,
+        heads,
+        d_kv,
+        self_attn + ff,
+        norm_params=2 * d,
+        norm_count=2,
+        mlp_gated=gated,
+        intermediate_size=d_ff,
+    )
+    dec = Block(
+        "cross-decoder",
+        dec_layers,
+        heads,
+        heads,
+        d_kv,
+        self_attn + cross_attn + ff,
+        norm_params=3 * d,
+        norm_count=3,
+        mlp_gated=gated,
+        intermediate_size=d_ff,
+    )
+    tie = c.get_bool("tie_word_embeddings", default=True)
     return Architecture(
-        model_type=c.model_type, hidden_size=d, vocab_size=vocab, tie_word_embeddings=tie, blocks=(enc, dec),
-        norm="rms", activation="gelu" if gated else "relu", embedding_params=vocab * d,
-        extra_params=2 * d + 2 * buckets * heads, notes=("encoder-decoder: seq_len is used for both stacks",),
-        hidden_dropout=c.float("dropout_rate", default=0.1),
+        model_type=c.model_type,
+        hidden_size=d,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        blocks=(enc, dec),
+        norm="rms",
+        activation="gelu" if gated else "relu",
+        embedding_params=vocab * d,
+        extra_params=2 * d + 2 * buckets * heads,
+        notes=("encoder-decoder: seq_len is used for both stacks",),
+        hidden_dropout=c.get_float("dropout_rate", default=0.1),
     )
 
 
 def _siglip_params(v: _Config, text_hidden: int) -> int:
     """SigLIP vision tower + Gemma 3's projector (modeling_siglip.py, modeling_gemma3.py)."""
-    hv = v.int("hidden_size")
-    iv = v.int("intermediate_size")
-    layers = v.int("num_hidden_layers")
-    patch = v.int("patch_size")
-    image = v.int("image_size")
-    channels = v.int("num_channels", default=3)
+    hv = v.get_int("hidden_size")
+    iv = v.get_int("intermediate_size")
+    layers = v.get_int("num_hidden_layers")
+    patch = v.get_int("patch_size")
+    image = v.get_int("image_size")
+    channels = v.get_int("num_channels", default=3)
     patch_embed = channels * patch * patch * hv + hv
     pos_embed = (image // patch) ** 2 * hv
     per_layer = 4 * (hv * hv + hv) + (hv * iv + iv) + (iv * hv + hv) + 2 * 2 * hv
@@ -589,7 +766,9 @@ def _gemma3_multimodal(c: _Config) -> Architecture:
     vision = c.raw.get("vision_config")
     vision_params = _siglip_params(_Config(vision), arch.hidden_size) if isinstance(vision, dict) else 0
     return replace(
-        arch, model_type="gemma3", vision_params=vision_params,
+        arch,
+        model_type="gemma3",
+        vision_params=vision_params,
         notes=(*arch.notes, "the vision tower is counted in the weights; activations are text only"),
     )
 

@@ -99,7 +99,9 @@ def resolve_architecture(plan: Plan) -> tuple[str, Architecture]:
     """The model's name and architecture, from its config.json or the bundled catalog."""
     spec = plan.model
     if spec.config is not None:
-        return spec.name or str(spec.config.get("_name_or_path") or "custom model"), architecture_from_config(spec.config)
+        return spec.name or str(spec.config.get("_name_or_path") or "custom model"), architecture_from_config(
+            spec.config
+        )
     if spec.name is None:
         raise EstimatorError("model", "give model.name or model.config")
     found = find_model(spec.name)
@@ -137,7 +139,9 @@ def estimate(
     throughput: ThroughputReport | None = None
     if target is not None:
         throughput = _throughput_report(
-            estimate_throughput(plan, arch, recipe, states, target, utilisation, utilisation_source), target, plan
+            estimate_throughput(plan, arch, recipe, states, target, utilisation, utilisation_source),
+            target,
+            plan,
         )
     total_tokens = plan.data.total_tokens() if plan.data is not None else None
     costs = []
@@ -155,8 +159,13 @@ def estimate(
         model=name,
         model_type=arch.model_type,
         parameters=ParameterReport(
-            total=counts.total, trainable=mem.trainable_params, active=counts.active, embedding=counts.embedding,
-            attention=counts.attention, mlp=counts.mlp, lm_head=counts.lm_head,
+            total=counts.total,
+            trainable=mem.trainable_params,
+            active=counts.active,
+            embedding=counts.embedding,
+            attention=counts.attention,
+            mlp=counts.mlp,
+            lm_head=counts.lm_head,
         ),
         mode=plan.mode,
         memory=_memory_report(mem, states.optimizer_states_paged),
@@ -208,7 +217,9 @@ def _throughput_report(tp: Throughput, spec: GpuSpec, plan: Plan) -> ThroughputR
     )
 
 
-def _cost(offer: Offer, spec: GpuSpec, plan: Plan, tp: Throughput, total_tokens: float | None, fits: bool) -> CostReport:
+def _cost(
+    offer: Offer, spec: GpuSpec, plan: Plan, tp: Throughput, total_tokens: float | None, fits: bool
+) -> CostReport:
     per_hour = offer.on_demand_usd_per_hour * plan.gpus
     spot_per_hour = offer.spot_usd_per_hour * plan.gpus if offer.spot_usd_per_hour is not None else None
     per_million = per_hour / (tp.tokens_per_s * 3600.0) * 1e6
@@ -236,9 +247,7 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
     if plan.method != "full" and plan.lora is None:
         out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
     if arch.max_position_embeddings and plan.seq_len > arch.max_position_embeddings:
-        out.append(
-            f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}"
-        )
+        out.append(f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}")
     if gpu is not None and plan.precision.startswith("bf16") and not gpu.bf16_tflops:
         out.append(f"{gpu.name} has no bf16 tensor cores: use fp16 (throughput assumes the fp16 rate)")
     if plan.optimizer.startswith("paged"):
@@ -260,8 +269,10 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
 
 
 def _assumptions(plan: Plan, recipe: Recipe) -> list[str]:
-    grads = "gradients accumulate across micro-batches (live through the forward pass)" if recipe.grads_persist else (
-        "no gradient accumulation (gradients freed after each optimizer step)"
+    grads = (
+        "gradients accumulate across micro-batches (live through the forward pass)"
+        if recipe.grads_persist
+        else ("no gradient accumulation (gradients freed after each optimizer step)")
     )
     out = [
         f"framework defaults: {framework_note(plan.framework)}",
@@ -288,8 +299,10 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
     p = generic.parameters
     parts: dict[str, float] = {"weights": p * dtype_bytes}
     trainable = 0
-    warnings = ["generic model: no architecture, so activations come from activation_bytes_per_sample and "
-                "throughput is not estimated"]
+    warnings = [
+        "generic model: no architecture, so activations come from activation_bytes_per_sample and "
+        "throughput is not estimated"
+    ]
     if plan.is_training:
         if plan.method == "full":
             trainable = p
@@ -298,8 +311,14 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
             warnings.append("generic model with LoRA: adapters assumed at 1% of the parameters")
         grad_bytes = 4.0 if plan.precision in ("fp32", "bf16-mixed", "fp16-mixed") else 2.0
         parts["gradients"] = trainable * grad_bytes
-        states = {"adamw": 8.0, "paged-adamw": 0.0, "adamw-8bit": 2.0, "paged-adamw-8bit": 0.0, "sgd": 4.0,
-                  "adafactor": 0.0}[plan.optimizer]
+        states = {
+            "adamw": 8.0,
+            "paged-adamw": 0.0,
+            "adamw-8bit": 2.0,
+            "paged-adamw-8bit": 0.0,
+            "sgd": 4.0,
+            "adafactor": 0.0,
+        }[plan.optimizer]
         parts["optimizer_states"] = trainable * states
         if plan.precision.endswith("-mixed") and dtype_bytes == 2.0:
             parts["master_weights"] = trainable * 4.0

@@ -154,7 +154,9 @@ def optimizer_state_bytes_per_param(plan: Plan, state_dtype_bytes: int) -> tuple
 def adafactor_state_elements(arch: Architecture, plan: Plan, recipe: Recipe) -> int:
     """Adafactor (Shazeer & Stern 2018): a row and a column accumulator per matrix, full for vectors."""
     if plan.method == "full":
-        mats = sum(b.count * lin.copies * (lin.in_features + lin.out_features) for b in arch.blocks for lin in b.linears)
+        mats = sum(
+            b.count * lin.copies * (lin.in_features + lin.out_features) for b in arch.blocks for lin in b.linears
+        )
         mats += 2 * (arch.hidden_size + arch.vocab_size)
         vectors = parameter_counts(arch).norms + sum(b.count * b.other_params for b in arch.blocks)
         return mats + vectors
@@ -215,7 +217,7 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         states /= n
         master /= n
         temps /= n
-    if shard in ("zero2", "zero3", "fsdp"):
+    if shard in ("zero2", "zero3", "fsdp") and not recipe.fsdp_accumulates_unsharded:
         grads /= n
     if shard in ("zero3", "fsdp"):
         weights /= n
@@ -277,21 +279,24 @@ def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tup
     reduce-scattered. The root unit (embeddings, final norm, head) stays gathered in HF / torchtune
     wrapping. DeepSpeed ZeRO-3 behaves alike with its prefetch bucket.
     """
-    if plan.sharding not in ("zero3", "fsdp") or plan.gpus == 1 and not plan.cpu_offload:
+    if plan.sharding not in ("zero3", "fsdp") or (plan.gpus == 1 and not plan.cpu_offload):
         return 0.0, 0.0
     quant = plan.quantized
     if quant is not None:
         per = NF4_BNB_BYTES if quant == "nf4" else INT8_BYTES
         block = max(
             sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) * per
-            + (b.params - sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears)) * recipe.compute_bytes
+            + (b.params - sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears))
+            * recipe.compute_bytes
             for b in arch.blocks
         )
     else:
         # FSDP mixed precision gathers in param_dtype (16-bit) even when the shards are fp32.
         block = arch.largest_block_params * recipe.compute_bytes
-    root = 0.0 if recipe.framework == "torchtitan" else float(
-        (arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes
+    root = (
+        0.0
+        if recipe.framework == "torchtitan"
+        else float((arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes)
     )
     fwd = 2 * block + root
     grad_block = 0.0
@@ -335,9 +340,21 @@ def block_saved_bytes_per_token(
     def needs_input(linears: list[Linear]) -> bool:
         return full or bnb_quant or any(lora_roles_of(lin, recipe) for lin in linears)
 
+    # Under autocast (the -mixed precisions) every linear casts its fp32 input to 16-bit itself, and
+    # a trained linear keeps its own cast copy; in pure 16-bit the consumers share one tensor.
+    per_linear_casts = recipe.residual_bytes != a
+
+    def input_copies(linears: list[Linear]) -> int:
+        if not needs_input(linears):
+            return 0
+        if not per_linear_casts:
+            return 1
+        return sum(1 for lin in linears if full or bnb_quant) or 0
+
     def by_role(*roles: str, cross: bool = False) -> list[Linear]:
         return [
-            lin for lin in block.linears
+            lin
+            for lin in block.linears
             if set(lin.roles) & set(roles) and lin.name.startswith("EncDecAttention.") == cross
         ]
 
@@ -351,8 +368,7 @@ def block_saved_bytes_per_token(
         attn_sets.append((by_role("q", "k", "v", cross=True), by_role("o", cross=True), True))
     impl = _attention_impl(arch, recipe)
     for qkv, out_proj, _cross in attn_sets:
-        if needs_input(qkv):
-            add("attention_input", a * h)
+        add("attention_input", input_copies(qkv) * a * h)
         kv_width = heads if recipe.expands_kv else kv_heads
         # SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2 paper, alg. 2).
         add("attention_qkv_out", a * hd * (2 * heads + 2 * kv_width) + 4 * heads)
@@ -362,8 +378,7 @@ def block_saved_bytes_per_token(
             add("attention_scores", heads * seq_len * (4 + a))
             if recipe.model_dropout and arch.attention_dropout > 0:
                 add("attention_scores", heads * seq_len * 1)
-        if needs_input(out_proj):
-            add("attention_output_proj_input", a * heads * hd)
+        add("attention_output_proj_input", input_copies(out_proj) * a * heads * hd)
         if recipe.model_dropout and arch.hidden_dropout > 0:
             add("dropout_masks", h)
 
@@ -372,8 +387,8 @@ def block_saved_bytes_per_token(
     inter = block.intermediate_size
     mlp_in_lins = by_role("gate", "up")
     down = by_role("down")
-    if needs_input(mlp_in_lins) and not (block.parallel_residual and block.norm_count == 1):
-        add("mlp_input", a * h)
+    if not (block.parallel_residual and block.norm_count == 1 and not per_linear_casts):
+        add("mlp_input", input_copies(mlp_in_lins) * a * h)
     if block.num_experts > 1:
         # HF MoE layers gather each expert's tokens (a copy) and scale its output by the routing weight.
         add("moe_routing", k * a * h * (2 if needs_input(mlp_in_lins) else 1))
@@ -382,22 +397,24 @@ def block_saved_bytes_per_token(
     else:
         gelu_saves = 4 if (recipe.python_gelu and arch.activation == "gelu_new") else 1
         add("mlp_hidden", k * gelu_saves * a * inter)
-    if needs_input(down):
-        add("mlp_down_input", k * a * inter)
+    add("mlp_down_input", input_copies(down) * k * a * inter)
     if recipe.model_dropout and arch.hidden_dropout > 0:
         add("dropout_masks", h)
 
-    # LoRA adapters: lora_A keeps its input (an fp32 copy when PEFT autocasts the adapter to fp32, the
-    # dropout output when lora_dropout > 0), lora_B keeps lora_A's output (r values per token).
+    # LoRA adapters: lora_A keeps its input and lora_B keeps lora_A's output (r values per token). PEFT
+    # casts the input to the adapter's fp32 dtype per module (peft/tuners/lora/layer.py,
+    # _cast_input_dtype), so each adapted module keeps its own copy (16-bit under autocast); with
+    # lora_dropout > 0 the dropout output is a new tensor and its mask is kept as well.
     for lin in block.linears:
-        roles = lora_roles_of(lin, recipe)
-        if not roles:
+        if not lora_roles_of(lin, recipe):
             continue
         copies = k if lin.copies > 1 else 1
-        add("lora", copies * recipe.lora_rank * recipe.adapter_bytes)
-        separate_input = recipe.adapter_bytes != a or recipe.lora_dropout > 0
-        if separate_input:
-            add("lora", copies * lin.in_features * (recipe.adapter_bytes + (1 if recipe.lora_dropout > 0 else 0)))
+        rank_bytes = a if recipe.adapter_input_bytes == a and recipe.adapter_bytes != a else recipe.adapter_bytes
+        add("lora", copies * recipe.lora_rank * rank_bytes)
+        input_bytes = recipe.adapter_input_bytes
+        if recipe.lora_dropout > 0:
+            input_bytes = (input_bytes or a) + 1
+        add("lora", copies * lin.in_features * input_bytes)
     return saves
 
 
@@ -411,8 +428,9 @@ def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: 
     h = arch.hidden_size
     kept = recipe.residual_bytes * h
     if recipe.checkpoint_granularity == "selective":
-        mm_outputs = [lin.out_features if lin.copies == 1 else lin.out_features * block.experts_per_token
-                      for lin in block.linears]
+        mm_outputs = [
+            lin.out_features if lin.copies == 1 else lin.out_features * block.experts_per_token for lin in block.linears
+        ]
         kept += a * sum(mm_outputs[::2])  # the 1st, 3rd, ... matmul of the block
         kept += a * block.num_heads * block.head_dim + 4 * block.num_heads  # SDPA output and log-sum-exp
     return kept
@@ -445,7 +463,11 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
         block_total = sum(per_token.values())
         if block_total > biggest_block:
             biggest_block, biggest_breakdown = block_total, per_token
-        kept = _checkpointed_block_bytes_per_token(block, arch, plan, recipe) if plan.gradient_checkpointing else block_total
+        kept = (
+            _checkpointed_block_bytes_per_token(block, arch, plan, recipe)
+            if plan.gradient_checkpointing
+            else block_total
+        )
         saved += block.count * kept * tokens
         transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe) * tokens)
 
@@ -517,8 +539,12 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
     growing_grads = grads_all - persistent_grads
     head_grad = 0.0
     if growing_grads and plan.method == "full":
-        head_grad = min(growing_grads, arch.lm_head_matmul_params * recipe.weight_bytes / (
-            plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1))
+        head_grad = min(
+            growing_grads,
+            arch.lm_head_matmul_params
+            * recipe.weight_bytes
+            / (plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1),
+        )
 
     static = {
         "weights": states.weights,
@@ -530,7 +556,10 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
     }
     moments: dict[str, dict[str, float]] = {
         "end_of_forward": {
-            **static, "activations": acts.saved, "logits_and_loss": logit_fwd, "sharding_buffers": shard_fwd,
+            **static,
+            "activations": acts.saved,
+            "logits_and_loss": logit_fwd,
+            "sharding_buffers": shard_fwd,
         },
         "start_of_backward": {
             **static,
@@ -558,38 +587,59 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "temporaries": states.optimizer_temporaries,
         },
     }
-    return _finish(plan, moments, states, acts.per_layer_per_token)
+    return _finish(plan, moments, states, acts.per_layer_per_token, grads_long_lived=bool(persistent_grads))
 
 
 def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates) -> MemoryBreakdown:
     """Serving/generation: weights, the KV cache for every sequence, one layer's working set, logits."""
-    kv_bytes = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[plan.kv_cache_dtype or (
-        "fp32" if recipe.compute_bytes == 4 else "bf16")]
+    kv_bytes = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[
+        plan.kv_cache_dtype or ("fp32" if recipe.compute_bytes == 4 else "bf16")
+    ]
     kv = sum(2 * b.count * b.num_kv_heads * b.head_dim for b in arch.blocks) * plan.tokens_per_micro_batch * kv_bytes
     a = recipe.compute_bytes
-    layer = max(
-        a * (b.num_heads * b.head_dim * 2 + 2 * b.num_kv_heads * b.head_dim + b.experts_per_token * 3 * b.intermediate_size)
-        for b in arch.blocks
-    ) * plan.tokens_per_micro_batch  # prefill of the whole context, one layer at a time
+    layer = (
+        max(
+            a
+            * (
+                b.num_heads * b.head_dim * 2
+                + 2 * b.num_kv_heads * b.head_dim
+                + b.experts_per_token * 3 * b.intermediate_size
+            )
+            for b in arch.blocks
+        )
+        * plan.tokens_per_micro_batch
+    )  # prefill of the whole context, one layer at a time
     logits = plan.micro_batch_size * arch.vocab_size * 4.0  # last position only, fp32
     weights = states.weights / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
     moments = {
-        "prefill": {"weights": weights, "adapters": states.adapters, "kv_cache": kv, "activations": layer, "logits_and_loss": logits},
+        "prefill": {
+            "weights": weights,
+            "adapters": states.adapters,
+            "kv_cache": kv,
+            "activations": layer,
+            "logits_and_loss": logits,
+        },
     }
     return _finish(plan, moments, states, {})
 
 
 def _finish(
-    plan: Plan, moments: dict[str, dict[str, float]], states: ModelStates, per_layer: dict[str, float]
+    plan: Plan,
+    moments: dict[str, dict[str, float]],
+    states: ModelStates,
+    per_layer: dict[str, float],
+    grads_long_lived: bool = False,
 ) -> MemoryBreakdown:
     totals = {name: sum(parts.values()) for name, parts in moments.items()}
     peak_name = max(totals, key=lambda name: totals[name])
     components = {k: v for k, v in moments[peak_name].items() if v}
     allocated = totals[peak_name]
-    long_lived = sum(
-        components.get(k, 0.0)
-        for k in ("weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache")
-    )
+    # Tensors allocated once and kept (model states, accumulated gradients) pack tightly; what is
+    # allocated and freed every step fragments the cache.
+    keys = ["weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache"]
+    if grads_long_lived:
+        keys.append("gradients")
+    long_lived = sum(components.get(k, 0.0) for k in keys)
     fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
     reserved = allocated + fragmentation
     context = CUDA_CONTEXT_BYTES + (NCCL_BYTES if plan.gpus > 1 else 0)

@@ -39,6 +39,13 @@ class FrameworkDefaults:
     expands_kv: bool  # GQA K/V are repeated to all heads before attention (saved at full width)
     python_gelu: bool  # HF's gelu_new is a chain of Python ops, each saving its input
     note: str
+    # Gradient accumulation under FSDP skips the reduce-scatter with no_sync(), which keeps the
+    # *unsharded* gradients (accelerate's default sync_each_batch=False; Lightning Fabric's
+    # no_backward_sync). torchtune and torchtitan accumulate sharded gradients.
+    fsdp_accumulates_unsharded: bool = True
+    # The forward runs under torch.autocast (Trainer with bf16=True, the usual LoRA/QLoRA recipe), so an
+    # fp32 adapter receives a 16-bit copy of its input; without autocast PEFT casts the input to fp32.
+    autocast: bool = False
 
 
 # Sources, per framework:
@@ -59,41 +66,97 @@ class FrameworkDefaults:
 #   offloaded gradient checkpointing (not modelled: treated as block checkpointing).
 # - pytorch: a plain loop over an HF model (HF loss with fp32 upcast, torch AdamW foreach).
 _HF = FrameworkDefaults(
-    attention="sdpa", loss="standard", logits_fp32=True, optimizer_impl="foreach",
-    checkpoint_granularity="block", adapter_fp32=True, lora_dropout=0.0, quant_backend="bitsandbytes",
-    quantize_lm_head=False, model_dropout=True, grads_persist=False, expands_kv=True, python_gelu=True,
+    attention="sdpa",
+    loss="standard",
+    logits_fp32=True,
+    optimizer_impl="foreach",
+    checkpoint_granularity="block",
+    adapter_fp32=True,
+    lora_dropout=0.0,
+    quant_backend="bitsandbytes",
+    quantize_lm_head=False,
+    model_dropout=True,
+    grads_persist=False,
+    expands_kv=True,
+    python_gelu=True,
     note="Hugging Face Trainer + PEFT defaults",
+    autocast=True,
 )
 _DEFAULTS: dict[Framework, FrameworkDefaults] = {
     "hf-trainer": _HF,
-    "pytorch": replace(_HF, note="a plain PyTorch loop over a transformers model"),
+    "pytorch": replace(_HF, note="a plain PyTorch loop over a transformers model", autocast=False),
     "axolotl": replace(
-        _HF, attention="flash", grads_persist=True, expands_kv=False,
+        _HF,
+        attention="flash",
+        grads_persist=True,
+        expands_kv=False,
         note="axolotl (Trainer-based; flash attention, gradient accumulation)",
     ),
     "torchtune": FrameworkDefaults(
-        attention="sdpa", loss="chunked", logits_fp32=True, optimizer_impl="fused",
-        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.0, quant_backend="torchao",
-        quantize_lm_head=False, model_dropout=False, grads_persist=False, expands_kv=True,
-        python_gelu=False, note="torchtune recipe defaults",
+        attention="sdpa",
+        loss="chunked",
+        logits_fp32=True,
+        optimizer_impl="fused",
+        checkpoint_granularity="block",
+        adapter_fp32=False,
+        lora_dropout=0.0,
+        quant_backend="torchao",
+        quantize_lm_head=False,
+        model_dropout=False,
+        grads_persist=False,
+        expands_kv=True,
+        python_gelu=False,
+        note="torchtune recipe defaults",
+        fsdp_accumulates_unsharded=False,
     ),
     "litgpt": FrameworkDefaults(
-        attention="sdpa", loss="chunked", logits_fp32=False, optimizer_impl="foreach",
-        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.05, quant_backend="bitsandbytes",
-        quantize_lm_head=True, model_dropout=False, grads_persist=True, expands_kv=True, python_gelu=False,
+        attention="sdpa",
+        loss="chunked",
+        logits_fp32=False,
+        optimizer_impl="foreach",
+        checkpoint_granularity="block",
+        adapter_fp32=False,
+        lora_dropout=0.05,
+        quant_backend="bitsandbytes",
+        quantize_lm_head=True,
+        model_dropout=False,
+        grads_persist=True,
+        expands_kv=True,
+        python_gelu=False,
         note="LitGPT finetune defaults",
     ),
     "torchtitan": FrameworkDefaults(
-        attention="sdpa", loss="standard", logits_fp32=True, optimizer_impl="fused",
-        checkpoint_granularity="selective", adapter_fp32=False, lora_dropout=0.0, quant_backend="torchao",
-        quantize_lm_head=False, model_dropout=False, grads_persist=False, expands_kv=True,
-        python_gelu=False, note="torchtitan defaults",
+        attention="sdpa",
+        loss="standard",
+        logits_fp32=True,
+        optimizer_impl="fused",
+        checkpoint_granularity="selective",
+        adapter_fp32=False,
+        lora_dropout=0.0,
+        quant_backend="torchao",
+        quantize_lm_head=False,
+        model_dropout=False,
+        grads_persist=False,
+        expands_kv=True,
+        python_gelu=False,
+        note="torchtitan defaults",
+        fsdp_accumulates_unsharded=False,
     ),
     "unsloth": FrameworkDefaults(
-        attention="flash", loss="fused", logits_fp32=False, optimizer_impl="foreach",
-        checkpoint_granularity="block", adapter_fp32=False, lora_dropout=0.0, quant_backend="bitsandbytes",
-        quantize_lm_head=False, model_dropout=False, grads_persist=True, expands_kv=False,
-        python_gelu=False, note="Unsloth defaults",
+        attention="flash",
+        loss="fused",
+        logits_fp32=False,
+        optimizer_impl="foreach",
+        checkpoint_granularity="block",
+        adapter_fp32=False,
+        lora_dropout=0.0,
+        quant_backend="bitsandbytes",
+        quantize_lm_head=False,
+        model_dropout=False,
+        grads_persist=True,
+        expands_kv=False,
+        python_gelu=False,
+        note="Unsloth defaults",
     ),
 }
 
@@ -113,6 +176,7 @@ class Recipe:
     optimizer_impl: OptimizerImpl
     checkpoint_granularity: CheckpointGranularity
     adapter_bytes: int
+    adapter_input_bytes: int  # bytes per element of the adapter's own copy of its input; 0 = shares it
     lora_dropout: float
     lora_targets: tuple[LoraRole, ...]
     lora_rank: int
@@ -122,6 +186,7 @@ class Recipe:
     grads_persist: bool
     expands_kv: bool
     python_gelu: bool
+    fsdp_accumulates_unsharded: bool
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -147,10 +212,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
     lora = plan.lora
     rank = lora.rank if lora is not None else 16
     targets: tuple[LoraRole, ...]
-    if lora is None or lora.targets == "all-linear":
-        targets = ALL_LINEAR_ROLES
-    else:
-        targets = tuple(lora.targets)
+    targets = ALL_LINEAR_ROLES if lora is None or lora.targets == "all-linear" else tuple(lora.targets)
     if plan.method == "full":
         targets, rank = (), 0
 
@@ -160,6 +222,15 @@ def resolve_recipe(plan: Plan) -> Recipe:
         adapter_bytes = 4
     else:
         adapter_bytes = 4 if d.adapter_fp32 else 2
+
+    # torch.autocast is on for the -mixed precisions, and in the Trainer's usual bf16 recipe.
+    autocast = weight_bytes != compute_bytes or (d.autocast and weight_bytes == 2)
+    if adapter_bytes == compute_bytes:
+        adapter_input = 0
+    elif autocast:
+        adapter_input = compute_bytes
+    else:
+        adapter_input = adapter_bytes
 
     accumulation = plan.gradient_accumulation_steps
     grads_persist = d.grads_persist if accumulation is None else accumulation > 1
@@ -177,6 +248,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         optimizer_impl=plan.optimizer_impl or d.optimizer_impl,
         checkpoint_granularity=plan.checkpoint_granularity or d.checkpoint_granularity,
         adapter_bytes=adapter_bytes,
+        adapter_input_bytes=adapter_input,
         lora_dropout=(lora.dropout if lora is not None and lora.dropout is not None else d.lora_dropout),
         lora_targets=targets,
         lora_rank=rank,
@@ -187,6 +259,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         # flash-attention 2 takes grouped K/V as they are; SDPA paths repeat them first.
         expands_kv=d.expands_kv and attention != "flash",
         python_gelu=d.python_gelu,
+        fsdp_accumulates_unsharded=d.fsdp_accumulates_unsharded and grads_persist and plan.sharding == "fsdp",
     )
 
 

@@ -138,8 +138,11 @@ def estimate_throughput(
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
-    dispatch = arch.num_layers * KERNELS_PER_BLOCK_FORWARD * DISPATCH_SECONDS_PER_KERNEL * (
-        1 + (2 if plan.is_training else 0) + (1 if plan.gradient_checkpointing else 0)
+    dispatch = (
+        arch.num_layers
+        * KERNELS_PER_BLOCK_FORWARD
+        * DISPATCH_SECONDS_PER_KERNEL
+        * (1 + (2 if plan.is_training else 0) + (1 if plan.gradient_checkpointing else 0))
     )
     compute = max(compute, dispatch)
 
@@ -191,7 +194,12 @@ def estimate_throughput(
         mfu=mfu,
         utilisation_assumed=util,
         flops_per_token=fpt,
-        seconds={"compute": compute, "dequantization": dequant, "communication": exposed_comm, "optimizer": optimizer},
+        seconds={
+            "compute": compute,
+            "dequantization": dequant,
+            "communication": exposed_comm,
+            "optimizer": optimizer,
+        },
         utilisation_source=source,
     )
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Developer entry point: sets up a virtual environment in .venv (idempotent) and runs gpuplan.
+#   bash infra/dev.sh run    set up, then run gpuplan on its embedded defaults
+#   bash infra/dev.sh test   set up with the dev extras, then run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+venv=.venv
+
+setup() {
+  if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$1]" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+}
+
+case "${1:-}" in
+  run)
+    setup dev
+    "$venv/bin/gpuplan" estimate --plan infra/examples/llama-3.1-8b-qlora.json --gpu "A100 80GB"
+    ;;
+  test)
+    setup dev
+    shift
+    "$venv/bin/python" -m pytest "$@"
+    ;;
+  *)
+    echo "usage: bash infra/dev.sh run|test [pytest args]" >&2
+    exit 2
+    ;;
+esac

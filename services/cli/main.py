@@ -1,0 +1,209 @@
+"""The ``gpuplan`` command line: thin argument handling over the estimator and the catalogs.
+
+Every error is one readable line on stderr and a non-zero exit (2 for bad input), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from services.catalog.gpus import gpu_specs
+from services.catalog.models import catalog_models
+from services.cli.render import render_estimate
+from services.estimator.errors import EstimatorError
+from services.estimator.estimate import estimate
+from services.estimator.validation import PlanError, parse_plan
+
+EXIT_BAD_INPUT = 2
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} {path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+
+
+# Flags that set plan fields: (flag, plan key, argparse options).
+_PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--method", "method", {"choices": ["full", "lora", "qlora"]}),
+    (
+        "--framework",
+        "framework",
+        {"choices": ["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]},
+    ),
+    ("--precision", "precision", {"choices": ["bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp32"]}),
+    ("--quantization", "quantization", {"choices": ["nf4", "int8"]}),
+    (
+        "--optimizer",
+        "optimizer",
+        {"choices": ["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd"]},
+    ),
+    ("--micro-batch-size", "micro_batch_size", {"type": int, "metavar": "N"}),
+    ("--seq-len", "seq_len", {"type": int, "metavar": "TOKENS"}),
+    ("--gpus", "gpus", {"type": int, "metavar": "N"}),
+    ("--sharding", "sharding", {"choices": ["none", "zero1", "zero2", "zero3", "fsdp"]}),
+    ("--grad-accum", "gradient_accumulation_steps", {"type": int, "metavar": "N"}),
+    ("--mode", "mode", {"choices": ["train", "inference"]}),
+    ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
+]
+
+
+def _int_arg(name: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+
+    return parse
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog="gpuplan", description="Plan LLM fine-tuning runs: memory, speed and cost per GPU.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="peak GPU memory, fit per card, tokens/s and cost of a plan")
+    est.add_argument("--plan", metavar="FILE", help="plan JSON (the schema of benchmarks/README); flags override it")
+    est.add_argument("--model", metavar="HF_ID", help="model id from the bundled catalog (see `gpuplan models`)")
+    est.add_argument("--config", metavar="FILE", help="the model's config.json, for models not in the catalog")
+    est.add_argument("--gpu", metavar="NAME", help="GPU for tokens/s ('A100 80GB', 'h100', 'RTX 4090', ...)")
+    est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    for flag, key, options in _PLAN_FLAGS:
+        if options.get("type") is int:
+            options = {**options, "type": _int_arg(flag)}
+        est.add_argument(flag, dest=key, **options)
+    est.add_argument("--batch", dest="micro_batch_size", type=_int_arg("--batch"), help=argparse.SUPPRESS)
+    est.add_argument("--lora-rank", type=_int_arg("--lora-rank"), metavar="R")
+    est.add_argument("--lora-alpha", type=_int_arg("--lora-alpha"), metavar="A")
+    est.add_argument("--lora-targets", metavar="ROLES", help="comma list of q,k,v,o,gate,up,down,lm_head or all-linear")
+    est.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true", default=None)
+    est.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    est.add_argument("--cpu-offload", dest="cpu_offload", action="store_true", default=None)
+    est.add_argument("--optimizer-in-backward", dest="optimizer_in_backward", action="store_true", default=None)
+    est.add_argument("--dataset-tokens", type=_int_arg("--dataset-tokens"), metavar="N", help="tokens per epoch")
+    est.add_argument("--examples", type=_int_arg("--examples"), metavar="N", help="examples per epoch")
+    est.add_argument("--avg-tokens", type=float, metavar="N", help="average tokens per example")
+    est.add_argument("--epochs", type=float, metavar="N")
+
+    sub.add_parser("models", help="list the bundled model catalog")
+    sub.add_parser("gpus", help="list the GPU specs gpuplan knows")
+    return parser
+
+
+def _plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    plan: dict[str, Any] = {}
+    if args.plan:
+        data = _read_json(args.plan, "--plan")
+        # A benchmark case ({"plan": ..., "measured": ...}) is accepted as well as a bare plan.
+        if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
+            data = data["plan"]
+        if not isinstance(data, dict):
+            raise CliError(f"--plan {args.plan}: must hold a JSON object")
+        plan = dict(data)
+    if args.model or args.config:
+        model: dict[str, Any] = {}
+        if args.model:
+            model["name"] = args.model
+        if args.config:
+            config = _read_json(args.config, "--config")
+            if not isinstance(config, dict):
+                raise CliError(f"--config {args.config}: must hold a JSON object (a config.json)")
+            model["config"] = config
+        plan["model"] = model
+    if "model" not in plan:
+        raise CliError("no model: give --model HF_ID, --config FILE or --plan FILE")
+    for _flag, key, _options in _PLAN_FLAGS:
+        value = getattr(args, key)
+        if value is not None:
+            plan[key] = value
+    for key in ("gradient_checkpointing", "cpu_offload", "optimizer_in_backward"):
+        if getattr(args, key) is not None:
+            plan[key] = getattr(args, key)
+    if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
+        lora = dict(plan.get("lora") or {})
+        if args.lora_rank is not None:
+            lora["rank"] = args.lora_rank
+        lora.setdefault("rank", 16)
+        if args.lora_alpha is not None:
+            lora["alpha"] = args.lora_alpha
+        if args.lora_targets:
+            targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+            lora["targets"] = "all-linear" if targets == ["all-linear"] else targets
+        plan["lora"] = lora
+        plan.setdefault("method", "lora")
+    if any(v is not None for v in (args.dataset_tokens, args.examples, args.avg_tokens, args.epochs)):
+        data_spec = dict(plan.get("data") or {})
+        for key, value in (
+            ("tokens", args.dataset_tokens),
+            ("examples", args.examples),
+            ("avg_tokens_per_example", args.avg_tokens),
+            ("epochs", args.epochs),
+        ):
+            if value is not None:
+                data_spec[key] = value
+        plan["data"] = data_spec
+    return plan
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    plan = parse_plan(_plan_from_args(args))
+    result = estimate(plan, args.gpu)
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        print(render_estimate(result))
+    return 0
+
+
+def _cmd_models(_args: argparse.Namespace) -> int:
+    for model in catalog_models():
+        params = f"{model.published_params / 1e9:.2f}B" if model.published_params else "?"
+        print(f"{model.hf_id:55} {model.config.get('model_type', '?'):12} {params:>9}")
+    return 0
+
+
+def _cmd_gpus(_args: argparse.Namespace) -> int:
+    for spec in gpu_specs():
+        bf16 = f"{spec.bf16_tflops:g}" if spec.bf16_tflops else "-"
+        print(
+            f"{spec.name:14} {spec.memory_gib:6.1f} GiB  bf16 {bf16:>6} TFLOPs  {spec.hbm_bandwidth_gb_per_s:6g} GB/s"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus}[args.command]
+        return handler(args)
+    except CliError as exc:
+        print(f"gpuplan: error: {exc}", file=sys.stderr)
+    except PlanError as exc:
+        print(f"gpuplan: error: {'; '.join(exc.problems)}", file=sys.stderr)
+    except EstimatorError as exc:
+        print(f"gpuplan: error: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli.main import main
+
+CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "cases.jsonl"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def case_plan(tmp_path: Path) -> Path:
+    case = json.loads(CASES.read_text().splitlines()[0])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(case["plan"]))
+    return path
+
+
+def test_estimate_json_has_the_design_fields(capsys: pytest.CaptureFixture[str], case_plan: Path) -> None:
+    code, out, _ = _run(capsys, "estimate", "--plan", str(case_plan), "--json")
+    assert code == 0
+    data = json.loads(out)
+    mem = data["memory"]
+    assert mem["peak_allocated_gib"] < mem["peak_reserved_gib"] < mem["peak_device_gib"]
+    assert sum(mem["breakdown"].values()) == pytest.approx(mem["peak_device_gib"], abs=0.01)
+    assert {f["gpu"] for f in data["fits"]} >= {"A100 80GB", "RTX 4090"}
+    assert data["throughput"] is None
+    assert isinstance(data["warnings"], list)
+
+
+def test_gpu_adds_throughput(capsys: pytest.CaptureFixture[str], case_plan: Path) -> None:
+    code, out, _ = _run(capsys, "estimate", "--plan", str(case_plan), "--gpu", "A100 80GB", "--json")
+    assert code == 0
+    tp = json.loads(out)["throughput"]
+    assert tp["gpu"] == "A100 80GB" and tp["tokens_per_s"] > 0
+
+
+def test_a_benchmark_case_file_is_accepted_as_a_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(CASES.read_text().splitlines()[5])
+    assert _run(capsys, "estimate", "--plan", str(path), "--json")[0] == 0
+
+
+def test_table_output_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys,
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "qlora",
+        "--lora-rank",
+        "16",
+        "--seq-len",
+        "2048",
+        "--micro-batch-size",
+        "2",
+        "--gradient-checkpointing",
+        "--gpu",
+        "a100-80gb",
+        "--dataset-tokens",
+        "10000000",
+        "--epochs",
+        "2",
+    )
+    assert code == 0
+    assert "Peak memory per GPU" in out and "Fits on:" in out and "tokens/s" in out
+    assert "Cost for 20.0M tokens" in out
+
+
+def test_flags_override_the_plan_file(capsys: pytest.CaptureFixture[str], case_plan: Path) -> None:
+    _, base, _ = _run(capsys, "estimate", "--plan", str(case_plan), "--json")
+    _, bigger, _ = _run(capsys, "estimate", "--plan", str(case_plan), "--micro-batch-size", "8", "--json")
+    assert json.loads(bigger)["memory"]["peak_allocated_gib"] > json.loads(base)["memory"]["peak_allocated_gib"]
+
+
+def test_own_config_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 512,
+                "intermediate_size": 1024,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 8,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    code, out, _ = _run(capsys, "estimate", "--config", str(config), "--json")
+    assert code == 0 and json.loads(out)["parameters"]["total"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "--model", "meta-llama/Llama-3.1-9B"], "model.name"),
+        (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "V100"], "gpu: unknown GPU"),
+        (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--seq-len", "0"], "seq_len"),
+        (
+            ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--seq-len", "lots"],
+            "--seq-len must be an integer",
+        ),
+        (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--method", "lorra"], "invalid choice"),
+        (["estimate", "--plan", "/does/not/exist.json"], "cannot read"),
+        (["estimate"], "no model"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    code, out, err = _run(capsys, *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuplan: error:") and needle in lines[0]
+
+
+def test_invalid_json_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": ')
+    code, _, err = _run(capsys, "estimate", "--plan", str(bad))
+    assert code == 2 and "not valid JSON" in err
+
+
+def test_installed_command_runs_without_traceback() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "estimate", "--model", "nope/none"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.startswith("gpuplan: error:")
+
+
+def test_models_and_gpus_lists(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "models")
+    assert code == 0 and "meta-llama/Llama-3.1-8B" in out
+    code, out, _ = _run(capsys, "gpus")
+    assert code == 0 and "H100 SXM" in out

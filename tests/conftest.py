@@ -1,0 +1,39 @@
+"""Shared test helpers. Pure-core tests need no fixtures; these only build plans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.estimator.plan import Plan
+
+LLAMA_8B: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+
+
+def make_plan(**fields: Any) -> Plan:
+    data: dict[str, Any] = {"model": {"name": "llama-8b", "config": LLAMA_8B}}
+    data.update(fields)
+    return Plan.model_validate(data)
+
+
+def require_service(name: str, available: bool, how_to_start: str) -> None:
+    """Skip a test whose service is absent, or fail it under CI (GPUPLAN_REQUIRE_SERVICES=1)."""
+    import os
+
+    import pytest
+
+    if available:
+        return
+    message = f"{name} is not reachable; start it with: {how_to_start}"
+    if os.environ.get("GPUPLAN_REQUIRE_SERVICES") == "1":
+        pytest.fail(message)
+    pytest.skip(message)

@@ -1,0 +1,249 @@
+"""One test (at least) per memory term, each against a hand computation from its mechanism."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.estimator.architecture import architecture_from_config, parameter_counts
+from services.estimator.memory import (
+    ADAM8BIT_STATE_BYTES,
+    GIB,
+    NF4_BNB_BYTES,
+    NF4_DOUBLE_QUANT_BYTES,
+    activation_bytes,
+    adapter_params,
+    block_saved_bytes_per_token,
+    logits_bytes,
+    model_states,
+    peak_memory,
+    quantized_params,
+    sharded_working_bytes,
+    weight_bytes,
+)
+from services.estimator.recipe import resolve_recipe
+from tests.conftest import LLAMA_8B, make_plan
+
+ARCH = architecture_from_config(LLAMA_8B)
+TOTAL = parameter_counts(ARCH).total  # 8,030,261,248
+H, INTER, V, L = 4096, 14336, 128256, 32
+
+
+def test_weights_by_precision() -> None:
+    for precision, per in (("bf16", 2), ("fp16", 2), ("fp32", 4), ("bf16-mixed", 4)):
+        plan = make_plan(precision=precision)
+        assert weight_bytes(plan, ARCH, resolve_recipe(plan))[0] == TOTAL * per
+
+
+def test_nf4_weights_include_quantization_constants() -> None:
+    plan = make_plan(method="qlora", lora={"rank": 8})
+    recipe = resolve_recipe(plan)
+    q = quantized_params(ARCH, recipe)
+    assert q == L * (2 * H * H + 2 * H * 1024 + 3 * H * INTER)  # every block linear, not the head
+    expected = q * NF4_BNB_BYTES + (TOTAL - q) * 2
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(expected)
+    torchtune = make_plan(method="qlora", lora={"rank": 8}, framework="torchtune")
+    assert weight_bytes(torchtune, ARCH, resolve_recipe(torchtune))[0] == pytest.approx(
+        q * NF4_DOUBLE_QUANT_BYTES + (TOTAL - q) * 2
+    )
+    assert NF4_DOUBLE_QUANT_BYTES < NF4_BNB_BYTES
+
+
+def test_int8_weights_are_one_byte() -> None:
+    plan = make_plan(method="qlora", quantization="int8", lora={"rank": 8})
+    recipe = resolve_recipe(plan)
+    q = quantized_params(ARCH, recipe)
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + (TOTAL - q) * 2)
+
+
+def test_lora_adapter_parameters_for_rank_and_targets() -> None:
+    plan = make_plan(method="lora", lora={"rank": 16, "targets": ["q", "v"]})
+    assert adapter_params(ARCH, resolve_recipe(plan)) == L * 16 * ((H + H) + (H + 1024))
+    all_linear = make_plan(method="lora", lora={"rank": 16, "targets": "all-linear"})
+    per_layer = 16 * ((H + H) + 2 * (H + 1024) + (H + H) + 2 * (H + INTER) + (INTER + H))
+    assert adapter_params(ARCH, resolve_recipe(all_linear)) == L * per_layer
+    with_head = make_plan(method="lora", lora={"rank": 16, "targets": ["lm_head"]})
+    assert adapter_params(ARCH, resolve_recipe(with_head)) == 16 * (H + V)
+
+
+def test_full_finetune_states_pure_bf16_adamw() -> None:
+    plan = make_plan(precision="bf16", optimizer="adamw", framework="torchtune")
+    s = model_states(plan, ARCH, resolve_recipe(plan))
+    assert s.gradients == TOTAL * 2
+    assert s.optimizer_states == TOTAL * 4  # exp_avg + exp_avg_sq in bf16
+    assert s.master_weights == 0
+    assert s.optimizer_temporaries < TOTAL  # fused AdamW: only one tensor's worth
+
+
+def test_mixed_precision_keeps_fp32_states_and_grads() -> None:
+    plan = make_plan(precision="bf16-mixed")
+    s = model_states(plan, ARCH, resolve_recipe(plan))
+    assert s.weights == TOTAL * 4
+    assert s.gradients == TOTAL * 4
+    assert s.optimizer_states == TOTAL * 8
+
+
+def test_foreach_adamw_needs_a_temporary_the_size_of_the_states() -> None:
+    plan = make_plan(optimizer_impl="foreach")
+    s = model_states(plan, ARCH, resolve_recipe(plan))
+    assert s.optimizer_temporaries == TOTAL * 2
+
+
+def test_eight_bit_and_paged_optimizers() -> None:
+    eight = make_plan(optimizer="adamw-8bit")
+    assert model_states(eight, ARCH, resolve_recipe(eight)).optimizer_states == pytest.approx(
+        TOTAL * 2 * ADAM8BIT_STATE_BYTES
+    )
+    paged = make_plan(optimizer="paged-adamw")
+    s = model_states(paged, ARCH, resolve_recipe(paged))
+    assert s.optimizer_states == 0
+    assert s.optimizer_states_paged == TOTAL * 8
+
+
+def test_sgd_and_adafactor_are_smaller_than_adam() -> None:
+    adam = make_plan()
+    sgd = make_plan(optimizer="sgd")
+    ada = make_plan(optimizer="adafactor")
+    adam_states = model_states(adam, ARCH, resolve_recipe(adam)).optimizer_states
+    assert model_states(sgd, ARCH, resolve_recipe(sgd)).optimizer_states == adam_states / 2
+    assert model_states(ada, ARCH, resolve_recipe(ada)).optimizer_states < adam_states / 100
+
+
+def test_optimizer_in_backward_keeps_one_gradient_at_a_time() -> None:
+    plain = make_plan(framework="torchtune")
+    fused = make_plan(framework="torchtune", optimizer_in_backward=True)
+    a = peak_memory(plain, ARCH, resolve_recipe(plain))
+    b = peak_memory(fused, ARCH, resolve_recipe(fused))
+    assert b.peak_allocated < a.peak_allocated
+    assert model_states(fused, ARCH, resolve_recipe(fused)).largest_gradient == V * H * 2
+
+
+def test_zero_stages_shard_what_they_should() -> None:
+    base = make_plan(gpus=4, precision="bf16-mixed")
+    s0 = model_states(base, ARCH, resolve_recipe(base))
+    z1 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero1")
+    z2 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero2")
+    z3 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero3")
+    s1, s2, s3 = (model_states(p, ARCH, resolve_recipe(p)) for p in (z1, z2, z3))
+    assert s1.optimizer_states == s0.optimizer_states / 4 and s1.gradients == s0.gradients
+    assert s2.gradients == s0.gradients / 4 and s2.weights == s0.weights
+    assert s3.weights == s0.weights / 4
+    assert s0.ddp_buckets == TOTAL * 4  # DDP without sharding keeps bucket copies of the gradients
+
+
+def test_deepspeed_bf16_keeps_fp32_master_weights() -> None:
+    plan = make_plan(gpus=8, precision="bf16", sharding="zero2")
+    s = model_states(plan, ARCH, resolve_recipe(plan))
+    assert s.master_weights == TOTAL * 4 / 8
+    assert s.optimizer_states == TOTAL * 8 / 8
+
+
+def test_cpu_offload_moves_states_off_the_gpu() -> None:
+    plan = make_plan(gpus=8, sharding="fsdp", cpu_offload=True)
+    s = model_states(plan, ARCH, resolve_recipe(plan))
+    assert s.weights == 0 and s.optimizer_states == 0 and s.gradients == 0
+    fwd, bwd = sharded_working_bytes(plan, ARCH, resolve_recipe(plan))
+    assert 0 < fwd <= bwd
+
+
+def test_fsdp_gathers_two_blocks_and_the_root() -> None:
+    plan = make_plan(gpus=8, sharding="fsdp", framework="torchtune")
+    fwd, _ = sharded_working_bytes(plan, ARCH, resolve_recipe(plan))
+    block = ARCH.largest_block_params * 2
+    assert fwd == 2 * block + (V * H * 2) * 2
+
+
+def test_activation_saves_of_a_llama_block_full_finetune() -> None:
+    plan = make_plan(framework="torchtune", seq_len=1024)
+    saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, plan, resolve_recipe(plan), 1024)
+    assert saves["norms"] == 2 * H * (4 + 2)  # fp32 upcast input + normalized output for the weight grad
+    assert saves["attention_qkv_out"] == 2 * 128 * (2 * 32 + 2 * 32) + 4 * 32  # k/v expanded to 32 heads
+    assert saves["mlp_hidden"] == 3 * 2 * INTER
+    assert saves["mlp_down_input"] == 2 * INTER
+    assert saves["attention_input"] == saves["mlp_input"] == 2 * H
+
+
+def test_frozen_layers_do_not_keep_their_inputs() -> None:
+    plan = make_plan(method="lora", framework="torchtune", lora={"rank": 8, "targets": ["q", "v"]})
+    saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, plan, resolve_recipe(plan), 1024)
+    assert "mlp_down_input" not in saves and "attention_output_proj_input" not in saves
+    assert saves["attention_input"] == 2 * H  # shared by q and v adapters
+
+
+def test_bitsandbytes_layers_keep_their_inputs_torchao_does_not() -> None:
+    bnb = make_plan(method="qlora", lora={"rank": 8, "targets": ["q", "v"]}, framework="litgpt")
+    ao = make_plan(method="qlora", lora={"rank": 8, "targets": ["q", "v"]}, framework="torchtune")
+    bnb_saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, bnb, resolve_recipe(bnb), 512)
+    ao_saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, ao, resolve_recipe(ao), 512)
+    assert bnb_saves["mlp_down_input"] == 2 * INTER
+    assert "mlp_down_input" not in ao_saves
+
+
+def test_peft_fp32_adapters_keep_their_own_copy_of_the_input() -> None:
+    # A plain loop (no autocast): PEFT casts the input to fp32 for each adapted module.
+    plain = make_plan(method="lora", lora={"rank": 8, "targets": ["q"]}, framework="pytorch")
+    saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, plain, resolve_recipe(plain), 512)
+    assert saves["lora"] == 8 * 4 + H * 4
+    # The Trainer with bf16 autocast: the adapter's matmul keeps a 16-bit copy.
+    trainer = make_plan(method="lora", lora={"rank": 8, "targets": ["q"]}, framework="hf-trainer")
+    saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, trainer, resolve_recipe(trainer), 512)
+    assert saves["lora"] == 8 * 2 + H * 2
+    # torchtune keeps adapters in the model dtype: they share the base layer's input.
+    shared = make_plan(method="lora", lora={"rank": 8, "targets": ["q"]}, framework="torchtune")
+    saves = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, shared, resolve_recipe(shared), 512)
+    assert saves["lora"] == 8 * 2
+
+
+def test_eager_attention_keeps_the_score_matrix() -> None:
+    sdpa = make_plan(seq_len=2048)
+    eager = make_plan(seq_len=2048, attention="eager")
+    a = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, sdpa, resolve_recipe(sdpa), 2048)
+    b = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, eager, resolve_recipe(eager), 2048)
+    assert b["attention_scores"] == 32 * 2048 * (4 + 2)
+    assert "attention_scores" not in a
+
+
+def test_checkpointing_keeps_only_block_inputs() -> None:
+    plan = make_plan(gradient_checkpointing=True, micro_batch_size=2, seq_len=1024)
+    acts = activation_bytes(plan, ARCH, resolve_recipe(plan))
+    tokens = 2048
+    per_block_input = 2 * H * tokens
+    final = tokens * H * (4 + 2)
+    assert acts.saved == pytest.approx(L * per_block_input + final)
+    assert acts.recompute > 0
+
+
+def test_logits_standard_loss_is_three_fp32_copies_in_backward() -> None:
+    plan = make_plan(micro_batch_size=1, seq_len=1000)
+    fwd, bwd = logits_bytes(plan, ARCH, resolve_recipe(plan))
+    assert fwd == 1000 * V * (2 + 4 + 4)
+    assert bwd == 1000 * V * 12
+    chunked = make_plan(micro_batch_size=1, seq_len=1000, loss="chunked")
+    assert logits_bytes(chunked, ARCH, resolve_recipe(chunked))[1] < bwd
+    fused = make_plan(micro_batch_size=1, seq_len=1000, loss="fused")
+    assert logits_bytes(fused, ARCH, resolve_recipe(fused)) == (1000 * V * 2, 1000 * V * 2)
+
+
+def test_inference_kv_cache() -> None:
+    plan = make_plan(mode="inference", micro_batch_size=4, seq_len=8192)
+    mem = peak_memory(plan, ARCH, resolve_recipe(plan))
+    kv = 2 * L * 8 * 128 * 8192 * 4 * 2
+    assert mem.components["kv_cache"] == kv
+    assert mem.components["weights"] == TOTAL * 2
+    fp8 = make_plan(mode="inference", micro_batch_size=4, seq_len=8192, kv_cache_dtype="fp8")
+    assert peak_memory(fp8, ARCH, resolve_recipe(fp8)).components["kv_cache"] == kv / 2
+
+
+def test_peaks_are_ordered_and_breakdown_adds_up() -> None:
+    plan = make_plan(method="lora", lora={"rank": 16}, micro_batch_size=2, seq_len=2048)
+    mem = peak_memory(plan, ARCH, resolve_recipe(plan))
+    assert mem.peak_allocated < mem.peak_reserved < mem.peak_device
+    assert sum(mem.components.values()) == pytest.approx(mem.peak_device)
+    assert mem.peak_device - mem.peak_reserved >= 0.5 * GIB
+
+
+def test_gradient_accumulation_keeps_gradients_through_the_forward() -> None:
+    once = make_plan(gradient_accumulation_steps=1, framework="torchtune")
+    accum = make_plan(gradient_accumulation_steps=8, framework="torchtune")
+    a = peak_memory(once, ARCH, resolve_recipe(once))
+    b = peak_memory(accum, ARCH, resolve_recipe(accum))
+    assert b.moments["end_of_forward"] - a.moments["end_of_forward"] == pytest.approx(TOTAL * 2)

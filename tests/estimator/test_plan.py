@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.estimator.estimate import estimate
+from services.estimator.validation import PlanError, parse_plan
+
+CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "cases.jsonl"
+
+
+def _problems(data: dict[str, object]) -> list[str]:
+    with pytest.raises(PlanError) as err:
+        parse_plan(data)
+    return err.value.problems
+
+
+def test_every_public_case_is_a_valid_plan() -> None:
+    for line in CASES.read_text().splitlines():
+        case = json.loads(line)
+        parse_plan(case["plan"])
+
+
+def test_bad_enum_names_field_value_and_allowed() -> None:
+    (line,) = _problems({"model": {"name": "x"}, "method": "lorra"})
+    assert line.startswith("method:")
+    assert "'lorra'" in line and "'full'" in line and "'qlora'" in line
+
+
+def test_range_and_unknown_field() -> None:
+    lines = _problems({"model": {"name": "x"}, "micro_batch_size": 0, "batch": 4})
+    assert any(line.startswith("micro_batch_size:") and "greater than or equal to 1" in line for line in lines)
+    assert any(line.startswith("batch:") and "unknown field" in line for line in lines)
+
+
+def test_model_source_required() -> None:
+    (line,) = _problems({"model": {}})
+    assert line.startswith("model:") and "name" in line and "config" in line
+
+
+def test_inconsistent_fields_are_named() -> None:
+    (line,) = _problems({"model": {"name": "x"}, "method": "full", "quantization": "nf4"})
+    assert line.startswith("quantization:") and "qlora" in line
+    (line,) = _problems({"model": {"name": "x"}, "cpu_offload": True})
+    assert line.startswith("cpu_offload:")
+
+
+def test_lora_target_list_errors_point_at_the_item() -> None:
+    (line,) = _problems({"model": {"name": "x"}, "method": "lora", "lora": {"rank": 8, "targets": ["q", "zz"]}})
+    assert line.startswith("lora.targets.1:") and "'zz'" in line and "'lm_head'" in line
+
+
+def test_not_an_object() -> None:
+    assert _problems([1, 2]) == ["plan: must be a JSON object"]  # type: ignore[arg-type]
+
+
+def test_data_spec_needs_a_size() -> None:
+    (line,) = _problems({"model": {"name": "x"}, "data": {"epochs": 2}})
+    assert line.startswith("data:") and "tokens" in line
+
+
+def test_generic_model_with_safety_margin() -> None:
+    plan = parse_plan(
+        {
+            "model": {
+                "generic": {
+                    "parameters": 100_000_000,
+                    "dtype": "fp32",
+                    "activation_bytes_per_sample": 1_500_000_000,
+                }
+            },
+            "micro_batch_size": 1,
+            "optimizer": "adamw",
+            "precision": "fp32",
+        }
+    )
+    result = estimate(plan)
+    # SEEDS.md section 3: 0.4 GB weights + 0.4 grads + 0.8 Adam + 1.5 GB activations, +20% margin.
+    expected_gib = (0.4e9 + 0.4e9 + 0.8e9 + 1.5e9) * 1.2 / 2**30
+    assert result.memory.peak_device_gib == pytest.approx(expected_gib, rel=1e-3)
+    assert result.throughput is None
+    assert any("generic" in w for w in result.warnings)
+    with pytest.raises(PlanError):
+        parse_plan({"model": {"generic": {"parameters": 10, "safety_margin": 0.5}}})
+
+
+def test_data_total_tokens() -> None:
+    plan = parse_plan(
+        {"model": {"name": "x"}, "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3}}
+    )
+    assert plan.data is not None and plan.data.total_tokens() == 15_360_000
