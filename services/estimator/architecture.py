@@ -94,6 +94,7 @@ class Architecture:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     vision_params: int = 0
+    rotary: bool = True  # RoPE on q and k (GPT-2, BLOOM, T5 and ALiBi Falcon have none)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -515,6 +516,7 @@ def _gpt2(c: _Config) -> Architecture:
         intermediate_size=inter,
     )
     return Architecture(
+        rotary=False,
         model_type=mt,
         hidden_size=h,
         vocab_size=vocab,
@@ -613,6 +615,7 @@ def _falcon(c: _Config) -> Architecture:
     )
     notes = ("ALiBi positions",) if c.get_bool("alibi", default=False) else ()
     return Architecture(
+        rotary=not c.get_bool("alibi", default=False),
         model_type="falcon",
         hidden_size=h,
         vocab_size=vocab,
@@ -655,6 +658,7 @@ def _bloom(c: _Config) -> Architecture:
         intermediate_size=inter,
     )
     return Architecture(
+        rotary=False,
         model_type="bloom",
         hidden_size=h,
         vocab_size=vocab,
@@ -728,6 +732,7 @@ def _t5(c: _Config) -> Architecture:
     )
     tie = c.get_bool("tie_word_embeddings", default=True)
     return Architecture(
+        rotary=False,
         model_type=c.model_type,
         hidden_size=d,
         vocab_size=vocab,

@@ -316,6 +316,32 @@ def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
     return recipe.attention
 
 
+def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear]) -> float:
+    """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
+    algorithm 2), where a kept *view* keeps its whole base tensor alive.
+
+    With a fused q/k/v projection (GPT-2, GPT-NeoX, Falcon, Phi-3, LitGPT) v is a view of the fused
+    output, so saving v keeps all of it; q and k are new tensors after RoPE, or views as well without
+    it. Repeating grouped K/V heads (repeat_kv, repeat_interleave) makes copies instead. Measured with
+    torch.autograd.graph.saved_tensors_hooks on LitGPT's block (tests/estimator/test_memory.py).
+    """
+    a = recipe.compute_bytes
+    heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
+    kv_copied = recipe.expands_kv and kv_heads != heads
+    kv_width = heads if kv_copied else kv_heads
+    q, k, v = a * heads * hd, a * kv_width * hd, a * kv_width * hd
+    fused = recipe.framework == "litgpt" or any({"q", "k", "v"} <= set(lin.roles) for lin in qkv)
+    if fused and not kv_copied:
+        fused_bytes = a * hd * (heads + 2 * kv_heads)
+        if arch.rotary:
+            v = fused_bytes
+        else:
+            q, k, v = fused_bytes, 0, 0
+    elif fused and not arch.rotary:
+        q = a * hd * (heads + 2 * kv_heads)  # the fused output, kept through q; k and v are copies
+    return q + k + v + a * heads * hd + 4 * heads
+
+
 def block_saved_bytes_per_token(
     block: Block, arch: Architecture, plan: Plan, recipe: Recipe, seq_len: int
 ) -> dict[str, float]:
@@ -337,8 +363,13 @@ def block_saved_bytes_per_token(
         if value:
             saves[name] = saves.get(name, 0.0) + value
 
+    # An adapter reads the base layer's input tensor itself only when it shares it: PEFT's per-module
+    # cast copy or a LoRA dropout output is a separate tensor (counted under "lora" below).
+    adapter_shares_input = recipe.adapter_input_bytes == 0 and recipe.lora_dropout == 0
+
     def needs_input(linears: list[Linear]) -> bool:
-        return full or bnb_quant or any(lora_roles_of(lin, recipe) for lin in linears)
+        adapted = adapter_shares_input and any(lora_roles_of(lin, recipe) for lin in linears)
+        return full or bnb_quant or adapted
 
     # Under autocast (the -mixed precisions) every linear casts its fp32 input to 16-bit itself, and
     # a trained linear keeps its own cast copy; in pure 16-bit the consumers share one tensor.
@@ -369,9 +400,7 @@ def block_saved_bytes_per_token(
     impl = _attention_impl(arch, recipe)
     for qkv, out_proj, _cross in attn_sets:
         add("attention_input", input_copies(qkv) * a * h)
-        kv_width = heads if recipe.expands_kv else kv_heads
-        # SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2 paper, alg. 2).
-        add("attention_qkv_out", a * hd * (2 * heads + 2 * kv_width) + 4 * heads)
+        add("attention_qkv_out", _attention_saves(block, arch, recipe, qkv))
         if impl == "eager":
             # Eager attention keeps the score matrix: softmax output in fp32 (HF upcasts) and its
             # 16-bit copy for the value matmul, plus the dropout mask when dropout is active.
@@ -405,10 +434,23 @@ def block_saved_bytes_per_token(
     # casts the input to the adapter's fp32 dtype per module (peft/tuners/lora/layer.py,
     # _cast_input_dtype), so each adapted module keeps its own copy (16-bit under autocast); with
     # lora_dropout > 0 the dropout output is a new tensor and its mask is kept as well.
+    # LitGPT fuses q, k and v into one LoRA layer (LoRAQKVLinear): one dropout for the three.
+    fused_qkv_seen = False
     for lin in block.linears:
         if not lora_roles_of(lin, recipe):
             continue
+        if recipe.framework == "litgpt" and set(lin.roles) <= {"q", "k", "v"}:
+            if fused_qkv_seen:
+                continue
+            fused_qkv_seen = True
         copies = k if lin.copies > 1 else 1
+        if recipe.framework == "litgpt" and set(lin.roles) <= {"q", "k", "v"}:
+            # LoRAQKVLinear.zero_pad index-copies B's output into the fused width when only some of
+            # q/k/v are adapted, and index_copy keeps its source for backward.
+            enabled = [r for r in ("q", "k", "v") if r in recipe.lora_targets]
+            if len(enabled) < 3:
+                width = sum(heads * hd if r == "q" else kv_heads * hd for r in enabled)
+                add("lora", width * recipe.adapter_bytes)
         rank_bytes = a if recipe.adapter_input_bytes == a and recipe.adapter_bytes != a else recipe.adapter_bytes
         add("lora", copies * recipe.lora_rank * rank_bytes)
         input_bytes = recipe.adapter_input_bytes
