@@ -12,6 +12,7 @@ _LABELS = {
     "optimizer_states": "optimizer states",
     "ddp_buckets": "DDP gradient buckets",
     "activations": "activations",
+    "autocast_weight_copies": "16-bit weight copies (autocast)",
     "logits_and_loss": "logits and loss",
     "temporaries": "backward/optimizer temporaries",
     "sharding_buffers": "gathered shards (FSDP/ZeRO-3)",

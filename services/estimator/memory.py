@@ -217,6 +217,8 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         states /= n
         master /= n
         temps /= n
+    if recipe.fsdp_flat_param_grads:
+        grads += float((counts.total - n_quant) * recipe.weight_bytes)
     if shard in ("zero2", "zero3", "fsdp") and not recipe.fsdp_accumulates_unsharded:
         grads /= n
     if shard in ("zero3", "fsdp"):
@@ -310,8 +312,9 @@ def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tup
 
 
 def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
-    # transformers' BLOOM and T5 have no SDPA path: their attention is eager.
-    if arch.model_type in ("bloom", "t5", "mt5"):
+    # transformers' BLOOM and T5 have no SDPA path, and Falcon falls back to math attention (scores
+    # kept in fp32) when a padding mask is present (measured in benchmarks/mechanisms).
+    if arch.model_type in ("bloom", "t5", "mt5", "falcon"):
         return "eager"
     return recipe.attention
 
@@ -320,25 +323,24 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
     """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
     algorithm 2), where a kept *view* keeps its whole base tensor alive.
 
-    With a fused q/k/v projection (GPT-2, GPT-NeoX, Falcon, Phi-3, LitGPT) v is a view of the fused
-    output, so saving v keeps all of it; q and k are new tensors after RoPE, or views as well without
-    it. Repeating grouped K/V heads (repeat_kv, repeat_interleave) makes copies instead. Measured with
-    torch.autograd.graph.saved_tensors_hooks on LitGPT's block (tests/estimator/test_memory.py).
+    LitGPT computes q, k and v with one fused linear and, for multi-head attention, passes v on as a
+    view of that output, so saving v keeps all of it (q and k are new tensors after RoPE). Repeating
+    grouped K/V heads makes copies instead. transformers' fused models (GPT-NeoX, Phi-3) hand SDPA
+    tensors of their own. Both measured with torch.autograd.graph.saved_tensors_hooks
+    (benchmarks/mechanisms).
     """
     a = recipe.compute_bytes
     heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
     kv_copied = recipe.expands_kv and kv_heads != heads
     kv_width = heads if kv_copied else kv_heads
     q, k, v = a * heads * hd, a * kv_width * hd, a * kv_width * hd
-    fused = recipe.framework == "litgpt" or any({"q", "k", "v"} <= set(lin.roles) for lin in qkv)
+    fused = recipe.framework == "litgpt"
     if fused and not kv_copied:
         fused_bytes = a * hd * (heads + 2 * kv_heads)
         if arch.rotary:
             v = fused_bytes
         else:
             q, k, v = fused_bytes, 0, 0
-    elif fused and not arch.rotary:
-        q = a * hd * (heads + 2 * kv_heads)  # the fused output, kept through q; k and v are copies
     return q + k + v + a * heads * hd + 4 * heads
 
 
@@ -389,10 +391,15 @@ def block_saved_bytes_per_token(
             if set(lin.roles) & set(roles) and lin.name.startswith("EncDecAttention.") == cross
         ]
 
-    # Norms: RMSNorm in Python upcasts its input to fp32 and keeps it; native LayerNorm keeps its input.
-    norm_in = 4 if arch.norm == "rms" else res
-    norm_weight = res if full and arch.norm != "nonparam" else 0
-    add("norms", block.norm_count * h * (norm_in + norm_weight))
+    # Norms: the Python RMSNorm of transformers/LitGPT/torchtune upcasts its input to fp32 and keeps
+    # it, plus the normalized 16-bit tensor when its weight trains. torch's native LayerNorm keeps only
+    # its input (and per-token mean/rstd); two LayerNorms over the same input (GPT-NeoX's parallel
+    # residual) keep it once.
+    if arch.norm == "rms":
+        add("norms", block.norm_count * h * (4 + (res if full else 0)))
+    else:
+        distinct_inputs = 1 if block.parallel_residual else block.norm_count
+        add("norms", distinct_inputs * h * res)
 
     attn_sets = [(by_role("q", "k", "v"), by_role("o"), False)]
     if block.kind == "cross-decoder":
@@ -434,28 +441,27 @@ def block_saved_bytes_per_token(
     # casts the input to the adapter's fp32 dtype per module (peft/tuners/lora/layer.py,
     # _cast_input_dtype), so each adapted module keeps its own copy (16-bit under autocast); with
     # lora_dropout > 0 the dropout output is a new tensor and its mask is kept as well.
-    # LitGPT fuses q, k and v into one LoRA layer (LoRAQKVLinear): one dropout for the three.
-    fused_qkv_seen = False
+    rank_bytes = a if recipe.adapter_input_bytes == a and recipe.adapter_bytes != a else recipe.adapter_bytes
+    input_bytes = recipe.adapter_input_bytes
+    if recipe.lora_dropout > 0:
+        input_bytes = (input_bytes or a) + 1
+    litgpt_qkv_done = False
     for lin in block.linears:
-        if not lora_roles_of(lin, recipe):
+        roles = lora_roles_of(lin, recipe)
+        if not roles:
             continue
-        if recipe.framework == "litgpt" and set(lin.roles) <= {"q", "k", "v"}:
-            if fused_qkv_seen:
-                continue
-            fused_qkv_seen = True
         copies = k if lin.copies > 1 else 1
+        add("lora", copies * recipe.lora_rank * len(roles) * rank_bytes)
         if recipe.framework == "litgpt" and set(lin.roles) <= {"q", "k", "v"}:
-            # LoRAQKVLinear.zero_pad index-copies B's output into the fused width when only some of
-            # q/k/v are adapted, and index_copy keeps its source for backward.
+            # LitGPT fuses q, k and v into one LoRA layer (LoRAQKVLinear): one input for the three,
+            # and when only some are adapted, zero_pad index-copies B's output into the fused width;
+            # index_copy keeps that source for backward.
+            if litgpt_qkv_done:
+                continue
+            litgpt_qkv_done = True
             enabled = [r for r in ("q", "k", "v") if r in recipe.lora_targets]
             if len(enabled) < 3:
-                width = sum(heads * hd if r == "q" else kv_heads * hd for r in enabled)
-                add("lora", width * recipe.adapter_bytes)
-        rank_bytes = a if recipe.adapter_input_bytes == a and recipe.adapter_bytes != a else recipe.adapter_bytes
-        add("lora", copies * recipe.lora_rank * rank_bytes)
-        input_bytes = recipe.adapter_input_bytes
-        if recipe.lora_dropout > 0:
-            input_bytes = (input_bytes or a) + 1
+                add("lora", sum(heads * hd if r == "q" else kv_heads * hd for r in enabled) * recipe.adapter_bytes)
         add("lora", copies * lin.in_features * input_bytes)
     return saves
 
@@ -559,6 +565,14 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     return float(fwd), float(bwd)
 
 
+def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
+    """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward."""
+    if not recipe.autocast_weight_copies:
+        return 0.0
+    matmul = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    return float((matmul + arch.lm_head_matmul_params) * recipe.compute_bytes)
+
+
 # --------------------------------------------------------------------------------------------------
 # Putting it together
 
@@ -588,6 +602,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             / (plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1),
         )
 
+    casts = autocast_weight_copy_bytes(arch, recipe)
     static = {
         "weights": states.weights,
         "adapters": states.adapters,
@@ -600,6 +615,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         "end_of_forward": {
             **static,
             "activations": acts.saved,
+            "autocast_weight_copies": casts,
             "logits_and_loss": logit_fwd,
             "sharding_buffers": shard_fwd,
         },
@@ -607,6 +623,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             **static,
             "gradients": persistent_grads + head_grad,
             "activations": acts.saved,
+            "autocast_weight_copies": casts,
             "logits_and_loss": logit_bwd,
             "sharding_buffers": shard_bwd,
         },
@@ -614,6 +631,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             **static,
             "gradients": persistent_grads + head_grad,
             "activations": acts.saved,
+            "autocast_weight_copies": casts,
             "temporaries": acts.recompute + acts.backward_transient,
             "sharding_buffers": shard_bwd,
         },

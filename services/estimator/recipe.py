@@ -43,6 +43,9 @@ class FrameworkDefaults:
     # *unsharded* gradients (accelerate's default sync_each_batch=False; Lightning Fabric's
     # no_backward_sync). torchtune and torchtitan accumulate sharded gradients.
     fsdp_accumulates_unsharded: bool = True
+    # FSDP1 with use_orig_params=True (Lightning Fabric's FSDPStrategy) flattens frozen and trained
+    # weights into one FlatParameter, and the gradient covers all of it, frozen parts included.
+    fsdp_flat_param_grads: bool = False
     # The forward runs under torch.autocast (Trainer with bf16=True, the usual LoRA/QLoRA recipe), so an
     # fp32 adapter receives a 16-bit copy of its input; without autocast PEFT casts the input to fp32.
     autocast: bool = False
@@ -124,6 +127,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         expands_kv=True,
         python_gelu=False,
         note="LitGPT finetune defaults",
+        fsdp_flat_param_grads=True,
     ),
     "torchtitan": FrameworkDefaults(
         attention="sdpa",
@@ -187,6 +191,8 @@ class Recipe:
     expands_kv: bool
     python_gelu: bool
     fsdp_accumulates_unsharded: bool
+    fsdp_flat_param_grads: bool
+    autocast_weight_copies: bool  # 16-bit casts of fp32 weights kept from forward to backward
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -260,6 +266,16 @@ def resolve_recipe(plan: Plan) -> Recipe:
         expands_kv=d.expands_kv and attention != "flash",
         python_gelu=d.python_gelu,
         fsdp_accumulates_unsharded=d.fsdp_accumulates_unsharded and grads_persist and plan.sharding == "fsdp",
+        fsdp_flat_param_grads=d.fsdp_flat_param_grads and plan.sharding == "fsdp" and plan.method != "full",
+        # Under autocast every matmul casts its fp32 weight to 16-bit, and autograd keeps that copy for
+        # the input gradient (trained weights also sit in autocast's cast cache until the forward ends).
+        # FSDP/ZeRO-3 gather 16-bit shards per unit instead; torchtitan uses FSDP2 mixed precision.
+        autocast_weight_copies=(
+            weight_bytes != compute_bytes
+            and plan.sharding not in ("zero3", "fsdp")
+            and plan.framework != "torchtitan"
+            and plan.is_training
+        ),
     )
 
 

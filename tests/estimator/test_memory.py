@@ -247,3 +247,65 @@ def test_gradient_accumulation_keeps_gradients_through_the_forward() -> None:
     a = peak_memory(once, ARCH, resolve_recipe(once))
     b = peak_memory(accum, ARCH, resolve_recipe(accum))
     assert b.moments["end_of_forward"] - a.moments["end_of_forward"] == pytest.approx(TOTAL * 2)
+
+
+def test_gpt_neox_block_matches_the_measured_transformers_saves() -> None:
+    # benchmarks/mechanisms measured transformers' GPT-NeoX: both LayerNorms read the same input (kept
+    # once, 2 B/h), q/k/v/out are tensors of their own, GELU keeps its input.
+    neox = architecture_from_config(
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 512,
+            "intermediate_size": 2048,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "vocab_size": 1000,
+        }
+    )
+    plan = make_plan(framework="pytorch")
+    saves = block_saved_bytes_per_token(neox.blocks[0], neox, plan, resolve_recipe(plan), 128)
+    assert saves["norms"] == 2 * 512
+    assert saves["attention_qkv_out"] == 4 * 2 * 512 + 4 * 8
+    assert saves["mlp_hidden"] == saves["mlp_down_input"] == 2 * 2048
+
+
+def test_litgpt_lora_on_q_and_v_keeps_the_zero_pad_source() -> None:
+    # Measured on LitGPT's LoRAQKVLinear with saved_tensors_hooks: index_copy keeps B's output.
+    mha = architecture_from_config(
+        {
+            "model_type": "llama",
+            "hidden_size": 512,
+            "intermediate_size": 1376,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "vocab_size": 1000,
+        }
+    )
+    plan = make_plan(framework="litgpt", method="lora", lora={"rank": 8, "targets": ["q", "v"], "dropout": 0.05})
+    saves = block_saved_bytes_per_token(mha.blocks[0], mha, plan, resolve_recipe(plan), 256)
+    h = 512
+    # norms 2x fp32 input; q, k, fused qkv (kept by the v view), out, lse; one dropout (mask + output)
+    # for the fused layer, A's output for q and v, the zero_pad source (q and v widths); SwiGLU 3 x I.
+    expected = 2 * 4 * h + (2 * h + 2 * h + 6 * h + 2 * h + 4 * 8) + (3 * h + 2 * 8 * 2 + 2 * 2 * h) + 3 * 2 * 1376
+    assert sum(saves.values()) == expected
+
+
+def test_autocast_keeps_16_bit_weight_copies() -> None:
+    mixed = make_plan(precision="bf16-mixed", framework="litgpt", method="lora", lora={"rank": 8})
+    pure = make_plan(precision="bf16", framework="litgpt", method="lora", lora={"rank": 8})
+    a = peak_memory(mixed, ARCH, resolve_recipe(mixed))
+    b = peak_memory(pure, ARCH, resolve_recipe(pure))
+    matmul = L * (2 * H * H + 2 * H * 1024 + 3 * H * INTER) + V * H
+    assert a.components["autocast_weight_copies"] == matmul * 2
+    assert "autocast_weight_copies" not in b.components
+    sharded = make_plan(precision="bf16-mixed", gpus=8, sharding="fsdp")
+    assert "autocast_weight_copies" not in peak_memory(sharded, ARCH, resolve_recipe(sharded)).components
+
+
+def test_fsdp1_flat_parameters_give_frozen_weights_gradients() -> None:
+    # Lightning's FSDP1 (use_orig_params=True) grads the whole FlatParameter; with no_sync accumulation
+    # they stay unsharded. torchtune's FSDP2 grads only the adapters.
+    lit = make_plan(framework="litgpt", method="lora", lora={"rank": 8}, gpus=2, sharding="fsdp")
+    tune = make_plan(framework="torchtune", method="lora", lora={"rank": 8}, gpus=2, sharding="fsdp")
+    assert model_states(lit, ARCH, resolve_recipe(lit)).gradients > TOTAL * 2
+    assert model_states(tune, ARCH, resolve_recipe(tune)).gradients < TOTAL * 0.01
