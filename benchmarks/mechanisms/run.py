@@ -115,7 +115,7 @@ def _measure(cfg: dict[str, Any], lora: dict[str, Any] | None, attn: str, autoca
     config = AutoConfig.for_model(cfg["model_type"], **fields, num_hidden_layers=layers)
     config._attn_implementation = attn
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)  # type: ignore[no-untyped-call]
     if lora is not None:
         model = get_peft_model(model, LoraConfig(**lora))
     model.train()

@@ -554,9 +554,13 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     if recipe.loss == "fused":
         return float(tokens * v * a), float(tokens * v * a)
     if recipe.loss == "chunked":
-        chunks = 8 if recipe.framework == "torchtune" else max(1, plan.seq_len // 128)
-        fwd = tokens * v * (a + up) + tokens * v * up / chunks
-        bwd = tokens * v * up + tokens * v * 2 * up / chunks
+        # torchtune splits the logits into 8 chunks; LitGPT's head emits 128-position chunks.
+        if recipe.framework == "torchtune":
+            chunk = tokens / 8
+        else:
+            chunk = plan.micro_batch_size * min(plan.seq_len, 128)
+        fwd = tokens * v * (a + up) + chunk * v * up
+        bwd = tokens * v * up + chunk * v * 2 * up
         if recipe.framework == "litgpt":
             bwd += tokens * v * a  # LitGPT keeps the logits chunks referenced through backward
         return float(fwd), float(bwd)
