@@ -555,10 +555,7 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
         return float(tokens * v * a), float(tokens * v * a)
     if recipe.loss == "chunked":
         # torchtune splits the logits into 8 chunks; LitGPT's head emits 128-position chunks.
-        if recipe.framework == "torchtune":
-            chunk = tokens / 8
-        else:
-            chunk = plan.micro_batch_size * min(plan.seq_len, 128)
+        chunk = tokens / 8 if recipe.framework == "torchtune" else plan.micro_batch_size * min(plan.seq_len, 128)
         fwd = tokens * v * (a + up) + chunk * v * up
         bwd = tokens * v * up + chunk * v * 2 * up
         if recipe.framework == "litgpt":
