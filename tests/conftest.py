@@ -37,3 +37,24 @@ def require_service(name: str, available: bool, how_to_start: str) -> None:
     if os.environ.get("GPUPLAN_REQUIRE_SERVICES") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def _hypothesis_profiles() -> None:
+    import os
+
+    from hypothesis import settings
+
+    # CI explores the same examples every run (a red build means a regression, not a new seed);
+    # local runs draw new ones. GPUPLAN_HYPOTHESIS=deep explores ten times more.
+    settings.register_profile("dev", max_examples=150)
+    settings.register_profile("ci", max_examples=150, derandomize=True)
+    settings.register_profile("deep", max_examples=1500)
+    if os.environ.get("GPUPLAN_HYPOTHESIS") == "deep":
+        settings.load_profile("deep")
+    elif os.environ.get("CI") == "true":
+        settings.load_profile("ci")
+    else:
+        settings.load_profile("dev")
+
+
+_hypothesis_profiles()
