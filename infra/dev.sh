@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Developer entry point: sets up a virtual environment in .venv (idempotent) and runs gpuplan.
 #   bash infra/dev.sh run    set up, then run gpuplan on its embedded defaults
-#   bash infra/dev.sh test   set up with the dev extras, then run the whole test suite
+#   bash infra/dev.sh test   set up with the dev and trace extras (CPU torch), then run the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 venv=.venv
 
+pip_install() {
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+}
+
 setup() {
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
   fi
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$1]" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
+  if [[ "$1" == *trace* ]] && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    # The CPU build first: a bare torch requirement would pull a multi-GB CUDA build.
+    pip_install "torch==${GPUPLAN_TORCH_VERSION:-2.13.0}"
+  fi
+  pip_install -e ".[$1]"
+  "$venv/bin/python" -c "import services" >/dev/null
 }
 
 case "${1:-}" in
@@ -22,7 +31,7 @@ case "${1:-}" in
     "$venv/bin/gpuplan" estimate --plan infra/examples/llama-3.1-8b-qlora.json --gpu "A100 80GB"
     ;;
   test)
-    setup dev
+    setup dev,trace
     shift
     "$venv/bin/python" -m pytest "$@"
     ;;
