@@ -139,7 +139,9 @@ def estimate(
     throughput: ThroughputReport | None = None
     if target is not None:
         throughput = _throughput_report(
-            estimate_throughput(plan, arch, recipe, states, target, utilisation, utilisation_source),
+            estimate_throughput(
+                plan, arch, recipe, states, target, utilisation, utilisation_source, peak_device_bytes=mem.peak_device
+            ),
             target,
             plan,
         )
@@ -151,7 +153,7 @@ def estimate(
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue
-        tp = estimate_throughput(plan, arch, recipe, states, spec)
+        tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device)
         costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
     costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
 

@@ -25,8 +25,12 @@ UTILISATION_PRIOR: dict[str, float] = {
     "hopper": 0.42,
     "ampere-dc": 0.50,
     "ampere-pro": 0.55,
-    "ada": 0.45,
-    "consumer": 0.60,
+    # Ada datacenter cards (L4, L40S) are power-capped (72 W, 350 W) well below their datasheet tensor
+    # rate under sustained GEMMs; their achieved training MFU is reported far lower than Hopper's.
+    "ada": 0.30,
+    # GeForce RTX 4090: torchtune's published runs reach 64-85% of its FP32-accumulate peak (those runs
+    # are also in the public accuracy set, so this prior is not independent of it).
+    "consumer": 0.70,
     "blackwell-pro": 0.40,
     "turing": 0.35,
 }
@@ -123,8 +127,13 @@ def estimate_throughput(
     gpu: GpuSpec,
     utilisation: float | None = None,
     utilisation_source: str | None = None,
+    peak_device_bytes: float | None = None,
 ) -> Throughput:
-    """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on."""
+    """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on.
+
+    ``peak_device_bytes`` (the memory estimate) lets paged optimizer states that do not fit beside it
+    cost their round trip over PCIe every optimizer step.
+    """
     precision = plan.precision
     peak = gpu.dense_tflops(precision) * 1e12
     util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
@@ -181,6 +190,12 @@ def estimate_throughput(
             # AdamW reads param, grad, m, v and writes param, m, v: ~16 B/param in 16-bit, 28 in fp32.
             touched = 7 * (4 if recipe.weight_bytes == 4 or recipe.master_weights else 2)
             optimizer = trainable_per_gpu * touched / bandwidth
+        if states.optimizer_states_paged and peak_device_bytes is not None:
+            # bitsandbytes paged states live in unified memory: what does not fit in the GPU's free
+            # memory is paged in for the optimizer step and out again (NVIDIA unified memory paging).
+            free = max(0.0, gpu.memory_gib * 2**30 - peak_device_bytes)
+            spilled = max(0.0, states.optimizer_states_paged - free)
+            optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
         optimizer /= accumulation
 
     step = compute + dequant + exposed_comm + optimizer

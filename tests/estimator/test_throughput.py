@@ -1,0 +1,115 @@
+"""Throughput terms against hand computations."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.catalog.gpus import find_gpu
+from services.estimator.architecture import architecture_from_config, parameter_counts
+from services.estimator.memory import model_states
+from services.estimator.recipe import resolve_recipe
+from services.estimator.throughput import UTILISATION_PRIOR, estimate_throughput, flops_per_token, run_cost
+from tests.conftest import LLAMA_8B, make_plan
+
+ARCH = architecture_from_config(LLAMA_8B)
+H, L, V = 4096, 32, 128256
+MATMUL = L * (2 * H * H + 2 * H * 1024 + 3 * H * 14336) + V * H  # every weight a token meets in a matmul
+
+
+def test_full_finetuning_is_six_flops_per_weight_plus_attention() -> None:
+    plan = make_plan(seq_len=2048)
+    f = flops_per_token(plan, ARCH, resolve_recipe(plan))
+    attention_forward = L * 2 * 2 * 2048 * 0.5 * 32 * 128  # causal: half the score matrix
+    assert f.forward == pytest.approx(2 * MATMUL + attention_forward)
+    assert f.backward == pytest.approx(4 * MATMUL + 2.5 * attention_forward)
+    assert f.recompute == 0
+    n = parameter_counts(ARCH).active
+    assert f.model_flops == pytest.approx(6 * n + 12 * L * H * 2048)
+
+
+def test_lora_skips_weight_gradients_and_checkpointing_replays_the_forward() -> None:
+    full = make_plan(seq_len=1024)
+    lora = make_plan(seq_len=1024, method="lora", lora={"rank": 8, "targets": ["q", "v"]})
+    gc = make_plan(seq_len=1024, method="lora", lora={"rank": 8, "targets": ["q", "v"]}, gradient_checkpointing=True)
+    f_full = flops_per_token(full, ARCH, resolve_recipe(full))
+    f_lora = flops_per_token(lora, ARCH, resolve_recipe(lora))
+    f_gc = flops_per_token(gc, ARCH, resolve_recipe(gc))
+    assert f_lora.hardware / f_full.hardware == pytest.approx(4 / 6, rel=0.03)
+    assert f_gc.recompute == pytest.approx(f_gc.forward - 2 * V * H - 2 * (f_gc.forward - f_lora.forward), rel=0.05)
+    assert f_gc.hardware > f_lora.hardware
+
+
+def test_tokens_per_second_from_peak_and_utilisation() -> None:
+    plan = make_plan(seq_len=2048, micro_batch_size=8, framework="torchtune")
+    recipe = resolve_recipe(plan)
+    gpu = find_gpu("H100 SXM")
+    tp = estimate_throughput(plan, ARCH, recipe, model_states(plan, ARCH, recipe), gpu)
+    compute = tp.flops_per_token.hardware * 8 * 2048 / (989e12 * UTILISATION_PRIOR["hopper"])
+    assert tp.seconds["compute"] == pytest.approx(compute)
+    assert tp.tokens_per_s == pytest.approx(8 * 2048 / tp.step_seconds)
+    assert 0.2 < tp.mfu < 0.6
+
+
+def _tp(plan, gpu_name):  # type: ignore[no-untyped-def]
+    recipe = resolve_recipe(plan)
+    return estimate_throughput(plan, ARCH, recipe, model_states(plan, ARCH, recipe), find_gpu(gpu_name))
+
+
+def test_big_batches_scale_almost_linearly_over_nvlink() -> None:
+    one = _tp(make_plan(seq_len=2048, micro_batch_size=4), "A100 80GB")
+    eight = _tp(make_plan(seq_len=2048, micro_batch_size=4, gpus=8, sharding="fsdp"), "A100 80GB")
+    # Communication hides behind compute; the sharded optimizer step is even a little shorter.
+    assert 7.6 * one.tokens_per_s < eight.tokens_per_s < 8.4 * one.tokens_per_s
+
+
+def test_small_batches_over_pcie_do_not_scale_linearly() -> None:
+    one = _tp(make_plan(seq_len=256, micro_batch_size=1), "L40S")
+    eight = _tp(make_plan(seq_len=256, micro_batch_size=1, gpus=8, sharding="fsdp"), "L40S")
+    assert one.tokens_per_s < eight.tokens_per_s < 4 * one.tokens_per_s
+    assert eight.seconds["communication"] > eight.seconds["compute"]
+
+
+def test_pcie_cards_expose_more_communication_than_nvlink() -> None:
+    plan = make_plan(seq_len=512, micro_batch_size=1, gpus=8, sharding="fsdp")
+    recipe = resolve_recipe(plan)
+    states = model_states(plan, ARCH, recipe)
+    nvlink = estimate_throughput(plan, ARCH, recipe, states, find_gpu("A100 80GB"))
+    pcie = estimate_throughput(plan, ARCH, recipe, states, find_gpu("L40S"))
+    assert pcie.seconds["communication"] > nvlink.seconds["communication"]
+
+
+def test_qlora_pays_for_dequantization() -> None:
+    plan = make_plan(method="qlora", lora={"rank": 8}, seq_len=1024)
+    recipe = resolve_recipe(plan)
+    tp = estimate_throughput(plan, ARCH, recipe, model_states(plan, ARCH, recipe), find_gpu("A100 80GB"))
+    assert tp.seconds["dequantization"] > 0
+
+
+def test_paged_states_that_do_not_fit_cross_pcie() -> None:
+    plan = make_plan(optimizer="paged-adamw", seq_len=1024)
+    recipe = resolve_recipe(plan)
+    states = model_states(plan, ARCH, recipe)
+    gpu = find_gpu("RTX 4090")
+    roomy = estimate_throughput(plan, ARCH, recipe, states, gpu, peak_device_bytes=0.0)
+    tight = estimate_throughput(plan, ARCH, recipe, states, gpu, peak_device_bytes=gpu.memory_gib * 2**30)
+    extra = 2 * states.optimizer_states_paged / (gpu.pcie_gb_per_s * 1e9)
+    assert tight.seconds["optimizer"] - roomy.seconds["optimizer"] == pytest.approx(
+        extra - 2 * max(0.0, states.optimizer_states_paged - gpu.memory_gib * 2**30) / (gpu.pcie_gb_per_s * 1e9)
+    )
+
+
+def test_calibrated_utilisation_overrides_the_prior() -> None:
+    plan = make_plan(seq_len=2048)
+    recipe = resolve_recipe(plan)
+    states = model_states(plan, ARCH, recipe)
+    gpu = find_gpu("A100 80GB")
+    tp = estimate_throughput(plan, ARCH, recipe, states, gpu, utilisation=0.25, utilisation_source="calibrated")
+    assert tp.utilisation_assumed == 0.25 and tp.utilisation_source == "calibrated"
+
+
+def test_run_cost_seeds_worked_example() -> None:
+    # SEEDS.md section 1: 10,000 examples x 512 tokens x 3 epochs at 1,000 tokens/s = 4.3 h; $4/h -> ~$17.
+    cost = run_cost(15_360_000, 1000.0, 1, 4.00, 1.20)
+    assert cost.hours == pytest.approx(4.2667, rel=1e-3)
+    assert cost.on_demand_usd == pytest.approx(17.07, rel=1e-3)
+    assert cost.spot_usd == pytest.approx(5.12, rel=1e-3)
