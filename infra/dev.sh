@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Developer entry point: sets up a virtual environment in .venv (idempotent) and runs gpuplan.
-#   bash infra/dev.sh run    set up, then run gpuplan on its embedded defaults
+#   bash infra/dev.sh run    set up, then start the service on its embedded defaults (SQLite, in-process tasks)
 #   bash infra/dev.sh test   set up with the dev and trace extras (CPU torch), then run the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,8 @@ setup() {
 case "${1:-}" in
   run)
     setup dev
-    "$venv/bin/gpuplan" estimate --plan infra/examples/llama-3.1-8b-qlora.json --gpu "A100 80GB"
+    shift
+    exec "$venv/bin/gpuplan" serve "$@"
     ;;
   test)
     setup dev,trace

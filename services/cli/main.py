@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from services.catalog.gpus import gpu_specs
 from services.catalog.models import catalog_models
 from services.cli.render import render_estimate
+from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
 from services.estimator.validation import PlanError, parse_plan
@@ -106,6 +107,21 @@ def _build_parser() -> _Parser:
 
     sub.add_parser("models", help="list the bundled model catalog")
     sub.add_parser("gpus", help="list the GPU specs gpuplan knows")
+
+    serve = sub.add_parser("serve", help="run the planning service (migrates the database first)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
+    serve.add_argument("--port", type=_int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
+    sub.add_parser("migrate", help="apply the database migrations and exit")
+
+    admin = sub.add_parser("admin", help="organizations, API keys and price lists")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=_Parser)
+    create_org = admin_sub.add_parser("create-org", help="create an organization")
+    create_org.add_argument("name")
+    create_key = admin_sub.add_parser("create-key", help="create an API key; prints the key alone")
+    create_key.add_argument("--org", required=True, help="organization name")
+    create_key.add_argument("--admin", action="store_true", help="may import price lists")
+    import_offers = admin_sub.add_parser("import-offers", help="import a CSV/JSON price list (all or nothing)")
+    import_offers.add_argument("file")
     return parser
 
 
@@ -194,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command in ("serve", "migrate", "admin"):
+            from services.cli import server
+
+            return server.run(args)
         handler = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus}[args.command]
         return handler(args)
     except CliError as exc:
@@ -202,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuplan: error: {'; '.join(exc.problems)}", file=sys.stderr)
     except EstimatorError as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)
+    except GpuplanError as exc:
+        details = f" ({'; '.join(map(str, exc.details[:5]))})" if isinstance(exc.details, list) else ""
+        print(f"gpuplan: error: {exc.message}{details}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 

@@ -1,0 +1,61 @@
+"""The FastAPI application: routers of every domain, one error handler, the background runner."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy import text
+
+from services.api.deps import Database
+from services.api.errors import install_error_handlers
+from services.catalog.endpoints import router as catalog_router
+from services.core.db import make_engine, make_sessionmaker
+from services.core.settings import Settings, get_settings
+from services.core.tasks import InProcessRunner
+from services.plans.endpoints import router as plans_router
+from services.plans.service import ESTIMATE_TASK, estimate_task
+from services.quotes.endpoints import router as quotes_router
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    engine = make_engine(settings.sqlalchemy_url)
+    factory = make_sessionmaker(engine)
+    runner = InProcessRunner(
+        settings.background_workers, {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin)}
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        runner.shutdown()
+        engine.dispose()
+
+    app = FastAPI(
+        title="gpuplan",
+        version="0.1.0",
+        description="Plan LLM fine-tuning runs: memory, speed and cost per GPU.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = Database(factory, runner)
+    app.state.engine = engine
+    install_error_handlers(app)
+    app.include_router(plans_router)
+    app.include_router(catalog_router)
+    app.include_router(quotes_router)
+
+    @app.get("/healthz", operation_id="health-check", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return {
+            "status": "ok",
+            "database": engine.dialect.name,
+            "tasks": "in-process" if settings.in_process_tasks else "celery",
+        }
+
+    return app

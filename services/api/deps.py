@@ -1,0 +1,52 @@
+"""Request-scoped plumbing: the database handle, the caller, and transactions that send their
+tasks only after they commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.core.db import unit_of_work
+from services.core.settings import Settings
+from services.core.tasks import InProcessRunner, PendingTasks
+from services.orgs.service import Principal, authenticate
+
+
+class Database:
+    def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner) -> None:
+        self.factory = factory
+        self.runner = runner
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Session, PendingTasks]]:
+        pending = PendingTasks()
+        with unit_of_work(self.factory) as session:
+            yield session, pending
+        pending.flush(self.runner)
+
+
+def get_db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
+def get_settings_dep(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_principal(
+    db: Annotated[Database, Depends(get_db)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    with unit_of_work(db.factory) as session:
+        return authenticate(session, authorization)
+
+
+DbDep = Annotated[Database, Depends(get_db)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,44 @@
+"""The one handler that turns errors into JSON bodies naming the field and what is allowed."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from services.core.errors import GpuplanError
+from services.estimator.errors import EstimatorError
+from services.estimator.validation import describe_errors
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GpuplanError)
+    async def _gpuplan(_request: Request, exc: GpuplanError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+            field = ".".join(p for p in loc if "[" not in p and "-" not in p) or "body"
+            msg = str(err.get("msg", "invalid"))
+            msg = msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
+            if err.get("type") == "extra_forbidden":
+                msg = "unknown field (check its spelling against the plan schema)"
+            shown = err.get("input")
+            given = "" if isinstance(shown, dict) or err.get("type") == "missing" else f" (got {shown!r})"
+            problems.append(f"{field}: {msg[:1].lower() + msg[1:]}{given}")
+        body = {"error": "invalid", "message": problems[0] if problems else "invalid request", "details": problems}
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(_request: Request, exc: ValidationError) -> JSONResponse:
+        problems = describe_errors(exc)
+        return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+
+    @app.exception_handler(EstimatorError)
+    async def _estimator(_request: Request, exc: EstimatorError) -> JSONResponse:
+        return JSONResponse({"error": "invalid", "message": str(exc), "field": exc.field}, status_code=422)

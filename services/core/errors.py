@@ -1,0 +1,55 @@
+"""One error hierarchy; each error carries its HTTP status and is rendered by one handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpuplanError(Exception):
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, field: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.code, "message": self.message}
+        if self.field is not None:
+            out["field"] = self.field
+        if self.details is not None:
+            out["details"] = self.details
+        return out
+
+
+class BadRequest(GpuplanError):
+    status_code = 400
+
+
+class Unauthorized(GpuplanError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(GpuplanError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(GpuplanError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(GpuplanError):
+    status_code = 409
+    code = "conflict"
+
+
+class Unprocessable(GpuplanError):
+    """Input that parses but is not valid: 422 with one line per field in ``details``."""
+
+    status_code = 422
+    code = "invalid"

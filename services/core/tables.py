@@ -1,0 +1,10 @@
+"""Imports every domain's tables so the metadata is complete (Alembic, tests)."""
+
+from __future__ import annotations
+
+
+def import_all_tables() -> None:
+    import services.catalog.tables
+    import services.orgs.tables
+    import services.plans.tables
+    import services.quotes.tables  # noqa: F401

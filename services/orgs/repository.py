@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.orgs.tables import ApiKey, Organization
+
+
+class OrganizationRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def by_name(self, name: str) -> Organization | None:
+        return self.session.scalar(select(Organization).where(Organization.name == name))
+
+    def by_id(self, org_id: str) -> Organization | None:
+        return self.session.get(Organization, org_id)
+
+    def add(self, org: Organization) -> Organization:
+        self.session.add(org)
+        self.session.flush()
+        return org
+
+
+class ApiKeyRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def by_hash(self, key_hash: str) -> ApiKey | None:
+        return self.session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
+
+    def add(self, key: ApiKey) -> ApiKey:
+        self.session.add(key)
+        self.session.flush()
+        return key

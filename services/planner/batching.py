@@ -1,0 +1,56 @@
+"""Keeping the plan's effective batch when the GPU count changes.
+
+The optimizer sees ``micro_batch_size x gradient_accumulation_steps x gpus`` samples per step; changing
+it changes the training (the learning-rate schedule was tuned for it), so every candidate keeps it, or,
+where the GPUs cannot split it evenly, takes the smallest larger one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.estimator.plan import Plan
+
+
+def effective_batch_size(plan: Plan) -> int:
+    """Samples per optimizer step of the plan as written."""
+    return plan.micro_batch_size * (plan.gradient_accumulation_steps or 1) * plan.gpus
+
+
+def samples_per_gpu(effective: int, gpus: int) -> int:
+    """Samples each GPU processes per optimizer step: the effective batch split evenly, rounded up."""
+    return -(-effective // gpus)
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """All divisors of ``n`` in ascending order (the micro-batch sizes that split ``n`` exactly)."""
+    small: list[int] = []
+    large: list[int] = []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return (*small, *reversed(large))
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How a candidate with ``gpus`` GPUs reaches the plan's effective batch."""
+
+    gpus: int
+    samples_per_gpu: int
+    micro_batch_sizes: tuple[int, ...]  # ascending; each divides samples_per_gpu
+    effective_batch_size: int  # samples_per_gpu x gpus: the plan's, or the smallest larger reachable one
+
+    def accumulation_steps(self, micro_batch_size: int) -> int:
+        return self.samples_per_gpu // micro_batch_size
+
+
+def batch_split(effective: int, gpus: int) -> BatchSplit:
+    """The micro-batch sizes m (with accumulation a) such that m x a x gpus is the effective batch,
+    or the smallest effective batch above it that ``gpus`` GPUs can reach."""
+    per_gpu = samples_per_gpu(effective, gpus)
+    return BatchSplit(gpus, per_gpu, divisors(per_gpu), per_gpu * gpus)

@@ -1,0 +1,46 @@
+"""What the user asks of a setup beyond fitting: money, time, where, how many GPUs, how much margin."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Constraints(BaseModel):
+    """Limits and assumptions for :func:`services.planner.planner.plan_setups`.
+
+    ``preemptions_per_hour`` is an ASSUMPTION, not a measurement: the bundled price lists carry no
+    interruption rates, and they vary by provider, region, card and hour. The default, 0.05 per
+    node-hour (one preemption every 20 hours of each node), is a guess; pass the rate you observe.
+    It counts per node: a job on several nodes restarts when any one of them is preempted.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_usd: float | None = Field(default=None, gt=0, description="the most the whole job may cost, in USD")
+    deadline_hours: float | None = Field(default=None, gt=0, description="the longest the job may take, wall-clock")
+    regions: tuple[str, ...] = Field(
+        default=(), description="allowed offer regions or countries (case-insensitive); empty allows all"
+    )
+    providers: tuple[str, ...] = Field(default=(), description="allowed providers (case-insensitive); empty allows all")
+    spot_allowed: bool = Field(default=True, description="whether spot (preemptible) prices may be used")
+    max_gpus: int = Field(default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together")
+    safety_margin: float = Field(
+        default=0.10, ge=0.0, le=0.5, description="share of each card's memory kept free (0.0-0.5)"
+    )
+    preemptions_per_hour: float = Field(
+        default=0.05, ge=0.0, le=60.0, description="assumed spot preemptions per node and hour"
+    )
+    restart_minutes: float = Field(
+        default=10.0, ge=0.0, le=1440.0, description="minutes from a preemption to training again (new node, load)"
+    )
+
+    def allows_region(self, region: str, country: str) -> bool:
+        """Whether an offer's region or country is one the user allows (no regions given allows all)."""
+        if not self.regions:
+            return True
+        wanted = {r.strip().lower() for r in self.regions}
+        return region.strip().lower() in wanted or (bool(country.strip()) and country.strip().lower() in wanted)
+
+    def allows_provider(self, provider: str) -> bool:
+        """Whether the user allows this provider (no providers given allows all)."""
+        return not self.providers or provider.strip().lower() in {p.strip().lower() for p in self.providers}

@@ -1,0 +1,104 @@
+"""Memory and throughput of candidate setups, each computed once per plan.
+
+Peak memory per GPU does not depend on the card, so one memory estimate serves every offer; throughput
+depends on the card and its links, so it is kept per (card, link) and shared by offers of the same card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.catalog.gpus import GpuSpec
+from services.estimator.architecture import Architecture
+from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
+from services.estimator.plan import Plan, Sharding
+from services.estimator.recipe import Recipe, resolve_recipe
+from services.estimator.throughput import Throughput, estimate_throughput
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything about a setup that changes memory or speed, besides the card."""
+
+    gpus: int
+    sharding: Sharding
+    micro_batch_size: int
+    accumulation_steps: int
+    checkpointing: bool
+
+
+class Evaluator:
+    """Memoised estimator calls for variants of one base plan (same method, precision, optimizer).
+
+    Mutable only in its caches and probe counter; it lives for one planning call.
+    """
+
+    def __init__(self, base: Plan, arch: Architecture) -> None:
+        self.base = base
+        self.arch = arch
+        self.memory_probes = 0
+        self._plans: dict[Config, Plan] = {}
+        self._recipes: dict[tuple[Sharding, bool], Recipe] = {}
+        self._states: dict[tuple[int, Sharding, bool], ModelStates] = {}
+        self._memory: dict[Config, MemoryBreakdown] = {}
+        self._throughput: dict[tuple[str, float, Config, bool], Throughput] = {}
+
+    def plan(self, cfg: Config) -> Plan:
+        """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:
+        every field takes a value the schema allows)."""
+        found = self._plans.get(cfg)
+        if found is None:
+            found = self.base.model_copy(
+                update={
+                    "gpus": cfg.gpus,
+                    "sharding": cfg.sharding,
+                    "micro_batch_size": cfg.micro_batch_size,
+                    "gradient_accumulation_steps": cfg.accumulation_steps,
+                    "gradient_checkpointing": cfg.checkpointing,
+                }
+            )
+            self._plans[cfg] = found
+        return found
+
+    def _recipe(self, cfg: Config) -> Recipe:
+        # The recipe depends on the variant only through sharding and whether gradients accumulate.
+        key = (cfg.sharding, cfg.accumulation_steps > 1)
+        found = self._recipes.get(key)
+        if found is None:
+            found = resolve_recipe(self.plan(cfg))
+            self._recipes[key] = found
+        return found
+
+    def _model_states(self, cfg: Config) -> ModelStates:
+        key = (cfg.gpus, cfg.sharding, cfg.accumulation_steps > 1)
+        found = self._states.get(key)
+        if found is None:
+            found = model_states(self.plan(cfg), self.arch, self._recipe(cfg))
+            self._states[key] = found
+        return found
+
+    def memory(self, cfg: Config) -> MemoryBreakdown:
+        """Peak memory per GPU of the setup."""
+        found = self._memory.get(cfg)
+        if found is None:
+            found = peak_memory(self.plan(cfg), self.arch, self._recipe(cfg))
+            self._memory[cfg] = found
+        return found
+
+    def fits(self, cfg: Config, usable_bytes: float) -> bool:
+        """Whether the setup's peak device memory per GPU stays within ``usable_bytes`` (one probe)."""
+        self.memory_probes += 1
+        return self.memory(cfg).peak_device <= usable_bytes
+
+    def throughput(self, cfg: Config, spec: GpuSpec, spill: bool = True) -> Throughput:
+        """Tokens/s of the setup on ``spec``; ``spill`` charges paged optimizer states that do not fit
+        beside the predicted peak their trip over PCIe (off for the idealised one-GPU reference)."""
+        key = (spec.name, spec.nvlink_gb_per_s, cfg, spill)
+        found = self._throughput.get(key)
+        if found is None:
+            peak = self.memory(cfg).peak_device if spill else None
+            found = estimate_throughput(
+                self.plan(cfg), self.arch, self._recipe(cfg), self._model_states(cfg), spec, peak_device_bytes=peak
+            )
+            self._throughput[key] = found
+        return found

@@ -1,0 +1,84 @@
+"""What the planner answers: ranked setups, the best per card, and why the others were left out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PricingMode = Literal["on_demand", "spot"]
+RejectionKind = Literal[
+    "memory", "gpu_count", "budget", "deadline", "budget_and_deadline", "region", "provider", "unknown_gpu"
+]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Recommendation(_Out):
+    """One setup that fits with the margin: where, how many GPUs, how configured, how fast, what it costs."""
+
+    provider: str
+    gpu: str
+    region: str
+    gpus: int = Field(description="all GPUs of the setup, every node together")
+    gpus_per_node: int
+    nodes: int
+    sharding: str
+    cpu_offload: bool
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    effective_batch_size: int = Field(description="micro_batch_size x gradient_accumulation_steps x gpus")
+    gradient_checkpointing: bool
+    fits: bool = True
+    peak_gib_per_gpu: float = Field(description="predicted peak device memory per GPU (nvidia-smi view)")
+    gpu_memory_gib: float
+    usable_gib: float = Field(description="the card's memory less the safety margin")
+    headroom_gib: float = Field(description="gpu_memory_gib - peak_gib_per_gpu")
+    tokens_per_s: float = Field(description="all GPUs together")
+    tokens_per_s_per_gpu: float
+    mfu: float
+    scaling_efficiency: float = Field(
+        description="tokens/s on these GPUs / (gpus x tokens/s of one GPU of the card at the same micro-batch)"
+    )
+    hours: float = Field(description="wall-clock hours on on-demand GPUs")
+    cost_usd: float = Field(description="whole job on demand: hours x gpus x price per GPU-hour")
+    price_usd_per_hour: float = Field(description="on-demand price of all GPUs of the setup")
+    spot_price_usd_per_hour: float | None = Field(description="spot price of all GPUs; None without spot")
+    spot_hours: float | None = Field(description="expected wall-clock on spot, preemptions and checkpoints included")
+    spot_cost_usd: float | None = Field(description="expected whole-job cost on spot, rework included")
+    expected_preemptions: float | None
+    checkpoint_interval_minutes: float | None = Field(description="the checkpoint interval the spot cost assumes")
+    qualifies_with: PricingMode = Field(description="the pricing under which the setup meets budget and deadline")
+    notes: list[str]
+
+
+class Rejection(_Out):
+    """A card (or one offer of it) with no setup the user can take, and why, in numbers."""
+
+    gpu: str
+    provider: str | None = Field(default=None, description="None when the reason holds for every offer of the card")
+    kind: RejectionKind
+    reason: str
+    needed_gib_per_gpu: float | None = None
+    gpu_memory_gib: float | None = None
+    usable_gib: float | None = None
+    gpus: int | None = Field(default=None, description="the GPU count the numbers refer to")
+    cost_usd: float | None = None
+    hours: float | None = None
+    suggestion: str | None = None
+
+
+class PlannerResult(_Out):
+    """Setups ranked by total job cost (cheapest first), the best per card, and the rejections."""
+
+    model: str
+    total_tokens: float
+    plan_effective_batch_size: int
+    recommendations: list[Recommendation]
+    best_per_gpu: list[Recommendation] = Field(description="the cheapest qualifying setup of each card, cheapest first")
+    rejections: list[Rejection]
+    candidates_evaluated: int = Field(description="setups whose memory was checked (offer x GPUs x config x batch)")
+    warnings: list[str]
+    assumptions: list[str]

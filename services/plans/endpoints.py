@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+
+from services.api.deps import DbDep, PrincipalDep
+from services.catalog.gpus import find_gpu
+from services.estimator.estimate import estimate
+from services.plans import service
+from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
+
+router = APIRouter(prefix="/v1", tags=["plans"])
+
+
+@router.post("/estimate", operation_id="plans-estimate")
+def estimate_now(
+    body: PlanRequest,
+    _principal: PrincipalDep,
+    gpu: Annotated[str | None, Query(max_length=100, description="GPU for tokens/s, e.g. 'A100 80GB'")] = None,
+) -> dict[str, Any]:
+    """Estimate a plan synchronously, without storing it."""
+    spec = find_gpu(gpu) if gpu else None
+    return estimate(body.to_plan(), spec).model_dump(mode="json")
+
+
+@router.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
+def create_plan(
+    body: PlanRequest,
+    db: DbDep,
+    principal: PrincipalDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> PlanCreated:
+    with db.transaction() as (session, pending):
+        row, created = service.submit(session, principal, body, idempotency_key, pending)
+        result = PlanCreated(id=row.id, status=row.status)
+    response.headers["Location"] = f"/v1/plans/{result.id}"
+    if not created:
+        response.status_code = 200
+    return result
+
+
+@router.get("/plans", operation_id="plans-list", response_model=PlanList)
+def list_plans(
+    db: DbDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    before: Annotated[str | None, Query(max_length=64, description="cursor: the last id of the previous page")] = None,
+) -> PlanList:
+    with db.transaction() as (session, _pending):
+        rows = service.list_plans(session, principal, limit, before)
+        items = [service.to_summary(r) for r in rows]
+    return PlanList(items=items, next_cursor=items[-1].id if len(items) == limit else None)
+
+
+@router.get("/plans/{plan_id}", operation_id="plans-get", response_model=PlanOut)
+def get_plan(plan_id: str, db: DbDep, principal: PrincipalDep) -> PlanOut:
+    with db.transaction() as (session, _pending):
+        return service.to_out(service.get_plan(session, principal, plan_id))

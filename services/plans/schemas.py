@@ -1,0 +1,90 @@
+"""Request and response bodies of the plans API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.estimator.plan import DataSpec, Plan
+from services.planner.constraints import Constraints
+
+
+class Dataset(BaseModel):
+    """The data set: ``{"examples": N, "avg_tokens": T}`` or ``{"tokens": N}`` (tokens per epoch)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    examples: int | None = Field(default=None, gt=0, le=10**12)
+    avg_tokens: float | None = Field(default=None, gt=0, le=10**7)
+    tokens: int | None = Field(default=None, gt=0, le=10**15)
+
+    @model_validator(mode="after")
+    def _size_given(self) -> Dataset:
+        if self.tokens is None and (self.examples is None or self.avg_tokens is None):
+            raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens'")
+        return self
+
+
+class PlanRequest(Plan):
+    """The estimator's plan schema plus the data set, epochs and constraints."""
+
+    dataset: Dataset | None = None
+    epochs: float | None = Field(default=None, gt=0, le=1000)
+    constraints: Constraints = Constraints()
+
+    @model_validator(mode="after")
+    def _data_once(self) -> PlanRequest:
+        if self.dataset is not None and self.data is not None:
+            raise ValueError("dataset: give the data set once, as 'dataset' (or the estimator's 'data'), not both")
+        return self
+
+    def to_plan(self) -> Plan:
+        fields = self.model_dump(exclude={"dataset", "epochs", "constraints"})
+        if self.dataset is not None:
+            fields["data"] = DataSpec(
+                tokens=self.dataset.tokens,
+                examples=self.dataset.examples,
+                avg_tokens_per_example=self.dataset.avg_tokens,
+                epochs=self.epochs or 1.0,
+            ).model_dump()
+        elif self.data is not None and self.epochs is not None:
+            fields["data"] = {**self.data.model_dump(), "epochs": self.epochs}
+        return Plan.model_validate(fields)
+
+
+PlanStatus = Literal["queued", "running", "done", "failed"]
+
+
+class PlanCreated(BaseModel):
+    id: str
+    status: PlanStatus
+
+
+class PlanSummary(BaseModel):
+    id: str
+    status: PlanStatus
+    model: str
+    method: str
+    created_at: datetime
+    cheapest: dict[str, Any] | None = None
+
+
+class PlanList(BaseModel):
+    items: list[PlanSummary]
+    next_cursor: str | None = None
+
+
+class PlanOut(BaseModel):
+    id: str
+    status: PlanStatus
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    request: dict[str, Any]
+    estimate: dict[str, Any] | None
+    recommendations: list[dict[str, Any]]
+    rejections: list[dict[str, Any]]
+    warnings: list[str]
+    error: str | None

@@ -1,0 +1,175 @@
+"""Plans: submission, reading, and the estimation work that fills in estimate and recommendations."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.catalog.service import active_offers, as_offers
+from services.core.db import unit_of_work, utcnow
+from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.tasks import PendingTasks
+from services.estimator.errors import EstimatorError
+from services.estimator.estimate import estimate, resolve_architecture
+from services.orgs.service import Principal
+from services.plans.repository import PlanRepository
+from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
+from services.plans.tables import PlanRow
+
+log = logging.getLogger("gpuplan.plans")
+
+ESTIMATE_TASK = "gpuplan.plans.estimate"
+
+
+def _check_model(request: PlanRequest) -> str:
+    """Resolve the model now, so an unknown id is a 422 at submission, not a failed plan later."""
+    plan = request.to_plan()
+    try:
+        name, _ = resolve_architecture(plan) if plan.model.generic is None else (plan.model.name or "generic", None)
+    except EstimatorError as exc:
+        raise Unprocessable(exc.message, field=exc.field) from None
+    return name
+
+
+def submit(
+    session: Session, principal: Principal, request: PlanRequest, idempotency_key: str | None, pending: PendingTasks
+) -> tuple[PlanRow, bool]:
+    """Store a plan and enqueue its estimation; returns (row, created). A repeated Idempotency-Key with
+    the same body returns the first plan; with a different body it is a conflict."""
+    if request.dataset is None and request.data is None:
+        raise Unprocessable(
+            "dataset: give the data set size, {'examples': N, 'avg_tokens': T} or {'tokens': N}, "
+            "so time and cost can be planned",
+            field="dataset",
+        )
+    repo = PlanRepository(session)
+    body = request.model_dump(mode="json", exclude_none=True)
+    if idempotency_key is not None:
+        if not 1 <= len(idempotency_key) <= 200:
+            raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")
+        existing = repo.by_idempotency_key(principal.organization_id, idempotency_key)
+        if existing is not None:
+            if existing.request != body:
+                raise Conflict("Idempotency-Key was already used with a different plan body", field="Idempotency-Key")
+            return existing, False
+    name = _check_model(request)
+    row = repo.add(
+        PlanRow(
+            organization_id=principal.organization_id,
+            status="queued",
+            request=body,
+            model_name=name,
+            method=request.method,
+            idempotency_key=idempotency_key,
+        )
+    )
+    pending.enqueue(ESTIMATE_TASK, row.id)
+    return row, True
+
+
+def get_plan(session: Session, principal: Principal, plan_id: str) -> PlanRow:
+    row = PlanRepository(session).get_for_org(principal.organization_id, plan_id)
+    if row is None:
+        raise NotFound(f"no plan {plan_id!r}", field="id")
+    return row
+
+
+def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanRow]:
+    return list(PlanRepository(session).list_for_org(principal.organization_id, limit, before))
+
+
+def to_out(row: PlanRow) -> PlanOut:
+    return PlanOut(
+        id=row.id,
+        status=row.status,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        request=row.request,
+        estimate=row.estimate,
+        recommendations=row.recommendations or [],
+        rejections=row.rejections or [],
+        warnings=row.warnings or [],
+        error=row.error,
+    )
+
+
+def to_summary(row: PlanRow) -> PlanSummary:
+    cheapest = (row.recommendations or [None])[0]
+    return PlanSummary(
+        id=row.id,
+        status=row.status,
+        model=row.model_name,
+        method=row.method,
+        created_at=row.created_at,
+        cheapest=cheapest,
+    )
+
+
+def compute(session: Session, request: PlanRequest, safety_margin: float) -> dict[str, Any]:
+    """The estimate and the planner's recommendations for a plan (pure work over the live catalog)."""
+    from services.plans.recommend import recommend
+
+    plan = request.to_plan()
+    report = estimate(plan)
+    offers = as_offers(active_offers(session))
+    recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin)
+    return {
+        "estimate": report.model_dump(mode="json"),
+        "recommendations": recs,
+        "rejections": rejections,
+        "warnings": [*report.warnings, *warnings],
+    }
+
+
+def estimate_task(factory: sessionmaker[Session], safety_margin: float) -> Callable[[str], None]:
+    """The estimation task bound to this process's session factory."""
+
+    def run(plan_id: str) -> None:
+        run_plan(factory, plan_id, safety_margin)
+
+    return run
+
+
+def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float) -> None:
+    """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing."""
+    with unit_of_work(factory) as session:
+        row = PlanRepository(session).get(plan_id)
+        if row is None or row.status in ("done", "failed"):
+            return
+        row.status = "running"
+        row.started_at = utcnow()
+        request = PlanRequest.model_validate(row.request)
+    try:
+        with unit_of_work(factory) as session:
+            result = compute(session, request, safety_margin)
+    except (EstimatorError, ValueError) as exc:
+        _finish(factory, plan_id, error=str(exc))
+        return
+    except Exception as exc:
+        log.exception("plan %s failed", plan_id)
+        _finish(factory, plan_id, error=f"internal error while estimating: {type(exc).__name__}")
+        return
+    _finish(factory, plan_id, result=result)
+
+
+def _finish(
+    factory: sessionmaker[Session], plan_id: str, *, result: dict[str, Any] | None = None, error: str | None = None
+) -> None:
+    with unit_of_work(factory) as session:
+        row = PlanRepository(session).get(plan_id)
+        if row is None or row.status in ("done", "failed"):
+            return
+        if result is not None:
+            row.estimate = result["estimate"]
+            row.recommendations = result["recommendations"]
+            row.rejections = result["rejections"]
+            row.warnings = result["warnings"]
+            row.status = "done"
+        else:
+            row.error = error
+            row.status = "failed"
+        row.finished_at = utcnow()

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
+
+
+class PlanRow(IdMixin, TimestampMixin, Base):
+    __tablename__ = "plans"
+    __table_args__ = (UniqueConstraint("organization_id", "idempotency_key", name="uq_plans_org_idempotency_key"),)
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued, running, done, failed
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model_name: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(16))
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    recommendations: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    rejections: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    warnings: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
+
+
+class QuoteRow(IdMixin, TimestampMixin, Base):
+    """An issued quote: a snapshot that is never updated."""
+
+    __tablename__ = "quotes"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    setup: Mapped[dict[str, Any]] = mapped_column(JSON)
+    line_items: Mapped[list[Any]] = mapped_column(JSON)
+    assumptions: Mapped[list[Any]] = mapped_column(JSON)
+    total_usd: Mapped[float] = mapped_column(Float)
+    currency: Mapped[str] = mapped_column(String(3))
+    valid_until: Mapped[datetime] = mapped_column(UtcDateTime)

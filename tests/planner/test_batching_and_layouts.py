@@ -1,0 +1,89 @@
+"""Batch splits, GPU layouts, sharding options, links and constraints validation."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.catalog.gpus import find_gpu
+from services.catalog.offers import Offer
+from services.estimator.throughput import INTER_NODE_GB_PER_S
+from services.planner.batching import batch_split, divisors, effective_batch_size
+from services.planner.constraints import Constraints
+from services.planner.layouts import Layout, gpu_layouts, link_spec, sharding_options
+from tests.conftest import make_plan
+
+
+def offer(gpus_per_node: int = 1, interconnect: str = "NVLink") -> Offer:
+    return Offer("acme", "A40", gpus_per_node, 1.0, None, "USD", "eu", "DE", interconnect, "2026-11-01", "test")
+
+
+def test_effective_batch() -> None:
+    assert effective_batch_size(make_plan(micro_batch_size=4, gradient_accumulation_steps=8, gpus=2)) == 64
+    assert effective_batch_size(make_plan(micro_batch_size=3)) == 3
+
+
+def test_divisors() -> None:
+    assert divisors(1) == (1,)
+    assert divisors(12) == (1, 2, 3, 4, 6, 12)
+    assert divisors(16) == (1, 2, 4, 8, 16)
+
+
+def test_batch_split_keeps_the_effective_batch_or_takes_the_next_larger() -> None:
+    even = batch_split(16, 4)
+    assert (even.samples_per_gpu, even.micro_batch_sizes, even.effective_batch_size) == (4, (1, 2, 4), 16)
+    assert even.accumulation_steps(1) == 4
+    uneven = batch_split(6, 4)
+    assert (uneven.samples_per_gpu, uneven.effective_batch_size) == (2, 8)
+    more_gpus_than_samples = batch_split(4, 8)
+    assert (more_gpus_than_samples.micro_batch_sizes, more_gpus_than_samples.effective_batch_size) == ((1,), 8)
+
+
+def test_layouts_for_per_gpu_offers() -> None:
+    single, multi = gpu_layouts(offer(), 64)
+    assert [lay.gpus for lay in single] == [1, 2, 4, 8]
+    assert [lay.gpus for lay in multi] == [16, 24, 32, 40, 48, 56, 64]
+    assert all(lay.gpus_per_node == 8 for lay in multi)
+    single, multi = gpu_layouts(offer(), 3)
+    assert [lay.gpus for lay in single] == [1, 2] and multi == ()
+
+
+def test_layouts_for_whole_node_offers() -> None:
+    single, multi = gpu_layouts(offer(gpus_per_node=4), 12)
+    assert single == (Layout(4, 1),)
+    assert multi == (Layout(4, 2), Layout(4, 3))
+    assert gpu_layouts(offer(gpus_per_node=8), 4) == ((), ())
+
+
+def test_sharding_options() -> None:
+    assert sharding_options(make_plan(), 1) == ("none",)
+    assert sharding_options(make_plan(), 4) == ("none", "zero2", "fsdp")
+    assert sharding_options(make_plan(sharding="zero3", gpus=2), 4) == ("none", "zero2", "fsdp", "zero3")
+    offload = make_plan(sharding="zero2", cpu_offload=True)
+    assert sharding_options(offload, 1) == ("zero2",)
+    assert sharding_options(offload, 8) == ("zero2", "fsdp")
+
+
+def test_link_spec_follows_the_offer() -> None:
+    a40 = find_gpu("A40")
+    assert a40.nvlink_gb_per_s > 0
+    assert link_spec(a40, offer(interconnect="PCIe"), 1).interconnect_gb_per_s == a40.pcie_gb_per_s
+    assert link_spec(a40, offer(), 1) is a40
+    assert link_spec(a40, offer(), 2).interconnect_gb_per_s == INTER_NODE_GB_PER_S
+
+
+def test_constraints_validation_names_the_field() -> None:
+    with pytest.raises(ValidationError, match="safety_margin"):
+        Constraints(safety_margin=0.6)
+    with pytest.raises(ValidationError, match="budget_usd"):
+        Constraints(budget_usd=0)
+    with pytest.raises(ValidationError, match="deadline_hours"):
+        Constraints(deadline_hours=-1)
+    with pytest.raises(ValidationError, match="max_gpus"):
+        Constraints(max_gpus=0)
+    c = Constraints.model_validate({"regions": ["US"], "providers": ["Acme"]})
+    assert c.allows_region("us", "") and c.allows_region("eu-west", "us") and not c.allows_region("eu", "DE")
+    assert c.allows_provider("acme") and not c.allows_provider("other")
+    defaults = Constraints()
+    assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.10, 0.05)
+    assert defaults.spot_allowed and defaults.restart_minutes == 10

@@ -1,0 +1,352 @@
+"""The planner over small hand-made price lists and the bundled catalog."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.catalog.offers import Offer
+from services.estimator.errors import EstimatorError
+from services.planner import Constraints, PlannerError, PlannerResult, plan_setups
+from tests.conftest import make_plan
+
+# SEEDS.md section 1's worked example: 10,000 examples x 512 tokens x 3 epochs = 15.36 M tokens.
+DATA = {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3}
+
+
+def offer(
+    gpu: str,
+    price: float,
+    spot: float | None = None,
+    *,
+    provider: str = "acme",
+    region: str = "eu-west",
+    country: str = "DE",
+    interconnect: str = "NVLink",
+    gpus_per_node: int = 1,
+) -> Offer:
+    return Offer(provider, gpu, gpus_per_node, price, spot, "USD", region, country, interconnect, "2026-11-01", "test")
+
+
+def plan_for(method: str, **fields: Any) -> Any:
+    base: dict[str, Any] = {
+        "method": method,
+        "seq_len": 512,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 4,
+        "data": DATA,
+    }
+    base.update(fields)
+    return make_plan(**base)
+
+
+def everything(plan: Any, offers: Any = None, **constraints: Any) -> PlannerResult:
+    return plan_setups(plan, offers, None, Constraints(**constraints), top_n=1000)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranking
+
+
+def test_cheapest_first_by_total_cost_not_hourly_price() -> None:
+    # The H100 costs 6x the T4 per hour but trains QLoRA ~18x faster, so its whole job is cheaper.
+    offers = [offer("T4", 0.50, provider="slow"), offer("H100 SXM", 3.00, provider="fast")]
+    result = everything(plan_for("qlora"), offers, max_gpus=1)
+    first, second = result.recommendations
+    assert (first.gpu, second.gpu) == ("H100 SXM", "T4")
+    assert first.price_usd_per_hour > second.price_usd_per_hour
+    assert first.cost_usd < second.cost_usd
+    assert first.cost_usd == pytest.approx(first.hours * first.price_usd_per_hour, rel=0.01)
+
+
+def test_recommendations_are_sorted_by_whole_job_cost() -> None:
+    recs = everything(plan_for("lora")).recommendations
+    costs = [r.cost_usd for r in recs]
+    assert costs == sorted(costs)
+    assert len(recs) > 10
+
+
+def test_top_n_and_best_per_gpu() -> None:
+    result = plan_setups(plan_for("qlora"), top_n=3)
+    assert len(result.recommendations) == 3
+    cards = [r.gpu for r in result.best_per_gpu]
+    assert len(cards) == len(set(cards))
+    assert result.best_per_gpu[0] == result.recommendations[0]
+    costs = [r.cost_usd for r in result.best_per_gpu]
+    assert costs == sorted(costs)
+
+
+def test_result_is_json_serialisable() -> None:
+    result = plan_setups(plan_for("qlora"))
+    data = json.loads(result.model_dump_json())
+    assert data["recommendations"][0]["fits"] is True
+    assert data["total_tokens"] == pytest.approx(15.36e6)
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory: fits with the margin, rejections with numbers and a fix
+
+
+def test_every_recommendation_fits_within_the_margin() -> None:
+    for margin in (0.0, 0.1, 0.25):
+        for rec in everything(plan_for("lora"), safety_margin=margin).recommendations:
+            assert rec.fits
+            assert rec.peak_gib_per_gpu <= rec.gpu_memory_gib * (1 - margin) + 0.01
+            assert rec.usable_gib == pytest.approx(rec.gpu_memory_gib * (1 - margin), abs=0.01)
+            assert rec.headroom_gib == pytest.approx(rec.gpu_memory_gib - rec.peak_gib_per_gpu, abs=0.02)
+
+
+def test_a_larger_margin_rejects_a_card_that_fits_without_one() -> None:
+    offers = [offer("RTX 4090", 1.0)]
+    plan = plan_for("lora")
+    loose = everything(plan, offers, max_gpus=1, safety_margin=0.0)
+    assert loose.recommendations and loose.recommendations[0].peak_gib_per_gpu <= 24.0
+    tight = everything(plan, offers, max_gpus=1, safety_margin=0.3)
+    assert tight.recommendations == []
+    (rejection,) = tight.rejections
+    assert rejection.kind == "memory"
+    assert "16.8 GiB usable with the 30% margin" in rejection.reason
+    assert rejection.needed_gib_per_gpu is not None and rejection.needed_gib_per_gpu > 16.8
+
+
+def test_full_8b_does_not_fit_one_24_gib_card_and_the_reason_names_numbers_and_a_fix() -> None:
+    result = everything(plan_for("full"), max_gpus=1)
+    (rejection,) = [r for r in result.rejections if r.gpu == "RTX 4090"]
+    assert rejection.kind == "memory"
+    assert rejection.needed_gib_per_gpu is not None and rejection.needed_gib_per_gpu > 60
+    assert rejection.gpu_memory_gib == 24.0
+    assert rejection.usable_gib == pytest.approx(21.6)
+    assert f"needs {rejection.needed_gib_per_gpu:.1f} GiB per GPU on 1 GPU" in rejection.reason
+    assert "card has 24.0 GiB (21.6 GiB usable with the 10% margin)" in rejection.reason
+    assert rejection.suggestion is not None
+    assert rejection.suggestion.startswith("fits with lora, or with ")
+    assert "GPUs and fsdp (above max_gpus 1)" in rejection.suggestion
+    assert all(r.gpu != "RTX 4090" for r in result.recommendations)
+
+
+def test_a_card_too_small_for_everything_says_so() -> None:
+    plan = make_plan(model={"name": "meta-llama/Llama-3.1-70B"}, method="full", seq_len=4096, data=DATA)
+    result = everything(plan, [offer("T4", 0.5)])
+    (rejection,) = result.rejections
+    assert rejection.kind == "memory"
+    assert "64 GPUs with fsdp still need" in rejection.reason
+    assert rejection.suggestion is not None and rejection.suggestion.startswith("does not fit")
+
+
+# --------------------------------------------------------------------------------------------------
+# Methods: QLoRA fits cheap, LoRA and full need more
+
+
+def test_qlora_8b_on_the_worked_example_gets_a_cheap_fitting_recommendation() -> None:
+    result = plan_setups(plan_for("qlora"))
+    assert result.total_tokens == pytest.approx(10_000 * 512 * 3)
+    best = result.recommendations[0]
+    assert best.fits and best.peak_gib_per_gpu <= best.usable_gib
+    assert best.cost_usd < 5.0
+    assert best.gpu_memory_gib <= 48
+    assert best.hours == pytest.approx(result.total_tokens / best.tokens_per_s / 3600, rel=0.01)
+
+
+def _smallest_single_gpu_card(method: str) -> float:
+    recs = everything(plan_for(method)).recommendations
+    return min(r.gpu_memory_gib for r in recs if r.gpus == 1)
+
+
+def test_lora_and_full_need_larger_cards_or_more_gpus() -> None:
+    qlora, lora, full = (_smallest_single_gpu_card(m) for m in ("qlora", "lora", "full"))
+    assert qlora < lora < full
+    assert qlora <= 16 and lora <= 24 and full > 80
+    # On 24 GiB cards a full fine-tune needs several GPUs.
+    small = [r for r in everything(plan_for("full")).recommendations if r.gpu_memory_gib <= 24]
+    assert small and min(r.gpus for r in small) >= 8
+
+
+def test_method_precision_and_optimizer_are_never_changed() -> None:
+    plan = plan_for("lora", optimizer="adamw-8bit", precision="bf16")
+    result = everything(plan)
+    assert result.recommendations
+    assert not any("qlora" in note for r in result.recommendations for note in r.notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch and checkpointing
+
+
+def test_effective_batch_is_kept() -> None:
+    plan = plan_for("lora")  # 4 x 4 accumulation x 1 GPU = 16
+    result = everything(plan)
+    assert result.plan_effective_batch_size == 16
+    for rec in result.recommendations:
+        assert rec.micro_batch_size * rec.gradient_accumulation_steps * rec.gpus == 16
+        assert rec.effective_batch_size == 16
+
+
+def test_an_uneven_split_takes_the_next_larger_batch_and_says_so() -> None:
+    plan = plan_for("qlora", micro_batch_size=3, gradient_accumulation_steps=None)
+    result = everything(plan, [offer("A100 80GB", 2.0)], max_gpus=2)
+    two = next(r for r in result.recommendations if r.gpus == 2)
+    assert two.effective_batch_size == 4
+    assert two.micro_batch_size * two.gradient_accumulation_steps == 2
+    assert any("effective batch 4 instead of the plan's 3" in n for n in two.notes)
+
+
+def test_checkpointing_is_kept_on_when_the_plan_asks_for_it() -> None:
+    result = everything(plan_for("lora", gradient_checkpointing=True))
+    assert all(r.gradient_checkpointing for r in result.recommendations)
+
+
+def test_checkpointing_is_turned_on_to_fit_and_noted() -> None:
+    plan = plan_for("lora", seq_len=2048, micro_batch_size=1, gradient_accumulation_steps=None)
+    result = everything(plan, [offer("RTX 4090", 1.0)], max_gpus=1)
+    (rec,) = result.recommendations
+    assert rec.gradient_checkpointing
+    assert any("gradient checkpointing turned on to fit" in n for n in rec.notes)
+
+
+def test_scaling_efficiency_is_one_on_one_gpu_and_positive_on_several() -> None:
+    for rec in everything(plan_for("full")).recommendations:
+        if rec.gpus == 1:
+            assert rec.scaling_efficiency == 1.0
+        else:
+            assert 0 < rec.scaling_efficiency < 1.5
+
+
+def test_pcie_offers_and_several_nodes_are_noted() -> None:
+    result = everything(plan_for("full"), [offer("L40S", 1.0, interconnect="PCIe")])
+    multi = [r for r in result.recommendations if r.gpus > 1]
+    assert multi and all(any("over PCIe" in n or "nodes of" in n for n in r.notes) for r in multi)
+
+
+def test_an_offer_sold_as_whole_nodes_rents_whole_nodes() -> None:
+    result = everything(plan_for("qlora"), [offer("H100 SXM", 3.0, gpus_per_node=8)])
+    assert {r.gpus for r in result.recommendations} == {8}
+    assert all(r.gpus_per_node == 8 and "sold as whole nodes of 8 GPUs" in r.notes for r in result.recommendations)
+
+
+# --------------------------------------------------------------------------------------------------
+# Constraints
+
+
+def test_budget_is_honoured_and_spot_may_meet_it() -> None:
+    plan = plan_for("qlora")
+    free = everything(plan, providers=("example-cloud",))
+    on_demand = min(r.cost_usd for r in free.recommendations)
+    spot = min(r.spot_cost_usd for r in free.recommendations if r.spot_cost_usd is not None)
+    assert spot < on_demand
+    budget = (spot + on_demand) / 2
+    result = everything(plan, providers=("example-cloud",), budget_usd=budget)
+    assert result.recommendations
+    for rec in result.recommendations:
+        if rec.qualifies_with == "on_demand":
+            assert rec.cost_usd <= budget
+        else:
+            assert rec.spot_cost_usd is not None and rec.spot_cost_usd <= budget < rec.cost_usd
+            assert any("only on spot" in n for n in rec.notes)
+    assert result.recommendations[0].qualifies_with == "spot"
+
+
+def test_a_budget_below_every_setup_rejects_every_offer_with_the_cost() -> None:
+    result = everything(plan_for("qlora"), budget_usd=0.01, spot_allowed=False)
+    assert result.recommendations == [] and result.best_per_gpu == []
+    budget = [r for r in result.rejections if r.kind == "budget"]
+    assert len(budget) == 14
+    assert all("over the $0.01 budget" in r.reason and r.cost_usd is not None for r in budget)
+    assert any("no setup fits and meets the constraints" in w for w in result.warnings)
+
+
+def test_deadline_is_honoured() -> None:
+    plan = plan_for("qlora")
+    deadline = 0.05
+    result = everything(plan, deadline_hours=deadline)
+    assert result.recommendations
+    for rec in result.recommendations:
+        assert rec.hours <= deadline or (rec.spot_hours is not None and rec.spot_hours <= deadline)
+    # Meeting the deadline takes several nodes of the slower cards; some cannot meet it at all.
+    assert any(r.nodes > 1 for r in result.recommendations)
+    late = [r for r in result.rejections if r.kind == "deadline"]
+    assert late and all("over the 0.05 h deadline" in r.reason for r in late)
+
+
+def test_regions_match_region_or_country_case_insensitively() -> None:
+    result = everything(plan_for("qlora"), regions=("us",))
+    assert {r.provider for r in result.recommendations} == {"example-cloud"}
+    excluded = [r for r in result.rejections if r.kind == "region"]
+    assert len(excluded) == 9 and all(r.provider == "cloudrux" for r in excluded)
+    by_country = everything(plan_for("qlora"), [offer("A100 80GB", 2.0, region="fra1", country="DE")], regions=("de",))
+    assert by_country.recommendations
+
+
+def test_providers_are_filtered() -> None:
+    result = everything(plan_for("qlora"), providers=("CloudRUX",))
+    assert {r.provider for r in result.recommendations} == {"cloudrux"}
+    assert sum(r.kind == "provider" for r in result.rejections) == 5
+
+
+def test_spot_not_allowed_leaves_spot_unpriced() -> None:
+    result = everything(plan_for("qlora"), providers=("example-cloud",), spot_allowed=False)
+    assert result.recommendations
+    assert all(r.spot_cost_usd is None and r.checkpoint_interval_minutes is None for r in result.recommendations)
+
+
+def test_max_gpus_caps_every_setup() -> None:
+    result = everything(plan_for("full"), max_gpus=4)
+    assert result.recommendations and all(r.gpus <= 4 for r in result.recommendations)
+
+
+# --------------------------------------------------------------------------------------------------
+# Spot pricing
+
+
+def test_spot_cost_includes_rework_and_is_at_least_the_spot_price_times_hours() -> None:
+    result = everything(plan_for("lora"), providers=("example-cloud",))
+    priced = [r for r in result.recommendations if r.spot_cost_usd is not None]
+    assert priced
+    for rec in priced:
+        assert rec.spot_price_usd_per_hour is not None and rec.spot_hours is not None
+        assert rec.spot_cost_usd is not None
+        assert rec.spot_cost_usd >= rec.spot_price_usd_per_hour * rec.hours - 0.01
+        assert rec.spot_hours > rec.hours
+        assert rec.expected_preemptions is not None and rec.expected_preemptions > 0
+        assert rec.checkpoint_interval_minutes is not None and rec.checkpoint_interval_minutes > 0
+    calm = everything(plan_for("lora"), providers=("example-cloud",), preemptions_per_hour=0.0)
+    for rec in calm.recommendations:
+        assert rec.spot_hours == pytest.approx(rec.hours, abs=0.002)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_missing_data_set_raises_a_clear_error() -> None:
+    with pytest.raises(PlannerError) as info:
+        plan_setups(make_plan(method="qlora"))
+    assert info.value.field == "data"
+    assert "data set size is needed for time and cost" in str(info.value)
+    assert isinstance(info.value, EstimatorError)
+
+
+def test_generic_models_and_inference_plans_are_refused_with_the_field() -> None:
+    generic = make_plan(model={"generic": {"parameters": 7_000_000_000}}, data=DATA)
+    with pytest.raises(PlannerError, match=r"model\.generic"):
+        plan_setups(generic)
+    with pytest.raises(PlannerError, match="mode"):
+        plan_setups(make_plan(mode="inference", data=DATA))
+    with pytest.raises(PlannerError, match="top_n"):
+        plan_setups(plan_for("qlora"), top_n=0)
+
+
+def test_an_unknown_gpu_in_the_price_list_is_rejected_not_fatal() -> None:
+    result = everything(plan_for("qlora"), [offer("Voodoo 5 6000", 0.1), offer("L4", 0.7)])
+    assert [r.gpu for r in result.recommendations][:1] == ["L4"]
+    (unknown,) = [r for r in result.rejections if r.kind == "unknown_gpu"]
+    assert "unknown GPU" in unknown.reason
+    assert any("Voodoo" in w for w in result.warnings)
+
+
+def test_cpu_offload_plans_keep_a_sharded_mode() -> None:
+    plan = plan_for("full", sharding="fsdp", cpu_offload=True)
+    result = everything(plan, [offer("A100 80GB", 2.0)])
+    assert result.recommendations
+    assert all(r.cpu_offload and r.sharding != "none" for r in result.recommendations)
