@@ -22,7 +22,7 @@ import httpx
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 REQUESTS = 2000
-THREADS = 8
+THREADS = int(os.environ.get("GPUPLAN_BENCH_THREADS", "4"))
 BODY = {
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "method": "qlora",

@@ -3,6 +3,7 @@ tasks only after they commit."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -20,6 +21,7 @@ class Database:
     def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner) -> None:
         self.factory = factory
         self.runner = runner
+        self.principals: dict[str, tuple[float, Principal]] = {}
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Session, PendingTasks]]:
@@ -39,12 +41,25 @@ def get_settings_dep(request: Request) -> Settings:
     return settings
 
 
+# Authenticated keys are remembered briefly so a busy client does not cost a database read per call;
+# a revoked key stops working within this many seconds.
+PRINCIPAL_CACHE_SECONDS = 10.0
+
+
 def get_principal(
     db: Annotated[Database, Depends(get_db)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
+    now = time.monotonic()
+    cached = db.principals.get(authorization or "")
+    if cached is not None and now - cached[0] < PRINCIPAL_CACHE_SECONDS:
+        return cached[1]
     with unit_of_work(db.factory) as session:
-        return authenticate(session, authorization)
+        principal = authenticate(session, authorization)
+    if len(db.principals) > 10_000:
+        db.principals.clear()
+    db.principals[authorization or ""] = (now, principal)
+    return principal
 
 
 DbDep = Annotated[Database, Depends(get_db)]

@@ -159,7 +159,8 @@ def estimate_throughput(
     # write 2 B, read 2 B back): bandwidth-bound work on top of the matmuls.
     dequant = 0.0
     if plan.quantized is not None:
-        q = quantized_params(arch, recipe) / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
+        # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
+        q = quantized_params(arch, recipe)
         dequant = passes * q * 4.6 / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
