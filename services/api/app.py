@@ -14,9 +14,9 @@ from services.api.errors import install_error_handlers
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
-from services.core.tasks import InProcessRunner
+from services.core.tasks import InProcessRunner, PendingTasks
 from services.plans.endpoints import router as plans_router
-from services.plans.service import ESTIMATE_TASK, estimate_task
+from services.plans.service import ESTIMATE_TASK, estimate_task, resume_unfinished
 from services.quotes.endpoints import router as quotes_router
 
 
@@ -30,6 +30,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settings.in_process_tasks:
+            pending = PendingTasks()
+            resume_unfinished(factory, pending)
+            pending.flush(runner)
         yield
         runner.shutdown()
         engine.dispose()

@@ -36,6 +36,9 @@ class PlanRepository:
                 )
         return self.session.scalars(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit)).all()
 
+    def unfinished_ids(self) -> Sequence[str]:
+        return self.session.scalars(select(PlanRow.id).where(PlanRow.status.in_(("queued", "running")))).all()
+
     def add(self, row: PlanRow) -> PlanRow:
         self.session.add(row)
         self.session.flush()

@@ -134,6 +134,19 @@ def estimate_task(factory: sessionmaker[Session], safety_margin: float) -> Calla
     return run
 
 
+def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> int:
+    """Re-enqueue plans a stopped process left queued or running (in-process tasks die with it)."""
+    with unit_of_work(factory) as session:
+        ids = list(PlanRepository(session).unfinished_ids())
+        for plan_id in ids:
+            row = PlanRepository(session).get(plan_id)
+            if row is not None and row.status == "running":
+                row.status = "queued"
+    for plan_id in ids:
+        pending.enqueue(ESTIMATE_TASK, plan_id)
+    return len(ids)
+
+
 def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float) -> None:
     """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing."""
     with unit_of_work(factory) as session:

@@ -110,3 +110,23 @@ def test_estimate_is_synchronous_and_stores_nothing(api: Api) -> None:
     assert api.client.get("/v1/plans", headers=api.headers()).json()["items"] == []
     bad = api.client.post("/v1/estimate?gpu=V100", json=body, headers=api.headers())
     assert bad.status_code == 422 and bad.json()["field"] == "gpu"
+
+
+def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) -> None:
+    from fastapi.testclient import TestClient
+    from sqlalchemy import update
+
+    from services.api.app import create_app
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.core.settings import Settings
+    from services.plans.tables import PlanRow
+
+    plan_id = api.client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers()).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    # Pretend the process died mid-estimate.
+    with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
+        session.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="running", estimate=None))
+    with TestClient(create_app(Settings(database_url=api.url))) as client:
+        restarted = Api(client=client, url=api.url, keys=api.keys)
+        body = restarted.wait_for_plan(plan_id)
+    assert body["status"] == "done" and body["estimate"] is not None
