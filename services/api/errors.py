@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError
-from services.estimator.validation import describe_errors
+from services.estimator.validation import describe_error_list, describe_errors
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -20,19 +20,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-            field = ".".join(p for p in loc if "[" not in p and "-" not in p) or "body"
-            msg = str(err.get("msg", "invalid"))
-            msg = msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
-            if err.get("type") == "extra_forbidden":
-                msg = "unknown field (check its spelling against the plan schema)"
-            shown = err.get("input")
-            given = "" if isinstance(shown, dict) or err.get("type") == "missing" else f" (got {shown!r})"
-            problems.append(f"{field}: {msg[:1].lower() + msg[1:]}{given}")
-        body = {"error": "invalid", "message": problems[0] if problems else "invalid request", "details": problems}
-        return JSONResponse(body, status_code=422)
+        problems = describe_error_list(exc.errors()) or ["invalid request"]
+        return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
 
     @app.exception_handler(ValidationError)
     async def _pydantic(_request: Request, exc: ValidationError) -> JSONResponse:

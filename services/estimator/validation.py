@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,10 +12,18 @@ from services.estimator.plan import Plan
 
 def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem: ``field.path: what is wrong (got VALUE)``."""
+    return describe_error_list(exc.errors(), prefix)
+
+
+def describe_error_list(errors: Sequence[Any], prefix: str = "") -> list[str]:
+    """The same, from pydantic/FastAPI error dicts (FastAPI's start their location with 'body')."""
     found: list[tuple[str, str]] = []
-    for err in exc.errors():
-        # Drop pydantic's union/validator tags such as "list[literal[...]]" from the location.
-        loc = ".".join(str(part) for part in err["loc"] if "[" not in str(part) and "-" not in str(part))
+    for err in errors:
+        # Drop pydantic's union/validator tags such as "list[literal[...]]", and FastAPI's "body".
+        parts = [str(part) for part in err["loc"] if "[" not in str(part) and "-" not in str(part)]
+        if parts[:1] == ["body"]:
+            parts = parts[1:]
+        loc = ".".join(parts)
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
@@ -28,7 +37,7 @@ def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling against the plan schema)"
         shown = err.get("input")
-        given = "" if err["type"] in ("missing", "model_type") or isinstance(shown, dict) else f" (got {shown!r})"
+        given = "" if err["type"] in ("missing", "model_type") or isinstance(shown, dict) else f" (got {shown!r:.200})"
         found.append((field, f"{field}: {msg}{given}"))
     # Of the alternatives a union reports for one field, keep the most specific.
     fields = [f for f, _ in found]
