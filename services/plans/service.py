@@ -15,6 +15,7 @@ from services.core.tasks import PendingTasks
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
 from services.orgs.service import Principal
+from services.plans.recommend import recommend
 from services.plans.repository import PlanRepository
 from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
@@ -24,11 +25,20 @@ log = logging.getLogger("gpuplan.plans")
 ESTIMATE_TASK = "gpuplan.plans.estimate"
 
 
-def _check_model(request: PlanRequest) -> str:
-    """Resolve the model now, so an unknown id is a 422 at submission, not a failed plan later."""
+def _check_plannable(request: PlanRequest) -> str:
+    """Check now what would fail the background work later (an unknown model id, a model without an
+    architecture, an inference plan), so it is a 422 at submission; returns the model's name."""
     plan = request.to_plan()
+    if plan.model.generic is not None:
+        raise Unprocessable(
+            "model.generic: planning setups needs the model's architecture; give model.name or model.config "
+            "(POST /v1/estimate sizes generic models)",
+            field="model.generic",
+        )
+    if not plan.is_training:
+        raise Unprocessable("mode: plans are training runs; size inference with POST /v1/estimate", field="mode")
     try:
-        name, _ = resolve_architecture(plan) if plan.model.generic is None else (plan.model.name or "generic", None)
+        name, _ = resolve_architecture(plan)
     except EstimatorError as exc:
         raise Unprocessable(exc.message, field=exc.field) from None
     return name
@@ -55,7 +65,7 @@ def submit(
             if existing.request != body:
                 raise Conflict("Idempotency-Key was already used with a different plan body", field="Idempotency-Key")
             return existing, False
-    name = _check_model(request)
+    name = _check_plannable(request)
     row = repo.add(
         PlanRow(
             organization_id=principal.organization_id,
@@ -111,8 +121,6 @@ def to_summary(row: PlanRow) -> PlanSummary:
 
 def compute(session: Session, request: PlanRequest, safety_margin: float) -> dict[str, Any]:
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog)."""
-    from services.plans.recommend import recommend
-
     plan = request.to_plan()
     report = estimate(plan)
     offers = as_offers(active_offers(session))

@@ -89,6 +89,8 @@ def test_bad_plans_are_422_naming_the_field(api: Api) -> None:
         ({**QLORA_PLAN, "model": {"name": "meta-llama/Llama-9-1B"}}, "model.name"),
         ({**QLORA_PLAN, "constraints": {"budget_usd": -5}}, "constraints.budget_usd"),
         ({**QLORA_PLAN, "dataset": None}, "dataset"),
+        ({**QLORA_PLAN, "model": {"generic": {"parameters": 10**9}}}, "model.generic"),
+        ({**QLORA_PLAN, "mode": "inference", "method": "full", "lora": None}, "mode"),
     ]
     for body, field in cases:
         response = api.client.post("/v1/plans", json=body, headers=api.headers())
