@@ -6,6 +6,7 @@ Every error is one readable line on stderr and a non-zero exit (2 for bad input)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -105,6 +106,12 @@ def _build_parser() -> _Parser:
     est.add_argument("--avg-tokens", type=float, metavar="N", help="average tokens per example")
     est.add_argument("--epochs", type=float, metavar="N")
 
+    trace = sub.add_parser(
+        "trace", help="run one training step of the real model code under fake tensors (needs the trace extra)"
+    )
+    trace.add_argument("--plan", metavar="FILE", required=True, help="plan JSON")
+    trace.add_argument("--json", action="store_true")
+
     sub.add_parser("models", help="list the bundled model catalog")
     sub.add_parser("gpus", help="list the GPU specs gpuplan knows")
 
@@ -190,6 +197,36 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    data = _read_json(args.plan, "--plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
+        data = data["plan"]
+    plan = parse_plan(data)
+    try:
+        from services.trace.tracer import TraceUnavailable, trace_plan
+    except ImportError:
+        raise CliError(
+            "the trace needs the trace extra: pip install torch==2.13.0 && pip install -e '.[trace]'"
+        ) from None
+    try:
+        result = trace_plan(plan)
+    except TraceUnavailable as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        print(
+            f"traced peak allocated {result.peak_allocated_gib:.2f} GiB, "
+            f"analytic {result.analytic_peak_allocated_gib:.2f} GiB ({result.disagreement_pct:+.1f}%), "
+            f"{result.seconds:.1f} s"
+        )
+        for key, value in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
+            print(f"  {key:8} {value:8.2f} GiB")
+        for note in result.notes:
+            print(f"  - {note}")
+    return 0
+
+
 def _cmd_models(_args: argparse.Namespace) -> int:
     for model in catalog_models():
         params = f"{model.published_params / 1e9:.2f}B" if model.published_params else "?"
@@ -214,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from services.cli import server
 
             return server.run(args)
-        handler = {"estimate": _cmd_estimate, "models": _cmd_models, "gpus": _cmd_gpus}[args.command]
+        handler = {"estimate": _cmd_estimate, "trace": _cmd_trace, "models": _cmd_models, "gpus": _cmd_gpus}[
+            args.command
+        ]
         return handler(args)
     except CliError as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)

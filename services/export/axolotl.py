@@ -1,0 +1,288 @@
+"""axolotl: ``axolotl.yaml`` (plus ``ds_config.json`` under ZeRO) for ``accelerate launch -m axolotl.cli.train``.
+
+axolotl trains with the Hugging Face Trainer, so the Trainer rules hold (services/export/hf.py: optimizer
+names, no optimizer in backward, no sgd, int8 not sharded, ZeRO-Offload with adamw only), plus:
+
+- axolotl loads the model in the training dtype (``bf16: true`` loads bf16 weights), so the precisions are
+  bf16, fp16 (adapters, or full under ZeRO) and fp32; bf16-mixed and fp16-mixed are refused.
+- gradient accumulation: the estimate's axolotl default accumulates, so a plan without
+  ``gradient_accumulation_steps`` is refused (there is no number to write).
+- NF4 without double quantization (``bnb_config_kwargs``), like the estimate's bitsandbytes NF4; sample
+  packing to ``sequence_len`` (every micro-batch is micro_batch_size x sequence_len tokens).
+- sharding: FSDP2 (``fsdp_version: 2``) with ``offload_params`` for cpu_offload, or ``deepspeed:
+  ds_config.json``; several GPUs without sharding run DDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from services.estimator.architecture import Architecture
+from services.estimator.recipe import resolve_recipe
+from services.export.errors import ExportError
+from services.export.hf import (
+    DS_FILE,
+    FULL_LEARNING_RATE,
+    HF_ATTENTION,
+    LORA_LEARNING_RATE,
+    ZERO_STAGES,
+    HfAttention,
+    HfOptim,
+    check_trainer_plan,
+    hf_optim,
+    option_back,
+)
+from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
+from services.export.render import (
+    LAUNCH_FILE,
+    flag_int,
+    header_lines,
+    json_text,
+    launch_argv,
+    launch_text,
+    load_yaml,
+    validated,
+    yaml_text,
+)
+from services.export.target import Target, require_accumulation
+from services.export.trainer_formats import MASTER_PORT, Built
+from services.export.zero import ds_config, read_zero
+
+CONFIG_FILE = "axolotl.yaml"
+
+
+def _check(target: Target) -> None:
+    plan = target.plan
+    check_trainer_plan(target)
+    if plan.precision.endswith("-mixed"):
+        raise ExportError(
+            "precision",
+            f"{plan.precision!r}: axolotl loads the weights in the training dtype (no fp32 weights under autocast); "
+            "allowed: bf16, fp16, fp32",
+        )
+
+
+def _adapter(target: Target) -> dict[str, Any]:
+    plan = target.plan
+    if plan.method == "full":
+        return {}
+    lora = lora_settings(plan)
+    section: dict[str, Any] = {"adapter": "qlora" if plan.quantized == "nf4" else "lora"}
+    if plan.quantized == "nf4":
+        section["load_in_4bit"] = True
+        section["bnb_config_kwargs"] = {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False}
+    elif plan.quantized == "int8":
+        section["load_in_8bit"] = True
+    section.update(lora_r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout)
+    modules = hf_target_modules(lora.targets, target.arch)
+    if modules == "all-linear":
+        section["lora_target_linear"] = True
+    else:
+        section["lora_target_modules"] = modules
+    return section
+
+
+def _sharding(target: Target) -> dict[str, Any]:
+    plan = target.plan
+    if plan.sharding == "fsdp":
+        return {
+            "fsdp_version": 2,
+            "fsdp_config": {
+                "offload_params": plan.cpu_offload,
+                "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "state_dict_type": "SHARDED_STATE_DICT",
+                "reshard_after_forward": True,
+                "cpu_ram_efficient_loading": True,
+            },
+        }
+    if plan.sharding in ZERO_STAGES:
+        return {"deepspeed": DS_FILE}
+    return {}
+
+
+def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
+    """The axolotl config: model, adapter, packing, batch split, precision, optimizer, sharding."""
+    plan = target.plan
+    config: dict[str, Any] = {"base_model": target.model_id, **_adapter(target)}
+    config.update(
+        sequence_len=plan.seq_len,
+        sample_packing=True,
+        pad_to_sequence_len=True,
+        micro_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=accumulation,
+        num_epochs=plan.data.epochs if plan.data is not None else 1.0,
+        learning_rate=FULL_LEARNING_RATE if plan.method == "full" else LORA_LEARNING_RATE,
+        optimizer=hf_optim(target),
+        max_grad_norm=1.0,
+        bf16=plan.precision == "bf16",
+        fp16=plan.precision == "fp16",
+        tf32=False,
+        gradient_checkpointing=plan.gradient_checkpointing,
+        attn_implementation=HF_ATTENTION[resolve_recipe(plan).attention],
+    )
+    if plan.gradient_checkpointing:
+        config["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if target.save_steps is not None:
+        config["save_steps"] = target.save_steps
+    config.update(_sharding(target))
+    config["datasets"] = [{"path": "train.jsonl", "type": "completion"}]
+    config["output_dir"] = "./outputs"
+    return config
+
+
+def axolotl_command(target: Target) -> str:
+    command = f"accelerate launch --num_processes {target.plan.gpus}"
+    if target.nodes > 1:
+        command += (
+            f" --num_machines {target.nodes} --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
+            f"--main_process_port {MASTER_PORT}"
+        )
+    return f"{command} -m axolotl.cli.train {CONFIG_FILE}"
+
+
+def export_axolotl(target: Target) -> Built:
+    """axolotl.yaml, launch.sh (and ds_config.json under ZeRO)."""
+    _check(target)
+    accumulation = require_accumulation(target)
+    command = axolotl_command(target)
+    header = header_lines(target, command)
+    files = {
+        CONFIG_FILE: yaml_text(header, axolotl_config(target, accumulation)),
+        LAUNCH_FILE: launch_text(header, command),
+    }
+    if target.plan.sharding in ZERO_STAGES:
+        files[DS_FILE] = json_text(header, ds_config(target, accumulation))
+    notes = ["axolotl.yaml trains on train.jsonl (type completion, a 'text' field per line), packed to sequence_len"]
+    notes += lora_notes(target.plan)
+    if target.save_steps is not None:
+        notes.append(f"checkpoints every {target.save_steps} optimizer steps (save_steps)")
+    if target.nodes > 1:
+        notes.append(f"run launch.sh on each of the {target.nodes} nodes with NODE_RANK and MASTER_ADDR set")
+    return Built(files, command, notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading axolotl.yaml back
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class _BnbKwargs(_Section):
+    bnb_4bit_quant_type: Literal["nf4"] = "nf4"
+    bnb_4bit_use_double_quant: Literal[False]
+
+
+class _Fsdp(_Section):
+    offload_params: bool = False
+    reshard_after_forward: Literal[True] = True
+
+
+class AxolotlConfig(_Section):
+    base_model: str
+    adapter: Literal["lora", "qlora"] | None = None
+    load_in_4bit: bool = False
+    load_in_8bit: bool = False
+    bnb_config_kwargs: _BnbKwargs | None = None
+    lora_r: int | None = None
+    lora_alpha: int | None = None
+    lora_dropout: float = 0.0
+    lora_target_linear: bool = False
+    lora_target_modules: list[str] | None = None
+    sequence_len: int
+    sample_packing: Literal[True]
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    optimizer: HfOptim
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    attn_implementation: HfAttention
+    fsdp_version: Literal[2] | None = None
+    fsdp_config: _Fsdp | None = None
+    deepspeed: str | None = None
+
+
+def _method(config: AxolotlConfig) -> tuple[str, str | None]:
+    """(method, quantization) of the adapter and load_in_* keys."""
+    where = f"{CONFIG_FILE}:adapter"
+    if config.adapter is None:
+        if config.load_in_4bit or config.load_in_8bit:
+            raise ExportError(where, "a quantized base needs an adapter (lora or qlora)")
+        return "full", None
+    if config.adapter == "qlora":
+        if not config.load_in_4bit or config.load_in_8bit:
+            raise ExportError(where, "qlora loads the base in 4 bit: set load_in_4bit only")
+        if config.bnb_config_kwargs is None:
+            raise ExportError(f"{CONFIG_FILE}:bnb_config_kwargs", "missing: the plan's NF4 has no double quantization")
+        return "qlora", "nf4"
+    if config.load_in_4bit:
+        raise ExportError(where, "load_in_4bit needs adapter qlora")
+    return ("qlora", "int8") if config.load_in_8bit else ("lora", None)
+
+
+def _lora(config: AxolotlConfig, arch: Architecture) -> dict[str, Any]:
+    where = f"{CONFIG_FILE}:lora_target_modules"
+    if config.lora_r is None or config.lora_alpha is None:
+        raise ExportError(f"{CONFIG_FILE}:lora_r", "an adapter needs lora_r and lora_alpha")
+    if config.lora_target_linear == (config.lora_target_modules is not None):
+        raise ExportError(where, "set exactly one of lora_target_linear, lora_target_modules")
+    modules: str | list[str] = "all-linear" if config.lora_target_linear else config.lora_target_modules or []
+    return {
+        "rank": config.lora_r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "targets": roles_from_hf(modules, arch, where),
+    }
+
+
+def _sharding_back(config: AxolotlConfig, files: Mapping[str, str], gpus: int) -> dict[str, Any]:
+    if config.deepspeed is not None:
+        if config.deepspeed != DS_FILE:
+            raise ExportError(f"{CONFIG_FILE}:deepspeed", f"expected {DS_FILE!r}, got {config.deepspeed!r}")
+        return read_zero(
+            files, config.micro_batch_size, config.gradient_accumulation_steps, config.bf16, config.fp16, gpus
+        )
+    if config.fsdp_version is not None:
+        offload = config.fsdp_config.offload_params if config.fsdp_config is not None else False
+        return {"sharding": "fsdp", "cpu_offload": offload, "gpus": gpus}
+    return {"sharding": "none", "cpu_offload": False, "gpus": gpus}
+
+
+def read_axolotl(files: Mapping[str, str], arch: Architecture) -> dict[str, Any]:
+    """The plan fields of axolotl.yaml, launch.sh (and ds_config.json)."""
+    config = validated(AxolotlConfig, load_yaml(files, CONFIG_FILE), CONFIG_FILE)
+    argv = launch_argv(files)
+    gpus = flag_int(argv, "--num_processes", 1)
+    if gpus % flag_int(argv, "--num_machines", 1):
+        raise ExportError(f"{LAUNCH_FILE}:--num_processes", "must be a multiple of --num_machines")
+    method, quantization = _method(config)
+    if config.bf16 and config.fp16:
+        raise ExportError(f"{CONFIG_FILE}:bf16", "set at most one of bf16, fp16")
+    optimizer, impl = option_back(config.optimizer)
+    fields: dict[str, Any] = {
+        "framework": "axolotl",
+        "mode": "train",
+        "method": method,
+        "quantization": quantization,
+        "lora": None if method == "full" else _lora(config, arch),
+        "precision": "bf16" if config.bf16 else "fp16" if config.fp16 else "fp32",
+        "optimizer": optimizer,
+        "optimizer_impl": impl,
+        "optimizer_in_backward": False,
+        "micro_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "seq_len": config.sequence_len,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "attention": {v: k for k, v in HF_ATTENTION.items()}[config.attn_implementation],
+        "loss": None,
+        "logits_fp32": None,
+        "checkpoint_granularity": None,
+        "adapter_dtype": None,
+        "kv_cache_dtype": None,
+    }
+    return {**fields, **_sharding_back(config, files, gpus)}

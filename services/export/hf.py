@@ -1,0 +1,466 @@
+"""Hugging Face Trainer + PEFT + bitsandbytes: the arguments of the generated ``train.py`` and their reader.
+
+The generated script loads the model (``dtype``, ``attn_implementation``, ``BitsAndBytesConfig``), wraps it
+with ``get_peft_model(LoraConfig(...))`` and trains with ``Trainer(TrainingArguments(...))`` on packed
+blocks of ``max_seq_length`` tokens, so every micro-batch has the shape the estimate assumed. The same
+values go to ``hf_args.json``, which the reader parses. The hf-trainer, accelerate and deepspeed formats
+share these pieces (targets transformers >= 5, PEFT >= 0.13).
+
+Rules (the estimator's hf-trainer defaults are PEFT + Trainer defaults, services/estimator/recipe.py):
+
+- precision: bf16 = bf16 weights + ``bf16=True``; bf16-mixed = fp32 weights + ``bf16=True``; fp16 and
+  fp16-mixed alike with ``fp16``; fp32 = fp32 weights, no autocast. Full fine-tuning in pure fp16 is
+  refused without DeepSpeed: the Trainer's GradScaler refuses fp16 gradients.
+- optimizer: adamw -> adamw_torch (foreach) or adamw_torch_fused (fused); adamw-8bit -> adamw_bnb_8bit;
+  paged-adamw -> paged_adamw_32bit; paged-adamw-8bit -> paged_adamw_8bit; adafactor -> adafactor.
+  sgd is refused: the Trainer's "sgd" has no momentum, the plan's keeps a momentum buffer. The optimizer
+  in backward and the for-loop AdamW have no Trainer form.
+- NF4 is bitsandbytes without double quantization (the estimate's 0.5 + 4/64 bytes per weight); with
+  FSDP or ZeRO-3 the 4-bit weights are stored in the compute dtype so they can be sharded. int8 weights
+  cannot be sharded (FSDP, ZeRO-3): refused.
+- The loss, fp32 logits, checkpoint granularity and adapter dtype have no Trainer switch: a plan value
+  other than the default (as memory) is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from services.estimator.architecture import Architecture
+from services.estimator.plan import Attention, Optimizer, OptimizerImpl, Precision
+from services.estimator.recipe import resolve_recipe
+from services.export.errors import ExportError
+from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
+from services.export.render import load_json, validated
+from services.export.target import Target, require_default
+
+ARGS_FILE = "hf_args.json"
+SCRIPT_FILE = "train.py"
+DS_FILE = "ds_config.json"
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+
+HfOptim = Literal[
+    "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "adafactor"
+]
+_OPTIM: dict[Optimizer, HfOptim] = {
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw": "paged_adamw_32bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "adafactor": "adafactor",
+}
+_ADAMW: dict[OptimizerImpl, HfOptim] = {"foreach": "adamw_torch", "fused": "adamw_torch_fused"}
+_OPTIM_BACK: dict[HfOptim, tuple[Optimizer, OptimizerImpl | None]] = {
+    "adamw_torch": ("adamw", "foreach"),
+    "adamw_torch_fused": ("adamw", "fused"),
+    **{name: (opt, None) for opt, name in _OPTIM.items()},
+}
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+HfAttention = Literal["sdpa", "flash_attention_2", "eager"]
+HF_ATTENTION: dict[Attention, HfAttention] = {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}
+# (weights dtype, bf16 autocast, fp16 autocast) per plan precision.
+_PRECISION: dict[Precision, tuple[Dtype, bool, bool]] = {
+    "bf16": ("bfloat16", True, False),
+    "bf16-mixed": ("float32", True, False),
+    "fp16": ("float16", False, True),
+    "fp16-mixed": ("float32", False, True),
+    "fp32": ("float32", False, False),
+}
+_PRECISION_BACK: dict[tuple[str, bool, bool], Precision] = {flags: p for p, flags in _PRECISION.items()}
+
+# Learning rates are no memory matter; these are the usual PEFT / full fine-tuning starting points.
+LORA_LEARNING_RATE = 2e-4
+FULL_LEARNING_RATE = 2e-5
+
+
+def option_back(name: HfOptim) -> tuple[Optimizer, OptimizerImpl | None]:
+    """(plan optimizer, implementation) of a Trainer ``optim`` name."""
+    return _OPTIM_BACK[name]
+
+
+def precision_flags(precision: Precision) -> tuple[Dtype, bool, bool]:
+    """(weights dtype, bf16, fp16) of a plan precision."""
+    return _PRECISION[precision]
+
+
+def compute_dtype(precision: Precision) -> Dtype:
+    return "bfloat16" if precision.startswith("bf16") else "float16" if precision.startswith("fp16") else "float32"
+
+
+def check_trainer_plan(target: Target) -> None:
+    """Refuse what the Trainer cannot run with the estimated memory (shared by every Trainer-based format)."""
+    plan = target.plan
+    if plan.optimizer_in_backward:
+        raise ExportError(
+            "optimizer_in_backward",
+            "the Trainer steps the optimizer after the whole backward pass; torchtune's full recipes can "
+            "(optimizer_in_bwd); set it to false or export to torchtune",
+        )
+    zero = plan.sharding in ZERO_STAGES
+    if plan.method == "full" and plan.precision == "fp16" and not zero:
+        raise ExportError(
+            "precision",
+            "full fine-tuning of fp16 weights under the Trainer's fp16 GradScaler fails (it refuses to unscale fp16 "
+            "gradients); allowed here: bf16, bf16-mixed, fp16-mixed, fp32, or fp16 with DeepSpeed ZeRO",
+        )
+    if zero and plan.precision.endswith("-mixed"):
+        raise ExportError(
+            "precision",
+            f"{plan.precision!r}: DeepSpeed casts the model to 16-bit and keeps the fp32 master copy in the "
+            "optimizer, which is precision 'bf16'/'fp16' with ZeRO (the estimate counts the master copy); "
+            "allowed with ZeRO: bf16, fp16, fp32",
+        )
+    if plan.quantized == "int8" and plan.sharding in ("zero3", "fsdp"):
+        raise ExportError(
+            "quantization",
+            "int8 (LLM.int8) weights cannot be sharded by FSDP or ZeRO-3; use nf4, or sharding none/zero1/zero2",
+        )
+    if zero and plan.cpu_offload and plan.optimizer != "adamw":
+        raise ExportError(
+            "optimizer",
+            f"{plan.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw' is offloaded",
+        )
+    require_default(target, "loss", "the Trainer computes the standard cross-entropy")
+    require_default(target, "logits_fp32", "the Trainer's causal-LM loss always upcasts the logits to fp32")
+    require_default(target, "checkpoint_granularity", "the Trainer's gradient checkpointing saves whole blocks")
+    require_default(target, "adapter_dtype", "PEFT keeps the adapters in fp32 over a 16-bit base model")
+
+
+def hf_optim(target: Target) -> HfOptim:
+    """The Trainer's ``optim`` name for the plan's optimizer (see the module rules)."""
+    plan = target.plan
+    if plan.optimizer == "sgd":
+        raise ExportError(
+            "optimizer",
+            "'sgd': the Trainer's sgd is torch.optim.SGD without momentum, while the estimate keeps a momentum buffer "
+            "per parameter; allowed: adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor (or torchtune)",
+        )
+    if plan.optimizer == "adamw":
+        impl = resolve_recipe(plan).optimizer_impl
+        if impl == "for-loop":
+            raise ExportError(
+                "optimizer_impl",
+                "'for-loop': the Trainer's AdamW is adamw_torch (foreach) or adamw_torch_fused; allowed: foreach/fused",
+            )
+        return _ADAMW[impl]
+    require_default(target, "optimizer_impl", f"the Trainer's {_OPTIM[plan.optimizer]} has a single implementation")
+    return _OPTIM[plan.optimizer]
+
+
+def quantization_config(target: Target) -> dict[str, Any] | None:
+    """``BitsAndBytesConfig`` arguments, or None for an unquantized base."""
+    plan = target.plan
+    if plan.quantized is None:
+        return None
+    if plan.quantized == "int8":
+        return {"load_in_8bit": True}
+    dtype = compute_dtype(plan.precision)
+    config: dict[str, Any] = {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": dtype,
+        "bnb_4bit_use_double_quant": False,
+    }
+    if plan.sharding in ("zero3", "fsdp"):
+        # FSDP / ZeRO-3 shard tensors of one dtype: store the packed 4-bit weights as the compute dtype.
+        config["bnb_4bit_quant_storage"] = dtype
+    return config
+
+
+def lora_config(target: Target) -> dict[str, Any] | None:
+    """PEFT ``LoraConfig`` arguments, or None for full fine-tuning."""
+    if target.plan.method == "full":
+        return None
+    lora = lora_settings(target.plan)
+    return {
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": hf_target_modules(lora.targets, target.arch),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+
+
+def training_args(target: Target, accumulation: int, sharding_args: Mapping[str, Any]) -> dict[str, Any]:
+    """``TrainingArguments``: batch split, precision, checkpointing, optimizer, save/eval steps, sharding."""
+    plan = target.plan
+    _, bf16, fp16 = precision_flags(plan.precision)
+    args: dict[str, Any] = {
+        "output_dir": "outputs",
+        "per_device_train_batch_size": plan.micro_batch_size,
+        # Evaluation at the training micro-batch keeps it inside the memory the setup was sized for.
+        "per_device_eval_batch_size": plan.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "num_train_epochs": plan.data.epochs if plan.data is not None else 1.0,
+        "learning_rate": FULL_LEARNING_RATE if plan.method == "full" else LORA_LEARNING_RATE,
+        "bf16": bf16,
+        "fp16": fp16,
+        "gradient_checkpointing": plan.gradient_checkpointing,
+        "optim": hf_optim(target),
+        "max_grad_norm": 1.0,
+        "logging_steps": 10,
+        "report_to": "none",
+    }
+    if plan.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input gradients, so frozen (PEFT) embeddings work as they are.
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if target.save_steps is not None:
+        args.update(
+            save_strategy="steps",
+            save_steps=target.save_steps,
+            eval_strategy="steps",
+            eval_steps=target.save_steps,
+            # Keep only the loss in evaluation: gathered logits (batch x seq x vocab per step) would pile up.
+            prediction_loss_only=True,
+        )
+    args.update(sharding_args)
+    return args
+
+
+def trainer_sharding_args(target: Target) -> dict[str, Any]:
+    """The Trainer's own sharding arguments: ``fsdp`` + ``fsdp_config`` (FSDP2) or ``deepspeed``."""
+    plan = target.plan
+    if plan.sharding == "fsdp":
+        return {"fsdp": True, "fsdp_config": fsdp_config(plan.cpu_offload)}
+    if plan.sharding in ZERO_STAGES:
+        return {"deepspeed": DS_FILE}
+    return {}
+
+
+def fsdp_config(cpu_offload: bool) -> dict[str, Any]:
+    """FSDP2 full shard wrapping each transformer block (the model's ``_no_split_modules``)."""
+    return {
+        "version": 2,
+        "reshard_after_forward": True,
+        "cpu_offload": cpu_offload,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "cpu_ram_efficient_loading": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+    }
+
+
+def hf_sections(target: Target, accumulation: int, sharding_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Every argument of the generated script, by the call it goes to (the content of hf_args.json)."""
+    plan = target.plan
+    dtype, _, _ = precision_flags(plan.precision)
+    attention = resolve_recipe(plan).attention
+    return {
+        "model": {
+            "pretrained_model_name_or_path": target.model_id,
+            "dtype": dtype,
+            "attn_implementation": HF_ATTENTION[attention],
+        },
+        "quantization_config": quantization_config(target),
+        "lora_config": lora_config(target),
+        "data": {"max_seq_length": plan.seq_len, "packing": True},
+        "training_args": training_args(target, accumulation, sharding_args),
+    }
+
+
+def trainer_notes(target: Target) -> list[str]:
+    plan = target.plan
+    notes = [
+        "train.py reads JSON lines with a 'text' field (DATA_FILES); it packs them into blocks of max_seq_length "
+        "tokens, the micro-batch shape the estimate assumed",
+    ]
+    if target.save_steps is not None and target.checkpoint_interval_s is not None:
+        notes.append(
+            f"checkpoints and evaluation every {target.save_steps} optimizer steps "
+            f"(~{target.checkpoint_interval_s / 60:.0f} min); evaluation reads the 'validation' file"
+        )
+    notes += lora_notes(plan)
+    if plan.sharding == "fsdp" and plan.optimizer in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit"):
+        notes.append("bitsandbytes optimizers under FSDP are not supported by every bitsandbytes release; test first")
+    return notes
+
+
+# --------------------------------------------------------------------------------------------------
+# The script
+
+
+def _kwargs(values: Mapping[str, Any], indent: str) -> str:
+    return "".join(f"{indent}{key}={value!r},\n" for key, value in values.items())
+
+
+def train_script(header: list[str], sections: Mapping[str, Any]) -> str:
+    """``train.py``: the Trainer run with the arguments of ``sections`` written out as literals."""
+    model = sections["model"]
+    quant = sections["quantization_config"]
+    lora = sections["lora_config"]
+    args = sections["training_args"]
+    seq = sections["data"]["max_seq_length"]
+    data_files = {"train": "train.jsonl"}
+    if "eval_steps" in args:
+        data_files["validation"] = "validation.jsonl"
+    imports = ["AutoModelForCausalLM", "AutoTokenizer", "Trainer", "TrainingArguments", "default_data_collator"]
+    if quant is not None:
+        imports.insert(2, "BitsAndBytesConfig")
+    out = "".join(f"# {line}\n" for line in header)
+    name = model["pretrained_model_name_or_path"]
+    out += f'"""Fine-tune {name} with the Hugging Face Trainer (the values of {ARGS_FILE})."""\n\n'
+    out += "from itertools import chain\n\nfrom datasets import load_dataset\n"
+    if lora is not None:
+        out += "from peft import LoraConfig, get_peft_model\n"
+    out += f"from transformers import {', '.join(imports)}\n\n"
+    out += f"MAX_SEQ_LENGTH = {seq!r}\n"
+    out += "# One JSON object with a 'text' field per line.\n"
+    out += f"DATA_FILES = {data_files!r}\n\n\n"
+    out += (
+        "def pack(batch):\n"
+        '    """Concatenate the texts and cut MAX_SEQ_LENGTH blocks: micro-batch x MAX_SEQ_LENGTH tokens."""\n'
+        '    ids = list(chain.from_iterable(batch["input_ids"]))\n'
+        "    usable = len(ids) // MAX_SEQ_LENGTH * MAX_SEQ_LENGTH\n"
+        "    blocks = [ids[i : i + MAX_SEQ_LENGTH] for i in range(0, usable, MAX_SEQ_LENGTH)]\n"
+        '    return {"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks], "labels": blocks}\n\n\n'
+        "def main():\n"
+    )
+    # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the weights already partitioned.
+    out += f"    args = TrainingArguments(\n{_kwargs(args, '        ')}    )\n"
+    model_kwargs = dict(model)
+    if quant is not None:
+        out += f"    quantization_config = BitsAndBytesConfig(\n{_kwargs(quant, '        ')}    )\n"
+    out += f"    model = AutoModelForCausalLM.from_pretrained(\n{_kwargs(model_kwargs, '        ')}"
+    if quant is not None:
+        out += "        quantization_config=quantization_config,\n"
+    out += "    )\n"
+    if lora is not None:
+        out += f"    model = get_peft_model(model, LoraConfig(\n{_kwargs(lora, '        ')}    ))\n"
+    out += (
+        f"    tokenizer = AutoTokenizer.from_pretrained({model['pretrained_model_name_or_path']!r})\n"
+        '    raw = load_dataset("json", data_files=DATA_FILES)\n'
+        '    columns = raw["train"].column_names\n'
+        '    tokenized = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=columns)\n'
+        '    data = tokenized.map(pack, batched=True, remove_columns=tokenized["train"].column_names)\n'
+        "    trainer = Trainer(\n"
+        "        model=model,\n"
+        "        args=args,\n"
+        '        train_dataset=data["train"],\n'
+        '        eval_dataset=data.get("validation"),\n'
+        "        data_collator=default_data_collator,\n"
+        "    )\n"
+        "    trainer.train()\n\n\n"
+        'if __name__ == "__main__":\n'
+        "    main()\n"
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading hf_args.json back
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class ModelArgs(_Section):
+    pretrained_model_name_or_path: str
+    dtype: Dtype
+    attn_implementation: HfAttention
+
+
+class QuantArgs(_Section):
+    load_in_4bit: bool = False
+    load_in_8bit: bool = False
+    bnb_4bit_quant_type: Literal["nf4"] = "nf4"
+    # The estimate's bitsandbytes NF4 has no double quantization.
+    bnb_4bit_use_double_quant: Literal[False] = False
+
+
+class LoraArgs(_Section):
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: str | list[str]
+
+
+class DataArgs(_Section):
+    max_seq_length: int
+    packing: Literal[True]
+
+
+class TrainingArgs(_Section):
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    optim: HfOptim
+    fsdp: bool = False
+    fsdp_config: dict[str, Any] | None = None
+    deepspeed: str | None = None
+
+
+class HfArgs(_Section):
+    model: ModelArgs
+    quantization_config: QuantArgs | None = None
+    lora_config: LoraArgs | None = None
+    data: DataArgs
+    training_args: TrainingArgs
+
+
+def read_hf_args(files: Mapping[str, str]) -> HfArgs:
+    return validated(HfArgs, load_json(files, ARGS_FILE), ARGS_FILE)
+
+
+def precision_of(dtype: str, bf16: bool, fp16: bool, where: str) -> Precision:
+    found = _PRECISION_BACK.get((dtype, bf16, fp16))
+    if found is None:
+        raise ExportError(where, f"dtype {dtype} with bf16={bf16}, fp16={fp16} is no plan precision")
+    return found
+
+
+def plan_fields(args: HfArgs, arch: Architecture) -> dict[str, Any]:
+    """The plan fields hf_args.json carries (not GPUs and sharding, which the launcher and configs carry)."""
+    t = args.training_args
+    optimizer, impl = option_back(t.optim)
+    quant = args.quantization_config
+    quantization = None
+    if quant is not None:
+        if quant.load_in_4bit == quant.load_in_8bit:
+            raise ExportError(f"{ARGS_FILE}:quantization_config", "set exactly one of load_in_4bit, load_in_8bit")
+        quantization = "nf4" if quant.load_in_4bit else "int8"
+    fields: dict[str, Any] = {
+        "framework": "hf-trainer",
+        "mode": "train",
+        "method": "full" if args.lora_config is None else "lora" if quantization is None else "qlora",
+        "quantization": quantization,
+        "lora": None,
+        "precision": precision_of(args.model.dtype, t.bf16, t.fp16, f"{ARGS_FILE}:model.dtype"),
+        "optimizer": optimizer,
+        "optimizer_impl": impl,
+        "optimizer_in_backward": False,
+        "micro_batch_size": t.per_device_train_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "seq_len": args.data.max_seq_length,
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "attention": {v: k for k, v in HF_ATTENTION.items()}[args.model.attn_implementation],
+        "loss": None,
+        "logits_fp32": None,
+        "checkpoint_granularity": None,
+        "adapter_dtype": None,
+        "kv_cache_dtype": None,
+    }
+    if args.lora_config is not None:
+        lora = args.lora_config
+        fields["lora"] = {
+            "rank": lora.r,
+            "alpha": lora.lora_alpha,
+            "dropout": lora.lora_dropout,
+            "targets": roles_from_hf(lora.target_modules, arch, f"{ARGS_FILE}:lora_config.target_modules"),
+        }
+    return fields
+
+
+def trainer_sharding(args: TrainingArgs) -> tuple[str, bool] | None:
+    """(sharding, cpu_offload) from the Trainer's own fsdp argument, or None when it has none."""
+    if not args.fsdp:
+        return None
+    config = args.fsdp_config or {}
+    if config.get("version") != 2 or config.get("reshard_after_forward") is not True:
+        raise ExportError(f"{ARGS_FILE}:training_args.fsdp_config", "expected FSDP2 full shard (version 2, resharded)")
+    return "fsdp", bool(config.get("cpu_offload", False))
