@@ -17,7 +17,7 @@ from benchmarks.accuracy.run import load_cases
 from services.estimator.plan import Plan
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-PUBLIC_CASES = ("peft-101", "peft-102", "peft-103", "peft-104", "peft-110")
+PUBLIC_CASES = ("peft-101", "peft-102", "peft-103", "peft-104", "peft-105", "peft-107")
 LLAMA_8B: dict[str, Any] = {
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "framework": "hf-trainer",

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from services.catalog.gpus import gpu_specs
+from services.catalog.gpus import find_gpu, gpu_specs
 from services.catalog.models import catalog_models
 from services.cli.render import render_estimate
 from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
 from services.estimator.validation import PlanError, parse_plan
+from services.export import FORMATS, export_setup
 
 EXIT_BAD_INPUT = 2
 
@@ -111,6 +112,13 @@ def _build_parser() -> _Parser:
     )
     trace.add_argument("--plan", metavar="FILE", required=True, help="plan JSON")
     trace.add_argument("--json", action="store_true")
+
+    export = sub.add_parser("export", help="ready-to-run training configs for a plan's setup")
+    export.add_argument("--plan", metavar="FILE", required=True, help="plan JSON")
+    export.add_argument("--format", required=True, choices=list(FORMATS))
+    export.add_argument("--gpu", metavar="NAME", help="the card; without it the planner picks the cheapest setup")
+    export.add_argument("--gpus", type=_int_arg("--gpus"), metavar="N", help="GPUs of that card (default: the plan's)")
+    export.add_argument("--out", metavar="DIR", help="write the files into DIR (new or empty) instead of printing")
 
     sub.add_parser("models", help="list the bundled model catalog")
     sub.add_parser("gpus", help="list the GPU specs gpuplan knows")
@@ -227,6 +235,61 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    data = _read_json(args.plan, "--plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
+        data = data["plan"]
+    plan = parse_plan(data)
+    if args.gpu:
+        spec = find_gpu(args.gpu)
+        gpus = args.gpus or plan.gpus
+        if gpus != plan.gpus:
+            plan = plan.model_copy(update={"gpus": gpus, "sharding": plan.sharding if gpus > 1 else "none"})
+        report = estimate(plan, spec)
+        bundle = export_setup(
+            plan,
+            None,
+            args.format,
+            peak_gib_per_gpu=report.memory.peak_device_gib,
+            gpu_memory_gib=spec.memory_gib,
+            gpu=spec.name,
+        )
+    else:
+        if plan.data is None:
+            raise CliError(
+                "give --gpu NAME (and --gpus N), or a data set in the plan so the planner can pick the setup"
+            )
+        from services.planner import plan_setups
+
+        result = plan_setups(plan)
+        if not result.recommendations:
+            raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
+        rec = result.recommendations[0]
+        bundle = export_setup(
+            plan,
+            rec,
+            args.format,
+            peak_gib_per_gpu=rec.peak_gib_per_gpu,
+            gpu_memory_gib=rec.gpu_memory_gib,
+            gpu=rec.gpu,
+        )
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise CliError(f"--out {args.out}: must be a new or empty directory (nothing is overwritten)")
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in bundle.files.items():
+            (out / name).write_text(text, encoding="utf-8")
+        print(f"wrote {', '.join(sorted(bundle.files))} to {out}; start with: {bundle.command}")
+    else:
+        for name, text in bundle.files.items():
+            print(f"===== {name} =====\n{text.rstrip()}\n")
+        print(f"# start training with: {bundle.command}")
+    for note in bundle.notes:
+        print(f"# note: {note}", file=sys.stderr)
+    return 0
+
+
 def _cmd_models(_args: argparse.Namespace) -> int:
     for model in catalog_models():
         params = f"{model.published_params / 1e9:.2f}B" if model.published_params else "?"
@@ -251,9 +314,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from services.cli import server
 
             return server.run(args)
-        handler = {"estimate": _cmd_estimate, "trace": _cmd_trace, "models": _cmd_models, "gpus": _cmd_gpus}[
-            args.command
-        ]
+        handlers = {
+            "estimate": _cmd_estimate,
+            "trace": _cmd_trace,
+            "export": _cmd_export,
+            "models": _cmd_models,
+            "gpus": _cmd_gpus,
+        }
+        handler = handlers[args.command]
         return handler(args)
     except CliError as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)

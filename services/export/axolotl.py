@@ -35,9 +35,11 @@ from services.export.hf import (
     hf_optim,
     option_back,
 )
+from services.export.models import Built
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
 from services.export.render import (
     LAUNCH_FILE,
+    MASTER_PORT,
     flag_int,
     header_lines,
     json_text,
@@ -48,7 +50,6 @@ from services.export.render import (
     yaml_text,
 )
 from services.export.target import Target, require_accumulation
-from services.export.trainer_formats import MASTER_PORT, Built
 from services.export.zero import ds_config, read_zero
 
 CONFIG_FILE = "axolotl.yaml"

@@ -17,11 +17,10 @@ from services.estimator.architecture import Architecture
 from services.estimator.estimate import resolve_architecture
 from services.estimator.plan import Plan
 from services.export.axolotl import export_axolotl, read_axolotl
-from services.export.models import ExportBundle, Format
+from services.export.models import Built, ExportBundle, Format
 from services.export.target import Target, check_format, rebuild, resolve_target
 from services.export.torchtune import export_torchtune, read_torchtune
 from services.export.trainer_formats import (
-    Built,
     export_accelerate,
     export_deepspeed,
     export_hf_trainer,

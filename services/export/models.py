@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 Format = Literal["hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl"]
 FORMATS: tuple[Format, ...] = ("hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl")
+
+
+@dataclass(frozen=True)
+class Built:
+    """What one format's exporter returns; export_setup wraps it into an ExportBundle."""
+
+    files: dict[str, str]
+    command: str
+    notes: list[str]
 
 
 class ExportBundle(BaseModel):

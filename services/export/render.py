@@ -18,6 +18,7 @@ from services.export.errors import ExportError
 from services.export.target import Target
 
 LAUNCH_FILE = "launch.sh"
+MASTER_PORT = 29500  # rendezvous port of multi-node launches
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -34,9 +34,11 @@ from services.estimator.architecture import Architecture
 from services.estimator.plan import ALL_LINEAR_ROLES, LoraRole, Optimizer, OptimizerImpl
 from services.estimator.recipe import resolve_recipe
 from services.export.errors import ExportError
+from services.export.models import Built
 from services.export.names import lora_notes, lora_settings, ordered_roles
 from services.export.render import (
     LAUNCH_FILE,
+    MASTER_PORT,
     flag_int,
     header_lines,
     launch_argv,
@@ -46,7 +48,6 @@ from services.export.render import (
     yaml_text,
 )
 from services.export.target import Target, require_accumulation, require_default
-from services.export.trainer_formats import MASTER_PORT, Built
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINTER = "torchtune.training.FullModelHFCheckpointer"

@@ -15,7 +15,6 @@ differ in who owns sharding and the process count:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -38,8 +37,10 @@ from services.export.hf import (
     trainer_sharding,
     trainer_sharding_args,
 )
+from services.export.models import Built
 from services.export.render import (
     LAUNCH_FILE,
+    MASTER_PORT,
     flag_int,
     header_lines,
     json_text,
@@ -53,14 +54,6 @@ from services.export.target import Target, require_accumulation
 from services.export.zero import ds_config, read_zero
 
 ACCELERATE_FILE = "accelerate.yaml"
-MASTER_PORT = 29500
-
-
-@dataclass(frozen=True)
-class Built:
-    files: dict[str, str]
-    command: str
-    notes: list[str]
 
 
 def _trainer_files(target: Target, command: str, sharding_args: Mapping[str, Any], prelude: list[str]) -> Built:

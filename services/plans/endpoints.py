@@ -7,6 +7,7 @@ from fastapi import APIRouter, Header, Query, Response
 from services.api.deps import DbDep, PrincipalDep
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
+from services.export import Format
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 
@@ -52,6 +53,20 @@ def list_plans(
         rows = service.list_plans(session, principal, limit, before)
         items = [service.to_summary(r) for r in rows]
     return PlanList(items=items, next_cursor=items[-1].id if len(items) == limit else None)
+
+
+@router.get("/plans/{plan_id}/export", operation_id="plans-export")
+def export_plan(
+    plan_id: str,
+    db: DbDep,
+    principal: PrincipalDep,
+    format: Annotated[Format, Query(description="hf-trainer, accelerate, deepspeed, torchtune or axolotl")],
+    recommendation: Annotated[int, Query(ge=0, le=1000, description="index into the plan's recommendations")] = 0,
+) -> dict[str, Any]:
+    """Ready-to-run training configs for one of the plan's recommended setups."""
+    with db.transaction() as (session, _pending):
+        bundle = service.export(session, principal, plan_id, format, recommendation)
+    return {"format": bundle.format, "files": bundle.files, "command": bundle.command, "notes": bundle.notes}
 
 
 @router.get("/plans/{plan_id}", operation_id="plans-get", response_model=PlanOut)

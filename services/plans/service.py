@@ -14,7 +14,9 @@ from services.core.errors import Conflict, NotFound, Unprocessable
 from services.core.tasks import PendingTasks
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
+from services.export import ExportBundle, export_setup
 from services.orgs.service import Principal
+from services.planner.models import Recommendation
 from services.plans.recommend import recommend
 from services.plans.repository import PlanRepository
 from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
@@ -89,6 +91,27 @@ def get_plan(session: Session, principal: Principal, plan_id: str) -> PlanRow:
 
 def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanRow]:
     return list(PlanRepository(session).list_for_org(principal.organization_id, limit, before))
+
+
+def export(session: Session, principal: Principal, plan_id: str, fmt: str, index: int) -> ExportBundle:
+    """Export recommendation ``index`` of a done plan in format ``fmt``."""
+    row = get_plan(session, principal, plan_id)
+    if row.status != "done":
+        raise Conflict(f"plan {plan_id} is {row.status}; export a plan once it is done", field="id")
+    recs = row.recommendations or []
+    if index >= len(recs):
+        raise Unprocessable(
+            f"recommendation: the plan has {len(recs)} recommendation(s); use 0..{max(len(recs) - 1, 0)}",
+            field="recommendation",
+        )
+    rec = Recommendation.model_validate(recs[index])
+    plan = PlanRequest.model_validate(row.request).to_plan()
+    try:
+        return export_setup(
+            plan, rec, fmt, peak_gib_per_gpu=rec.peak_gib_per_gpu, gpu_memory_gib=rec.gpu_memory_gib, gpu=rec.gpu
+        )
+    except EstimatorError as exc:
+        raise Unprocessable(exc.message, field=exc.field) from None
 
 
 def to_out(row: PlanRow) -> PlanOut:

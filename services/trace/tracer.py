@@ -123,6 +123,8 @@ def trace_plan(plan: Plan, *, threads: int = 2) -> TraceResult:
     if plan.model.generic is not None:
         raise TraceUnavailable("model.generic: a trace needs the model's config.json")
     name, arch = resolve_architecture(plan)
+    if plan.method != "full" and not resolve_recipe(plan).lora_targets:
+        raise TraceUnavailable("lora.targets: no layer is adapted, so there is nothing to train")
     config = _config_of(plan)
     traced, notes = _traceable(plan)
     start = time.perf_counter()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,16 @@ import pytest
 from tests.export.helpers import export, llama_plan
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment() -> Iterator[None]:
+    # TrainingArguments exports FSDP settings to os.environ (FSDP_CPU_RAM_EFFICIENT_LOADING), which would
+    # change how later tests load models.
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.mark.parametrize(("method", "fields"), [("full", {}), ("lora", {"gpus": 4, "sharding": "fsdp"}), ("qlora", {})])

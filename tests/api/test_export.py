@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from services.estimator.validation import parse_plan
+from services.export import read_back
+from tests.api.conftest import QLORA_PLAN, Api
+
+
+def test_export_every_format_of_a_done_plan(api: Api) -> None:
+    plan_id = api.client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers()).json()["id"]
+    body = api.wait_for_plan(plan_id)
+    assert body["status"] == "done"
+    for fmt in ("hf-trainer", "accelerate", "deepspeed"):
+        response = api.client.get(f"/v1/plans/{plan_id}/export?format={fmt}", headers=api.headers())
+        if fmt == "deepspeed" and body["recommendations"][0]["sharding"] not in ("zero1", "zero2", "zero3"):
+            assert response.status_code == 422 and response.json()["field"] == "sharding"
+            continue
+        assert response.status_code == 200, response.text
+        files = response.json()["files"]
+        assert response.json()["command"]
+        rec = body["recommendations"][0]
+        assert f"{rec['peak_gib_per_gpu']:.2f} GiB" in next(iter(files.values()))
+        for name, text in files.items():
+            if name.endswith(".json"):
+                json.loads(text)
+            elif name.endswith(".yaml"):
+                yaml.safe_load(text)
+        request = dict(QLORA_PLAN)
+        request.pop("dataset")
+        request.pop("epochs")
+        base = parse_plan(request)
+        back = read_back(fmt, files, base)
+        assert back.micro_batch_size == rec["micro_batch_size"] and back.gpus == rec["gpus"]
+
+
+def test_export_errors(api: Api) -> None:
+    plan_id = api.client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers()).json()["id"]
+    api.wait_for_plan(plan_id)
+    assert api.client.get(f"/v1/plans/{plan_id}/export?format=nope", headers=api.headers()).status_code == 422
+    response = api.client.get(f"/v1/plans/{plan_id}/export?format=torchtune", headers=api.headers())
+    assert response.status_code == 422 and response.json()["field"] == "framework"
+    response = api.client.get(f"/v1/plans/{plan_id}/export?format=hf-trainer&recommendation=999", headers=api.headers())
+    assert response.status_code == 422 and response.json()["field"] == "recommendation"
+    assert (
+        api.client.get(f"/v1/plans/{plan_id}/export?format=hf-trainer", headers=api.headers("beta")).status_code == 404
+    )
