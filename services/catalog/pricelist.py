@@ -58,11 +58,14 @@ def _rows_from_text(text: str, fmt: str) -> list[dict[str, Any]]:
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise PriceListError(["JSON price list: expected a list of offer objects (or {'offers': [...]})"])
         return data
-    body = "".join(line for line in text.splitlines(True) if not line.lstrip().startswith("#"))
-    reader = csv.DictReader(io.StringIO(body))
-    if reader.fieldnames is None:
-        raise PriceListError(["CSV price list: empty file, expected a header row"])
-    return [dict(row) for row in reader]
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    reader = csv.DictReader(io.StringIO(body, newline=""))
+    try:
+        if reader.fieldnames is None:
+            raise PriceListError(["CSV price list: empty file, expected a header row"])
+        return [dict(row) for row in reader]
+    except csv.Error as exc:
+        raise PriceListError([f"CSV price list: line {reader.line_num}: {exc}"]) from None
 
 
 def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:

@@ -52,3 +52,9 @@ def test_import_replaces_the_active_price_list(api: Api) -> None:
     assert response.status_code == 201, response.text
     items = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
     assert [(i["provider"], i["gpu"]) for i in items] == [("newco", "H100 SXM")]
+
+
+def test_import_of_malformed_csv_is_422_not_500(api: Api) -> None:
+    bad = 'provider,gpu,on_demand_usd_per_hour\n"newco,H100,3.5\rstill quoted\n'
+    response = api.client.post("/v1/admin/catalog/offers", content=bad, headers=api.headers("admin"))
+    assert response.status_code == 422, response.text
