@@ -14,7 +14,7 @@ from services.api.errors import install_error_handlers
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
-from services.core.tasks import InProcessRunner, PendingTasks
+from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.plans.endpoints import router as plans_router
 from services.plans.service import ESTIMATE_TASK, estimate_task, resume_unfinished
 from services.quotes.endpoints import router as quotes_router
@@ -24,9 +24,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     engine = make_engine(settings.sqlalchemy_url)
     factory = make_sessionmaker(engine)
-    runner = InProcessRunner(
-        settings.background_workers, {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin)}
-    )
+    runner: InProcessRunner | CeleryRunner
+    if settings.in_process_tasks:
+        runner = InProcessRunner(
+            settings.background_workers, {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin)}
+        )
+    else:
+        runner = CeleryRunner(settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

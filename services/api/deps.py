@@ -13,12 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work
 from services.core.settings import Settings
-from services.core.tasks import InProcessRunner, PendingTasks
+from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.orgs.service import Principal, authenticate
 
 
 class Database:
-    def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner) -> None:
+    def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner) -> None:
         self.factory = factory
         self.runner = runner
         self.principals: dict[str, tuple[float, Principal]] = {}

@@ -127,6 +127,10 @@ def _build_parser() -> _Parser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
     serve.add_argument("--port", type=_int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
     sub.add_parser("migrate", help="apply the database migrations and exit")
+    worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
+    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
+    worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
+    sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
 
     admin = sub.add_parser("admin", help="organizations, API keys and price lists")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=_Parser)
@@ -310,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.command in ("serve", "migrate", "admin"):
+        if args.command in ("serve", "migrate", "admin", "worker", "beat"):
             from services.cli import server
 
             return server.run(args)

@@ -65,10 +65,34 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _celery(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.redis_url is None:
+        raise SystemExit(
+            f"gpuplan: error: {args.command} needs GPUPLAN_REDIS_URL (the embedded default runs tasks in process)"
+        )
+    _migrate(settings)
+    import workers.tasks  # noqa: F401  (registers the tasks on the app)
+    from workers.celery_app import QUEUES, app
+
+    if args.command == "beat":
+        app.start(["beat", "--loglevel", "INFO"])
+        return 0
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    unknown = sorted(set(queues) - set(QUEUES))
+    if unknown:
+        raise SystemExit(f"gpuplan: error: --queues: unknown {', '.join(unknown)}; allowed: {', '.join(QUEUES)}")
+    app.worker_main(
+        ["worker", "--loglevel", "INFO", "--queues", ",".join(queues), "--concurrency", str(args.concurrency)]
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.command == "serve":
         return _serve(args, settings)
+    if args.command in ("worker", "beat"):
+        return _celery(args, settings)
     _migrate(settings)
     if args.command == "migrate":
         print("gpuplan: database is at the latest migration")

@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     safety_margin: float = Field(default=0.10, ge=0.0, le=0.5, description="memory headroom the planner keeps")
     quote_validity_days: int = Field(default=14, ge=1, le=365)
     background_workers: int = Field(default=2, ge=1, le=64)
+    task_time_limit_s: int = Field(default=3600, ge=10, le=86_400, description="hard limit of one task")
+    task_visibility_timeout_s: int = Field(
+        default=3900, ge=1, le=172_800, description="Redis: an unacknowledged task is redelivered after this"
+    )
+    # Failure injection for the worker tests: sleep this long between computing and storing a result.
+    task_debug_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
+    stale_plan_after_s: int = Field(default=3900, ge=0, description="beat re-enqueues plans unfinished this long")
 
     @field_validator("database_url")
     @classmethod

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from services.core.settings import Settings
+
 log = logging.getLogger("gpuplan.tasks")
 
 TaskFn = Callable[..., None]
@@ -37,6 +39,22 @@ class InProcessRunner:
         self._pool.shutdown(wait=True)
 
 
+class CeleryRunner:
+    """Sends tasks by name to the Celery queues (GPUPLAN_REDIS_URL set)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from workers.celery_app import TASK_QUEUES, make_celery
+
+        self._app = make_celery(settings)
+        self._queues = TASK_QUEUES
+
+    def send(self, name: str, args: tuple[Any, ...]) -> None:
+        self._app.send_task(name, args=list(args), queue=self._queues.get(name, "estimate"))
+
+    def shutdown(self) -> None:
+        return None
+
+
 class PendingTasks:
     """Tasks a request wants to run, sent after its transaction commits."""
 
@@ -46,7 +64,7 @@ class PendingTasks:
     def enqueue(self, name: str, *args: Any) -> None:
         self.items.append((name, args))
 
-    def flush(self, runner: InProcessRunner) -> None:
+    def flush(self, runner: InProcessRunner | CeleryRunner) -> None:
         items, self.items = self.items, []
         for name, args in items:
             runner.send(name, args)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -36,8 +37,15 @@ class PlanRepository:
                 )
         return self.session.scalars(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit)).all()
 
-    def unfinished_ids(self) -> Sequence[str]:
-        return self.session.scalars(select(PlanRow.id).where(PlanRow.status.in_(("queued", "running")))).all()
+    def unfinished_ids(self, older_than: datetime | None = None) -> Sequence[str]:
+        """Plans still queued or running; with ``older_than``, only those queued or started before it."""
+        query = select(PlanRow.id).where(PlanRow.status.in_(("queued", "running")))
+        if older_than is not None:
+            query = query.where(
+                ((PlanRow.status == "queued") & (PlanRow.created_at < older_than))
+                | ((PlanRow.status == "running") & (PlanRow.started_at < older_than))
+            )
+        return self.session.scalars(query).all()
 
     def add(self, row: PlanRow) -> PlanRow:
         self.session.add(row)

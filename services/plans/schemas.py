@@ -88,3 +88,4 @@ class PlanOut(BaseModel):
     rejections: list[dict[str, Any]]
     warnings: list[str]
     error: str | None
+    attempts: int = 0

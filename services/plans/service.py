@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -127,6 +129,7 @@ def to_out(row: PlanRow) -> PlanOut:
         rejections=row.rejections or [],
         warnings=row.warnings or [],
         error=row.error,
+        attempts=row.attempts or 0,
     )
 
 
@@ -165,10 +168,12 @@ def estimate_task(factory: sessionmaker[Session], safety_margin: float) -> Calla
     return run
 
 
-def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> int:
-    """Re-enqueue plans a stopped process left queued or running (in-process tasks die with it)."""
+def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks, stale_after_s: float = 0.0) -> int:
+    """Re-enqueue plans left queued or running: at start in process (in-process tasks die with it), or
+    by the beat for plans unfinished longer than ``stale_after_s`` (a lost message, a dead worker)."""
     with unit_of_work(factory) as session:
-        ids = list(PlanRepository(session).unfinished_ids())
+        older_than = utcnow() - timedelta(seconds=stale_after_s) if stale_after_s else None
+        ids = list(PlanRepository(session).unfinished_ids(older_than))
         for plan_id in ids:
             row = PlanRepository(session).get(plan_id)
             if row is not None and row.status == "running":
@@ -178,7 +183,7 @@ def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> 
     return len(ids)
 
 
-def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float) -> None:
+def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float, debug_delay_s: float = 0.0) -> None:
     """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing."""
     with unit_of_work(factory) as session:
         row = PlanRepository(session).get(plan_id)
@@ -186,6 +191,7 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float)
             return
         row.status = "running"
         row.started_at = utcnow()
+        row.attempts = (row.attempts or 0) + 1
         request = PlanRequest.model_validate(row.request)
     try:
         with unit_of_work(factory) as session:
@@ -197,6 +203,8 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float)
         log.exception("plan %s failed", plan_id)
         _finish(factory, plan_id, error=f"internal error while estimating: {type(exc).__name__}")
         return
+    if debug_delay_s:
+        time.sleep(debug_delay_s)
     _finish(factory, plan_id, result=result)
 
 

@@ -1,0 +1,134 @@
+"""A real Redis and real Celery worker processes run plan estimation end to end through the API."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.app import create_app
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
+from services.orgs.service import create_key, create_organization
+from tests.api.conftest import QLORA_PLAN
+from tests.conftest import require_service
+
+REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def _redis_available() -> bool:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+        client.flushdb()
+        return True
+    except Exception:
+        return False
+
+
+class Stack:
+    def __init__(self, tmp_path: Path) -> None:
+        self.db_url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
+        upgrade(self.db_url)
+        with unit_of_work(make_sessionmaker(make_engine(self.db_url))) as session:
+            create_organization(session, "acme")
+            self.key = create_key(session, "acme")
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.logs = tmp_path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
+        env.update(GPUPLAN_DATABASE_URL=self.db_url, GPUPLAN_REDIS_URL=REDIS_URL, GPUPLAN_TASK_VISIBILITY_TIMEOUT_S="3")
+        env.update(extra)
+        return env
+
+    def start_worker(self, **extra: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli.main",
+                "worker",
+                "--queues",
+                "estimate,maintenance",
+                "--concurrency",
+                "1",
+            ],
+            env=self.env(**extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    require_service("Redis", _redis_available(), 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save ""')
+    s = Stack(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _wait(client: TestClient, key: str, plan_id: str, statuses: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body: dict[str, Any] = client.get(f"/v1/plans/{plan_id}", headers={"Authorization": f"Bearer {key}"}).json()
+        if body["status"] in statuses or time.monotonic() > deadline:
+            return body
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_celery_worker_estimates_a_submitted_plan(stack: Stack) -> None:
+    stack.start_worker()
+    app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
+        body = _wait(client, stack.key, plan_id, ("done", "failed"), 90)
+    assert body["status"] == "done", body
+    assert body["recommendations"] and body["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_a_killed_worker_task_is_redelivered_and_stored_once(stack: Stack) -> None:
+    first = stack.start_worker(GPUPLAN_TASK_DEBUG_DELAY_S="30")
+    app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
+        running = _wait(client, stack.key, plan_id, ("running",), 90)
+        assert running["status"] == "running", running
+        os.killpg(first.pid, signal.SIGKILL)  # mid-task: computed, not yet stored
+        first.wait(timeout=30)
+        stack.start_worker()
+        body = _wait(client, stack.key, plan_id, ("done", "failed"), 120)
+    assert body["status"] == "done", body
+    assert body["attempts"] == 2  # delivered twice ...
+    with unit_of_work(make_sessionmaker(make_engine(stack.db_url))) as session:
+        from sqlalchemy import func, select
+
+        from services.plans.tables import PlanRow
+
+        assert session.scalar(select(func.count()).select_from(PlanRow)) == 1  # ... one stored result

@@ -1,0 +1,53 @@
+"""The Celery application, configured from gpuplan's settings.
+
+Tasks are acknowledged after they finish (acks_late) and a task whose worker dies is redelivered
+(reject_on_worker_lost; with Redis, after the visibility timeout). Arguments are ids and plain values;
+each task opens its own session and treats "already done" as success, so a redelivery is harmless.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import Celery
+
+from services.core.settings import Settings, get_settings
+
+QUEUES = ("estimate", "trace", "calibrate", "sync", "maintenance")
+# Stable task names (the API sends by name) and the queue each runs on.
+TASK_QUEUES = {
+    "gpuplan.plans.estimate": "estimate",
+    "gpuplan.plans.resume_unfinished": "maintenance",
+}
+
+
+def make_celery(settings: Settings) -> Celery:
+    if settings.redis_url is None:
+        raise RuntimeError("GPUPLAN_REDIS_URL is not set: the embedded default runs tasks in process")
+    app = Celery("gpuplan", broker=settings.redis_url, include=["workers.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=settings.task_time_limit_s,
+        task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
+        task_default_queue="estimate",
+        task_routes={name: {"queue": queue} for name, queue in TASK_QUEUES.items()},
+        broker_transport_options={"visibility_timeout": settings.task_visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "resume-unfinished-plans": {
+                "task": "gpuplan.plans.resume_unfinished",
+                "schedule": timedelta(minutes=5),
+            },
+        },
+    )
+    return app
+
+
+app = make_celery(get_settings()) if get_settings().redis_url else Celery("gpuplan")

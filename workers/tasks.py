@@ -1,0 +1,42 @@
+"""Thin Celery tasks over the services the API uses; each opens its own session."""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.core.db import make_engine, make_sessionmaker
+from services.core.settings import get_settings
+from services.core.tasks import PendingTasks
+from services.plans.service import ESTIMATE_TASK, resume_unfinished, run_plan
+from workers.celery_app import app
+
+
+@functools.cache
+def _sessions() -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(get_settings().sqlalchemy_url))
+
+
+@app.task(
+    name=ESTIMATE_TASK,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def estimate_plan(plan_id: str) -> None:
+    """Estimate a stored plan and store its recommendations (a finished plan is left as it is)."""
+    settings = get_settings()
+    run_plan(_sessions(), plan_id, settings.safety_margin, settings.task_debug_delay_s)
+
+
+@app.task(name="gpuplan.plans.resume_unfinished")
+def resume_stale_plans() -> int:
+    """Beat: re-enqueue plans that are still queued or running (a lost message, a dead worker)."""
+    pending = PendingTasks()
+    count = resume_unfinished(_sessions(), pending, get_settings().stale_plan_after_s)
+    for name, args in pending.items:
+        app.send_task(name, args=list(args))
+    return count
