@@ -17,6 +17,7 @@ QUEUES = ("estimate", "trace", "calibrate", "sync", "maintenance")
 # Stable task names (the API sends by name) and the queue each runs on.
 TASK_QUEUES = {
     "gpuplan.plans.estimate": "estimate",
+    "gpuplan.plans.trace": "trace",
     "gpuplan.plans.resume_unfinished": "maintenance",
 }
 

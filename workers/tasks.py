@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import get_settings
 from services.core.tasks import PendingTasks
-from services.plans.service import ESTIMATE_TASK, resume_unfinished, run_plan
+from services.plans.service import ESTIMATE_TASK, TRACE_TASK, resume_unfinished, run_plan, run_trace
 from workers.celery_app import app
 
 
@@ -30,6 +30,12 @@ def estimate_plan(plan_id: str) -> None:
     """Estimate a stored plan and store its recommendations (a finished plan is left as it is)."""
     settings = get_settings()
     run_plan(_sessions(), plan_id, settings.safety_margin, settings.task_debug_delay_s)
+
+
+@app.task(name=TRACE_TASK, soft_time_limit=900, time_limit=960)
+def trace_plan(plan_id: str) -> None:
+    """Run the precise trace of a stored plan (needs the trace extra on this worker)."""
+    run_trace(_sessions(), plan_id)
 
 
 @app.task(name="gpuplan.plans.resume_unfinished")

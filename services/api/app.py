@@ -16,7 +16,7 @@ from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.plans.endpoints import router as plans_router
-from services.plans.service import ESTIMATE_TASK, estimate_task, resume_unfinished
+from services.plans.service import ESTIMATE_TASK, TRACE_TASK, estimate_task, resume_unfinished, trace_task
 from services.quotes.endpoints import router as quotes_router
 
 
@@ -27,7 +27,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     runner: InProcessRunner | CeleryRunner
     if settings.in_process_tasks:
         runner = InProcessRunner(
-            settings.background_workers, {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin)}
+            settings.background_workers,
+            {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin), TRACE_TASK: trace_task(factory)},
         )
     else:
         runner = CeleryRunner(settings)

@@ -55,6 +55,14 @@ def list_plans(
     return PlanList(items=items, next_cursor=items[-1].id if len(items) == limit else None)
 
 
+@router.post("/plans/{plan_id}/trace", operation_id="plans-trace", status_code=202, response_model=PlanOut)
+def trace_plan(plan_id: str, db: DbDep, principal: PrincipalDep) -> PlanOut:
+    """Queue the precise trace (one real training step under fake tensors); GET the plan for the result."""
+    with db.transaction() as (session, pending):
+        out = service.to_out(service.request_trace(session, principal, plan_id, pending))
+    return out
+
+
 @router.get("/plans/{plan_id}/export", operation_id="plans-export")
 def export_plan(
     plan_id: str,

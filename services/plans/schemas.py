@@ -89,3 +89,5 @@ class PlanOut(BaseModel):
     warnings: list[str]
     error: str | None
     attempts: int = 0
+    trace_status: PlanStatus | None = None
+    trace: dict[str, Any] | None = None

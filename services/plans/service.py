@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,10 @@ from services.plans.tables import PlanRow
 log = logging.getLogger("gpuplan.plans")
 
 ESTIMATE_TASK = "gpuplan.plans.estimate"
+TRACE_TASK = "gpuplan.plans.trace"
+# Where the trace and the analytic estimate differ by more than this, the trace is flagged so the
+# analytic model can be improved (workers issue).
+TRACE_DISAGREEMENT_PCT = 15.0
 
 
 def _check_plannable(request: PlanRequest) -> str:
@@ -116,6 +121,63 @@ def export(session: Session, principal: Principal, plan_id: str, fmt: str, index
         raise Unprocessable(exc.message, field=exc.field) from None
 
 
+def request_trace(session: Session, principal: Principal, plan_id: str, pending: PendingTasks) -> PlanRow:
+    """Queue the precise trace of a plan (one at a time; a finished trace is replaced)."""
+    row = get_plan(session, principal, plan_id)
+    if row.trace_status in ("queued", "running"):
+        return row
+    row.trace_status = "queued"
+    pending.enqueue(TRACE_TASK, row.id)
+    return row
+
+
+def run_trace(factory: sessionmaker[Session], plan_id: str) -> None:
+    """Trace a plan and store the result beside its analytic estimate."""
+    with unit_of_work(factory) as session:
+        row = PlanRepository(session).get(plan_id)
+        if row is None or row.trace_status not in ("queued", "running"):
+            return
+        row.trace_status = "running"
+        plan = PlanRequest.model_validate(row.request).to_plan()
+    try:
+        from services.trace.tracer import TraceUnavailable, trace_plan
+    except ImportError:
+        _store_trace(
+            factory, plan_id, None, "the trace extra (torch, transformers, peft) is not installed on the worker"
+        )
+        return
+    try:
+        result = trace_plan(plan)
+    except (TraceUnavailable, EstimatorError, ValueError) as exc:
+        _store_trace(factory, plan_id, None, str(exc))
+        return
+    except Exception as exc:
+        log.exception("trace of plan %s failed", plan_id)
+        _store_trace(factory, plan_id, None, f"internal error while tracing: {type(exc).__name__}")
+        return
+    data = dataclasses.asdict(result)
+    data["flagged"] = abs(result.disagreement_pct) > TRACE_DISAGREEMENT_PCT
+    if data["flagged"]:
+        log.warning("plan %s: trace and analytic estimate differ by %.1f%%", plan_id, result.disagreement_pct)
+    _store_trace(factory, plan_id, data, None)
+
+
+def _store_trace(factory: sessionmaker[Session], plan_id: str, data: dict[str, Any] | None, error: str | None) -> None:
+    with unit_of_work(factory) as session:
+        row = PlanRepository(session).get(plan_id)
+        if row is None:
+            return
+        row.trace = data if data is not None else {"error": error}
+        row.trace_status = "done" if data is not None else "failed"
+
+
+def trace_task(factory: sessionmaker[Session]) -> Callable[[str], None]:
+    def run(plan_id: str) -> None:
+        run_trace(factory, plan_id)
+
+    return run
+
+
 def to_out(row: PlanRow) -> PlanOut:
     return PlanOut(
         id=row.id,
@@ -130,6 +192,8 @@ def to_out(row: PlanRow) -> PlanOut:
         warnings=row.warnings or [],
         error=row.error,
         attempts=row.attempts or 0,
+        trace_status=row.trace_status,
+        trace=row.trace,
     )
 
 

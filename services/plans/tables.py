@@ -24,6 +24,8 @@ class PlanRow(IdMixin, TimestampMixin, Base):
     warnings: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    trace_status: Mapped[str | None] = mapped_column(String(16), default=None)  # queued, running, done, failed
+    trace: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)

@@ -132,3 +132,42 @@ def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) ->
         restarted = Api(client=client, url=api.url, keys=api.keys)
         body = restarted.wait_for_plan(plan_id)
     assert body["status"] == "done" and body["estimate"] is not None
+
+
+TINY_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+
+
+def test_trace_is_stored_beside_the_estimate(api: Api) -> None:
+    import importlib.util
+
+    from tests.conftest import require_service
+
+    available = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft"))
+    require_service("the trace extra (torch, transformers, peft)", available, "bash infra/dev.sh test")
+    plan = {**QLORA_PLAN, "model": {"name": "tiny", "config": TINY_CONFIG}, "method": "lora", "framework": "pytorch"}
+    plan_id = api.client.post("/v1/plans", json=plan, headers=api.headers()).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    response = api.client.post(f"/v1/plans/{plan_id}/trace", headers=api.headers())
+    assert response.status_code == 202 and response.json()["trace_status"] in ("queued", "running", "done")
+    assert api.client.post(f"/v1/plans/{plan_id}/trace", headers=api.headers("beta")).status_code == 404
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        body = api.client.get(f"/v1/plans/{plan_id}", headers=api.headers()).json()
+        if body["trace_status"] in ("done", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert body["trace_status"] == "done", body["trace"]
+    trace = body["trace"]
+    assert trace["peak_allocated_gib"] > 0 and trace["breakdown"]
+    assert abs(trace["disagreement_pct"]) <= 15 and trace["flagged"] is False
