@@ -39,6 +39,14 @@ def require_service(name: str, available: bool, how_to_start: str) -> None:
     pytest.skip(message)
 
 
+def require_trace_extra() -> None:
+    """Skip (or, under CI, fail) a test that needs torch, transformers and peft."""
+    import importlib.util
+
+    available = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft"))
+    require_service("the trace extra (torch, transformers, peft)", available, "bash infra/dev.sh test")
+
+
 def _hypothesis_profiles() -> None:
     import os
 

@@ -45,6 +45,16 @@ def _read_json(path: str, what: str) -> Any:
         raise CliError(f"{what} {path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
 
 
+def _read_plan_file(path: str) -> dict[str, Any]:
+    """A plan JSON file; a benchmark case ({"plan": ..., "measured": ...}) is accepted as well."""
+    data = _read_json(path, "--plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
+        data = data["plan"]
+    if not isinstance(data, dict):
+        raise CliError(f"--plan {path}: must hold a JSON object")
+    return dict(data)
+
+
 # Flags that set plan fields: (flag, plan key, argparse options).
 _PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--method", "method", {"choices": ["full", "lora", "qlora"]}),
@@ -147,13 +157,7 @@ def _build_parser() -> _Parser:
 def _plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     plan: dict[str, Any] = {}
     if args.plan:
-        data = _read_json(args.plan, "--plan")
-        # A benchmark case ({"plan": ..., "measured": ...}) is accepted as well as a bare plan.
-        if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
-            data = data["plan"]
-        if not isinstance(data, dict):
-            raise CliError(f"--plan {args.plan}: must hold a JSON object")
-        plan = dict(data)
+        plan = _read_plan_file(args.plan)
     if args.model or args.config:
         model: dict[str, Any] = {}
         if args.model:
@@ -210,10 +214,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    data = _read_json(args.plan, "--plan")
-    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
-        data = data["plan"]
-    plan = parse_plan(data)
+    plan = parse_plan(_read_plan_file(args.plan))
     try:
         from services.trace.tracer import TraceUnavailable, trace_plan
     except ImportError:
@@ -240,10 +241,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    data = _read_json(args.plan, "--plan")
-    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "model" not in data:
-        data = data["plan"]
-    plan = parse_plan(data)
+    plan = parse_plan(_read_plan_file(args.plan))
     if args.gpu:
         spec = find_gpu(args.gpu)
         gpus = args.gpus or plan.gpus

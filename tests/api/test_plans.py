@@ -147,12 +147,9 @@ TINY_CONFIG = {
 
 
 def test_trace_is_stored_beside_the_estimate(api: Api) -> None:
-    import importlib.util
+    from tests.conftest import require_trace_extra
 
-    from tests.conftest import require_service
-
-    available = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft"))
-    require_service("the trace extra (torch, transformers, peft)", available, "bash infra/dev.sh test")
+    require_trace_extra()
     plan = {**QLORA_PLAN, "model": {"name": "tiny", "config": TINY_CONFIG}, "method": "lora", "framework": "pytorch"}
     plan_id = api.client.post("/v1/plans", json=plan, headers=api.headers()).json()["id"]
     assert api.wait_for_plan(plan_id)["status"] == "done"

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import require_service
+from tests.conftest import require_trace_extra
 
 
 @pytest.mark.slow
 def test_activation_rules_match_transformers_within_10_percent() -> None:
-    available = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft"))
-    require_service("the trace extra (torch, transformers, peft)", available, "bash infra/dev.sh test")
+    require_trace_extra()
     from benchmarks.mechanisms.run import SCENARIOS, measure_scenario
 
     for scenario in SCENARIOS:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from services.estimator.plan import Plan
-from tests.conftest import require_service
+from tests.conftest import require_trace_extra
 
 pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -24,11 +22,6 @@ TINY = {
 }
 
 
-def _require_trace_extra() -> None:
-    available = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft"))
-    require_service("the trace extra (torch, transformers, peft)", available, "bash infra/dev.sh test")
-
-
 @pytest.mark.parametrize(
     "fields",
     [
@@ -40,7 +33,7 @@ def _require_trace_extra() -> None:
     ids=["full", "lora-qv", "lora-all-gc", "qlora-gc"],
 )
 def test_trace_agrees_with_the_analytic_estimate(fields: dict[str, object]) -> None:
-    _require_trace_extra()
+    require_trace_extra()
     from services.trace.tracer import trace_plan
 
     plan = Plan.model_validate({"model": {"config": TINY}, "micro_batch_size": 2, "seq_len": 256, **fields})
@@ -53,7 +46,7 @@ def test_trace_agrees_with_the_analytic_estimate(fields: dict[str, object]) -> N
 
 
 def test_layer_extension_matches_a_full_trace() -> None:
-    _require_trace_extra()
+    require_trace_extra()
     from services.trace import tracer
 
     config = {**TINY, "num_hidden_layers": 10, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 2000}
@@ -80,7 +73,7 @@ def test_layer_extension_matches_a_full_trace() -> None:
 
 
 def test_quantized_plans_say_how_they_were_traced() -> None:
-    _require_trace_extra()
+    require_trace_extra()
     from services.trace.tracer import trace_plan
 
     plan = Plan.model_validate(
