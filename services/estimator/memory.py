@@ -187,7 +187,19 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         adapters = float(trainable * param_bytes)
 
     if not training:
-        return ModelStates(weights, adapters, 0, 0, 0, 0, 0, 0, 0, 0, n_quant)
+        return ModelStates(
+            weights=weights,
+            adapters=adapters,
+            master_weights=0.0,
+            gradients=0.0,
+            largest_gradient=0.0,
+            optimizer_states=0.0,
+            optimizer_states_paged=0.0,
+            optimizer_temporaries=0.0,
+            ddp_buckets=0.0,
+            trainable_params=0,
+            quantized_params=n_quant,
+        )
 
     master = float(trainable * 4) if recipe.master_weights else 0.0
     # ZeRO with a master copy reduces fp32 gradients into the optimizer's partition beside the 16-bit
