@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
 from services.catalog.service import import_price_list_file
@@ -25,7 +26,8 @@ def _migrate(settings: Settings) -> None:
     try:
         upgrade(settings.sqlalchemy_url)
     except OperationalError as exc:
-        raise SystemExit(f"gpuplan: error: cannot reach the database ({exc.orig})") from None
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        raise SystemExit(f"gpuplan: error: cannot reach the database ({reason})") from None
 
 
 def _local_key(settings: Settings) -> str | None:
@@ -87,8 +89,17 @@ def _celery(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = "GPUPLAN_" + str(err["loc"][0]).upper() if err["loc"] else "GPUPLAN_*"
+        raise SystemExit(f"gpuplan: error: {name}: {err['msg']} (got {err.get('input')!r})") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    settings = Settings()
+    settings = _settings()
     if args.command == "serve":
         return _serve(args, settings)
     if args.command in ("worker", "beat"):

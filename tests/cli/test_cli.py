@@ -148,3 +148,46 @@ def test_models_and_gpus_lists(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "meta-llama/Llama-3.1-8B" in out
     code, out, _ = _run(capsys, "gpus")
     assert code == 0 and "H100 SXM" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"GPUPLAN_PORT": "abc"}, "GPUPLAN_PORT"),
+        ({"GPUPLAN_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"}, "cannot reach the database"),
+    ],
+)
+def test_bad_service_settings_are_one_line(env: dict[str, str], needle: str, tmp_path: Path) -> None:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "migrate"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}, **env},
+    )
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuplan: error:") and needle in lines[0]
+
+
+def test_admin_commands(tmp_path: Path) -> None:
+    import os
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}}
+
+    def gp(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli.main", *args], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+
+    assert gp("admin", "create-org", "acme").returncode == 0
+    key = gp("admin", "create-key", "--org", "acme")
+    assert key.returncode == 0 and key.stdout.strip().startswith("gp_") and len(key.stdout.strip().splitlines()) == 1
+    again = gp("admin", "create-org", "acme")
+    assert again.returncode == 2 and "already exists" in again.stderr
+    bad = tmp_path / "prices.csv"
+    bad.write_text("provider,gpu,on_demand_usd_per_hour\nx,V100,1\n")
+    rejected = gp("admin", "import-offers", str(bad))
+    assert rejected.returncode == 2 and "row 1: gpu" in rejected.stderr
