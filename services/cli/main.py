@@ -141,6 +141,15 @@ def _build_parser() -> _Parser:
     worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
     worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
     sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
+    agent = sub.add_parser("agent", help="run on a GPU node: register it, heartbeat, run its calibrations")
+    agent.add_argument("--api", required=True, metavar="URL", help="the gpuplan service, e.g. http://planner:8000")
+    agent.add_argument("--key", required=True, help="the organization's API key")
+    agent.add_argument("--name", help="node name (default: the host name)")
+    agent.add_argument("--gpu", help="GPU model when NVML cannot tell (a CPU node registers as 'cpu')")
+    agent.add_argument("--provider", help="who rents the node")
+    agent.add_argument("--price-usd-per-hour", type=float, metavar="X", help="what the node costs per hour")
+    agent.add_argument("--interval", type=float, default=15.0, metavar="S", help="seconds between polls")
+    agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
 
     admin = sub.add_parser("admin", help="organizations, API keys and price lists")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=_Parser)
@@ -292,6 +301,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_agent(args: argparse.Namespace) -> int:
+    import httpx
+
+    from services.agent.agent import Agent
+
+    with httpx.Client(base_url=args.api, timeout=60) as client:
+        agent = Agent(client, args.key)
+        try:
+            node = agent.register(
+                name=args.name, gpu=args.gpu, provider=args.provider, usd_per_hour=args.price_usd_per_hour
+            )
+        except (httpx.HTTPError, RuntimeError) as exc:
+            raise CliError(f"agent: cannot register with {args.api}: {exc}") from None
+        print(f"gpuplan agent: node {node} registered with {args.api}", file=sys.stderr)
+        agent.run(args.interval, once=args.once)
+    return 0
+
+
 def _cmd_models(_args: argparse.Namespace) -> int:
     for model in catalog_models():
         params = f"{model.published_params / 1e9:.2f}B" if model.published_params else "?"
@@ -316,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from services.cli import server
 
             return server.run(args)
+        if args.command == "agent":
+            return _cmd_agent(args)
         handlers = {
             "estimate": _cmd_estimate,
             "trace": _cmd_trace,

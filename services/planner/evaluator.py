@@ -6,6 +6,7 @@ depends on the card and its links, so it is kept per (card, link) and shared by 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
@@ -33,9 +34,13 @@ class Evaluator:
     Mutable only in its caches and probe counter; it lives for one planning call.
     """
 
-    def __init__(self, base: Plan, arch: Architecture) -> None:
+    def __init__(
+        self, base: Plan, arch: Architecture, utilisation: Mapping[str, tuple[float, str]] | None = None
+    ) -> None:
         self.base = base
         self.arch = arch
+        # Calibrated hardware utilisation by GPU name (value, source); other cards use the priors.
+        self.utilisation = dict(utilisation or {})
         self.memory_probes = 0
         self._plans: dict[Config, Plan] = {}
         self._recipes: dict[tuple[Sharding, bool], Recipe] = {}
@@ -97,8 +102,16 @@ class Evaluator:
         found = self._throughput.get(key)
         if found is None:
             peak = self.memory(cfg).peak_device if spill else None
+            util, source = self.utilisation.get(spec.name, (None, None))
             found = estimate_throughput(
-                self.plan(cfg), self.arch, self._recipe(cfg), self._model_states(cfg), spec, peak_device_bytes=peak
+                self.plan(cfg),
+                self.arch,
+                self._recipe(cfg),
+                self._model_states(cfg),
+                spec,
+                utilisation=util,
+                utilisation_source=source,
+                peak_device_bytes=peak,
             )
             self._throughput[key] = found
         return found

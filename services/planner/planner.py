@@ -10,7 +10,7 @@ fits gets a rejection that says what would fit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
@@ -75,6 +75,7 @@ def plan_setups(
     constraints: Constraints | None = None,
     *,
     top_n: int = DEFAULT_TOP_N,
+    utilisation: Mapping[str, tuple[float, str]] | None = None,
 ) -> PlannerResult:
     """Every setup over ``offers`` (default: the bundled price lists) that fits ``plan``, cheapest job first.
 
@@ -94,7 +95,7 @@ def plan_setups(
         total_tokens=total_tokens,
         effective_batch_size=effective_batch_size(plan),
         checkpoint_write_seconds=checkpoint_write_seconds(checkpoint_bytes(plan, arch)),
-        evaluator=Evaluator(plan, arch),
+        evaluator=Evaluator(plan, arch, utilisation),
     )
 
     rejections: list[Rejection] = []

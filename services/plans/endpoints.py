@@ -8,6 +8,7 @@ from services.api.deps import DbDep, PrincipalDep
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.export import Format
+from services.nodes.service import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 
@@ -17,12 +18,22 @@ router = APIRouter(prefix="/v1", tags=["plans"])
 @router.post("/estimate", operation_id="plans-estimate")
 def estimate_now(
     body: PlanRequest,
-    _principal: PrincipalDep,
+    db: DbDep,
+    principal: PrincipalDep,
     gpu: Annotated[str | None, Query(max_length=100, description="GPU for tokens/s, e.g. 'A100 80GB'")] = None,
 ) -> dict[str, Any]:
-    """Estimate a plan synchronously, without storing it."""
+    """Estimate a plan synchronously, without storing it (with the organization's calibration of the
+    GPU and method, when its nodes measured one)."""
     spec = find_gpu(gpu) if gpu else None
-    return estimate(body.to_plan(), spec).model_dump(mode="json")
+    plan = body.to_plan()
+    utilisation: tuple[float, str] | tuple[None, None] = (None, None)
+    if spec is not None:
+        with db.transaction() as (session, _pending):
+            utilisation = calibrated_utilisation(session, principal.organization_id, plan.method).get(
+                spec.name, (None, None)
+            )
+    report = estimate(plan, spec, utilisation=utilisation[0], utilisation_source=utilisation[1])
+    return report.model_dump(mode="json")
 
 
 @router.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from services.catalog.gpus import gpu_specs
@@ -12,12 +13,17 @@ from services.planner.planner import plan_setups
 
 
 def recommend(
-    plan: Plan, constraints: Constraints, offers: tuple[Offer, ...], default_margin: float, top_n: int = 10
+    plan: Plan,
+    constraints: Constraints,
+    offers: tuple[Offer, ...],
+    default_margin: float,
+    top_n: int = 10,
+    utilisation: Mapping[str, tuple[float, str]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """(recommendations cheapest first, rejections, warnings) as JSON data."""
     if "safety_margin" not in constraints.model_fields_set:
         constraints = constraints.model_copy(update={"safety_margin": default_margin})
-    result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n)
+    result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n, utilisation=utilisation)
     return (
         [r.model_dump(mode="json") for r in result.recommendations],
         [r.model_dump(mode="json") for r in result.rejections],

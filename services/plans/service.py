@@ -209,12 +209,16 @@ def to_summary(row: PlanRow) -> PlanSummary:
     )
 
 
-def compute(session: Session, request: PlanRequest, safety_margin: float) -> dict[str, Any]:
-    """The estimate and the planner's recommendations for a plan (pure work over the live catalog)."""
+def compute(session: Session, request: PlanRequest, safety_margin: float, organization_id: str) -> dict[str, Any]:
+    """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
+    with the organization's calibrated utilisation where its nodes measured the card and method."""
+    from services.nodes.service import calibrated_utilisation  # here: nodes.service imports this module
+
     plan = request.to_plan()
     report = estimate(plan)
     offers = as_offers(active_offers(session))
-    recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin)
+    utilisation = calibrated_utilisation(session, organization_id, plan.method)
+    recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
     return {
         "estimate": report.model_dump(mode="json"),
         "recommendations": recs,
@@ -257,9 +261,10 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float,
         row.started_at = utcnow()
         row.attempts = (row.attempts or 0) + 1
         request = PlanRequest.model_validate(row.request)
+        organization_id = row.organization_id
     try:
         with unit_of_work(factory) as session:
-            result = compute(session, request, safety_margin)
+            result = compute(session, request, safety_margin, organization_id)
     except (EstimatorError, ValueError) as exc:
         _finish(factory, plan_id, error=str(exc))
         return

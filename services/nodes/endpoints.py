@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from services.api.deps import DbDep, PrincipalDep
+from services.nodes import service
+from services.nodes.schemas import (
+    BenchmarkOut,
+    CalibrationFailure,
+    CalibrationOut,
+    CalibrationRequest,
+    CalibrationResult,
+    Heartbeat,
+    NodeOut,
+    NodeRegistration,
+)
+from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
+
+router = APIRouter(prefix="/v1", tags=["nodes"])
+
+
+def _node(row: NodeRow) -> NodeOut:
+    return NodeOut.model_validate(row, from_attributes=True)
+
+
+def _calibration(row: CalibrationRow, plan: dict[str, object] | None = None) -> CalibrationOut:
+    out = CalibrationOut.model_validate(row, from_attributes=True)
+    return out.model_copy(update={"plan": plan}) if plan is not None else out
+
+
+def _benchmark(row: BenchmarkRow) -> BenchmarkOut:
+    return BenchmarkOut.model_validate(row, from_attributes=True)
+
+
+@router.post("/nodes", operation_id="nodes-register", status_code=201, response_model=NodeOut)
+def register(body: NodeRegistration, db: DbDep, principal: PrincipalDep) -> NodeOut:
+    with db.transaction() as (session, _pending):
+        return _node(service.register_node(session, principal, body))
+
+
+@router.get("/nodes", operation_id="nodes-list")
+def list_nodes(db: DbDep, principal: PrincipalDep) -> dict[str, list[NodeOut]]:
+    with db.transaction() as (session, _pending):
+        return {"items": [_node(n) for n in service.list_nodes(session, principal)]}
+
+
+@router.get("/nodes/{node_id}", operation_id="nodes-get", response_model=NodeOut)
+def get_node(node_id: str, db: DbDep, principal: PrincipalDep) -> NodeOut:
+    with db.transaction() as (session, _pending):
+        return _node(service.get_node(session, principal, node_id))
+
+
+@router.post("/nodes/{node_id}/heartbeat", operation_id="nodes-heartbeat", response_model=NodeOut)
+def heartbeat(node_id: str, body: Heartbeat, db: DbDep, principal: PrincipalDep) -> NodeOut:
+    with db.transaction() as (session, _pending):
+        return _node(service.heartbeat(session, principal, node_id, body))
+
+
+@router.post(
+    "/nodes/{node_id}/calibrations", operation_id="nodes-calibrate", status_code=202, response_model=CalibrationOut
+)
+def request_calibration(node_id: str, body: CalibrationRequest, db: DbDep, principal: PrincipalDep) -> CalibrationOut:
+    with db.transaction() as (session, _pending):
+        return _calibration(service.request_calibration(session, principal, node_id, body))
+
+
+@router.post("/nodes/{node_id}/calibrations/next", operation_id="nodes-claim-calibration", response_model=None)
+def claim(node_id: str, db: DbDep, principal: PrincipalDep, response: Response) -> CalibrationOut | None:
+    """For the node's agent: the next queued calibration, now running (204 when there is none)."""
+    with db.transaction() as (session, _pending):
+        claimed = service.claim_next(session, principal, node_id)
+        if claimed is None:
+            response.status_code = 204
+            return None
+        row, plan = claimed
+        return _calibration(row, plan)
+
+
+@router.post("/calibrations/{calibration_id}/result", operation_id="calibrations-result", response_model=BenchmarkOut)
+def result(calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep) -> BenchmarkOut:
+    with db.transaction() as (session, _pending):
+        return _benchmark(service.submit_result(session, principal, calibration_id, body))
+
+
+@router.post(
+    "/calibrations/{calibration_id}/failure", operation_id="calibrations-failure", response_model=CalibrationOut
+)
+def failure(calibration_id: str, body: CalibrationFailure, db: DbDep, principal: PrincipalDep) -> CalibrationOut:
+    with db.transaction() as (session, _pending):
+        return _calibration(service.fail_calibration(session, principal, calibration_id, body.error))
+
+
+@router.get("/benchmarks", operation_id="benchmarks-list")
+def list_benchmarks(
+    db: DbDep,
+    principal: PrincipalDep,
+    gpu: Annotated[str | None, Query(max_length=100)] = None,
+    model: Annotated[str | None, Query(max_length=200)] = None,
+    method: Annotated[str | None, Query(pattern="^(full|lora|qlora)$")] = None,
+) -> dict[str, list[BenchmarkOut]]:
+    with db.transaction() as (session, _pending):
+        return {"items": [_benchmark(b) for b in service.list_benchmarks(session, principal, gpu, model, method)]}

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeRegistration(_In):
+    name: str = Field(min_length=1, max_length=100)
+    gpu: str = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
+    gpu_count: int = Field(default=1, ge=0, le=64)
+    gpu_memory_gib: float = Field(default=0.0, ge=0, le=10_000)
+    driver: str = Field(default="", max_length=50)
+    cuda: str = Field(default="", max_length=50)
+    provider: str = Field(default="", max_length=100)
+    usd_per_hour: float | None = Field(default=None, ge=0, le=100_000)
+
+
+class GpuStatus(_In):
+    index: int = Field(ge=0, le=64)
+    utilisation_pct: float = Field(ge=0, le=100)
+    memory_used_gib: float = Field(ge=0, le=10_000)
+    memory_total_gib: float = Field(ge=0, le=10_000)
+
+
+class Heartbeat(_In):
+    gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
+    job_running: bool = False
+
+
+class CalibrationRequest(_In):
+    plan_id: str = Field(min_length=1, max_length=64)
+    warmup_steps: int = Field(default=2, ge=0, le=100)
+    timed_steps: int = Field(default=5, ge=1, le=1000)
+
+
+class CalibrationResult(_In):
+    tokens_per_s: float = Field(gt=0, le=1e9)
+    peak_allocated_gib: float | None = Field(default=None, ge=0, le=10_000)
+    peak_reserved_gib: float | None = Field(default=None, ge=0, le=10_000)
+    seconds: float = Field(ge=0, le=86_400)
+    device: str = Field(default="", max_length=200)
+    notes: list[str] = Field(default_factory=list, max_length=20)
+
+
+class CalibrationFailure(_In):
+    error: str = Field(min_length=1, max_length=2000)
+
+
+class NodeOut(BaseModel):
+    id: str
+    name: str
+    gpu: str
+    gpu_count: int
+    gpu_memory_gib: float
+    driver: str
+    cuda: str
+    provider: str
+    usd_per_hour: float | None
+    created_at: datetime
+    last_heartbeat_at: datetime | None
+    gpus: list[dict[str, Any]]
+    job_running: bool
+
+
+class CalibrationOut(BaseModel):
+    id: str
+    node_id: str
+    plan_id: str
+    status: str
+    warmup_steps: int
+    timed_steps: int
+    error: str | None
+    benchmark_id: str | None
+    plan: dict[str, Any] | None = None  # the plan to run, for the agent
+
+
+class BenchmarkOut(BaseModel):
+    id: str
+    node_id: str
+    calibration_id: str
+    gpu: str
+    model_name: str
+    method: str
+    tokens_per_s: float
+    peak_allocated_gib: float | None
+    peak_reserved_gib: float | None
+    mfu: float | None
+    hardware_utilisation: float | None
+    predicted_peak_allocated_gib: float | None
+    predicted_tokens_per_s: float | None
+    device: str
+    created_at: datetime

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
+
+
+class NodeRow(IdMixin, TimestampMixin, Base):
+    """A GPU (or CPU-only) machine running `gpuplan agent`."""
+
+    __tablename__ = "nodes"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    gpu: Mapped[str] = mapped_column(String(100))  # catalog GPU name, or "cpu"
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_memory_gib: Mapped[float] = mapped_column(Float)
+    driver: Mapped[str] = mapped_column(String(50))
+    cuda: Mapped[str] = mapped_column(String(50))
+    provider: Mapped[str] = mapped_column(String(100))
+    usd_per_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    gpus: Mapped[list[Any]] = mapped_column(JSON, default=list)  # per-GPU utilisation and memory
+    job_running: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CalibrationRow(IdMixin, TimestampMixin, Base):
+    """A short real training run of a plan on a node, to measure memory and speed."""
+
+    __tablename__ = "calibrations"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued, running, done, failed
+    warmup_steps: Mapped[int] = mapped_column(Integer)
+    timed_steps: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    benchmark_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+
+
+class BenchmarkRow(IdMixin, TimestampMixin, Base):
+    """What a calibration measured, beside what gpuplan predicted for the same plan and card."""
+
+    __tablename__ = "benchmark_results"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    calibration_id: Mapped[str] = mapped_column(String(32))
+    gpu: Mapped[str] = mapped_column(String(100), index=True)
+    model_name: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(16))
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    peak_allocated_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_reserved_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    hardware_utilisation: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_peak_allocated_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    device: Mapped[str] = mapped_column(String(200))
