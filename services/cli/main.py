@@ -141,6 +141,19 @@ def _build_parser() -> _Parser:
     worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
     worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
     sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
+    plans = sub.add_parser("plans", help="submit and follow plans on a running service")
+    plans_sub = plans.add_subparsers(dest="plans_command", required=True, parser_class=_Parser)
+    for name, text in (("submit", "submit a plan file (with its dataset and epochs)"), ("get", "show a plan")):
+        cmd = plans_sub.add_parser(name, help=text)
+        cmd.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL")
+        cmd.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+        cmd.add_argument("--json", action="store_true")
+        if name == "submit":
+            cmd.add_argument("--plan", metavar="FILE", required=True)
+            cmd.add_argument("--wait", action="store_true", help="wait until the plan is done or failed")
+        else:
+            cmd.add_argument("id")
+
     agent = sub.add_parser("agent", help="run on a GPU node: register it, heartbeat, run its calibrations")
     agent.add_argument("--api", required=True, metavar="URL", help="the gpuplan service, e.g. http://planner:8000")
     agent.add_argument("--key", required=True, help="the organization's API key")
@@ -301,6 +314,55 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plans(args: argparse.Namespace) -> int:
+    import time
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.key}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
+            if args.plans_command == "submit":
+                response = client.post("/v1/plans", json=_read_plan_file(args.plan))
+                if response.status_code >= 400:
+                    raise CliError(_api_error(response))
+                plan_id = response.json()["id"]
+                if not args.wait:
+                    print(plan_id)
+                    return 0
+                while True:
+                    body = client.get(f"/v1/plans/{plan_id}").json()
+                    if body["status"] in ("done", "failed"):
+                        break
+                    time.sleep(0.5)
+            else:
+                response = client.get(f"/v1/plans/{args.id}")
+                if response.status_code >= 400:
+                    raise CliError(_api_error(response))
+                body = response.json()
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc}") from None
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"plan {body['id']}: {body['status']}" + (f" ({body['error']})" if body.get("error") else ""))
+    for rec in body.get("recommendations", [])[:5]:
+        spot = f", spot ${rec['spot_cost_usd']:,.2f}" if rec.get("spot_cost_usd") is not None else ""
+        print(
+            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}): {rec['peak_gib_per_gpu']:.1f} of "
+            f"{rec['gpu_memory_gib']:.0f} GiB, {rec['hours']:.1f} h, ${rec['cost_usd']:,.2f}{spot}"
+        )
+    return 0 if body["status"] != "failed" else 1
+
+
+def _api_error(response: Any) -> str:
+    try:
+        body = response.json()
+        return str(body.get("message") or body)
+    except ValueError:
+        return f"HTTP {response.status_code}"
+
+
 def _cmd_agent(args: argparse.Namespace) -> int:
     import httpx
 
@@ -345,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return server.run(args)
         if args.command == "agent":
             return _cmd_agent(args)
+        if args.command == "plans":
+            return _cmd_plans(args)
         handlers = {
             "estimate": _cmd_estimate,
             "trace": _cmd_trace,

@@ -191,3 +191,75 @@ def test_admin_commands(tmp_path: Path) -> None:
     bad.write_text("provider,gpu,on_demand_usd_per_hour\nx,V100,1\n")
     rejected = gp("admin", "import-offers", str(bad))
     assert rejected.returncode == 2 and "row 1: gpu" in rejected.stderr
+
+
+def test_plans_submit_and_get_against_a_running_service(tmp_path: Path) -> None:
+    import os
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        key = (tmp_path / ".gpuplan" / "local-key").read_text().strip()
+        plan = tmp_path / "plan.json"
+        plan.write_text(
+            json.dumps(
+                {
+                    "model": {"name": "meta-llama/Llama-3.1-8B"},
+                    "method": "qlora",
+                    "dataset": {"examples": 1000, "avg_tokens": 512},
+                    "epochs": 1,
+                }
+            )
+        )
+        api = f"http://127.0.0.1:{port}"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli.main",
+                "plans",
+                "submit",
+                "--api",
+                api,
+                "--key",
+                key,
+                "--plan",
+                str(plan),
+                "--wait",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        assert ": done" in done.stdout and " x " in done.stdout
+        missing = subprocess.run(
+            [sys.executable, "-m", "services.cli.main", "plans", "get", "nope", "--api", api, "--key", key],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert missing.returncode == 2 and missing.stderr.startswith("gpuplan: error: no plan")
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
