@@ -30,7 +30,14 @@ def detect_gpus() -> dict[str, Any]:
         name = pynvml.nvmlDeviceGetName(handle)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
         driver = pynvml.nvmlSystemGetDriverVersion()
-        return {"gpu": str(name), "gpu_count": count, "gpu_memory_gib": round(memory, 1), "driver": str(driver)}
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 for CUDA 12.4
+        return {
+            "gpu": str(name),
+            "gpu_count": count,
+            "gpu_memory_gib": round(memory, 1),
+            "driver": str(driver),
+            "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
+        }
     except Exception:  # no NVML library or no NVIDIA driver: a CPU-only node
         return {"gpu": "cpu", "gpu_count": 0, "gpu_memory_gib": 0.0, "driver": ""}
 
