@@ -187,7 +187,8 @@ def layer_key(config: dict[str, Any]) -> str | None:
 
 def with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     key = layer_key(config)
-    assert key is not None  # callers check layer_key first
+    if key is None:
+        raise TraceUnavailable("model.config: no layer count field to vary (nested or encoder-decoder config)")
     out = {**config, key: layers}
     for per_layer in ("layer_types", "mlp_only_layers"):  # per-layer lists must match the count
         if isinstance(out.get(per_layer), list):
@@ -200,7 +201,8 @@ def _config_of(plan: Plan) -> dict[str, Any]:
         return dict(plan.model.config)
     from services.catalog.models import find_model
 
-    assert plan.model.name is not None  # resolve_architecture succeeded, so one of them is set
+    if plan.model.name is None:
+        raise TraceUnavailable("model: give model.name or model.config")
     return dict(find_model(plan.model.name).config)
 
 
