@@ -141,6 +141,18 @@ def _build_parser() -> _Parser:
     worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
     worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
     sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
+    data = sub.add_parser("data", help="check a fine-tuning data set before renting GPUs")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    check = data_sub.add_parser("check", help="format, lengths, duplicates, broken rows and personal data")
+    check.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
+    check.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="exact token counts with this tokenizer.json")
+    check.add_argument("--names", metavar="FILE", help="person names to look for, one per line")
+    check.add_argument("--write-clean", metavar="OUT", help="write the kept rows (JSONL) to a new file")
+    check.add_argument("--write-masked", metavar="OUT", help="write a copy with personal data masked")
+    check.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    check.add_argument("--provider-country", metavar="CC", help="where the GPUs are (ISO code)")
+    check.add_argument("--json", action="store_true")
+
     plans = sub.add_parser("plans", help="submit and follow plans on a running service")
     plans_sub = plans.add_subparsers(dest="plans_command", required=True, parser_class=_Parser)
     for name, text in (("submit", "submit a plan file (with its dataset and epochs)"), ("get", "show a plan")):
@@ -355,6 +367,71 @@ def _cmd_plans(args: argparse.Namespace) -> int:
     return 0 if body["status"] != "failed" else 1
 
 
+def _cmd_data_check(args: argparse.Namespace) -> int:
+    from services.datacheck import DataCheckError, check_dataset, data_location_warning, write_clean, write_masked
+
+    names = None
+    if args.names:
+        try:
+            names = [n.strip() for n in Path(args.names).read_text(encoding="utf-8").splitlines() if n.strip()]
+        except OSError as exc:
+            raise CliError(f"--names {args.names}: cannot read ({exc.strerror or exc})") from None
+    try:
+        report = check_dataset(args.file, tokenizer_json=args.tokenizer, names=names)
+        warning = None
+        if args.data_country and args.provider_country:
+            warning = data_location_warning(report.pii, args.data_country, args.provider_country)
+        written = []
+        if args.write_clean:
+            written.append(f"{write_clean(args.file, args.write_clean)} clean rows to {args.write_clean}")
+        if args.write_masked:
+            written.append(
+                f"{write_masked(args.file, args.write_masked, names=names)} masked rows to {args.write_masked}"
+            )
+    except DataCheckError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps({**report.model_dump(mode="json"), "data_location_warning": warning}, indent=2))
+        return 0
+    t = report.tokens
+    print(
+        f"{report.path}: {report.rows_total:,} rows, format {report.detected_format or 'unknown'} "
+        f"({report.file_format}); {report.rows_kept:,} kept"
+    )
+    print(
+        f"tokens ({t.method}): p50 {t.p50_tokens}, p90 {t.p90_tokens}, p95 {t.p95_tokens}, p99 {t.p99_tokens}, "
+        f"max {t.max_tokens}"
+    )
+    print(
+        f"recommended seq_len {t.recommended_seq_len_tokens} (truncates {t.truncated_rows} rows, "
+        f"{t.truncated_share:.1%}); tokens per epoch {t.tokens_per_epoch_packed:,} packed, "
+        f"{t.tokens_per_epoch_padded:,} padded"
+    )
+    for label, rows in (
+        ("broken", report.broken_rows),
+        ("encoding problems", report.encoding_problem_rows),
+        ("not matching the format", report.mismatched_rows),
+    ):
+        if rows:
+            shown = "; ".join(f"row {r.row_number}: {r.reason}" for r in rows[:5])
+            print(f"{len(rows)} {label}: {shown}{' ...' if len(rows) > 5 else ''}")
+    print(
+        f"{len(report.empty_rows)} empty, {len(report.short_rows)} very short, {len(report.overlong_rows)} over "
+        f"seq_len, {len(report.exact_duplicates)} exact and {len(report.near_duplicates)} near duplicates"
+    )
+    print(f"validation split: {report.validation_split.rows} rows ({report.validation_split.rule})")
+    for kind in report.pii:
+        print(
+            f"personal data: {kind.count} {kind.kind} (rows {', '.join(map(str, kind.example_row_numbers))}; "
+            f"e.g. {', '.join(kind.masked_examples)})"
+        )
+    if warning:
+        print(f"WARNING: {warning}")
+    for line in written:
+        print(f"wrote {line}")
+    return 0
+
+
 def _api_error(response: Any) -> str:
     try:
         body = response.json()
@@ -409,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_agent(args)
         if args.command == "plans":
             return _cmd_plans(args)
+        if args.command == "data":
+            return _cmd_data_check(args)
         handlers = {
             "estimate": _cmd_estimate,
             "trace": _cmd_trace,

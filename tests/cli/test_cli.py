@@ -263,3 +263,32 @@ def test_plans_submit_and_get_against_a_running_service(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_data_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "train.jsonl"
+    rows = [
+        {"instruction": "Say hi", "input": "", "output": "Hello there, my friend, how are you today?"},
+        {"instruction": "Contact", "input": "", "output": "write to ali.veli@example.com please, thanks a lot"},
+        {"instruction": "Say hi", "input": "", "output": "Hello there, my friend, how are you today?"},
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    clean = tmp_path / "clean.jsonl"
+    code, out, _ = _run(
+        capsys,
+        "data",
+        "check",
+        str(data),
+        "--data-country",
+        "TR",
+        "--provider-country",
+        "US",
+        "--write-clean",
+        str(clean),
+    )
+    assert code == 0
+    assert "format alpaca" in out and "row 4" in out and "1 exact" in out and "KVKK" in out
+    assert len(clean.read_text().splitlines()) == 2
+    assert data.read_text().count("\n") == 4  # the original is untouched
+    code, _, err = _run(capsys, "data", "check", str(tmp_path / "missing.jsonl"))
+    assert code == 2 and err.startswith("gpuplan: error:")

@@ -1,0 +1,138 @@
+"""Recognise the row format of a fine-tuning set and pull out the text each row trains on."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# The order breaks ties in the majority vote: the more specific format first.
+FORMATS = ("chat", "alpaca", "prompt_completion", "text")
+
+# Role spellings seen in OpenAI, ShareGPT/FastChat, Vicuna and Gemini exports, mapped to the canonical three.
+ROLE_ALIASES: Mapping[str, str] = {
+    "user": "user",
+    "human": "user",
+    "system": "system",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+}
+# Alpaca's instruction/input/output, and the prompt/response spelling several datasets use for the same thing.
+ALPACA_KEYS = (("instruction", "output"), ("prompt", "response"))
+
+
+@dataclass(frozen=True)
+class RowText:
+    """The text a row trains on, and its target (answer) part; `target` is None for plain text."""
+
+    text: str
+    target: str | None
+
+
+def _chat_messages(row: Mapping[str, Any]) -> tuple[list[Any], str, str] | None:
+    if "messages" in row:
+        return row["messages"], "role", "content"
+    if "conversations" in row:
+        return row["conversations"], "from", "value"
+    return None
+
+
+def _chat_problem(row: Mapping[str, Any]) -> str | None:
+    found = _chat_messages(row)
+    if found is None:
+        return "no 'messages' (role/content) or 'conversations' (from/value) list"
+    messages, role_key, content_key = found
+    if not isinstance(messages, list) or not messages:
+        return "the message list is empty or not a list"
+    roles = set()
+    for index, message in enumerate(messages, start=1):
+        if not isinstance(message, dict):
+            return f"message {index} is not an object"
+        role = message.get(role_key)
+        canonical = ROLE_ALIASES.get(role.lower()) if isinstance(role, str) else None
+        if canonical is None:
+            return f"message {index}: unknown {role_key} {role!r}; allowed: {', '.join(sorted(ROLE_ALIASES))}"
+        if not isinstance(message.get(content_key), str):
+            return f"message {index}: {content_key!r} is missing or not a string"
+        roles.add(canonical)
+    if "assistant" not in roles:
+        return "no assistant message to learn from"
+    return None
+
+
+def _string_fields_problem(row: Mapping[str, Any], keys: Iterable[str]) -> str | None:
+    missing = [k for k in keys if not isinstance(row.get(k), str)]
+    if missing:
+        return f"missing or non-string field(s): {', '.join(missing)}"
+    return None
+
+
+def _alpaca_problem(row: Mapping[str, Any]) -> str | None:
+    for instruction, output in ALPACA_KEYS:
+        if instruction in row:
+            problem = _string_fields_problem(row, (instruction, output))
+            if problem is None and not isinstance(row.get("input", ""), str | None):
+                return "field 'input' is not a string"
+            return problem
+    return "no 'instruction'/'output' (or 'prompt'/'response') fields"
+
+
+def _prompt_completion_problem(row: Mapping[str, Any]) -> str | None:
+    return _string_fields_problem(row, ("prompt", "completion"))
+
+
+def _text_problem(row: Mapping[str, Any]) -> str | None:
+    return _string_fields_problem(row, ("text",))
+
+
+_CHECKS: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = {
+    "chat": _chat_problem,
+    "alpaca": _alpaca_problem,
+    "prompt_completion": _prompt_completion_problem,
+    "text": _text_problem,
+}
+
+
+def format_problem(row: Any, fmt: str) -> str | None:
+    """Why `row` does not fit format `fmt`, or None when it does."""
+    if fmt not in _CHECKS:
+        raise ValueError(f"fmt: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if not isinstance(row, dict):
+        return f"row is a JSON {type(row).__name__}, not an object"
+    return _CHECKS[fmt](row)
+
+
+def format_votes(rows: Iterable[Any]) -> dict[str, int]:
+    """How many rows fit each format (a row may fit several)."""
+    votes: Counter[str] = Counter({fmt: 0 for fmt in FORMATS})
+    for row in rows:
+        for fmt in FORMATS:
+            if format_problem(row, fmt) is None:
+                votes[fmt] += 1
+    return dict(votes)
+
+
+def detect_format(votes: Mapping[str, int]) -> str | None:
+    """The format most rows fit (ties go to the earlier one in FORMATS); None when no row fits any."""
+    best = max(FORMATS, key=lambda fmt: (votes.get(fmt, 0), -FORMATS.index(fmt)))
+    return best if votes.get(best, 0) > 0 else None
+
+
+def row_text(row: Mapping[str, Any], fmt: str) -> RowText:
+    """The training text of a row that fits `fmt` (fields joined by newlines; chat templates not added)."""
+    if fmt == "chat":
+        found = _chat_messages(row)
+        messages, role_key, content_key = found if found is not None else ([], "role", "content")
+        contents = [str(m[content_key]) for m in messages]
+        answers = [str(m[content_key]) for m in messages if ROLE_ALIASES.get(str(m[role_key]).lower()) == "assistant"]
+        return RowText("\n".join(contents), "\n".join(answers))
+    if fmt == "alpaca":
+        instruction, output = next(pair for pair in ALPACA_KEYS if pair[0] in row)
+        parts = [row[instruction], row.get("input") or "", row[output]]
+        return RowText("\n".join(p for p in parts if p), row[output])
+    if fmt == "prompt_completion":
+        return RowText(f"{row['prompt']}\n{row['completion']}", row["completion"])
+    return RowText(row["text"], None)

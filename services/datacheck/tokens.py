@@ -1,0 +1,120 @@
+"""Token counts, length percentiles, the sequence-length bucket and tokens per epoch."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+# English text through GPT-2/Llama-style BPE averages about 4 characters per token (OpenAI's tokenizer
+# guide: "one token generally corresponds to ~4 characters of common English text"). Expect +-20-30% for
+# English prose; Turkish and other agglutinative languages, code and numbers often need 1.5-2x more tokens.
+CHARS_PER_TOKEN = 4.0
+APPROXIMATION_NOTE = (
+    "token counts approximated as ceil(characters / 4): typically within 20-30% for English text with a BPE "
+    "tokenizer, and an under-count (often by 1.5-2x) for Turkish, other non-English text and code; pass "
+    "tokenizer_json (needs the tokenizers package) for exact counts"
+)
+SEQ_LEN_BUCKETS_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PERCENTILES = (50, 90, 95, 99)
+
+
+class TokenStats(BaseModel):
+    """Length distribution of the rows in tokens and what one epoch costs at the recommended length."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str
+    rows_counted: int
+    p50_tokens: int
+    p90_tokens: int
+    p95_tokens: int
+    p99_tokens: int
+    max_tokens: int
+    recommended_seq_len_tokens: int
+    truncated_rows: int
+    truncated_share: float
+    tokens_per_epoch_padded: int
+    tokens_per_epoch_packed: int
+    padding_assumption: str
+    notes: tuple[str, ...]
+
+
+def approx_tokens(text: str) -> int:
+    """Approximate token count: ceil(len / CHARS_PER_TOKEN)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def make_counter(tokenizer_json: str | Path | None) -> tuple[Callable[[str], int], str, tuple[str, ...]]:
+    """A token counter, its method name and notes: the tokenizer file when usable, else the approximation."""
+    if tokenizer_json is None:
+        return approx_tokens, "approx_4_chars_per_token", (APPROXIMATION_NOTE,)
+    try:
+        module: Any = importlib.import_module("tokenizers")
+    except ImportError:
+        note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
+        return approx_tokens, "approx_4_chars_per_token", (note,)
+    if not Path(tokenizer_json).is_file():
+        raise ValueError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
+    tokenizer = module.Tokenizer.from_file(str(tokenizer_json))
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    return count, "tokenizer_json", (f"exact counts from {tokenizer_json}",)
+
+
+def percentile(sorted_values: Sequence[int], pct: float) -> int:
+    """Nearest-rank percentile (the smallest value with at least pct% of values at or below it)."""
+    if not sorted_values:
+        return 0
+    if not 0 < pct <= 100:
+        raise ValueError(f"pct: {pct} is outside (0, 100]")
+    rank = math.ceil(pct / 100 * len(sorted_values))
+    return sorted_values[max(rank, 1) - 1]
+
+
+def choose_seq_len(p99_tokens: int) -> int:
+    """The smallest bucket in SEQ_LEN_BUCKETS_TOKENS that holds p99; the largest bucket when none does."""
+    for bucket in SEQ_LEN_BUCKETS_TOKENS:
+        if p99_tokens <= bucket:
+            return bucket
+    return SEQ_LEN_BUCKETS_TOKENS[-1]
+
+
+PADDING_ASSUMPTION = (
+    "unpacked: every row padded (or truncated) to the recommended seq_len, i.e. static padding; dynamic "
+    "padding to the longest row in each batch costs less, between the packed and this figure. packed: the sum "
+    "of row lengths, a truncated row counted at seq_len"
+)
+
+
+def token_stats(lengths: Sequence[int], method: str, notes: tuple[str, ...]) -> TokenStats:
+    """Percentiles, recommended seq_len, truncation and tokens per epoch padded vs packed."""
+    ordered = sorted(lengths)
+    p = {pct: percentile(ordered, pct) for pct in PERCENTILES}
+    seq_len = choose_seq_len(p[99])
+    truncated = sum(1 for n in ordered if n > seq_len)
+    extra: tuple[str, ...] = ()
+    if ordered and p[99] > SEQ_LEN_BUCKETS_TOKENS[-1]:
+        extra = (f"p99 ({p[99]} tokens) exceeds the largest bucket {SEQ_LEN_BUCKETS_TOKENS[-1]}",)
+    return TokenStats(
+        method=method,
+        rows_counted=len(ordered),
+        p50_tokens=p[50],
+        p90_tokens=p[90],
+        p95_tokens=p[95],
+        p99_tokens=p[99],
+        max_tokens=ordered[-1] if ordered else 0,
+        recommended_seq_len_tokens=seq_len,
+        truncated_rows=truncated,
+        truncated_share=truncated / len(ordered) if ordered else 0.0,
+        tokens_per_epoch_padded=len(ordered) * seq_len,
+        tokens_per_epoch_packed=sum(min(n, seq_len) for n in ordered),
+        padding_assumption=PADDING_ASSUMPTION,
+        notes=notes + extra,
+    )

@@ -1,0 +1,134 @@
+"""Reading rows (JSONL, JSON array, CSV, gzip) and detecting the row format."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.datacheck import DataCheckError, RowError, check_dataset, detect_format, format_votes, load_rows
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_jsonl_broken_and_encoding_rows_are_numbered(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "one"}\n{"text": broken\n\n{"text": "\xff\xfe"}\n{"text": "five"}\n')
+    rows = list(load_rows(path))
+    assert [n for n, _ in rows] == [1, 2, 4, 5]
+    assert rows[0] == (1, {"text": "one"})
+    broken, encoding = rows[1][1], rows[2][1]
+    assert isinstance(broken, RowError) and broken.kind == "broken" and "not valid JSON" in broken.reason
+    assert isinstance(encoding, RowError) and encoding.kind == "encoding"
+
+
+def test_gzip_json_array_and_csv(tmp_path: Path) -> None:
+    gz = tmp_path / "d.jsonl.gz"
+    with gzip.open(gz, "wt", encoding="utf-8") as handle:
+        handle.write('{"text": "a"}\n{"text": "b"}\n')
+    assert [r for _, r in load_rows(gz)] == [{"text": "a"}, {"text": "b"}]
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps([{"text": "a"}, {"text": "b"}]), encoding="utf-8")
+    assert [n for n, _ in load_rows(array)] == [1, 2]
+    table = tmp_path / "d.csv"
+    table.write_text('prompt,completion\n"Hi, there",hello\nx,y,z\n', encoding="utf-8")
+    rows = list(load_rows(table))
+    assert rows[0] == (1, {"prompt": "Hi, there", "completion": "hello"})
+    assert isinstance(rows[1][1], RowError) and rows[1][0] == 2
+
+
+def test_unsupported_extension_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(DataCheckError, match="path: unsupported file type 'txt'"):
+        list(load_rows(tmp_path / "d.txt"))
+
+
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed")
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    with pytest.raises(DataCheckError, match="pyarrow"):
+        list(load_rows(path))
+
+
+CHAT_ROWS: list[Any] = [
+    {
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ]
+    },
+    {"messages": [{"role": "USER", "content": "q"}, {"role": "model", "content": "a"}]},
+    {"messages": [{"role": "human", "content": "q"}, {"role": "bot", "content": "a"}]},
+    {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+]
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        (CHAT_ROWS, "chat"),
+        ([{"instruction": "i", "input": "", "output": "o"}, {"prompt": "p", "response": "r"}], "alpaca"),
+        ([{"prompt": "p", "completion": "c"}, {"prompt": "p2", "completion": "c2"}], "prompt_completion"),
+        ([{"text": "t"}, {"text": "u"}], "text"),
+    ],
+)
+def test_each_format_detected(rows: list[Any], expected: str) -> None:
+    votes = format_votes(rows)
+    assert votes[expected] == len(rows)
+    assert detect_format(votes) == expected
+
+
+def test_mismatched_rows_listed_with_reason(tmp_path: Path) -> None:
+    rows: list[Any] = [
+        *CHAT_ROWS,
+        {"messages": [{"role": "user", "content": "q"}, {"role": "narrator", "content": "a"}]},
+        {"text": "plain"},
+        [1, 2],
+    ]
+    report = check_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert report.detected_format == "chat"
+    reasons = {p.row_number: p.reason for p in report.mismatched_rows}
+    assert set(reasons) == {5, 6, 7}
+    assert "unknown role 'narrator'" in reasons[5]
+    assert "no 'messages'" in reasons[6]
+    assert "not an object" in reasons[7]
+
+
+def test_report_counts_broken_rows_and_is_json(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a b c"}\nnot json\n', encoding="utf-8")
+    calls: list[tuple[int, int]] = []
+    report = check_dataset(path, progress=lambda done, total: calls.append((done, total)))
+    assert [(p.row_number, p.reason[:14]) for p in report.broken_rows] == [(2, "not valid JSON")]
+    assert calls == [(2, 2)]
+    assert json.loads(report.model_dump_json())["rows_total"] == 2
+
+
+def test_tokenizer_json_without_tokenizers_falls_back_with_a_note(tmp_path: Path) -> None:
+    if importlib.util.find_spec("tokenizers") is not None:
+        pytest.skip("tokenizers is installed")
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "abcd" * 10}])
+    report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
+    assert report.tokens.method == "approx_4_chars_per_token"
+    assert report.tokens.max_tokens == 10
+    assert "tokenizers package is not installed" in report.tokens.notes[0]
+
+
+def test_tokenizer_json_gives_exact_counts(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "a a a a a"}, {"text": "a b"}])
+    report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
+    assert report.tokens.method == "tokenizer_json"
+    assert (report.tokens.max_tokens, report.tokens.p50_tokens) == (5, 2)
