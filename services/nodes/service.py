@@ -1,13 +1,8 @@
-"""GPU nodes, calibration jobs and the benchmark results they produce.
-
-Calibration rule: for a GPU model and training method with calibration results in the organization,
-the planner uses the median hardware utilisation of the latest five results instead of the GPU-class
-prior (services/estimator/throughput.py UTILISATION_PRIOR).
-"""
+"""GPU nodes, calibration jobs and the benchmark results they produce (the calibration rule that
+uses them is in services/nodes/calibration.py)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from sqlalchemy import select
@@ -25,8 +20,6 @@ from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
 from services.orgs.service import Principal
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
-
-CALIBRATION_WINDOW = 5
 
 
 def register_node(session: Session, principal: Principal, body: NodeRegistration) -> NodeRow:
@@ -194,25 +187,3 @@ def list_benchmarks(
     if method:
         query = query.where(BenchmarkRow.method == method)
     return session.scalars(query.order_by(BenchmarkRow.created_at.desc())).all()
-
-
-def calibrated_utilisation(session: Session, organization_id: str, method: str) -> dict[str, tuple[float, str]]:
-    """GPU name -> (median hardware utilisation of the latest results for ``method``, where it came from)."""
-    rows = session.scalars(
-        select(BenchmarkRow)
-        .where(
-            BenchmarkRow.organization_id == organization_id,
-            BenchmarkRow.method == method,
-            BenchmarkRow.hardware_utilisation.is_not(None),
-        )
-        .order_by(BenchmarkRow.created_at.desc())
-    ).all()
-    by_gpu: dict[str, list[float]] = {}
-    for row in rows:
-        values = by_gpu.setdefault(row.gpu, [])
-        if len(values) < CALIBRATION_WINDOW and row.hardware_utilisation is not None:
-            values.append(row.hardware_utilisation)
-    return {
-        gpu: (statistics.median(values), f"calibrated on {len(values)} {method} run(s) on {gpu}")
-        for gpu, values in by_gpu.items()
-    }

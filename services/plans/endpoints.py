@@ -8,7 +8,7 @@ from services.api.deps import DbDep, PrincipalDep
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.export import Format
-from services.nodes.service import calibrated_utilisation
+from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 

@@ -18,6 +18,7 @@ from services.core.tasks import PendingTasks
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
 from services.export import ExportBundle, export_setup
+from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
@@ -212,8 +213,6 @@ def to_summary(row: PlanRow) -> PlanSummary:
 def compute(session: Session, request: PlanRequest, safety_margin: float, organization_id: str) -> dict[str, Any]:
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
     with the organization's calibrated utilisation where its nodes measured the card and method."""
-    from services.nodes.service import calibrated_utilisation  # here: nodes.service imports this module
-
     plan = request.to_plan()
     report = estimate(plan)
     offers = as_offers(active_offers(session))

@@ -1,0 +1,36 @@
+"""Calibration rule: for a GPU model and training method with calibration results in the organization,
+the planner and /v1/estimate use the median hardware utilisation of the latest five results instead of
+the GPU-class prior (services/estimator/throughput.py UTILISATION_PRIOR)."""
+
+from __future__ import annotations
+
+import statistics
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.nodes.tables import BenchmarkRow
+
+CALIBRATION_WINDOW = 5
+
+
+def calibrated_utilisation(session: Session, organization_id: str, method: str) -> dict[str, tuple[float, str]]:
+    """GPU name -> (median hardware utilisation of the latest results for ``method``, where it came from)."""
+    rows = session.scalars(
+        select(BenchmarkRow)
+        .where(
+            BenchmarkRow.organization_id == organization_id,
+            BenchmarkRow.method == method,
+            BenchmarkRow.hardware_utilisation.is_not(None),
+        )
+        .order_by(BenchmarkRow.created_at.desc())
+    ).all()
+    by_gpu: dict[str, list[float]] = {}
+    for row in rows:
+        values = by_gpu.setdefault(row.gpu, [])
+        if len(values) < CALIBRATION_WINDOW and row.hardware_utilisation is not None:
+            values.append(row.hardware_utilisation)
+    return {
+        gpu: (statistics.median(values), f"calibrated on {len(values)} {method} run(s) on {gpu}")
+        for gpu, values in by_gpu.items()
+    }
