@@ -1,9 +1,13 @@
-"""Shared test helpers. Pure-core tests need no fixtures; these only build plans."""
+"""Shared test helpers: plans, service requirements, and the loopback S3 server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from services.core.settings import Settings
 from services.estimator.plan import Plan
 
 LLAMA_8B: dict[str, Any] = {
@@ -66,3 +70,63 @@ def _hypothesis_profiles() -> None:
 
 
 _hypothesis_profiles()
+
+
+S3_TEST_CREDENTIALS = {"s3_access_key_id": "gpuplan-test", "s3_secret_access_key": "gpuplan-test-secret"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _s3_server() -> Iterator[str]:
+    """moto's S3-compatible server in its own process, over real HTTP on loopback."""
+    import importlib.util
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    available = importlib.util.find_spec("moto") is not None and importlib.util.find_spec("flask") is not None
+    require_service("an S3-compatible server (moto[server])", available, "pip install 'moto[server]'")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                require_service("an S3-compatible server (moto[server])", False, "pip install 'moto[server]'")
+            time.sleep(0.1)
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+s3_server = pytest.fixture(scope="session")(_s3_server)
+
+
+@pytest.fixture
+def s3_settings(s3_server: str) -> Settings:
+    """Settings pointing at a fresh, empty bucket on the loopback S3 server."""
+    import uuid
+
+    from services.storage.s3 import make_s3_client
+
+    settings = Settings(s3_endpoint_url=s3_server, s3_bucket=f"gpuplan-{uuid.uuid4().hex[:12]}", **S3_TEST_CREDENTIALS)
+    make_s3_client(settings).create_bucket(Bucket=settings.s3_bucket)
+    return settings

@@ -53,3 +53,10 @@ class Unprocessable(GpuplanError):
 
     status_code = 422
     code = "invalid"
+
+
+class ConfigurationError(GpuplanError):
+    """The server is missing a setting the request needs (e.g. no bucket configured)."""
+
+    status_code = 503
+    code = "not_configured"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_FILE = "gpuplan.db"
@@ -31,6 +32,14 @@ class Settings(BaseSettings):
     # Failure injection for the worker tests: sleep this long between computing and storing a result.
     task_debug_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
     stale_plan_after_s: int = Field(default=3900, ge=0, description="beat re-enqueues plans unfinished this long")
+    # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
+    # SecretStr so that it never appears in a repr, a log line or an API response.
+    s3_endpoint_url: str | None = Field(default=None, description="unset = AWS S3; e.g. http://127.0.0.1:9000")
+    s3_region: str = "us-east-1"
+    s3_bucket: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    s3_addressing_style: Literal["path", "virtual", "auto"] = "path"
 
     @field_validator("database_url")
     @classmethod

@@ -1,0 +1,60 @@
+"""One way to build an S3 client from gpuplan's settings (AWS S3, MinIO, or any S3-compatible store).
+
+Credentials come from the settings (or, when those are unset, boto3's usual chain: environment,
+shared config, instance role). They are never logged and never returned by the API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.core.errors import ConfigurationError
+from services.core.settings import Settings
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """Where objects go: a bucket and a key prefix inside it (no leading or trailing slash)."""
+
+    bucket: str
+    prefix: str = ""
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+
+def make_s3_client(settings: Settings, *, max_attempts: int = 5, timeout_s: float = 30.0) -> Any:
+    """A boto3 S3 client for the configured endpoint. boto3 retries throttling, 5xx and connection
+    errors itself ("standard" mode, exponential backoff with jitter); callers add resumption."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:  # pragma: no cover - boto3 is a core dependency
+        raise ConfigurationError("object storage needs boto3: pip install boto3") from exc
+
+    secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
+    config = Config(
+        region_name=settings.s3_region,
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        s3={"addressing_style": settings.s3_addressing_style},
+        # Checksums only where the operation needs them: several S3-compatible stores reject the
+        # newer default trailing CRC headers. gpuplan verifies content with its own SHA-256 manifest.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=secret,
+        config=config,
+    )
+
+
+def default_location(settings: Settings, prefix: str = "") -> S3Location:
+    if not settings.s3_bucket:
+        raise ConfigurationError("no bucket configured: set GPUPLAN_S3_BUCKET (and GPUPLAN_S3_ENDPOINT_URL for MinIO)")
+    return S3Location(settings.s3_bucket, prefix.strip("/"))
