@@ -8,4 +8,5 @@ def import_all_tables() -> None:
     import services.nodes.tables
     import services.orgs.tables
     import services.plans.tables
-    import services.quotes.tables  # noqa: F401
+    import services.quotes.tables
+    import services.runs.tables  # noqa: F401

@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import false as sa_false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
@@ -26,6 +27,39 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     gpus: Mapped[list[Any]] = mapped_column(JSON, default=list)  # per-GPU utilisation and memory
     job_running: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Lifecycle (services/nodes/lifecycle.py): active, stopping, stopped, lost.
+    status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    instance_id: Mapped[str] = mapped_column(String(200), default="", server_default="")  # the provider's id
+    hostname: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    agent_pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    # Idle policy, per node (a run sets it on its nodes).
+    idle_minutes: Mapped[float] = mapped_column(Float, default=15.0, server_default="15")
+    gpu_busy_pct: Mapped[float] = mapped_column(Float, default=10.0, server_default="10")
+    # Busy signals from the last heartbeat.
+    uploading: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    interactive_idle_s: Mapped[float | None] = mapped_column(Float, default=None)
+    unsynced_checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    # The sweep's latest decision (an event is stored whenever it changes).
+    last_decision: Mapped[str | None] = mapped_column(String(16), default=None)
+    last_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    last_decision_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    stopped_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    commands: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")  # for the agent, e.g. ["sync"]
+
+
+class NodeEventRow(IdMixin, TimestampMixin, Base):
+    """A keep-alive or shutdown decision about a node, with its reason (the decisions log)."""
+
+    __tablename__ = "node_events"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    kind: Mapped[str] = mapped_column(String(32))  # keep, stop, stop_failed, lost, back, sync_requested
+    reason: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class CalibrationRow(IdMixin, TimestampMixin, Base):

@@ -1,0 +1,94 @@
+"""When a node may be stopped (pure): the busy signals, the idle timer and the sweep's decision.
+
+A node is busy while any of these holds: a training job runs (whatever its GPU does: a long setup or
+a data download keeps the GPU idle), a GPU is above the utilisation threshold, an upload is in
+progress, an interactive session was active within the idle window, or checkpoints on its disk are
+not yet durable. The idle timer starts at the first heartbeat that shows none of them. A node whose
+heartbeats stop is *lost*, never stopped: the control plane cannot know it is idle, and the
+node-side guard (services/agent/guard.py) stops it if it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IdlePolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    idle_minutes: float = Field(default=15.0, ge=1.0, le=7 * 24 * 60, description="idle time before a stop")
+    gpu_busy_pct: float = Field(default=10.0, ge=0.0, le=100.0, description="GPU utilisation that counts as busy")
+    lost_after_s: float = Field(default=300.0, ge=30.0, le=86_400, description="no heartbeat this long: lost")
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What a heartbeat said about the node."""
+
+    job_running: bool = False
+    gpu_utilisation_pct: float = 0.0  # the busiest GPU
+    uploading: bool = False
+    interactive_idle_s: float | None = None  # the most recently active interactive session; None: none open
+    unsynced_checkpoints: int = 0
+
+
+def busy_reasons(signals: Signals, policy: IdlePolicy) -> list[str]:
+    reasons = []
+    if signals.job_running:
+        reasons.append("a training job is running")
+    if signals.gpu_utilisation_pct > policy.gpu_busy_pct:
+        reasons.append(f"GPU utilisation {signals.gpu_utilisation_pct:.0f}% > {policy.gpu_busy_pct:.0f}%")
+    if signals.uploading:
+        reasons.append("an upload is in progress")
+    if signals.interactive_idle_s is not None and signals.interactive_idle_s < policy.idle_minutes * 60:
+        reasons.append(f"an interactive session was active {signals.interactive_idle_s / 60:.0f} min ago")
+    if signals.unsynced_checkpoints > 0:
+        reasons.append(f"{signals.unsynced_checkpoints} checkpoint(s) not yet durable")
+    return reasons
+
+
+def next_idle_since(previous: datetime | None, signals: Signals, policy: IdlePolicy, at: datetime) -> datetime | None:
+    """The idle timer after a heartbeat at ``at``: cleared while busy, started at the first idle one."""
+    if busy_reasons(signals, policy):
+        return None
+    return previous if previous is not None else at
+
+
+Action = Literal["keep", "stop", "lost"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def decide(
+    last_heartbeat_at: datetime | None,
+    idle_since: datetime | None,
+    signals: Signals,
+    policy: IdlePolicy,
+    now: datetime,
+) -> Decision:
+    if last_heartbeat_at is None or now - last_heartbeat_at > timedelta(seconds=policy.lost_after_s):
+        seen = "never" if last_heartbeat_at is None else f"{(now - last_heartbeat_at).total_seconds() / 60:.0f} min ago"
+        return Decision("lost", f"no heartbeat since {seen} (lost after {policy.lost_after_s / 60:.0f} min)")
+    reasons = busy_reasons(signals, policy)
+    if reasons:
+        return Decision("keep", "busy: " + "; ".join(reasons))
+    if idle_since is None:  # the heartbeat that showed idleness has not been recorded yet
+        return Decision("keep", "idle timer not started")
+    idle = now - idle_since
+    limit = timedelta(minutes=policy.idle_minutes)
+    if idle < limit:
+        left = (limit - idle).total_seconds() / 60
+        return Decision(
+            "keep", f"idle {idle.total_seconds() / 60:.0f} min of {policy.idle_minutes:g}; {left:.0f} min left"
+        )
+    return Decision(
+        "stop", f"idle {idle.total_seconds() / 60:.0f} min >= {policy.idle_minutes:g} min, nothing unsynced"
+    )

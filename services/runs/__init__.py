@@ -1,0 +1,1 @@
+"""Runs: a plan being executed on nodes, its checkpoint schedule, durable checkpoints and retention."""

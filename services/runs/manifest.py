@@ -1,0 +1,103 @@
+"""The bucket layout of a run's checkpoints and the manifest that makes one durable (pure).
+
+Layout, under the run's prefix::
+
+    <prefix>/step-0000001200/<relative path of each file>
+    <prefix>/step-0000001200/manifest.json      written last
+
+A checkpoint is durable only when its manifest exists and every file it lists is in the bucket with
+the listed size and SHA-256. Data without a manifest is an interrupted upload, never restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+# Directory names trainers give their checkpoints: checkpoint-500 (transformers), step-500 / step_500,
+# epoch_2 (torchtune), or a bare number.
+_STEP_PATTERNS = (
+    re.compile(r"^checkpoint[-_](\d+)$"),
+    re.compile(r"^step[-_]?(\d+)$"),
+    re.compile(r"^epoch[-_](\d+)$"),
+    re.compile(r"^(\d+)$"),
+)
+
+
+def step_of(dir_name: str) -> int | None:
+    """The training step a checkpoint directory's name carries (None: not a checkpoint directory)."""
+    for pattern in _STEP_PATTERNS:
+        match = pattern.match(dir_name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def step_prefix(run_prefix: str, step: int) -> str:
+    return "/".join(p for p in (run_prefix.strip("/"), f"step-{step:010d}") if p)
+
+
+def step_from_key(run_prefix: str, key: str) -> int | None:
+    rest = key[len(run_prefix.strip("/")) :].lstrip("/") if run_prefix.strip("/") else key
+    head = rest.split("/", 1)[0]
+    match = re.fullmatch(r"step-(\d{10})", head)
+    return int(match.group(1)) if match else None
+
+
+class ManifestFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1, max_length=1024, description="relative POSIX path inside the checkpoint")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or value != path.as_posix():
+            raise ValueError("must be a normalised relative path without '..'")
+        return value
+
+
+class Manifest(BaseModel):
+    """What a durable checkpoint holds; stored as <step prefix>/manifest.json and in the database."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = MANIFEST_VERSION
+    run_id: str = Field(min_length=1, max_length=64)
+    step: int = Field(ge=0)
+    dir_name: str = Field(min_length=1, max_length=255, description="the directory's name on the node")
+    files: tuple[ManifestFile, ...] = Field(min_length=1, max_length=100_000)
+    metric: float | None = Field(default=None, description="evaluation metric reported with it, if any")
+    final: bool = False
+    created_at: datetime
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def part_md5s_etag(part_md5s: list[bytes]) -> str:
+    """The ETag S3 gives a multipart object: MD5 of the concatenated part MD5s, '-' and the part count."""
+    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
+
+
+def etag_matches(etag: str, md5_hex: str | None, part_md5s: list[bytes] | None) -> bool | None:
+    """Whether an ETag proves the content; None when the store's ETag is not an MD5 (e.g. SSE-KMS), in
+    which case the caller falls back to the size and the SHA-256 it stored as metadata."""
+    etag = etag.strip('"')
+    if "-" in etag:
+        if part_md5s is None or not re.fullmatch(r"[0-9a-f]{32}-\d+", etag):
+            return None
+        return etag == part_md5s_etag(part_md5s)
+    if md5_hex is None or not re.fullmatch(r"[0-9a-f]{32}", etag):
+        return None
+    return etag == md5_hex

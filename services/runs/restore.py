@@ -1,0 +1,91 @@
+"""Restore a durable checkpoint onto a node (boto3 and the local disk).
+
+Files are downloaded into ``<to>/<dir name>.partial`` (an interrupted download resumes with a ranged
+GET from where it stopped), each verified against the manifest's size and SHA-256, and the directory
+is renamed to its final name only when every file is verified: a restore never leaves a directory that
+looks complete but is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.runs.manifest import Manifest, step_prefix
+from services.runs.sync import read_manifest
+
+CHUNK = 8 * 2**20
+
+
+class RestoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    step: int
+    directory: Path
+    files: int
+    bytes: int
+    bytes_downloaded: int
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(s3: Any, bucket: str, key: str, target: Path, size: int) -> int:
+    """Fetch ``key`` into ``target``, continuing a partial file; returns the bytes fetched now."""
+    have = target.stat().st_size if target.exists() else 0
+    if have > size:
+        target.unlink()
+        have = 0
+    if have == size:
+        return 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    extra = {"Range": f"bytes={have}-"} if have else {}
+    body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
+    fetched = 0
+    with target.open("ab") as fh:
+        while chunk := body.read(CHUNK):
+            fh.write(chunk)
+            fetched += len(chunk)
+    return fetched
+
+
+def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest, to: Path) -> RestoreResult:
+    """Download and verify the checkpoint ``expected`` describes (the control plane's record); the
+    manifest in the bucket must agree with it, or nothing is restored."""
+    stored = read_manifest(s3, bucket, run_prefix, expected.step)
+    if stored is None:
+        raise RestoreError(f"step {expected.step}: no manifest in s3://{bucket}/{run_prefix}; it is not durable")
+    if stored.files != expected.files:
+        raise RestoreError(f"step {expected.step}: the bucket's manifest differs from the control plane's record")
+    final = to / stored.dir_name
+    if final.exists():
+        raise RestoreError(f"{final} already exists; restore into an empty directory or remove it")
+    partial = to / f"{stored.dir_name}.partial"
+    base = step_prefix(run_prefix, stored.step)
+    downloaded = 0
+    for entry in stored.files:
+        target = partial / entry.path
+        for attempt in (1, 2):
+            downloaded += _download(s3, bucket, f"{base}/{entry.path}", target, entry.size)
+            if target.stat().st_size == entry.size and _sha256(target) == entry.sha256:
+                break
+            target.unlink()  # corrupt or changed: fetch it once more from the start
+            if attempt == 2:
+                raise RestoreError(f"{entry.path}: checksum mismatch after two downloads; nothing was restored")
+    partial.rename(final)
+    return RestoreResult(stored.step, final, len(stored.files), stored.total_bytes, downloaded)
+
+
+def discard_partial(to: Path, manifest: Manifest) -> None:
+    shutil.rmtree(to / f"{manifest.dir_name}.partial", ignore_errors=True)

@@ -1,0 +1,402 @@
+"""Checkpoint sync to S3-compatible storage: the node side (boto3 and the local disk).
+
+A sync pass uploads every settled checkpoint directory that is not durable yet, oldest first:
+
+1. each file: hashed once (SHA-256 for the manifest, MD5 per part for the store's own check), then
+   sent whole (small files) or as a multipart upload (large ones), each request carrying Content-MD5
+   so the store rejects corrupted bytes; the finished object's ETag is compared with the local MD5s;
+2. the manifest, written last: until it exists, the checkpoint is not durable and never restored;
+3. the control plane is told (it records the last durable step) and answers which old checkpoints
+   retention lets go; those are deleted from the bucket, manifest first.
+
+Resumption needs no local state: the bucket is the truth. A file already in the bucket with the same
+size and SHA-256 is skipped; an interrupted multipart upload is found with ListMultipartUploads and its
+finished parts (ListParts, checked against the local part MD5s) are not sent again. Nothing local is
+ever deleted. boto3 retries 5xx and connection errors with backoff (services/storage/s3.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from services.runs.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestFile,
+    etag_matches,
+    step_from_key,
+    step_of,
+    step_prefix,
+)
+
+log = logging.getLogger("gpuplan.sync")
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    part_size: int = 64 * MiB  # S3 allows 5 MiB to 5 GiB per part, at most 10,000 parts
+    multipart_threshold: int = 64 * MiB
+    settle_s: float = 60.0  # a directory whose newest file is younger than this may still be written
+    concurrency: int = 4  # parts in flight per file
+
+
+@dataclass
+class FileUpload:
+    path: str
+    size: int
+    sha256: str
+    skipped: bool = False  # already in the bucket, verified
+    parts_sent: list[int] = field(default_factory=list)
+    parts_reused: list[int] = field(default_factory=list)
+    bytes_sent: int = 0
+
+
+@dataclass
+class CheckpointUpload:
+    manifest: Manifest
+    files: list[FileUpload]
+    seconds: float
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(f.bytes_sent for f in self.files)
+
+
+class ControlPlane(Protocol):
+    """What a sync pass needs from the API (services/runs/client.py talks HTTP; tests may use it too)."""
+
+    def durable_steps(self) -> set[int]: ...
+
+    def report_durable(self, manifest: Manifest, upload_bytes_per_s: float | None) -> list[int]: ...
+
+    def report_deleted(self, step: int) -> None: ...
+
+
+@dataclass
+class SyncResult:
+    uploaded: list[CheckpointUpload] = field(default_factory=list)
+    already_durable: list[int] = field(default_factory=list)
+    unsettled: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+
+
+class SyncError(Exception):
+    """A checkpoint could not be made durable; nothing was lost, the next pass resumes."""
+
+
+def _md5_b64(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+
+
+def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint directory under ``root``, oldest step first."""
+    if not root.is_dir():
+        raise SyncError(f"checkpoint directory {root} does not exist")
+    found = [(step, p) for p in root.iterdir() if p.is_dir() and (step := step_of(p.name)) is not None]
+    return sorted(found)
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def settled(directory: Path, settle_s: float, now: float | None = None) -> bool:
+    """Whether nothing in the directory changed for ``settle_s`` seconds (the trainer is done with it)."""
+    now = time.time() if now is None else now
+    newest = max((p.stat().st_mtime for p in [directory, *_files(directory)]), default=0.0)
+    return now - newest >= settle_s
+
+
+def _hash_file(path: Path, part_size: int) -> tuple[str, str, list[bytes]]:
+    """SHA-256 of the whole file, MD5 of the whole file, and the MD5 of each part-size chunk."""
+    sha, md5, parts = hashlib.sha256(), hashlib.md5(usedforsecurity=False), []
+    with path.open("rb") as fh:
+        while chunk := fh.read(part_size):
+            sha.update(chunk)
+            md5.update(chunk)
+            parts.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    return sha.hexdigest(), md5.hexdigest(), parts
+
+
+def _read_part(path: Path, number: int, part_size: int) -> bytes:
+    with path.open("rb") as fh:
+        fh.seek((number - 1) * part_size)
+        return fh.read(part_size)
+
+
+def _head(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        return dict(s3.head_object(Bucket=bucket, Key=key))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
+def _already_there(head: dict[str, Any] | None, size: int, sha: str, md5: str, parts: list[bytes]) -> bool:
+    if head is None or int(head.get("ContentLength", -1)) != size:
+        return False
+    if head.get("Metadata", {}).get("sha256") not in (None, sha):
+        return False
+    proven = etag_matches(str(head.get("ETag", "")), md5, parts)
+    return bool(proven) or (proven is None and head.get("Metadata", {}).get("sha256") == sha)
+
+
+def _verify(s3: Any, bucket: str, key: str, size: int, sha: str, md5: str, parts: list[bytes]) -> None:
+    if not _already_there(_head(s3, bucket, key), size, sha, md5, parts):
+        raise SyncError(f"s3://{bucket}/{key}: the stored object does not match the local file")
+
+
+def _existing_upload(s3: Any, bucket: str, key: str) -> str | None:
+    """The newest unfinished multipart upload of ``key``; older ones are aborted."""
+    uploads = [u for u in s3.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", []) if u["Key"] == key]
+    uploads.sort(key=lambda u: u["Initiated"])
+    for stale in uploads[:-1]:
+        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=stale["UploadId"])
+    return str(uploads[-1]["UploadId"]) if uploads else None
+
+
+def _listed_parts(s3: Any, bucket: str, key: str, upload_id: str) -> dict[int, dict[str, Any]]:
+    parts: dict[int, dict[str, Any]] = {}
+    marker = 0
+    while True:
+        page = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
+        for part in page.get("Parts", []):
+            parts[int(part["PartNumber"])] = part
+        if not page.get("IsTruncated"):
+            return parts
+        marker = int(page["NextPartNumberMarker"])
+
+
+def _upload_multipart(
+    s3: Any, bucket: str, key: str, path: Path, sha: str, parts: list[bytes], options: SyncOptions, result: FileUpload
+) -> None:
+    upload_id = _existing_upload(s3, bucket, key)
+    done: dict[int, str] = {}
+    if upload_id is not None:
+        for number, part in _listed_parts(s3, bucket, key, upload_id).items():
+            # A part counts only if it is the part this file would send: same number, size and MD5.
+            expected = min(options.part_size, result.size - (number - 1) * options.part_size)
+            etag = str(part["ETag"]).strip('"')
+            if number <= len(parts) and int(part["Size"]) == expected and etag == parts[number - 1].hex():
+                done[number] = etag
+    else:
+        upload_id = str(s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata={"sha256": sha})["UploadId"])
+
+    def send(number: int) -> tuple[int, str, int]:
+        body = _read_part(path, number, options.part_size)
+        response = s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body, ContentMD5=_md5_b64(body)
+        )
+        return number, str(response["ETag"]).strip('"'), len(body)
+
+    missing = [n for n in range(1, len(parts) + 1) if n not in done]
+    result.parts_reused = sorted(done)
+    with ThreadPoolExecutor(max_workers=max(1, options.concurrency)) as pool:
+        for number, etag, sent in pool.map(send, missing):
+            done[number] = etag
+            result.parts_sent.append(number)
+            result.bytes_sent += sent
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{done[n]}"'} for n in sorted(done)]},
+    )
+
+
+def upload_file(s3: Any, bucket: str, key: str, path: Path, options: SyncOptions) -> FileUpload:
+    size = path.stat().st_size
+    part_size = options.part_size if size > options.multipart_threshold else max(size, 1)
+    sha, md5, parts = _hash_file(path, part_size)
+    result = FileUpload(path=key, size=size, sha256=sha)
+    if _already_there(_head(s3, bucket, key), size, sha, md5, parts):
+        result.skipped = True
+        return result
+    if size > options.multipart_threshold:
+        _upload_multipart(s3, bucket, key, path, sha, parts, options, result)
+    else:
+        body = path.read_bytes()
+        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body), Metadata={"sha256": sha})
+        result.bytes_sent = size
+    _verify(s3, bucket, key, size, sha, md5, parts)
+    return result
+
+
+def read_metric(directory: Path, step: int) -> float | None:
+    """The evaluation metric saved with a checkpoint: ``gpuplan_metric.json`` ({"metric": x}) if the
+    training script writes one, else the last ``eval_loss`` at or before this step in transformers'
+    ``trainer_state.json``."""
+    explicit = directory / "gpuplan_metric.json"
+    try:
+        if explicit.is_file():
+            return float(json.loads(explicit.read_text())["metric"])
+        state = directory / "trainer_state.json"
+        if state.is_file():
+            history = json.loads(state.read_text()).get("log_history", [])
+            losses = [e["eval_loss"] for e in history if "eval_loss" in e and int(e.get("step", 0)) <= step]
+            return float(losses[-1]) if losses else None
+    except (ValueError, KeyError, TypeError, OSError):
+        log.warning("unreadable metric in %s; the checkpoint is kept without one", directory)
+    return None
+
+
+def upload_checkpoint(
+    s3: Any,
+    bucket: str,
+    run_prefix: str,
+    run_id: str,
+    directory: Path,
+    step: int,
+    options: SyncOptions,
+    *,
+    final: bool = False,
+    before_manifest: Callable[[], None] | None = None,
+) -> CheckpointUpload:
+    started = time.monotonic()
+    base = step_prefix(run_prefix, step)
+    uploads = []
+    for path in _files(directory):
+        relative = path.relative_to(directory).as_posix()
+        if relative == MANIFEST_NAME:
+            raise SyncError(f"{path}: a checkpoint may not contain a file named {MANIFEST_NAME}")
+        upload = upload_file(s3, bucket, f"{base}/{relative}", path, options)
+        upload.path = relative
+        uploads.append(upload)
+    if not uploads:
+        raise SyncError(f"{directory} is empty")
+    manifest = Manifest(
+        run_id=run_id,
+        step=step,
+        dir_name=directory.name,
+        files=tuple(ManifestFile(path=u.path, size=u.size, sha256=u.sha256) for u in uploads),
+        metric=read_metric(directory, step),
+        final=final,
+        created_at=datetime.now(UTC),
+    )
+    if before_manifest is not None:
+        before_manifest()  # failure injection: a crash between the data and the manifest
+    body = manifest.model_dump_json(indent=1).encode()
+    s3.put_object(Bucket=bucket, Key=f"{base}/{MANIFEST_NAME}", Body=body, ContentMD5=_md5_b64(body))
+    stored = read_manifest(s3, bucket, run_prefix, step)
+    if stored != manifest:
+        raise SyncError(f"step {step}: the manifest read back differs from the one written")
+    return CheckpointUpload(manifest=manifest, files=uploads, seconds=time.monotonic() - started)
+
+
+def read_manifest(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        body = s3.get_object(Bucket=bucket, Key=f"{step_prefix(run_prefix, step)}/{MANIFEST_NAME}")["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return Manifest.model_validate_json(body)
+
+
+def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(o["Key"] for o in page.get("Contents", []))
+    return keys
+
+
+def delete_checkpoint(s3: Any, bucket: str, run_prefix: str, step: int) -> None:
+    """Delete a checkpoint from the bucket: the manifest first, so a half-deleted one is never durable."""
+    base = step_prefix(run_prefix, step)
+    s3.delete_object(Bucket=bucket, Key=f"{base}/{MANIFEST_NAME}")
+    keys = _keys(s3, bucket, base + "/")
+    for start in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start : start + 1000]]})
+    for upload in s3.list_multipart_uploads(Bucket=bucket, Prefix=base + "/").get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def stored_steps(s3: Any, bucket: str, run_prefix: str) -> set[int]:
+    """Every step with any object under the run's prefix (durable or not)."""
+    prefix = run_prefix.strip("/") + "/" if run_prefix.strip("/") else ""
+    return {s for k in _keys(s3, bucket, prefix) if (s := step_from_key(run_prefix, k)) is not None}
+
+
+def sync_pass(
+    s3: Any,
+    bucket: str,
+    run_prefix: str,
+    run_id: str,
+    checkpoint_dir: Path,
+    control: ControlPlane,
+    options: SyncOptions,
+    *,
+    final: bool = False,
+    now: float | None = None,
+    before_manifest: Callable[[], None] | None = None,
+) -> SyncResult:
+    """One pass: make every settled checkpoint durable, report it, apply retention. ``final`` marks the
+    newest checkpoint as the run's final one (kept by retention)."""
+    result = SyncResult()
+    durable = control.durable_steps()
+    local = checkpoint_dirs(checkpoint_dir)
+    newest_local = local[-1][0] if local else None
+    for step, directory in local:
+        if step in durable:
+            result.already_durable.append(step)
+            continue
+        if not settled(directory, options.settle_s, now):
+            result.unsettled.append(step)
+            continue
+        is_final = final and step == newest_local
+        existing = read_manifest(s3, bucket, run_prefix, step)
+        if existing is not None and existing.final == is_final:
+            # Durable in the bucket, but the control plane was not told (it was unreachable last time).
+            to_delete = control.report_durable(existing, None)
+        else:
+            upload = upload_checkpoint(
+                s3,
+                bucket,
+                run_prefix,
+                run_id,
+                directory,
+                step,
+                options,
+                final=is_final,
+                before_manifest=before_manifest,
+            )
+            result.uploaded.append(upload)
+            rate = upload.bytes_sent / upload.seconds if upload.bytes_sent and upload.seconds > 0 else None
+            to_delete = control.report_durable(upload.manifest, rate)
+        durable.add(step)
+        for old in to_delete:
+            delete_checkpoint(s3, bucket, run_prefix, old)
+            control.report_deleted(old)
+            result.deleted.append(old)
+    # Interrupted uploads older than the newest durable checkpoint that no local directory will finish.
+    if durable:
+        local_steps = {s for s, _ in local}
+        for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps - set(result.deleted):
+            if orphan < max(durable) and read_manifest(s3, bucket, run_prefix, orphan) is None:
+                delete_checkpoint(s3, bucket, run_prefix, orphan)
+    return result
+
+
+def pending_steps(checkpoint_dir: Path, durable: set[int]) -> list[int]:
+    """Local checkpoints not yet durable (what a heartbeat reports as unsynced)."""
+    try:
+        return [s for s, _ in checkpoint_dirs(checkpoint_dir) if s not in durable]
+    except SyncError:
+        return []
