@@ -19,6 +19,7 @@ TASK_QUEUES = {
     "gpuplan.plans.estimate": "estimate",
     "gpuplan.plans.trace": "trace",
     "gpuplan.plans.resume_unfinished": "maintenance",
+    "gpuplan.nodes.sweep_idle": "maintenance",
 }
 
 
@@ -45,6 +46,12 @@ def make_celery(settings: Settings) -> Celery:
             "resume-unfinished-plans": {
                 "task": "gpuplan.plans.resume_unfinished",
                 "schedule": timedelta(minutes=5),
+            },
+            "sweep-idle-nodes": {
+                "task": "gpuplan.nodes.sweep_idle",
+                "schedule": timedelta(seconds=settings.idle_sweep_interval_s),
+                # A sweep older than its interval is superseded by the next one.
+                "options": {"expires": settings.idle_sweep_interval_s},
             },
         },
     )

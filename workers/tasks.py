@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import get_settings
 from services.core.tasks import PendingTasks
+from services.nodes.lifecycle import SWEEP_TASK, run_sweep
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, resume_unfinished, run_plan, run_trace
 from workers.celery_app import app
 
@@ -46,3 +47,9 @@ def resume_stale_plans() -> int:
     for name, args in pending.items:
         app.send_task(name, args=list(args))
     return count
+
+
+@app.task(name=SWEEP_TASK)
+def sweep_idle_nodes() -> int:
+    """Beat: decide for every active node (keep, stop, lost) and stop the idle ones; returns stops."""
+    return len(run_sweep(_sessions(), get_settings()).stopped)

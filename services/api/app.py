@@ -16,9 +16,11 @@ from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.nodes.endpoints import router as nodes_router
+from services.nodes.lifecycle import EmbeddedSweeper
 from services.plans.endpoints import router as plans_router
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, estimate_task, resume_unfinished, trace_task
 from services.quotes.endpoints import router as quotes_router
+from services.runs.endpoints import router as runs_router
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,11 +38,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sweeper = None
         if settings.in_process_tasks:
             pending = PendingTasks()
             resume_unfinished(factory, pending)
             pending.flush(runner)
+            sweeper = EmbeddedSweeper(factory, settings)  # with Celery, beat runs the sweep
+            sweeper.start()
         yield
+        if sweeper is not None:
+            sweeper.shutdown()
         runner.shutdown()
         engine.dispose()
 
@@ -58,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(catalog_router)
     app.include_router(quotes_router)
     app.include_router(nodes_router)
+    app.include_router(runs_router)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:

@@ -40,6 +40,17 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
     s3_addressing_style: Literal["path", "virtual", "auto"] = "path"
+    # Idle shutdown (services/nodes/lifecycle.py) and the provider driver that stops nodes.
+    idle_sweep_interval_s: float = Field(default=60.0, ge=1.0, le=3600.0)
+    node_lost_after_s: float = Field(default=300.0, ge=30.0, le=86_400.0, description="no heartbeat this long: lost")
+    provider_driver: Literal["none", "local", "http"] = "none"
+    provider_stop_url: str | None = Field(
+        default=None, description="e.g. https://api.example/v1/instances/{instance_id}/stop"
+    )
+    provider_start_url: str | None = None
+    provider_http_method: Literal["POST", "PUT", "DELETE", "GET", "PATCH"] = "POST"
+    provider_auth_header: str = "Authorization"
+    provider_auth_value: SecretStr | None = Field(default=None, description="e.g. 'Bearer <token>'; never logged")
 
     @field_validator("database_url")
     @classmethod

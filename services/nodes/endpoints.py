@@ -4,8 +4,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from services.api.deps import DbDep, PrincipalDep
+from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.nodes import service
+from services.nodes.lifecycle import list_events
 from services.nodes.schemas import (
     BenchmarkOut,
     CalibrationFailure,
@@ -13,6 +14,7 @@ from services.nodes.schemas import (
     CalibrationRequest,
     CalibrationResult,
     Heartbeat,
+    NodeEventOut,
     NodeOut,
     NodeRegistration,
 )
@@ -53,9 +55,22 @@ def get_node(node_id: str, db: DbDep, principal: PrincipalDep) -> NodeOut:
 
 
 @router.post("/nodes/{node_id}/heartbeat", operation_id="nodes-heartbeat", response_model=NodeOut)
-def heartbeat(node_id: str, body: Heartbeat, db: DbDep, principal: PrincipalDep) -> NodeOut:
+def heartbeat(node_id: str, body: Heartbeat, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> NodeOut:
+    """The agent's report; the answer carries the commands waiting for it (e.g. ``sync``)."""
     with db.transaction() as (session, _pending):
-        return _node(service.heartbeat(session, principal, node_id, body))
+        node, commands = service.heartbeat(session, principal, node_id, body, settings.node_lost_after_s)
+        return _node(node).model_copy(update={"commands": commands})
+
+
+@router.get("/nodes/{node_id}/events", operation_id="nodes-events")
+def node_events(
+    node_id: str, db: DbDep, principal: PrincipalDep, limit: Annotated[int, Query(ge=1, le=1000)] = 200
+) -> dict[str, list[NodeEventOut]]:
+    """Every keep-alive and shutdown decision about the node, newest first, with its reason."""
+    with db.transaction() as (session, _pending):
+        node = service.get_node(session, principal, node_id)
+        events = list_events(session, node, limit)
+        return {"items": [NodeEventOut.model_validate(e, from_attributes=True) for e in events]}
 
 
 @router.post(

@@ -36,18 +36,19 @@ class Signals:
     unsynced_checkpoints: int = 0
 
 
-def busy_reasons(signals: Signals, policy: IdlePolicy) -> list[str]:
-    reasons = []
+def busy_reasons(signals: Signals, policy: IdlePolicy) -> dict[str, str]:
+    """Why the node is busy, by signal ('job', 'gpu', 'upload', 'interactive', 'unsynced'); empty: idle."""
+    reasons = {}
     if signals.job_running:
-        reasons.append("a training job is running")
+        reasons["job"] = "a training job is running"
     if signals.gpu_utilisation_pct > policy.gpu_busy_pct:
-        reasons.append(f"GPU utilisation {signals.gpu_utilisation_pct:.0f}% > {policy.gpu_busy_pct:.0f}%")
+        reasons["gpu"] = f"GPU utilisation {signals.gpu_utilisation_pct:.0f}% > {policy.gpu_busy_pct:.0f}%"
     if signals.uploading:
-        reasons.append("an upload is in progress")
+        reasons["upload"] = "an upload is in progress"
     if signals.interactive_idle_s is not None and signals.interactive_idle_s < policy.idle_minutes * 60:
-        reasons.append(f"an interactive session was active {signals.interactive_idle_s / 60:.0f} min ago")
+        reasons["interactive"] = f"an interactive session was active {signals.interactive_idle_s / 60:.0f} min ago"
     if signals.unsynced_checkpoints > 0:
-        reasons.append(f"{signals.unsynced_checkpoints} checkpoint(s) not yet durable")
+        reasons["unsynced"] = f"{signals.unsynced_checkpoints} checkpoint(s) not yet durable"
     return reasons
 
 
@@ -64,7 +65,8 @@ Action = Literal["keep", "stop", "lost"]
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    reason: str
+    code: str  # what the decision rests on, stable while the situation is ('busy:job+gpu', 'idle', ...)
+    reason: str  # the same for people, with the numbers
 
 
 def decide(
@@ -76,19 +78,13 @@ def decide(
 ) -> Decision:
     if last_heartbeat_at is None or now - last_heartbeat_at > timedelta(seconds=policy.lost_after_s):
         seen = "never" if last_heartbeat_at is None else f"{(now - last_heartbeat_at).total_seconds() / 60:.0f} min ago"
-        return Decision("lost", f"no heartbeat since {seen} (lost after {policy.lost_after_s / 60:.0f} min)")
+        return Decision("lost", "lost", f"no heartbeat since {seen} (lost after {policy.lost_after_s / 60:.0f} min)")
     reasons = busy_reasons(signals, policy)
     if reasons:
-        return Decision("keep", "busy: " + "; ".join(reasons))
+        return Decision("keep", "busy:" + "+".join(reasons), "busy: " + "; ".join(reasons.values()))
     if idle_since is None:  # the heartbeat that showed idleness has not been recorded yet
-        return Decision("keep", "idle timer not started")
-    idle = now - idle_since
-    limit = timedelta(minutes=policy.idle_minutes)
-    if idle < limit:
-        left = (limit - idle).total_seconds() / 60
-        return Decision(
-            "keep", f"idle {idle.total_seconds() / 60:.0f} min of {policy.idle_minutes:g}; {left:.0f} min left"
-        )
-    return Decision(
-        "stop", f"idle {idle.total_seconds() / 60:.0f} min >= {policy.idle_minutes:g} min, nothing unsynced"
-    )
+        return Decision("keep", "idle", "idle timer not started")
+    idle_min = (now - idle_since).total_seconds() / 60
+    if idle_min < policy.idle_minutes:
+        return Decision("keep", "idle", f"idle {idle_min:.0f} of {policy.idle_minutes:g} min")
+    return Decision("stop", "idle-past-threshold", f"idle {idle_min:.0f} min >= {policy.idle_minutes:g} min")

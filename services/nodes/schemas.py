@@ -19,6 +19,9 @@ class NodeRegistration(_In):
     cuda: str = Field(default="", max_length=50)
     provider: str = Field(default="", max_length=100)
     usd_per_hour: float | None = Field(default=None, ge=0, le=100_000)
+    instance_id: str = Field(default="", max_length=200, description="the provider's id of this machine")
+    hostname: str = Field(default="", max_length=255)
+    agent_pid: int | None = Field(default=None, ge=1, le=2**31 - 1)
 
 
 class GpuStatus(_In):
@@ -28,9 +31,21 @@ class GpuStatus(_In):
     memory_total_gib: float = Field(ge=0, le=10_000)
 
 
+class RunProgress(_In):
+    run_id: str = Field(min_length=1, max_length=64)
+    step: int | None = Field(default=None, ge=0)
+    loss: float | None = Field(default=None, allow_inf_nan=False)
+
+
 class Heartbeat(_In):
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
     job_running: bool = False
+    uploading: bool = Field(default=False, description="a checkpoint upload is in progress")
+    interactive_idle_s: float | None = Field(
+        default=None, ge=0, le=10**9, description="seconds since the most recently active interactive session"
+    )
+    unsynced_checkpoints: int = Field(default=0, ge=0, le=100_000, description="local checkpoints not yet durable")
+    progress: RunProgress | None = None
 
 
 class CalibrationRequest(_In):
@@ -66,6 +81,30 @@ class NodeOut(BaseModel):
     last_heartbeat_at: datetime | None
     gpus: list[dict[str, Any]]
     job_running: bool
+    status: str
+    instance_id: str
+    run_id: str | None
+    idle_minutes: float
+    gpu_busy_pct: float
+    uploading: bool
+    interactive_idle_s: float | None
+    unsynced_checkpoints: int
+    idle_since: datetime | None
+    last_decision: str | None
+    last_reason: str | None
+    last_decision_at: datetime | None
+    stopped_at: datetime | None
+    commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")
+
+
+class NodeEventOut(BaseModel):
+    id: str
+    node_id: str
+    run_id: str | None
+    kind: str
+    reason: str
+    details: dict[str, Any]
+    created_at: datetime
 
 
 class CalibrationOut(BaseModel):

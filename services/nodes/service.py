@@ -15,6 +15,7 @@ from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
+from services.nodes.lifecycle import after_heartbeat
 from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
 from services.orgs.service import Principal
@@ -39,9 +40,13 @@ def register_node(session: Session, principal: Principal, body: NodeRegistration
         cuda=body.cuda,
         provider=body.provider,
         usd_per_hour=body.usd_per_hour,
+        instance_id=body.instance_id,
+        hostname=body.hostname,
+        agent_pid=body.agent_pid,
         last_heartbeat_at=utcnow(),
         gpus=[],
         job_running=False,
+        commands=[],
     )
     session.add(node)
     session.flush()
@@ -63,12 +68,27 @@ def list_nodes(session: Session, principal: Principal) -> Sequence[NodeRow]:
     ).all()
 
 
-def heartbeat(session: Session, principal: Principal, node_id: str, body: Heartbeat) -> NodeRow:
+def heartbeat(
+    session: Session, principal: Principal, node_id: str, body: Heartbeat, lost_after_s: float
+) -> tuple[NodeRow, list[str]]:
+    """Store what the node reports, move its idle timer, record run progress; returns the node and the
+    commands waiting for its agent (each delivered once)."""
+    from services.runs.service import get_run, record_progress
+
     node = get_node(session, principal, node_id)
-    node.last_heartbeat_at = utcnow()
     node.gpus = [g.model_dump() for g in body.gpus]
     node.job_running = body.job_running
-    return node
+    node.uploading = body.uploading
+    node.interactive_idle_s = body.interactive_idle_s
+    node.unsynced_checkpoints = body.unsynced_checkpoints
+    if body.progress is not None:
+        run = get_run(session, principal, body.progress.run_id)
+        if node.id not in run.node_ids:
+            raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
+        record_progress(run, body.progress.step, body.progress.loss)
+    after_heartbeat(session, node, utcnow(), lost_after_s)
+    commands, node.commands = list(node.commands or []), []
+    return node, commands
 
 
 def request_calibration(

@@ -1,0 +1,137 @@
+"""Provider drivers: how gpuplan stops (and starts) a node, behind one interface.
+
+- ``http``: any provider with an HTTP API. Stop/start URL templates with ``{instance_id}``,
+  ``{node_id}`` and ``{name}``, a configurable method and auth header (the token is a secret: never
+  logged, never in an error message).
+- ``local``: the node is this machine; stopping it means stopping its agent process (SIGTERM, which
+  makes the agent run a final sync and exit). For a workstation, a test, or a provider whose machines
+  shut down when their main process exits.
+- ``none``: the default; a stop decision is recorded, and the node keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from services.core.settings import Settings
+
+
+class DriverError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeTarget:
+    id: str
+    name: str
+    instance_id: str
+    hostname: str
+    agent_pid: int | None
+
+
+class ProviderDriver(Protocol):
+    name: str
+
+    def stop(self, node: NodeTarget) -> str: ...
+
+    def start(self, node: NodeTarget) -> str: ...
+
+
+class NoDriver:
+    name = "none"
+
+    def stop(self, node: NodeTarget) -> str:
+        raise DriverError("no provider driver configured (GPUPLAN_PROVIDER_DRIVER=http or local); left running")
+
+    def start(self, node: NodeTarget) -> str:
+        raise DriverError("no provider driver configured")
+
+
+class HttpDriver:
+    name = "http"
+
+    def __init__(
+        self,
+        stop_url: str,
+        start_url: str | None = None,
+        method: str = "POST",
+        auth_header: str = "Authorization",
+        auth_value: str | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._stop_url, self._start_url, self._method = stop_url, start_url, method.upper()
+        self._headers = {auth_header: auth_value} if auth_value else {}
+        self._client = httpx.Client(timeout=timeout_s, transport=transport)
+
+    def _call(self, template: str, node: NodeTarget, what: str) -> str:
+        if "{instance_id}" in template and not node.instance_id:
+            raise DriverError(f"node {node.name} reported no instance id; the agent needs --instance-id")
+        url = template.format(instance_id=node.instance_id, node_id=node.id, name=node.name)
+        try:
+            response = self._client.request(self._method, url, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise DriverError(f"{what} request to the provider failed: {type(exc).__name__}") from None
+        if response.status_code >= 300:
+            raise DriverError(f"the provider answered {what} with HTTP {response.status_code}")
+        return f"{what}: {self._method} {url} -> HTTP {response.status_code}"
+
+    def stop(self, node: NodeTarget) -> str:
+        return self._call(self._stop_url, node, "stop")
+
+    def start(self, node: NodeTarget) -> str:
+        if not self._start_url:
+            raise DriverError("no start URL configured (GPUPLAN_PROVIDER_START_URL)")
+        return self._call(self._start_url, node, "start")
+
+
+class LocalDriver:
+    name = "local"
+
+    def __init__(self, wait_s: float = 60.0) -> None:
+        self._wait_s = wait_s
+
+    def stop(self, node: NodeTarget) -> str:
+        if node.hostname != socket.gethostname():
+            raise DriverError(f"node {node.name} runs on {node.hostname!r}, not on this machine")
+        if node.agent_pid is None:
+            raise DriverError(f"node {node.name} reported no agent process id")
+        try:
+            os.kill(node.agent_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return f"agent process {node.agent_pid} had already exited"
+        deadline = time.monotonic() + self._wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(node.agent_pid, 0)
+            except ProcessLookupError:
+                return f"agent process {node.agent_pid} stopped (SIGTERM, final sync included)"
+            time.sleep(0.1)
+        raise DriverError(f"agent process {node.agent_pid} did not exit within {self._wait_s:.0f} s")
+
+    def start(self, node: NodeTarget) -> str:
+        raise DriverError("the local driver cannot start a node; run `gpuplan agent` again")
+
+
+def make_driver(settings: Settings) -> ProviderDriver:
+    if settings.provider_driver == "local":
+        return LocalDriver()
+    if settings.provider_driver == "http":
+        if not settings.provider_stop_url:
+            raise DriverError("GPUPLAN_PROVIDER_DRIVER=http needs GPUPLAN_PROVIDER_STOP_URL")
+        token = settings.provider_auth_value.get_secret_value() if settings.provider_auth_value else None
+        return HttpDriver(
+            settings.provider_stop_url,
+            settings.provider_start_url,
+            settings.provider_http_method,
+            settings.provider_auth_header,
+            token,
+        )
+    return NoDriver()

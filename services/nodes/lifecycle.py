@@ -1,0 +1,184 @@
+"""Idle shutdown on the control plane: heartbeats feed the idle timer, a periodic sweep decides.
+
+Each sweep decides for every active node (services/nodes/idle.py) and stores an event whenever the
+decision changes (a keep-alive with a new reason, a stop, a lost node), so the log explains every
+state without repeating itself every minute. The node's latest decision is on the node itself.
+A stop goes through the provider driver only when the node is idle past its threshold *and* its last
+heartbeat reported nothing unsynced; while checkpoints are waiting, the agent is told to sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.core.db import unit_of_work, utcnow
+from services.core.settings import Settings
+from services.nodes.drivers import DriverError, NodeTarget, ProviderDriver, make_driver
+from services.nodes.idle import Decision, IdlePolicy, Signals, decide, next_idle_since
+from services.nodes.tables import NodeEventRow, NodeRow
+
+log = logging.getLogger("gpuplan.lifecycle")
+
+SWEEP_TASK = "gpuplan.nodes.sweep_idle"
+
+
+def policy_of(node: NodeRow, lost_after_s: float) -> IdlePolicy:
+    return IdlePolicy(idle_minutes=node.idle_minutes, gpu_busy_pct=node.gpu_busy_pct, lost_after_s=lost_after_s)
+
+
+def signals_of(node: NodeRow) -> Signals:
+    utilisation = max((float(g.get("utilisation_pct", 0.0)) for g in node.gpus or []), default=0.0)
+    return Signals(
+        job_running=node.job_running,
+        gpu_utilisation_pct=utilisation,
+        uploading=node.uploading,
+        interactive_idle_s=node.interactive_idle_s,
+        unsynced_checkpoints=node.unsynced_checkpoints,
+    )
+
+
+def add_event(
+    session: Session, node: NodeRow, kind: str, reason: str, at: datetime, details: dict[str, object] | None = None
+) -> NodeEventRow:
+    event = NodeEventRow(
+        organization_id=node.organization_id,
+        node_id=node.id,
+        run_id=node.run_id,
+        kind=kind,
+        reason=reason,
+        details=details or {},
+        created_at=at,
+    )
+    session.add(event)
+    return event
+
+
+def after_heartbeat(session: Session, node: NodeRow, at: datetime, lost_after_s: float) -> None:
+    """Update the idle timer from the signals just stored; a lost or stopped node that reports is back."""
+    if node.status in ("lost", "stopped"):
+        add_event(session, node, "back", f"heartbeat received while {node.status}", at)
+        node.status = "active"
+        node.last_decision = None
+        node.stopped_at = None
+    node.last_heartbeat_at = at
+    node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy_of(node, lost_after_s), at)
+
+
+@dataclass
+class SweepSummary:
+    decided: int = 0
+    stopped: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    events: int = 0
+
+
+def _record(
+    session: Session, node: NodeRow, decision: Decision, at: datetime, summary: SweepSummary, kind: str | None = None
+) -> bool:
+    """Store the decision on the node; an event when it changed. True when it changed."""
+    changed = node.last_decision != decision.code
+    node.last_decision = decision.code
+    node.last_reason = decision.reason
+    node.last_decision_at = at
+    if changed:
+        add_event(session, node, kind or decision.action, decision.reason, at, {"code": decision.code})
+        summary.events += 1
+    return changed
+
+
+def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s: float) -> SweepSummary:
+    """One sweep over every active node of every organization (the beat task; also the embedded loop)."""
+    summary = SweepSummary()
+    nodes = session.scalars(
+        select(NodeRow).where(NodeRow.status == "active").order_by(NodeRow.id).with_for_update(skip_locked=True)
+    ).all()
+    for node in nodes:
+        summary.decided += 1
+        policy = policy_of(node, lost_after_s)
+        signals = signals_of(node)
+        decision = decide(node.last_heartbeat_at, node.idle_since, signals, policy, now)
+        if decision.action == "lost":
+            node.status = "lost"
+            _record(session, node, decision, now, summary)
+            summary.lost.append(node.id)
+            continue
+        if decision.action == "keep":
+            _record(session, node, decision, now, summary)
+            only_unsynced = decision.code == "busy:unsynced"
+            if only_unsynced and "sync" not in (node.commands or []):
+                # Nothing else keeps it busy: ask the agent for the final sync before a stop.
+                node.commands = [*(node.commands or []), "sync"]
+                add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", now)
+                summary.events += 1
+            continue
+        target = NodeTarget(node.id, node.name, node.instance_id, node.hostname, node.agent_pid)
+        try:
+            detail = driver.stop(target)
+        except DriverError as exc:
+            failed = Decision("keep", f"stop-failed:{driver.name}", f"{decision.reason}; stop failed: {exc}")
+            _record(session, node, failed, now, summary, kind="stop_failed")
+            log.warning("node %s: stop failed: %s", node.id, exc)
+            continue
+        node.status = "stopped"
+        node.stopped_at = now
+        node.last_decision = decision.code
+        node.last_reason = decision.reason
+        node.last_decision_at = now
+        add_event(
+            session,
+            node,
+            "stop",
+            decision.reason,
+            now,
+            {"code": decision.code, "driver": driver.name, "result": detail},
+        )
+        summary.events += 1
+        summary.stopped.append(node.id)
+    return summary
+
+
+def list_events(session: Session, node: NodeRow, limit: int) -> list[NodeEventRow]:
+    return list(
+        session.scalars(
+            select(NodeEventRow)
+            .where(NodeEventRow.node_id == node.id)
+            .order_by(NodeEventRow.created_at.desc(), NodeEventRow.id.desc())
+            .limit(limit)
+        ).all()
+    )
+
+
+def run_sweep(factory: sessionmaker[Session], settings: Settings) -> SweepSummary:
+    """One sweep in its own transaction (the beat task and the embedded loop call this)."""
+    driver = make_driver(settings)
+    with unit_of_work(factory) as session:
+        return sweep(session, utcnow(), driver, settings.node_lost_after_s)
+
+
+class EmbeddedSweeper:
+    """The embedded default's beat: a daemon thread sweeping every ``idle_sweep_interval_s``."""
+
+    def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
+        self._factory, self._settings = factory, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpuplan-idle-sweep", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._settings.idle_sweep_interval_s):
+            try:
+                run_sweep(self._factory, self._settings)
+            except Exception:  # a failed sweep is logged and retried at the next interval
+                log.exception("idle sweep failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.runs import service
+from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunOut
+
+router = APIRouter(prefix="/v1", tags=["runs"])
+
+
+@router.post("/plans/{plan_id}/runs", operation_id="runs-create", status_code=201, response_model=RunOut)
+def create_run(plan_id: str, body: RunCreate, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> RunOut:
+    """Start tracking a run of the plan: its nodes, bucket and checkpoint schedule."""
+    with db.transaction() as (session, _pending):
+        run = service.create_run(session, principal, plan_id, body, settings)
+        return service.to_out(session, run)
+
+
+@router.get("/runs", operation_id="runs-list")
+def list_runs(
+    db: DbDep, principal: PrincipalDep, plan_id: Annotated[str | None, Query(max_length=64)] = None
+) -> dict[str, list[RunOut]]:
+    with db.transaction() as (session, _pending):
+        return {"items": [service.to_out(session, r) for r in service.list_runs(session, principal, plan_id)]}
+
+
+@router.get("/runs/{run_id}", operation_id="runs-get", response_model=RunOut)
+def get_run(run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
+    """The schedule, the last durable step and every checkpoint with its manifest."""
+    with db.transaction() as (session, _pending):
+        return service.to_out(session, service.get_run(session, principal, run_id))
+
+
+@router.post("/runs/{run_id}/checkpoints", operation_id="runs-checkpoint-durable", response_model=DurableAnswer)
+def checkpoint_durable(run_id: str, body: CheckpointReport, db: DbDep, principal: PrincipalDep) -> DurableAnswer:
+    """For the node: a checkpoint's manifest is in the bucket. Answers what retention lets go."""
+    with db.transaction() as (session, _pending):
+        return service.record_durable(session, principal, run_id, body)
+
+
+@router.post(
+    "/runs/{run_id}/checkpoints/{step}/deleted", operation_id="runs-checkpoint-deleted", response_model=CheckpointOut
+)
+def checkpoint_deleted(
+    run_id: str, step: Annotated[int, Path(ge=0, le=2**31 - 1)], db: DbDep, principal: PrincipalDep
+) -> CheckpointOut:
+    """For the node: retention deleted this checkpoint from the bucket."""
+    with db.transaction() as (session, _pending):
+        return CheckpointOut.model_validate(
+            service.record_deleted(session, principal, run_id, step), from_attributes=True
+        )
