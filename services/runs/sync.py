@@ -77,7 +77,9 @@ class CheckpointUpload:
 class ControlPlane(Protocol):
     """What a sync pass needs from the API (services/runs/client.py talks HTTP; tests may use it too)."""
 
-    def durable_steps(self) -> set[int]: ...
+    def done_steps(self) -> tuple[set[int], set[int]]:
+        """(durable steps, steps retention deleted): neither is uploaded again."""
+        ...
 
     def report_durable(self, manifest: Manifest, upload_bytes_per_s: float | None) -> list[int]: ...
 
@@ -88,6 +90,7 @@ class ControlPlane(Protocol):
 class SyncResult:
     uploaded: list[CheckpointUpload] = field(default_factory=list)
     already_durable: list[int] = field(default_factory=list)
+    superseded: list[int] = field(default_factory=list)  # older than a durable one, never uploaded
     unsettled: list[int] = field(default_factory=list)
     deleted: list[int] = field(default_factory=list)
 
@@ -350,12 +353,15 @@ def sync_pass(
     """One pass: make every settled checkpoint durable, report it, apply retention. ``final`` marks the
     newest checkpoint as the run's final one (kept by retention)."""
     result = SyncResult()
-    durable = control.durable_steps()
+    durable, deleted = control.done_steps()
     local = checkpoint_dirs(checkpoint_dir)
     newest_local = local[-1][0] if local else None
     for step, directory in local:
-        if step in durable:
+        if step in durable or step in deleted:
             result.already_durable.append(step)
+            continue
+        if durable and step < max(durable):
+            result.superseded.append(step)
             continue
         if not settled(directory, options.settle_s, now):
             result.unsettled.append(step)
@@ -388,15 +394,17 @@ def sync_pass(
     # Interrupted uploads older than the newest durable checkpoint that no local directory will finish.
     if durable:
         local_steps = {s for s, _ in local}
-        for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps - set(result.deleted):
+        for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps:
             if orphan < max(durable) and read_manifest(s3, bucket, run_prefix, orphan) is None:
                 delete_checkpoint(s3, bucket, run_prefix, orphan)
     return result
 
 
-def pending_steps(checkpoint_dir: Path, durable: set[int]) -> list[int]:
-    """Local checkpoints not yet durable (what a heartbeat reports as unsynced)."""
+def pending_steps(checkpoint_dir: Path, durable: set[int], deleted: set[int]) -> list[int]:
+    """Local checkpoints a sync pass would still upload (what a heartbeat reports as unsynced)."""
     try:
-        return [s for s, _ in checkpoint_dirs(checkpoint_dir) if s not in durable]
+        local = checkpoint_dirs(checkpoint_dir)
     except SyncError:
         return []
+    newest = max(durable, default=-1)
+    return [s for s, _ in local if s not in durable and s not in deleted and s > newest]

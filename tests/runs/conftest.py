@@ -1,0 +1,95 @@
+"""A real API (SQLite, in-process tasks) with a done plan, a node and a run on the loopback S3 bucket."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.app import create_app
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
+from services.orgs.service import create_key, create_organization
+from services.runs.client import RunApi
+from tests.api.conftest import QLORA_PLAN
+
+
+@dataclass
+class RunEnv:
+    client: TestClient
+    key: str
+    other_key: str
+    plan_id: str
+    node_id: str
+    run_id: str
+    s3: Settings
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    @property
+    def api(self) -> RunApi:
+        return RunApi(self.client, self.key, self.run_id)
+
+    def run(self) -> dict[str, Any]:
+        return self.api.run()
+
+    def new_run(self, **fields: Any) -> str:
+        body = {"node_ids": [self.node_id], "checkpoint_dir": "/data/ckpt", "bucket": self.s3.s3_bucket, **fields}
+        response = self.client.post(f"/v1/plans/{self.plan_id}/runs", json=body, headers=self.headers)
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+
+@pytest.fixture
+def run_env(tmp_path: Path, s3_settings: Settings) -> Iterator[RunEnv]:
+    url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
+    upgrade(url)
+    factory = make_sessionmaker(make_engine(url))
+    with unit_of_work(factory) as session:
+        create_organization(session, "alpha")
+        create_organization(session, "beta")
+        key, other = create_key(session, "alpha"), create_key(session, "beta")
+    app = create_app(Settings(database_url=url, s3_bucket=s3_settings.s3_bucket))
+    with TestClient(app) as client:
+        headers = {"Authorization": f"Bearer {key}"}
+        plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
+        deadline = time.monotonic() + 60
+        while client.get(f"/v1/plans/{plan_id}", headers=headers).json()["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        node = client.post("/v1/nodes", json={"name": "gpu-1", "gpu": "A100 80GB"}, headers=headers).json()
+        env = RunEnv(client, key, other, plan_id, node["id"], "", s3_settings)
+        env.run_id = env.new_run()
+        yield env
+
+
+def make_checkpoint(root: Path, step: int, big_bytes: int, seed: int, settled: bool = True) -> Path:
+    """A trainer-like checkpoint: a large sparse weights file with random blocks, an optimizer state
+    file, and small JSON files. Old mtimes make it settled."""
+    rng = random.Random(seed)
+    directory = root / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    with (directory / "model.safetensors").open("wb") as fh:
+        fh.truncate(big_bytes)
+        for _ in range(max(4, big_bytes // (8 * 2**20))):
+            fh.seek(rng.randrange(0, max(1, big_bytes - 65536)))
+            fh.write(rng.randbytes(65536))
+    (directory / "optimizer.pt").write_bytes(rng.randbytes(300_000))
+    (directory / "config.json").write_text(f'{{"step": {step}}}')
+    (directory / "nested").mkdir()
+    (directory / "nested" / "rng_state.bin").write_bytes(rng.randbytes(1000))
+    if settled:
+        old = time.time() - 3600
+        for path in [*directory.rglob("*"), directory]:
+            os.utime(path, (old, old))
+    return directory
