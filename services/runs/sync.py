@@ -21,9 +21,10 @@ import base64
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -122,15 +123,31 @@ def settled(directory: Path, settle_s: float, now: float | None = None) -> bool:
     return now - newest >= settle_s
 
 
+# The agent is long-lived and a checkpoint does not change once settled: a pass that resumes after an
+# interruption reuses the hashes of the pass before instead of reading many GB again.
+_HASHES: dict[tuple[str, int, int, int], tuple[str, str, list[bytes]]] = {}
+_HASHES_LOCK = threading.Lock()
+
+
 def _hash_file(path: Path, part_size: int) -> tuple[str, str, list[bytes]]:
     """SHA-256 of the whole file, MD5 of the whole file, and the MD5 of each part-size chunk."""
+    stat = path.stat()
+    cache_key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, part_size)
+    with _HASHES_LOCK:
+        if cache_key in _HASHES:
+            return _HASHES[cache_key]
     sha, md5, parts = hashlib.sha256(), hashlib.md5(usedforsecurity=False), []
     with path.open("rb") as fh:
         while chunk := fh.read(part_size):
             sha.update(chunk)
             md5.update(chunk)
             parts.append(hashlib.md5(chunk, usedforsecurity=False).digest())
-    return sha.hexdigest(), md5.hexdigest(), parts
+    hashed = (sha.hexdigest(), md5.hexdigest(), parts)
+    with _HASHES_LOCK:
+        if len(_HASHES) > 10_000:
+            _HASHES.clear()
+        _HASHES[cache_key] = hashed
+    return hashed
 
 
 def _read_part(path: Path, number: int, part_size: int) -> bytes:
@@ -209,11 +226,16 @@ def _upload_multipart(
 
     missing = [n for n in range(1, len(parts) + 1) if n not in done]
     result.parts_reused = sorted(done)
-    with ThreadPoolExecutor(max_workers=max(1, options.concurrency)) as pool:
-        for number, etag, sent in pool.map(send, missing):
+    pool = ThreadPoolExecutor(max_workers=max(1, options.concurrency))
+    try:
+        for future in as_completed([pool.submit(send, n) for n in missing]):
+            number, etag, sent = future.result()
             done[number] = etag
             result.parts_sent.append(number)
             result.bytes_sent += sent
+    finally:
+        # On a failure, parts not started yet are not started: the next pass resumes from the bucket.
+        pool.shutdown(wait=True, cancel_futures=True)
     s3.complete_multipart_upload(
         Bucket=bucket,
         Key=key,

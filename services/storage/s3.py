@@ -24,9 +24,11 @@ class S3Location:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
 
 
-def make_s3_client(settings: Settings, *, max_attempts: int = 5, timeout_s: float = 30.0) -> Any:
-    """A boto3 S3 client for the configured endpoint. boto3 retries throttling, 5xx and connection
-    errors itself ("standard" mode, exponential backoff with jitter); callers add resumption."""
+def make_s3_client(settings: Settings, *, max_attempts: int = 6, timeout_s: float = 30.0) -> Any:
+    """A boto3 S3 client for the configured endpoint; ``max_attempts`` counts the first try.
+
+    boto3 retries throttling, 5xx and connection errors itself ("standard" mode, exponential backoff
+    with jitter); callers add resumption."""
     try:
         import boto3
         from botocore.config import Config
@@ -36,7 +38,7 @@ def make_s3_client(settings: Settings, *, max_attempts: int = 5, timeout_s: floa
     secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
     config = Config(
         region_name=settings.s3_region,
-        retries={"max_attempts": max_attempts, "mode": "standard"},
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=timeout_s,
         read_timeout=timeout_s,
         s3={"addressing_style": settings.s3_addressing_style},

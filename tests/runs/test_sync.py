@@ -97,20 +97,24 @@ def test_a_multi_hundred_mb_checkpoint_survives_20_cuts_without_resending_finish
     log = PartLog(cut_client)
     options = SyncOptions(part_size=16 * MiB, multipart_threshold=16 * MiB, settle_s=0, concurrency=4)
     rng = random.Random(2026)
-    trials = 0
-    for _ in range(20):
+    cut_passes = 0
+    for _trial in range(40):
+        if cut_passes == 20:
+            break
+        # Twenty cuts spread over the whole upload: each lands at a random byte of the next share of
+        # what the bucket does not hold yet (a part, the completion, or the manifest).
         remaining = _unconfirmed_bytes(direct, bucket, prefix, total)
-        proxy.cut_after(rng.randint(1, remaining + 64 * 1024))
+        proxy.cut_after(rng.randint(1, remaining // (20 - cut_passes) + 64 * 1024))
         try:
             sync_pass(cut_client, bucket, prefix, env.run_id, tmp_path / "ckpt", env.api, options)
         except Exception:
-            trials += 1
+            cut_passes += 1
             assert env.run()["last_durable_step"] is None  # interrupted: not durable
-            continue
+        else:
+            break  # the pass finished before the cut point: the checkpoint is complete
         finally:
             proxy.disarm()
-        break  # the cut landed after the pass finished its requests: the checkpoint is complete
-    assert proxy.cuts >= min(trials, 20) and trials >= 15, (trials, proxy.cuts)
+    assert cut_passes == 20 and proxy.cuts == 20, (cut_passes, proxy.cuts)
     result = sync_pass(cut_client, bucket, prefix, env.run_id, tmp_path / "ckpt", env.api, options)
     run = env.run()
     assert run["last_durable_step"] == 500
