@@ -4,6 +4,7 @@ uses them is in services/nodes/calibration.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -69,7 +70,12 @@ def list_nodes(session: Session, principal: Principal) -> Sequence[NodeRow]:
 
 
 def heartbeat(
-    session: Session, principal: Principal, node_id: str, body: Heartbeat, lost_after_s: float
+    session: Session,
+    principal: Principal,
+    node_id: str,
+    body: Heartbeat,
+    lost_after_s: float,
+    now: datetime | None = None,
 ) -> tuple[NodeRow, list[str]]:
     """Store what the node reports, move its idle timer, record run progress; returns the node and the
     commands waiting for its agent (each delivered once)."""
@@ -86,7 +92,7 @@ def heartbeat(
         if node.id not in run.node_ids:
             raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
         record_progress(run, body.progress.step, body.progress.loss)
-    after_heartbeat(session, node, utcnow(), lost_after_s)
+    after_heartbeat(session, node, now or utcnow(), lost_after_s)
     commands, node.commands = list(node.commands or []), []
     return node, commands
 
