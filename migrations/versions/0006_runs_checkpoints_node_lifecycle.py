@@ -115,7 +115,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("interactive_idle_s", sa.Float(), nullable=True))
         batch_op.add_column(sa.Column("unsynced_checkpoints", sa.Integer(), server_default="0", nullable=False))
         batch_op.add_column(sa.Column("idle_since", sa.DateTime(timezone=True), nullable=True))
-        batch_op.add_column(sa.Column("last_decision", sa.String(length=16), nullable=True))
+        batch_op.add_column(sa.Column("last_decision", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("last_reason", sa.Text(), nullable=True))
         batch_op.add_column(sa.Column("last_decision_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("stopped_at", sa.DateTime(timezone=True), nullable=True))

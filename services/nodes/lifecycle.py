@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -114,7 +114,9 @@ def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s:
             if only_unsynced and "sync" not in (node.commands or []):
                 # Nothing else keeps it busy: ask the agent for the final sync before a stop.
                 node.commands = [*(node.commands or []), "sync"]
-                add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", now)
+                # A microsecond later than the decision it follows, so the log keeps their order.
+                later = now + timedelta(microseconds=1)
+                add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", later)
                 summary.events += 1
             continue
         target = NodeTarget(node.id, node.name, node.instance_id, node.hostname, node.agent_pid)

@@ -42,7 +42,7 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     unsynced_checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     # The sweep's latest decision (an event is stored whenever it changes).
-    last_decision: Mapped[str | None] = mapped_column(String(16), default=None)
+    last_decision: Mapped[str | None] = mapped_column(String(64), default=None)
     last_reason: Mapped[str | None] = mapped_column(Text, default=None)
     last_decision_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
