@@ -1,20 +1,27 @@
-"""`gpuplan agent`: runs on a GPU node, registers it, sends heartbeats, and runs its calibration jobs.
+"""`gpuplan agent`: runs on a GPU node, registers it, sends heartbeats, runs its calibration jobs, and
+(with ``--run``) syncs the run's checkpoints and guards against an idle machine nobody stops.
 
-It talks to the API only (HTTP with the organization's key): the node needs no database or broker
-access. Its queue is the node's list of calibrations, claimed one at a time.
+It talks to the API only (HTTP with the organization's key) and to the bucket: the node needs no
+database or broker access. Its queue is the node's list of calibrations, claimed one at a time.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import threading
 import time
 from typing import Any
 
 import httpx
 
+from services.agent.node import NodeGuard, RunSync, Syncer, local_signals, read_progress, stop_machine
+from services.agent.signals import DEFAULT_JOB_PATTERN
 from services.catalog.models import find_model
 from services.estimator.plan import Plan
+from services.runs.sync import BucketOnly
 
 log = logging.getLogger("gpuplan.agent")
 
@@ -64,11 +71,24 @@ def gpu_status() -> list[dict[str, Any]]:
 
 
 class Agent:
-    def __init__(self, client: httpx.Client, key: str) -> None:
+    def __init__(
+        self,
+        client: httpx.Client,
+        key: str,
+        *,
+        job_pattern: str = DEFAULT_JOB_PATTERN,
+        guard: NodeGuard | None = None,
+        stop_command: list[str] | None = None,
+    ) -> None:
         self.client = client
         self.headers = {"Authorization": f"Bearer {key}"}
         self.node_id: str | None = None
-        self.busy = False
+        self.busy = False  # a calibration is running
+        self.job_pattern = job_pattern
+        self.guard = guard
+        self.stop_command = stop_command
+        self.syncer: Syncer | None = None
+        self.stopping = threading.Event()
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         response = self.client.post(path, json=body, headers=self.headers)
@@ -79,14 +99,45 @@ class Agent:
     def register(self, **overrides: Any) -> str:
         info = {
             "name": socket.gethostname()[:100],
+            "hostname": socket.gethostname()[:255],
+            "agent_pid": os.getpid(),
             **detect_gpus(),
             **{k: v for k, v in overrides.items() if v is not None},
         }
         self.node_id = str(self._post("/v1/nodes", info).json()["id"])
         return self.node_id
 
-    def heartbeat(self) -> None:
-        self._post(f"/v1/nodes/{self.node_id}/heartbeat", {"gpus": gpu_status(), "job_running": self.busy})
+    def attach_run(self, run: RunSync) -> None:
+        self.syncer = Syncer(run)
+
+    def heartbeat(self) -> bool:
+        """Report the node's state; False when the control plane could not be reached."""
+        gpus = gpu_status()
+        syncer = self.syncer
+        unsynced = syncer.run.unsynced() if syncer else 0
+        signals = local_signals(self.job_pattern, self.busy, bool(syncer and syncer.uploading), unsynced, gpus)
+        if self.guard is not None:
+            self.guard.observe(signals)
+        body: dict[str, Any] = {
+            "gpus": gpus,
+            "job_running": signals.job_running,
+            "uploading": signals.uploading,
+            "interactive_idle_s": signals.interactive_idle_s,
+            "unsynced_checkpoints": unsynced,
+        }
+        if syncer is not None:
+            step, loss = read_progress(syncer.run.checkpoint_dir)
+            body["progress"] = {"run_id": syncer.run.api.run_id, "step": step, "loss": loss}
+        try:
+            answer = self._post(f"/v1/nodes/{self.node_id}/heartbeat", body).json()
+        except (httpx.HTTPError, RuntimeError) as exc:
+            log.warning("heartbeat failed: %s", exc)
+            return False
+        if self.guard is not None:
+            self.guard.contact()
+        if "sync" in answer.get("commands", []) and syncer is not None:
+            syncer.start(syncer.run.api)
+        return True
 
     def poll_once(self) -> bool:
         """Claim and run the node's next calibration; False when there was none."""
@@ -115,11 +166,37 @@ class Agent:
             self.heartbeat()
         return True
 
-    def run(self, interval_s: float = 15.0, once: bool = False) -> None:
-        while True:
-            self.heartbeat()
-            ran = self.poll_once()
+    def _on_sigterm(self, _signum: int, _frame: Any) -> None:
+        log.warning("SIGTERM: final sync, then exit")
+        self.stopping.set()
+
+    def run(self, interval_s: float = 15.0, once: bool = False) -> str:
+        """The agent loop; returns why it ended ('once', 'sigterm' or the guard's reason)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        reachable = True
+        while not self.stopping.is_set():
+            reachable = self.heartbeat()
+            ran = False
+            if reachable:
+                try:
+                    ran = self.poll_once()
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    log.warning("calibration poll failed: %s", exc)
+            if self.syncer is not None and self.syncer.due(time.time()):
+                run = self.syncer.run
+                self.syncer.start(run.api if reachable else BucketOnly(run.s3, run.bucket, run.prefix))
+            reason = self.guard.should_stop() if self.guard is not None else None
+            if reason is not None:
+                log.warning("node-side guard: %s; final sync, then stop", reason)
+                if self.syncer is not None:
+                    self.syncer.final(reachable=False)
+                stop_machine(self.stop_command)
+                return reason
             if once:
-                return
+                return "once"
             if not ran:
-                time.sleep(interval_s)
+                self.stopping.wait(interval_s)
+        if self.syncer is not None:
+            self.syncer.final(reachable)
+        return "sigterm"

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from services.catalog.gpus import find_gpu, gpu_specs
 from services.catalog.models import catalog_models
+from services.cli import runs as runs_cli
 from services.cli.render import render_estimate
 from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError
@@ -175,6 +176,8 @@ def _build_parser() -> _Parser:
     agent.add_argument("--price-usd-per-hour", type=float, metavar="X", help="what the node costs per hour")
     agent.add_argument("--interval", type=float, default=15.0, metavar="S", help="seconds between polls")
     agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
+    runs_cli.add_agent_options(agent)
+    runs_cli.add_commands(sub)
 
     admin = sub.add_parser("admin", help="organizations, API keys and price lists")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, parser_class=_Parser)
@@ -449,12 +452,18 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         agent = Agent(client, args.key)
         try:
             node = agent.register(
-                name=args.name, gpu=args.gpu, provider=args.provider, usd_per_hour=args.price_usd_per_hour
+                name=args.name,
+                gpu=args.gpu,
+                provider=args.provider,
+                usd_per_hour=args.price_usd_per_hour,
+                instance_id=args.instance_id,
             )
         except (httpx.HTTPError, RuntimeError) as exc:
             raise CliError(f"agent: cannot register with {args.api}: {exc}") from None
         print(f"gpuplan agent: node {node} registered with {args.api}", file=sys.stderr)
-        agent.run(args.interval, once=args.once)
+        runs_cli.agent_run_setup(args, agent, client)
+        ended = agent.run(args.interval, once=args.once)
+        print(f"gpuplan agent: stopped ({ended})", file=sys.stderr)
     return 0
 
 
@@ -488,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_plans(args)
         if args.command == "data":
             return _cmd_data_check(args)
+        if args.command == "sync":
+            return runs_cli.cmd_sync(args)
+        if args.command == "restore":
+            return runs_cli.cmd_restore(args)
         handlers = {
             "estimate": _cmd_estimate,
             "trace": _cmd_trace,
@@ -497,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         handler = handlers[args.command]
         return handler(args)
-    except CliError as exc:
+    except (CliError, runs_cli.RunCliError) as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)
     except PlanError as exc:
         print(f"gpuplan: error: {'; '.join(exc.problems)}", file=sys.stderr)

@@ -87,6 +87,25 @@ class ControlPlane(Protocol):
     def report_deleted(self, step: int) -> None: ...
 
 
+class BucketOnly:
+    """A control plane stand-in for when the API is unreachable (the node-side guard's final sync):
+    durable steps are those with a manifest in the bucket; nothing is deleted; the API learns about
+    the new checkpoints at the next pass that reaches it (sync_pass re-reports bucket manifests)."""
+
+    def __init__(self, s3: Any, bucket: str, run_prefix: str) -> None:
+        self._s3, self._bucket, self._prefix = s3, bucket, run_prefix
+
+    def done_steps(self) -> tuple[set[int], set[int]]:
+        stored = stored_steps(self._s3, self._bucket, self._prefix)
+        return {s for s in stored if read_manifest(self._s3, self._bucket, self._prefix, s) is not None}, set()
+
+    def report_durable(self, manifest: Manifest, upload_bytes_per_s: float | None) -> list[int]:
+        return []
+
+    def report_deleted(self, step: int) -> None:
+        return None
+
+
 @dataclass
 class SyncResult:
     uploaded: list[CheckpointUpload] = field(default_factory=list)

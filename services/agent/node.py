@@ -1,0 +1,175 @@
+"""The run side of `gpuplan agent`: busy signals, checkpoint sync on a schedule, and the node-side
+guard that stops an idle machine when the control plane has been unreachable for too long.
+
+The sync runs in a background thread so heartbeats go on during a long upload (and report it as
+busy). On SIGTERM (what the ``local`` provider driver sends) the agent runs a final sync and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from services.agent.signals import interactive_idle_s, job_running
+from services.nodes.idle import IdlePolicy, Signals, next_idle_since
+from services.runs.client import RunApi
+from services.runs.sync import BucketOnly, ControlPlane, SyncOptions, checkpoint_dirs, pending_steps, sync_pass
+
+log = logging.getLogger("gpuplan.agent")
+
+
+@dataclass
+class RunSync:
+    """What the agent syncs: a run's checkpoint directory into the run's bucket and prefix."""
+
+    api: RunApi
+    s3: Any
+    bucket: str
+    prefix: str
+    checkpoint_dir: Path
+    options: SyncOptions = field(default_factory=SyncOptions)
+    interval_s: float = 60.0
+    durable: set[int] = field(default_factory=set)
+    deleted: set[int] = field(default_factory=set)
+    last_error: str | None = None
+
+    def pass_once(self, control: ControlPlane, final: bool = False) -> None:
+        result = sync_pass(
+            self.s3, self.bucket, self.prefix, self.api.run_id, self.checkpoint_dir, control, self.options, final=final
+        )
+        self.durable.update(u.manifest.step for u in result.uploaded)
+        self.durable.update(result.already_durable)
+        self.deleted.update(result.deleted)
+        self.durable.difference_update(result.deleted)
+
+    def unsynced(self) -> int:
+        return len(pending_steps(self.checkpoint_dir, self.durable, self.deleted))
+
+
+def read_progress(checkpoint_dir: Path) -> tuple[int | None, float | None]:
+    """Training progress: ``gpuplan_progress.json`` ({"step": n, "loss": x}) in the checkpoint directory
+    if the training script writes one, else the newest checkpoint's transformers trainer_state.json."""
+    if not checkpoint_dir.is_dir():
+        return None, None
+    try:
+        explicit = checkpoint_dir / "gpuplan_progress.json"
+        if explicit.is_file():
+            data = json.loads(explicit.read_text())
+            return int(data["step"]), (float(data["loss"]) if data.get("loss") is not None else None)
+        dirs = checkpoint_dirs(checkpoint_dir)
+        if dirs:
+            state = dirs[-1][1] / "trainer_state.json"
+            if state.is_file():
+                data = json.loads(state.read_text())
+                losses = [e["loss"] for e in data.get("log_history", []) if "loss" in e]
+                return int(data.get("global_step", dirs[-1][0])), (float(losses[-1]) if losses else None)
+            return dirs[-1][0], None
+    except (OSError, ValueError, KeyError, TypeError):
+        log.debug("unreadable progress in %s", checkpoint_dir)
+    return None, None
+
+
+class NodeGuard:
+    """Decides, on the node, when to stop itself: idle (the same busy signals and threshold as the
+    control plane) past the threshold *and* the control plane unreachable for ``unreachable_after_s``."""
+
+    def __init__(self, policy: IdlePolicy, unreachable_after_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.unreachable_after_s = unreachable_after_s
+        self.clock = clock
+        self.last_contact = clock()
+        self.idle_since: datetime | None = None
+
+    def contact(self) -> None:
+        self.last_contact = self.clock()
+
+    def observe(self, signals: Signals) -> None:
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        self.idle_since = next_idle_since(self.idle_since, signals, self.policy, now)
+
+    def should_stop(self) -> str | None:
+        """The reason to stop now, or None."""
+        now = self.clock()
+        unreachable = now - self.last_contact
+        if unreachable < self.unreachable_after_s or self.idle_since is None:
+            return None
+        idle_min = (now - self.idle_since.timestamp()) / 60
+        if idle_min < self.policy.idle_minutes:
+            return None
+        return (
+            f"idle {idle_min:.0f} min >= {self.policy.idle_minutes:g} min and the control plane unreachable for "
+            f"{unreachable / 60:.0f} min >= {self.unreachable_after_s / 60:.0f} min"
+        )
+
+
+def local_signals(
+    job_pattern: str, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
+) -> Signals:
+    return Signals(
+        job_running=calibrating or job_running(job_pattern),
+        gpu_utilisation_pct=max((float(g["utilisation_pct"]) for g in gpus), default=0.0),
+        uploading=uploading,
+        interactive_idle_s=interactive_idle_s(),
+        unsynced_checkpoints=unsynced,
+    )
+
+
+def stop_machine(command: list[str] | None) -> None:
+    """Stop this machine with the configured command (e.g. ``sudo shutdown -h now``); without one, the
+    agent exits, which stops machines whose provider ties them to their main process."""
+    if command:
+        log.warning("stopping this machine: %s", " ".join(command))
+        subprocess.run(command, check=False, timeout=120)
+
+
+class Syncer:
+    """Runs sync passes in a background thread, one at a time, marking the node as uploading."""
+
+    def __init__(self, run: RunSync) -> None:
+        self.run = run
+        self.uploading = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.last_started = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self.last_started >= self.run.interval_s
+
+    def start(self, control: ControlPlane, final: bool = False) -> bool:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return False
+            self.last_started = time.time()
+            self._thread = threading.Thread(target=self._pass, args=(control, final), daemon=True)
+            self.uploading = True
+            self._thread.start()
+            return True
+
+    def _pass(self, control: ControlPlane, final: bool) -> None:
+        try:
+            self.run.pass_once(control, final)
+            self.run.last_error = None
+        except Exception as exc:  # logged and retried at the next interval
+            self.run.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("sync pass failed: %s", self.run.last_error)
+        finally:
+            self.uploading = False
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def final(self, reachable: bool) -> None:
+        """A last pass, in this thread, after any running one (the API if reachable, else the bucket)."""
+        self.wait()
+        control: ControlPlane = self.run.api if reachable else BucketOnly(self.run.s3, self.run.bucket, self.run.prefix)
+        self._pass(control, final=False)

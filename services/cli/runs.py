@@ -1,0 +1,224 @@
+"""`gpuplan sync`, `gpuplan restore` and the agent's run options: thin edges over services/runs."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from botocore.exceptions import BotoCoreError, ClientError
+
+from services.core.errors import ConfigurationError
+from services.core.settings import Settings
+from services.runs.client import RunApi, RunApiError
+from services.runs.restore import RestoreError, restore_checkpoint
+from services.runs.sync import BucketOnly, SyncError, SyncOptions, read_manifest, stored_steps, sync_pass
+from services.storage.s3 import make_s3_client
+
+MiB = 2**20
+
+
+class RunCliError(Exception):
+    """A user or environment error, printed as one line."""
+
+
+def _positive(name: str, kind: type[float] | type[int] = float) -> Any:
+    def parse(value: str) -> float | int:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"{name} must not be negative, got {value!r}")
+        return number
+
+    return parse
+
+
+def _connection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL", help="the gpuplan service")
+    parser.add_argument("--key", required=True, help="the organization's API key")
+    parser.add_argument("--run", required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)")
+
+
+def add_commands(sub: Any) -> None:
+    sync = sub.add_parser("sync", help="one checkpoint sync pass to the run's bucket (what the agent does)")
+    _connection(sync)
+    sync.add_argument("--dir", required=True, metavar="DIR", help="the trainer's output directory")
+    sync.add_argument("--final", action="store_true", help="mark the newest checkpoint as the run's final one")
+    sync.add_argument(
+        "--settle-s",
+        type=_positive("--settle-s"),
+        default=60.0,
+        metavar="S",
+        help="skip checkpoints changed in the last S seconds (still being written)",
+    )
+    sync.add_argument("--part-mib", type=_positive("--part-mib", int), default=64, metavar="MIB")
+    sync.add_argument("--json", action="store_true")
+
+    restore = sub.add_parser("restore", help="download and verify a durable checkpoint of a run")
+    _connection(restore)
+    restore.add_argument("--to", required=True, metavar="DIR", help="where to put the checkpoint directory")
+    which = restore.add_mutually_exclusive_group()
+    which.add_argument("--step", type=_positive("--step", int), metavar="N", help="this step (default: the latest)")
+    which.add_argument("--best", action="store_true", help="the best by the reported evaluation metric")
+    restore.add_argument(
+        "--from-bucket",
+        action="store_true",
+        help="choose from the manifests in the bucket (a checkpoint the node made durable "
+        "while the service was unreachable)",
+    )
+
+
+def add_agent_options(agent: argparse.ArgumentParser) -> None:
+    agent.add_argument("--instance-id", help="the provider's id of this machine (for the HTTP stop driver)")
+    agent.add_argument("--run", metavar="ID", help="sync this run's checkpoints and report its progress")
+    agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (with --run)")
+    agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")
+    agent.add_argument("--settle-s", type=_positive("--settle-s"), default=60.0, metavar="S")
+    agent.add_argument(
+        "--idle-minutes",
+        type=_positive("--idle-minutes"),
+        default=15.0,
+        metavar="M",
+        help="node-side guard: idle this long ...",
+    )
+    agent.add_argument(
+        "--unreachable-minutes",
+        type=_positive("--unreachable-minutes"),
+        default=30.0,
+        metavar="M",
+        help="... while the service is unreachable this long: final sync, then stop",
+    )
+    agent.add_argument(
+        "--stop-command",
+        metavar="CMD",
+        help="how the guard stops this machine, e.g. 'sudo shutdown -h now' (default: exit)",
+    )
+    agent.add_argument("--job-pattern", metavar="REGEX", help="command lines that count as a running job")
+
+
+def _s3(settings: Settings) -> Any:
+    try:
+        return make_s3_client(settings)
+    except ConfigurationError as exc:
+        raise RunCliError(exc.message) from None
+
+
+def _run_info(api: RunApi) -> dict[str, Any]:
+    try:
+        return api.run()
+    except RunApiError as exc:
+        raise RunCliError(str(exc)) from None
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    options = SyncOptions(
+        part_size=max(5, args.part_mib) * MiB, multipart_threshold=max(5, args.part_mib) * MiB, settle_s=args.settle_s
+    )
+    with httpx.Client(base_url=args.api, timeout=60) as client:
+        api = RunApi(client, args.key, args.run)
+        run = _run_info(api)
+        try:
+            result = sync_pass(
+                _s3(Settings()), run["bucket"], run["prefix"], args.run, Path(args.dir), api, options, final=args.final
+            )
+        except (SyncError, RunApiError) as exc:
+            raise RunCliError(f"sync: {exc}; nothing local was touched, run it again to resume") from None
+        except (BotoCoreError, ClientError) as exc:  # credentials, connection and store errors
+            raise RunCliError(f"sync: {exc}; run it again to resume") from None
+    uploaded = [u.manifest.step for u in result.uploaded]
+    if args.json:
+        import json
+
+        print(
+            json.dumps(
+                {
+                    "uploaded": uploaded,
+                    "already_durable": result.already_durable,
+                    "unsettled": result.unsettled,
+                    "superseded": result.superseded,
+                    "deleted": result.deleted,
+                }
+            )
+        )
+    else:
+        for upload in result.uploaded:
+            sent = upload.bytes_sent / MiB
+            print(
+                f"step {upload.manifest.step}: durable ({len(upload.files)} files, "
+                f"{upload.manifest.total_bytes / MiB:.1f} MiB, {sent:.1f} MiB sent, {upload.seconds:.1f} s)"
+            )
+        if result.unsettled:
+            print(f"still being written (next pass): steps {result.unsettled}")
+        if result.deleted:
+            print(f"retention deleted from the bucket: steps {result.deleted}")
+        if not uploaded:
+            print("nothing new to sync")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    with httpx.Client(base_url=args.api, timeout=60) as client:
+        api = RunApi(client, args.key, args.run)
+        run = _run_info(api)
+        s3 = _s3(Settings())
+        try:
+            if args.from_bucket:
+                durable = BucketOnly(s3, run["bucket"], run["prefix"]).done_steps()[0]
+                if not durable:
+                    raise RunCliError(f"no durable checkpoint in s3://{run['bucket']}/{run['prefix']}")
+                step = args.step if args.step is not None else max(durable)
+                manifest = read_manifest(s3, run["bucket"], run["prefix"], step)
+                if manifest is None:
+                    steps = sorted(stored_steps(s3, run["bucket"], run["prefix"]))
+                    raise RunCliError(f"step {step} has no manifest in the bucket; steps there: {steps}")
+            else:
+                manifest = api.choose(args.step, args.best)
+            target = Path(args.to)
+            target.mkdir(parents=True, exist_ok=True)
+            result = restore_checkpoint(s3, run["bucket"], run["prefix"], manifest, target)
+        except (RestoreError, RunApiError) as exc:
+            raise RunCliError(f"restore: {exc}") from None
+        except (BotoCoreError, ClientError) as exc:
+            raise RunCliError(f"restore: {exc}; run it again to resume the download") from None
+        except OSError as exc:
+            raise RunCliError(f"restore: {args.to}: {exc.strerror or exc}") from None
+    print(f"step {result.step}: {result.files} files, {result.bytes / MiB:.1f} MiB verified in {result.directory}")
+    return 0
+
+
+def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) -> None:
+    """Attach the run and the guard the agent's flags ask for."""
+    from services.agent.node import NodeGuard, RunSync
+    from services.nodes.idle import IdlePolicy
+
+    if args.job_pattern:
+        agent.job_pattern = args.job_pattern
+    if args.stop_command:
+        agent.stop_command = shlex.split(args.stop_command)
+    agent.guard = NodeGuard(IdlePolicy(idle_minutes=max(1.0, args.idle_minutes)), args.unreachable_minutes * 60)
+    if args.run is None:
+        return
+    if not args.checkpoint_dir:
+        raise RunCliError("--run needs --checkpoint-dir (the trainer's output directory)")
+    api = RunApi(client, args.key, args.run)
+    run = _run_info(api)
+    agent.attach_run(
+        RunSync(
+            api=api,
+            s3=_s3(Settings()),
+            bucket=run["bucket"],
+            prefix=run["prefix"],
+            checkpoint_dir=Path(args.checkpoint_dir),
+            options=SyncOptions(settle_s=args.settle_s),
+            interval_s=args.sync_interval,
+        )
+    )
+    print(
+        f"gpuplan agent: syncing run {args.run} from {args.checkpoint_dir} to s3://{run['bucket']}/{run['prefix']}",
+        file=sys.stderr,
+    )
