@@ -20,7 +20,7 @@ from typing import Any
 
 from services.agent.signals import interactive_idle_s, job_running
 from services.nodes.idle import IdlePolicy, Signals, next_idle_since
-from services.runs.client import RunApi
+from services.runs.client import RunApi, RunApiError
 from services.runs.sync import BucketOnly, ControlPlane, SyncOptions, checkpoint_dirs, pending_steps, sync_pass
 
 log = logging.getLogger("gpuplan.agent")
@@ -169,7 +169,13 @@ class Syncer:
             thread.join(timeout_s)
 
     def final(self, reachable: bool) -> None:
-        """A last pass, in this thread, after any running one (the API if reachable, else the bucket)."""
+        """A last pass, in this thread, after any running one: through the API when it answers, else
+        against the bucket alone (the API learns of those checkpoints at the next pass that reaches it)."""
         self.wait()
-        control: ControlPlane = self.run.api if reachable else BucketOnly(self.run.s3, self.run.bucket, self.run.prefix)
-        self._pass(control, final=False)
+        if reachable:
+            try:
+                self.run.pass_once(self.run.api)
+                return
+            except RunApiError as exc:
+                log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)
+        self._pass(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix), final=False)

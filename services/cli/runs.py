@@ -206,7 +206,10 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) 
     if not args.checkpoint_dir:
         raise RunCliError("--run needs --checkpoint-dir (the trainer's output directory)")
     api = RunApi(client, args.key, args.run)
-    run = _run_info(api)
+    try:
+        run = api.join(agent.node_id)
+    except RunApiError as exc:
+        raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
     agent.attach_run(
         RunSync(
             api=api,

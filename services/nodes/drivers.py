@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import httpx
@@ -92,6 +93,19 @@ class HttpDriver:
         return self._call(self._start_url, node, "start")
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process runs (an exited child nobody has reaped yet, a zombie, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 class LocalDriver:
     name = "local"
 
@@ -109,9 +123,7 @@ class LocalDriver:
             return f"agent process {node.agent_pid} had already exited"
         deadline = time.monotonic() + self._wait_s
         while time.monotonic() < deadline:
-            try:
-                os.kill(node.agent_pid, 0)
-            except ProcessLookupError:
+            if not _alive(node.agent_pid):
                 return f"agent process {node.agent_pid} stopped (SIGTERM, final sync included)"
             time.sleep(0.1)
         raise DriverError(f"agent process {node.agent_pid} did not exit within {self._wait_s:.0f} s")

@@ -37,6 +37,9 @@ class RunApi:
     def run(self) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/runs/{self.run_id}"))
 
+    def join(self, node_id: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/v1/runs/{self.run_id}/nodes", {"node_id": node_id}))
+
     def done_steps(self) -> tuple[set[int], set[int]]:
         checkpoints = self.run()["checkpoints"]
         durable = {int(c["step"]) for c in checkpoints if c["status"] == "durable"}

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Path, Query
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.runs import service
-from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunOut
+from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunJoin, RunOut
 
 router = APIRouter(prefix="/v1", tags=["runs"])
 
@@ -32,6 +32,13 @@ def get_run(run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
     """The schedule, the last durable step and every checkpoint with its manifest."""
     with db.transaction() as (session, _pending):
         return service.to_out(session, service.get_run(session, principal, run_id))
+
+
+@router.post("/runs/{run_id}/nodes", operation_id="runs-join", response_model=RunOut)
+def join_run(run_id: str, body: RunJoin, db: DbDep, principal: PrincipalDep) -> RunOut:
+    """A node joins the run (the agent started with ``--run``); its idle policy becomes the run's."""
+    with db.transaction() as (session, _pending):
+        return service.to_out(session, service.join_run(session, principal, run_id, body.node_id))
 
 
 @router.post("/runs/{run_id}/checkpoints", operation_id="runs-checkpoint-durable", response_model=DurableAnswer)

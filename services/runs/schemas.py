@@ -60,6 +60,12 @@ class RunCreate(BaseModel):
         return value
 
 
+class RunJoin(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_id: str = Field(min_length=1, max_length=64)
+
+
 class CheckpointReport(BaseModel):
     """From the node after it wrote a checkpoint's manifest (the checkpoint is durable)."""
 

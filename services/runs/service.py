@@ -84,11 +84,30 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
     row.prefix = body.prefix if body.prefix is not None else f"runs/{row.id}"
     row.schedule = _schedule(row, request, nodes, body.max_interval_minutes * 60)
     row.schedule["max_interval_s"] = body.max_interval_minutes * 60
+    row.schedule["idle"] = {"idle_minutes": body.idle_minutes, "gpu_busy_pct": body.gpu_busy_pct}
     for node in nodes:
-        node.run_id = row.id
-        node.idle_minutes = body.idle_minutes
-        node.gpu_busy_pct = body.gpu_busy_pct
+        _attach(row, node)
     return row
+
+
+def _attach(run: RunRow, node: NodeRow) -> None:
+    node.run_id = run.id
+    idle = run.schedule.get("idle", {})
+    node.idle_minutes = float(idle.get("idle_minutes", node.idle_minutes))
+    node.gpu_busy_pct = float(idle.get("gpu_busy_pct", node.gpu_busy_pct))
+
+
+def join_run(session: Session, principal: Principal, run_id: str, node_id: str) -> RunRow:
+    """A node joins a run (what `gpuplan agent --run` does at start); joining twice is harmless."""
+    run = get_run(session, principal, run_id)
+    node = get_node(session, principal, node_id)
+    if node.id not in run.node_ids:
+        first = session.get(NodeRow, run.node_ids[0]) if run.node_ids else None
+        if first is not None and first.gpu != node.gpu:
+            raise Unprocessable(f"the run's nodes have {first.gpu}, this node has {node.gpu}", field="node_id")
+        run.node_ids = [*run.node_ids, node.id]
+    _attach(run, node)
+    return run
 
 
 def get_run(session: Session, principal: Principal, run_id: str) -> RunRow:
