@@ -112,6 +112,16 @@ class Plan(_Strict):
     checkpoint_granularity: CheckpointGranularity | None = None
     adapter_dtype: AdapterDtype | None = None
     kv_cache_dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
+    compile: bool | None = Field(
+        default=None,
+        description="torch.compile of the transformer blocks (and of the loss where the framework compiles it): "
+        "torchtune's 'compile', the Trainer's 'torch_compile'",
+    )
+    activation_offloading: bool | None = Field(
+        default=None,
+        description="activations saved for backward are moved to host memory during the forward pass and "
+        "brought back in backward (torchtune's 'enable_activation_offloading')",
+    )
     data: DataSpec | None = None
 
     @model_validator(mode="after")
@@ -125,6 +135,8 @@ class Plan(_Strict):
             raise ValueError("lora: adapter settings need method 'lora' or 'qlora', not 'full'")
         if self.cpu_offload and self.sharding == "none":
             raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
+        if self.activation_offloading and self.mode != "train":
+            raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
         return self
 
     @property

@@ -49,6 +49,15 @@ class FrameworkDefaults:
     # The forward runs under torch.autocast (Trainer with bf16=True, the usual LoRA/QLoRA recipe), so an
     # fp32 adapter receives a 16-bit copy of its input; without autocast PEFT casts the input to fp32.
     autocast: bool = False
+    # Whether the framework's compile switch also compiles the loss. torchtune's recipes call
+    # training.compile_loss (torchtune/training/_compile.py); the Trainer's torch_compile wraps the model,
+    # whose forward computes the loss. torchtitan's train.py of late 2024 compiled the blocks only
+    # (loss_fn is a plain function called on the model output).
+    compiles_loss: bool = True
+    # Off unless asked for in every framework we model: torchtune's recipe configs ship compile: False
+    # and enable_activation_offloading: False; TrainingArguments.torch_compile defaults to False.
+    compile: bool = False
+    activation_offloading: bool = False
 
 
 # Sources, per framework:
@@ -128,6 +137,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="LitGPT finetune defaults",
         fsdp_flat_param_grads=True,
+        compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
     ),
     "torchtitan": FrameworkDefaults(
         attention="sdpa",
@@ -145,6 +155,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="torchtitan defaults",
         fsdp_accumulates_unsharded=False,
+        compiles_loss=False,
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -193,6 +204,9 @@ class Recipe:
     fsdp_accumulates_unsharded: bool
     fsdp_flat_param_grads: bool
     autocast_weight_copies: bool  # 16-bit casts of fp32 weights kept from forward to backward
+    compiled: bool  # transformer blocks run through torch.compile (inductor)
+    compiled_loss: bool  # the cross-entropy runs through torch.compile as well
+    activation_offloading: bool  # saved activations go to host memory in the forward pass
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -242,6 +256,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     grads_persist = d.grads_persist if accumulation is None else accumulation > 1
 
     attention = plan.attention or d.attention
+    compiled = (d.compile if plan.compile is None else plan.compile) and plan.is_training
+    offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
     return Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
@@ -276,6 +292,9 @@ def resolve_recipe(plan: Plan) -> Recipe:
             and plan.framework != "torchtitan"
             and plan.is_training
         ),
+        compiled=compiled,
+        compiled_loss=compiled and d.compiles_loss,
+        activation_offloading=offloading and plan.is_training,
     )
 
 
