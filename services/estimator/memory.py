@@ -18,7 +18,7 @@ Main sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.estimator.architecture import Architecture, Block, Linear, parameter_counts
 from services.estimator.plan import Plan
@@ -169,8 +169,16 @@ def adafactor_state_elements(arch: Architecture, plan: Plan, recipe: Recipe) -> 
     return elems
 
 
+def held_architecture(arch: Architecture, recipe: Recipe) -> Architecture:
+    """The model as the framework holds it in memory: LitGPT keeps a tied output head as its own matrix."""
+    if recipe.unties_embeddings and arch.tie_word_embeddings:
+        return replace(arch, tie_word_embeddings=False)
+    return arch
+
+
 def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
     """Weights, adapters, gradients, master weights and optimizer states per GPU after sharding."""
+    arch = held_architecture(arch, recipe)
     n = plan.gpus
     shard = plan.sharding
     counts = parameter_counts(arch)
@@ -672,7 +680,25 @@ def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
 # Putting it together
 
 
+def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(output head, largest block linear) bytes of the full-precision copy bitsandbytes makes per matmul.
+
+    MatMul4Bit runs F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t()) in forward and the
+    same dequantization for the input gradient in backward (bitsandbytes/autograd/_functions.py): the
+    whole weight exists in 16-bit while the matmul runs, plus a second copy when the dequantized dtype
+    is not the compute dtype. Only 4-bit bitsandbytes layers do this; torchao's NF4 and int8 paths
+    are not modelled here.
+    """
+    if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
+        return 0.0, 0.0
+    per = recipe.compute_bytes + (2 if recipe.bnb_dequant_cast else 0)  # + the fp16 copy before the cast
+    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
+    return float(head * per), float(block * per)
+
+
 def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
+    arch = held_architecture(arch, recipe)
     states = model_states(plan, arch, recipe)
     if not plan.is_training:
         return _inference_peak(plan, arch, recipe, states)
@@ -698,6 +724,8 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         )
 
     casts = autocast_weight_copy_bytes(arch, recipe)
+    # The head's matmul runs last in forward and first in backward; block linears run during backward.
+    dequant_head, dequant_block = bnb_dequantize_bytes(plan, arch, recipe)
     static = {
         "weights": states.weights,
         "adapters": states.adapters,
@@ -713,6 +741,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "autocast_weight_copies": casts,
             "logits_and_loss": logit_fwd,
             "sharding_buffers": shard_fwd,
+            "dequantized_weights": dequant_head,
         },
         "start_of_backward": {
             **static,
@@ -721,6 +750,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "autocast_weight_copies": casts,
             "logits_and_loss": logit_bwd,
             "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_head,
         },
         "during_backward": {
             **static,
@@ -729,6 +759,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "autocast_weight_copies": casts,
             "temporaries": acts.recompute + acts.backward_transient + acts.refetched,
             "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_block,
         },
         "end_of_backward": {
             **static,

@@ -58,6 +58,15 @@ class FrameworkDefaults:
     # and enable_activation_offloading: False; TrainingArguments.torch_compile defaults to False.
     compile: bool = False
     activation_offloading: bool = False
+    # LitGPT's GPT keeps lm_head and wte as two parameters (litgpt/model.py has no weight tying) and its
+    # HF converter copies the embedding into lm_head.weight for tied models
+    # (litgpt/scripts/convert_hf_checkpoint.py, copy_weights_hf_llama): a tied model is held untied.
+    unties_embeddings: bool = False
+    # Whether bitsandbytes' dequantize_4bit returns fp16 whatever the compute dtype. Lightning's
+    # BitsandbytesPrecision casts every weight to fp16 before quantize_4bit (lightning/fabric/plugins/
+    # precision/bitsandbytes.py, _Linear4bit.quantize), so quant_state.dtype is fp16; transformers
+    # quantizes the weight in its load dtype, the compute dtype of the usual recipe.
+    bnb_dequantizes_to_fp16: bool = False
 
 
 # Sources, per framework:
@@ -138,6 +147,8 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         note="LitGPT finetune defaults",
         fsdp_flat_param_grads=True,
         compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
+        unties_embeddings=True,
+        bnb_dequantizes_to_fp16=True,
     ),
     "torchtitan": FrameworkDefaults(
         attention="sdpa",
@@ -207,6 +218,8 @@ class Recipe:
     compiled: bool  # transformer blocks run through torch.compile (inductor)
     compiled_loss: bool  # the cross-entropy runs through torch.compile as well
     activation_offloading: bool  # saved activations go to host memory in the forward pass
+    unties_embeddings: bool  # a tied output head is held as a second matrix
+    bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -295,6 +308,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
         compiled=compiled,
         compiled_loss=compiled and d.compiles_loss,
         activation_offloading=offloading and plan.is_training,
+        unties_embeddings=d.unties_embeddings,
+        bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
     )
 
 
