@@ -122,6 +122,11 @@ class Plan(_Strict):
         description="activations saved for backward are moved to host memory during the forward pass and "
         "brought back in backward (torchtune's 'enable_activation_offloading')",
     )
+    nf4_quantization: Literal["chunked", "whole-tensor"] | None = Field(
+        default=None,
+        description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
+        "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
+    )
     data: DataSpec | None = None
 
     @model_validator(mode="after")
@@ -135,6 +140,8 @@ class Plan(_Strict):
             raise ValueError("lora: adapter settings need method 'lora' or 'qlora', not 'full'")
         if self.cpu_offload and self.sharding == "none":
             raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
+        if self.nf4_quantization is not None and self.quantized != "nf4":
+            raise ValueError("nf4_quantization: only an NF4 base (method 'qlora', quantization 'nf4') is quantized")
         if self.activation_offloading and self.mode != "train":
             raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
         return self

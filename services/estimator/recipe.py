@@ -220,6 +220,7 @@ class Recipe:
     activation_offloading: bool  # saved activations go to host memory in the forward pass
     unties_embeddings: bool  # a tied output head is held as a second matrix
     bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
+    nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -310,6 +311,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
         activation_offloading=offloading and plan.is_training,
         unties_embeddings=d.unties_embeddings,
         bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
+        # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
+        nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
     )
 
 

@@ -14,9 +14,11 @@ from services.estimator.memory import (
     activation_bytes,
     adapter_params,
     block_saved_bytes_per_token,
+    bnb_dequantize_bytes,
     logits_bytes,
     model_states,
     peak_memory,
+    quantization_load_bytes,
     quantized_params,
     sharded_working_bytes,
     weight_bytes,
@@ -366,3 +368,49 @@ def test_activation_offloading_leaves_the_stash_and_one_block_on_the_gpu() -> No
     peak_off = peak_memory(off, ARCH, resolve_recipe(off))
     peak_kept = peak_memory(kept, ARCH, resolve_recipe(kept))
     assert peak_off.peak_allocated < peak_kept.peak_allocated - 0.8 * a_kept.saved
+
+
+def test_litgpt_holds_a_tied_head_as_a_second_matrix() -> None:
+    tied = {**LLAMA_8B, "tie_word_embeddings": True}
+    arch = architecture_from_config(tied)
+    fields = {"model": {"config": tied}, "method": "lora", "lora": {"rank": 8}}
+    litgpt = make_plan(framework="litgpt", **fields)
+    trainer = make_plan(framework="hf-trainer", **fields)
+    extra = model_states(litgpt, arch, resolve_recipe(litgpt)).weights - model_states(
+        trainer, arch, resolve_recipe(trainer)
+    ).weights
+    assert extra == V * H * 2  # the converter copies wte into lm_head.weight
+
+
+def test_bitsandbytes_dequantizes_the_whole_weight_for_each_matmul() -> None:
+    # LitGPT quantizes the head too, and Lightning's plugin quantizes from fp16: fp16 copy + bf16 cast.
+    litgpt = make_plan(framework="litgpt", method="qlora", lora={"rank": 8})
+    head, block = bnb_dequantize_bytes(litgpt, ARCH, resolve_recipe(litgpt))
+    assert head == V * H * (2 + 2)
+    assert block == INTER * H * (2 + 2)
+    # transformers quantizes in the load dtype and keeps the head in 16-bit: one bf16 copy of a block linear.
+    trainer = make_plan(framework="hf-trainer", method="qlora", lora={"rank": 8})
+    assert bnb_dequantize_bytes(trainer, ARCH, resolve_recipe(trainer)) == (0.0, INTER * H * 2)
+    # torchao's NF4 (torchtune) and unquantized plans have no such copy here.
+    torchtune = make_plan(framework="torchtune", method="qlora", lora={"rank": 8})
+    assert bnb_dequantize_bytes(torchtune, ARCH, resolve_recipe(torchtune)) == (0.0, 0.0)
+    peak = peak_memory(litgpt, ARCH, resolve_recipe(litgpt))
+    assert peak.peak_moment in ("end_of_forward", "start_of_backward")
+    assert peak.components["dequantized_weights"] == head
+
+
+def test_whole_tensor_nf4_quantization_peaks_at_load() -> None:
+    fields = {"framework": "torchtune", "method": "qlora", "lora": {"rank": 8}, "gradient_checkpointing": True}
+    old = make_plan(nf4_quantization="whole-tensor", seq_len=512, **fields)
+    new = make_plan(seq_len=512, **fields)
+    largest = INTER * H  # the MLP projections are the biggest quantized matrices (the head stays 16-bit)
+    # torchao 0.1: 16 comparisons per element at once, 72 bytes/element measured in pytorch/ao PR #315.
+    assert quantization_load_bytes(old, ARCH, resolve_recipe(old)) == pytest.approx(largest * (2 + 70))
+    # Chunked (torchao >= 0.2): the 16-bit weight plus one 1M-element chunk's working set.
+    assert quantization_load_bytes(new, ARCH, resolve_recipe(new)) == pytest.approx(largest * 2 + 1024**2 * 70)
+    peak_old = peak_memory(old, ARCH, resolve_recipe(old))
+    assert peak_old.peak_moment == "model_load"
+    assert peak_memory(new, ARCH, resolve_recipe(new)).peak_moment != "model_load"
+    assert make_plan().nf4_quantization is None
+    with pytest.raises(ValueError, match="nf4_quantization"):
+        make_plan(nf4_quantization="chunked")  # a 16-bit base is not quantized
