@@ -376,9 +376,10 @@ def test_litgpt_holds_a_tied_head_as_a_second_matrix() -> None:
     fields = {"model": {"config": tied}, "method": "lora", "lora": {"rank": 8}}
     litgpt = make_plan(framework="litgpt", **fields)
     trainer = make_plan(framework="hf-trainer", **fields)
-    extra = model_states(litgpt, arch, resolve_recipe(litgpt)).weights - model_states(
-        trainer, arch, resolve_recipe(trainer)
-    ).weights
+    extra = (
+        model_states(litgpt, arch, resolve_recipe(litgpt)).weights
+        - model_states(trainer, arch, resolve_recipe(trainer)).weights
+    )
     assert extra == V * H * 2  # the converter copies wte into lm_head.weight
 
 
