@@ -715,7 +715,12 @@ def quantization_load_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> f
     largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
     if recipe.quantize_lm_head and not arch.tie_word_embeddings:
         largest = max(largest, arch.lm_head_matmul_params)
-    working = largest if recipe.nf4_whole_tensor else min(largest, NF4_QUANTIZE_CHUNK_ELEMENTS)
+    if recipe.nf4_whole_tensor:
+        working = largest
+    elif recipe.quant_backend == "torchao":
+        working = min(largest, NF4_QUANTIZE_CHUNK_ELEMENTS)
+    else:
+        working = 0  # bitsandbytes' quantize_4bit is one CUDA kernel writing the packed output directly
     return float(largest * recipe.compute_bytes + working * NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT)
 
 
