@@ -74,6 +74,8 @@ QV = {"r": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 for label, cfg, lora, attn, autocast, plan in (
     ("llama full bf16", LLAMA, None, "sdpa", False, {"framework": "pytorch"}),
     ("llama full eager", LLAMA, None, "eager", False, {"framework": "pytorch", "attention": "eager"}),
+    # Each decoder layer through torch.compile (inductor on the CPU): what its partitioner saves.
+    ("llama full bf16, compiled layers", LLAMA, None, "sdpa", False, {"framework": "pytorch", "compile": True}),
     (
         "llama LoRA q,v (fp32 adapters)",
         LLAMA,
@@ -106,7 +108,9 @@ for label, cfg, lora, attn, autocast, plan in (
     SCENARIOS.append((label, cfg, lora, attn, autocast, plan))
 
 
-def _measure(cfg: dict[str, Any], lora: dict[str, Any] | None, attn: str, autocast: bool, layers: int) -> int:
+def _measure(
+    cfg: dict[str, Any], lora: dict[str, Any] | None, attn: str, autocast: bool, layers: int, compiled: bool = False
+) -> int:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -119,6 +123,9 @@ def _measure(cfg: dict[str, Any], lora: dict[str, Any] | None, attn: str, autoca
     if lora is not None:
         model = get_peft_model(model, LoraConfig(**lora))
     model.train()
+    if compiled:
+        for layer in model.model.layers:
+            layer.compile(backend="inductor")
     owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     seen: dict[int, int] = {}
 
@@ -131,6 +138,9 @@ def _measure(cfg: dict[str, Any], lora: dict[str, Any] | None, attn: str, autoca
     ids = torch.randint(0, cfg["vocab_size"], (2, TOKENS))
     mask = torch.ones_like(ids)
     mask[0, 0] = 0  # a padded position, as in a padded fine-tuning batch (HF then repeats K/V heads)
+    if compiled:  # the first call compiles; measure the second
+        model(input_ids=ids, attention_mask=mask).logits.float().sum().backward()
+        seen.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         if autocast:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -157,7 +167,7 @@ def measure_scenario(
 ) -> dict[str, Any]:
     """Saved bytes per token per layer, measured (3 layers minus 1, over 2 sequences) and predicted."""
     warnings.filterwarnings("ignore")
-    one, three = (_measure(cfg, lora, attn, autocast, n) for n in (1, 3))
+    one, three = (_measure(cfg, lora, attn, autocast, n, bool(plan.get("compile"))) for n in (1, 3))
     measured = (three - one) / 2 / (2 * TOKENS)
     predicted = _predicted(cfg, plan)
     return {
@@ -179,7 +189,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     rows = []
     for label, cfg, lora, attn, autocast, plan in SCENARIOS:
-        one, three = (_measure(cfg, lora, attn, autocast, n) for n in (1, 3))
+        one, three = (_measure(cfg, lora, attn, autocast, n, bool(plan.get("compile"))) for n in (1, 3))
         measured = (three - one) / 2 / (2 * TOKENS)
         predicted = _predicted(cfg, plan)
         rows.append(

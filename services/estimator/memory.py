@@ -2,8 +2,9 @@
 
 Every function computes one quantity from one mechanism: which tensors exist, in which dtype, and
 when they are alive. Sizes are bytes; the caller converts to GiB. The peak is the largest of the
-memory in use at four moments of a step (end of forward, start of backward, end of backward,
-optimizer step), because activations are freed while gradients are created.
+memory in use at the moments of a step (end of forward, start of, during and end of backward,
+optimizer step), because activations are freed while gradients are created, and at model load,
+because PyTorch's peak counters run from process start.
 
 Main sources:
 - activations: the tensors autograd saves for backward in the transformers / torchtune / LitGPT
@@ -18,7 +19,7 @@ Main sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.estimator.architecture import Architecture, Block, Linear, parameter_counts
 from services.estimator.plan import Plan
@@ -169,8 +170,16 @@ def adafactor_state_elements(arch: Architecture, plan: Plan, recipe: Recipe) -> 
     return elems
 
 
+def held_architecture(arch: Architecture, recipe: Recipe) -> Architecture:
+    """The model as the framework holds it in memory: LitGPT keeps a tied output head as its own matrix."""
+    if recipe.unties_embeddings and arch.tie_word_embeddings:
+        return replace(arch, tie_word_embeddings=False)
+    return arch
+
+
 def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
     """Weights, adapters, gradients, master weights and optimizer states per GPU after sharding."""
+    arch = held_architecture(arch, recipe)
     n = plan.gpus
     shard = plan.sharding
     counts = parameter_counts(arch)
@@ -407,7 +416,9 @@ def block_saved_bytes_per_token(
     # it, plus the normalized 16-bit tensor when its weight trains. torch's native LayerNorm keeps only
     # its input (and per-token mean/rstd); two LayerNorms over the same input (GPT-NeoX's parallel
     # residual) keep it once.
-    if arch.norm == "rms":
+    if arch.norm == "rms" and recipe.compiled:
+        add("norms", block.norm_count * compiled_rms_norm_bytes_per_token(h, res))
+    elif arch.norm == "rms":
         add("norms", block.norm_count * h * (4 + (res if full else 0)))
     else:
         distinct_inputs = 1 if block.parallel_residual else block.norm_count
@@ -441,9 +452,11 @@ def block_saved_bytes_per_token(
         # HF MoE layers gather each expert's tokens (a copy) and scale its output by the routing weight.
         add("moe_routing", k * a * h * (2 if needs_input(mlp_in_lins) else 1))
     if block.mlp_gated:
-        add("mlp_hidden", k * 3 * a * inter)  # gate output, act(gate), up output
+        # gate output, act(gate), up output; compiled, act(gate) is recomputed from the gate output.
+        add("mlp_hidden", k * (2 if recipe.compiled else 3) * a * inter)
     else:
-        gelu_saves = 4 if (recipe.python_gelu and arch.activation == "gelu_new") else 1
+        # Inductor fuses HF's Python gelu_new chain into one kernel that keeps only its input.
+        gelu_saves = 4 if (recipe.python_gelu and arch.activation == "gelu_new" and not recipe.compiled) else 1
         add("mlp_hidden", k * gelu_saves * a * inter)
     add("mlp_down_input", input_copies(down) * k * a * inter)
     if recipe.model_dropout and arch.hidden_dropout > 0:
@@ -478,6 +491,20 @@ def block_saved_bytes_per_token(
     return saves
 
 
+def compiled_rms_norm_bytes_per_token(hidden: int, input_bytes: int) -> float:
+    """What one RMSNorm keeps under torch.compile: its input in the residual dtype and the fp32 rstd.
+
+    Inductor's min-cut partitioner (torch/_functorch/partitioners.py,
+    min_cut_rematerialization_partition) recomputes pointwise ops in backward instead of saving their
+    outputs, so the fp32 upcast of the input and the normalized tensor are rebuilt from the input and
+    the per-token reduction. Measured with saved_tensors_hooks on transformers' Llama layers, each
+    compiled with inductor on the CPU (benchmarks/mechanisms, "compiled layers": 8,520 bytes per token
+    per layer against 11,944 eager; this rule with the gated-MLP one predicts 8,776): the fp32 copy
+    disappears, the 16-bit input and a 4-byte rstd per token stay.
+    """
+    return float(input_bytes * hidden + 4)
+
+
 def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:
     """What a checkpointed block keeps: its input, or per-op selective saves (torchtitan's policy).
 
@@ -505,10 +532,35 @@ def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe:
 
 @dataclass(frozen=True)
 class Activations:
-    saved: float  # bytes kept for backward at the end of the forward pass
+    saved: float  # bytes kept on the GPU for backward at the end of the forward pass
     recompute: float  # bytes of one block's activations rebuilt during backward (checkpointing)
     backward_transient: float  # gradients of one block's intermediates during its backward
     per_layer_per_token: dict[str, float]  # breakdown of one (the largest) block, bytes/token
+    offloaded: float = 0.0  # bytes moved to host memory by activation offloading
+    refetched: float = 0.0  # offloaded bytes back on the GPU while one block's backward runs
+
+
+# torchtune's OffloadActivations keeps up to max_fwd_stash_size (default 5) offloaded tensors alive on the
+# GPU until their device-to-host copy finishes (torchtune/training/_activation_offloading.py).
+OFFLOAD_FORWARD_STASH_TENSORS = 5
+
+
+def offload_stash_bytes(largest_tensor: float, offloaded: float) -> float:
+    """GPU bytes still held by activation offloading at the end of the forward pass: the last few
+    offloaded tensors, whose copies to the host may still be in flight."""
+    return min(offloaded, OFFLOAD_FORWARD_STASH_TENSORS * largest_tensor)
+
+
+def _largest_saved_tensor_bytes(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:
+    """The biggest single tensor a block saves: its input under checkpointing, else the widest of the
+    residual stream, an MLP hidden tensor and the attention output."""
+    tokens = plan.tokens_per_micro_batch
+    residual = recipe.residual_bytes * arch.hidden_size
+    if plan.gradient_checkpointing:
+        return float(residual * tokens)
+    a = recipe.compute_bytes
+    widest = max(residual, 4 * arch.hidden_size, a * block.intermediate_size, a * block.num_heads * block.head_dim)
+    return float(widest * tokens)
 
 
 def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activations:
@@ -516,6 +568,8 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     seq = plan.seq_len
     saved = 0.0
     biggest_block = 0.0
+    biggest_kept = 0.0
+    biggest_tensor = 0.0
     biggest_breakdown: dict[str, float] = {}
     transient = 0.0
     for block in arch.blocks:
@@ -529,20 +583,35 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
             else block_total
         )
         saved += block.count * kept * tokens
+        biggest_kept = max(biggest_kept, kept * tokens)
+        biggest_tensor = max(biggest_tensor, _largest_saved_tensor_bytes(block, arch, plan, recipe))
         transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe) * tokens)
 
     # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
     # embedding dropout mask.
     h = arch.hidden_size
     norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
+    norm_per_token = float(h * norm_in)
+    if recipe.compiled and arch.norm == "rms":
+        norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
     head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
     head_keeps_input = head_trains or (plan.quantized is not None and recipe.quantize_lm_head)
-    saved += tokens * h * (norm_in + (recipe.compute_bytes if head_keeps_input else 0))
+    head_input = tokens * h * (recipe.compute_bytes if head_keeps_input else 0)
+    norm_and_masks = tokens * norm_per_token
     if recipe.model_dropout and arch.hidden_dropout > 0:
-        saved += tokens * h
+        norm_and_masks += tokens * h
 
     recompute = biggest_block * tokens if plan.gradient_checkpointing else 0.0
-    return Activations(saved, recompute, transient, biggest_breakdown)
+    if recipe.activation_offloading:
+        # Everything saved inside the model's forward goes to host memory except the output head's
+        # input: torchtune wraps the head in NoOpManager because it is needed again at once
+        # (get_act_offloading_ctx_manager). In backward each block's tensors come back just before
+        # its backward runs ("all activations will either be recomputed later in the backward or
+        # brought back from the CPU": torchtune docs, memory_optimizations.rst).
+        offloaded = saved + norm_and_masks
+        kept_on_gpu = offload_stash_bytes(biggest_tensor, offloaded) + head_input
+        return Activations(kept_on_gpu, recompute, transient, biggest_breakdown, offloaded, biggest_kept)
+    return Activations(saved + norm_and_masks + head_input, recompute, transient, biggest_breakdown)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -565,6 +634,8 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     up = 4 if recipe.logits_fp32 else a
     if recipe.loss == "fused":
         return float(tokens * v * a), float(tokens * v * a)
+    if recipe.compiled_loss:
+        return compiled_loss_bytes(plan, arch, recipe)
     if recipe.loss == "chunked":
         # torchtune splits the logits into 8 chunks; LitGPT's head emits 128-position chunks.
         chunk = tokens / 8 if recipe.framework == "torchtune" else plan.micro_batch_size * min(plan.seq_len, 128)
@@ -576,6 +647,27 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     fwd = tokens * v * (a + 2 * up)  # logits, upcast copy, kept log-probabilities
     bwd = tokens * v * 3 * up
     return float(fwd), float(bwd)
+
+
+def compiled_loss_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward, start of backward) bytes of logits and loss when the cross-entropy is compiled.
+
+    Inductor fuses the fp32 upcast, log-softmax and the target gather into one reduction kernel and its
+    partitioner saves the kernel's input and the per-token log-sum-exp instead of the fp32
+    log-probabilities (min_cut_rematerialization_partition recomputes the softmax in backward).
+    Chunked (torchtune's CEWithChunkedOutputLoss.apply_compile_strategy compiles compute_cross_entropy
+    per chunk): the 16-bit logit chunks stay, and backward writes one chunk's 16-bit gradient at a time.
+    Standard: the decoder upcasts outside the compiled region (torchtune's TransformerDecoder returns
+    output.float()), so the fp32 logits are the saved input and backward adds their fp32 gradient.
+    """
+    tokens = plan.tokens_per_micro_batch
+    v = arch.vocab_size
+    a = recipe.compute_bytes
+    up = 4 if recipe.logits_fp32 else a
+    if recipe.loss == "chunked":
+        chunk = tokens / 8 if recipe.framework == "torchtune" else plan.micro_batch_size * min(plan.seq_len, 128)
+        return float(tokens * v * a), float(tokens * v * a + chunk * v * a)
+    return float(tokens * v * (a + up)), float(tokens * v * 2 * up)
 
 
 def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
@@ -590,7 +682,52 @@ def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
 # Putting it together
 
 
+def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(output head, largest block linear) bytes of the full-precision copy bitsandbytes makes per matmul.
+
+    MatMul4Bit runs F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t()) in forward and the
+    same dequantization for the input gradient in backward (bitsandbytes/autograd/_functions.py): the
+    whole weight exists in 16-bit while the matmul runs, plus a second copy when the dequantized dtype
+    is not the compute dtype. Only 4-bit bitsandbytes layers do this; torchao's NF4 and int8 paths
+    are not modelled here.
+    """
+    if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
+        return 0.0, 0.0
+    per = recipe.compute_bytes + (2 if recipe.bnb_dequant_cast else 0)  # + the fp16 copy before the cast
+    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
+    return float(head * per), float(block * per)
+
+
+# torchao's NF4 quantization before pytorch/ao PR #196 (merged 2024-05-01, first in torchao 0.2): for a
+# 16-bit weight of N elements, quantize_tensor_nearest computes (value - nf4).abs() over all 16 NF4 levels
+# at once, two N x 16 16-bit tensors, besides the scaled copy and the int64 indices. pytorch/ao PR #315
+# measured 37.87 GB peak while quantizing a 2.10 GB bf16 weight (4096 x 128256): 72 bytes per element,
+# of which 2 are the weight itself.
+NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT = 70.0
+# Since PR #196 torchao quantizes 1024**2 elements at a time ("Note: Quantize in Chunks", nf4tensor.py).
+NF4_QUANTIZE_CHUNK_ELEMENTS = 1024**2
+
+
+def quantization_load_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Temporaries of quantizing the largest NF4 weight while the model loads: its 16-bit copy on the
+    GPU plus the quantizer's working set (whole-tensor in torchao 0.1, chunked since)."""
+    if plan.quantized != "nf4":
+        return 0.0
+    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    if recipe.quantize_lm_head and not arch.tie_word_embeddings:
+        largest = max(largest, arch.lm_head_matmul_params)
+    if recipe.nf4_whole_tensor:
+        working = largest
+    elif recipe.quant_backend == "torchao":
+        working = min(largest, NF4_QUANTIZE_CHUNK_ELEMENTS)
+    else:
+        working = 0  # bitsandbytes' quantize_4bit is one CUDA kernel writing the packed output directly
+    return float(largest * recipe.compute_bytes + working * NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT)
+
+
 def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
+    arch = held_architecture(arch, recipe)
     states = model_states(plan, arch, recipe)
     if not plan.is_training:
         return _inference_peak(plan, arch, recipe, states)
@@ -616,6 +753,8 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         )
 
     casts = autocast_weight_copy_bytes(arch, recipe)
+    # The head's matmul runs last in forward and first in backward; block linears run during backward.
+    dequant_head, dequant_block = bnb_dequantize_bytes(plan, arch, recipe)
     static = {
         "weights": states.weights,
         "adapters": states.adapters,
@@ -631,6 +770,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "autocast_weight_copies": casts,
             "logits_and_loss": logit_fwd,
             "sharding_buffers": shard_fwd,
+            "dequantized_weights": dequant_head,
         },
         "start_of_backward": {
             **static,
@@ -639,14 +779,16 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "autocast_weight_copies": casts,
             "logits_and_loss": logit_bwd,
             "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_head,
         },
         "during_backward": {
             **static,
             "gradients": persistent_grads + head_grad,
             "activations": acts.saved,
             "autocast_weight_copies": casts,
-            "temporaries": acts.recompute + acts.backward_transient,
+            "temporaries": acts.recompute + acts.backward_transient + acts.refetched,
             "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_block,
         },
         "end_of_backward": {
             **static,
@@ -658,6 +800,13 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             **static,
             "gradients": persistent_grads + growing_grads,
             "temporaries": states.optimizer_temporaries,
+        },
+        # The counters run from process start, so the load counts: the quantized model, its adapters and
+        # the temporaries of quantizing one weight (the optimizer states do not exist yet).
+        "model_load": {
+            "weights": states.weights,
+            "adapters": states.adapters,
+            "quantization_temporaries": quantization_load_bytes(plan, arch, recipe),
         },
     }
     return _finish(plan, moments, states, acts.per_layer_per_token, grads_long_lived=bool(persistent_grads))

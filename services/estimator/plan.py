@@ -112,6 +112,21 @@ class Plan(_Strict):
     checkpoint_granularity: CheckpointGranularity | None = None
     adapter_dtype: AdapterDtype | None = None
     kv_cache_dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
+    compile: bool | None = Field(
+        default=None,
+        description="torch.compile of the transformer blocks (and of the loss where the framework compiles it): "
+        "torchtune's 'compile', the Trainer's 'torch_compile'",
+    )
+    activation_offloading: bool | None = Field(
+        default=None,
+        description="activations saved for backward are moved to host memory during the forward pass and "
+        "brought back in backward (torchtune's 'enable_activation_offloading')",
+    )
+    nf4_quantization: Literal["chunked", "whole-tensor"] | None = Field(
+        default=None,
+        description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
+        "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
+    )
     data: DataSpec | None = None
 
     @model_validator(mode="after")
@@ -125,6 +140,10 @@ class Plan(_Strict):
             raise ValueError("lora: adapter settings need method 'lora' or 'qlora', not 'full'")
         if self.cpu_offload and self.sharding == "none":
             raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
+        if self.nf4_quantization is not None and self.quantized != "nf4":
+            raise ValueError("nf4_quantization: only an NF4 base (method 'qlora', quantization 'nf4') is quantized")
+        if self.activation_offloading and self.mode != "train":
+            raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
         return self
 
     @property

@@ -49,6 +49,24 @@ class FrameworkDefaults:
     # The forward runs under torch.autocast (Trainer with bf16=True, the usual LoRA/QLoRA recipe), so an
     # fp32 adapter receives a 16-bit copy of its input; without autocast PEFT casts the input to fp32.
     autocast: bool = False
+    # Whether the framework's compile switch also compiles the loss. torchtune's recipes call
+    # training.compile_loss (torchtune/training/_compile.py); the Trainer's torch_compile wraps the model,
+    # whose forward computes the loss. torchtitan's train.py of late 2024 compiled the blocks only
+    # (loss_fn is a plain function called on the model output).
+    compiles_loss: bool = True
+    # Off unless asked for in every framework we model: torchtune's recipe configs ship compile: False
+    # and enable_activation_offloading: False; TrainingArguments.torch_compile defaults to False.
+    compile: bool = False
+    activation_offloading: bool = False
+    # LitGPT's GPT keeps lm_head and wte as two parameters (litgpt/model.py has no weight tying) and its
+    # HF converter copies the embedding into lm_head.weight for tied models
+    # (litgpt/scripts/convert_hf_checkpoint.py, copy_weights_hf_llama): a tied model is held untied.
+    unties_embeddings: bool = False
+    # Whether bitsandbytes' dequantize_4bit returns fp16 whatever the compute dtype. Lightning's
+    # BitsandbytesPrecision casts every weight to fp16 before quantize_4bit (lightning/fabric/plugins/
+    # precision/bitsandbytes.py, _Linear4bit.quantize), so quant_state.dtype is fp16; transformers
+    # quantizes the weight in its load dtype, the compute dtype of the usual recipe.
+    bnb_dequantizes_to_fp16: bool = False
 
 
 # Sources, per framework:
@@ -128,6 +146,9 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="LitGPT finetune defaults",
         fsdp_flat_param_grads=True,
+        compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
+        unties_embeddings=True,
+        bnb_dequantizes_to_fp16=True,
     ),
     "torchtitan": FrameworkDefaults(
         attention="sdpa",
@@ -145,6 +166,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="torchtitan defaults",
         fsdp_accumulates_unsharded=False,
+        compiles_loss=False,
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -193,6 +215,12 @@ class Recipe:
     fsdp_accumulates_unsharded: bool
     fsdp_flat_param_grads: bool
     autocast_weight_copies: bool  # 16-bit casts of fp32 weights kept from forward to backward
+    compiled: bool  # transformer blocks run through torch.compile (inductor)
+    compiled_loss: bool  # the cross-entropy runs through torch.compile as well
+    activation_offloading: bool  # saved activations go to host memory in the forward pass
+    unties_embeddings: bool  # a tied output head is held as a second matrix
+    bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
+    nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -242,6 +270,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     grads_persist = d.grads_persist if accumulation is None else accumulation > 1
 
     attention = plan.attention or d.attention
+    compiled = (d.compile if plan.compile is None else plan.compile) and plan.is_training
+    offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
     return Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
@@ -276,6 +306,13 @@ def resolve_recipe(plan: Plan) -> Recipe:
             and plan.framework != "torchtitan"
             and plan.is_training
         ),
+        compiled=compiled,
+        compiled_loss=compiled and d.compiles_loss,
+        activation_offloading=offloading and plan.is_training,
+        unties_embeddings=d.unties_embeddings,
+        bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
+        # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
+        nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
     )
 
 

@@ -127,6 +127,9 @@ def check_trainer_plan(target: Target) -> None:
     require_default(target, "logits_fp32", "the Trainer's causal-LM loss always upcasts the logits to fp32")
     require_default(target, "checkpoint_granularity", "the Trainer's gradient checkpointing saves whole blocks")
     require_default(target, "adapter_dtype", "PEFT keeps the adapters in fp32 over a 16-bit base model")
+    require_default(target, "compile", "the generated script does not compile the model (torch_compile)")
+    require_default(target, "activation_offloading", "the Trainer has no activation offloading")
+    require_default(target, "nf4_quantization", "bitsandbytes quantizes NF4 with a CUDA kernel, not whole-tensor")
 
 
 def hf_optim(target: Target) -> HfOptim:

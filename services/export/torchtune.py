@@ -141,6 +141,7 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
     require_default(target, "logits_fp32", "torchtune's models upcast the output to fp32")
     require_default(target, "checkpoint_granularity", "torchtune's activation checkpointing wraps whole layers")
     require_default(target, "adapter_dtype", "torchtune keeps the adapters in the model dtype")
+    require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
 
 
 def _optimizer(target: Target) -> dict[str, Any]:
@@ -238,11 +239,11 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
         "optimizer": _optimizer(target),
         "loss": {"_component_": _LOSS[resolve_recipe(plan).loss]},
         "clip_grad_norm": None,
-        "compile": False,
+        "compile": bool(plan.compile),
         "device": "cuda",
         "dtype": plan.precision,
         "enable_activation_checkpointing": plan.gradient_checkpointing,
-        "enable_activation_offloading": False,
+        "enable_activation_offloading": bool(plan.activation_offloading),
         "metric_logger": {
             "_component_": "torchtune.training.metric_logging.DiskLogger",
             "log_dir": "${output_dir}/logs",
@@ -352,7 +353,8 @@ class TuneConfig(_Section):
     loss: _Component
     dtype: Literal["bf16", "fp32"]
     enable_activation_checkpointing: bool = False
-    enable_activation_offloading: Literal[False] = False
+    enable_activation_offloading: bool = False
+    compile: bool = False
     fsdp_cpu_offload: bool = False
 
 
@@ -434,4 +436,6 @@ def read_torchtune(files: Mapping[str, str], arch: Architecture) -> dict[str, An
         "checkpoint_granularity": None,
         "adapter_dtype": None,
         "kv_cache_dtype": None,
+        "compile": config.compile,
+        "activation_offloading": config.enable_activation_offloading,
     }

@@ -94,7 +94,7 @@ def _traceable(plan: Plan) -> tuple[Plan, list[str]]:
     notes: list[str] = []
     changes: dict[str, Any] = {}
     if plan.quantized is not None:
-        changes.update(method="lora", quantization=None)
+        changes.update(method="lora", quantization=None, nf4_quantization=None)
         notes.append(
             f"{plan.quantized} base traced as 16-bit (bitsandbytes needs CUDA); the analytic weight "
             "difference is applied"
@@ -104,6 +104,12 @@ def _traceable(plan: Plan) -> tuple[Plan, list[str]]:
         notes.append(
             f"{plan.optimizer} traced as 32-bit AdamW states (bitsandbytes needs CUDA); the analytic "
             "optimizer difference is applied"
+        )
+    if plan.compile or plan.activation_offloading:
+        changes.update(compile=None, activation_offloading=None)
+        notes.append(
+            "traced eagerly and without activation offloading (fake tensors run neither inductor nor host "
+            "copies); the analytic difference is applied"
         )
     if plan.gpus > 1 or plan.sharding != "none":
         changes.update(gpus=1, sharding="none", cpu_offload=False)

@@ -10,12 +10,15 @@ from services.estimator.memory import (
     GIB,
     NF4_BNB_BYTES,
     NF4_DOUBLE_QUANT_BYTES,
+    OFFLOAD_FORWARD_STASH_TENSORS,
     activation_bytes,
     adapter_params,
     block_saved_bytes_per_token,
+    bnb_dequantize_bytes,
     logits_bytes,
     model_states,
     peak_memory,
+    quantization_load_bytes,
     quantized_params,
     sharded_working_bytes,
     weight_bytes,
@@ -309,3 +312,106 @@ def test_fsdp1_flat_parameters_give_frozen_weights_gradients() -> None:
     tune = make_plan(framework="torchtune", method="lora", lora={"rank": 8}, gpus=2, sharding="fsdp")
     assert model_states(lit, ARCH, resolve_recipe(lit)).gradients > TOTAL * 2
     assert model_states(tune, ARCH, resolve_recipe(tune)).gradients < TOTAL * 0.01
+
+
+def test_compile_drops_the_norm_upcasts_and_the_activation_output() -> None:
+    eager = make_plan(framework="torchtune", seq_len=1024)
+    compiled = make_plan(framework="torchtune", seq_len=1024, compile=True)
+    a = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, eager, resolve_recipe(eager), 1024)
+    b = block_saved_bytes_per_token(ARCH.blocks[0], ARCH, compiled, resolve_recipe(compiled), 1024)
+    assert b["norms"] == 2 * (2 * H + 4)  # 16-bit input + fp32 rstd per norm, no fp32 copy
+    assert b["mlp_hidden"] == 2 * 2 * INTER  # gate and up outputs; act(gate) is recomputed
+    # Matmul inputs and the attention kernel's tensors are not pointwise: they stay.
+    for key in ("attention_input", "attention_qkv_out", "mlp_down_input"):
+        assert b[key] == a[key]
+    # About 70% of the eager saves, as inductor measured on a torchtune-style block (0.71 on the CPU).
+    assert 0.6 < sum(b.values()) / sum(a.values()) < 0.8
+
+
+def test_compiled_chunked_loss_keeps_only_the_16_bit_logits() -> None:
+    plan = make_plan(framework="torchtune", micro_batch_size=1, seq_len=1000, compile=True)
+    fwd, bwd = logits_bytes(plan, ARCH, resolve_recipe(plan))
+    assert fwd == 1000 * V * 2
+    assert bwd == 1000 * V * 2 + 1000 / 8 * V * 2  # plus one chunk's 16-bit gradient
+    eager = make_plan(framework="torchtune", micro_batch_size=1, seq_len=1000)
+    assert logits_bytes(eager, ARCH, resolve_recipe(eager))[0] > 2.9 * fwd  # the fp32 log-probabilities
+    # The decoder's fp32 upcast is outside the compiled region: the standard loss keeps it as its input.
+    standard = make_plan(framework="torchtune", micro_batch_size=1, seq_len=1000, compile=True, loss="standard")
+    assert logits_bytes(standard, ARCH, resolve_recipe(standard)) == (1000 * V * (2 + 4), 1000 * V * 8)
+    # torchtitan (late 2024) compiled the blocks only: its loss is unchanged by compile.
+    titan = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000, compile=True)
+    titan_eager = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000)
+    assert logits_bytes(titan, ARCH, resolve_recipe(titan)) == logits_bytes(
+        titan_eager, ARCH, resolve_recipe(titan_eager)
+    )
+
+
+def test_activation_offloading_leaves_the_stash_and_one_block_on_the_gpu() -> None:
+    fields = {"framework": "torchtune", "micro_batch_size": 2, "seq_len": 4096}
+    tokens = 2 * 4096
+    ckpt = make_plan(gradient_checkpointing=True, activation_offloading=True, **fields)
+    acts = activation_bytes(ckpt, ARCH, resolve_recipe(ckpt))
+    block_input = 2 * H * tokens
+    head_input = 2 * H * tokens  # full fine-tune: the head's input stays (torchtune's NoOpManager)
+    assert acts.saved == pytest.approx(OFFLOAD_FORWARD_STASH_TENSORS * block_input + head_input)
+    assert acts.offloaded == pytest.approx(L * block_input + tokens * H * 4)  # block inputs + final norm
+    assert acts.refetched == pytest.approx(block_input)
+    plain = make_plan(gradient_checkpointing=True, **fields)
+    assert activation_bytes(plain, ARCH, resolve_recipe(plain)).saved > 5 * acts.saved
+    # Without checkpointing, backward brings one whole block back at a time: about the per-layer working set.
+    off = make_plan(activation_offloading=True, **fields)
+    kept = make_plan(**fields)
+    a_off = activation_bytes(off, ARCH, resolve_recipe(off))
+    a_kept = activation_bytes(kept, ARCH, resolve_recipe(kept))
+    assert a_off.refetched == pytest.approx(sum(a_off.per_layer_per_token.values()) * tokens)
+    assert a_off.saved < a_kept.saved / 10
+    peak_off = peak_memory(off, ARCH, resolve_recipe(off))
+    peak_kept = peak_memory(kept, ARCH, resolve_recipe(kept))
+    assert peak_off.peak_allocated < peak_kept.peak_allocated - 0.8 * a_kept.saved
+
+
+def test_litgpt_holds_a_tied_head_as_a_second_matrix() -> None:
+    tied = {**LLAMA_8B, "tie_word_embeddings": True}
+    arch = architecture_from_config(tied)
+    fields = {"model": {"config": tied}, "method": "lora", "lora": {"rank": 8}}
+    litgpt = make_plan(framework="litgpt", **fields)
+    trainer = make_plan(framework="hf-trainer", **fields)
+    extra = (
+        model_states(litgpt, arch, resolve_recipe(litgpt)).weights
+        - model_states(trainer, arch, resolve_recipe(trainer)).weights
+    )
+    assert extra == V * H * 2  # the converter copies wte into lm_head.weight
+
+
+def test_bitsandbytes_dequantizes_the_whole_weight_for_each_matmul() -> None:
+    # LitGPT quantizes the head too, and Lightning's plugin quantizes from fp16: fp16 copy + bf16 cast.
+    litgpt = make_plan(framework="litgpt", method="qlora", lora={"rank": 8})
+    head, block = bnb_dequantize_bytes(litgpt, ARCH, resolve_recipe(litgpt))
+    assert head == V * H * (2 + 2)
+    assert block == INTER * H * (2 + 2)
+    # transformers quantizes in the load dtype and keeps the head in 16-bit: one bf16 copy of a block linear.
+    trainer = make_plan(framework="hf-trainer", method="qlora", lora={"rank": 8})
+    assert bnb_dequantize_bytes(trainer, ARCH, resolve_recipe(trainer)) == (0.0, INTER * H * 2)
+    # torchao's NF4 (torchtune) and unquantized plans have no such copy here.
+    torchtune = make_plan(framework="torchtune", method="qlora", lora={"rank": 8})
+    assert bnb_dequantize_bytes(torchtune, ARCH, resolve_recipe(torchtune)) == (0.0, 0.0)
+    peak = peak_memory(litgpt, ARCH, resolve_recipe(litgpt))
+    assert peak.peak_moment in ("end_of_forward", "start_of_backward")
+    assert peak.components["dequantized_weights"] == head
+
+
+def test_whole_tensor_nf4_quantization_peaks_at_load() -> None:
+    fields = {"framework": "torchtune", "method": "qlora", "lora": {"rank": 8}, "gradient_checkpointing": True}
+    old = make_plan(nf4_quantization="whole-tensor", seq_len=512, **fields)
+    new = make_plan(seq_len=512, **fields)
+    largest = INTER * H  # the MLP projections are the biggest quantized matrices (the head stays 16-bit)
+    # torchao 0.1: 16 comparisons per element at once, 72 bytes/element measured in pytorch/ao PR #315.
+    assert quantization_load_bytes(old, ARCH, resolve_recipe(old)) == pytest.approx(largest * (2 + 70))
+    # Chunked (torchao >= 0.2): the 16-bit weight plus one 1M-element chunk's working set.
+    assert quantization_load_bytes(new, ARCH, resolve_recipe(new)) == pytest.approx(largest * 2 + 1024**2 * 70)
+    peak_old = peak_memory(old, ARCH, resolve_recipe(old))
+    assert peak_old.peak_moment == "model_load"
+    assert peak_memory(new, ARCH, resolve_recipe(new)).peak_moment != "model_load"
+    assert make_plan().nf4_quantization is None
+    with pytest.raises(ValueError, match="nf4_quantization"):
+        make_plan(nf4_quantization="chunked")  # a 16-bit base is not quantized

@@ -45,6 +45,8 @@ def test_inconsistent_fields_are_named() -> None:
     assert line.startswith("quantization:") and "qlora" in line
     (line,) = _problems({"model": {"name": "x"}, "cpu_offload": True})
     assert line.startswith("cpu_offload:")
+    (line,) = _problems({"model": {"name": "x"}, "mode": "inference", "activation_offloading": True})
+    assert line.startswith("activation_offloading:")
 
 
 def test_lora_target_list_errors_point_at_the_item() -> None:

@@ -177,7 +177,7 @@ def test_hf_target_module_names_follow_the_architecture() -> None:
         (
             "torchtune",
             "config.yaml",
-            lambda d: d.update(enable_activation_offloading=True),
+            lambda d: d.update(enable_activation_offloading="sometimes"),
             "config.yaml:enable_activation_offloading",
         ),
         ("torchtune", "config.yaml", lambda d: d["dataset"].update(packed=False), "config.yaml:dataset.packed"),

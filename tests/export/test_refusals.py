@@ -50,6 +50,9 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
             {"optimizer": "adamw-8bit", "gpus": 4, "sharding": "zero2", "cpu_offload": True},
             "optimizer",
         ),
+        ("hf-trainer", "lora", {"compile": True}, "compile"),
+        ("axolotl", "lora", {"activation_offloading": True}, "activation_offloading"),
+        ("accelerate", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
         ("axolotl", "lora", {"precision": "bf16-mixed"}, "precision"),
         ("axolotl", "lora", {"gradient_accumulation_steps": None}, "gradient_accumulation_steps"),
         # torchtune.
@@ -70,6 +73,7 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("torchtune", "lora", {"loss": "fused"}, "loss"),
         ("torchtune", "lora", {"attention": "flash"}, "attention"),
         ("torchtune", "lora", {"adapter_dtype": "fp32"}, "adapter_dtype"),
+        ("torchtune", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
         ("torchtune", "lora", {"lora": {"rank": 8, "targets": ["q", "v", "up"]}}, "lora.targets"),
         ("torchtune", "lora", {"model": {"name": "Qwen/Qwen2.5-7B"}}, "model.name"),
         (

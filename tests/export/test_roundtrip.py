@@ -168,6 +168,8 @@ def test_explicit_target_lists_and_lm_head_round_trip() -> None:
         ("torchtune", {"optimizer_impl": "foreach"}),
         ("torchtune", {"loss": "standard"}),
         ("torchtune", {"gradient_accumulation_steps": None}),
+        ("torchtune", {"compile": True}),
+        ("torchtune", {"compile": True, "activation_offloading": True, "gradient_checkpointing": True}),
     ],
 )
 def test_other_settings_round_trip(fmt: str, fields: dict[str, Any]) -> None:

@@ -89,3 +89,25 @@ def test_quantized_plans_say_how_they_were_traced() -> None:
     result = trace_plan(plan)
     assert result.traced_as["method"] == "lora" and result.traced_as["quantization"] is None
     assert any("nf4" in n for n in result.notes) and any("paged-adamw-8bit" in n for n in result.notes)
+
+
+def test_compiled_and_offloaded_plans_are_traced_eagerly() -> None:
+    require_trace_extra()
+    from services.trace.tracer import trace_plan
+
+    plan = Plan.model_validate(
+        {
+            "model": {"config": TINY},
+            "micro_batch_size": 1,
+            "seq_len": 128,
+            "framework": "pytorch",
+            "method": "lora",
+            "lora": {"rank": 4},
+            "gradient_checkpointing": True,
+            "compile": True,
+            "activation_offloading": True,
+        }
+    )
+    result = trace_plan(plan)
+    assert any("traced eagerly" in n for n in result.notes)
+    assert abs(result.disagreement_pct) <= 15, result
