@@ -15,6 +15,7 @@ from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.dashboard.routes import install as install_dashboard
 from services.nodes.endpoints import router as nodes_router
 from services.plans.endpoints import router as plans_router
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, estimate_task, resume_unfinished, trace_task
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(catalog_router)
     app.include_router(quotes_router)
     app.include_router(nodes_router)
+    install_dashboard(app)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:
