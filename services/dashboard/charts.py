@@ -122,6 +122,7 @@ class Marker:
     gib: float
     x: float
     label_row: int  # 0, 1, 2...: labels of close markers are stacked so they do not overlap
+    anchor_end: bool = True  # the label ends at the line (else it starts there)
 
 
 @dataclass(frozen=True)
@@ -198,14 +199,17 @@ def memory_chart(
     for gib in sorted(by_gib):
         label = f"{', '.join(by_gib[gib])}: {gib:g} GiB"
         mx = scale(gib)
-        # The label is drawn ending at the marker; take the first row where it clears the previous one.
-        start = mx - len(label) * LABEL_PX_PER_CHAR
-        row = next((i for i, end in enumerate(row_end) if start > end + 6), len(row_end))
+        # The label ends at its line, or starts there when it would run off the left edge; it takes the
+        # first row where it clears the label before it.
+        span = len(label) * LABEL_PX_PER_CHAR
+        anchor_end = mx - span - 4 >= 0
+        start, end = (mx - span - 4, mx) if anchor_end else (mx, mx + span + 4)
+        row = next((i for i, last in enumerate(row_end) if start > last + 6), len(row_end))
         if row == len(row_end):
-            row_end.append(mx)
+            row_end.append(end)
         else:
-            row_end[row] = mx
-        markers.append(Marker(label=label, gib=gib, x=round(mx, 2), label_row=row))
+            row_end[row] = end
+        markers.append(Marker(label=label, gib=gib, x=round(mx, 2), label_row=row, anchor_end=anchor_end))
     rows = max(len(row_end), 1)
     marker_top = 4.0
     bar_y = marker_top + 16.0 * rows + 6

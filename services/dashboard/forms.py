@@ -10,6 +10,8 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from services.catalog.models import find_model
+from services.estimator.errors import EstimatorError
 from services.estimator.plan import Method, Precision
 from services.estimator.validation import describe_errors
 from services.plans.schemas import PlanRequest
@@ -148,6 +150,10 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         name = values["model"].strip()
         if name:
             body["model"] = {"name": name}
+            try:
+                find_model(name)  # reported now, beside the other inputs' problems
+            except EstimatorError as exc:
+                form.add("model", f"model: {exc.message}")
         else:
             form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
 
