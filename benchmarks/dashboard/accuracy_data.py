@@ -31,9 +31,7 @@ FIELDS = (
 def project(report: dict[str, Any]) -> dict[str, Any]:
     """The fields the page needs, from the accuracy report."""
     cases = [
-        {k: case.get(k) for k in FIELDS}
-        for group in ("medium_high", "low")
-        for case in report["cases"].get(group, [])
+        {k: case.get(k) for k in FIELDS} for group in ("medium_high", "low") for case in report["cases"].get(group, [])
     ]
     return {
         "generated_from": "benchmarks/results/accuracy.json (python -m benchmarks.accuracy.run)",

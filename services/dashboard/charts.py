@@ -40,7 +40,7 @@ class Scale:
 
 def _nice_step(span: float, count: int) -> float:
     raw = span / max(count, 1)
-    magnitude = 10 ** math.floor(math.log10(raw))
+    magnitude = 10.0 ** math.floor(math.log10(raw))
     for mult in (1, 2, 2.5, 5, 10):
         if raw <= mult * magnitude:
             return mult * magnitude
@@ -162,9 +162,7 @@ def component_label(key: str) -> str:
     return COMPONENT_LABELS.get(key, key.replace("_", " "))
 
 
-def memory_chart(
-    breakdown: dict[str, float], cards: Sequence[tuple[str, float]], width: float = 720.0
-) -> MemoryChart:
+def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]], width: float = 720.0) -> MemoryChart:
     """One segment per memory component above zero (in the estimate's order), and a marker at the
     memory of each card (cards of equal memory share one marker)."""
     left, right = 8.0, 16.0

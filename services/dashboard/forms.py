@@ -168,7 +168,10 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
     if values["precision"] not in PRECISIONS:
         form.add("precision", f"precision: one of {', '.join(PRECISIONS)} (got {values['precision']!r:.40})")
     body["precision"] = values["precision"]
-    for name, label, hi in (("micro_batch_size", "micro-batch size", 65_536), ("seq_len", "sequence length", 4_194_304)):
+    for name, label, hi in (
+        ("micro_batch_size", "micro-batch size", 65_536),
+        ("seq_len", "sequence length", 4_194_304),
+    ):
         value = _int(form, name, label, 1, hi)
         if value is not None:
             body[name] = value

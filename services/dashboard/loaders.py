@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from services.catalog.service import active_offers, as_offers
 from services.dashboard.views import NodeLifecycle
+from services.estimator.errors import EstimatorError
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.repository import ApiKeyRepository, OrganizationRepository
 from services.orgs.service import Principal
@@ -47,9 +48,13 @@ def candidate_setups(session: Session, row: PlanRow, safety_margin: float) -> li
     plan = request.to_plan()
     offers = as_offers(active_offers(session))
     utilisation = calibrated_utilisation(session, row.organization_id, plan.method)
-    recs, _rejections, _warnings = recommend(
-        plan, request.constraints, offers, safety_margin, top_n=MAX_CANDIDATES, utilisation=utilisation
-    )
+    try:
+        recs, _rejections, _warnings = recommend(
+            plan, request.constraints, offers, safety_margin, top_n=MAX_CANDIDATES, utilisation=utilisation
+        )
+    except EstimatorError:
+        # The stored estimate still shows; only the chart of today's candidates is left out.
+        return []
     return recs
 
 

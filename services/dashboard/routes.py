@@ -131,9 +131,7 @@ def render(
 
 def _error_page(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
     viewer = getattr(request.state, "dashboard_viewer", None)
-    return render(
-        request, "error.html", {"title": title, "message": message}, status_code=status_code, viewer=viewer
-    )
+    return render(request, "error.html", {"title": title, "message": message}, status_code=status_code, viewer=viewer)
 
 
 _TITLES = {400: "Bad request", 401: "Not signed in", 403: "Forbidden", 404: "Not found", 409: "Not yet"}
@@ -219,9 +217,7 @@ def home() -> RedirectResponse:
 @router.get("/login")
 def login_page(request: Request, next: Annotated[str | None, Query(max_length=500)] = None) -> HTMLResponse:
     anonymous = _read_session(request) or session.new_session(time.time())
-    return render(
-        request, "login.html", {"next": _safe_next(next), "message": None}, anonymous=anonymous
-    )
+    return render(request, "login.html", {"next": _safe_next(next), "message": None}, anonymous=anonymous)
 
 
 @router.post("/login")
@@ -406,7 +402,9 @@ def nodes_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
     with db.transaction() as (s, _pending):
         rows = [
             views.node_row(
-                NodeOut.model_validate(n, from_attributes=True), loaders.node_lifecycle(s, viewer.principal.organization_id, n.id), now
+                NodeOut.model_validate(n, from_attributes=True),
+                loaders.node_lifecycle(s, viewer.principal.organization_id, n.id),
+                now,
             )
             for n in nodes_service.list_nodes(s, viewer.principal)
         ]

@@ -223,7 +223,9 @@ def _facts(request: Mapping[str, Any]) -> tuple[Fact, ...]:
     lora = request.get("lora") or {}
     if lora.get("rank"):
         facts.append(Fact("LoRA rank", str(lora["rank"])))
-    facts.append(Fact("micro-batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}"))
+    facts.append(
+        Fact("micro-batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}")
+    )
     facts.append(Fact("GPUs as submitted", str(request.get("gpus", 1))))
     if request.get("gradient_checkpointing"):
         facts.append(Fact("gradient checkpointing", "on"))
@@ -351,7 +353,9 @@ def quote_page(out: Any, organization: str) -> QuotePage:
     s = out.setup
     setup = [
         Fact("setup", setup_label(s)),
-        Fact("provider", f"{s.get('provider', '')} ({s.get('region', '')})" if s.get("region") else s.get("provider", "")),
+        Fact(
+            "provider", f"{s.get('provider', '')} ({s.get('region', '')})" if s.get("region") else s.get("provider", "")
+        ),
         Fact("pricing", str(s.get("pricing", "on-demand"))),
         Fact("expected duration", duration(s.get("expected_hours"))),
         Fact("per GPU", f"{s.get('peak_gib_per_gpu', 0):.1f} GiB of {s.get('gpu_memory_gib', 0):.0f} GiB"),

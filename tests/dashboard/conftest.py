@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import QLORA_PLAN, Api, api, database_url  # noqa: F401  (fixtures reused here)
+from tests.api import conftest as api_fixtures
+from tests.api.conftest import QLORA_PLAN, Api
 from tests.conftest import _free_port, require_service
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+# The API tests' fixtures (the app over SQLite, and PostgreSQL when reachable), reused here.
+database_url = api_fixtures.database_url
+api = api_fixtures.api
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 

@@ -41,7 +41,8 @@ def test_pages_need_a_session_and_a_bad_key_gets_a_message(api: Api) -> None:
         assert response.headers["location"].startswith("/dashboard/login?next=")
     page = client.get("/dashboard/login")
     response = client.post(
-        "/dashboard/login", data={"csrf_token": csrf_token(page.text), "api_key": "gp_wrong", "next": "/dashboard/plans"}
+        "/dashboard/login",
+        data={"csrf_token": csrf_token(page.text), "api_key": "gp_wrong", "next": "/dashboard/plans"},
     )
     assert response.status_code == 401
     assert "Unknown or revoked API key." in response.text
@@ -88,7 +89,9 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     page = alpha.get("/dashboard/plans/new")
     assert page.status_code == 200
     assert 'list="catalog-models"' in page.text and "meta-llama/Llama-3.1-8B" in page.text
-    response = alpha.post("/dashboard/plans", data={**FORM, "csrf_token": csrf_token(page.text)}, follow_redirects=False)
+    response = alpha.post(
+        "/dashboard/plans", data={**FORM, "csrf_token": csrf_token(page.text)}, follow_redirects=False
+    )
     assert response.status_code == 303
     plan_id = response.headers["location"].rsplit("/", 1)[1]
     assert api.wait_for_plan(plan_id)["status"] == "done"
@@ -162,9 +165,7 @@ def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: T
         assert response.status_code == 404, path
         assert plan["id"] not in response.text or "no plan" in response.text
     token = csrf_token(beta.get("/dashboard/plans").text)
-    response = beta.post(
-        f"/dashboard/plans/{plan['id']}/quotes", data={"setup": option.group(1), "csrf_token": token}
-    )
+    response = beta.post(f"/dashboard/plans/{plan['id']}/quotes", data={"setup": option.group(1), "csrf_token": token})
     assert response.status_code == 404
     response = beta.post(f"/dashboard/plans/{plan['id']}/quotes", data={"setup": "", "csrf_token": token})
     assert response.status_code == 404
@@ -249,3 +250,23 @@ def test_pages_send_security_headers(alpha: TestClient) -> None:
     assert response.headers["cache-control"] == "no-store"
     assert alpha.get("/dashboard/static/dashboard.css").status_code == 200
     assert alpha.get("/dashboard/static/dashboard.js").status_code == 200
+
+
+def test_a_plan_being_estimated_shows_live_status(api: Api, alpha: TestClient) -> None:
+    from services.orgs.repository import OrganizationRepository
+    from services.plans.tables import PlanRow
+
+    factory = make_sessionmaker(make_engine(api.url))
+    with unit_of_work(factory) as session:
+        org = OrganizationRepository(session).by_name("alpha")
+        assert org is not None
+        # Stored as queued without enqueueing it, so it stays queued for the test.
+        row = PlanRow(organization_id=org.id, status="queued", request=QLORA_PLAN, model_name="m", method="qlora")
+        session.add(row)
+        session.flush()
+        plan_id = row.id
+    html = alpha.get(f"/dashboard/plans/{plan_id}").text
+    assert f'data-poll="/dashboard/plans/{plan_id}/status"' in html
+    assert '<noscript><meta http-equiv="refresh"' in html  # without JavaScript the page refreshes itself
+    assert "Request a quote" not in html
+    assert alpha.get(f"/dashboard/plans/{plan_id}/status").json()["status"] == "queued"

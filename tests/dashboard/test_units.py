@@ -303,3 +303,21 @@ def test_shipped_accuracy_cases_match_the_accuracy_report() -> None:
     data = public_accuracy()
     assert len(data["cases"]) > 100
     assert all(math.isfinite(c["measured_gib"]) for c in data["cases"] if c["measured_gib"] is not None)
+
+
+def test_plan_page_while_estimating_and_after_failing() -> None:
+    out = SimpleNamespace(
+        id="p2",
+        status="queued",
+        request={"model": {"config": {"model_type": "llama"}}, "method": "full"},
+        estimate=None,
+        recommendations=[],
+        rejections=[],
+        warnings=[],
+        error=None,
+    )
+    page = views.plan_page(out, [])
+    assert page.live and page.memory is None and page.cost_time is None and page.default_quote is None
+    assert page.model == "custom llama (config.json)"
+    failed = views.plan_page(SimpleNamespace(**{**vars(out), "status": "failed", "error": "boom"}), [])
+    assert not failed.live and failed.error == "boom"
