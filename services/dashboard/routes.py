@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -148,7 +149,7 @@ class DashboardRoute(APIRoute):
                 return await handler(request)
             except SignInRequired:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                return RedirectResponse(f"{PREFIX}/login?next={_quote(target)}", status_code=303)
+                return RedirectResponse(f"{PREFIX}/login?next={quote(target, safe='/')}", status_code=303)
             except CsrfFailed:
                 return _error_page(
                     request,
@@ -165,12 +166,6 @@ class DashboardRoute(APIRoute):
                 return _error_page(request, 422, "Invalid request", problems)
 
         return run
-
-
-def _quote(path: str) -> str:
-    from urllib.parse import quote
-
-    return quote(path, safe="/")
 
 
 def _safe_next(target: str | None) -> str:
