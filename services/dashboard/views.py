@@ -36,7 +36,7 @@ def gib(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f} GiB"
 
 
-def when(value: datetime | None, now: datetime | None = None) -> str:
+def when(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -101,7 +101,11 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     stored = alpha.get(f"/v1/plans/{plan_id}", headers=api.headers()).json()
     components = [k for k, v in stored["estimate"]["memory"]["breakdown"].items() if v > 0]
     assert html.count('class="segment ') == len(components)
-    assert html.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
+    recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
+    assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
+    candidates = html.count('class="point series-setup')
+    assert candidates >= len(stored["recommendations"])
+    assert f"All {candidates} candidate setups as a table" in html
     assert 'class="point series-setup mark-cheapest' in html
 
     option = re.search(r'<option value="([^"]+)" selected', html)
