@@ -111,6 +111,16 @@ def test_bad_input_shows_the_message_next_to_the_input(page: Any, live_server: L
 
 
 def test_keyboard_only_sign_in_and_navigation(page: Any, live_server: LiveServer) -> None:
+    auth = {"Authorization": f"Bearer {live_server.keys['alpha']}"}
+    node = httpx.post(
+        f"{live_server.url}/v1/nodes",
+        json={"name": "lab-h100", "gpu": "H100 SXM", "gpu_count": 2, "provider": "lab", "usd_per_hour": 5.0},
+        headers=auth,
+    ).json()
+    gpus = [{"index": i, "utilisation_pct": 92 - 40 * i, "memory_used_gib": 70, "memory_total_gib": 80} for i in (0, 1)]
+    httpx.post(
+        f"{live_server.url}/v1/nodes/{node['id']}/heartbeat", json={"gpus": gpus, "job_running": True}, headers=auth
+    )
     page.goto(f"{live_server.url}/dashboard/login")
     # The key input has the focus on arrival: type and press Enter.
     assert page.evaluate("document.activeElement.id") == "api_key"
@@ -131,6 +141,8 @@ def test_keyboard_only_sign_in_and_navigation(page: Any, live_server: LiveServer
     page.keyboard.press("Enter")
     page.wait_for_url(re.compile(r".*/dashboard/nodes$"))
     assert page.get_by_role("heading", name="Shutdown decisions").is_visible()
+    assert page.get_by_role("row", name=re.compile("lab-h100")).is_visible()
+    screenshot(page, "09-nodes")
 
 
 def test_phone_width_pages_fit_the_screen(browser: Any, live_server: LiveServer) -> None:
