@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Characters are about this wide in the charts' 12 px sans-serif labels (for label collision only).
-LABEL_PX_PER_CHAR = 6.6
+LABEL_PX_PER_CHAR = 7.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,6 @@ class Marker:
     gib: float
     x: float
     label_row: int  # 0, 1, 2...: labels of close markers are stacked so they do not overlap
-    anchor_end: bool = True  # the label ends at the line (else it starts there)
 
 
 @dataclass(frozen=True)
@@ -162,6 +161,29 @@ def component_label(key: str) -> str:
     return COMPONENT_LABELS.get(key, key.replace("_", " "))
 
 
+def _label_width(label: str) -> float:
+    return len(label) * LABEL_PX_PER_CHAR + 4
+
+
+def _place_markers(items: Sequence[tuple[str, float, float]]) -> list[Marker]:
+    """Stack card labels in rows so that no two labels overlap and no card's line crosses a label.
+
+    Each label ends at its card's line, and each line runs from its own label's row down to the bar,
+    passing behind every label in a lower row. Placing from the rightmost card leftwards, a card goes
+    in the first row below every label its line would cross, where its label clears the others.
+    """
+    placed: list[tuple[float, float, int]] = []  # label span start, end, row
+    out: list[Marker] = []
+    for label, gib, x in sorted(items, key=lambda item: -item[2]):
+        start, end = x - _label_width(label), x
+        row = 1 + max((r for s, e, r in placed if s <= x <= e), default=-1)
+        while any(r == row and start < e + 6 and s < end + 6 for s, e, r in placed):
+            row += 1
+        placed.append((start, end, row))
+        out.append(Marker(label=label, gib=gib, x=round(x, 2), label_row=row))
+    return sorted(out, key=lambda m: m.x)
+
+
 def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]], width: float = 720.0) -> MemoryChart:
     """One segment per memory component above zero (in the estimate's order), and a marker at the
     memory of each card (cards of equal memory share one marker)."""
@@ -173,9 +195,15 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
         names = by_gib.setdefault(round(gib, 1), [])
         if name not in names:
             names.append(name)
+    labels = {gib: f"{', '.join(names)}: {gib:g} GiB" for gib, names in by_gib.items()}
     top = max([total, *by_gib.keys()], default=1.0) or 1.0
     ticks_raw = nice_ticks(0.0, top * 1.05, 6)
-    scale = Scale(0.0, max(ticks_raw[-1], top), left, width - right)
+    hi = max(ticks_raw[-1], top)
+    # Every card label ends at its line, so the left margin grows until each fits: the line of a card
+    # of g GiB sits at left + g / hi x (plot width - left), which must be at least the label's width.
+    usable = width - right
+    left = max([left] + [(_label_width(labels[g]) - g / hi * usable) / (1 - g / hi) for g in labels if g < hi])
+    scale = Scale(0.0, hi, left, width - right)
     segments = []
     x = scale(0.0)
     for index, (key, gib) in enumerate(parts):
@@ -192,25 +220,10 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
             )
         )
         x += w
-    markers = []
-    row_end: list[float] = []
-    for gib in sorted(by_gib):
-        label = f"{', '.join(by_gib[gib])}: {gib:g} GiB"
-        mx = scale(gib)
-        # The label ends at its line, or starts there when it would run off the left edge; it takes the
-        # first row where it clears the label before it.
-        span = len(label) * LABEL_PX_PER_CHAR
-        anchor_end = mx - span - 4 >= 0
-        start, end = (mx - span - 4, mx) if anchor_end else (mx, mx + span + 4)
-        row = next((i for i, last in enumerate(row_end) if start > last + 6), len(row_end))
-        if row == len(row_end):
-            row_end.append(end)
-        else:
-            row_end[row] = end
-        markers.append(Marker(label=label, gib=gib, x=round(mx, 2), label_row=row, anchor_end=anchor_end))
-    rows = max(len(row_end), 1)
+    markers = _place_markers([(labels[gib], gib, scale(gib)) for gib in sorted(by_gib)])
+    row_count = max((m.label_row + 1 for m in markers), default=1)
     marker_top = 4.0
-    bar_y = marker_top + 16.0 * rows + 6
+    bar_y = marker_top + 16.0 * row_count + 6
     bar_height = 40.0
     return MemoryChart(
         width=width,

@@ -57,6 +57,7 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     chart = page.locator("svg#memory-chart")
     assert chart.is_visible()
     assert chart.locator("rect.segment").count() == len(components)
+    chart.screenshot(path=str(screenshot(page, "03-plan-done").with_name("03b-memory-chart.png")))
     # One marker per distinct memory size of the recommended cards.
     cards = {round(r["gpu_memory_gib"], 1) for r in stored["recommendations"]}
     assert chart.locator("line.card-line").count() == len(cards)

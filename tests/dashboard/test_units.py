@@ -105,16 +105,22 @@ def test_memory_chart_segments_are_proportional_and_contiguous() -> None:
     assert chart.ticks[0].label == "0"
 
 
-def test_memory_chart_labels_do_not_overlap_or_leave_the_picture() -> None:
-    chart = charts.memory_chart(
-        {"weights": 10.0}, [("RTX 4090 24GB", 10.0), ("B", 11.0), ("C", 12.0), ("Long card name", 80.0)]
-    )
-    rows = [m.label_row for m in chart.markers]
-    assert len(set(rows[:3])) == 3  # three close markers: three rows
-    first = chart.markers[0]
-    assert not first.anchor_end  # too close to the left edge to end there
-    assert first.x + len(first.label) * charts.LABEL_PX_PER_CHAR < chart.width
-    assert chart.bar_y > chart.marker_top + 16 * max(rows)
+def test_memory_chart_labels_neither_overlap_nor_get_crossed_nor_leave_the_picture() -> None:
+    cards = [("RTX 4090 24GB", 10.0), ("B", 11.0), ("C", 12.0), ("A40, L40S", 45.0), ("Long card name", 80.0)]
+    chart = charts.memory_chart({"weights": 10.0}, cards)
+    spans = [(m.x - len(m.label) * charts.LABEL_PX_PER_CHAR - 4, m.x, m.label_row) for m in chart.markers]
+    assert all(start >= 0 for start, _, _ in spans)  # the left margin grows to fit the labels
+    for i, (start, end, row) in enumerate(spans):
+        for j, (other_start, other_end, other_row) in enumerate(spans):
+            if i == j:
+                continue
+            if row == other_row:
+                assert end + 6 <= other_start or other_end + 6 <= start  # no overlap in a row
+            line_x, line_row = chart.markers[j].x, other_row
+            if start <= line_x <= end:
+                assert line_row > row  # the line starts below this label
+    assert chart.bar_y > chart.marker_top + 16 * max(row for _, _, row in spans)
+    assert chart.segments[0].x >= 8
 
 
 def test_scatter_identity_line_is_the_diagonal_and_points_land_on_it() -> None:
