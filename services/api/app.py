@@ -15,6 +15,7 @@ from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.dashboard.routes import install as install_dashboard
 from services.nodes.endpoints import router as nodes_router
 from services.nodes.lifecycle import EmbeddedSweeper
 from services.plans.endpoints import router as plans_router
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(quotes_router)
     app.include_router(nodes_router)
     app.include_router(runs_router)
+    install_dashboard(app)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:

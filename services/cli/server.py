@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(f"gpuplan: the 'local' organization's API key is in {LOCAL_KEY_FILE}")
         print(f'gpuplan: try  curl -H "Authorization: Bearer $(cat {LOCAL_KEY_FILE})" {url}/v1/plans')
-    print(f"gpuplan: serving on {url}  (API docs: {url}/docs)", flush=True)
+    print(f"gpuplan: serving on {url}  (dashboard: {url}/dashboard, API docs: {url}/docs)", flush=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import secrets
 from pathlib import Path
 from typing import Literal
 
@@ -51,6 +52,12 @@ class Settings(BaseSettings):
     provider_http_method: Literal["POST", "PUT", "DELETE", "GET", "PATCH"] = "POST"
     provider_auth_header: str = "Authorization"
     provider_auth_value: SecretStr | None = Field(default=None, description="e.g. 'Bearer <token>'; never logged")
+    # Signs the dashboard's session cookies. Unset: a random secret generated when the settings are
+    # loaded, so sessions end when the process restarts and are not shared between processes; set it
+    # (32+ characters, e.g. `python -c "import secrets; print(secrets.token_urlsafe(32))"`) when
+    # several API processes serve the dashboard or sessions should survive a restart.
+    session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
+    session_max_age_s: int = Field(default=12 * 3600, ge=60, le=30 * 86_400, description="dashboard sign-in lifetime")
 
     @field_validator("database_url")
     @classmethod
@@ -63,6 +70,14 @@ class Settings(BaseSettings):
             value = "postgresql://" + value[len("postgres://") :]
         if value.startswith("postgresql://"):
             value = "postgresql+psycopg://" + value[len("postgresql://") :]
+        return value
+
+    @field_validator("session_secret")
+    @classmethod
+    def _strong_secret(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if len(secret) < 32 or len(set(secret)) < 8:  # refuses short and placeholder-like secrets
+            raise ValueError("session_secret: give at least 32 random characters (GPUPLAN_SESSION_SECRET)")
         return value
 
     @property

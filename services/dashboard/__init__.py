@@ -1,0 +1,1 @@
+"""The web dashboard: server-rendered pages over the same services as the JSON API."""

@@ -1,0 +1,204 @@
+"""The plan form: what the browser posts, turned into the API's plan request or into messages per
+input (pure; the same PlanRequest schema and error wording as POST /v1/plans)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from pydantic import ValidationError
+
+from services.catalog.models import find_model
+from services.estimator.errors import EstimatorError
+from services.estimator.plan import Method, Precision
+from services.estimator.validation import describe_errors
+from services.plans.schemas import PlanRequest
+
+METHODS: tuple[str, ...] = get_args(Method)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+MAX_CONFIG_BYTES = 200_000
+
+# The form's inputs, with their defaults (what an empty form shows).
+DEFAULTS: dict[str, str] = {
+    "model_source": "catalog",
+    "model": "meta-llama/Llama-3.1-8B",
+    "config_json": "",
+    "method": "qlora",
+    "lora_rank": "16",
+    "precision": "bf16",
+    "micro_batch_size": "4",
+    "seq_len": "2048",
+    "gradient_checkpointing": "on",
+    "examples": "10000",
+    "avg_tokens": "512",
+    "tokens": "",
+    "epochs": "3",
+    "budget_usd": "",
+}
+
+# Where a problem reported on a schema field is shown in the form.
+_FIELD_INPUTS = {
+    "model": "model",
+    "model.name": "model",
+    "model.config": "config_json",
+    "method": "method",
+    "lora": "lora_rank",
+    "lora.rank": "lora_rank",
+    "precision": "precision",
+    "quantization": "method",
+    "micro_batch_size": "micro_batch_size",
+    "seq_len": "seq_len",
+    "dataset": "examples",
+    "dataset.examples": "examples",
+    "dataset.avg_tokens": "avg_tokens",
+    "dataset.tokens": "tokens",
+    "epochs": "epochs",
+    "constraints.budget_usd": "budget_usd",
+    "constraints": "budget_usd",
+}
+
+
+def input_for(schema_field: str | None, values: Mapping[str, str]) -> str:
+    """The form input that shows a problem with ``schema_field`` ('form' when none fits)."""
+    if not schema_field:
+        return "form"
+    if schema_field.startswith("model.config") or (
+        schema_field.startswith("model") and values.get("model_source") == "config"
+    ):
+        return "config_json"
+    for prefix in sorted(_FIELD_INPUTS, key=len, reverse=True):
+        if schema_field == prefix or schema_field.startswith(prefix + "."):
+            return _FIELD_INPUTS[prefix]
+    return "form"
+
+
+@dataclass
+class PlanForm:
+    """The submitted values (shown again on error) and the messages, by input name."""
+
+    values: dict[str, str]
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def add(self, name: str, message: str) -> None:
+        self.errors.setdefault(name, message)
+
+
+def blank_form() -> PlanForm:
+    return PlanForm(values=dict(DEFAULTS))
+
+
+def _int(form: PlanForm, name: str, label: str, lo: int, hi: int, required: bool = True) -> int | None:
+    raw = form.values.get(name, "").strip().replace(",", "").replace("_", "")
+    if not raw:
+        if required:
+            form.add(name, f"{label}: required")
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        form.add(name, f"{label}: a whole number from {lo:,} to {hi:,} (got {raw!r:.40})")
+        return None
+    if not lo <= value <= hi:
+        form.add(name, f"{label}: from {lo:,} to {hi:,} (got {value:,})")
+        return None
+    return value
+
+
+def _float(form: PlanForm, name: str, label: str, lo: float, hi: float, required: bool = True) -> float | None:
+    raw = form.values.get(name, "").strip().replace(",", "")
+    if not raw:
+        if required:
+            form.add(name, f"{label}: required")
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        form.add(name, f"{label}: a number above {lo:g} and at most {hi:,g} (got {raw!r:.40})")
+        return None
+    if not lo < value <= hi:
+        form.add(name, f"{label}: above {lo:g} and at most {hi:,g} (got {value:g})")
+        return None
+    return value
+
+
+def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | None]:
+    """Validate the form; returns the request when every input is valid, else None with messages."""
+    values = {k: str(raw.get(k, "")) for k in DEFAULTS}
+    values["gradient_checkpointing"] = "on" if raw.get("gradient_checkpointing") else ""
+    form = PlanForm(values=values)
+    body: dict[str, Any] = {}
+
+    if values["model_source"] == "config":
+        text = values["config_json"].strip()
+        if not text:
+            form.add("config_json", "config.json: paste the model's config.json (or pick a catalog model)")
+        elif len(text) > MAX_CONFIG_BYTES:
+            form.add("config_json", f"config.json: at most {MAX_CONFIG_BYTES:,} characters")
+        else:
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError as exc:
+                form.add("config_json", f"config.json: not valid JSON ({exc.msg} at line {exc.lineno})")
+            else:
+                if isinstance(config, dict):
+                    body["model"] = {"config": config}
+                else:
+                    form.add("config_json", "config.json: must be a JSON object")
+    else:
+        name = values["model"].strip()
+        if name:
+            body["model"] = {"name": name}
+            try:
+                find_model(name)  # reported now, beside the other inputs' problems
+            except EstimatorError as exc:
+                form.add("model", f"model: {exc.message}")
+        else:
+            form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
+
+    method = values["method"]
+    if method not in METHODS:
+        form.add("method", f"method: one of {', '.join(METHODS)} (got {method!r:.40})")
+    body["method"] = method
+    if method in ("lora", "qlora"):
+        rank = _int(form, "lora_rank", "LoRA rank", 1, 4096)
+        if rank is not None:
+            body["lora"] = {"rank": rank}
+    if values["precision"] not in PRECISIONS:
+        form.add("precision", f"precision: one of {', '.join(PRECISIONS)} (got {values['precision']!r:.40})")
+    body["precision"] = values["precision"]
+    for name, label, hi in (
+        ("micro_batch_size", "micro-batch size", 65_536),
+        ("seq_len", "sequence length", 4_194_304),
+    ):
+        value = _int(form, name, label, 1, hi)
+        if value is not None:
+            body[name] = value
+    body["gradient_checkpointing"] = bool(values["gradient_checkpointing"])
+
+    tokens = _int(form, "tokens", "tokens per epoch", 1, 10**15, required=False)
+    if tokens is not None:
+        body["dataset"] = {"tokens": tokens}
+    else:
+        examples = _int(form, "examples", "examples", 1, 10**12)
+        avg = _float(form, "avg_tokens", "average tokens per example", 0, 10**7)
+        if examples is not None and avg is not None:
+            body["dataset"] = {"examples": examples, "avg_tokens": avg}
+    epochs = _float(form, "epochs", "epochs", 0, 1000)
+    if epochs is not None:
+        body["epochs"] = epochs
+    budget = _float(form, "budget_usd", "budget (USD)", 0, 10**9, required=False)
+    if budget is not None:
+        body["constraints"] = {"budget_usd": budget}
+
+    if form.errors:
+        return form, None
+    try:
+        request = PlanRequest.model_validate(body)
+    except ValidationError as exc:
+        for line in describe_errors(exc):
+            schema_field, _, _message = line.partition(": ")
+            form.add(input_for(schema_field, values), line)
+        return form, None
+    return form, request

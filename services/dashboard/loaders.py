@@ -1,0 +1,88 @@
+"""What the pages read, through the same domain services as the JSON API (so an organization sees
+only its own rows, by the same queries), plus the few reads the API has no endpoint for."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.catalog.service import active_offers, as_offers
+from services.dashboard.views import NodeLifecycle
+from services.estimator.errors import EstimatorError
+from services.nodes.calibration import calibrated_utilisation
+from services.orgs.repository import ApiKeyRepository, OrganizationRepository
+from services.orgs.service import Principal
+from services.plans.recommend import recommend
+from services.plans.schemas import PlanRequest
+from services.plans.tables import PlanRow
+from services.quotes.tables import QuoteRow
+
+# Every setup the planner keeps, for the cost-versus-time chart and the quote picker (a plan has a
+# few dozen: card x GPU count, fastest configuration of each).
+MAX_CANDIDATES = 500
+
+
+def principal_for_key_hash(session: Session, key_hash: str) -> Principal | None:
+    """The organization behind a signed-in session's key hash; None once the key is revoked."""
+    found = ApiKeyRepository(session).by_hash(key_hash)
+    if found is None:
+        return None
+    org = OrganizationRepository(session).by_id(found.organization_id)
+    if org is None:
+        return None
+    return Principal(organization_id=org.id, organization_name=org.name, admin=found.admin)
+
+
+def candidate_setups(session: Session, row: PlanRow, safety_margin: float) -> list[dict[str, Any]]:
+    """Every fitting setup for a done plan, cheapest first: the planner over today's catalog with the
+    organization's calibration, as the plan's estimation and quotes run it (``row`` is already
+    scoped to the caller's organization)."""
+    if row.status != "done":
+        return []
+    request = PlanRequest.model_validate(row.request)
+    plan = request.to_plan()
+    offers = as_offers(active_offers(session))
+    utilisation = calibrated_utilisation(session, row.organization_id, plan.method)
+    try:
+        recs, _rejections, _warnings = recommend(
+            plan, request.constraints, offers, safety_margin, top_n=MAX_CANDIDATES, utilisation=utilisation
+        )
+    except EstimatorError:
+        # The stored estimate still shows; only the chart of today's candidates is left out.
+        return []
+    return recs
+
+
+def quotes_for_plan(session: Session, principal: Principal, plan_id: str, limit: int = 20) -> list[QuoteRow]:
+    """The latest quotes issued for one of the organization's plans."""
+    return list(
+        session.scalars(
+            select(QuoteRow)
+            .where(QuoteRow.plan_id == plan_id, QuoteRow.organization_id == principal.organization_id)
+            .order_by(QuoteRow.created_at.desc())
+            .limit(limit)
+        ).all()
+    )
+
+
+def node_lifecycle(session: Session, organization_id: str, node_id: str) -> NodeLifecycle:
+    """A node's current run, last durable checkpoint, idle timer and shutdown decisions.
+
+    The run-lifecycle feature (runs, durable checkpoints, idle-shutdown events) is not on this branch:
+    this returns the empty state the nodes page shows until it is wired in here.
+    """
+    return NodeLifecycle()
+
+
+@functools.cache
+def public_accuracy() -> dict[str, Any]:
+    """The public measured cases with gpuplan's predictions (package data written by
+    ``python -m benchmarks.dashboard.accuracy_data`` from the accuracy report)."""
+    text = resources.files("services.dashboard").joinpath("data/accuracy_cases.json").read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data

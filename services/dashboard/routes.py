@@ -1,0 +1,435 @@
+"""The dashboard's pages: a thin router over the domain services, rendering Jinja2 templates.
+
+Signing in takes an organization API key once and keeps a signed session cookie (session.py); every
+form carries the session's CSRF token and a POST without it is refused with a 403 page. Pages read
+through the same service functions as the JSON API, so another organization's ids are 404 pages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from services.api.deps import Database, get_db
+from services.catalog.models import catalog_models
+from services.core.errors import GpuplanError, NotFound, Unprocessable
+from services.core.settings import Settings
+from services.dashboard import forms, loaders, session, views
+from services.nodes import service as nodes_service
+from services.nodes.schemas import BenchmarkOut, NodeOut
+from services.orgs.service import Principal, hash_key
+from services.plans import service as plans_service
+from services.quotes import service as quotes_service
+from services.quotes.schemas import QuoteRequest
+
+PREFIX = "/dashboard"
+PAGE_SIZE = 50
+
+_templates = Environment(
+    loader=PackageLoader("services.dashboard", "templates"),
+    autoescape=select_autoescape(["html"]),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_templates.filters["usd"] = views.usd
+_templates.filters["duration"] = views.duration
+_templates.filters["gib"] = views.gib
+
+# Only this origin's own files: no inline scripts or styles, no CDN, no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class SignInRequired(Exception):
+    pass
+
+
+class CsrfFailed(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Viewer:
+    principal: Principal
+    session: session.SessionData
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _read_session(request: Request) -> session.SessionData | None:
+    settings = _settings(request)
+    return session.decode(
+        request.cookies.get(session.COOKIE_NAME),
+        settings.session_secret.get_secret_value(),
+        time.time(),
+        settings.session_max_age_s,
+    )
+
+
+def _set_cookie(response: Response, request: Request, data: session.SessionData) -> None:
+    settings = _settings(request)
+    flags = session.cookie_flags(request.url.scheme == "https")
+    response.set_cookie(
+        session.COOKIE_NAME,
+        session.encode(data, settings.session_secret.get_secret_value()),
+        max_age=settings.session_max_age_s,
+        path="/",
+        httponly=bool(flags["httponly"]),
+        samesite="lax",
+        secure=bool(flags["secure"]),
+    )
+
+
+def render(
+    request: Request,
+    template: str,
+    context: Mapping[str, Any],
+    *,
+    status_code: int = 200,
+    viewer: Viewer | None = None,
+    anonymous: session.SessionData | None = None,
+) -> HTMLResponse:
+    """A page; ``anonymous`` is a not-signed-in session whose cookie is set with it (for its CSRF token)."""
+    current = viewer.session if viewer is not None else anonymous
+    html = _templates.get_template(template).render(
+        {
+            "prefix": PREFIX,
+            "path": request.url.path,
+            "org": viewer.principal.organization_name if viewer else None,
+            "csrf_field": session.CSRF_FIELD,
+            "csrf_token": current.csrf_token if current else "",
+            **context,
+        }
+    )
+    response = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+    if anonymous is not None:
+        _set_cookie(response, request, anonymous)
+    return response
+
+
+def _error_page(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
+    viewer = getattr(request.state, "dashboard_viewer", None)
+    return render(request, "error.html", {"title": title, "message": message}, status_code=status_code, viewer=viewer)
+
+
+_TITLES = {400: "Bad request", 401: "Not signed in", 403: "Forbidden", 404: "Not found", 409: "Not yet"}
+
+
+class DashboardRoute(APIRoute):
+    """Errors become HTML pages (or a redirect to the sign-in page) instead of the API's JSON bodies."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except SignInRequired:
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"{PREFIX}/login?next={quote(target, safe='/')}", status_code=303)
+            except CsrfFailed:
+                return _error_page(
+                    request,
+                    403,
+                    "Forbidden",
+                    "The form's security token is missing or out of date (the page may be older than your "
+                    "sign-in). Go back, reload the page and submit again.",
+                )
+            except GpuplanError as exc:
+                title = _TITLES.get(exc.status_code, "Something is wrong")
+                return _error_page(request, exc.status_code, title, exc.message)
+            except RequestValidationError as exc:
+                problems = "; ".join(str(e.get("msg", "invalid")) for e in exc.errors()) or "invalid request"
+                return _error_page(request, 422, "Invalid request", problems)
+
+        return run
+
+
+def _safe_next(target: str | None) -> str:
+    """Only paths of this dashboard: never another site (open redirect) or a scheme-relative URL."""
+    if target and target.startswith(PREFIX) and not target.startswith("//") and "\\" not in target:
+        return target
+    return f"{PREFIX}/plans"
+
+
+def get_viewer(request: Request, db: Annotated[Database, Depends(get_db)]) -> Viewer:
+    data = _read_session(request)
+    if data is None or data.key_hash is None:
+        raise SignInRequired
+    with db.transaction() as (s, _pending):
+        principal = loaders.principal_for_key_hash(s, data.key_hash)
+    if principal is None:
+        raise SignInRequired
+    viewer = Viewer(principal=principal, session=data)
+    request.state.dashboard_viewer = viewer
+    return viewer
+
+
+ViewerDep = Annotated[Viewer, Depends(get_viewer)]
+DbDep = Annotated[Database, Depends(get_db)]
+
+
+def _check_csrf(data: session.SessionData | None, submitted: Any) -> None:
+    if not session.csrf_ok(data, submitted if isinstance(submitted, str) else None):
+        raise CsrfFailed
+
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False, route_class=DashboardRoute)
+
+
+@router.get("")
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/plans", status_code=303)
+
+
+# --- signing in and out --------------------------------------------------------------------------
+
+
+@router.get("/login")
+def login_page(request: Request, next: Annotated[str | None, Query(max_length=500)] = None) -> HTMLResponse:
+    anonymous = _read_session(request) or session.new_session(time.time())
+    return render(request, "login.html", {"next": _safe_next(next), "message": None}, anonymous=anonymous)
+
+
+@router.post("/login")
+async def login(request: Request, db: DbDep) -> Response:
+    form = await request.form()
+    data = _read_session(request)
+    _check_csrf(data, form.get(session.CSRF_FIELD))
+    key = str(form.get("api_key") or "").strip()
+    target = _safe_next(str(form.get("next") or ""))
+
+    def lookup() -> Principal | None:
+        if not key:
+            return None
+        with db.transaction() as (s, _pending):
+            return loaders.principal_for_key_hash(s, hash_key(key))
+
+    principal = await run_in_threadpool(lookup)
+    if principal is None:
+        message = "Enter your organization's API key." if not key else "Unknown or revoked API key."
+        return render(
+            request,
+            "login.html",
+            {"next": target, "message": message},
+            status_code=401,
+            anonymous=data or session.new_session(time.time()),
+        )
+    response = RedirectResponse(target, status_code=303)
+    _set_cookie(response, request, session.new_session(time.time(), key_hash=hash_key(key)))
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    form = await request.form()
+    _check_csrf(_read_session(request), form.get(session.CSRF_FIELD))
+    response = RedirectResponse(f"{PREFIX}/login", status_code=303)
+    _set_cookie(response, request, session.new_session(time.time()))
+    return response
+
+
+# --- plans ---------------------------------------------------------------------------------------
+
+
+@router.get("/plans")
+def plans_page(
+    request: Request,
+    viewer: ViewerDep,
+    db: DbDep,
+    before: Annotated[str | None, Query(max_length=64)] = None,
+) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        rows = plans_service.list_plans(s, viewer.principal, PAGE_SIZE + 1, before)
+        items = [views.plan_list_item(plans_service.to_summary(r)) for r in rows[:PAGE_SIZE]]
+    next_cursor = items[-1].id if len(rows) > PAGE_SIZE else None
+    return render(
+        request,
+        "plans.html",
+        {"items": items, "next_cursor": next_cursor, "first_page": before is None},
+        viewer=viewer,
+    )
+
+
+def _form_context(form: forms.PlanForm) -> dict[str, Any]:
+    return {
+        "form": form,
+        "models": [m.hf_id for m in catalog_models()],
+        "methods": forms.METHODS,
+        "precisions": forms.PRECISIONS,
+    }
+
+
+@router.get("/plans/new")
+def new_plan_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
+    return render(request, "plan_new.html", _form_context(forms.blank_form()), viewer=viewer)
+
+
+@router.post("/plans")
+async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Response:
+    raw = await request.form()
+    _check_csrf(viewer.session, raw.get(session.CSRF_FIELD))
+    form, plan_request = forms.parse_plan_form({k: v for k, v in raw.items() if isinstance(v, str)})
+
+    def submit() -> str | None:
+        if plan_request is None:
+            return None
+        try:
+            with db.transaction() as (s, pending):
+                row, _created = plans_service.submit(s, viewer.principal, plan_request, None, pending)
+                return row.id
+        except Unprocessable as exc:
+            form.add(forms.input_for(exc.field, form.values), exc.message)
+            return None
+
+    plan_id = await run_in_threadpool(submit)
+    if plan_id is None:
+        return render(request, "plan_new.html", _form_context(form), status_code=422, viewer=viewer)
+    return RedirectResponse(f"{PREFIX}/plans/{plan_id}", status_code=303)
+
+
+def _plan_page(
+    request: Request,
+    viewer: Viewer,
+    db: Database,
+    plan_id: str,
+    quote_error: str | None = None,
+    status_code: int = 200,
+) -> HTMLResponse:
+    margin = _settings(request).safety_margin
+    with db.transaction() as (s, _pending):
+        row = plans_service.get_plan(s, viewer.principal, plan_id)
+        out = plans_service.to_out(row)
+        candidates = loaders.candidate_setups(s, row, margin)
+        quotes = [
+            (q.id, f"{views.usd(q.total_usd)} · {views.setup_label(q.setup)} · {views.when(q.created_at)}")
+            for q in loaders.quotes_for_plan(s, viewer.principal, plan_id)
+        ]
+    page = views.plan_page(out, candidates, quotes)
+    return render(
+        request, "plan.html", {"page": page, "quote_error": quote_error}, status_code=status_code, viewer=viewer
+    )
+
+
+@router.get("/plans/{plan_id}")
+def plan_detail(request: Request, plan_id: str, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+    return _plan_page(request, viewer, db, plan_id)
+
+
+@router.get("/plans/{plan_id}/status")
+def plan_status(plan_id: str, viewer: ViewerDep, db: DbDep) -> JSONResponse:
+    """For the plan page's live status (polled by dashboard.js)."""
+    with db.transaction() as (s, _pending):
+        row = plans_service.get_plan(s, viewer.principal, plan_id)
+        body = {"id": row.id, "status": row.status}
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+
+@router.post("/plans/{plan_id}/quotes")
+async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: DbDep) -> Response:
+    form = await request.form()
+    _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
+    choice = views.parse_quote_value(str(form.get("setup") or ""))
+    spot = bool(form.get("spot"))
+    settings = _settings(request)
+
+    def create() -> tuple[str | None, str | None]:
+        if choice is None:
+            # Scoped like any other read: a foreign plan is still a 404, not a form error.
+            with db.transaction() as (s, _pending):
+                plans_service.get_plan(s, viewer.principal, plan_id)
+            return None, "Pick a setup to quote."
+        gpu, gpus, provider = choice
+        try:
+            body = QuoteRequest(gpu=gpu, gpus=gpus, provider=provider, spot=spot)
+            with db.transaction() as (s, _pending):
+                row = quotes_service.create_quote(
+                    s, viewer.principal, plan_id, body, settings.safety_margin, settings.quote_validity_days
+                )
+                return row.id, None
+        except Unprocessable as exc:
+            return None, exc.message
+
+    quote_id, problem = await run_in_threadpool(create)
+    if quote_id is None:
+        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, 422)
+    return RedirectResponse(f"{PREFIX}/quotes/{quote_id}", status_code=303)
+
+
+# --- quotes, nodes, benchmarks -------------------------------------------------------------------
+
+
+@router.get("/quotes/{quote_id}")
+def quote_detail(request: Request, quote_id: str, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        out = quotes_service.to_out(quotes_service.get_quote(s, viewer.principal, quote_id))
+    page = views.quote_page(out, viewer.principal.organization_name)
+    return render(request, "quote.html", {"page": page}, viewer=viewer)
+
+
+@router.get("/nodes")
+def nodes_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+    now = datetime.now(UTC)
+    with db.transaction() as (s, _pending):
+        rows = [
+            views.node_row(
+                NodeOut.model_validate(n, from_attributes=True),
+                loaders.node_lifecycle(s, viewer.principal.organization_id, n.id),
+                now,
+            )
+            for n in nodes_service.list_nodes(s, viewer.principal)
+        ]
+    return render(request, "nodes.html", {"nodes": rows}, viewer=viewer)
+
+
+@router.get("/benchmarks")
+def benchmarks_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        results = [
+            BenchmarkOut.model_validate(b, from_attributes=True)
+            for b in nodes_service.list_benchmarks(s, viewer.principal, None, None, None)
+        ]
+    public = loaders.public_accuracy()
+    summary = public["summary"]["medium_high"]
+    caption = (
+        f"{len(public['cases'])} public measured runs (torchtune, PEFT, torchao, torchtitan, LitGPT); on the "
+        f"{summary['memory_cases']} medium- and high-confidence ones the median memory error is "
+        f"{summary['median_abs_error_pct']:.1f}%. From {public['generated_from']}."
+    )
+    page = views.benchmark_page(results, public["cases"], caption)
+    return render(request, "benchmarks.html", {"page": page, "results": results}, viewer=viewer)
+
+
+@router.get("/{rest:path}")
+def not_found(rest: str) -> Response:
+    raise NotFound(f"no dashboard page at {PREFIX}/{rest}")
+
+
+def install(app: FastAPI) -> None:
+    """Mount the dashboard's pages and its static files (CSS, JS) on the API's app."""
+    app.mount(f"{PREFIX}/static", StaticFiles(packages=[("services.dashboard", "static")]), name="dashboard-static")
+    app.include_router(router)

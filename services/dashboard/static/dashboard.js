@@ -1,0 +1,44 @@
+// gpuplan dashboard: small progressive enhancements; every page works without this file.
+(function () {
+  "use strict";
+  document.documentElement.classList.add("js");
+
+  // The plan form: show the catalog search or the config.json box, whichever is chosen.
+  function syncModelSource() {
+    var chosen = document.querySelector("input[name=model_source]:checked");
+    if (!chosen) return;
+    document.querySelectorAll("[data-source]").forEach(function (el) {
+      el.hidden = el.getAttribute("data-source") !== chosen.value;
+    });
+  }
+  document.querySelectorAll("input[name=model_source]").forEach(function (el) {
+    el.addEventListener("change", syncModelSource);
+  });
+  syncModelSource();
+
+  // Move focus to the error summary after a rejected submission, so keyboard and screen-reader users hear it.
+  var summary = document.getElementById("form-errors");
+  if (summary) summary.focus();
+
+  // Live status of a plan being estimated: poll, then reload once it is done or failed.
+  var poller = document.querySelector("[data-poll]");
+  if (poller) {
+    var url = poller.getAttribute("data-poll");
+    var label = document.getElementById("plan-status");
+    var tick = function () {
+      fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+        .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+        .then(function (body) {
+          if (label) { label.textContent = body.status; label.className = "status status-" + body.status; }
+          if (body.status === "done" || body.status === "failed") { window.location.reload(); }
+          else { window.setTimeout(tick, 700); }
+        })
+        .catch(function () { window.setTimeout(tick, 3000); });
+    };
+    window.setTimeout(tick, 500);
+  }
+
+  document.querySelectorAll("[data-print]").forEach(function (el) {
+    el.addEventListener("click", function () { window.print(); });
+  });
+})();

@@ -1,0 +1,536 @@
+"""View models: stored plans, quotes, nodes and benchmark results turned into what the pages show
+(pure: plain data in, frozen dataclasses out; no database, no web framework)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
+
+LIVE_STATUSES = ("queued", "running")
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:,.2f}" if value < 100_000 else f"${value:,.0f}"
+
+
+def duration(hours: float | None) -> str:
+    if hours is None:
+        return "—"
+    if hours < 1:
+        return f"{hours * 60:.0f} min"
+    if hours < 48:
+        return f"{hours:.1f} h"
+    return f"{hours / 24:.1f} days"
+
+
+def gib(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} GiB"
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def ago(value: datetime | None, now: datetime) -> str:
+    if value is None:
+        return "never"
+    seconds = (now - value).total_seconds()
+    if seconds < 90:
+        return f"{max(seconds, 0):.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
+
+
+def setup_label(rec: Mapping[str, Any]) -> str:
+    """'4 x A100 80GB' (with nodes when there are several)."""
+    label = f"{rec['gpus']} x {rec['gpu']}"
+    nodes = rec.get("nodes") or 1
+    return f"{label} ({nodes} nodes)" if nodes > 1 else label
+
+
+# --- the plans list ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanListItem:
+    id: str
+    status: str
+    model: str
+    method: str
+    created: str
+    cheapest: str | None
+    cheapest_cost: str | None
+
+
+def plan_list_item(summary: Any) -> PlanListItem:
+    """From the API's PlanSummary (services.plans.service.to_summary)."""
+    cheapest = summary.cheapest
+    return PlanListItem(
+        id=summary.id,
+        status=summary.status,
+        model=summary.model,
+        method=summary.method,
+        created=when(summary.created_at),
+        cheapest=f"{setup_label(cheapest)} · {cheapest['provider']}" if cheapest else None,
+        cheapest_cost=usd(cheapest.get("cost_usd")) if cheapest else None,
+    )
+
+
+# --- one plan ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecommendationRow:
+    index: int
+    setup: str
+    provider: str
+    region: str
+    config: str
+    peak_gib: float
+    card_gib: float
+    headroom_gib: float
+    fill_pct: float  # peak / card memory, for the small fit bar
+    fits: bool
+    hours: str
+    cost: str
+    spot_cost: str
+    tokens_per_s: str
+
+
+@dataclass(frozen=True)
+class RejectionRow:
+    gpu: str
+    provider: str
+    kind: str
+    reason: str
+    suggestion: str | None
+
+
+@dataclass(frozen=True)
+class QuoteOption:
+    value: str  # "gpu|gpus|provider", parsed back by the quote form
+    label: str
+    multi_gpu: bool
+
+
+@dataclass(frozen=True)
+class Fact:
+    label: str
+    value: str
+
+
+@dataclass(frozen=True)
+class PlanPage:
+    id: str
+    status: str
+    live: bool
+    model: str
+    method: str
+    facts: tuple[Fact, ...]
+    error: str | None
+    warnings: tuple[str, ...]
+    peak: tuple[Fact, ...]
+    memory: MemoryChart | None
+    memory_caption: str
+    recommendations: tuple[RecommendationRow, ...]
+    rejections: tuple[RejectionRow, ...]
+    cost_time: ScatterChart | None
+    candidates: int
+    quote_options: tuple[QuoteOption, ...]
+    default_quote: str | None
+    quotes: tuple[tuple[str, str], ...] = field(default=())  # (id, label) of quotes issued for this plan
+
+
+def _config(rec: Mapping[str, Any]) -> str:
+    parts = [f"micro-batch {rec['micro_batch_size']} x {rec['gradient_accumulation_steps']}"]
+    if rec.get("sharding") and rec["sharding"] != "none":
+        parts.append(rec["sharding"])
+    if rec.get("gradient_checkpointing"):
+        parts.append("checkpointing")
+    return ", ".join(parts)
+
+
+def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
+    card = float(rec["gpu_memory_gib"])
+    peak = float(rec["peak_gib_per_gpu"])
+    return RecommendationRow(
+        index=index,
+        setup=setup_label(rec),
+        provider=rec["provider"],
+        region=rec.get("region") or "",
+        config=_config(rec),
+        peak_gib=peak,
+        card_gib=card,
+        headroom_gib=float(rec["headroom_gib"]),
+        fill_pct=round(min(100.0, 100.0 * peak / card), 1) if card else 100.0,
+        fits=bool(rec.get("fits", True)),
+        hours=duration(rec.get("hours")),
+        cost=usd(rec.get("cost_usd")),
+        spot_cost=usd(rec.get("spot_cost_usd")),
+        tokens_per_s=f"{rec['tokens_per_s']:,.0f}",
+    )
+
+
+def quote_value(rec: Mapping[str, Any]) -> str:
+    return f"{rec['gpu']}|{rec['gpus']}|{rec['provider']}"
+
+
+def parse_quote_value(value: str) -> tuple[str, int, str] | None:
+    """(gpu, gpus, provider) from a quote option's value, or None when it is malformed."""
+    parts = value.split("|")
+    if len(parts) != 3 or not parts[0] or not parts[2] or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
+def cost_time_points(candidates: Sequence[Mapping[str, Any]]) -> list[Point]:
+    """Every candidate setup at (hours, on-demand cost); the cheapest and the fastest are marked."""
+    if not candidates:
+        return []
+    cheapest = min(range(len(candidates)), key=lambda i: (candidates[i]["cost_usd"], candidates[i]["hours"]))
+    fastest = min(range(len(candidates)), key=lambda i: (candidates[i]["hours"], candidates[i]["cost_usd"]))
+    points = []
+    for i, rec in enumerate(candidates):
+        marks = tuple(m for m, hit in (("cheapest", i == cheapest), ("fastest", i == fastest)) if hit)
+        points.append(
+            Point(
+                x_value=float(rec["hours"]),
+                y_value=float(rec["cost_usd"]),
+                label=f"{setup_label(rec)} · {rec['provider']}: {duration(rec['hours'])}, {usd(rec['cost_usd'])}",
+                series=rec["gpu"],
+                marks=marks,
+            )
+        )
+    return points
+
+
+def _facts(request: Mapping[str, Any]) -> tuple[Fact, ...]:
+    facts = [Fact("precision", str(request.get("precision", "bf16")))]
+    lora = request.get("lora") or {}
+    if lora.get("rank"):
+        facts.append(Fact("LoRA rank", str(lora["rank"])))
+    facts.append(
+        Fact("micro-batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}")
+    )
+    facts.append(Fact("GPUs as submitted", str(request.get("gpus", 1))))
+    if request.get("gradient_checkpointing"):
+        facts.append(Fact("gradient checkpointing", "on"))
+    dataset = request.get("dataset") or {}
+    if dataset.get("tokens"):
+        facts.append(Fact("data set", f"{dataset['tokens']:,} tokens"))
+    elif dataset.get("examples"):
+        facts.append(Fact("data set", f"{dataset['examples']:,} examples x {dataset['avg_tokens']:g} tokens"))
+    if request.get("epochs"):
+        facts.append(Fact("epochs", f"{request['epochs']:g}"))
+    constraints = request.get("constraints") or {}
+    if constraints.get("budget_usd"):
+        facts.append(Fact("budget", usd(constraints["budget_usd"])))
+    if constraints.get("deadline_hours"):
+        facts.append(Fact("deadline", duration(constraints["deadline_hours"])))
+    return tuple(facts)
+
+
+def plan_page(
+    out: Any,
+    candidates: Sequence[Mapping[str, Any]],
+    quotes: Sequence[tuple[str, str]] = (),
+) -> PlanPage:
+    """From the API's PlanOut (services.plans.service.to_out) and the candidate setups the planner
+    finds for it now (every fitting setup, cheapest first)."""
+    request = out.request
+    recs = list(out.recommendations)
+    estimate = out.estimate or {}
+    memory = None
+    peak: tuple[Fact, ...] = ()
+    caption = ""
+    if estimate:
+        mem = estimate["memory"]
+        cards = [(r["gpu"], float(r["gpu_memory_gib"])) for r in recs]
+        memory = memory_chart(mem["breakdown"], cards)
+        peak = (
+            Fact("peak allocated", gib(mem["peak_allocated_gib"])),
+            Fact("peak reserved", gib(mem["peak_reserved_gib"])),
+            Fact("peak on the device", gib(mem["peak_device_gib"])),
+            Fact("peak moment", str(mem["peak_moment"]).replace("_", " ")),
+        )
+        caption = (
+            f"Per GPU as submitted (micro-batch {request.get('micro_batch_size', 1)}, "
+            f"{request.get('gpus', 1)} GPU{'s' if request.get('gpus', 1) != 1 else ''}): "
+            f"{mem['peak_device_gib']:.1f} GiB at the {str(mem['peak_moment']).replace('_', ' ')}; the lines mark "
+            "the memory of the recommended cards. Each recommended setup's own peak is in the table."
+        )
+    points = cost_time_points(candidates)
+    options = tuple(
+        QuoteOption(
+            value=quote_value(c),
+            label=f"{setup_label(c)} · {c['provider']} · {duration(c['hours'])}, {usd(c['cost_usd'])}",
+            multi_gpu=c["gpus"] > 1,
+        )
+        for c in candidates
+    )
+    default = next((o.value for o in options if o.multi_gpu), options[0].value if options else None)
+    return PlanPage(
+        id=out.id,
+        status=out.status,
+        live=out.status in LIVE_STATUSES,
+        model=str(_model_name(request)),
+        method=str(request.get("method", "full")),
+        facts=_facts(request),
+        error=out.error,
+        warnings=tuple(out.warnings),
+        peak=peak,
+        memory=memory,
+        memory_caption=caption,
+        recommendations=tuple(recommendation_row(i, r) for i, r in enumerate(recs)),
+        rejections=tuple(
+            RejectionRow(
+                gpu=r["gpu"],
+                provider=r.get("provider") or "every provider",
+                kind=str(r["kind"]).replace("_", " "),
+                reason=r["reason"],
+                suggestion=r.get("suggestion"),
+            )
+            for r in out.rejections
+        ),
+        cost_time=scatter(points, "hours (wall-clock)", "whole job, on demand (USD)") if points else None,
+        candidates=len(points),
+        quote_options=options,
+        default_quote=default,
+        quotes=tuple(quotes),
+    )
+
+
+def _model_name(request: Mapping[str, Any]) -> str:
+    model = request.get("model") or {}
+    if model.get("name"):
+        return str(model["name"])
+    config = model.get("config") or {}
+    return str(config.get("_name_or_path") or f"custom {config.get('model_type', 'model')} (config.json)")
+
+
+# --- quotes --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuoteLine:
+    description: str
+    quantity: str
+    unit: str
+    unit_price: str
+    amount: str
+
+
+@dataclass(frozen=True)
+class QuotePage:
+    id: str
+    plan_id: str
+    issued: str
+    valid_until: str
+    setup: tuple[Fact, ...]
+    lines: tuple[QuoteLine, ...]
+    total: str
+    currency: str
+    assumptions: tuple[str, ...]
+    organization: str
+
+
+def quote_page(out: Any, organization: str) -> QuotePage:
+    """From the API's QuoteOut (services.quotes.service.to_out)."""
+    s = out.setup
+    setup = [
+        Fact("setup", setup_label(s)),
+        Fact(
+            "provider", f"{s.get('provider', '')} ({s.get('region', '')})" if s.get("region") else s.get("provider", "")
+        ),
+        Fact("pricing", str(s.get("pricing", "on-demand"))),
+        Fact("expected duration", duration(s.get("expected_hours"))),
+        Fact("per GPU", f"{s.get('peak_gib_per_gpu', 0):.1f} GiB of {s.get('gpu_memory_gib', 0):.0f} GiB"),
+        Fact("throughput", f"{s.get('tokens_per_s', 0):,.0f} tokens/s"),
+    ]
+    config = [f"micro-batch {s.get('micro_batch_size')} x {s.get('gradient_accumulation_steps')}"]
+    if s.get("sharding") and s["sharding"] != "none":
+        config.append(str(s["sharding"]))
+    if s.get("gradient_checkpointing"):
+        config.append("gradient checkpointing")
+    setup.append(Fact("configuration", ", ".join(config)))
+    return QuotePage(
+        id=out.id,
+        plan_id=out.plan_id,
+        issued=when(out.created_at),
+        valid_until=when(out.valid_until),
+        setup=tuple(setup),
+        lines=tuple(
+            QuoteLine(
+                description=i.description,
+                quantity=f"{i.quantity:,.2f}",
+                unit=i.unit,
+                unit_price=f"${i.unit_price_usd:,.4f}",
+                amount=usd(i.amount_usd),
+            )
+            for i in out.line_items
+        ),
+        total=usd(out.total_usd),
+        currency=out.currency,
+        assumptions=tuple(out.assumptions),
+        organization=organization,
+    )
+
+
+# --- nodes ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeLifecycle:
+    """What the run-lifecycle feature knows of a node: its current run, last durable checkpoint, idle
+    timer and shutdown decisions. Empty until that feature exists (see routes.node_lifecycle)."""
+
+    current_run: str | None = None
+    last_durable_checkpoint: str | None = None
+    idle_for: str | None = None
+    decisions: tuple[tuple[str, str], ...] = ()  # (when, what was decided and why)
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    index: int
+    utilisation_pct: float
+    memory: str
+
+
+@dataclass(frozen=True)
+class NodeRowView:
+    id: str
+    name: str
+    gpu: str
+    gpu_count: int
+    gpus: tuple[GpuUse, ...]
+    mean_utilisation_pct: float | None
+    last_heartbeat: str
+    stale: bool
+    job_running: bool
+    provider: str
+    price: str
+    lifecycle: NodeLifecycle
+
+
+# A node that has not sent a heartbeat for this long is shown as silent.
+STALE_HEARTBEAT_S = 300.0
+
+
+def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
+    """From the API's NodeOut."""
+    gpus = tuple(
+        GpuUse(
+            index=int(g.get("index", i)),
+            utilisation_pct=float(g.get("utilisation_pct", 0.0)),
+            memory=f"{g.get('memory_used_gib', 0):.1f} / {g.get('memory_total_gib', 0):.0f} GiB",
+        )
+        for i, g in enumerate(node.gpus)
+    )
+    beat = node.last_heartbeat_at
+    return NodeRowView(
+        id=node.id,
+        name=node.name,
+        gpu=node.gpu,
+        gpu_count=node.gpu_count,
+        gpus=gpus,
+        mean_utilisation_pct=round(sum(g.utilisation_pct for g in gpus) / len(gpus), 1) if gpus else None,
+        last_heartbeat=ago(beat, now),
+        stale=beat is None or (now - beat).total_seconds() > STALE_HEARTBEAT_S,
+        job_running=node.job_running,
+        provider=node.provider or "—",
+        price=f"{usd(node.usd_per_hour)}/h" if node.usd_per_hour is not None else "—",
+        lifecycle=lifecycle,
+    )
+
+
+# --- benchmarks ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchmarkPage:
+    memory: ScatterChart | None
+    tokens: ScatterChart | None
+    calibration_count: int
+    public_count: int
+    public_caption: str
+    series: tuple[str, ...]
+
+
+def benchmark_points(
+    calibrations: Sequence[Any], public_cases: Sequence[Mapping[str, Any]]
+) -> tuple[list[Point], list[Point]]:
+    """(memory points, tokens/s points) at (measured, predicted): the organization's calibration results
+    (BenchmarkOut) and the public accuracy cases."""
+    memory: list[Point] = []
+    tokens: list[Point] = []
+    for b in calibrations:
+        name = f"{b.model_name} {b.method} on {b.gpu}"
+        if b.peak_allocated_gib and b.predicted_peak_allocated_gib:
+            memory.append(
+                Point(
+                    b.peak_allocated_gib,
+                    b.predicted_peak_allocated_gib,
+                    f"{name}: measured {b.peak_allocated_gib:.1f} GiB, predicted {b.predicted_peak_allocated_gib:.1f}",
+                    "calibration",
+                )
+            )
+        if b.tokens_per_s and b.predicted_tokens_per_s:
+            tokens.append(
+                Point(
+                    b.tokens_per_s,
+                    b.predicted_tokens_per_s,
+                    f"{name}: measured {b.tokens_per_s:,.0f} tokens/s, predicted {b.predicted_tokens_per_s:,.0f}",
+                    "calibration",
+                )
+            )
+    for c in public_cases:
+        if c.get("measured_gib") and c.get("predicted_gib"):
+            memory.append(
+                Point(
+                    c["measured_gib"],
+                    c["predicted_gib"],
+                    f"{c['id']} ({c['gpu']}, {c['metric']}): measured {c['measured_gib']:.1f} GiB, "
+                    f"predicted {c['predicted_gib']:.1f}",
+                    "public",
+                )
+            )
+        if c.get("measured_tokens_per_s") and c.get("predicted_tokens_per_s"):
+            tokens.append(
+                Point(
+                    c["measured_tokens_per_s"],
+                    c["predicted_tokens_per_s"],
+                    f"{c['id']} ({c['gpu']}): measured {c['measured_tokens_per_s']:,.0f} tokens/s, "
+                    f"predicted {c['predicted_tokens_per_s']:,.0f}",
+                    "public",
+                )
+            )
+    return memory, tokens
+
+
+def benchmark_page(
+    calibrations: Sequence[Any], public_cases: Sequence[Mapping[str, Any]], public_caption: str
+) -> BenchmarkPage:
+    memory, tokens = benchmark_points(calibrations, public_cases)
+    return BenchmarkPage(
+        memory=scatter(memory, "measured peak (GiB)", "predicted peak (GiB)", identity=True) if memory else None,
+        tokens=scatter(tokens, "measured tokens/s", "predicted tokens/s", identity=True) if tokens else None,
+        calibration_count=len(calibrations),
+        public_count=len(public_cases),
+        public_caption=public_caption,
+        series=tuple(sorted({p.series for p in (*memory, *tokens)})),
+    )

@@ -1,0 +1,197 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright, against a real
+uvicorn server (SQLite file, in-process tasks). Screenshots go to artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import LiveServer, screenshot
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def sign_in(page: Any, server: LiveServer, org: str = "alpha") -> None:
+    page.goto(f"{server.url}/dashboard/plans")
+    assert "/dashboard/login" in page.url
+    page.get_by_label("API key").fill(server.keys[org])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r".*/dashboard/plans$"))
+
+
+def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_server: LiveServer) -> None:
+    sign_in(page, live_server)
+    screenshot(page, "01-plans-empty")
+    page.get_by_role("link", name="New plan").first.click()
+    page.get_by_label("Model (type to search").fill("meta-llama/Llama-3.1-8B")
+    page.get_by_label("Method").select_option("qlora")
+    page.get_by_label("Sequence length (tokens)").fill("512")
+    page.get_by_label("Examples").fill("20000")
+    page.get_by_label("Epochs").fill("2")
+    screenshot(page, "02-plan-form")
+    page.get_by_role("button", name="Plan it").click()
+
+    page.wait_for_url(re.compile(r".*/dashboard/plans/[0-9a-f]{32}$"))
+    plan_id = page.url.rsplit("/", 1)[1]
+    # Live status: the page polls and reloads itself once the estimate is stored.
+    page.locator("#plan-status", has_text="done").wait_for()
+    screenshot(page, "03-plan-done")
+
+    stored = httpx.get(
+        f"{live_server.url}/v1/plans/{plan_id}", headers={"Authorization": f"Bearer {live_server.keys['alpha']}"}
+    ).json()
+    components = [k for k, v in stored["estimate"]["memory"]["breakdown"].items() if v > 0]
+    chart = page.locator("svg#memory-chart")
+    assert chart.is_visible()
+    assert chart.locator("rect.segment").count() == len(components)
+    chart.screenshot(path=str(screenshot(page, "03-plan-done").with_name("03b-memory-chart.png")))
+    # One marker per distinct memory size of the recommended cards.
+    cards = {round(r["gpu_memory_gib"], 1) for r in stored["recommendations"]}
+    assert chart.locator("line.card-line").count() == len(cards)
+    assert page.locator("table.recs tbody tr").count() == len(stored["recommendations"])
+    scatter = page.locator("svg#cost-time-chart")
+    assert scatter.locator("circle.point").count() >= len(stored["recommendations"])
+    assert scatter.locator("circle.mark-cheapest").count() == 1
+    assert scatter.locator("circle.mark-fastest").count() == 1
+
+    page.get_by_label("Setup to quote").select_option(index=1)
+    page.get_by_role("button", name="Request a quote").click()
+    page.wait_for_url(re.compile(r".*/dashboard/quotes/[0-9a-f]{32}$"))
+    assert page.get_by_role("heading", name="Quote", exact=True).is_visible()
+    assert page.locator("table.lines tbody tr").count() >= 1
+    assert page.locator("td.total").inner_text().startswith("$")
+    screenshot(page, "04-quote")
+    page.emulate_media(media="print")
+    assert not page.locator("header.site").is_visible()
+    assert not page.get_by_role("button", name="Print or save as PDF").is_visible()
+    screenshot(page, "05-quote-print")
+    pdf = page.pdf(format="A4")
+    assert pdf.startswith(b"%PDF")
+
+
+def test_bad_input_shows_the_message_next_to_the_input(page: Any, live_server: LiveServer) -> None:
+    page.goto(f"{live_server.url}/dashboard/login")
+    page.get_by_label("API key").fill("gp_not-a-key")
+    page.get_by_role("button", name="Sign in").click()
+    assert page.get_by_role("alert").inner_text() == "Unknown or revoked API key."
+    screenshot(page, "06-login-bad-key")
+
+    sign_in(page, live_server)
+    page.goto(f"{live_server.url}/dashboard/plans/new")
+    page.get_by_label("Model (type to search").fill("llama-9000")
+    page.get_by_label("Micro-batch size").fill("0")
+    page.get_by_role("button", name="Plan it").click()
+    model_error = page.locator("#model-error")
+    model_error.wait_for()
+    assert "not in the bundled catalog" in model_error.inner_text()
+    assert page.locator("#micro_batch_size-error").inner_text() == "micro-batch size: from 1 to 65,536 (got 0)"
+    assert page.get_by_label("Model (type to search").get_attribute("aria-invalid") == "true"
+    # The error summary takes the focus, so keyboard and screen-reader users land on it.
+    assert page.evaluate("document.activeElement.id") == "form-errors"
+    screenshot(page, "07-plan-form-errors")
+
+    page.get_by_label("Paste a config.json").check()
+    page.get_by_label("config.json", exact=True).fill("{not json")
+    page.get_by_label("Micro-batch size").fill("2")
+    page.get_by_role("button", name="Plan it").click()
+    page.locator("#config_json-error").wait_for()
+    assert "not valid JSON" in page.locator("#config_json-error").inner_text()
+
+
+def test_keyboard_only_sign_in_and_navigation(page: Any, live_server: LiveServer) -> None:
+    auth = {"Authorization": f"Bearer {live_server.keys['alpha']}"}
+    node = httpx.post(
+        f"{live_server.url}/v1/nodes",
+        json={"name": "lab-h100", "gpu": "H100 SXM", "gpu_count": 2, "provider": "lab", "usd_per_hour": 5.0},
+        headers=auth,
+    ).json()
+    gpus = [{"index": i, "utilisation_pct": 92 - 40 * i, "memory_used_gib": 70, "memory_total_gib": 80} for i in (0, 1)]
+    httpx.post(
+        f"{live_server.url}/v1/nodes/{node['id']}/heartbeat", json={"gpus": gpus, "job_running": True}, headers=auth
+    )
+    page.goto(f"{live_server.url}/dashboard/login")
+    # The key input has the focus on arrival: type and press Enter.
+    assert page.evaluate("document.activeElement.id") == "api_key"
+    page.keyboard.type(live_server.keys["alpha"])
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r".*/dashboard/plans$"))
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    focused = []
+    for _ in range(6):
+        page.keyboard.press("Tab")
+        focused.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert {"Plans", "New plan", "Nodes", "Benchmarks"} <= set(focused)
+    # The focused link has a visible outline.
+    page.get_by_role("link", name="Nodes").focus()
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline == "solid"
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r".*/dashboard/nodes$"))
+    assert page.get_by_role("heading", name="Shutdown decisions").is_visible()
+    assert page.get_by_role("row", name=re.compile("lab-h100")).is_visible()
+    screenshot(page, "09-nodes")
+
+
+def test_phone_width_pages_fit_the_screen(browser: Any, live_server: LiveServer) -> None:
+    context = browser.new_context(viewport={"width": 375, "height": 812}, device_scale_factor=2, is_mobile=True)
+    page = context.new_page()
+    try:
+        sign_in(page, live_server)
+        plan_ids = httpx.get(
+            f"{live_server.url}/v1/plans", headers={"Authorization": f"Bearer {live_server.keys['alpha']}"}
+        ).json()["items"]
+        paths = ["/dashboard/plans", "/dashboard/plans/new", "/dashboard/nodes", "/dashboard/benchmarks"]
+        if plan_ids:
+            paths.append(f"/dashboard/plans/{plan_ids[0]['id']}")
+        for path in paths:
+            page.goto(live_server.url + path)
+            # Wide tables scroll inside their own region; the page itself never scrolls sideways.
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 375, f"{path} is {width}px wide at a 375px viewport"
+            screenshot(page, "phone-" + path.strip("/").replace("/", "-")[:40])
+    finally:
+        context.close()
+
+
+def test_benchmarks_page_draws_the_public_cases_with_the_identity_line(page: Any, live_server: LiveServer) -> None:
+    sign_in(page, live_server)
+    page.goto(f"{live_server.url}/dashboard/benchmarks")
+    memory = page.locator("svg#bench-memory-chart")
+    assert memory.locator("line.identity").count() == 1
+    assert memory.locator("circle.series-public").count() > 50
+    assert page.locator("svg#bench-tokens-chart circle.point").count() > 20
+    screenshot(page, "08-benchmarks")
+
+
+def test_another_organization_gets_404_pages_in_the_browser(page: Any, live_server: LiveServer) -> None:
+    created = httpx.post(
+        f"{live_server.url}/v1/plans",
+        json={
+            "model": {"name": "Qwen/Qwen2.5-0.5B"},
+            "method": "lora",
+            "lora": {"rank": 8},
+            "seq_len": 256,
+            "dataset": {"tokens": 1_000_000},
+        },
+        headers={"Authorization": f"Bearer {live_server.keys['alpha']}"},
+    ).json()
+    sign_in(page, live_server, "beta")
+    response = page.goto(f"{live_server.url}/dashboard/plans/{created['id']}")
+    assert response is not None and response.status == 404
+    assert page.get_by_role("heading", name="Not found").is_visible()
+    page.goto(f"{live_server.url}/dashboard/plans")
+    assert created["id"] not in page.content()

@@ -1,0 +1,276 @@
+"""The dashboard's pages over the real app and database (SQLite, and PostgreSQL when reachable)."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.orgs.repository import ApiKeyRepository
+from services.orgs.service import hash_key
+from tests.api.conftest import QLORA_PLAN, Api
+from tests.dashboard.conftest import csrf_token, sign_in, submit_done_plan
+
+FORM = {
+    "model_source": "catalog",
+    "model": "meta-llama/Llama-3.1-8B",
+    "method": "qlora",
+    "lora_rank": "16",
+    "precision": "bf16",
+    "micro_batch_size": "4",
+    "seq_len": "512",
+    "gradient_checkpointing": "on",
+    "examples": "10000",
+    "avg_tokens": "512",
+    "tokens": "",
+    "epochs": "3",
+    "budget_usd": "",
+}
+
+
+def _messages(html: str) -> list[str]:
+    return re.findall(r'class="message" id="([a-z_]+)-error"', html)
+
+
+def test_pages_need_a_session_and_a_bad_key_gets_a_message(api: Api) -> None:
+    client = api.client
+    for path in ("/dashboard/plans", "/dashboard/nodes", "/dashboard/benchmarks", "/dashboard/plans/abc"):
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303
+        assert response.headers["location"].startswith("/dashboard/login?next=")
+    page = client.get("/dashboard/login")
+    response = client.post(
+        "/dashboard/login",
+        data={"csrf_token": csrf_token(page.text), "api_key": "gp_wrong", "next": "/dashboard/plans"},
+    )
+    assert response.status_code == 401
+    assert "Unknown or revoked API key." in response.text
+    assert client.get("/dashboard/plans", follow_redirects=False).status_code == 303
+
+
+def test_session_cookie_flags_and_tampering(api: Api) -> None:
+    sign_in(api.client, api.keys["alpha"])
+    cookie = next(c for c in api.client.cookies.jar if c.name == "gpuplan_session")
+    assert cookie.has_nonstandard_attr("HttpOnly")
+    assert not cookie.secure  # plain http here; https below
+    assert api.keys["alpha"] not in cookie.value  # the key itself never leaves the server
+    assert api.client.get("/dashboard/plans").status_code == 200
+
+    payload, mac = cookie.value.split(".")
+    forged = TestClient(api.client.app, cookies={"gpuplan_session": payload + "." + mac[::-1]})
+    assert forged.get("/dashboard/plans", follow_redirects=False).status_code == 303
+
+    secure = TestClient(api.client.app, base_url="https://testserver")
+    response = secure.get("/dashboard/login")
+    header = response.headers["set-cookie"]
+    assert "Secure" in header and "HttpOnly" in header and "SameSite=lax" in header
+
+
+def test_posts_without_the_csrf_token_are_refused(api: Api, alpha: TestClient) -> None:
+    plan = submit_done_plan(api)
+    for path, data in (
+        ("/dashboard/plans", FORM),
+        (f"/dashboard/plans/{plan['id']}/quotes", {"setup": "A40|2|cloudrux"}),
+        ("/dashboard/logout", {}),
+        ("/dashboard/login", {"api_key": api.keys["alpha"]}),
+    ):
+        for token in (None, "forged"):
+            body = dict(data) if token is None else {**data, "csrf_token": token}
+            response = alpha.post(path, data=body, follow_redirects=False)
+            assert response.status_code == 403, path
+            assert "security token" in response.text
+    # Nothing was submitted, quoted or changed by the refused posts.
+    assert alpha.get(f"/dashboard/plans/{plan['id']}").text.count("/dashboard/quotes/") == 0
+    assert len(alpha.get("/v1/plans", headers=api.headers()).json()["items"]) == 1
+
+
+def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None:
+    page = alpha.get("/dashboard/plans/new")
+    assert page.status_code == 200
+    assert 'list="catalog-models"' in page.text and "meta-llama/Llama-3.1-8B" in page.text
+    response = alpha.post(
+        "/dashboard/plans", data={**FORM, "csrf_token": csrf_token(page.text)}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    plan_id = response.headers["location"].rsplit("/", 1)[1]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    assert alpha.get(f"/dashboard/plans/{plan_id}/status").json() == {"id": plan_id, "status": "done"}
+
+    html = alpha.get(f"/dashboard/plans/{plan_id}").text
+    stored = alpha.get(f"/v1/plans/{plan_id}", headers=api.headers()).json()
+    components = [k for k, v in stored["estimate"]["memory"]["breakdown"].items() if v > 0]
+    assert html.count('class="segment ') == len(components)
+    recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
+    assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
+    candidates = html.count('class="point series-setup')
+    assert candidates >= len(stored["recommendations"])
+    assert f"All {candidates} candidate setups as a table" in html
+    assert 'class="point series-setup mark-cheapest' in html
+
+    option = re.search(r'<option value="([^"]+)" selected', html)
+    assert option is not None
+    response = alpha.post(
+        f"/dashboard/plans/{plan_id}/quotes",
+        data={"setup": option.group(1), "csrf_token": csrf_token(html)},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    quote = alpha.get(response.headers["location"])
+    assert quote.status_code == 200
+    gpu, gpus, provider = option.group(1).split("|")
+    assert f"{gpus} x {gpu}" in quote.text and provider in quote.text
+    assert "Valid until" in quote.text
+
+    # An impossible spot quote is a message on the plan page, not a 500.
+    response = alpha.post(
+        f"/dashboard/plans/{plan_id}/quotes",
+        data={"setup": option.group(1), "spot": "on", "csrf_token": csrf_token(html)},
+    )
+    assert response.status_code in (303, 200, 422)
+    if response.status_code == 422:
+        assert 'id="quote-error"' in response.text
+
+
+def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
+    token = csrf_token(alpha.get("/dashboard/plans/new").text)
+    bad = {**FORM, "model": "llama-9000", "seq_len": "abc", "epochs": "0", "csrf_token": token}
+    response = alpha.post("/dashboard/plans", data=bad)
+    assert response.status_code == 422
+    assert set(_messages(response.text)) == {"model", "seq_len", "epochs"}
+    assert "not in the bundled catalog" in response.text
+    assert 'value="llama-9000"' in response.text  # what was typed is kept
+
+    response = alpha.post(
+        "/dashboard/plans", data={**FORM, "model_source": "config", "config_json": "[1, 2]", "csrf_token": token}
+    )
+    assert _messages(response.text) == ["config_json"]
+    response = alpha.post(
+        "/dashboard/plans",
+        data={**FORM, "model_source": "config", "config_json": '{"model_type": "nope"}', "csrf_token": token},
+    )
+    assert response.status_code == 422 and _messages(response.text) == ["config_json"]
+
+
+def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: TestClient, beta: TestClient) -> None:
+    plan = submit_done_plan(api)
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    option = re.search(r'<option value="([^"]+)" selected', html)
+    assert option is not None
+    response = alpha.post(
+        f"/dashboard/plans/{plan['id']}/quotes",
+        data={"setup": option.group(1), "csrf_token": csrf_token(html)},
+        follow_redirects=False,
+    )
+    quote_path = response.headers["location"]
+
+    for path in (f"/dashboard/plans/{plan['id']}", f"/dashboard/plans/{plan['id']}/status", quote_path):
+        response = beta.get(path)
+        assert response.status_code == 404, path
+        assert plan["id"] not in response.text or "no plan" in response.text
+    token = csrf_token(beta.get("/dashboard/plans").text)
+    response = beta.post(f"/dashboard/plans/{plan['id']}/quotes", data={"setup": option.group(1), "csrf_token": token})
+    assert response.status_code == 404
+    response = beta.post(f"/dashboard/plans/{plan['id']}/quotes", data={"setup": "", "csrf_token": token})
+    assert response.status_code == 404
+    assert plan["id"] not in beta.get("/dashboard/plans").text
+    assert plan["id"] in alpha.get("/dashboard/plans").text
+
+
+def test_plans_list_paginates(api: Api, alpha: TestClient) -> None:
+    for i in range(53):
+        body = {**QLORA_PLAN, "dataset": {"tokens": 1_000_000 + i}}
+        assert alpha.post("/v1/plans", json=body, headers=api.headers()).status_code == 202
+    first = alpha.get("/dashboard/plans").text
+    assert first.count('<td><span class="status') == 50
+    older = re.search(r'href="(/dashboard/plans\?before=[0-9a-f]+)"', first)
+    assert older is not None
+    second = alpha.get(older.group(1)).text
+    assert second.count('<td><span class="status') == 3
+    assert "Older plans" not in second
+
+
+def test_revoking_the_key_ends_the_session(api: Api, alpha: TestClient) -> None:
+    factory = make_sessionmaker(make_engine(api.url))
+    with unit_of_work(factory) as session:
+        row = ApiKeyRepository(session).by_hash(hash_key(api.keys["alpha"]))
+        assert row is not None
+        session.delete(row)
+    assert alpha.get("/dashboard/plans", follow_redirects=False).status_code == 303
+
+
+def test_nodes_page_shows_the_node_and_empty_lifecycle(api: Api, alpha: TestClient) -> None:
+    node = alpha.post(
+        "/v1/nodes",
+        json={"name": "gpu-box-1", "gpu": "A100 80GB", "gpu_count": 2, "provider": "lab", "usd_per_hour": 3.2},
+        headers=api.headers(),
+    ).json()
+    alpha.post(
+        f"/v1/nodes/{node['id']}/heartbeat",
+        json={
+            "gpus": [
+                {"index": 0, "utilisation_pct": 87, "memory_used_gib": 60, "memory_total_gib": 80},
+                {"index": 1, "utilisation_pct": 13, "memory_used_gib": 5, "memory_total_gib": 80},
+            ],
+            "job_running": True,
+        },
+        headers=api.headers(),
+    )
+    html = alpha.get("/dashboard/nodes").text
+    assert "gpu-box-1" in html and "2 x A100 80GB" in html and "87%" in html and "running" in html
+    assert "$3.20/h" in html
+    assert "No shutdown decisions yet" in html
+    assert "Current run" in html and "Last durable checkpoint" in html and "Idle timer" in html
+
+
+def test_benchmarks_page_plots_public_cases(alpha: TestClient) -> None:
+    html = alpha.get("/dashboard/benchmarks").text
+    assert html.count('class="point series-public') > 100
+    assert html.count('class="identity"') == 2
+    assert "No calibration runs yet" in html
+
+
+def test_unknown_dashboard_paths_are_404_pages(alpha: TestClient) -> None:
+    response = alpha.get("/dashboard/nothing/here")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("text/html")
+
+
+def test_sign_in_redirects_only_within_the_dashboard(api: Api) -> None:
+    token = csrf_token(api.client.get("/dashboard/login").text)
+    for target in ("https://evil.example/", "//evil.example/x", "/v1/plans"):
+        response = api.client.post(
+            "/dashboard/login",
+            data={"csrf_token": token, "api_key": api.keys["alpha"], "next": target},
+            follow_redirects=False,
+        )
+        assert response.headers["location"] == "/dashboard/plans"
+        token = csrf_token(api.client.get("/dashboard/login").text)
+
+
+def test_pages_send_security_headers(alpha: TestClient) -> None:
+    response = alpha.get("/dashboard/plans")
+    assert "default-src 'self'" in response.headers["content-security-policy"]
+    assert response.headers["cache-control"] == "no-store"
+    assert alpha.get("/dashboard/static/dashboard.css").status_code == 200
+    assert alpha.get("/dashboard/static/dashboard.js").status_code == 200
+
+
+def test_a_plan_being_estimated_shows_live_status(api: Api, alpha: TestClient) -> None:
+    from services.orgs.repository import OrganizationRepository
+    from services.plans.tables import PlanRow
+
+    factory = make_sessionmaker(make_engine(api.url))
+    with unit_of_work(factory) as session:
+        org = OrganizationRepository(session).by_name("alpha")
+        assert org is not None
+        # Stored as queued without enqueueing it, so it stays queued for the test.
+        row = PlanRow(organization_id=org.id, status="queued", request=QLORA_PLAN, model_name="m", method="qlora")
+        session.add(row)
+        session.flush()
+        plan_id = row.id
+    html = alpha.get(f"/dashboard/plans/{plan_id}").text
+    assert f'data-poll="/dashboard/plans/{plan_id}/status"' in html
+    assert '<noscript><meta http-equiv="refresh"' in html  # without JavaScript the page refreshes itself
+    assert "Request a quote" not in html
+    assert alpha.get(f"/dashboard/plans/{plan_id}/status").json()["status"] == "queued"
