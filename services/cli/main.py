@@ -138,7 +138,7 @@ def _build_parser() -> _Parser:
     serve.add_argument("--port", type=_int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
     sub.add_parser("migrate", help="apply the database migrations and exit")
     worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
-    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
+    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance,datacheck", help="comma list")
     worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
     sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
     data = sub.add_parser("data", help="check a fine-tuning data set before renting GPUs")

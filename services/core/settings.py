@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
     s3_addressing_style: Literal["path", "virtual", "auto"] = "path"
+    # Data set uploads: the largest file accepted, and the part size of the resumable upload (S3 needs at
+    # least 5 MiB per part but the last; at most 10,000 parts, so the part size also caps the file size).
+    dataset_max_bytes: int = Field(default=20 * 2**30, ge=1, le=5 * 2**40, description="largest data set file")
+    dataset_part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30, description="upload part size")
 
     @field_validator("database_url")
     @classmethod
