@@ -23,16 +23,19 @@ NUM_PERMUTATIONS = 64
 LSH_BANDS = 16
 LSH_ROWS_PER_BAND = NUM_PERMUTATIONS // LSH_BANDS
 NEAR_DUPLICATE_JACCARD = 0.8
-# Universal hashing (a*h + b) mod p over 32-bit shingle hashes (CRC-32): with p = 2^31 - 1 and
-# a, b < p, a*h + b < 2^63, so numpy's uint64 computes it exactly, the same as Python's integers.
-_PRIME = (1 << 31) - 1
-# Candidates are verified on the low 16 bits of each MinHash value: two different minima agree there
-# with probability 2^-16, which biases the Jaccard estimate by less than 2e-5 and halves the memory.
+# A shingle's hash mixes its five words' CRC-32s with fixed odd multipliers (order matters); each of the
+# 64 permutations is then a multiply-add-shift hash (Dietzfelbinger 1996): (a*x + b) mod 2^64, top 32
+# bits. numpy's wrapping uint64 arithmetic computes exactly that, with no slow modulo.
+_MASK_64 = (1 << 64) - 1
+_SHINGLE_MIX = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD],
+    dtype=np.uint64,
+)
 _VERIFY_MASK = 0xFFFF
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Fixed seed so the same data set always gives the same report.
 _rng = random.Random(13616)
-_PERMUTATIONS = tuple((_rng.randrange(1, _PRIME), _rng.randrange(0, _PRIME)) for _ in range(NUM_PERMUTATIONS))
+_PERMUTATIONS = tuple((_rng.getrandbits(64) | 1, _rng.getrandbits(64)) for _ in range(NUM_PERMUTATIONS))
 _A = np.array([a for a, _ in _PERMUTATIONS], dtype=np.uint64)[:, None]
 _B = np.array([b for _, b in _PERMUTATIONS], dtype=np.uint64)[:, None]
 # Shingles hashed per numpy step: 64 x this many uint64 values (32 MiB) at a time.
@@ -78,44 +81,79 @@ def exact_duplicates(rows: Sequence[tuple[int, str]]) -> list[Duplicate]:
     return found
 
 
-def shingle_hashes(text: str) -> list[int]:
-    """CRC-32 of each distinct word 5-shingle (case-folded); empty for texts shorter than one shingle."""
-    words = _WORD.findall(text.casefold())
-    if len(words) < SHINGLE_WORDS:
-        return []
-    shingles = {" ".join(words[i : i + SHINGLE_WORDS]) for i in range(len(words) - SHINGLE_WORDS + 1)}
-    return [zlib.crc32(s.encode("utf-8", errors="surrogatepass")) for s in shingles]
+# Words repeat (Zipf), so their hashes are remembered; the cache is emptied when it grows past this.
+_WORD_CACHE_MAX = 1 << 20
+_word_cache: dict[str, int] = {}
 
 
-def signatures(hash_lists: Sequence[Sequence[int]]) -> list[Signature | None]:
-    """MinHash signatures (64 values below 2^31) of many texts' shingle hashes at once; None for no shingles."""
-    sizes = np.array([len(h) for h in hash_lists], dtype=np.int64)
-    out: list[Signature | None] = [None] * len(hash_lists)
-    present = np.flatnonzero(sizes)
+def _word_hash(word: str) -> int:
+    if len(_word_cache) >= _WORD_CACHE_MAX:
+        _word_cache.clear()
+    value = _word_cache[word] = zlib.crc32(word.encode("utf-8", errors="surrogatepass"))
+    return value
+
+
+def word_hashes(text: str) -> list[int]:
+    """CRC-32 of each word (case-folded), in order: the input of the MinHash signature."""
+    cache = _word_cache
+    return [cache[w] if w in cache else _word_hash(w) for w in _WORD.findall(text.casefold())]
+
+
+def signatures(word_lists: Sequence[Sequence[int]]) -> list[Signature | None]:
+    """MinHash signatures (64 values below 2^32) over word 5-shingles of many texts at once, from their
+    word hashes; None for a text shorter than one shingle."""
+    sizes = np.array([len(w) for w in word_lists], dtype=np.int64)
+    out: list[Signature | None] = [None] * len(word_lists)
+    present = np.flatnonzero(sizes >= SHINGLE_WORDS)
     if present.size == 0:
         return out
-    flat = np.fromiter((h for i in present.tolist() for h in hash_lists[i]), dtype=np.uint64, count=int(sizes.sum()))
-    starts = np.concatenate(([0], np.cumsum(sizes[present])[:-1]))
+    words = np.fromiter(
+        (h for i in present.tolist() for h in word_lists[i]), dtype=np.uint64, count=int(sizes[present].sum())
+    )
+    # Shingle j starts at word j; it is whole when its five words lie in one text.
+    shingles = words[: words.size - SHINGLE_WORDS + 1] * _SHINGLE_MIX[0]
+    for k in range(1, SHINGLE_WORDS):
+        shingles += words[k : words.size - SHINGLE_WORDS + 1 + k] * _SHINGLE_MIX[k]
+    word_starts = np.concatenate(([0], np.cumsum(sizes[present])[:-1]))
+    counts = sizes[present] - SHINGLE_WORDS + 1
+    keep = np.ones(shingles.size, dtype=bool)
+    for k in range(1, SHINGLE_WORDS):  # drop windows that run into the next text
+        cut = word_starts[1:] - k
+        keep[cut[cut >= 0]] = False
+    shingles = shingles[keep]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     mins = np.empty((present.size, NUM_PERMUTATIONS), dtype=np.uint64)
     # Walk the texts in groups whose shingles fit one step (a long text is a group of its own).
     first = 0
     while first < present.size:
-        last = first + 1
-        while last < present.size and starts[last] + sizes[present[last]] - starts[first] <= _SHINGLES_PER_STEP:
-            last += 1
-        lo, hi = int(starts[first]), int(starts[last - 1] + sizes[present[last - 1]])
-        values = (_A * flat[lo:hi] + _B) % _PRIME
+        last = int(np.searchsorted(starts, starts[first] + _SHINGLES_PER_STEP, side="right"))
+        last = max(last, first + 1)
+        lo, hi = int(starts[first]), int(starts[last - 1] + counts[last - 1])
+        values = (_A * shingles[lo:hi] + _B) >> np.uint64(32)
         mins[first:last] = np.minimum.reduceat(values, starts[first:last] - lo, axis=1).T
         first = last
-    for row, index in enumerate(present):
-        out[int(index)] = mins[row]
+    for row, index in enumerate(present.tolist()):
+        out[index] = mins[row]
     return out
 
 
 def minhash(text: str) -> tuple[int, ...] | None:
     """MinHash signature over word 5-shingles; None for texts shorter than one shingle."""
-    (signature,) = signatures([shingle_hashes(text)])
+    (signature,) = signatures([word_hashes(text)])
     return None if signature is None else tuple(int(v) for v in signature)
+
+
+def minhash_reference(text: str) -> tuple[int, ...] | None:
+    """The same signature with Python integers, one shingle at a time (the definition, for tests)."""
+    words = word_hashes(text)
+    if len(words) < SHINGLE_WORDS:
+        return None
+    mix = [int(m) for m in _SHINGLE_MIX]
+    shingles = {
+        sum(m * w for m, w in zip(mix, words[i : i + SHINGLE_WORDS], strict=True)) & _MASK_64
+        for i in range(len(words) - SHINGLE_WORDS + 1)
+    }
+    return tuple(min(((a * x + b) & _MASK_64) >> 32 for x in shingles) for a, b in _PERMUTATIONS)
 
 
 def estimated_jaccard(left: Sequence[int], right: Sequence[int]) -> float:
@@ -231,7 +269,7 @@ def near_duplicates(
     chunk: list[tuple[int, str]] = []
 
     def flush() -> None:
-        sigs = signatures([shingle_hashes(t) for _, t in chunk])
+        sigs = signatures([word_hashes(t) for _, t in chunk])
         found.extend(index.add_chunk([(n, s) for (n, _), s in zip(chunk, sigs, strict=True)]))
         chunk.clear()
 

@@ -16,7 +16,7 @@ from typing import IO, Any, Generic, Protocol, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .dedup import NEAR_DUPLICATE_JACCARD, Duplicate, NearDuplicateIndex, shingle_hashes, signatures, text_digest
+from .dedup import NEAR_DUPLICATE_JACCARD, Duplicate, NearDuplicateIndex, signatures, text_digest, word_hashes
 from .formats import FORMATS, detect_format, format_problem, format_votes, row_text
 from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
@@ -217,7 +217,7 @@ class _Pass:
                 self.short.add(number)
             self.hashes.append(int.from_bytes(digest[:8], "big"))
             self.hash_rows.append(number)
-            signed.append((number, shingle_hashes(text)))
+            signed.append((number, word_hashes(text)))
         sigs = signatures([h for _, h in signed])
         found = self.index.add_chunk([(n, s) for (n, _), s in zip(signed, sigs, strict=True)])
         near = {d.row_number for d in self._near(found)}
