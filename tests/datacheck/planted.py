@@ -112,11 +112,11 @@ def write_planted(path: Path, *, base_rows: int = 1000, filler_bytes: int = 0, s
         add_row(value)
     planted.pii = valid
     for k in range(40):  # exact duplicates: case and whitespace changed
-        number, value = originals[k * 7]
+        number, value = originals[(k * 7) % len(originals)]
         copy = dict(value, output="  " + value["output"].upper().replace(" ", "   ") + " ")
         planted.exact[add_row(copy)] = number
     for k in range(40):  # near duplicates: one word changed in ~140
-        number, value = originals[k * 11 + 3]
+        number, value = originals[(k * 11 + 3) % len(originals)]
         words = value["output"].split()
         words[len(words) // 2] = "degisti"
         planted.near[add_row(dict(value, output=" ".join(words)))] = number
