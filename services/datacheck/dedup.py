@@ -38,8 +38,8 @@ _rng = random.Random(13616)
 _PERMUTATIONS = tuple((_rng.getrandbits(64) | 1, _rng.getrandbits(64)) for _ in range(NUM_PERMUTATIONS))
 _A = np.array([a for a, _ in _PERMUTATIONS], dtype=np.uint64)[:, None]
 _B = np.array([b for _, b in _PERMUTATIONS], dtype=np.uint64)[:, None]
-# Shingles hashed per numpy step: 64 x this many uint64 values (32 MiB) at a time.
-_SHINGLES_PER_STEP = 1 << 16
+# Shingles hashed per numpy step: 64 x this many uint64 values (8 MiB) at a time.
+_SHINGLES_PER_STEP = 1 << 14
 
 Signature = npt.NDArray[np.uint64]
 
@@ -99,6 +99,14 @@ def word_hashes(text: str) -> list[int]:
     return [cache[w] if w in cache else _word_hash(w) for w in _WORD.findall(text.casefold())]
 
 
+def _permuted(shingles: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """The 64 permutations of some shingle hashes, (64, n), in one buffer updated in place."""
+    values = _A * shingles
+    values += _B
+    values >>= np.uint64(32)
+    return values
+
+
 def signatures(word_lists: Sequence[Sequence[int]]) -> list[Signature | None]:
     """MinHash signatures (64 values below 2^32) over word 5-shingles of many texts at once, from their
     word hashes; None for a text shorter than one shingle."""
@@ -129,8 +137,16 @@ def signatures(word_lists: Sequence[Sequence[int]]) -> list[Signature | None]:
         last = int(np.searchsorted(starts, starts[first] + _SHINGLES_PER_STEP, side="right"))
         last = max(last, first + 1)
         lo, hi = int(starts[first]), int(starts[last - 1] + counts[last - 1])
-        values = (_A * shingles[lo:hi] + _B) >> np.uint64(32)
-        mins[first:last] = np.minimum.reduceat(values, starts[first:last] - lo, axis=1).T
+        if last == first + 1 and hi - lo > _SHINGLES_PER_STEP:  # one long text: its minimum, slice by slice
+            mins[first] = np.min(
+                [
+                    _permuted(shingles[at : min(hi, at + _SHINGLES_PER_STEP)]).min(axis=1)
+                    for at in range(lo, hi, _SHINGLES_PER_STEP)
+                ],
+                axis=0,
+            )
+        else:
+            mins[first:last] = np.minimum.reduceat(_permuted(shingles[lo:hi]), starts[first:last] - lo, axis=1).T
         first = last
     for row, index in enumerate(present.tolist()):
         out[index] = mins[row]
