@@ -6,6 +6,7 @@ million-row set costs ~190 MB whatever the row length; rows are signed and looke
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import random
 import re
@@ -199,14 +200,25 @@ class NearDuplicateIndex:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold: {threshold} is outside (0, 1]")
         self.threshold = threshold
-        self._keys = np.empty((LSH_BANDS, 0), dtype=np.uint32)  # each band's keys, sorted
-        self._slots = np.empty((LSH_BANDS, 0), dtype=np.uint32)  # index into _numbers / _verify
-        self._numbers = np.empty(0, dtype=np.uint32)
-        self._verify = np.empty((0, NUM_PERMUTATIONS), dtype=np.uint16)
+        # Per band, its keys sorted and the slot (kept-row index) of each; replaced one band at a time,
+        # so a merge never holds more than one extra band.
+        self._keys = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
+        self._slots = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
+        # Row numbers and verification bits in one block per chunk (appended, never copied).
+        self._numbers: list[npt.NDArray[np.uint32]] = []
+        self._verify: list[npt.NDArray[np.uint16]] = []
+        self._starts: list[int] = []
+        self._kept = 0
 
     @property
     def kept_rows(self) -> int:
-        return int(self._numbers.size)
+        return self._kept
+
+    def _slot(self, slot: int) -> tuple[int, npt.NDArray[np.uint16]]:
+        """Row number and verification bits of a kept row."""
+        block = bisect.bisect_right(self._starts, slot) - 1
+        at = slot - self._starts[block]
+        return int(self._numbers[block][at]), self._verify[block][at]
 
     def add_chunk(self, rows: Sequence[tuple[int, Signature | None]]) -> list[Duplicate]:
         """Check a chunk of (row_number, signature) in row order; rows without a signature are skipped."""
@@ -224,9 +236,10 @@ class NearDuplicateIndex:
             band_keys = keys[i].tolist()
             match = None
             for slot in sorted(earlier[i]):
-                similarity = float(np.count_nonzero(self._verify[slot] == verify[i])) / NUM_PERMUTATIONS
+                other_number, other = self._slot(slot)
+                similarity = float(np.count_nonzero(other == verify[i])) / NUM_PERMUTATIONS
                 if similarity >= self.threshold:
-                    match = (int(self._numbers[slot]), similarity)
+                    match = (other_number, similarity)
                     break
             if match is None:
                 for j in sorted({j for b, k in enumerate(band_keys) for j in local.get((b, k), ())}):
@@ -246,34 +259,33 @@ class NearDuplicateIndex:
     def _earlier_candidates(self, keys: npt.NDArray[np.uint32]) -> list[set[int]]:
         """For each chunk row, the slots of kept rows from earlier chunks sharing a band key."""
         out: list[set[int]] = [set() for _ in range(keys.shape[0])]
-        if self._numbers.size == 0:
+        if not self._kept:
             return out
         for band in range(LSH_BANDS):
             column = self._keys[band]
             left = np.searchsorted(column, keys[:, band], side="left")
             right = np.searchsorted(column, keys[:, band], side="right")
             for i in np.flatnonzero(right > left).tolist():
-                out[i].update(self._slots[band, left[i] : right[i]].tolist())
+                out[i].update(self._slots[band][left[i] : right[i]].tolist())
         # Earlier slots hold lower row numbers in slot order, so sorting slots sorts by row number.
         return out
 
     def _merge(self, keys: npt.NDArray[np.uint32], verify: npt.NDArray[np.uint16], numbers: list[int]) -> None:
         if not numbers:
             return
-        base = self._numbers.size
+        base = self._kept
         slots = np.arange(base, base + len(numbers), dtype=np.uint32)
-        new_keys = np.empty((LSH_BANDS, self._keys.shape[1] + len(numbers)), dtype=np.uint32)
-        new_slots = np.empty_like(new_keys)
         for band in range(LSH_BANDS):
             order = np.argsort(keys[:, band], kind="stable")
             band_keys = keys[order, band]
             # side="right" keeps earlier slots first among equal keys.
             at = np.searchsorted(self._keys[band], band_keys, side="right")
-            new_keys[band] = np.insert(self._keys[band], at, band_keys)
-            new_slots[band] = np.insert(self._slots[band], at, slots[order])
-        self._keys, self._slots = new_keys, new_slots
-        self._numbers = np.concatenate((self._numbers, np.array(numbers, dtype=np.uint32)))
-        self._verify = np.concatenate((self._verify, verify))
+            self._keys[band] = np.insert(self._keys[band], at, band_keys)
+            self._slots[band] = np.insert(self._slots[band], at, slots[order])
+        self._starts.append(base)
+        self._numbers.append(np.array(numbers, dtype=np.uint32))
+        self._verify.append(np.ascontiguousarray(verify))
+        self._kept += len(numbers)
 
 
 def near_duplicates(

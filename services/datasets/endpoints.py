@@ -13,6 +13,7 @@ from services.datasets.schemas import DatasetCreate, DatasetList, DatasetOut
 router = APIRouter(prefix="/v1", tags=["datasets"])
 
 PartNumber = Annotated[int, Path(ge=1, le=service.S3_MAX_PARTS, description="1-based part number")]
+DatasetId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the data set's id")]
 
 
 async def _read_body(request: Request, limit: int, field: str = "body") -> bytes:
@@ -46,7 +47,7 @@ def list_datasets(db: DbDep, principal: PrincipalDep, limit: Annotated[int, Quer
 
 
 @router.get("/datasets/{dataset_id}", operation_id="datasets-get", response_model=DatasetOut)
-def get_dataset(dataset_id: str, db: DbDep, principal: PrincipalDep) -> DatasetOut:
+def get_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep) -> DatasetOut:
     """Status, the parts received (to resume an upload), the check's progress and its report."""
     with db.transaction() as (session, _pending):
         return service.to_out(session, service.get(session, principal, dataset_id))
@@ -54,7 +55,7 @@ def get_dataset(dataset_id: str, db: DbDep, principal: PrincipalDep) -> DatasetO
 
 @router.put("/datasets/{dataset_id}/parts/{part_number}", operation_id="datasets-put-part", response_model=DatasetOut)
 async def put_part(
-    dataset_id: str,
+    dataset_id: DatasetId,
     part_number: PartNumber,
     request: Request,
     db: DbDep,
@@ -81,7 +82,7 @@ async def put_part(
 
 
 @router.post("/datasets/{dataset_id}/complete", operation_id="datasets-complete", response_model=DatasetOut)
-def complete_upload(dataset_id: str, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> DatasetOut:
+def complete_upload(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> DatasetOut:
     """Assemble the parts, verify size (and SHA-256 when declared) and queue the check."""
     with db.transaction() as (session, pending):
         row, problem = service.complete(session, principal, dataset_id, settings, pending)
@@ -93,7 +94,7 @@ def complete_upload(dataset_id: str, db: DbDep, principal: PrincipalDep, setting
 
 @router.put("/datasets/{dataset_id}/tokenizer", operation_id="datasets-put-tokenizer", response_model=DatasetOut)
 async def put_tokenizer(
-    dataset_id: str, request: Request, db: DbDep, principal: PrincipalDep, settings: SettingsDep
+    dataset_id: DatasetId, request: Request, db: DbDep, principal: PrincipalDep, settings: SettingsDep
 ) -> DatasetOut:
     """The model's tokenizer.json (Hugging Face tokenizers format) for exact token counts."""
     data = await _read_body(request, service.TOKENIZER_MAX_BYTES)
@@ -107,7 +108,7 @@ async def put_tokenizer(
 
 
 @router.post("/datasets/{dataset_id}/check", operation_id="datasets-check", response_model=DatasetOut)
-def recheck_dataset(dataset_id: str, db: DbDep, principal: PrincipalDep) -> DatasetOut:
+def recheck_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep) -> DatasetOut:
     """Run the check again (after a failure)."""
     with db.transaction() as (session, pending):
         return service.to_out(session, service.recheck(session, principal, dataset_id, pending))

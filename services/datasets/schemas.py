@@ -17,7 +17,12 @@ class DatasetCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200, description="file name, e.g. train.jsonl or chat.csv.gz")
+    name: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="file name, e.g. train.jsonl or chat.csv.gz (no control characters)",
+    )
     size_bytes: int = Field(gt=0, description="exact size of the file as uploaded (compressed size for .gz)")
     sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-fA-F]{64}$", description="SHA-256 of the file, checked on complete"

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
-from services.core.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
+from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
@@ -50,6 +50,13 @@ REPORT_LIST_LIMIT = 100
 # Progress is written to the database at most this often during a check.
 PROGRESS_EVERY_S = 1.0
 TOKENIZER_MAX_BYTES = 64 * 2**20
+
+
+class StorageUnavailable(GpuplanError):
+    """Object storage refused or did not answer: 503, the message says what it said."""
+
+    status_code = 503
+    code = "storage_unavailable"
 
 
 def _storage_error(exc: Exception) -> str:
@@ -95,7 +102,7 @@ def create(session: Session, principal: Principal, body: DatasetCreate, settings
     try:
         upload = s3_client(settings).create_multipart_upload(Bucket=location.bucket, Key=key)
     except (ClientError, BotoCoreError) as exc:
-        raise Conflict(_storage_error(exc)) from None
+        raise StorageUnavailable(_storage_error(exc)) from None
     return DatasetRepository(session).add(
         DatasetRow(
             id=dataset_id,
@@ -169,20 +176,20 @@ def put_part(
             Bucket=row.bucket, Key=row.object_key, UploadId=row.upload_id, PartNumber=part_number, Body=data
         )
     except (ClientError, BotoCoreError) as exc:
-        raise Conflict(_storage_error(exc)) from None
+        raise StorageUnavailable(_storage_error(exc)) from None
     repo = DatasetRepository(session)
     existing = repo.part(row.id, part_number)
     if existing is not None:
         existing.etag, existing.size_bytes = answer["ETag"], len(data)
-    else:
-        try:
-            with session.begin_nested():
-                repo.add_part(DatasetPartRow(dataset_id=row.id, part_number=part_number, size_bytes=len(data), etag=""))
-        except IntegrityError:
-            pass  # the same part arrived twice at once; the later write below wins
-        stored = repo.part(row.id, part_number)
-        if stored is not None:
-            stored.etag, stored.size_bytes = answer["ETag"], len(data)
+        return row
+    try:
+        repo.add_part(
+            DatasetPartRow(dataset_id=row.id, part_number=part_number, size_bytes=len(data), etag=answer["ETag"])
+        )
+    except IntegrityError:
+        raise Conflict(
+            f"part_number: part {part_number} arrived twice at once; send it again", field="part_number"
+        ) from None
     return row
 
 
@@ -221,7 +228,7 @@ def complete(
         else:
             digest, size = None, int(client.head_object(Bucket=row.bucket, Key=row.object_key)["ContentLength"])
     except (ClientError, BotoCoreError) as exc:
-        raise Conflict(_storage_error(exc)) from None
+        raise StorageUnavailable(_storage_error(exc)) from None
     problem = None
     if size != row.size_bytes:
         problem = Unprocessable(
@@ -249,7 +256,7 @@ def _restart_upload(session: Session, row: DatasetRow, client: Any) -> None:
         client.delete_object(Bucket=row.bucket, Key=row.object_key)
         row.upload_id = client.create_multipart_upload(Bucket=row.bucket, Key=row.object_key)["UploadId"]
     except (ClientError, BotoCoreError) as exc:
-        raise Conflict(_storage_error(exc)) from None
+        raise StorageUnavailable(_storage_error(exc)) from None
     for part in DatasetRepository(session).parts(row.id):
         session.delete(part)
 
@@ -284,7 +291,7 @@ def set_tokenizer(
     try:
         s3_client(settings).put_object(Bucket=row.bucket, Key=key, Body=data)
     except (ClientError, BotoCoreError) as exc:
-        raise Conflict(_storage_error(exc)) from None
+        raise StorageUnavailable(_storage_error(exc)) from None
     row.tokenizer_key = key
     if row.status in ("done", "failed"):
         row.status = "queued"

@@ -33,8 +33,7 @@ class PlanRequest(Plan):
     dataset: Dataset | None = None
     dataset_id: str | None = Field(
         default=None,
-        min_length=1,
-        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="a checked data set (POST /v1/datasets): its size, seq_len and warnings size the plan",
     )
     epochs: float | None = Field(default=None, gt=0, le=1000)
