@@ -510,14 +510,14 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
         f"{report['rows_total']:,} rows, {report['validation_split']['rows']:,} held out for validation), "
         f"{avg_tokens:,.0f} tokens on average ({tokens['method']})"
     ]
-    dropped = {k: counts.get(k, 0) for k in ("broken_rows", "mismatched_rows", "empty_rows")}
+    dropped = {k: counts.get(k, 0) for k in ("broken_rows", "encoding_problem_rows", "mismatched_rows", "empty_rows")}
     dropped["duplicates"] = counts.get("exact_duplicates", 0) + counts.get("near_duplicates", 0)
     if any(dropped.values()):
         listed = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in dropped.items() if v)
         warnings.append(f"data set {row.name}: {listed} left out of the example count; clean them before training")
     if tokens["truncated_rows"]:
         warnings.append(
-            f"data set {row.name}: {tokens['truncated_rows']:,} rows ({tokens['truncated_share']:.1%}) are longer "
+            f"data set {row.name}: {tokens['truncated_rows']:,} rows ({tokens['truncated_share']:.2%}) are longer "
             f"than the recommended seq_len {tokens['recommended_seq_len_tokens']} and would be truncated"
         )
     warnings.extend(f"data set {row.name}: {note}" for note in tokens.get("notes", ()))
