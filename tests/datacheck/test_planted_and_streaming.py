@@ -9,8 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from services.datacheck import RowError, check_dataset, iter_rows, loading, minhash
+from services.datacheck import (
+    RowError,
+    check_dataset,
+    find_pii,
+    iban_valid,
+    iter_rows,
+    loading,
+    luhn_valid,
+    minhash,
+    tc_kimlik_valid,
+)
 from services.datacheck.dedup import minhash_reference
 from tests.datacheck.planted import Planted, write_planted
 
@@ -131,3 +143,22 @@ def test_csv_streams_with_a_bom(tmp_path: Path) -> None:
     path.write_bytes('\ufeffprompt,completion\n"a, b",c\n'.encode())
     report = check_dataset(path)
     assert report.detected_format == "prompt_completion" and report.rows_total == 1
+
+
+@given(st.from_regex(r"[1-9][0-9]{10}", fullmatch=True))
+def test_an_eleven_digit_number_is_personal_data_only_with_a_valid_checksum(number: str) -> None:
+    kinds = [f.kind for f in find_pii(1, {"text": f"no {number} ok"})]
+    assert kinds == (["tc_kimlik"] if tc_kimlik_valid(number) else [])
+
+
+@given(st.from_regex(r"4[0-9]{15}", fullmatch=True))
+def test_a_card_number_is_personal_data_only_when_luhn_holds(number: str) -> None:
+    grouped = " ".join(number[i : i + 4] for i in range(0, 16, 4))
+    kinds = [f.kind for f in find_pii(1, {"text": f"kart {grouped} tamam"})]
+    assert kinds == (["payment_card"] if luhn_valid(number) else [])
+
+
+@given(st.from_regex(r"TR[0-9]{24}", fullmatch=True))
+def test_an_iban_is_personal_data_only_when_mod_97_holds(iban: str) -> None:
+    kinds = [f.kind for f in find_pii(1, {"text": f"IBAN {iban} lutfen"})]
+    assert kinds == (["iban"] if iban_valid(iban) else [])
