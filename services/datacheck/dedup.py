@@ -196,10 +196,13 @@ class NearDuplicateIndex:
     signature (128 bytes). The result equals checking each row, in order, against every earlier kept row
     that shares a band with it; the first such row (lowest number) at or above the threshold wins."""
 
-    def __init__(self, threshold: float = NEAR_DUPLICATE_JACCARD) -> None:
+    def __init__(self, threshold: float = NEAR_DUPLICATE_JACCARD, capacity: int | None = None) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold: {threshold} is outside (0, 1]")
         self.threshold = threshold
+        # With a capacity, kept rows past it are still checked but no longer indexed (memory stops growing).
+        self.capacity = capacity
+        self.full = False
         # Per band, its keys sorted and the slot (kept-row index) of each; replaced one band at a time,
         # so a merge never holds more than one extra band.
         self._keys = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
@@ -253,6 +256,9 @@ class NearDuplicateIndex:
             kept.append(i)
             for b, k in enumerate(band_keys):
                 local.setdefault((b, k), []).append(i)
+        if self.capacity is not None and self._kept + len(kept) > self.capacity:
+            self.full = True
+            kept = kept[: max(0, self.capacity - self._kept)]
         self._merge(keys[kept], verify[kept], [signed[i][0] for i in kept])
         return found
 

@@ -28,6 +28,9 @@ SHORT_ROW_TOKENS = 8
 PROGRESS_EVERY_ROWS = 1000
 # Rows tokenised, signed and checked for near duplicates together (numpy and the tokenizer work in batches).
 CHUNK_ROWS = 2048
+# The near-duplicate index stops growing at this many kept rows (~256 bytes each, so ~1 GiB); later rows
+# are still compared with the indexed ones. Exact duplicates, lengths and counts stay exact past it.
+NEAR_DUPLICATE_INDEX_ROWS = 4_000_000
 # The row format is guessed from this many rows, then confirmed by the whole pass (a second pass if not).
 FORMAT_PROBE_ROWS = 1000
 VALIDATION_SHARE = 0.05
@@ -106,6 +109,7 @@ class DatasetReport(BaseModel):
     pii_findings_total: int
     counts: dict[str, int] = {}
     listed_limit: int | None = None
+    notes: tuple[str, ...] = ()
     rules: tuple[str, ...]
 
 
@@ -172,7 +176,7 @@ class _Pass:
         self.near_rows = array("I")
         self.near_of = array("I")
         self.near_similarity = array("d")
-        self.index = NearDuplicateIndex()
+        self.index = NearDuplicateIndex(capacity=NEAR_DUPLICATE_INDEX_ROWS)
         # The VALIDATION_MAX_ROWS smallest digests of kept rows, as a max-heap of (-digest, row).
         self.validation: list[tuple[int, int]] = []
         self.validation_digests: set[int] = set()
@@ -325,6 +329,14 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         pii_findings_total=sum(state.pii_counts.values()),
         counts=counts,
         listed_limit=limit,
+        notes=(
+            (
+                f"near duplicates: the index is full at {state.index.kept_rows:,} kept rows; later rows were "
+                "compared with those only, not with each other",
+            )
+            if state.index.full
+            else ()
+        ),
         rules=RULES,
     )
 

@@ -162,3 +162,18 @@ def test_a_card_number_is_personal_data_only_when_luhn_holds(number: str) -> Non
 def test_an_iban_is_personal_data_only_when_mod_97_holds(iban: str) -> None:
     kinds = [f.kind for f in find_pii(1, {"text": f"IBAN {iban} lutfen"})]
     assert kinds == (["iban"] if iban_valid(iban) else [])
+
+
+def test_a_full_near_duplicate_index_says_so(planted: tuple[Path, Planted], monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.datacheck import report as report_module
+
+    path, truth = planted
+    monkeypatch.setattr(report_module, "NEAR_DUPLICATE_INDEX_ROWS", 500)
+    capped = check_dataset(path)
+    assert capped.notes and "index is full at 500 kept rows" in capped.notes[0]
+    # Copies of the first 500 rows are still found; exact duplicates and counts do not depend on the index.
+    found = {d.row_number: d.duplicate_of for d in capped.near_duplicates}
+    assert found == {row: of for row, of in truth.near.items() if of <= 500}
+    assert capped.counts["exact_duplicates"] == len(truth.exact)
+    monkeypatch.undo()
+    assert check_dataset(path).notes == ()
