@@ -13,13 +13,14 @@ from celery import Celery
 
 from services.core.settings import Settings, get_settings
 
-QUEUES = ("estimate", "trace", "calibrate", "sync", "maintenance")
+QUEUES = ("estimate", "trace", "calibrate", "sync", "maintenance", "datacheck")
 # Stable task names (the API sends by name) and the queue each runs on.
 TASK_QUEUES = {
     "gpuplan.plans.estimate": "estimate",
     "gpuplan.plans.trace": "trace",
     "gpuplan.plans.resume_unfinished": "maintenance",
     "gpuplan.nodes.sweep_idle": "maintenance",
+    "gpuplan.datasets.check": "datacheck",
 }
 
 

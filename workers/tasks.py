@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import get_settings
 from services.core.tasks import PendingTasks
+from services.datasets.service import CHECK_TASK, run_check
 from services.nodes.lifecycle import SWEEP_TASK, run_sweep
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, resume_unfinished, run_plan, run_trace
 from workers.celery_app import app
@@ -37,6 +38,18 @@ def estimate_plan(plan_id: str) -> None:
 def trace_plan(plan_id: str) -> None:
     """Run the precise trace of a stored plan (needs the trace extra on this worker)."""
     run_trace(_sessions(), plan_id)
+
+
+@app.task(
+    name=CHECK_TASK,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def check_dataset(dataset_id: str) -> None:
+    """Check an uploaded data set, streamed from object storage (a finished check is left as it is)."""
+    run_check(_sessions(), get_settings(), dataset_id)
 
 
 @app.task(name="gpuplan.plans.resume_unfinished")

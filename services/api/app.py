@@ -16,6 +16,8 @@ from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.dashboard.routes import install as install_dashboard
+from services.datasets import service as datasets_service
+from services.datasets.endpoints import router as datasets_router
 from services.nodes.endpoints import router as nodes_router
 from services.nodes.lifecycle import EmbeddedSweeper
 from services.plans.endpoints import router as plans_router
@@ -32,7 +34,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.in_process_tasks:
         runner = InProcessRunner(
             settings.background_workers,
-            {ESTIMATE_TASK: estimate_task(factory, settings.safety_margin), TRACE_TASK: trace_task(factory)},
+            {
+                ESTIMATE_TASK: estimate_task(factory, settings.safety_margin),
+                TRACE_TASK: trace_task(factory),
+                datasets_service.CHECK_TASK: datasets_service.check_task(factory, settings),
+            },
         )
     else:
         runner = CeleryRunner(settings)
@@ -43,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.in_process_tasks:
             pending = PendingTasks()
             resume_unfinished(factory, pending)
+            datasets_service.resume_unfinished(factory, pending)
             pending.flush(runner)
             sweeper = EmbeddedSweeper(factory, settings)  # with Celery, beat runs the sweep
             sweeper.start()
@@ -68,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(nodes_router)
     app.include_router(runs_router)
     install_dashboard(app)
+    app.include_router(datasets_router)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:

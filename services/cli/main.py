@@ -139,7 +139,7 @@ def _build_parser() -> _Parser:
     serve.add_argument("--port", type=_int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
     sub.add_parser("migrate", help="apply the database migrations and exit")
     worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
-    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance", help="comma list")
+    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance,datacheck", help="comma list")
     worker.add_argument("--concurrency", type=_int_arg("--concurrency"), default=2)
     sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
     data = sub.add_parser("data", help="check a fine-tuning data set before renting GPUs")
@@ -153,6 +153,14 @@ def _build_parser() -> _Parser:
     check.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
     check.add_argument("--provider-country", metavar="CC", help="where the GPUs are (ISO code)")
     check.add_argument("--json", action="store_true")
+    upload = data_sub.add_parser("upload", help="upload a data set to a running service (resumable) and check it")
+    upload.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
+    upload.add_argument("--api", "--server", dest="api", default="http://127.0.0.1:8000", metavar="URL")
+    upload.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+    upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
+    upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
+    upload.add_argument("--json", action="store_true")
 
     plans = sub.add_parser("plans", help="submit and follow plans on a running service")
     plans_sub = plans.add_subparsers(dest="plans_command", required=True, parser_class=_Parser)
@@ -435,6 +443,48 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_upload(args: argparse.Namespace) -> int:
+    import httpx
+
+    from services.datasets.client import UploadError, upload_file, wait_for_check
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise CliError(f"file: no such file {args.file!r}")
+    headers = {"Authorization": f"Bearer {args.key}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=300, headers=headers) as client:
+            body = upload_file(
+                client,
+                path,
+                resume_id=args.resume,
+                data_country=args.data_country,
+                started=lambda i: print(f"data set {i}: uploading (after a cut: --resume {i})", file=sys.stderr),
+                sent=lambda n, total: print(f"  part {n} of {total} sent", file=sys.stderr),
+            )
+            if args.wait:
+                body = wait_for_check(client, body["id"])
+    except UploadError as exc:
+        raise CliError(str(exc)) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc} (resume with --resume once it is back)") from None
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"data set {body['id']}: {body['status']}" + (f" ({body['error']})" if body.get("error") else ""))
+    report = body.get("report")
+    if report:
+        t, counts = report["tokens"], report["counts"]
+        print(
+            f"{report['rows_total']:,} rows, {report['rows_kept']:,} kept; seq_len {t['recommended_seq_len_tokens']}; "
+            + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in counts.items() if v)
+        )
+        for kind in report["pii"]:
+            print(f"personal data: {kind['count']} {kind['kind']}")
+        print(f'plan from it: "dataset_id": "{body["id"]}"')
+    return 0 if body["status"] != "failed" else 1
+
+
 def _api_error(response: Any) -> str:
     try:
         body = response.json()
@@ -501,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return runs_cli.cmd_sync(args)
         if args.command == "restore":
             return runs_cli.cmd_restore(args)
+            return _cmd_data_upload(args) if args.data_command == "upload" else _cmd_data_check(args)
         handlers = {
             "estimate": _cmd_estimate,
             "trace": _cmd_trace,

@@ -60,3 +60,10 @@ class ConfigurationError(GpuplanError):
 
     status_code = 503
     code = "not_configured"
+
+
+class PayloadTooLarge(GpuplanError):
+    """A request body or declared upload over a configured limit: 413, the message names the limit."""
+
+    status_code = 413
+    code = "too_large"

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     # several API processes serve the dashboard or sessions should survive a restart.
     session_secret: SecretStr = Field(default_factory=lambda: SecretStr(secrets.token_urlsafe(32)))
     session_max_age_s: int = Field(default=12 * 3600, ge=60, le=30 * 86_400, description="dashboard sign-in lifetime")
+    # Data set uploads: the largest file accepted, and the part size of the resumable upload (S3 needs at
+    # least 5 MiB per part but the last; at most 10,000 parts, so the part size also caps the file size).
+    dataset_max_bytes: int = Field(default=20 * 2**30, ge=1, le=5 * 2**40, description="largest data set file")
+    dataset_part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30, description="upload part size")
 
     @field_validator("database_url")
     @classmethod

@@ -1,17 +1,28 @@
 """Check a fine-tuning data set before GPUs are rented: format, lengths, duplicates and personal data.
 
-Pure: stdlib and pydantic only (pyarrow for Parquet and tokenizers for exact counts, when installed).
+Pure: stdlib, pydantic and numpy (pyarrow for Parquet and tokenizers for exact counts, when installed).
+Reads streams: memory stays flat in the file size (see report.check_source).
 """
 
 from .dedup import Duplicate, exact_duplicates, minhash, near_duplicates
 from .formats import FORMATS, detect_format, format_problem, format_votes
-from .loading import DataCheckError, RowError, load_rows
+from .loading import FILE_FORMATS, DataCheckError, RowError, file_format, iter_rows, load_rows
 from .location import data_location_warning
 from .pii import PiiFinding, find_pii, iban_valid, luhn_valid, mask_text, tc_kimlik_valid
-from .report import DatasetReport, check_dataset, validation_rows, write_clean, write_masked
-from .tokens import SEQ_LEN_BUCKETS_TOKENS, TokenStats, approx_tokens, choose_seq_len, percentile, token_stats
+from .report import DatasetReport, RowSource, check_dataset, check_source, validation_rows, write_clean, write_masked
+from .tokens import (
+    SEQ_LEN_BUCKETS_TOKENS,
+    TokenStats,
+    approx_tokens,
+    choose_seq_len,
+    counter_from_json,
+    make_counter,
+    percentile,
+    token_stats,
+)
 
 __all__ = [
+    "FILE_FORMATS",
     "FORMATS",
     "SEQ_LEN_BUCKETS_TOKENS",
     "DataCheckError",
@@ -19,19 +30,25 @@ __all__ = [
     "Duplicate",
     "PiiFinding",
     "RowError",
+    "RowSource",
     "TokenStats",
     "approx_tokens",
     "check_dataset",
+    "check_source",
     "choose_seq_len",
+    "counter_from_json",
     "data_location_warning",
     "detect_format",
     "exact_duplicates",
+    "file_format",
     "find_pii",
     "format_problem",
     "format_votes",
     "iban_valid",
+    "iter_rows",
     "load_rows",
     "luhn_valid",
+    "make_counter",
     "mask_text",
     "minhash",
     "near_duplicates",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import importlib
 import io
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +46,6 @@ def file_format(path: str | Path) -> str:
     return suffix
 
 
-def _open_bytes(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return path.open("rb")
-
-
 def _has_bad_bytes(value: Any) -> bool:
     """Whether a decoded value still holds escaped non-UTF-8 bytes anywhere inside it."""
     if isinstance(value, str):
@@ -80,22 +76,111 @@ def _jsonl_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
             yield number, RowError("broken", f"not valid JSON: {exc.msg} at column {exc.colno}")
 
 
-def _json_array_rows(text: str) -> Iterator[tuple[int, Any]]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        yield 1, RowError("broken", f"file is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+class _Chained(io.RawIOBase):
+    """`prefix` bytes, then the rest of `handle`: lets a reader look at the start of a stream it cannot seek."""
+
+    def __init__(self, prefix: bytes, handle: IO[bytes]) -> None:
+        self._prefix = prefix
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._prefix:
+            n = min(len(view), len(self._prefix))
+            view[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        data = self._handle.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+# A JSON array element larger than this is reported as broken rather than buffered without bound.
+MAX_JSON_ELEMENT_BYTES = 64 * 1024 * 1024
+_READ_CHUNK_BYTES = 1 << 20
+
+
+def _json_array_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """Elements of a top-level JSON array, decoded one at a time from the stream (never the whole file)."""
+    decoder = json.JSONDecoder()
+    text_decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    buf, pos, lines_before, eof = "", 0, 0, False
+    number = 0
+
+    def fill() -> bool:
+        nonlocal buf, pos, lines_before, eof
+        if eof:
+            return False
+        chunk = handle.read(_READ_CHUNK_BYTES)
+        eof = not chunk
+        lines_before += buf.count("\n", 0, pos)
+        buf = buf[pos:] + text_decoder.decode(chunk, final=eof)
+        pos = 0
+        return bool(chunk)
+
+    def skip_space() -> bool:
+        nonlocal pos
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(buf):
+                return True
+            if not fill():
+                return False
+
+    def broken(message: str, at: int) -> RowError:
+        line = lines_before + buf.count("\n", 0, at) + 1
+        column = at - buf.rfind("\n", 0, at)
+        return RowError("broken", f"file is not valid JSON: {message} at line {line} column {column}")
+
+    fill()
+    if buf.startswith("\ufeff"):
+        pos = 1
+    if not skip_space() or buf[pos] != "[":
+        found = "nothing" if pos >= len(buf) else repr(buf[pos])
+        yield 1, RowError("broken", f"a .json file must hold an array of rows, found {found} at the start")
         return
-    if not isinstance(data, list):
-        yield 1, RowError("broken", f"a .json file must hold an array of rows, found {type(data).__name__}")
-        return
-    for number, item in enumerate(data, start=1):
+    pos += 1
+    expect_value = True
+    while True:
+        if not skip_space():
+            yield number + 1, broken("the array is not closed with ']'", len(buf))
+            return
+        if buf[pos] == "]" and (number == 0 or not expect_value):
+            pos += 1
+            if skip_space():
+                yield number + 1, broken("extra data after the array", pos)
+            return
+        if not expect_value:
+            if buf[pos] != ",":
+                yield number + 1, broken("expected ',' or ']'", pos)
+                return
+            pos += 1
+            expect_value = True
+            continue
+        while True:
+            try:
+                item, end = decoder.raw_decode(buf, pos)
+                # A number or literal that ends exactly at the buffer's end may continue in the next chunk.
+                if end < len(buf) or eof:
+                    break
+            except json.JSONDecodeError as exc:
+                if eof or len(buf) - pos > MAX_JSON_ELEMENT_BYTES:
+                    yield number + 1, broken(exc.msg, exc.pos)
+                    return
+            fill()
+        number += 1
+        pos = end
+        expect_value = False
         yield number, _ENCODING_ERROR if _has_bad_bytes(item) else item
 
 
-def _csv_rows(text: str) -> Iterator[tuple[int, Any]]:
+def _csv_rows(text: IO[str]) -> Iterator[tuple[int, Any]]:
     # Row 1 is the first data row after the header.
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(text)
     for number, record in enumerate(reader, start=1):
         if None in record:
             yield number, RowError("broken", f"more cells than the {len(reader.fieldnames or [])} header columns")
@@ -107,13 +192,57 @@ def _csv_rows(text: str) -> Iterator[tuple[int, Any]]:
             yield number, dict(record)
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+def _parquet_rows(source: Any) -> Iterator[tuple[int, Any]]:
+    """Rows of a Parquet file (a path or a seekable binary file), read one record batch at a time."""
     try:
         parquet: Any = importlib.import_module("pyarrow.parquet")
     except ImportError as exc:
         raise DataCheckError("path: Parquet needs the optional package pyarrow (pip install pyarrow)") from exc
-    table = parquet.read_table(str(path))
-    yield from enumerate(table.to_pylist(), start=1)
+    try:
+        reader = parquet.ParquetFile(source)
+    except Exception as exc:  # pyarrow raises its own error types for files that are not Parquet
+        yield 1, RowError("broken", f"not a readable Parquet file: {exc}")
+        return
+    number = 0
+    for batch in reader.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def iter_rows(handle: IO[bytes], kind: str, *, gzipped: bool = False) -> Iterator[tuple[int, Any]]:
+    """Rows of a binary stream in file format `kind` (one of FILE_FORMATS), read as they arrive.
+
+    Yields (row_number, row) with 1-based numbers; a row that cannot be read is a RowError. Memory stays
+    bounded by one row (one record batch for Parquet, which needs a seekable `handle`)."""
+    if kind not in FILE_FORMATS:
+        raise DataCheckError(f"format: unsupported file type {kind!r}; allowed: {', '.join(FILE_FORMATS)}")
+    if gzipped:
+        handle = cast(IO[bytes], gzip.GzipFile(fileobj=handle, mode="rb"))
+    if kind == "parquet":
+        yield from _parquet_rows(handle)
+        return
+    try:
+        if kind == "jsonl":
+            yield from _jsonl_rows(io.BufferedReader(_Chained(b"", handle), _READ_CHUNK_BYTES))
+        elif kind == "csv":
+            text = io.TextIOWrapper(
+                io.BufferedReader(_Chained(b"", handle), _READ_CHUNK_BYTES),
+                encoding="utf-8-sig",
+                errors="surrogateescape",
+                newline="",
+            )
+            yield from _csv_rows(text)
+        else:
+            head = handle.read(_READ_CHUNK_BYTES)
+            if head.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n").startswith(b"["):
+                yield from _json_array_rows(_Chained(head, handle))  # type: ignore[arg-type]
+            else:
+                # Many ".json" files are really JSON Lines.
+                yield from _jsonl_rows(io.BufferedReader(_Chained(head, handle), _READ_CHUNK_BYTES))
+    except (OSError, EOFError, zlib.error) as exc:
+        # A truncated or corrupt gzip stream: the rows before it were read; the rest cannot be.
+        raise DataCheckError(f"file: cannot be read to the end ({exc})") from exc
 
 
 def load_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -122,19 +251,8 @@ def load_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     kind = file_format(source)
     if not source.is_file():
         raise DataCheckError(f"path: no such file {str(source)!r}")
-    if kind == "parquet":
-        yield from _parquet_rows(source)
+    if kind == "parquet" and not source.name.lower().endswith(".gz"):
+        yield from _parquet_rows(str(source))
         return
-    with _open_bytes(source) as handle:
-        if kind == "jsonl":
-            yield from _jsonl_rows(handle)
-            return
-        data = handle.read()
-    text = data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-    if kind == "csv":
-        yield from _csv_rows(text)
-    elif text.lstrip().startswith("["):
-        yield from _json_array_rows(text)
-    else:
-        # Many ".json" files are really JSON Lines.
-        yield from _jsonl_rows(io.BytesIO(data))
+    with source.open("rb") as handle:
+        yield from iter_rows(handle, kind, gzipped=source.name.lower().endswith(".gz"))

@@ -57,14 +57,23 @@ def _country(field: str, code: str) -> str:
     return value
 
 
-def data_location_warning(findings: Iterable[HasKind], data_country: str, provider_country: str) -> str | None:
-    """A warning naming the law and the options when personal data would be processed in another country."""
+def data_location_warning(
+    findings: Iterable[HasKind], data_country: str, provider_country: str | None, *, provider_label: str = ""
+) -> str | None:
+    """A warning naming the law and the options when personal data would be processed in another country.
+
+    `provider_country` None means the provider's country is not known: treated as outside the home country
+    (a transfer cannot be ruled out). `provider_label` names the provider in the warning."""
     home = _country("data_country", data_country)
-    provider = _country("provider_country", provider_country)
+    provider = _country("provider_country", provider_country) if provider_country is not None else "??"
     kinds = sorted({f.kind for f in findings})
     if not kinds or home == provider:
         return None
-    found = f"The data set holds personal data ({', '.join(kinds)}) from {home}, and the GPU provider is in {provider}."
+    who = f"the GPU provider {provider_label}".rstrip() if provider_label else "the GPU provider"
+    where = (
+        f"is in {provider}" if provider_country is not None else "does not say which country its data centres are in"
+    )
+    found = f"The data set holds personal data ({', '.join(kinds)}) from {home}, and {who} {where}."
     options = (
         "Options: anonymise or mask the personal data before upload (write_masked), choose a provider in {home}, "
         "or put contractual safeguards in place"

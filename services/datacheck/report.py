@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
+import heapq
+import itertools
 import json
 import math
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from array import array
+from collections import Counter as Counter_
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Generic, Protocol, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .dedup import NEAR_DUPLICATE_JACCARD, exact_duplicates, near_duplicates, normalise
+from .dedup import NEAR_DUPLICATE_JACCARD, Duplicate, NearDuplicateIndex, signatures, text_digest, word_hashes
 from .formats import FORMATS, detect_format, format_problem, format_votes, row_text
-from .loading import DataCheckError, RowError, file_format, load_rows
+from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
-from .tokens import TokenStats, make_counter, token_stats
+from .tokens import Counter, TokenStats, make_counter, token_stats
+
+_T = TypeVar("_T")
 
 SHORT_ROW_TOKENS = 8
 PROGRESS_EVERY_ROWS = 1000
+# Rows tokenised, signed and checked for near duplicates together (numpy and the tokenizer work in batches).
+CHUNK_ROWS = 2048
+# The near-duplicate index stops growing at this many kept rows (~256 bytes each, so ~1 GiB); later rows
+# are still compared with the indexed ones. Exact duplicates, lengths and counts stay exact past it.
+NEAR_DUPLICATE_INDEX_ROWS = 4_000_000
+# The row format is guessed from this many rows, then confirmed by the whole pass (a second pass if not).
+FORMAT_PROBE_ROWS = 1000
 VALIDATION_SHARE = 0.05
 VALIDATION_MIN_ROWS = 100
 VALIDATION_MAX_ROWS = 1000
@@ -96,14 +107,17 @@ class DatasetReport(BaseModel):
     validation_split: ValidationSplit
     pii: tuple[PiiKindSummary, ...]
     pii_findings_total: int
+    counts: dict[str, int] = {}
+    listed_limit: int | None = None
+    notes: tuple[str, ...] = ()
     rules: tuple[str, ...]
 
 
 RULES = (
     f"format: majority vote over {', '.join(FORMATS)}; ties go to the earlier one",
     "exact duplicate: same SHA-256 of case-folded, whitespace-collapsed text",
-    f"near duplicate: MinHash over word 5-shingles, 64 permutations, 16 LSH bands x 4, estimated Jaccard >= "
-    f"{NEAR_DUPLICATE_JACCARD}",
+    f"near duplicate: MinHash over word 5-shingles (CRC-32), 64 permutations, 16 LSH bands x 4, estimated "
+    f"Jaccard (on the low 16 bits of each value) >= {NEAR_DUPLICATE_JACCARD}",
     "empty: no text, or an empty answer (output/completion/assistant turns)",
     f"very short: fewer than {SHORT_ROW_TOKENS} tokens",
     "overlong: more tokens than the recommended seq_len (p99 bucket)",
@@ -112,74 +126,287 @@ RULES = (
 )
 
 
-@dataclass(frozen=True)
-class _Analysis:
-    rows: list[tuple[int, Any]]
-    fmt: str | None
-    votes: dict[str, int]
-    texts: dict[int, str]
-    problems: dict[str, list[RowProblem]]
-    empty: list[int]
-    exact: list[DuplicateRow]
-    near: list[DuplicateRow]
-
-    def kept(self) -> list[tuple[int, Any]]:
-        dropped = set(self.empty) | {d.row_number for d in self.exact} | {d.row_number for d in self.near}
-        return [(n, row) for n, row in self.rows if n in self.texts and n not in dropped]
-
-
-def _analyse(path: str | Path) -> _Analysis:
-    rows = list(load_rows(path))
-    problems: dict[str, list[RowProblem]] = {"broken": [], "encoding": [], "mismatch": []}
-    good = []
-    for number, row in rows:
-        if isinstance(row, RowError):
-            problems[row.kind].append(RowProblem(row_number=number, reason=row.reason))
-        else:
-            good.append((number, row))
-    votes = format_votes(row for _, row in good)
-    fmt = detect_format(votes)
-    texts: dict[int, str] = {}
-    empty = []
-    for number, row in good:
-        problem = "no row fits any format" if fmt is None else format_problem(row, fmt)
-        if problem is not None or fmt is None:
-            problems["mismatch"].append(RowProblem(row_number=number, reason=problem or "no format"))
-            continue
-        text = row_text(row, fmt)
-        texts[number] = text.text
-        if not text.text.strip() or (text.target is not None and not text.target.strip()):
-            empty.append(number)
-    empty_set = set(empty)
-    candidates = [(n, t) for n, t in texts.items() if n not in empty_set]
-    exact = [DuplicateRow(**vars(d)) for d in exact_duplicates(candidates)]
-    exact_numbers = {d.row_number for d in exact}
-    near = [DuplicateRow(**vars(d)) for d in near_duplicates([(n, t) for n, t in candidates if n not in exact_numbers])]
-    return _Analysis(rows, fmt, votes, texts, problems, empty, exact, near)
-
-
 def validation_rows(kept: int) -> int:
     """How many rows to hold out: see VALIDATION_RULE."""
     wanted = min(VALIDATION_MAX_ROWS, max(VALIDATION_MIN_ROWS, math.ceil(VALIDATION_SHARE * kept)))
     return min(wanted, math.floor(VALIDATION_MAX_SHARE * kept))
 
 
-def _pii_summaries(findings: Sequence[PiiFinding]) -> tuple[PiiKindSummary, ...]:
-    counts = Counter(f.kind for f in findings)
-    summaries = []
-    for kind in PII_KINDS:
-        if not counts[kind]:
-            continue
-        of_kind = [f for f in findings if f.kind == kind][:PII_EXAMPLES]
-        summaries.append(
-            PiiKindSummary(
-                kind=kind,
-                count=counts[kind],
-                example_row_numbers=tuple(f.row_number for f in of_kind),
-                masked_examples=tuple(f.masked for f in of_kind),
-            )
+class RowSource(Protocol):
+    """Where rows come from: each call of rows() is a fresh pass from the start."""
+
+    def rows(self) -> Iterator[tuple[int, Any]]: ...
+
+    def fraction_read(self) -> float | None:
+        """Share of the input the current pass has read (None when unknown), to estimate the row total."""
+
+
+class _Listed(Generic[_T]):
+    """An exact count and the first `limit` items (all of them when limit is None)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.count = 0
+        self.items: list[_T] = []
+
+    def add(self, item: _T) -> None:
+        self.count += 1
+        if self.limit is None or len(self.items) < self.limit:
+            self.items.append(item)
+
+
+class _Pass:
+    """One streaming pass over the rows with a fixed row format. Memory: a chunk of rows, plus per row a
+    few compact numbers (length, hash) and the near-duplicate index; never the rows themselves."""
+
+    def __init__(self, fmt: str | None, counter: Counter, names: Sequence[str], limit: int | None) -> None:
+        self.fmt = fmt
+        self.count = counter
+        self.names = names
+        self.limit = limit
+        self.rows_total = 0
+        self.votes: Counter_[str] = Counter_({f: 0 for f in FORMATS})
+        self.problems = {k: _Listed[RowProblem](limit) for k in ("broken", "encoding", "mismatch")}
+        self.empty = _Listed[int](limit)
+        self.short = _Listed[int](limit)
+        self.text_rows = array("I")
+        self.lengths = array("I")
+        self.hashes = array("Q")
+        self.hash_rows = array("I")
+        self.near_rows = array("I")
+        self.near_of = array("I")
+        self.near_similarity = array("d")
+        self.index = NearDuplicateIndex(capacity=NEAR_DUPLICATE_INDEX_ROWS)
+        # The VALIDATION_MAX_ROWS smallest digests of kept rows, as a max-heap of (-digest, row).
+        self.validation: list[tuple[int, int]] = []
+        self.validation_digests: set[int] = set()
+        self.pii_counts: Counter_[str] = Counter_()
+        self.pii_examples: dict[str, list[PiiFinding]] = {}
+        self.chunk: list[tuple[int, str, bool, bytes]] = []
+
+    def feed(self, number: int, row: Any) -> None:
+        self.rows_total += 1
+        if isinstance(row, RowError):
+            self.problems[row.kind].add(RowProblem(row_number=number, reason=row.reason))
+            return
+        fits = [f for f in FORMATS if format_problem(row, f) is None]
+        self.votes.update(fits)
+        for finding in find_pii(number, row, self.names):
+            self.pii_counts[finding.kind] += 1
+            examples = self.pii_examples.setdefault(finding.kind, [])
+            if len(examples) < PII_EXAMPLES:
+                examples.append(finding)
+        if self.fmt is None or self.fmt not in fits:
+            reason = "no row fits any format" if self.fmt is None else format_problem(row, self.fmt)
+            self.problems["mismatch"].add(RowProblem(row_number=number, reason=reason or "no format"))
+            return
+        text = row_text(row, self.fmt)
+        empty = not text.text.strip() or (text.target is not None and not text.target.strip())
+        self.chunk.append((number, text.text, empty, b"" if empty else text_digest(text.text)))
+        if len(self.chunk) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.chunk:
+            return
+        lengths = self.count([text for _, text, _, _ in self.chunk])
+        signed: list[tuple[int, list[int]]] = []
+        for (number, text, empty, digest), length in zip(self.chunk, lengths, strict=True):
+            self.text_rows.append(number)
+            self.lengths.append(length)
+            if empty:
+                self.empty.add(number)
+                continue
+            if length < SHORT_ROW_TOKENS:
+                self.short.add(number)
+            self.hashes.append(int.from_bytes(digest[:8], "big"))
+            self.hash_rows.append(number)
+            signed.append((number, word_hashes(text)))
+        sigs = signatures([h for _, h in signed])
+        found = self.index.add_chunk([(n, s) for (n, _), s in zip(signed, sigs, strict=True)])
+        near = {d.row_number for d in self._near(found)}
+        for number, _, empty, digest in self.chunk:
+            if not empty and number not in near:
+                self._offer_validation(int.from_bytes(digest, "big"), number)
+        self.chunk = []
+
+    def _near(self, found: list[Duplicate]) -> list[Duplicate]:
+        for d in found:
+            self.near_rows.append(d.row_number)
+            self.near_of.append(d.duplicate_of)
+            self.near_similarity.append(d.similarity)
+        return found
+
+    def _offer_validation(self, digest: int, number: int) -> None:
+        if digest in self.validation_digests:
+            return  # an exact duplicate of a row already held
+        if len(self.validation) < VALIDATION_MAX_ROWS:
+            heapq.heappush(self.validation, (-digest, number))
+            self.validation_digests.add(digest)
+        elif digest < -self.validation[0][0]:
+            dropped = heapq.heappushpop(self.validation, (-digest, number))
+            self.validation_digests.discard(-dropped[0])
+            self.validation_digests.add(digest)
+
+    def exact(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(duplicate row numbers, the row each repeats), in row order."""
+        hashes = np.frombuffer(self.hashes, dtype=np.uint64) if self.hashes else np.empty(0, np.uint64)
+        rows = np.frombuffer(self.hash_rows, dtype=np.uint32) if self.hash_rows else np.empty(0, np.uint32)
+        order = np.argsort(hashes, kind="stable")
+        ordered = hashes[order]
+        repeat = np.zeros(ordered.size, dtype=bool)
+        repeat[1:] = ordered[1:] == ordered[:-1]
+        first_position = np.maximum.accumulate(np.where(repeat, 0, np.arange(ordered.size)))
+        dup_rows = rows[order][repeat]
+        dup_of = rows[order][first_position][repeat]
+        by_row = np.argsort(dup_rows, kind="stable")
+        return dup_rows[by_row], dup_of[by_row]
+
+
+def _numbers(values: Any, limit: int | None) -> tuple[int, ...]:
+    return tuple(int(v) for v in (values if limit is None else values[:limit]))
+
+
+def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, ...]) -> DatasetReport:
+    limit = state.limit
+    stats = token_stats(np.frombuffer(state.lengths, dtype=np.uint32) if state.lengths else [], method, notes)
+    dup_rows, dup_of = state.exact()
+    near_rows = np.frombuffer(state.near_rows, dtype=np.uint32) if state.near_rows else np.empty(0, np.uint32)
+    near_only = ~np.isin(near_rows, dup_rows)
+    near_index = np.flatnonzero(near_only)
+    near = [
+        DuplicateRow(row_number=state.near_rows[i], duplicate_of=state.near_of[i], similarity=state.near_similarity[i])
+        for i in (near_index if limit is None else near_index[:limit]).tolist()
+    ]
+    exact = [
+        DuplicateRow(row_number=int(r), duplicate_of=int(o), similarity=1.0)
+        for r, o in zip(_numbers(dup_rows, limit), _numbers(dup_of, limit), strict=True)
+    ]
+    text_rows = np.frombuffer(state.text_rows, dtype=np.uint32) if state.text_rows else np.empty(0, np.uint32)
+    lengths = np.frombuffer(state.lengths, dtype=np.uint32) if state.lengths else np.empty(0, np.uint32)
+    overlong = text_rows[lengths > stats.recommended_seq_len_tokens]
+    kept = len(state.text_rows) - state.empty.count - int(dup_rows.size) - int(near_index.size)
+    split = validation_rows(kept)
+    chosen = sorted(number for _, number in heapq.nlargest(split, state.validation))
+    pii = tuple(
+        PiiKindSummary(
+            kind=k,
+            count=state.pii_counts[k],
+            example_row_numbers=tuple(f.row_number for f in state.pii_examples[k]),
+            masked_examples=tuple(f.masked for f in state.pii_examples[k]),
         )
-    return tuple(summaries)
+        for k in PII_KINDS
+        if state.pii_counts[k]
+    )
+    counts = {
+        "broken_rows": state.problems["broken"].count,
+        "encoding_problem_rows": state.problems["encoding"].count,
+        "mismatched_rows": state.problems["mismatch"].count,
+        "empty_rows": state.empty.count,
+        "short_rows": state.short.count,
+        "overlong_rows": int(overlong.size),
+        "exact_duplicates": int(dup_rows.size),
+        "near_duplicates": int(near_index.size),
+    }
+    return DatasetReport(
+        path=label,
+        file_format=kind,
+        rows_total=state.rows_total,
+        detected_format=state.fmt,
+        format_votes=dict(state.votes),
+        broken_rows=tuple(state.problems["broken"].items),
+        encoding_problem_rows=tuple(state.problems["encoding"].items),
+        mismatched_rows=tuple(state.problems["mismatch"].items),
+        empty_rows=tuple(state.empty.items),
+        short_rows=tuple(state.short.items),
+        overlong_rows=_numbers(overlong, limit),
+        exact_duplicates=tuple(exact),
+        near_duplicates=tuple(near),
+        rows_kept=kept,
+        tokens=stats,
+        validation_split=ValidationSplit(rows=split, row_numbers=tuple(chosen), rule=VALIDATION_RULE),
+        pii=pii,
+        pii_findings_total=sum(state.pii_counts.values()),
+        counts=counts,
+        listed_limit=limit,
+        notes=(
+            (
+                f"near duplicates: the index is full at {state.index.kept_rows:,} kept rows; later rows were "
+                "compared with those only, not with each other",
+            )
+            if state.index.full
+            else ()
+        ),
+        rules=RULES,
+    )
+
+
+def check_source(
+    source: RowSource,
+    *,
+    label: str,
+    file_format: str,
+    counter: tuple[Counter, str, tuple[str, ...]] | None = None,
+    names: Sequence[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_listed: int | None = None,
+) -> DatasetReport:
+    """Check the rows of `source` in one streaming pass (two when the format guessed from the first
+    FORMAT_PROBE_ROWS rows is not the majority format of the whole set).
+
+    Counts are exact; with `max_listed`, each list of problem rows holds at most that many (the first
+    ones). `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
+    estimated from the share of the input read, and once at the end with the exact total."""
+    count, method, notes = counter or make_counter(None)
+    fmt: str | None = None
+    probed = False
+    while True:
+        state = _Pass(fmt, count, names or (), max_listed)
+        rows = source.rows()
+        if not probed:
+            head = list(itertools.islice(rows, FORMAT_PROBE_ROWS))
+            fmt = detect_format(format_votes(r for _, r in head if not isinstance(r, RowError)))
+            state.fmt = fmt
+            rows = itertools.chain(head, rows)
+            probed = True
+        for number, row in rows:
+            state.feed(number, row)
+            if progress is not None and state.rows_total % PROGRESS_EVERY_ROWS == 0:
+                fraction = source.fraction_read()
+                estimate = round(state.rows_total / fraction) if fraction else state.rows_total
+                progress(state.rows_total, max(estimate, state.rows_total))
+        state.flush()
+        final = detect_format(state.votes)
+        if final == fmt:
+            break
+        fmt = final
+    if progress is not None:
+        progress(state.rows_total, state.rows_total)
+    return _report(state, label, file_format, method, notes)
+
+
+class _FileSource:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size if path.is_file() else 0
+        self._handle: IO[bytes] | None = None
+
+    def rows(self) -> Iterator[tuple[int, Any]]:
+        kind = file_format(self.path)
+        if not self.path.is_file():
+            raise DataCheckError(f"path: no such file {str(self.path)!r}")
+        if kind == "parquet" and not self.path.name.lower().endswith(".gz"):
+            yield from load_rows(self.path)
+            return
+        with self.path.open("rb") as handle:
+            self._handle = handle
+            yield from iter_rows(handle, kind, gzipped=self.path.name.lower().endswith(".gz"))
+            self._handle = None
+
+    def fraction_read(self) -> float | None:
+        if self._handle is None or not self.size:
+            return None
+        return self._handle.tell() / self.size
 
 
 def check_dataset(
@@ -188,52 +415,20 @@ def check_dataset(
     tokenizer_json: str | Path | None = None,
     names: Sequence[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_listed: int | None = None,
 ) -> DatasetReport:
-    """Check a data set: readability, format, lengths, duplicates, personal data and a validation split.
+    """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
-    The whole set is held in memory; `progress(rows_done, rows_total)` is called every
-    PROGRESS_EVERY_ROWS rows of the per-row pass and once at its end. Pure Python: about 2.5 ms per
-    200-word row (MinHash dominates), so ~4 minutes for 100k such rows.
-    """
-    analysis = _analyse(path)
-    count, method, notes = make_counter(tokenizer_json)
-    total = len(analysis.rows)
-    lengths: dict[int, int] = {}
-    findings: list[PiiFinding] = []
-    for done, (number, row) in enumerate(analysis.rows, start=1):
-        if number in analysis.texts:
-            lengths[number] = count(analysis.texts[number])
-        if not isinstance(row, RowError):
-            findings.extend(find_pii(number, row, names or ()))
-        if progress is not None and (done % PROGRESS_EVERY_ROWS == 0 or done == total):
-            progress(done, total)
-    stats = token_stats(list(lengths.values()), method, notes)
-    kept = analysis.kept()
-    split = validation_rows(len(kept))
-    chosen = sorted(kept, key=lambda r: hashlib.sha256(normalise(analysis.texts[r[0]]).encode()).hexdigest())[:split]
-    empty = set(analysis.empty)
-    return DatasetReport(
-        path=str(path),
-        file_format=file_format(path),
-        rows_total=total,
-        detected_format=analysis.fmt,
-        format_votes=analysis.votes,
-        broken_rows=tuple(analysis.problems["broken"]),
-        encoding_problem_rows=tuple(analysis.problems["encoding"]),
-        mismatched_rows=tuple(analysis.problems["mismatch"]),
-        empty_rows=tuple(analysis.empty),
-        short_rows=tuple(n for n, k in lengths.items() if k < SHORT_ROW_TOKENS and n not in empty),
-        overlong_rows=tuple(n for n, k in lengths.items() if k > stats.recommended_seq_len_tokens),
-        exact_duplicates=tuple(analysis.exact),
-        near_duplicates=tuple(analysis.near),
-        rows_kept=len(kept),
-        tokens=stats,
-        validation_split=ValidationSplit(
-            rows=split, row_numbers=tuple(sorted(n for n, _ in chosen)), rule=VALIDATION_RULE
-        ),
-        pii=_pii_summaries(findings),
-        pii_findings_total=len(findings),
-        rules=RULES,
+    Streams the file (see check_source): memory holds one chunk of rows and a few compact numbers per row."""
+    kind = file_format(path)
+    return check_source(
+        _FileSource(Path(path)),
+        label=str(path),
+        file_format=kind,
+        counter=make_counter(tokenizer_json),
+        names=names,
+        progress=progress,
+        max_listed=max_listed,
     )
 
 
@@ -256,16 +451,25 @@ def _write_jsonl(handle: IO[str], rows: Sequence[Any]) -> None:
 
 def write_clean(path: str | Path, out_path: str | Path) -> int:
     """Write the rows kept (see RULES) to a new JSONL file (gzip when it ends .gz); returns the rows written."""
-    analysis = _analyse(path)
-    rows = [row for _, row in analysis.kept()]
+    report = check_dataset(path)
+    dropped = {p.row_number for p in report.mismatched_rows}
+    dropped.update(report.empty_rows)
+    dropped.update(d.row_number for d in (*report.exact_duplicates, *report.near_duplicates))
+    written = 0
     with _open_new(path, out_path) as handle:
-        _write_jsonl(handle, rows)
-    return len(rows)
+        for number, row in load_rows(path):
+            if not isinstance(row, RowError) and number not in dropped:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                written += 1
+    return written
 
 
 def write_masked(path: str | Path, out_path: str | Path, *, names: Sequence[str] | None = None) -> int:
     """Write every readable row to a new JSONL file with all personal data masked; returns the rows written."""
-    rows = [mask_value(row, names or ()) for _, row in load_rows(path) if not isinstance(row, RowError)]
+    written = 0
     with _open_new(path, out_path) as handle:
-        _write_jsonl(handle, rows)
-    return len(rows)
+        for _, row in load_rows(path):
+            if not isinstance(row, RowError):
+                handle.write(json.dumps(mask_value(row, names or ()), ensure_ascii=False) + "\n")
+                written += 1
+    return written

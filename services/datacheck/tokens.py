@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 # English text through GPT-2/Llama-style BPE averages about 4 characters per token (OpenAI's tokenizer
@@ -49,33 +52,53 @@ def approx_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-def make_counter(tokenizer_json: str | Path | None) -> tuple[Callable[[str], int], str, tuple[str, ...]]:
-    """A token counter, its method name and notes: the tokenizer file when usable, else the approximation."""
+Counter = Callable[[Sequence[str]], list[int]]
+
+
+def _approx_batch(texts: Sequence[str]) -> list[int]:
+    return [approx_tokens(t) for t in texts]
+
+
+def make_counter(tokenizer_json: str | Path | None) -> tuple[Counter, str, tuple[str, ...]]:
+    """A token counter over a batch of texts, its method name and notes: the tokenizer when usable, else
+    the approximation. `tokenizer_json` is a path to a tokenizer.json file."""
     if tokenizer_json is None:
-        return approx_tokens, "approx_4_chars_per_token", (APPROXIMATION_NOTE,)
+        return _approx_batch, "approx_4_chars_per_token", (APPROXIMATION_NOTE,)
+    if importlib.util.find_spec("tokenizers") is None:
+        note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
+        return _approx_batch, "approx_4_chars_per_token", (note,)
+    if not Path(tokenizer_json).is_file():
+        raise ValueError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
+    return counter_from_json(Path(tokenizer_json).read_text(encoding="utf-8"), str(tokenizer_json))
+
+
+def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -> tuple[Counter, str, tuple[str, ...]]:
+    """Like make_counter, from the text of a tokenizer.json (as uploaded to the service)."""
     try:
         module: Any = importlib.import_module("tokenizers")
     except ImportError:
         note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
-        return approx_tokens, "approx_4_chars_per_token", (note,)
-    if not Path(tokenizer_json).is_file():
-        raise ValueError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
-    tokenizer = module.Tokenizer.from_file(str(tokenizer_json))
+        return _approx_batch, "approx_4_chars_per_token", (note,)
+    try:
+        tokenizer = module.Tokenizer.from_str(tokenizer_json_text)
+    except Exception as exc:  # the tokenizers package raises its own exception type for bad files
+        raise ValueError(f"tokenizer_json: not a tokenizer.json the tokenizers package can load ({exc})") from None
 
-    def count(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+    def count(texts: Sequence[str]) -> list[int]:
+        # encode_batch tokenizes on the package's own threads.
+        return [len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
-    return count, "tokenizer_json", (f"exact counts from {tokenizer_json}",)
+    return count, "tokenizer_json", (f"exact counts from {label}",)
 
 
 def percentile(sorted_values: Sequence[int], pct: float) -> int:
     """Nearest-rank percentile (the smallest value with at least pct% of values at or below it)."""
-    if not sorted_values:
+    if len(sorted_values) == 0:
         return 0
     if not 0 < pct <= 100:
         raise ValueError(f"pct: {pct} is outside (0, 100]")
     rank = math.ceil(pct / 100 * len(sorted_values))
-    return sorted_values[max(rank, 1) - 1]
+    return int(sorted_values[max(rank, 1) - 1])
 
 
 def choose_seq_len(p99_tokens: int) -> int:
@@ -93,28 +116,29 @@ PADDING_ASSUMPTION = (
 )
 
 
-def token_stats(lengths: Sequence[int], method: str, notes: tuple[str, ...]) -> TokenStats:
+def token_stats(lengths: Sequence[int] | npt.NDArray[np.uint32], method: str, notes: tuple[str, ...]) -> TokenStats:
     """Percentiles, recommended seq_len, truncation and tokens per epoch padded vs packed."""
-    ordered = sorted(lengths)
-    p = {pct: percentile(ordered, pct) for pct in PERCENTILES}
+    ordered = np.sort(np.asarray(lengths, dtype=np.int64))
+    p = {pct: percentile(ordered, pct) for pct in PERCENTILES}  # type: ignore[arg-type]
     seq_len = choose_seq_len(p[99])
-    truncated = sum(1 for n in ordered if n > seq_len)
+    rows = int(ordered.size)
+    truncated = int(np.count_nonzero(ordered > seq_len))
     extra: tuple[str, ...] = ()
-    if ordered and p[99] > SEQ_LEN_BUCKETS_TOKENS[-1]:
+    if rows and p[99] > SEQ_LEN_BUCKETS_TOKENS[-1]:
         extra = (f"p99 ({p[99]} tokens) exceeds the largest bucket {SEQ_LEN_BUCKETS_TOKENS[-1]}",)
     return TokenStats(
         method=method,
-        rows_counted=len(ordered),
+        rows_counted=rows,
         p50_tokens=p[50],
         p90_tokens=p[90],
         p95_tokens=p[95],
         p99_tokens=p[99],
-        max_tokens=ordered[-1] if ordered else 0,
+        max_tokens=int(ordered[-1]) if rows else 0,
         recommended_seq_len_tokens=seq_len,
         truncated_rows=truncated,
-        truncated_share=truncated / len(ordered) if ordered else 0.0,
-        tokens_per_epoch_padded=len(ordered) * seq_len,
-        tokens_per_epoch_packed=sum(min(n, seq_len) for n in ordered),
+        truncated_share=truncated / rows if rows else 0.0,
+        tokens_per_epoch_padded=rows * seq_len,
+        tokens_per_epoch_packed=int(np.minimum(ordered, seq_len).sum()),
         padding_assumption=PADDING_ASSUMPTION,
         notes=notes + extra,
     )

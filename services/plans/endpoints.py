@@ -25,6 +25,9 @@ def estimate_now(
     """Estimate a plan synchronously, without storing it (with the organization's calibration of the
     GPU and method, when its nodes measured one)."""
     spec = find_gpu(gpu) if gpu else None
+    if body.dataset_id is not None:
+        with db.transaction() as (session, _pending):
+            body = service.with_dataset(session, principal.organization_id, body)
     plan = body.to_plan()
     utilisation: tuple[float, str] | tuple[None, None] = (None, None)
     if spec is not None:

@@ -31,6 +31,11 @@ class PlanRequest(Plan):
     """The estimator's plan schema plus the data set, epochs and constraints."""
 
     dataset: Dataset | None = None
+    dataset_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="a checked data set (POST /v1/datasets): its size, seq_len and warnings size the plan",
+    )
     epochs: float | None = Field(default=None, gt=0, le=1000)
     constraints: Constraints = Constraints()
 
@@ -41,7 +46,7 @@ class PlanRequest(Plan):
         return self
 
     def to_plan(self) -> Plan:
-        fields = self.model_dump(exclude={"dataset", "epochs", "constraints"})
+        fields = self.model_dump(exclude={"dataset", "dataset_id", "epochs", "constraints"})
         if self.dataset is not None:
             fields["data"] = DataSpec(
                 tokens=self.dataset.tokens,

@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.catalog.service import active_offers, as_offers
 from services.core.db import unit_of_work, utcnow
-from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.tasks import PendingTasks
+from services.datasets.service import location_warnings, plan_data
 from services.estimator.errors import EstimatorError
-from services.estimator.estimate import estimate, resolve_architecture
+from services.estimator.estimate import Estimate, estimate, resolve_architecture
 from services.export import ExportBundle, export_setup
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
@@ -59,10 +60,12 @@ def submit(
 ) -> tuple[PlanRow, bool]:
     """Store a plan and enqueue its estimation; returns (row, created). A repeated Idempotency-Key with
     the same body returns the first plan; with a different body it is a conflict."""
+    if request.dataset_id is not None:
+        request = with_dataset(session, principal.organization_id, request)
     if request.dataset is None and request.data is None:
         raise Unprocessable(
-            "dataset: give the data set size, {'examples': N, 'avg_tokens': T} or {'tokens': N}, "
-            "so time and cost can be planned",
+            "dataset: give the data set size, {'examples': N, 'avg_tokens': T} or {'tokens': N}, or the "
+            "dataset_id of a checked data set, so time and cost can be planned",
             field="dataset",
         )
     repo = PlanRepository(session)
@@ -88,6 +91,21 @@ def submit(
     )
     pending.enqueue(ESTIMATE_TASK, row.id)
     return row, True
+
+
+def with_dataset(session: Session, organization_id: str, request: PlanRequest) -> PlanRequest:
+    """The request sized from its checked data set: examples and average tokens, and the recommended
+    seq_len unless the request set one (404 for an unknown data set, 409 for one not checked yet)."""
+    if request.dataset is not None or request.data is not None:
+        raise Unprocessable(
+            "dataset_id: the checked data set gives the size; leave out 'dataset' and 'data'", field="dataset_id"
+        )
+    data = plan_data(session, organization_id, str(request.dataset_id))
+    fields = request.model_dump(mode="json", exclude_unset=True)
+    fields["dataset"] = {"examples": data.examples, "avg_tokens": data.avg_tokens}
+    if "seq_len" not in request.model_fields_set:
+        fields["seq_len"] = data.recommended_seq_len
+    return PlanRequest.model_validate(fields)
 
 
 def get_plan(session: Session, principal: Principal, plan_id: str) -> PlanRow:
@@ -218,6 +236,20 @@ def compute(session: Session, request: PlanRequest, safety_margin: float, organi
     offers = as_offers(active_offers(session))
     utilisation = calibrated_utilisation(session, organization_id, plan.method)
     recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
+    if request.dataset_id is not None:
+        try:
+            data = plan_data(session, organization_id, request.dataset_id)
+        except GpuplanError as exc:
+            return _result(report, recs, rejections, [*warnings, f"data set warnings unavailable: {exc.message}"])
+        countries = {(o.provider, o.region): o.country for o in offers}
+        places = [(r["provider"], r["region"], countries.get((r["provider"], r["region"]), "")) for r in recs]
+        warnings = [*warnings, *data.warnings, *location_warnings(data, places)]
+    return _result(report, recs, rejections, warnings)
+
+
+def _result(
+    report: Estimate, recs: list[dict[str, Any]], rejections: list[dict[str, Any]], warnings: list[str]
+) -> dict[str, Any]:
     return {
         "estimate": report.model_dump(mode="json"),
         "recommendations": recs,

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.datasets.tables import DatasetPartRow, DatasetRow
+
+
+class DatasetRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, dataset_id: str) -> DatasetRow | None:
+        return self.session.get(DatasetRow, dataset_id)
+
+    def get_for_org(self, organization_id: str, dataset_id: str) -> DatasetRow | None:
+        return self.session.scalar(
+            select(DatasetRow).where(DatasetRow.id == dataset_id, DatasetRow.organization_id == organization_id)
+        )
+
+    def list_for_org(self, organization_id: str, limit: int) -> Sequence[DatasetRow]:
+        query = select(DatasetRow).where(DatasetRow.organization_id == organization_id)
+        return self.session.scalars(
+            query.order_by(DatasetRow.created_at.desc(), DatasetRow.id.desc()).limit(limit)
+        ).all()
+
+    def unfinished_ids(self) -> Sequence[str]:
+        """Checks queued or running (in-process tasks die with the process; these resume at start)."""
+        return self.session.scalars(select(DatasetRow.id).where(DatasetRow.status.in_(("queued", "running")))).all()
+
+    def add(self, row: DatasetRow) -> DatasetRow:
+        self.session.add(row)
+        self.session.flush()
+        return row
+
+    def parts(self, dataset_id: str) -> Sequence[DatasetPartRow]:
+        query = select(DatasetPartRow).where(DatasetPartRow.dataset_id == dataset_id)
+        return self.session.scalars(query.order_by(DatasetPartRow.part_number)).all()
+
+    def part(self, dataset_id: str, part_number: int) -> DatasetPartRow | None:
+        return self.session.scalar(
+            select(DatasetPartRow).where(
+                DatasetPartRow.dataset_id == dataset_id, DatasetPartRow.part_number == part_number
+            )
+        )
+
+    def add_part(self, row: DatasetPartRow) -> DatasetPartRow:
+        self.session.add(row)
+        self.session.flush()
+        return row

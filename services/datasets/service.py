@@ -1,0 +1,564 @@
+"""Data sets: resumable upload sessions over S3 multipart uploads, the check as a background task, and
+what a plan takes from a checked data set."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.core.db import new_id, unit_of_work, utcnow
+from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
+from services.core.settings import Settings
+from services.core.tasks import PendingTasks
+from services.datacheck import (
+    FILE_FORMATS,
+    DataCheckError,
+    DatasetReport,
+    check_source,
+    counter_from_json,
+    data_location_warning,
+    file_format,
+)
+from services.datasets.repository import DatasetRepository
+from services.datasets.schemas import (
+    DatasetCreate,
+    DatasetOut,
+    DatasetProgress,
+    DatasetSummary,
+    DatasetUpload,
+)
+from services.datasets.storage import S3RowSource, object_sha256, s3_client
+from services.datasets.tables import DatasetPartRow, DatasetRow
+from services.orgs.service import Principal
+from services.storage.s3 import default_location
+
+log = logging.getLogger("gpuplan.datasets")
+
+CHECK_TASK = "gpuplan.datasets.check"
+S3_MAX_PARTS = 10_000
+# Each list of problem rows in the stored report holds at most this many (counts stay exact).
+REPORT_LIST_LIMIT = 100
+# Progress is written to the database at most this often during a check.
+PROGRESS_EVERY_S = 1.0
+TOKENIZER_MAX_BYTES = 64 * 2**20
+
+
+class StorageUnavailable(GpuplanError):
+    """Object storage refused or did not answer: 503, the message says what it said."""
+
+    status_code = 503
+    code = "storage_unavailable"
+
+
+def _storage_error(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"object storage: {error.get('Code', 'error')}: {error.get('Message', '')}".rstrip(": ")
+    return f"object storage unreachable: {exc}"
+
+
+def _format_of(body: DatasetCreate) -> tuple[str, bool]:
+    gzipped = body.gzip if body.gzip is not None else body.name.lower().endswith(".gz")
+    if body.format is not None:
+        return body.format, gzipped
+    try:
+        return file_format(body.name), gzipped
+    except DataCheckError:
+        raise Unprocessable(
+            f"format: cannot tell the format from the name {body.name!r}; give format, one of "
+            f"{', '.join(FILE_FORMATS)}, or a name ending in one of them (optionally .gz)",
+            field="format",
+        ) from None
+
+
+def create(session: Session, principal: Principal, body: DatasetCreate, settings: Settings) -> DatasetRow:
+    """Open an upload session: a multipart upload in the bucket and the row that tracks its parts."""
+    fmt, gzipped = _format_of(body)
+    if body.size_bytes > settings.dataset_max_bytes:
+        raise PayloadTooLarge(
+            f"size_bytes: {body.size_bytes:,} bytes is over this server's limit of {settings.dataset_max_bytes:,} "
+            "bytes (GPUPLAN_DATASET_MAX_BYTES)",
+            field="size_bytes",
+        )
+    part = settings.dataset_part_bytes
+    if math.ceil(body.size_bytes / part) > S3_MAX_PARTS:
+        raise PayloadTooLarge(
+            f"size_bytes: {body.size_bytes:,} bytes needs more than {S3_MAX_PARTS:,} parts of {part:,} bytes; "
+            f"the largest upload with this part size (GPUPLAN_DATASET_PART_BYTES) is {S3_MAX_PARTS * part:,} bytes",
+            field="size_bytes",
+        )
+    location = default_location(settings, "datasets")
+    dataset_id = new_id()
+    key = location.key(principal.organization_id, dataset_id, f"data.{fmt}" + (".gz" if gzipped else ""))
+    try:
+        upload = s3_client(settings).create_multipart_upload(Bucket=location.bucket, Key=key)
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    return DatasetRepository(session).add(
+        DatasetRow(
+            id=dataset_id,
+            organization_id=principal.organization_id,
+            name=body.name,
+            file_format=fmt,
+            gzipped=gzipped,
+            size_bytes=body.size_bytes,
+            sha256=body.sha256.lower() if body.sha256 else None,
+            data_country=body.data_country.upper() if body.data_country else None,
+            status="uploading",
+            bucket=location.bucket,
+            object_key=key,
+            upload_id=upload["UploadId"],
+            part_size_bytes=part,
+        )
+    )
+
+
+def get(session: Session, principal: Principal, dataset_id: str) -> DatasetRow:
+    row = DatasetRepository(session).get_for_org(principal.organization_id, dataset_id)
+    if row is None:
+        raise NotFound(f"no data set {dataset_id!r}", field="id")
+    return row
+
+
+def list_datasets(session: Session, principal: Principal, limit: int) -> list[DatasetRow]:
+    return list(DatasetRepository(session).list_for_org(principal.organization_id, limit))
+
+
+def parts_total(row: DatasetRow) -> int:
+    return math.ceil(row.size_bytes / row.part_size_bytes)
+
+
+def part_size(row: DatasetRow, part_number: int) -> int:
+    """The exact size part `part_number` must have (every part is full but the last)."""
+    total = parts_total(row)
+    if not 1 <= part_number <= total:
+        raise Unprocessable(
+            f"part_number: {part_number} is outside 1..{total} (a {row.size_bytes:,}-byte file in parts of "
+            f"{row.part_size_bytes:,} bytes)",
+            field="part_number",
+        )
+    if part_number < total:
+        return row.part_size_bytes
+    return row.size_bytes - (total - 1) * row.part_size_bytes
+
+
+def expected_part_size(session: Session, principal: Principal, dataset_id: str, part_number: int) -> int:
+    """Check that a part may be sent now; its required size in bytes."""
+    row = get(session, principal, dataset_id)
+    if row.status != "uploading":
+        raise Conflict(f"data set {dataset_id} is {row.status}: its upload is complete", field="id")
+    return part_size(row, part_number)
+
+
+def put_part(
+    session: Session, principal: Principal, dataset_id: str, part_number: int, data: bytes, settings: Settings
+) -> DatasetRow:
+    """Store one part in the multipart upload (a part sent again replaces the earlier one)."""
+    row = get(session, principal, dataset_id)
+    if row.status != "uploading":
+        raise Conflict(f"data set {dataset_id} is {row.status}: its upload is complete", field="id")
+    wanted = part_size(row, part_number)
+    if len(data) != wanted:
+        raise Unprocessable(
+            f"body: part {part_number} must be exactly {wanted:,} bytes, got {len(data):,}", field="body"
+        )
+    try:
+        answer = s3_client(settings).upload_part(
+            Bucket=row.bucket, Key=row.object_key, UploadId=row.upload_id, PartNumber=part_number, Body=data
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    repo = DatasetRepository(session)
+    existing = repo.part(row.id, part_number)
+    if existing is not None:
+        existing.etag, existing.size_bytes = answer["ETag"], len(data)
+        return row
+    try:
+        repo.add_part(
+            DatasetPartRow(dataset_id=row.id, part_number=part_number, size_bytes=len(data), etag=answer["ETag"])
+        )
+    except IntegrityError:
+        raise Conflict(
+            f"part_number: part {part_number} arrived twice at once; send it again", field="part_number"
+        ) from None
+    return row
+
+
+def complete(
+    session: Session, principal: Principal, dataset_id: str, settings: Settings, pending: PendingTasks
+) -> tuple[DatasetRow, Unprocessable | None]:
+    """Finish the upload and queue the check. A SHA-256 mismatch is returned (not raised) so that the
+    reset upload session is committed: the client sends the parts again."""
+    row = get(session, principal, dataset_id)
+    if row.status != "uploading":
+        return row, None  # completing twice is harmless
+    repo = DatasetRepository(session)
+    parts = repo.parts(row.id)
+    done = {p.part_number for p in parts}
+    missing = [n for n in range(1, parts_total(row) + 1) if n not in done]
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise Conflict(
+            f"parts missing: {shown} ({len(missing)} of {parts_total(row)}); PUT them, then complete",
+            field="parts",
+            details={"missing": missing},
+        )
+    received = sum(p.size_bytes for p in parts)
+    if received != row.size_bytes:
+        raise Unprocessable(f"size_bytes: {received:,} bytes received, {row.size_bytes:,} declared", field="size_bytes")
+    client = s3_client(settings)
+    try:
+        client.complete_multipart_upload(
+            Bucket=row.bucket,
+            Key=row.object_key,
+            UploadId=row.upload_id,
+            MultipartUpload={"Parts": [{"ETag": p.etag, "PartNumber": p.part_number} for p in parts]},
+        )
+        if row.sha256 is not None:
+            digest, size = object_sha256(client, row.bucket, row.object_key)
+        else:
+            digest, size = None, int(client.head_object(Bucket=row.bucket, Key=row.object_key)["ContentLength"])
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    problem = None
+    if size != row.size_bytes:
+        problem = Unprocessable(
+            f"size_bytes: the stored object has {size:,} bytes, {row.size_bytes:,} declared; send the parts again",
+            field="size_bytes",
+        )
+    elif digest is not None and digest != row.sha256:
+        problem = Unprocessable(
+            f"sha256: the uploaded bytes hash to {digest}, not the declared {row.sha256}; send the parts again",
+            field="sha256",
+        )
+    if problem is not None:
+        _restart_upload(session, row, client)
+        return row, problem
+    row.upload_id = None
+    row.uploaded_at = utcnow()
+    row.status = "queued"
+    pending.enqueue(CHECK_TASK, row.id)
+    return row, None
+
+
+def _restart_upload(session: Session, row: DatasetRow, client: Any) -> None:
+    """Drop the stored object and the received parts, and open a fresh multipart upload."""
+    try:
+        client.delete_object(Bucket=row.bucket, Key=row.object_key)
+        row.upload_id = client.create_multipart_upload(Bucket=row.bucket, Key=row.object_key)["UploadId"]
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    for part in DatasetRepository(session).parts(row.id):
+        session.delete(part)
+
+
+def set_tokenizer(
+    session: Session,
+    principal: Principal,
+    dataset_id: str,
+    data: bytes,
+    settings: Settings,
+    pending: PendingTasks,
+) -> DatasetRow:
+    """Store a tokenizer.json for exact token counts; a data set already checked is checked again."""
+    row = get(session, principal, dataset_id)
+    if row.status in ("queued", "running"):
+        raise Conflict(f"data set {dataset_id} is being checked; send the tokenizer when it is done", field="id")
+    try:
+        text = data.decode("utf-8")
+        parsed = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Unprocessable(f"body: not a JSON tokenizer.json ({exc})", field="body") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), dict):
+        raise Unprocessable(
+            "body: a tokenizer.json (Hugging Face tokenizers format) is an object with a 'model' object",
+            field="body",
+        )
+    try:
+        counter_from_json(text)
+    except ValueError as exc:
+        raise Unprocessable(f"body: {exc}", field="body") from None
+    key = row.object_key.rsplit("/", 1)[0] + "/tokenizer.json"
+    try:
+        s3_client(settings).put_object(Bucket=row.bucket, Key=key, Body=data)
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    row.tokenizer_key = key
+    if row.status in ("done", "failed"):
+        row.status = "queued"
+        row.error = None
+        pending.enqueue(CHECK_TASK, row.id)
+    return row
+
+
+def recheck(session: Session, principal: Principal, dataset_id: str, pending: PendingTasks) -> DatasetRow:
+    """Queue the check again (after a failure, or to pick up a new tokenizer)."""
+    row = get(session, principal, dataset_id)
+    if row.status == "uploading":
+        raise Conflict(f"data set {dataset_id} is still uploading; complete the upload first", field="id")
+    if row.status in ("done", "failed"):
+        row.status = "queued"
+        row.error = None
+        pending.enqueue(CHECK_TASK, row.id)
+    return row
+
+
+# --- the background check -------------------------------------------------------------------------
+
+
+def _report_json(report: DatasetReport) -> dict[str, Any]:
+    data = report.model_dump(mode="json")
+    data.pop("path", None)
+    return data
+
+
+def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: str) -> None:
+    """queued -> running -> done/failed; a finished check delivered again does nothing."""
+    with unit_of_work(factory) as session:
+        row = DatasetRepository(session).get(dataset_id)
+        if row is None or row.status not in ("queued", "running"):
+            return
+        row.status = "running"
+        row.started_at = utcnow()
+        row.finished_at = None
+        row.attempts = (row.attempts or 0) + 1
+        row.rows_done, row.rows_total, row.rows_total_estimated = 0, None, True
+        name, fmt, gzipped, size = row.name, row.file_format, row.gzipped, row.size_bytes
+        bucket, key, tokenizer_key = row.bucket, row.object_key, row.tokenizer_key
+    last_write = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        nonlocal last_write
+        now = time.monotonic()
+        if now - last_write < PROGRESS_EVERY_S:
+            return
+        last_write = now
+        with unit_of_work(factory) as session:
+            current = DatasetRepository(session).get(dataset_id)
+            if current is not None and current.status == "running":
+                current.rows_done, current.rows_total = done, total
+
+    try:
+        client = s3_client(settings)
+        counter = None
+        if tokenizer_key is not None:
+            body = client.get_object(Bucket=bucket, Key=tokenizer_key)["Body"]
+            counter = counter_from_json(
+                body.read(TOKENIZER_MAX_BYTES + 1).decode("utf-8"), "the uploaded tokenizer.json"
+            )
+        source = S3RowSource(client, bucket, key, fmt, gzipped, size)
+        report = check_source(
+            source, label=name, file_format=fmt, counter=counter, progress=progress, max_listed=REPORT_LIST_LIMIT
+        )
+    except (DataCheckError, ValueError) as exc:
+        _finish(factory, dataset_id, error=str(exc))
+        return
+    except (ClientError, BotoCoreError) as exc:
+        _finish(factory, dataset_id, error=_storage_error(exc))
+        return
+    except Exception as exc:
+        log.exception("check of data set %s failed", dataset_id)
+        _finish(factory, dataset_id, error=f"internal error while checking: {type(exc).__name__}")
+        return
+    _finish(factory, dataset_id, report=_report_json(report))
+
+
+def _finish(
+    factory: sessionmaker[Session], dataset_id: str, *, report: dict[str, Any] | None = None, error: str | None = None
+) -> None:
+    with unit_of_work(factory) as session:
+        row = DatasetRepository(session).get(dataset_id)
+        if row is None or row.status != "running":
+            return
+        if report is not None:
+            row.report = report
+            row.rows_done = row.rows_total = int(report["rows_total"])
+            row.rows_total_estimated = False
+            row.status = "done"
+        else:
+            row.error = error
+            row.status = "failed"
+        row.finished_at = utcnow()
+
+
+def check_task(factory: sessionmaker[Session], settings: Settings) -> Callable[[str], None]:
+    """The check task bound to this process's session factory and settings."""
+
+    def run(dataset_id: str) -> None:
+        run_check(factory, settings, dataset_id)
+
+    return run
+
+
+def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> int:
+    """Re-enqueue checks left queued or running by a stopped process (in-process tasks die with it)."""
+    with unit_of_work(factory) as session:
+        repo = DatasetRepository(session)
+        ids = list(repo.unfinished_ids())
+        for dataset_id in ids:
+            row = repo.get(dataset_id)
+            if row is not None and row.status == "running":
+                row.status = "queued"
+    for dataset_id in ids:
+        pending.enqueue(CHECK_TASK, dataset_id)
+    return len(ids)
+
+
+# --- views ----------------------------------------------------------------------------------------
+
+
+def to_out(session: Session, row: DatasetRow) -> DatasetOut:
+    parts = DatasetRepository(session).parts(row.id)
+    total = parts_total(row)
+    done = sorted(p.part_number for p in parts)
+    done_set = set(done)
+    percent = None
+    if row.status == "done":
+        percent = 100.0
+    elif row.rows_total:
+        percent = round(min(99.9, 100.0 * row.rows_done / row.rows_total), 1)
+    return DatasetOut(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        file_format=row.file_format,
+        gzipped=row.gzipped,
+        size_bytes=row.size_bytes,
+        sha256=row.sha256,
+        data_country=row.data_country,
+        tokenizer=row.tokenizer_key is not None,
+        created_at=row.created_at,
+        uploaded_at=row.uploaded_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        attempts=row.attempts or 0,
+        upload=DatasetUpload(
+            part_size_bytes=row.part_size_bytes,
+            parts_total=total,
+            parts_done=done if row.status == "uploading" else list(range(1, total + 1)),
+            parts_missing=[n for n in range(1, total + 1) if n not in done_set] if row.status == "uploading" else [],
+            bytes_received=sum(p.size_bytes for p in parts) if row.status == "uploading" else row.size_bytes,
+            part_url=f"/v1/datasets/{row.id}/parts/{{n}}",
+            complete_url=f"/v1/datasets/{row.id}/complete",
+        ),
+        progress=DatasetProgress(
+            rows_done=row.rows_done or 0,
+            rows_total=row.rows_total,
+            rows_total_estimated=row.rows_total_estimated,
+            percent=percent,
+        ),
+        report=row.report,
+        error=row.error,
+    )
+
+
+def to_summary(row: DatasetRow) -> DatasetSummary:
+    return DatasetSummary(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        size_bytes=row.size_bytes,
+        created_at=row.created_at,
+    )
+
+
+# --- what a plan takes from a checked data set ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanData:
+    """The sizes and warnings a plan takes from a checked data set."""
+
+    dataset_id: str
+    examples: int
+    avg_tokens: float
+    recommended_seq_len: int
+    warnings: tuple[str, ...]
+    pii_kinds: tuple[str, ...]
+    data_country: str | None
+
+
+def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanData:
+    """Training examples (kept rows less the validation split), average tokens, seq_len and warnings."""
+    row = DatasetRepository(session).get_for_org(organization_id, dataset_id)
+    if row is None:
+        raise NotFound(f"dataset_id: no data set {dataset_id!r}", field="dataset_id")
+    if row.status != "done" or row.report is None:
+        hint = f": {row.error}" if row.status == "failed" and row.error else ""
+        raise Conflict(
+            f"dataset_id: data set {dataset_id} is {row.status}{hint}; a plan can use it once its check is done "
+            f"(GET /v1/datasets/{dataset_id})",
+            field="dataset_id",
+        )
+    report = row.report
+    tokens = report["tokens"]
+    counts = report.get("counts", {})
+    examples = max(1, int(report["rows_kept"]) - int(report["validation_split"]["rows"]))
+    rows_counted = max(1, int(tokens["rows_counted"]))
+    avg_tokens = max(1.0, float(tokens["tokens_per_epoch_packed"]) / rows_counted)
+    warnings = [
+        f"data set {row.name}: {examples:,} training examples ({report['rows_kept']:,} kept of "
+        f"{report['rows_total']:,} rows, {report['validation_split']['rows']:,} held out for validation), "
+        f"{avg_tokens:,.0f} tokens on average ({tokens['method']})"
+    ]
+    dropped = {k: counts.get(k, 0) for k in ("broken_rows", "encoding_problem_rows", "mismatched_rows", "empty_rows")}
+    dropped["duplicates"] = counts.get("exact_duplicates", 0) + counts.get("near_duplicates", 0)
+    if any(dropped.values()):
+        listed = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in dropped.items() if v)
+        warnings.append(f"data set {row.name}: {listed} left out of the example count; clean them before training")
+    if tokens["truncated_rows"]:
+        warnings.append(
+            f"data set {row.name}: {tokens['truncated_rows']:,} rows ({tokens['truncated_share']:.2%}) are longer "
+            f"than the recommended seq_len {tokens['recommended_seq_len_tokens']} and would be truncated"
+        )
+    warnings.extend(f"data set {row.name}: {note}" for note in tokens.get("notes", ()))
+    kinds = tuple(str(p["kind"]) for p in report.get("pii", ()))
+    if kinds and row.data_country is None:
+        warnings.append(
+            f"data set {row.name}: holds personal data ({', '.join(kinds)}); give data_country when uploading "
+            "to check where it may be processed"
+        )
+    return PlanData(
+        dataset_id=row.id,
+        examples=examples,
+        avg_tokens=round(avg_tokens, 2),
+        recommended_seq_len=int(tokens["recommended_seq_len_tokens"]),
+        warnings=tuple(warnings),
+        pii_kinds=kinds,
+        data_country=row.data_country,
+    )
+
+
+@dataclass(frozen=True)
+class _Kind:
+    kind: str
+
+
+def location_warnings(data: PlanData, places: Sequence[tuple[str, str, str]]) -> list[str]:
+    """Data-location warnings for the (provider, region, country) of each recommended setup: one per
+    provider country outside the data's home country ('' = a country the catalog does not know)."""
+    if not data.pii_kinds or data.data_country is None:
+        return []
+    findings = [_Kind(k) for k in data.pii_kinds]
+    out: list[str] = []
+    seen: set[str] = set()
+    for provider, region, country in places:
+        where = country.strip().upper()
+        if where in seen:
+            continue
+        seen.add(where)
+        warning = data_location_warning(
+            findings, data.data_country, where or None, provider_label=f"{provider} ({region})"
+        )
+        if warning is not None:
+            out.append(warning)
+    return out
