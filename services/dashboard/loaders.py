@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -15,12 +16,14 @@ from services.catalog.service import active_offers, as_offers
 from services.dashboard.views import NodeLifecycle
 from services.estimator.errors import EstimatorError
 from services.nodes.calibration import calibrated_utilisation
+from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.repository import ApiKeyRepository, OrganizationRepository
 from services.orgs.service import Principal
 from services.plans.recommend import recommend
 from services.plans.schemas import PlanRequest
 from services.plans.tables import PlanRow
 from services.quotes.tables import QuoteRow
+from services.runs.tables import RunRow
 
 # Every setup the planner keeps, for the cost-versus-time chart and the quote picker (a plan has a
 # few dozen: card x GPU count, fastest configuration of each).
@@ -71,12 +74,33 @@ def quotes_for_plan(session: Session, principal: Principal, plan_id: str, limit:
 
 
 def node_lifecycle(session: Session, organization_id: str, node_id: str) -> NodeLifecycle:
-    """A node's current run, last durable checkpoint, idle timer and shutdown decisions.
-
-    The run-lifecycle feature (runs, durable checkpoints, idle-shutdown events) is not on this branch:
-    this returns the empty state the nodes page shows until it is wired in here.
-    """
-    return NodeLifecycle()
+    """A node's current run, last durable checkpoint, idle timer and its latest shutdown decisions."""
+    node = session.get(NodeRow, node_id)
+    if node is None or node.organization_id != organization_id:
+        return NodeLifecycle()
+    run = session.get(RunRow, node.run_id) if node.run_id else None
+    current = durable = None
+    if run is not None and run.organization_id == organization_id:
+        current = f"{run.id[:8]}" + (f" · step {run.progress_step}" if run.progress_step is not None else "")
+        durable = f"step {run.last_durable_step}" if run.last_durable_step is not None else "none yet"
+    idle: str | None
+    if node.status in ("stopped", "lost"):
+        idle = node.status
+    elif node.idle_since is not None:
+        minutes = (datetime.now(UTC) - node.idle_since).total_seconds() / 60
+        idle = f"idle {minutes:.0f} of {node.idle_minutes:g} min"
+    else:
+        idle = "busy" if node.last_decision and node.last_decision.startswith("busy") else None
+    events = session.scalars(
+        select(NodeEventRow)
+        .where(NodeEventRow.node_id == node.id, NodeEventRow.organization_id == organization_id)
+        .order_by(NodeEventRow.created_at.desc())
+        .limit(10)
+    ).all()
+    decisions = tuple(
+        (e.created_at.strftime("%Y-%m-%d %H:%M UTC"), f"{node.name}: {e.kind} ({e.reason})") for e in events
+    )
+    return NodeLifecycle(current_run=current, last_durable_checkpoint=durable, idle_for=idle, decisions=decisions)
 
 
 @functools.cache

@@ -395,8 +395,8 @@ def quote_page(out: Any, organization: str) -> QuotePage:
 
 @dataclass(frozen=True)
 class NodeLifecycle:
-    """What the run-lifecycle feature knows of a node: its current run, last durable checkpoint, idle
-    timer and shutdown decisions. Empty until that feature exists (see routes.node_lifecycle)."""
+    """What the run lifecycle knows of a node: its current run, last durable checkpoint, idle timer and
+    latest shutdown decisions (loaders.node_lifecycle)."""
 
     current_run: str | None = None
     last_durable_checkpoint: str | None = None

@@ -274,3 +274,35 @@ def test_a_plan_being_estimated_shows_live_status(api: Api, alpha: TestClient) -
     assert '<noscript><meta http-equiv="refresh"' in html  # without JavaScript the page refreshes itself
     assert "Request a quote" not in html
     assert alpha.get(f"/dashboard/plans/{plan_id}/status").json()["status"] == "queued"
+
+
+def test_nodes_page_shows_the_run_its_durable_checkpoint_and_the_decisions(api: Api, alpha: TestClient) -> None:
+    from datetime import UTC, datetime
+
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.nodes.drivers import NoDriver
+    from services.nodes.lifecycle import sweep
+    from tests.api.conftest import QLORA_PLAN
+
+    plan_id = alpha.post("/v1/plans", json=QLORA_PLAN, headers=api.headers()).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    node = alpha.post("/v1/nodes", json={"name": "trainer-7", "gpu": "A100 80GB"}, headers=api.headers()).json()
+    body = {"node_ids": [node["id"]], "checkpoint_dir": "/out", "bucket": "gpuplan-ckpt"}
+    run = alpha.post(f"/v1/plans/{plan_id}/runs", json=body, headers=api.headers()).json()
+    manifest = {
+        "run_id": run["id"],
+        "step": 40,
+        "dir_name": "checkpoint-40",
+        "files": [{"path": "adapter.safetensors", "size": 10, "sha256": "0" * 64}],
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    assert alpha.post(
+        f"/v1/runs/{run['id']}/checkpoints", json={"manifest": manifest}, headers=api.headers()
+    ).is_success
+    hb = {"job_running": True, "progress": {"run_id": run["id"], "step": 57}}
+    alpha.post(f"/v1/nodes/{node['id']}/heartbeat", json=hb, headers=api.headers())
+    with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
+        sweep(session, datetime.now(UTC), NoDriver(), 300)
+    html = alpha.get("/dashboard/nodes").text
+    assert f"{run['id'][:8]} · step 57" in html and "step 40" in html and "busy" in html
+    assert "trainer-7: keep (busy: a training job is running)" in html
