@@ -43,7 +43,8 @@ def parse_who_idle(output: str) -> float | None:
     more than a day (coreutils manual, "who invocation")."""
     best: float | None = None
     for line in output.splitlines():
-        match = re.search(r"\s(\.|old|\d{1,2}:\d{2})\s+\d+", line)
+        # LOGIN-TIME IDLE PID: the idle field follows the login clock time and precedes the PID.
+        match = re.search(r"\d{1,2}:\d{2}\s+(\.|old|\d{1,2}:\d{2})\s+\d+(\s|$)", line)
         if not match:
             continue
         idle = match.group(1)

@@ -7,15 +7,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from services.agent.agent import Agent
 from services.agent.node import NodeGuard, RunSync
@@ -25,25 +22,6 @@ from services.runs.sync import SyncOptions, read_manifest, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.conftest import S3_TEST_CREDENTIALS
 from tests.runs.conftest import RunEnv, make_checkpoint
-
-
-@pytest.fixture
-def live_api(run_env: RunEnv) -> Iterator[str]:
-    """The run_env app served over real HTTP on loopback (the agent is a separate process)."""
-    app = run_env.client.app
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def _wait(predicate: object, timeout_s: float = 60.0) -> None:

@@ -1,0 +1,72 @@
+"""`gpuplan sync` and `gpuplan restore` against a live service and the loopback S3 server."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from services.cli.main import main
+from tests.conftest import S3_TEST_CREDENTIALS
+from tests.runs.conftest import RunEnv, make_checkpoint
+
+
+@pytest.fixture
+def s3_env(run_env: RunEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPLAN_S3_ENDPOINT_URL", run_env.s3.s3_endpoint_url or "")
+    monkeypatch.setenv("GPUPLAN_S3_ACCESS_KEY_ID", S3_TEST_CREDENTIALS["s3_access_key_id"])
+    monkeypatch.setenv("GPUPLAN_S3_SECRET_ACCESS_KEY", S3_TEST_CREDENTIALS["s3_secret_access_key"])
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_sync_then_restore_best_and_latest(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    for step, loss in ((100, 0.3), (200, 0.6)):
+        directory = make_checkpoint(out, step, 6 * 2**20, seed=step)
+        (directory / "gpuplan_metric.json").write_text(f'{{"metric": {loss}}}')
+    connect = ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--part-mib", "5", "--final"]) == 0
+    printed = capsys.readouterr().out
+    assert "step 100: durable" in printed and "step 200: durable" in printed
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
+    assert "nothing new to sync" in capsys.readouterr().out
+
+    assert main(["restore", *connect, "--to", str(tmp_path / "best"), "--best"]) == 0
+    assert "step 100: 5 files" in capsys.readouterr().out
+    restored = tmp_path / "best" / "checkpoint-100" / "model.safetensors"
+    assert _sha(restored) == _sha(out / "checkpoint-100" / "model.safetensors")
+    assert main(["restore", *connect, "--to", str(tmp_path / "latest")]) == 0
+    assert (tmp_path / "latest" / "checkpoint-200" / "config.json").read_text() == '{"step": 200}'
+    assert main(["restore", *connect, "--to", str(tmp_path / "bucket"), "--from-bucket", "--step", "100"]) == 0
+    run = run_env.run()
+    assert run["last_durable_step"] == 200 and run["checkpoints"][-1]["final"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["restore", "--to", "x", "--step", "999"], "no durable checkpoint"),
+        (["sync", "--dir", "/nonexistent/dir", "--settle-s", "0"], "does not exist"),
+        (["sync", "--dir", ".", "--settle-s", "-1"], "--settle-s must not be negative"),
+        (["restore", "--to", "x", "--step", "1", "--best"], "not allowed with argument"),
+    ],
+)
+def test_bad_input_is_one_readable_line(
+    run_env: RunEnv, live_api: str, s3_env: None, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = [args[0], "--api", live_api, "--key", run_env.key, "--run", run_env.run_id, *args[1:]]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.startswith("gpuplan: error:") and "\n" not in err
+
+
+def test_an_unreachable_service_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["sync", "--api", "http://127.0.0.1:1", "--key", "k", "--run", "r", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unreachable" in err and "\n" not in err
