@@ -76,7 +76,7 @@ def add_commands(sub: Any) -> None:
 def add_agent_options(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--instance-id", help="the provider's id of this machine (for the HTTP stop driver)")
     agent.add_argument("--run", metavar="ID", help="sync this run's checkpoints and report its progress")
-    agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (with --run)")
+    agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (default: the run's)")
     agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")
     agent.add_argument("--settle-s", type=_positive("--settle-s"), default=60.0, metavar="S")
     agent.add_argument(
@@ -203,20 +203,19 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) 
     agent.guard = NodeGuard(IdlePolicy(idle_minutes=max(1.0, args.idle_minutes)), args.unreachable_minutes * 60)
     if args.run is None:
         return
-    if not args.checkpoint_dir:
-        raise RunCliError("--run needs --checkpoint-dir (the trainer's output directory)")
     api = RunApi(client, args.key, args.run)
     try:
         run = api.join(agent.node_id)
     except RunApiError as exc:
         raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
+    checkpoint_dir = args.checkpoint_dir or run["checkpoint_dir"]
     agent.attach_run(
         RunSync(
             api=api,
             s3=_s3(Settings()),
             bucket=run["bucket"],
             prefix=run["prefix"],
-            checkpoint_dir=Path(args.checkpoint_dir),
+            checkpoint_dir=Path(checkpoint_dir),
             options=SyncOptions(settle_s=args.settle_s),
             interval_s=args.sync_interval,
         )
