@@ -132,3 +132,71 @@ def test_a_killed_worker_task_is_redelivered_and_stored_once(stack: Stack) -> No
         from services.plans.tables import PlanRow
 
         assert session.scalar(select(func.count()).select_from(PlanRow)) == 1  # ... one stored result
+
+
+@pytest.mark.slow
+def test_a_celery_worker_checks_an_uploaded_data_set_and_sweeps_idle_nodes(stack: Stack, s3_settings: Settings) -> None:
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from services.nodes.tables import NodeRow
+    from workers.celery_app import make_celery
+
+    s3_env = {
+        "GPUPLAN_S3_ENDPOINT_URL": s3_settings.s3_endpoint_url or "",
+        "GPUPLAN_S3_BUCKET": s3_settings.s3_bucket or "",
+        "GPUPLAN_S3_ACCESS_KEY_ID": s3_settings.s3_access_key_id or "",
+        "GPUPLAN_S3_SECRET_ACCESS_KEY": "gpuplan-test-secret",
+    }
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "worker",
+            "--queues",
+            "datacheck,maintenance",
+            "--concurrency",
+            "1",
+        ],
+        env=stack.env(**s3_env),
+        stdout=open(stack.logs / "worker-data.log", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    stack.workers.append(worker)
+    settings = s3_settings.model_copy(update={"database_url": stack.db_url, "redis_url": REDIS_URL})
+    rows = [{"instruction": f"Question {i} about GPUs?", "output": f"Answer number {i}."} for i in range(300)]
+    rows.append(rows[0])  # one exact duplicate
+    data = "\n".join(json.dumps(r) for r in rows).encode() + b"\n{broken\n"
+    with TestClient(create_app(settings)) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        created = client.post("/v1/datasets", json={"name": "t.jsonl", "size_bytes": len(data)}, headers=headers)
+        assert created.status_code == 201, created.text
+        dataset_id = created.json()["id"]
+        assert client.put(f"/v1/datasets/{dataset_id}/parts/1", content=data, headers=headers).status_code == 200
+        assert client.post(f"/v1/datasets/{dataset_id}/complete", headers=headers).status_code == 200
+        deadline = time.monotonic() + 120
+        while (body := client.get(f"/v1/datasets/{dataset_id}", headers=headers).json())["status"] not in (
+            "done",
+            "failed",
+        ):
+            assert time.monotonic() < deadline, (stack.logs / "worker-data.log").read_text()[-2000:]
+            time.sleep(0.2)
+        assert body["status"] == "done", body
+        counts = body["report"]["counts"]
+        assert body["report"]["rows_total"] == 302 and counts["exact_duplicates"] == 1 and counts["broken_rows"] == 1
+
+        # The beat's sweep, run by the worker: a node silent for an hour is marked lost, never stopped.
+        node = client.post("/v1/nodes", json={"name": "silent", "gpu": "T4"}, headers=headers).json()
+        with unit_of_work(make_sessionmaker(make_engine(stack.db_url))) as session:
+            row = session.get(NodeRow, node["id"])
+            assert row is not None
+            row.last_heartbeat_at = datetime.now(UTC) - timedelta(hours=1)
+        make_celery(settings).send_task("gpuplan.nodes.sweep_idle", queue="maintenance")
+        deadline = time.monotonic() + 60
+        while not (events := client.get(f"/v1/nodes/{node['id']}/events", headers=headers).json()["items"]):
+            assert time.monotonic() < deadline, (stack.logs / "worker-data.log").read_text()[-2000:]
+            time.sleep(0.2)
+        assert events[0]["kind"] == "lost" and "no heartbeat since 60 min ago" in events[0]["reason"]
+        assert client.get(f"/v1/nodes/{node['id']}", headers=headers).json()["status"] == "lost"
