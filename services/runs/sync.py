@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +43,7 @@ from services.runs.manifest import (
 log = logging.getLogger("gpuplan.sync")
 
 MiB = 2**20
+MAX_PARTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -265,13 +266,17 @@ def _upload_multipart(
 
 def upload_file(s3: Any, bucket: str, key: str, path: Path, options: SyncOptions) -> FileUpload:
     size = path.stat().st_size
-    part_size = options.part_size if size > options.multipart_threshold else max(size, 1)
+    multipart = size > options.multipart_threshold
+    # S3 allows 10,000 parts: a file too large for the configured part size gets larger parts (the
+    # same size on every pass, so a resumed upload still matches its parts).
+    part_size = max(options.part_size, -(-size // MAX_PARTS)) if multipart else max(size, 1)
+    options = replace(options, part_size=part_size)
     sha, md5, parts = _hash_file(path, part_size)
     result = FileUpload(path=key, size=size, sha256=sha)
     if _already_there(_head(s3, bucket, key), size, sha, md5, parts):
         result.skipped = True
         return result
-    if size > options.multipart_threshold:
+    if multipart:
         _upload_multipart(s3, bucket, key, path, sha, parts, options, result)
     else:
         body = path.read_bytes()
