@@ -11,6 +11,7 @@ Run: ``python -m benchmarks.datacheck.run [--size-mb 1000]`` (writes benchmarks/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from services.datacheck import check_dataset
+from services.datacheck.spill import SCRATCH_PREFIX
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 _SYLLABLES = (
@@ -52,6 +54,14 @@ def _rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _scratch_mib() -> float:
+    """Size of the check's scratch files (spilled duplicate indexes) in the temporary directory, in MiB."""
+    total = 0
+    for folder in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        total += sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    return total / 2**20
 
 
 def _tc_kimlik(rng: random.Random) -> str:
@@ -115,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         generated_s = time.perf_counter() - start
         size = path.stat().st_size
         samples: list[float] = []
+        scratch: list[float] = [0.0]
         marks: dict[str, float] = {"before": _rss_mib()}
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.2):
                 samples.append(_rss_mib())
+                with contextlib.suppress(OSError):  # removed while listed
+                    scratch.append(_scratch_mib())
 
         def progress(done: int, total: int) -> None:
             for label, share in (("at_10pct", 0.10), ("at_50pct", 0.50)):
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows_per_s": round(report.rows_total / seconds),
         "mb_per_s": round(size / 1e6 / seconds, 2),
         "rss_mib": {k: round(v, 1) for k, v in marks.items()} | {"peak": round(max([*samples, marks["at_100pct"]]), 1)},
+        "scratch_disk_mib_peak": round(max(scratch), 1),
         "cpu_count": os.cpu_count(),
         "processes": 1,
         "generation_seconds": round(generated_s, 1),

@@ -183,7 +183,8 @@ def estimated_jaccard(left: Sequence[int], right: Sequence[int]) -> float:
 
 
 _BAND_MIX = np.array([0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F], dtype=np.uint64)
-# Band b's key k is stored on disk as b << 32 | k.
+# Band b's key k is stored on disk as b << 32 | k; rows are written this many at a time.
+_INSERT_BATCH = 8192
 _BAND_SHIFT = np.arange(LSH_BANDS, dtype=np.uint64) << np.uint64(32)
 
 
@@ -361,27 +362,28 @@ class NearDuplicateIndex:
         assert self.scratch is not None
         db = self.scratch.db
         if self._bits is None:
-            db.execute("CREATE TABLE near_bands (bk INTEGER NOT NULL, slot INTEGER NOT NULL, PRIMARY KEY (bk, slot))")
+            db.execute("CREATE TABLE near_bands (bk INTEGER, slot INTEGER, PRIMARY KEY (bk, slot)) WITHOUT ROWID")
             db.execute("CREATE TABLE near_rows (slot INTEGER PRIMARY KEY, number INTEGER NOT NULL, verify BLOB)")
             self._bits = BitSet(26)
-        combined = np.concatenate(
-            [(np.uint64(band) << np.uint64(32)) | self._keys[band].astype(np.uint64) for band in range(LSH_BANDS)]
-        )
-        slots = np.concatenate(self._slots)
-        order = np.lexsort((slots, combined))
+        bits = self._bits
         db.execute("BEGIN")
-        entries = zip(combined[order].tolist(), slots[order].tolist(), strict=True)
-        db.executemany("INSERT INTO near_bands VALUES (?, ?)", entries)
+        # Band by band, a batch at a time (few temporaries, so memory stays flat): each band's keys are
+        # sorted with earlier slots first among equal keys, so (band << 32 | key, slot) arrive in order.
+        for band in range(LSH_BANDS):
+            for at in range(0, self._keys[band].size, _INSERT_BATCH):
+                combined = _BAND_SHIFT[band] | self._keys[band][at : at + _INSERT_BATCH].astype(np.uint64)
+                bits.add(combined)
+                entries = zip(combined.tolist(), self._slots[band][at : at + _INSERT_BATCH].tolist(), strict=True)
+                db.executemany("INSERT INTO near_bands VALUES (?, ?)", entries)
         db.executemany(
             "INSERT INTO near_rows VALUES (?, ?, ?)",
             (
-                (start + at, number, verify.tobytes())
+                (start + at, int(number), verify.tobytes())
                 for start, numbers, block in zip(self._starts, self._numbers, self._verify, strict=True)
-                for at, (number, verify) in enumerate(zip(numbers.tolist(), block, strict=True))
+                for at, (number, verify) in enumerate(zip(numbers, block, strict=True))
             ),
         )
         db.execute("COMMIT")
-        self._bits.add(combined)
         self._keys = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
         self._slots = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
         self._numbers, self._verify, self._starts = [], [], []

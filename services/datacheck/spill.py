@@ -26,6 +26,8 @@ SQLITE_CACHE_KIB = 8192
 SCRATCH_PREFIX = "gpuplan-datacheck-spill-"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SIGN = 1 << 63
+# A scratch file: nothing to recover after a crash, so no journal and no fsync.
+_PRAGMAS = ("page_size=16384", "journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "temp_store=FILE")
 
 
 class Scratch:
@@ -42,7 +44,7 @@ class Scratch:
             self.path = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.directory))
             try:
                 db = sqlite3.connect(self.path / "index.sqlite3", isolation_level=None)
-                for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "temp_store=FILE"):
+                for pragma in _PRAGMAS:
                     db.execute(f"PRAGMA {pragma}")
                 db.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             except BaseException:
