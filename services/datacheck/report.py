@@ -383,7 +383,10 @@ def check_source(
     FORMAT_PROBE_ROWS rows is not the majority format of the whole set).
 
     Counts are exact; with `max_listed`, each list of problem rows holds at most that many (the first
-    ones). `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
+    ones). Memory is bounded whatever the row count (see _Pass): past SPILL_ROWS rows the duplicate indexes
+    continue in a temporary SQLite file, removed when the pass ends, also on errors. Without `max_listed`
+    the report lists every problem row, so those lists (the output) grow with the problems found.
+    `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
     estimated from the share of the input read, and once at the end with the exact total."""
     count, method, notes = counter or make_counter(None)
     fmt: str | None = None
@@ -449,7 +452,7 @@ def check_dataset(
 ) -> DatasetReport:
     """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
-    Streams the file (see check_source): memory holds one chunk of rows and a few compact numbers per row."""
+    Streams the file (see check_source): memory holds one chunk of rows and bounded state, never the file."""
     kind = file_format(path)
     return check_source(
         _FileSource(Path(path)),
