@@ -1,7 +1,8 @@
 """Check a fine-tuning data set before GPUs are rented: format, lengths, duplicates and personal data.
 
 Pure: stdlib, pydantic and numpy (pyarrow for Parquet and tokenizers for exact counts, when installed).
-Reads streams: memory stays flat in the file size (see report.check_source).
+Reads streams and keeps memory flat in the file size and the row count (see report.check_source): the
+duplicate indexes spill past a budget to a temporary SQLite file that is deleted at the end (spill.py).
 """
 
 from .dedup import Duplicate, exact_duplicates, minhash, near_duplicates

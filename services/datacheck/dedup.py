@@ -1,13 +1,15 @@
 """Exact and near duplicates: normalised-text hashes and MinHash with LSH banding (Broder 1997).
 
-The near-duplicate index keeps its state in numpy arrays, about 192 bytes per row it keeps, so a
-million-row set costs ~190 MB whatever the row length; rows are signed and looked up in chunks.
+The near-duplicate index keeps its state in numpy arrays, about 256 bytes per row it keeps, whatever
+the row length; rows are signed and looked up in chunks. Given a budget (memory_rows), it moves kept
+rows past the budget to a temporary SQLite file (spill.py), so its memory stays bounded.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import random
 import re
 import zlib
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from .spill import BitSet, Scratch
 
 SHINGLE_WORDS = 5
 NUM_PERMUTATIONS = 64
@@ -179,6 +183,9 @@ def estimated_jaccard(left: Sequence[int], right: Sequence[int]) -> float:
 
 
 _BAND_MIX = np.array([0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F], dtype=np.uint64)
+# Band b's key k is stored on disk as b << 32 | k; rows are written this many at a time.
+_INSERT_BATCH = 8192
+_BAND_SHIFT = np.arange(LSH_BANDS, dtype=np.uint64) << np.uint64(32)
 
 
 def _band_keys(sigs: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint32]:
@@ -194,15 +201,30 @@ class NearDuplicateIndex:
 
     State per kept row: 16 band keys with their row index (128 bytes) and the low 16 bits of its
     signature (128 bytes). The result equals checking each row, in order, against every earlier kept row
-    that shares a band with it; the first such row (lowest number) at or above the threshold wins."""
+    that shares a band with it; the first such row (lowest number) at or above the threshold wins.
 
-    def __init__(self, threshold: float = NEAR_DUPLICATE_JACCARD, capacity: int | None = None) -> None:
+    With `memory_rows`, once more than that many kept rows are in memory they move to `scratch` (a
+    SQLite file, see spill.py) and later rows are looked up there as well: memory stays bounded, the
+    answers do not change."""
+
+    def __init__(
+        self,
+        threshold: float = NEAR_DUPLICATE_JACCARD,
+        capacity: int | None = None,
+        *,
+        memory_rows: int | None = None,
+        scratch: Scratch | None = None,
+    ) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold: {threshold} is outside (0, 1]")
+        if memory_rows is not None and scratch is None:
+            raise ValueError("memory_rows needs a scratch to spill to")
         self.threshold = threshold
-        # With a capacity, kept rows past it are still checked but no longer indexed (memory stops growing).
+        # With a capacity, kept rows past it are still checked but no longer indexed (the index stops growing).
         self.capacity = capacity
         self.full = False
+        self.memory_rows = memory_rows
+        self.scratch = scratch
         # Per band, its keys sorted and the slot (kept-row index) of each; replaced one band at a time,
         # so a merge never holds more than one extra band.
         self._keys = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
@@ -212,13 +234,24 @@ class NearDuplicateIndex:
         self._verify: list[npt.NDArray[np.uint16]] = []
         self._starts: list[int] = []
         self._kept = 0
+        # Slots below this one are on disk; the bit set says which band keys may be there.
+        self._disk_slots = 0
+        self._bits: BitSet | None = None
+        self._fetched: dict[int, tuple[int, npt.NDArray[np.uint16]]] = {}
 
     @property
     def kept_rows(self) -> int:
         return self._kept
 
+    @property
+    def spilled_rows(self) -> int:
+        """Kept rows moved to the scratch database."""
+        return self._disk_slots
+
     def _slot(self, slot: int) -> tuple[int, npt.NDArray[np.uint16]]:
         """Row number and verification bits of a kept row."""
+        if slot < self._disk_slots:
+            return self._fetched[slot]
         block = bisect.bisect_right(self._starts, slot) - 1
         at = slot - self._starts[block]
         return int(self._numbers[block][at]), self._verify[block][at]
@@ -256,10 +289,13 @@ class NearDuplicateIndex:
             kept.append(i)
             for b, k in enumerate(band_keys):
                 local.setdefault((b, k), []).append(i)
+        self._fetched = {}
         if self.capacity is not None and self._kept + len(kept) > self.capacity:
             self.full = True
             kept = kept[: max(0, self.capacity - self._kept)]
         self._merge(keys[kept], verify[kept], [signed[i][0] for i in kept])
+        if self.memory_rows is not None and self._kept - self._disk_slots > self.memory_rows:
+            self._spill()
         return found
 
     def _earlier_candidates(self, keys: npt.NDArray[np.uint32]) -> list[set[int]]:
@@ -267,14 +303,42 @@ class NearDuplicateIndex:
         out: list[set[int]] = [set() for _ in range(keys.shape[0])]
         if not self._kept:
             return out
-        for band in range(LSH_BANDS):
-            column = self._keys[band]
-            left = np.searchsorted(column, keys[:, band], side="left")
-            right = np.searchsorted(column, keys[:, band], side="right")
-            for i in np.flatnonzero(right > left).tolist():
-                out[i].update(self._slots[band][left[i] : right[i]].tolist())
+        if self._kept > self._disk_slots:
+            for band in range(LSH_BANDS):
+                column = self._keys[band]
+                left = np.searchsorted(column, keys[:, band], side="left")
+                right = np.searchsorted(column, keys[:, band], side="right")
+                for i in np.flatnonzero(right > left).tolist():
+                    out[i].update(self._slots[band][left[i] : right[i]].tolist())
+        if self._bits is not None:
+            self._disk_candidates(keys, out)
         # Earlier slots hold lower row numbers in slot order, so sorting slots sorts by row number.
         return out
+
+    def _disk_candidates(self, keys: npt.NDArray[np.uint32], out: list[set[int]]) -> None:
+        """Add the on-disk slots sharing a band key, and fetch their row numbers and verification bits."""
+        assert self._bits is not None and self.scratch is not None
+        combined = _BAND_SHIFT | keys.astype(np.uint64)  # (chunk, bands): band << 32 | key
+        maybe = self._bits.maybe(combined.ravel()).reshape(combined.shape)
+        if not maybe.any():
+            return
+        db = self.scratch.db
+        wanted = np.unique(combined[maybe]).tolist()
+        query = "SELECT b.bk, b.slot FROM json_each(?) AS j CROSS JOIN near_bands AS b ON b.bk = j.value"
+        slots_of: dict[int, list[int]] = {}
+        for bk, slot in db.execute(query, (json.dumps(wanted),)):
+            slots_of.setdefault(bk, []).append(slot)
+        if not slots_of:
+            return
+        needed: set[int] = set()
+        for i, band in zip(*np.nonzero(maybe), strict=True):
+            slots = slots_of.get(int(combined[i, band]))
+            if slots:
+                out[int(i)].update(slots)
+                needed.update(slots)
+        query = "SELECT r.slot, r.number, r.verify FROM json_each(?) AS j CROSS JOIN near_rows AS r ON r.slot = j.value"
+        for slot, number, verify in db.execute(query, (json.dumps(sorted(needed)),)):
+            self._fetched[slot] = (number, np.frombuffer(verify, dtype=np.uint16))
 
     def _merge(self, keys: npt.NDArray[np.uint32], verify: npt.NDArray[np.uint16], numbers: list[int]) -> None:
         if not numbers:
@@ -293,23 +357,60 @@ class NearDuplicateIndex:
         self._verify.append(np.ascontiguousarray(verify))
         self._kept += len(numbers)
 
+    def _spill(self) -> None:
+        """Move the kept rows in memory to the scratch database, sorted by band key."""
+        assert self.scratch is not None
+        db = self.scratch.db
+        if self._bits is None:
+            db.execute("CREATE TABLE near_bands (bk INTEGER, slot INTEGER, PRIMARY KEY (bk, slot)) WITHOUT ROWID")
+            db.execute("CREATE TABLE near_rows (slot INTEGER PRIMARY KEY, number INTEGER NOT NULL, verify BLOB)")
+            self._bits = BitSet(26)
+        bits = self._bits
+        db.execute("BEGIN")
+        # Band by band, a batch at a time (few temporaries, so memory stays flat): each band's keys are
+        # sorted with earlier slots first among equal keys, so (band << 32 | key, slot) arrive in order.
+        for band in range(LSH_BANDS):
+            for at in range(0, self._keys[band].size, _INSERT_BATCH):
+                combined = _BAND_SHIFT[band] | self._keys[band][at : at + _INSERT_BATCH].astype(np.uint64)
+                bits.add(combined)
+                entries = zip(combined.tolist(), self._slots[band][at : at + _INSERT_BATCH].tolist(), strict=True)
+                db.executemany("INSERT INTO near_bands VALUES (?, ?)", entries)
+        db.executemany(
+            "INSERT INTO near_rows VALUES (?, ?, ?)",
+            (
+                (start + at, int(number), verify.tobytes())
+                for start, numbers, block in zip(self._starts, self._numbers, self._verify, strict=True)
+                for at, (number, verify) in enumerate(zip(numbers, block, strict=True))
+            ),
+        )
+        db.execute("COMMIT")
+        self._keys = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
+        self._slots = [np.empty(0, dtype=np.uint32) for _ in range(LSH_BANDS)]
+        self._numbers, self._verify, self._starts = [], [], []
+        self._disk_slots = self._kept
+
 
 def near_duplicates(
-    rows: Iterable[tuple[int, str]], threshold: float = NEAR_DUPLICATE_JACCARD, chunk_rows: int = 2048
+    rows: Iterable[tuple[int, str]],
+    threshold: float = NEAR_DUPLICATE_JACCARD,
+    chunk_rows: int = 2048,
+    memory_rows: int | None = None,
 ) -> list[Duplicate]:
-    """Rows at estimated Jaccard >= threshold with an earlier kept row; LSH banding finds the candidates."""
-    index = NearDuplicateIndex(threshold)
+    """Rows at estimated Jaccard >= threshold with an earlier kept row; LSH banding finds the candidates.
+    With `memory_rows`, kept rows past that many spill to a temporary SQLite file (see spill.py)."""
     found: list[Duplicate] = []
     chunk: list[tuple[int, str]] = []
+    with Scratch() as scratch:
+        index = NearDuplicateIndex(threshold, memory_rows=memory_rows, scratch=scratch)
 
-    def flush() -> None:
-        sigs = signatures([word_hashes(t) for _, t in chunk])
-        found.extend(index.add_chunk([(n, s) for (n, _), s in zip(chunk, sigs, strict=True)]))
-        chunk.clear()
+        def flush() -> None:
+            sigs = signatures([word_hashes(t) for _, t in chunk])
+            found.extend(index.add_chunk([(n, s) for (n, _), s in zip(chunk, sigs, strict=True)]))
+            chunk.clear()
 
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= chunk_rows:
-            flush()
-    flush()
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= chunk_rows:
+                flush()
+        flush()
     return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import heapq
 import itertools
@@ -13,14 +14,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Generic, Protocol, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .dedup import NEAR_DUPLICATE_JACCARD, Duplicate, NearDuplicateIndex, signatures, text_digest, word_hashes
+from .dedup import NEAR_DUPLICATE_JACCARD, NearDuplicateIndex, signatures, text_digest, word_hashes
 from .formats import FORMATS, detect_format, format_problem, format_votes, row_text
 from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
-from .tokens import Counter, TokenStats, make_counter, token_stats
+from .spill import ExactIndex, Scratch
+from .tokens import SEQ_LEN_BUCKETS_TOKENS, Counter, LengthHistogram, TokenStats, histogram_token_stats, make_counter
 
 _T = TypeVar("_T")
 
@@ -28,9 +29,14 @@ SHORT_ROW_TOKENS = 8
 PROGRESS_EVERY_ROWS = 1000
 # Rows tokenised, signed and checked for near duplicates together (numpy and the tokenizer work in batches).
 CHUNK_ROWS = 2048
-# The near-duplicate index stops growing at this many kept rows (~256 bytes each, so ~1 GiB); later rows
-# are still compared with the indexed ones. Exact duplicates, lengths and counts stay exact past it.
-NEAR_DUPLICATE_INDEX_ROWS = 4_000_000
+# Memory budget: the exact- and near-duplicate indexes (and, without a list limit, the overlong rows) keep
+# at most this many rows in memory (near duplicates ~256 bytes each, exact ~100), then move them to a
+# temporary SQLite file under SPILL_DIR (None: the system's temporary directory), deleted at the end.
+SPILL_ROWS: int | None = 32_768
+SPILL_DIR: str | None = None
+# No cap on the near-duplicate index: the spill keeps memory flat; its file grows ~0.4 KB per kept row.
+# A number here would stop indexing kept rows past it (later rows compared with the indexed ones only).
+NEAR_DUPLICATE_INDEX_ROWS: int | None = None
 # The row format is guessed from this many rows, then confirmed by the whole pass (a second pass if not).
 FORMAT_PROBE_ROWS = 1000
 VALIDATION_SHARE = 0.05
@@ -155,9 +161,55 @@ class _Listed(Generic[_T]):
             self.items.append(item)
 
 
+class _Overlong:
+    """Rows longer than each seq_len bucket, for the bucket chosen at the end: a row's level is how many
+    buckets it exceeds. With a limit, a row is kept only while fewer than `limit` rows of its level or
+    higher are kept (so each bucket's first `limit` rows are there); without one, rows past the memory
+    budget go to the scratch database."""
+
+    def __init__(self, limit: int | None, scratch: Scratch, memory_rows: int | None) -> None:
+        self.limit = limit
+        self.scratch = scratch
+        self.memory_rows = memory_rows
+        self.at_least = [0] * (len(SEQ_LEN_BUCKETS_TOKENS) + 1)
+        self.rows = array("I")
+        self.levels = array("B")
+        self.spilled = False
+
+    def add(self, number: int, length: int) -> None:
+        level = bisect.bisect_left(SEQ_LEN_BUCKETS_TOKENS, length)
+        if level == 0 or (self.limit is not None and self.at_least[level] >= self.limit):
+            return
+        for at in range(1, level + 1):
+            self.at_least[at] += 1
+        self.rows.append(number)
+        self.levels.append(level)
+        if self.limit is None and self.memory_rows is not None and len(self.rows) > self.memory_rows:
+            db = self.scratch.db
+            if not self.spilled:
+                db.execute("CREATE TABLE overlong (row INTEGER PRIMARY KEY, level INTEGER NOT NULL)")
+                self.spilled = True
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO overlong VALUES (?, ?)", zip(self.rows, self.levels, strict=True))
+            db.execute("COMMIT")
+            self.rows, self.levels = array("I"), array("B")
+
+    def over(self, seq_len: int) -> list[int]:
+        """Rows longer than seq_len (a bucket), in row order; the first `limit` of them with a limit."""
+        level = SEQ_LEN_BUCKETS_TOKENS.index(seq_len)
+        found: list[int] = []
+        if self.spilled:
+            query = "SELECT row FROM overlong WHERE level > ? ORDER BY row"
+            found = [r for (r,) in self.scratch.db.execute(query, (level,))]
+        found += [r for r, v in zip(self.rows, self.levels, strict=True) if v > level]
+        return found if self.limit is None else found[: self.limit]
+
+
 class _Pass:
-    """One streaming pass over the rows with a fixed row format. Memory: a chunk of rows, plus per row a
-    few compact numbers (length, hash) and the near-duplicate index; never the rows themselves."""
+    """One streaming pass over the rows with a fixed row format. Memory: a chunk of rows, a histogram of
+    token lengths, the first `limit` rows of each list, and the duplicate indexes, which keep at most
+    SPILL_ROWS rows each in memory and move the rest to a temporary SQLite file (spill.py); never the
+    rows themselves. close() deletes that file."""
 
     def __init__(self, fmt: str | None, counter: Counter, names: Sequence[str], limit: int | None) -> None:
         self.fmt = fmt
@@ -169,20 +221,24 @@ class _Pass:
         self.problems = {k: _Listed[RowProblem](limit) for k in ("broken", "encoding", "mismatch")}
         self.empty = _Listed[int](limit)
         self.short = _Listed[int](limit)
-        self.text_rows = array("I")
-        self.lengths = array("I")
-        self.hashes = array("Q")
-        self.hash_rows = array("I")
-        self.near_rows = array("I")
-        self.near_of = array("I")
-        self.near_similarity = array("d")
-        self.index = NearDuplicateIndex(capacity=NEAR_DUPLICATE_INDEX_ROWS)
+        self.lengths = LengthHistogram()
+        self.scratch = Scratch(SPILL_DIR)
+        self.overlong = _Overlong(limit, self.scratch, SPILL_ROWS)
+        self.exact_index = ExactIndex(self.scratch, SPILL_ROWS)
+        self.exact = _Listed[DuplicateRow](limit)
+        self.near = _Listed[DuplicateRow](limit)
+        self.index = NearDuplicateIndex(
+            capacity=NEAR_DUPLICATE_INDEX_ROWS, memory_rows=SPILL_ROWS, scratch=self.scratch
+        )
         # The VALIDATION_MAX_ROWS smallest digests of kept rows, as a max-heap of (-digest, row).
         self.validation: list[tuple[int, int]] = []
         self.validation_digests: set[int] = set()
         self.pii_counts: Counter_[str] = Counter_()
         self.pii_examples: dict[str, list[PiiFinding]] = {}
         self.chunk: list[tuple[int, str, bool, bytes]] = []
+
+    def close(self) -> None:
+        self.scratch.close()
 
     def feed(self, number: int, row: Any) -> None:
         self.rows_total += 1
@@ -210,32 +266,36 @@ class _Pass:
         if not self.chunk:
             return
         lengths = self.count([text for _, text, _, _ in self.chunk])
+        self.lengths.add(lengths)
         signed: list[tuple[int, list[int]]] = []
+        hashed: list[int] = []
+        hashes: list[int] = []
         for (number, text, empty, digest), length in zip(self.chunk, lengths, strict=True):
-            self.text_rows.append(number)
-            self.lengths.append(length)
+            self.overlong.add(number, length)
             if empty:
                 self.empty.add(number)
                 continue
             if length < SHORT_ROW_TOKENS:
                 self.short.add(number)
-            self.hashes.append(int.from_bytes(digest[:8], "big"))
-            self.hash_rows.append(number)
+            hashed.append(number)
+            hashes.append(int.from_bytes(digest[:8], "big"))
             signed.append((number, word_hashes(text)))
+        exact = {}
+        for number, first in zip(hashed, self.exact_index.first_rows(hashes, hashed), strict=True):
+            if first is not None:
+                exact[number] = first
+                self.exact.add(DuplicateRow(row_number=number, duplicate_of=first, similarity=1.0))
         sigs = signatures([h for _, h in signed])
         found = self.index.add_chunk([(n, s) for (n, _), s in zip(signed, sigs, strict=True)])
-        near = {d.row_number for d in self._near(found)}
+        for d in found:  # a row that is also an exact duplicate is listed as that only
+            if d.row_number not in exact:
+                row = DuplicateRow(row_number=d.row_number, duplicate_of=d.duplicate_of, similarity=d.similarity)
+                self.near.add(row)
+        near = {d.row_number for d in found}
         for number, _, empty, digest in self.chunk:
             if not empty and number not in near:
                 self._offer_validation(int.from_bytes(digest, "big"), number)
         self.chunk = []
-
-    def _near(self, found: list[Duplicate]) -> list[Duplicate]:
-        for d in found:
-            self.near_rows.append(d.row_number)
-            self.near_of.append(d.duplicate_of)
-            self.near_similarity.append(d.similarity)
-        return found
 
     def _offer_validation(self, digest: int, number: int) -> None:
         if digest in self.validation_digests:
@@ -248,44 +308,12 @@ class _Pass:
             self.validation_digests.discard(-dropped[0])
             self.validation_digests.add(digest)
 
-    def exact(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """(duplicate row numbers, the row each repeats), in row order."""
-        hashes = np.frombuffer(self.hashes, dtype=np.uint64) if self.hashes else np.empty(0, np.uint64)
-        rows = np.frombuffer(self.hash_rows, dtype=np.uint32) if self.hash_rows else np.empty(0, np.uint32)
-        order = np.argsort(hashes, kind="stable")
-        ordered = hashes[order]
-        repeat = np.zeros(ordered.size, dtype=bool)
-        repeat[1:] = ordered[1:] == ordered[:-1]
-        first_position = np.maximum.accumulate(np.where(repeat, 0, np.arange(ordered.size)))
-        dup_rows = rows[order][repeat]
-        dup_of = rows[order][first_position][repeat]
-        by_row = np.argsort(dup_rows, kind="stable")
-        return dup_rows[by_row], dup_of[by_row]
-
-
-def _numbers(values: Any, limit: int | None) -> tuple[int, ...]:
-    return tuple(int(v) for v in (values if limit is None else values[:limit]))
-
 
 def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, ...]) -> DatasetReport:
     limit = state.limit
-    stats = token_stats(np.frombuffer(state.lengths, dtype=np.uint32) if state.lengths else [], method, notes)
-    dup_rows, dup_of = state.exact()
-    near_rows = np.frombuffer(state.near_rows, dtype=np.uint32) if state.near_rows else np.empty(0, np.uint32)
-    near_only = ~np.isin(near_rows, dup_rows)
-    near_index = np.flatnonzero(near_only)
-    near = [
-        DuplicateRow(row_number=state.near_rows[i], duplicate_of=state.near_of[i], similarity=state.near_similarity[i])
-        for i in (near_index if limit is None else near_index[:limit]).tolist()
-    ]
-    exact = [
-        DuplicateRow(row_number=int(r), duplicate_of=int(o), similarity=1.0)
-        for r, o in zip(_numbers(dup_rows, limit), _numbers(dup_of, limit), strict=True)
-    ]
-    text_rows = np.frombuffer(state.text_rows, dtype=np.uint32) if state.text_rows else np.empty(0, np.uint32)
-    lengths = np.frombuffer(state.lengths, dtype=np.uint32) if state.lengths else np.empty(0, np.uint32)
-    overlong = text_rows[lengths > stats.recommended_seq_len_tokens]
-    kept = len(state.text_rows) - state.empty.count - int(dup_rows.size) - int(near_index.size)
+    stats = histogram_token_stats(*state.lengths.arrays(), method, notes)
+    overlong = state.overlong.over(stats.recommended_seq_len_tokens)
+    kept = state.lengths.rows - state.empty.count - state.exact.count - state.near.count
     split = validation_rows(kept)
     chosen = sorted(number for _, number in heapq.nlargest(split, state.validation))
     pii = tuple(
@@ -304,9 +332,9 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         "mismatched_rows": state.problems["mismatch"].count,
         "empty_rows": state.empty.count,
         "short_rows": state.short.count,
-        "overlong_rows": int(overlong.size),
-        "exact_duplicates": int(dup_rows.size),
-        "near_duplicates": int(near_index.size),
+        "overlong_rows": stats.truncated_rows,
+        "exact_duplicates": state.exact.count,
+        "near_duplicates": state.near.count,
     }
     return DatasetReport(
         path=label,
@@ -319,9 +347,9 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         mismatched_rows=tuple(state.problems["mismatch"].items),
         empty_rows=tuple(state.empty.items),
         short_rows=tuple(state.short.items),
-        overlong_rows=_numbers(overlong, limit),
-        exact_duplicates=tuple(exact),
-        near_duplicates=tuple(near),
+        overlong_rows=tuple(overlong),
+        exact_duplicates=tuple(state.exact.items),
+        near_duplicates=tuple(state.near.items),
         rows_kept=kept,
         tokens=stats,
         validation_split=ValidationSplit(rows=split, row_numbers=tuple(chosen), rule=VALIDATION_RULE),
@@ -355,34 +383,39 @@ def check_source(
     FORMAT_PROBE_ROWS rows is not the majority format of the whole set).
 
     Counts are exact; with `max_listed`, each list of problem rows holds at most that many (the first
-    ones). `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
+    ones). Memory is bounded whatever the row count (see _Pass): past SPILL_ROWS rows the duplicate indexes
+    continue in a temporary SQLite file, removed when the pass ends, also on errors. Without `max_listed`
+    the report lists every problem row, so those lists (the output) grow with the problems found.
+    `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
     estimated from the share of the input read, and once at the end with the exact total."""
     count, method, notes = counter or make_counter(None)
     fmt: str | None = None
     probed = False
     while True:
         state = _Pass(fmt, count, names or (), max_listed)
-        rows = source.rows()
-        if not probed:
-            head = list(itertools.islice(rows, FORMAT_PROBE_ROWS))
-            fmt = detect_format(format_votes(r for _, r in head if not isinstance(r, RowError)))
-            state.fmt = fmt
-            rows = itertools.chain(head, rows)
-            probed = True
-        for number, row in rows:
-            state.feed(number, row)
-            if progress is not None and state.rows_total % PROGRESS_EVERY_ROWS == 0:
-                fraction = source.fraction_read()
-                estimate = round(state.rows_total / fraction) if fraction else state.rows_total
-                progress(state.rows_total, max(estimate, state.rows_total))
-        state.flush()
-        final = detect_format(state.votes)
-        if final == fmt:
-            break
+        try:  # the pass's scratch files are deleted whatever happens
+            rows = source.rows()
+            if not probed:
+                head = list(itertools.islice(rows, FORMAT_PROBE_ROWS))
+                fmt = detect_format(format_votes(r for _, r in head if not isinstance(r, RowError)))
+                state.fmt = fmt
+                rows = itertools.chain(head, rows)
+                probed = True
+            for number, row in rows:
+                state.feed(number, row)
+                if progress is not None and state.rows_total % PROGRESS_EVERY_ROWS == 0:
+                    fraction = source.fraction_read()
+                    estimate = round(state.rows_total / fraction) if fraction else state.rows_total
+                    progress(state.rows_total, max(estimate, state.rows_total))
+            state.flush()
+            final = detect_format(state.votes)
+            if final == fmt:
+                if progress is not None:
+                    progress(state.rows_total, state.rows_total)
+                return _report(state, label, file_format, method, notes)
+        finally:
+            state.close()
         fmt = final
-    if progress is not None:
-        progress(state.rows_total, state.rows_total)
-    return _report(state, label, file_format, method, notes)
 
 
 class _FileSource:
@@ -419,7 +452,7 @@ def check_dataset(
 ) -> DatasetReport:
     """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
-    Streams the file (see check_source): memory holds one chunk of rows and a few compact numbers per row."""
+    Streams the file (see check_source): memory holds one chunk of rows and bounded state, never the file."""
     kind = file_format(path)
     return check_source(
         _FileSource(Path(path)),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import importlib
 import importlib.util
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,13 +117,48 @@ PADDING_ASSUMPTION = (
 )
 
 
+class LengthHistogram:
+    """Exact count of rows per token length: percentiles without keeping every length (one entry per
+    distinct length, so a few thousand entries for real data sets, whatever their row count)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[int] = collections.Counter()
+
+    def add(self, lengths: Iterable[int]) -> None:
+        self.counts.update(lengths)
+
+    @property
+    def rows(self) -> int:
+        return self.counts.total()
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The distinct lengths, ascending, and how many rows have each."""
+        values = np.array(sorted(self.counts), dtype=np.int64)
+        return values, np.array([self.counts[v] for v in values.tolist()], dtype=np.int64)
+
+
 def token_stats(lengths: Sequence[int] | npt.NDArray[np.uint32], method: str, notes: tuple[str, ...]) -> TokenStats:
     """Percentiles, recommended seq_len, truncation and tokens per epoch padded vs packed."""
-    ordered = np.sort(np.asarray(lengths, dtype=np.int64))
-    p = {pct: percentile(ordered, pct) for pct in PERCENTILES}  # type: ignore[arg-type]
+    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+    return histogram_token_stats(values, counts.astype(np.int64), method, notes)
+
+
+def histogram_token_stats(
+    values: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], method: str, notes: tuple[str, ...]
+) -> TokenStats:
+    """token_stats from a histogram: the distinct lengths (ascending) and how many rows have each."""
+    rows = int(counts.sum())
+    cumulative = np.cumsum(counts)
+
+    def nearest_rank(pct: float) -> int:  # as percentile() on the sorted lengths
+        if rows == 0:
+            return 0
+        rank = math.ceil(pct / 100 * rows)
+        return int(values[int(np.searchsorted(cumulative, max(rank, 1), side="left"))])
+
+    p = {pct: nearest_rank(pct) for pct in PERCENTILES}
     seq_len = choose_seq_len(p[99])
-    rows = int(ordered.size)
-    truncated = int(np.count_nonzero(ordered > seq_len))
+    truncated = int(counts[values > seq_len].sum())
     extra: tuple[str, ...] = ()
     if rows and p[99] > SEQ_LEN_BUCKETS_TOKENS[-1]:
         extra = (f"p99 ({p[99]} tokens) exceeds the largest bucket {SEQ_LEN_BUCKETS_TOKENS[-1]}",)
@@ -133,12 +169,12 @@ def token_stats(lengths: Sequence[int] | npt.NDArray[np.uint32], method: str, no
         p90_tokens=p[90],
         p95_tokens=p[95],
         p99_tokens=p[99],
-        max_tokens=int(ordered[-1]) if rows else 0,
+        max_tokens=int(values[-1]) if rows else 0,
         recommended_seq_len_tokens=seq_len,
         truncated_rows=truncated,
         truncated_share=truncated / rows if rows else 0.0,
         tokens_per_epoch_padded=rows * seq_len,
-        tokens_per_epoch_packed=int(np.minimum(ordered, seq_len).sum()),
+        tokens_per_epoch_packed=int((np.minimum(values, seq_len) * counts).sum()),
         padding_assumption=PADDING_ASSUMPTION,
         notes=notes + extra,
     )
