@@ -20,8 +20,17 @@ ROLE_ALIASES: Mapping[str, str] = {
     "bot": "assistant",
     "model": "assistant",
 }
-# Alpaca's instruction/input/output, and the prompt/response spelling several datasets use for the same thing.
-ALPACA_KEYS = (("instruction", "output"), ("prompt", "response"))
+# Alpaca's instruction/input/output, Dolly's instruction/context/response, and the prompt/response
+# spelling several datasets use for the same thing.
+ALPACA_KEYS = (("instruction", "output"), ("instruction", "response"), ("prompt", "response"))
+ALPACA_INPUT_KEYS = ("input", "context")
+
+
+def _alpaca_pair(row: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (instruction, answer) keys of a row: the first spelling with both present, else the first
+    whose instruction is present (so the problem names the missing answer field)."""
+    complete = next((pair for pair in ALPACA_KEYS if pair[0] in row and pair[1] in row), None)
+    return complete or next((pair for pair in ALPACA_KEYS if pair[0] in row), None)
 
 
 @dataclass(frozen=True)
@@ -71,13 +80,15 @@ def _string_fields_problem(row: Mapping[str, Any], keys: Iterable[str]) -> str |
 
 
 def _alpaca_problem(row: Mapping[str, Any]) -> str | None:
-    for instruction, output in ALPACA_KEYS:
-        if instruction in row:
-            problem = _string_fields_problem(row, (instruction, output))
-            if problem is None and not isinstance(row.get("input", ""), str | None):
-                return "field 'input' is not a string"
-            return problem
-    return "no 'instruction'/'output' (or 'prompt'/'response') fields"
+    pair = _alpaca_pair(row)
+    if pair is None:
+        return "no 'instruction'/'output' (or 'instruction'/'response', 'prompt'/'response') fields"
+    problem = _string_fields_problem(row, pair)
+    if problem is None:
+        for key in ALPACA_INPUT_KEYS:
+            if not isinstance(row.get(key, ""), str | None):
+                return f"field {key!r} is not a string"
+    return problem
 
 
 def _prompt_completion_problem(row: Mapping[str, Any]) -> str | None:
@@ -130,8 +141,11 @@ def row_text(row: Mapping[str, Any], fmt: str) -> RowText:
         answers = [str(m[content_key]) for m in messages if ROLE_ALIASES.get(str(m[role_key]).lower()) == "assistant"]
         return RowText("\n".join(contents), "\n".join(answers))
     if fmt == "alpaca":
-        instruction, output = next(pair for pair in ALPACA_KEYS if pair[0] in row)
-        parts = [row[instruction], row.get("input") or "", row[output]]
+        pair = _alpaca_pair(row)
+        if pair is None:
+            raise ValueError("row_text: the row has no instruction/answer fields")
+        instruction, output = pair
+        parts = [row[instruction], *(row.get(k) or "" for k in ALPACA_INPUT_KEYS), row[output]]
         return RowText("\n".join(p for p in parts if p), row[output])
     if fmt == "prompt_completion":
         return RowText(f"{row['prompt']}\n{row['completion']}", row["completion"])

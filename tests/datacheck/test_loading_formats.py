@@ -77,6 +77,8 @@ CHAT_ROWS: list[Any] = [
     [
         (CHAT_ROWS, "chat"),
         ([{"instruction": "i", "input": "", "output": "o"}, {"prompt": "p", "response": "r"}], "alpaca"),
+        # Dolly's spelling: instruction / context / response.
+        ([{"instruction": "i", "context": "c", "response": "r"}, {"instruction": "j", "response": "s"}], "alpaca"),
         ([{"prompt": "p", "completion": "c"}, {"prompt": "p2", "completion": "c2"}], "prompt_completion"),
         ([{"text": "t"}, {"text": "u"}], "text"),
     ],
@@ -85,6 +87,15 @@ def test_each_format_detected(rows: list[Any], expected: str) -> None:
     votes = format_votes(rows)
     assert votes[expected] == len(rows)
     assert detect_format(votes) == expected
+
+
+def test_dolly_rows_train_on_instruction_context_and_response() -> None:
+    from services.datacheck.formats import row_text
+
+    text = row_text({"instruction": "Summarise.", "context": "Long text.", "response": "Short."}, "alpaca")
+    assert text.text == "Summarise.\nLong text.\nShort." and text.target == "Short."
+    votes = format_votes([{"instruction": "i", "context": 3, "response": "r"}])
+    assert votes["alpaca"] == 0
 
 
 def test_mismatched_rows_listed_with_reason(tmp_path: Path) -> None:
