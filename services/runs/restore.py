@@ -9,7 +9,6 @@ looks complete but is not.
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +84,3 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
                 raise RestoreError(f"{entry.path}: checksum mismatch after two downloads; nothing was restored")
     partial.rename(final)
     return RestoreResult(stored.step, final, len(stored.files), stored.total_bytes, downloaded)
-
-
-def discard_partial(to: Path, manifest: Manifest) -> None:
-    shutil.rmtree(to / f"{manifest.dir_name}.partial", ignore_errors=True)
