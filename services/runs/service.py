@@ -184,7 +184,7 @@ def record_durable(session: Session, principal: Principal, run_id: str, body: Ch
                 nodes,
                 max_interval_s,
             )
-            run.schedule = {**schedule, "max_interval_s": max_interval_s}
+            run.schedule = {**run.schedule, **schedule, "max_interval_s": max_interval_s}
     policy = RetentionPolicy.model_validate(run.retention)
     return DurableAnswer(last_durable_step=run.last_durable_step, delete_steps=steps_to_delete(_stored(rows), policy))
 

@@ -123,6 +123,7 @@ def test_durable_checkpoints_progress_and_tenancy(api: Api) -> None:
     assert measured.status_code == 200
     body = api.client.get(f"/v1/runs/{run_id}", headers=api.headers()).json()
     assert body["schedule"]["upload_measured"] is True and body["upload_bytes_per_s"] == 5e6
+    assert body["schedule"]["idle"] == {"idle_minutes": 15.0, "gpu_busy_pct": 10.0}  # kept through the update
     assert [c["step"] for c in body["checkpoints"]] == [100, 200, 300]
 
     hb = {"progress": {"run_id": run_id, "step": 321, "loss": 1.25}, "job_running": True}
