@@ -163,8 +163,10 @@ def record_durable(session: Session, principal: Principal, run_id: str, body: Ch
     elif existing.manifest["files"] != data["files"]:
         raise Conflict(f"step {manifest.step} is already durable with other files", field="manifest.step")
     else:
+        # The same files again: a repeated report, or the manifest rewritten to mark it final.
         existing.final = existing.final or manifest.final
         existing.metric = manifest.metric if manifest.metric is not None else existing.metric
+        existing.manifest = {**data, "final": existing.final}
     session.flush()
     rows = checkpoints(session, run)
     durable = [r.step for r in rows if r.status == "durable"]

@@ -339,12 +339,17 @@ def upload_checkpoint(
     )
     if before_manifest is not None:
         before_manifest()  # failure injection: a crash between the data and the manifest
-    body = manifest.model_dump_json(indent=1).encode()
-    s3.put_object(Bucket=bucket, Key=f"{base}/{MANIFEST_NAME}", Body=body, ContentMD5=_md5_b64(body))
-    stored = read_manifest(s3, bucket, run_prefix, step)
-    if stored != manifest:
-        raise SyncError(f"step {step}: the manifest read back differs from the one written")
+    write_manifest(s3, bucket, run_prefix, manifest)
     return CheckpointUpload(manifest=manifest, files=uploads, seconds=time.monotonic() - started)
+
+
+def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest) -> None:
+    """Write a checkpoint's manifest (what makes it durable) and read it back."""
+    body = manifest.model_dump_json(indent=1).encode()
+    key = f"{step_prefix(run_prefix, manifest.step)}/{MANIFEST_NAME}"
+    s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body))
+    if read_manifest(s3, bucket, run_prefix, manifest.step) != manifest:
+        raise SyncError(f"step {manifest.step}: the manifest read back differs from the one written")
 
 
 def read_manifest(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
@@ -402,8 +407,22 @@ def sync_pass(
     durable, deleted = control.done_steps()
     local = checkpoint_dirs(checkpoint_dir)
     newest_local = local[-1][0] if local else None
+
+    def apply_retention(to_delete: list[int]) -> None:
+        for old in to_delete:
+            delete_checkpoint(s3, bucket, run_prefix, old)
+            control.report_deleted(old)
+            result.deleted.append(old)
+
     for step, directory in local:
         if step in durable or step in deleted:
+            if final and step == newest_local and step in durable:
+                # Already durable: marking it final rewrites only its manifest.
+                stored = read_manifest(s3, bucket, run_prefix, step)
+                if stored is not None and not stored.final:
+                    marked = stored.model_copy(update={"final": True})
+                    write_manifest(s3, bucket, run_prefix, marked)
+                    apply_retention(control.report_durable(marked, None))
             result.already_durable.append(step)
             continue
         if durable and step < max(durable):
@@ -433,10 +452,7 @@ def sync_pass(
             rate = upload.bytes_sent / upload.seconds if upload.bytes_sent and upload.seconds > 0 else None
             to_delete = control.report_durable(upload.manifest, rate)
         durable.add(step)
-        for old in to_delete:
-            delete_checkpoint(s3, bucket, run_prefix, old)
-            control.report_deleted(old)
-            result.deleted.append(old)
+        apply_retention(to_delete)
     # Interrupted uploads older than the newest durable checkpoint that no local directory will finish.
     if durable:
         local_steps = {s for s, _ in local}

@@ -31,9 +31,12 @@ def test_sync_then_restore_best_and_latest(
         directory = make_checkpoint(out, step, 6 * 2**20, seed=step)
         (directory / "gpuplan_metric.json").write_text(f'{{"metric": {loss}}}')
     connect = ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
-    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--part-mib", "5", "--final"]) == 0
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--part-mib", "5"]) == 0
     printed = capsys.readouterr().out
     assert "step 100: durable" in printed and "step 200: durable" in printed
+    assert run_env.run()["checkpoints"][-1]["final"] is False
+    # Training ended: mark the newest (already durable) checkpoint final.
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--final"]) == 0
     assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
     assert "nothing new to sync" in capsys.readouterr().out
 
@@ -46,6 +49,7 @@ def test_sync_then_restore_best_and_latest(
     assert main(["restore", *connect, "--to", str(tmp_path / "bucket"), "--from-bucket", "--step", "100"]) == 0
     run = run_env.run()
     assert run["last_durable_step"] == 200 and run["checkpoints"][-1]["final"] is True
+    assert run["checkpoints"][-1]["manifest"]["final"] is True
 
 
 @pytest.mark.parametrize(
