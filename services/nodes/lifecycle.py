@@ -79,17 +79,24 @@ class SweepSummary:
 
 
 def _record(
-    session: Session, node: NodeRow, decision: Decision, at: datetime, summary: SweepSummary, kind: str | None = None
-) -> bool:
-    """Store the decision on the node; an event when it changed. True when it changed."""
+    session: Session,
+    node: NodeRow,
+    decision: Decision,
+    at: datetime,
+    summary: SweepSummary,
+    kind: str | None = None,
+    details: dict[str, object] | None = None,
+) -> None:
+    """Store the decision on the node, and an event when it changed."""
     changed = node.last_decision != decision.code
     node.last_decision = decision.code
     node.last_reason = decision.reason
     node.last_decision_at = at
     if changed:
-        add_event(session, node, kind or decision.action, decision.reason, at, {"code": decision.code})
+        add_event(
+            session, node, kind or decision.action, decision.reason, at, {"code": decision.code, **(details or {})}
+        )
         summary.events += 1
-    return changed
 
 
 def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s: float) -> SweepSummary:
@@ -129,18 +136,7 @@ def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s:
             continue
         node.status = "stopped"
         node.stopped_at = now
-        node.last_decision = decision.code
-        node.last_reason = decision.reason
-        node.last_decision_at = now
-        add_event(
-            session,
-            node,
-            "stop",
-            decision.reason,
-            now,
-            {"code": decision.code, "driver": driver.name, "result": detail},
-        )
-        summary.events += 1
+        _record(session, node, decision, now, summary, details={"driver": driver.name, "result": detail})
         summary.stopped.append(node.id)
     return summary
 

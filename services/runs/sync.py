@@ -453,8 +453,9 @@ def sync_pass(
             to_delete = control.report_durable(upload.manifest, rate)
         durable.add(step)
         apply_retention(to_delete)
-    # Interrupted uploads older than the newest durable checkpoint that no local directory will finish.
-    if durable:
+    # Interrupted uploads older than the newest durable checkpoint that no local directory will finish;
+    # looked for only when this pass made a checkpoint durable (listing the run's prefix is not free).
+    if result.uploaded or result.deleted:
         local_steps = {s for s, _ in local}
         for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps:
             if orphan < max(durable) and read_manifest(s3, bucket, run_prefix, orphan) is None:

@@ -9,35 +9,34 @@ import pytest
 from pydantic import ValidationError
 
 from services.agent.signals import job_running, parse_who_idle
-from services.planner.checkpoints import FAILURES_PER_GPU_HOUR, ScheduleInputs, checkpoint_schedule
+from services.estimator.estimate import resolve_architecture
+from services.planner.checkpoints import FAILURES_PER_GPU_HOUR, CheckpointSchedule, ScheduleInputs, checkpoint_schedule
 from services.runs.manifest import ManifestFile, etag_matches, part_md5s_etag, step_from_key, step_of, step_prefix
 from services.runs.retention import RetentionPolicy, StoredCheckpoint, best_step, steps_to_delete
 from tests.conftest import make_plan
 
 
-def _schedule(**inputs: object) -> object:
+def _schedule(**inputs: object) -> CheckpointSchedule:
     plan = make_plan(method="lora", lora={"rank": 16})
-    from services.estimator.estimate import resolve_architecture
-
     _, arch = resolve_architecture(plan)
-    return checkpoint_schedule(plan, arch, ScheduleInputs(**inputs), RetentionPolicy(), "runs/r1")  # type: ignore[arg-type]
+    return checkpoint_schedule(plan, arch, ScheduleInputs.model_validate(inputs), RetentionPolicy(), "runs/r1")
 
 
 def test_young_daly_interval_is_sqrt_2cm_and_shrinks_with_more_preemptions() -> None:
     slow = _schedule(spot=True, preemptions_per_node_hour=0.05, upload_bytes_per_s=1e6, step_seconds=2.0)
     fast = _schedule(spot=True, preemptions_per_node_hour=0.5, upload_bytes_per_s=1e6, step_seconds=2.0)
-    c = slow.checkpoint_bytes / 1e6  # type: ignore[attr-defined]
-    assert slow.young_daly_interval_s == pytest.approx(math.sqrt(2 * c * 20 * 3600))  # type: ignore[attr-defined]
-    assert fast.interval_s < slow.interval_s  # type: ignore[attr-defined]
-    assert slow.interval_steps == round(slow.interval_s / 2.0)  # type: ignore[attr-defined]
-    assert "Young/Daly" in slow.formula  # type: ignore[attr-defined]
+    c = slow.checkpoint_bytes / 1e6
+    assert slow.young_daly_interval_s == pytest.approx(math.sqrt(2 * c * 20 * 3600))
+    assert fast.interval_s < slow.interval_s
+    assert slow.interval_steps == round(slow.interval_s / 2.0)
+    assert "Young/Daly" in slow.formula
 
 
 def test_on_demand_uses_hardware_failures_and_is_capped() -> None:
     schedule = _schedule(spot=False, gpus=8)
-    assert schedule.interruptions_per_hour == pytest.approx(8 * FAILURES_PER_GPU_HOUR)  # type: ignore[attr-defined]
-    assert schedule.capped and schedule.interval_s == 3600  # type: ignore[attr-defined]
-    assert "capped at 60 min" in schedule.formula  # type: ignore[attr-defined]
+    assert schedule.interruptions_per_hour == pytest.approx(8 * FAILURES_PER_GPU_HOUR)
+    assert schedule.capped and schedule.interval_s == 3600
+    assert "capped at 60 min" in schedule.formula
 
 
 def test_retention_never_deletes_the_newest_durable_and_keeps_the_best_and_final() -> None:
