@@ -96,6 +96,12 @@ class Architecture:
     vision_params: int = 0
     rotary: bool = True  # RoPE on q and k (GPT-2, BLOOM, T5 and ALiBi Falcon have none)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # "low" where the family is unknown and the shapes come from the standard keys (see _generic_decoder);
+    # its notes then name each assumption.
+    confidence: Literal["high", "low"] = "high"
+    # Bits per parameter the published checkpoint stores for the experts' weight matrices (gpt-oss: MXFP4,
+    # 4 bits plus one 8-bit scale per 32 values = 4.25); None where the checkpoint is in the model dtype.
+    expert_weight_stored_bits: float | None = None
 
     @property
     def num_layers(self) -> int:
@@ -169,6 +175,22 @@ def parameter_counts(arch: Architecture) -> ParameterCounts:
         total=total,
         active=active,
     )
+
+
+def checkpoint_bytes(arch: Architecture, bytes_per_param: float) -> float:
+    """Bytes of the published checkpoint: every parameter at ``bytes_per_param`` (2 for bf16), except the
+    experts' weight matrices where the checkpoint stores them in fewer bits (gpt-oss: MXFP4, 4.25 bits;
+    OpenAI's model card gives 12.8 GiB for gpt-oss-20b and 60.8 GiB for gpt-oss-120b)."""
+    total = parameter_counts(arch).total
+    if arch.expert_weight_stored_bits is None:
+        return total * bytes_per_param
+    experts = sum(
+        b.count * lin.copies * lin.in_features * lin.out_features
+        for b in arch.blocks
+        for lin in b.linears
+        if lin.copies > 1
+    )
+    return (total - experts) * bytes_per_param + experts * arch.expert_weight_stored_bits / 8.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,10 +284,13 @@ def _attention_dropout(c: _Config) -> float:
 
 
 def _llama_like(c: _Config) -> Architecture:
-    """llama, mistral, qwen2, qwen3, olmo, olmo2, stablelm, gemma(2,3), mixtral, qwen2_moe, qwen3_moe.
+    """llama, mistral, qwen2, qwen3, olmo, olmo2, olmoe, granite, stablelm, gemma(2,3), mixtral, qwen2_moe,
+    qwen3_moe.
 
     transformers ``models/<family>/modeling_<family>.py``: q/k/v/o projections, a gated MLP (or
-    experts), RMSNorm (LayerNorm for stablelm, a weightless LayerNorm for olmo).
+    experts), RMSNorm (LayerNorm for stablelm, a weightless LayerNorm for olmo). Mistral-Nemo and
+    Mistral-Small-3 set ``head_dim`` (128) apart from hidden_size / heads; Granite's embedding, residual,
+    attention and logit multipliers are scalars, not parameters.
     """
     mt = c.model_type
     h = c.get_int("hidden_size")
@@ -300,7 +325,7 @@ def _llama_like(c: _Config) -> Architecture:
     other = 0
     if mt in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):
         other += 2 * head_dim  # per-head q_norm and k_norm (RMSNorm over head_dim)
-    if mt == "olmo2":
+    if mt in ("olmo2", "olmoe"):
         other += heads * head_dim + kv_heads * head_dim  # q_norm, k_norm over the projections
     if mt == "stablelm" and c.get_bool("qk_layernorm", default=False):
         other += (heads + kv_heads) * head_dim  # per-head LayerNorm weights, no bias
@@ -325,8 +350,9 @@ def _llama_like(c: _Config) -> Architecture:
         )
 
     blocks: tuple[Block, ...]
-    if mt == "mixtral":
-        n_exp = c.get_int("num_local_experts")
+    if mt in ("mixtral", "olmoe"):
+        # OLMoE (modeling_olmoe.py) has Mixtral's sparse block: gate/up/down experts and a bias-free router.
+        n_exp = c.get_int("num_local_experts", "num_experts")
         k = c.get_int("num_experts_per_tok", default=2)
         blocks = (
             Block(
@@ -778,6 +804,724 @@ def _gemma3_multimodal(c: _Config) -> Architecture:
     )
 
 
+def _qwen1(c: _Config) -> Architecture:
+    """qwen (first-generation Qwen, remote code ``modeling_qwen.py`` in Qwen/Qwen-7B).
+
+    ``c_attn`` is a fused q/k/v with bias, ``attn.c_proj`` has none (``no_bias``). The MLP is
+    ``c_proj(w1(x) * silu(w2(x)))`` where each of w1, w2 is ``intermediate_size // 2`` wide: the config's
+    ``intermediate_size`` (22016 for Qwen-7B) counts both halves. RMSNorm, untied head.
+    """
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    hd = c.get_int("kv_channels", default=h // heads if heads else 0)
+    proj = heads * hd
+    half = c.get_int("intermediate_size") // 2
+    vocab = c.get_int("vocab_size")
+    no_bias = c.get_bool("no_bias", default=True)
+    linears = (
+        Linear("c_attn", ("q", "k", "v"), h, 3 * proj, True),
+        Linear("c_proj", ("o",), proj, h, not no_bias),
+        Linear("w2", ("gate",), h, half, not no_bias),
+        Linear("w1", ("up",), h, half, not no_bias),
+        Linear("mlp.c_proj", ("down",), half, h, not no_bias),
+    )
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        heads,
+        hd,
+        linears,
+        norm_params=2 * h,
+        norm_count=2,
+        intermediate_size=half,
+    )
+    return Architecture(
+        model_type="qwen",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation="silu",
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings", "seq_length"),
+        hidden_dropout=c.get_float("emb_dropout_prob"),
+        attention_dropout=c.get_float("attn_dropout_prob"),
+        notes=("first-generation Qwen runs remote code (trust_remote_code=True)",),
+    )
+
+
+def _moe_layer_indexes(layers: int, first_dense: int, every: int) -> list[int]:
+    """DeepSeek-V2/V3 (modeling_deepseek.py): layer i is MoE when i >= first_k_dense_replace and
+    i % moe_layer_freq == 0; the others are dense."""
+    return [i for i in range(layers) if i >= first_dense and every > 0 and i % every == 0]
+
+
+def _deepseek(c: _Config) -> Architecture:
+    """deepseek_v2 / deepseek_v3 (modeling_deepseek_v2.py, modeling_deepseek_v3.py in transformers; the
+    remote code in deepseek-ai/DeepSeek-V2 and DeepSeek-V3 has the same modules).
+
+    Multi-head latent attention (DeepSeek-V2 paper, arXiv:2405.04434, section 2.1): the query goes through
+    a low-rank ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``q_proj`` where ``q_lora_rank`` is null);
+    keys and values share a compressed latent ``kv_a_proj_with_mqa`` (kv_lora_rank plus the decoupled
+    RoPE key, qk_rope_head_dim) -> RMSNorm -> ``kv_b_proj`` to every head's no-RoPE key and value. The
+    query/key head is qk_nope_head_dim + qk_rope_head_dim wide, the value head v_head_dim.
+    DeepSeekMoE: the first ``first_k_dense_replace`` layers are dense; the rest (every ``moe_layer_freq``-th)
+    have ``n_routed_experts`` routed experts, ``n_shared_experts`` always-on experts (one MLP
+    n_shared x moe_intermediate_size wide) and a router, with a score-correction bias for V3's
+    ``noaux_tc`` routing (arXiv:2412.19437, section 2.1.2). V3's multi-token-prediction module
+    (``num_nextn_predict_layers``, 14B of the 685B checkpoint) is not built by transformers and not trained
+    by default, so it is not counted.
+    """
+    mt = c.model_type
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    vocab = c.get_int("vocab_size")
+    inter = c.get_int("intermediate_size")
+    q_rank = c.opt_int("q_lora_rank")
+    kv_rank = c.get_int("kv_lora_rank")
+    rope_dim = c.get_int("qk_rope_head_dim")
+    nope_dim = c.get_int("qk_nope_head_dim")
+    v_dim = c.get_int("v_head_dim")
+    qk_dim = nope_dim + rope_dim
+    bias = c.get_bool("attention_bias", default=False)
+    if q_rank:
+        q: tuple[Linear, ...] = (
+            Linear("q_a_proj", ("q",), h, q_rank, bias),
+            Linear("q_b_proj", ("q",), q_rank, heads * qk_dim),
+        )
+    else:
+        q = (Linear("q_proj", ("q",), h, heads * qk_dim),)
+    attn = (
+        *q,
+        Linear("kv_a_proj_with_mqa", ("k", "v"), h, kv_rank + rope_dim, bias),
+        Linear("kv_b_proj", ("k", "v"), kv_rank, heads * (nope_dim + v_dim)),
+        Linear("o_proj", ("o",), heads * v_dim, h, bias),
+    )
+    latent_norms = (q_rank or 0) + kv_rank  # q_a_layernorm, kv_a_layernorm
+
+    n_routed = c.get_int("n_routed_experts", default=0)
+    moe_idx = _moe_layer_indexes(
+        layers, c.get_int("first_k_dense_replace", default=0), c.get_int("moe_layer_freq", default=1)
+    )
+    n_moe = len(moe_idx) if n_routed else 0
+
+    def block(count: int, mlp: tuple[Linear, ...], other: int, width: int, k: int = 1, experts: int = 1) -> Block:
+        return Block(
+            "decoder",
+            count,
+            heads,
+            heads,  # MLA expands the latent to full keys and values for every head in training
+            qk_dim,
+            attn + mlp,
+            norm_params=2 * h,
+            norm_count=2,
+            other_params=latent_norms + other,
+            intermediate_size=width,
+            experts_per_token=k,
+            num_experts=experts,
+        )
+
+    blocks: list[Block] = []
+    if layers - n_moe:
+        blocks.append(block(layers - n_moe, _gated_mlp(h, inter), 0, inter))
+    if n_moe:
+        moe_inter = c.get_int("moe_intermediate_size")
+        k = c.get_int("num_experts_per_tok")
+        shared_inter = moe_inter * c.get_int("n_shared_experts", default=0)
+        shared = tuple(
+            Linear("shared_experts." + lin.name, lin.roles, lin.in_features, lin.out_features)
+            for lin in (_gated_mlp(h, shared_inter) if shared_inter else ())
+        )
+        router = h * n_routed + (n_routed if c.get_str("topk_method", default="") == "noaux_tc" else 0)
+        blocks.append(block(n_moe, _gated_mlp(h, moe_inter, copies=n_routed) + shared, router, moe_inter, k, n_routed))
+    notes = ["multi-head latent attention: keys and values are expanded per head from a compressed latent"]
+    if c.get_int("num_nextn_predict_layers", default=0):
+        notes.append(
+            "DeepSeek-V3's multi-token-prediction layer is not loaded by transformers nor trained by default: "
+            "not counted"
+        )
+    return Architecture(
+        model_type=mt,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=tuple(blocks),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(c),
+        notes=tuple(notes),
+    )
+
+
+# MXFP4 (OCP Microscaling Formats v1.0, section 6.3): blocks of 32 FP4 (E2M1) values share one 8-bit
+# E8M0 scale, so 4 + 8 / 32 = 4.25 bits per parameter.
+MXFP4_BITS_PER_PARAM = 4.0 + 8.0 / 32.0
+
+
+def _gpt_oss(c: _Config) -> Architecture:
+    """gpt_oss (modeling_gpt_oss.py; OpenAI's gpt-oss model card, arXiv:2508.10925).
+
+    q/k/v/o with biases, one learned attention-sink logit per head, layers alternating between a
+    128-token sliding window and full attention (``layer_types``), and a MoE MLP whose experts keep a
+    fused gate_up projection with bias and a down projection with bias, chosen by a router with bias.
+    The published checkpoints store the experts' weight matrices in MXFP4 (4.25 bits per parameter);
+    transformers dequantizes them to bf16 for training.
+    """
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    n_exp = c.get_int("num_local_experts")
+    k = c.get_int("num_experts_per_tok", "experts_per_token")
+    bias = c.get_bool("attention_bias", default=True)
+    linears = (
+        *_qkvo(h, heads, kv, hd, bias, bias),
+        Linear("gate_up_proj", ("gate", "up"), h, 2 * inter, True, n_exp),
+        Linear("down_proj", ("down",), inter, h, True, n_exp),
+    )
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        linears,
+        norm_params=2 * h,
+        norm_count=2,
+        other_params=heads + h * n_exp + n_exp,  # sinks; router weight and bias
+        intermediate_size=inter,
+        experts_per_token=k,
+        num_experts=n_exp,
+    )
+    notes = ["attention sinks and alternating sliding-window layers: attention memory is sized as full attention"]
+    quant = c.raw.get("quantization_config")
+    stored_bits = None
+    if isinstance(quant, Mapping) and quant.get("quant_method") == "mxfp4":
+        stored_bits = MXFP4_BITS_PER_PARAM
+        notes.append("MXFP4 checkpoint: experts stored at 4.25 bits/param, dequantized to bf16 for training")
+    return Architecture(
+        model_type="gpt_oss",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation="silu",
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(c),
+        notes=tuple(notes),
+        expert_weight_stored_bits=stored_bits,
+    )
+
+
+def _llama4_vision_params(v: _Config, text_hidden: int) -> int:
+    """Llama 4's vision encoder, pixel-shuffle adapter and projector (modeling_llama4.py).
+
+    Patch embedding (unfolded patches -> hidden, no bias), a class token, learned positions for every
+    patch plus the class token, pre/post LayerNorms, ``num_hidden_layers`` layers of q/k/v/o and fc1/fc2 with
+    biases and two LayerNorms, then the pixel-shuffle MLP (intermediate_size -> projector_input_dim ->
+    projector_output_dim, no biases) and ``multi_modal_projector`` (vision_output_dim -> text hidden).
+    """
+    hv = v.get_int("hidden_size")
+    iv = v.get_int("intermediate_size")
+    patch = v.get_int("patch_size")
+    image = v.get_int("image_size")
+    channels = v.get_int("num_channels", default=3)
+    proj_in = v.get_int("projector_input_dim")
+    proj_out = v.get_int("projector_output_dim")
+    out_dim = v.get_int("vision_output_dim")
+    per_layer = 4 * (hv * hv + hv) + (hv * iv + iv) + (iv * hv + hv) + 2 * 2 * hv
+    embeddings = channels * patch * patch * hv + hv + ((image // patch) ** 2 + 1) * hv + 2 * 2 * hv
+    adapter = iv * proj_in + proj_out * proj_out
+    return embeddings + v.get_int("num_hidden_layers") * per_layer + adapter + out_dim * text_hidden
+
+
+def _llama4(c: _Config) -> Architecture:
+    """llama4 / llama4_text (modeling_llama4.py; Meta's Llama 4 model cards).
+
+    The text model sits in ``text_config``. Layers listed in ``moe_layers`` (by default every
+    ``interleave_moe_layer_step``-th: all of Scout's, every second of Maverick's) have ``num_local_experts``
+    routed experts (fused gate_up and down, ``intermediate_size`` wide), one shared expert of the same width
+    and a bias-free router; the other layers have a dense MLP ``intermediate_size_mlp`` wide. The q/k norm
+    is a weightless L2 norm; the vision tower is counted when ``vision_config`` is given.
+    """
+    text = c.raw.get("text_config")
+    t = _Config({"model_type": "llama4_text", **text}) if isinstance(text, Mapping) else c
+    h = t.get_int("hidden_size")
+    layers = t.get_int("num_hidden_layers")
+    heads = t.get_int("num_attention_heads")
+    kv = t.get_int("num_key_value_heads", default=heads)
+    hd = t.get_int("head_dim", default=h // heads if heads else 0)
+    vocab = t.get_int("vocab_size")
+    inter = t.get_int("intermediate_size")
+    dense_inter = t.get_int("intermediate_size_mlp", default=inter)
+    n_exp = t.get_int("num_local_experts")
+    k = t.get_int("num_experts_per_tok", default=1)
+    step = t.get_int("interleave_moe_layer_step", default=1)
+    listed = t.raw.get("moe_layers")
+    if isinstance(listed, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+        moe = {i for i in listed if 0 <= i < layers}
+    else:
+        moe = set(range(step - 1, layers, step)) if step > 0 else set()
+    attn = _qkvo(h, heads, kv, hd, t.get_bool("attention_bias", default=False), False)
+    blocks: list[Block] = []
+    if moe:
+        shared = tuple(
+            Linear("shared_expert." + lin.name, lin.roles, lin.in_features, lin.out_features)
+            for lin in _gated_mlp(h, inter)
+        )
+        experts = (
+            Linear("experts.gate_up_proj", ("gate", "up"), h, 2 * inter, False, n_exp),
+            Linear("experts.down_proj", ("down",), inter, h, False, n_exp),
+        )
+        blocks.append(
+            Block(
+                "decoder",
+                len(moe),
+                heads,
+                kv,
+                hd,
+                attn + experts + shared,
+                norm_params=2 * h,
+                norm_count=2,
+                other_params=h * n_exp,
+                intermediate_size=inter,
+                experts_per_token=k,
+                num_experts=n_exp,
+            )
+        )
+    if layers - len(moe):
+        blocks.append(
+            Block(
+                "decoder",
+                layers - len(moe),
+                heads,
+                kv,
+                hd,
+                attn + _gated_mlp(h, dense_inter),
+                norm_params=2 * h,
+                norm_count=2,
+                intermediate_size=dense_inter,
+            )
+        )
+    vision = c.raw.get("vision_config")
+    vision_params = _llama4_vision_params(_Config(vision), h) if isinstance(vision, Mapping) else 0
+    tie = c.get_bool("tie_word_embeddings", default=t.get_bool("tie_word_embeddings", default=False))
+    return Architecture(
+        model_type=c.model_type,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        blocks=tuple(blocks),
+        norm="rms",
+        activation=t.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=t.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(t),
+        vision_params=vision_params,
+        notes=("Llama 4 alternates chunked-attention and global (NoPE) layers: attention memory sized as full",),
+    )
+
+
+def _internlm2(c: _Config) -> Architecture:
+    """internlm2 (remote code ``modeling_internlm2.py`` in internlm/internlm2-7b): fused ``wqkv``, ``wo``,
+    feed_forward w1 (gate) / w3 (up) / w2 (down), RMSNorm, untied ``output`` head."""
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = h // heads if heads else 0
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    bias = c.get_bool("bias", default=False)
+    linears = (
+        Linear("wqkv", ("q", "k", "v"), h, (heads + 2 * kv) * hd, bias),
+        Linear("wo", ("o",), heads * hd, h, bias),
+        Linear("w1", ("gate",), h, inter),
+        Linear("w3", ("up",), h, inter),
+        Linear("w2", ("down",), inter, h),
+    )
+    block = Block("decoder", c.get_int("num_hidden_layers"), heads, kv, hd, linears, 2 * h, 2, intermediate_size=inter)
+    return Architecture(
+        model_type="internlm2",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        notes=("InternLM2 runs remote code (trust_remote_code=True)",),
+    )
+
+
+def _baichuan(c: _Config) -> Architecture:
+    """baichuan (Baichuan 2, remote code ``modeling_baichuan.py`` in baichuan-inc/Baichuan2-7B-Base and
+    -13B-Base): fused ``W_pack`` q/k/v without bias, o_proj, gate/up/down, RMSNorm, an untied NormHead.
+
+    The 7B uses RoPE and declares ``max_position_embeddings``; the 13B uses ALiBi and declares only
+    ``model_max_length``.
+    """
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    hd = h // heads if heads else 0
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    linears = (
+        Linear("W_pack", ("q", "k", "v"), h, 3 * h),
+        Linear("o_proj", ("o",), h, h),
+        *_gated_mlp(h, inter),
+    )
+    block = Block(
+        "decoder", c.get_int("num_hidden_layers"), heads, heads, hd, linears, 2 * h, 2, intermediate_size=inter
+    )
+    rope = c.raw.get("max_position_embeddings") is not None
+    return Architecture(
+        rotary=rope,
+        model_type="baichuan",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings", "model_max_length"),
+        notes=("Baichuan runs remote code (trust_remote_code=True)",) + (() if rope else ("ALiBi positions",)),
+    )
+
+
+def _chatglm(c: _Config) -> Architecture:
+    """chatglm (ChatGLM2/3-6B and GLM-4-9B, remote code ``modeling_chatglm.py`` in THUDM/chatglm3-6b and
+    THUDM/glm-4-9b).
+
+    ``query_key_value`` projects to the heads' queries plus ``multi_query_group_num`` key/value groups
+    (``kv_channels`` wide) with bias (``add_qkv_bias``); ``dense``, ``dense_h_to_4h`` (a fused gate and up,
+    2 x ffn_hidden_size) and ``dense_4h_to_h`` carry a bias only with ``add_bias_linear``. RMSNorm (or
+    LayerNorm without ``rmsnorm``), a final norm with ``post_layer_norm``, an untied ``output_layer`` over
+    ``padded_vocab_size``.
+    """
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    hd = c.get_int("kv_channels", default=h // heads if heads else 0)
+    groups = (
+        c.get_int("multi_query_group_num", default=heads)
+        if c.get_bool("multi_query_attention", default=False)
+        else heads
+    )
+    ffn = c.get_int("ffn_hidden_size")
+    vocab = c.get_int("padded_vocab_size", "vocab_size")
+    linear_bias = c.get_bool("add_bias_linear", default=False)
+    qkv_bias = linear_bias or c.get_bool("add_qkv_bias", default=False)
+    rms = c.get_bool("rmsnorm", default=True)
+    norm_width = h if rms else 2 * h
+    linears = (
+        Linear("query_key_value", ("q", "k", "v"), h, (heads + 2 * groups) * hd, qkv_bias),
+        Linear("dense", ("o",), heads * hd, h, linear_bias),
+        Linear("dense_h_to_4h", ("gate", "up"), h, 2 * ffn, linear_bias),
+        Linear("dense_4h_to_h", ("down",), ffn, h, linear_bias),
+    )
+    block = Block(
+        "decoder",
+        c.get_int("num_layers", "num_hidden_layers"),
+        heads,
+        groups,
+        hd,
+        linears,
+        norm_params=2 * norm_width,
+        norm_count=2,
+        intermediate_size=ffn,
+    )
+    return Architecture(
+        model_type="chatglm",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms" if rms else "layer",
+        activation="silu",
+        embedding_params=vocab * h,
+        extra_params=norm_width if c.get_bool("post_layer_norm", default=True) else 0,
+        max_position_embeddings=c.opt_int("seq_length", "max_position_embeddings"),
+        hidden_dropout=c.get_float("hidden_dropout"),
+        attention_dropout=c.get_float("attention_dropout"),
+        notes=("ChatGLM runs remote code (trust_remote_code=True)",),
+    )
+
+
+def _glm(c: _Config) -> Architecture:
+    """glm and glm4 (modeling_glm.py, modeling_glm4.py: GLM-4-9B-chat-hf, GLM-4-9B-0414, GLM-4-32B-0414).
+
+    q/k/v with bias (``attention_bias``), o_proj without, a fused ``gate_up_proj`` and ``down_proj``;
+    glm4 adds ``post_self_attn_layernorm`` and ``post_mlp_layernorm`` (four RMSNorms per layer).
+    """
+    mt = c.model_type
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    norms = 4 if mt == "glm4" else 2
+    linears = (
+        *_qkvo(h, heads, kv, hd, c.get_bool("attention_bias", default=True), False),
+        *_gated_mlp(h, inter, fused=True),
+    )
+    block = Block(
+        "decoder", c.get_int("num_hidden_layers"), heads, kv, hd, linears, norms * h, norms, intermediate_size=inter
+    )
+    return Architecture(
+        model_type=mt,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(c),
+    )
+
+
+def _cohere(c: _Config) -> Architecture:
+    """cohere and cohere2 (modeling_cohere.py, modeling_cohere2.py: Command-R, Command-R+, Command R7B, A).
+
+    One LayerNorm (weight, no bias) feeds attention and MLP in parallel; q/k/o and gate/up/down without
+    bias; ``use_qk_norm`` adds per-head LayerNorm weights over q and k (Command-R+); the head is tied to
+    the embedding.
+    """
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    bias = c.get_bool("attention_bias", default=False)
+    other = (heads + kv) * hd if c.get_bool("use_qk_norm", default=False) else 0
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        _qkvo(h, heads, kv, hd, bias, bias) + _gated_mlp(h, inter),
+        norm_params=h,
+        norm_count=1,
+        other_params=other,
+        intermediate_size=inter,
+        parallel_residual=True,
+    )
+    return Architecture(
+        model_type=c.model_type,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=True),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(c),
+    )
+
+
+def _phimoe(c: _Config) -> Architecture:
+    """phimoe (Phi-3.5-MoE, modeling_phimoe.py): q/k/v/o with bias, LayerNorms with bias, Mixtral-style
+    experts w1/w3/w2 and a bias-free router, an untied head with bias (``lm_head_bias``)."""
+    h = c.get_int("hidden_size")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    inter = c.get_int("intermediate_size")
+    vocab = c.get_int("vocab_size")
+    n_exp = c.get_int("num_local_experts")
+    bias = c.get_bool("attention_bias", default=True)
+    block = Block(
+        "decoder",
+        c.get_int("num_hidden_layers"),
+        heads,
+        kv,
+        hd,
+        _qkvo(h, heads, kv, hd, bias, bias) + _gated_mlp(h, inter, copies=n_exp),
+        norm_params=2 * 2 * h,
+        norm_count=2,
+        other_params=h * n_exp,
+        intermediate_size=inter,
+        experts_per_token=c.get_int("num_experts_per_tok", default=2),
+        num_experts=n_exp,
+    )
+    return Architecture(
+        model_type="phimoe",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=(block,),
+        norm="layer",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=2 * h,
+        lm_head_bias=c.get_bool("lm_head_bias", default=True),
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Any other decoder-only config: the standard keys and their common aliases
+
+_SIZE_KEYS: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "model_dim", "embed_dim"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_attention_heads"),
+    "vocab_size": ("vocab_size", "padded_vocab_size", "n_vocab"),
+}
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads", "multi_query_group_num")
+_INTER_KEYS = (
+    "intermediate_size",
+    "ffn_hidden_size",
+    "n_inner",
+    "d_ff",
+    "ffn_dim",
+    "inner_hidden_size",
+    "decoder_ffn_dim",
+    "mlp_dim",
+)
+_HEAD_DIM_KEYS = ("head_dim", "kv_channels", "d_kv", "attention_head_dim")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts")
+_BIAS_KEYS = ("attention_bias", "bias", "use_bias", "add_bias_linear")
+_GATED_ACTIVATIONS = ("silu", "swiglu", "swish", "geglu", "gelu_pytorch_tanh", "gelu_tanh", "reglu")
+
+
+def _first_key(c: _Config, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if c.raw.get(n) is not None), None)
+
+
+def _generic_decoder(c: _Config) -> Architecture:
+    """A decoder-only model of an unknown family, from the keys every HF config carries (and their
+    aliases in GPT-2, Falcon, MPT, T5-style and Megatron-style configs): a pre-norm transformer with q/k/v/o
+    projections and a gated MLP where the activation is a GLU-style one (SiLU/SwiGLU; a plain up/down
+    MLP otherwise), RMSNorm, no biases unless the config says so. Each assumption is named in the notes
+    and the estimate is marked ``confidence: low``.
+    """
+    found = {name: _first_key(c, keys) for name, keys in _SIZE_KEYS.items()}
+    missing = [f"{name} (or {', '.join(_SIZE_KEYS[name][1:])})" for name, key in found.items() if key is None]
+    if missing:
+        raise EstimatorError(
+            "model.config",
+            f"model_type {c.model_type!r} is not a known family and its config lacks the sizes needed for a generic "
+            f"estimate: {'; '.join(missing)}. Known families: {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
+    h = c.get_int(*_SIZE_KEYS["hidden_size"])
+    layers = c.get_int(*_SIZE_KEYS["num_hidden_layers"])
+    heads = c.get_int(*_SIZE_KEYS["num_attention_heads"])
+    vocab = c.get_int(*_SIZE_KEYS["vocab_size"])
+    notes = [f"model_type {c.model_type!r} is not a known family: estimated from its standard keys (confidence: low)"]
+
+    kv_key = _first_key(c, _KV_KEYS)
+    if kv_key is not None:
+        kv = c.get_int(kv_key)
+    elif c.get_bool("multi_query", default=False):
+        kv = 1
+        notes.append("assumed 1 key/value head (multi_query: true)")
+    else:
+        kv = heads
+        notes.append("assumed one key/value head per attention head (no num_key_value_heads)")
+    hd_key = _first_key(c, _HEAD_DIM_KEYS)
+    hd = c.get_int(hd_key) if hd_key else (h // heads if heads else 0)
+    if hd_key is None:
+        notes.append("assumed head_dim = hidden_size / num_attention_heads")
+
+    act = c.get_str("hidden_act", "activation_function", "hidden_activation", "activation", default="silu")
+    gated = act.lower() in _GATED_ACTIVATIONS
+    if c.raw.get("hidden_act") is None and c.raw.get("activation_function") is None:
+        notes.append("assumed a SiLU-gated MLP (no activation named)")
+    else:
+        notes.append(f"assumed a {'gated (gate/up/down)' if gated else 'plain (up/down)'} MLP for activation {act!r}")
+    inter_key = _first_key(c, _INTER_KEYS)
+    if inter_key is not None:
+        inter = c.get_int(inter_key)
+    else:
+        inter = 4 * h
+        notes.append("assumed intermediate_size = 4 x hidden_size (no intermediate size given)")
+
+    bias_key = next((n for n in _BIAS_KEYS if isinstance(c.raw.get(n), bool)), None)
+    bias = bool(c.raw[bias_key]) if bias_key else False
+    notes.append(f"assumed q/k/v/o and MLP {'with' if bias else 'without'} biases, RMSNorm before attention and MLP")
+    if c.raw.get("tie_word_embeddings") is None:
+        notes.append("assumed an untied output head (no tie_word_embeddings): the larger of the two")
+    tie = c.get_bool("tie_word_embeddings", default=False)
+
+    mlp: tuple[Linear, ...]
+    experts_key = _first_key(c, _EXPERT_KEYS)
+    n_exp = c.get_int(experts_key) if experts_key else 1
+    k = 1
+    if n_exp > 1:
+        k_key = _first_key(c, _TOP_K_KEYS)
+        k = c.get_int(k_key) if k_key else 2
+        inter = c.get_int("moe_intermediate_size", default=inter)
+        notes.append(
+            f"mixture of experts: {n_exp} experts, {k} per token"
+            + ("" if k_key else " (assumed: no experts-per-token key)")
+            + "; every layer assumed sparse, no shared experts"
+        )
+    if gated:
+        mlp = _gated_mlp(h, inter, bias, copies=n_exp)
+    else:
+        mlp = (Linear("up_proj", ("up",), h, inter, bias, n_exp), Linear("down_proj", ("down",), inter, h, bias, n_exp))
+    if c.get_bool("is_encoder_decoder", default=False):
+        notes.append("encoder-decoder config: estimated as its decoder stack only")
+    block = Block(
+        "decoder",
+        layers,
+        heads,
+        kv,
+        hd,
+        _qkvo(h, heads, kv, hd, bias, bias) + mlp,
+        norm_params=2 * h,
+        norm_count=2,
+        other_params=h * n_exp if n_exp > 1 else 0,
+        mlp_gated=gated,
+        intermediate_size=inter,
+        experts_per_token=k,
+        num_experts=n_exp,
+    )
+    return Architecture(
+        model_type=c.model_type,
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        blocks=(block,),
+        norm="rms",
+        activation=act,
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings", "n_positions", "seq_length"),
+        hidden_dropout=_hidden_dropout(c),
+        attention_dropout=_attention_dropout(c),
+        notes=tuple(notes),
+        confidence="low",
+    )
+
+
 _FAMILIES: dict[str, Callable[[_Config], Architecture]] = {
     "llama": _llama_like,
     "mistral": _llama_like,
@@ -802,24 +1546,37 @@ _FAMILIES: dict[str, Callable[[_Config], Architecture]] = {
     "bloom": _bloom,
     "t5": _t5,
     "mt5": _t5,
+    "qwen": _qwen1,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
+    "llama4": _llama4,
+    "llama4_text": _llama4,
+    "internlm2": _internlm2,
+    "baichuan": _baichuan,
+    "chatglm": _chatglm,
+    "glm": _glm,
+    "glm4": _glm,
+    "cohere": _cohere,
+    "cohere2": _cohere,
+    "granite": _llama_like,
+    "olmoe": _llama_like,
+    "phimoe": _phimoe,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
 def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
-    """Parse an HF config.json into an :class:`Architecture`; unknown families raise EstimatorError."""
+    """Parse an HF config.json into an :class:`Architecture`. An unknown family gets a generic decoder
+    (``confidence: low``); only a config without the sizes raises EstimatorError."""
     if not isinstance(config, Mapping):
         raise EstimatorError("model.config", "must be a JSON object (the model's config.json)")
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise EstimatorError("model.config.model_type", "missing; it names the architecture family")
-    parser = _FAMILIES.get(model_type)
-    if parser is None:
-        raise EstimatorError(
-            "model.config.model_type",
-            f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
-        )
+    # An unknown family is estimated from the standard keys (low confidence), never refused.
+    parser = _FAMILIES.get(model_type, _generic_decoder)
     arch = parser(_Config(config))
     if arch.num_layers == 0 or arch.hidden_size == 0:
         raise EstimatorError("model.config", "num_hidden_layers and hidden_size must be positive")

@@ -84,6 +84,8 @@ class CostReport(_Out):
 class Estimate(_Out):
     model: str
     model_type: str
+    # "low" where the model's family is unknown and its shapes come from the standard config keys.
+    confidence: str = "high"
     parameters: ParameterReport
     mode: str
     memory: MemoryReport
@@ -160,6 +162,7 @@ def estimate(
     return Estimate(
         model=name,
         model_type=arch.model_type,
+        confidence=arch.confidence,
         parameters=ParameterReport(
             total=counts.total,
             trainable=mem.trainable_params,
@@ -245,7 +248,7 @@ def _cost(
 
 
 def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdown, gpu: GpuSpec | None) -> list[str]:
-    out: list[str] = []
+    out: list[str] = list(arch.notes)  # the family's caveats; for an unknown family, each assumption
     if plan.method != "full" and plan.lora is None:
         out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
     if arch.max_position_embeddings and plan.seq_len > arch.max_position_embeddings:
@@ -341,6 +344,7 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
     return Estimate(
         model=plan.model.name or "generic model",
         model_type="generic",
+        confidence="low",
         parameters=ParameterReport(total=p, trainable=trainable, active=p, embedding=0, attention=0, mlp=0, lm_head=0),
         mode=plan.mode,
         memory=mem,

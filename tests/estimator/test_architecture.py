@@ -100,10 +100,11 @@ def test_tied_embeddings_have_no_head_parameters() -> None:
     assert parameter_counts(architecture_from_config(cfg)).lm_head == 0
 
 
-def test_unknown_family_names_the_field_and_the_supported_ones() -> None:
+def test_unknown_family_without_sizes_names_the_missing_keys_and_the_known_families() -> None:
     with pytest.raises(EstimatorError) as err:
         architecture_from_config({"model_type": "rwkv", "hidden_size": 8})
-    assert err.value.field == "model.config.model_type"
+    assert err.value.field == "model.config"
+    assert "num_hidden_layers" in err.value.message
     assert "llama" in err.value.message
 
 
