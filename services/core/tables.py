@@ -6,6 +6,7 @@ from __future__ import annotations
 def import_all_tables() -> None:
     import services.catalog.tables
     import services.datasets.tables
+    import services.hub.tables
     import services.nodes.tables
     import services.orgs.tables
     import services.plans.tables

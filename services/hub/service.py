@@ -1,0 +1,185 @@
+"""Resolving a model name at the edge: the bundled catalog first, then the cache, then the Hub.
+
+The pure estimator never sees a name it must look up: ``with_model_config`` returns the plan with the
+model's config.json in ``model.config`` (the name kept), which the estimator reads as it reads a pasted
+config. The API caches in the database, the CLI in a folder (``GPUPLAN_HUB_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
+
+from services.catalog.models import find_model
+from services.core.db import utcnow
+from services.estimator.errors import EstimatorError
+from services.estimator.plan import ModelSpec, Plan
+from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
+from services.hub.errors import HubModelNotFound
+from services.hub.tables import HubModelRow
+
+Fetcher = Callable[[str], HubModel]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    config: dict[str, Any]
+    origin: str  # "catalog", "cache" or "hub"
+    checkpoint: Checkpoint | None = None
+
+
+class ConfigCache(Protocol):
+    def get(self, repo_id: str) -> HubModel | None: ...
+
+    def put(self, model: HubModel, endpoint: str) -> None: ...
+
+
+def _key(repo_id: str) -> str:
+    return repo_id.strip().lower()
+
+
+def _checkpoint(data: Any) -> Checkpoint | None:
+    if not isinstance(data, dict):
+        return None
+    size, dtype = data.get("stored_bytes"), data.get("dtype")
+    return Checkpoint(
+        stored_bytes=size if isinstance(size, int) else None,
+        dtype=dtype if isinstance(dtype, str) else None,
+        source=str(data.get("source") or ""),
+    )
+
+
+class DbCache:
+    """The API's cache: the hub_models table, in the request's session (the request commits)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, repo_id: str) -> HubModel | None:
+        row = self.session.get(HubModelRow, _key(repo_id))
+        if row is None:
+            return None
+        return HubModel(row.repo_id, row.revision, dict(row.config), _checkpoint(row.checkpoint))
+
+    def put(self, model: HubModel, endpoint: str) -> None:
+        row = self.session.get(HubModelRow, _key(model.repo_id))
+        if row is None:
+            row = HubModelRow(key=_key(model.repo_id))
+            self.session.add(row)
+        row.repo_id = model.repo_id
+        row.revision = model.revision
+        row.endpoint = endpoint[:500]
+        row.config = model.config
+        row.checkpoint = model.checkpoint.as_dict() if model.checkpoint else None
+        row.fetched_at = utcnow()
+        self.session.flush()
+
+
+def default_cache_dir() -> Path:
+    """GPUPLAN_HUB_CACHE_DIR, else $XDG_CACHE_HOME/gpuplan/hub, else ~/.cache/gpuplan/hub."""
+    explicit = os.environ.get("GPUPLAN_HUB_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpuplan" / "hub"
+
+
+class DiskCache:
+    """The CLI's cache: one JSON file per model, written atomically (a temporary file renamed)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder or default_cache_dir()
+
+    def _path(self, repo_id: str) -> Path:
+        return self.folder / (_key(repo_id).replace("/", "--") + ".json")
+
+    def get(self, repo_id: str) -> HubModel | None:
+        path = self._path(repo_id)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            return None
+        return HubModel(
+            str(data.get("repo_id")), str(data.get("revision")), data["config"], _checkpoint(data.get("checkpoint"))
+        )
+
+    def put(self, model: HubModel, endpoint: str) -> None:
+        path = self._path(model.repo_id)
+        record = {
+            "repo_id": model.repo_id,
+            "revision": model.revision,
+            "endpoint": endpoint,
+            "fetched_at": utcnow().isoformat(),
+            "config": model.config,
+            "checkpoint": model.checkpoint.as_dict() if model.checkpoint else None,
+        }
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            tmp.replace(path)
+        except OSError:
+            pass  # an unwritable cache only costs a fetch next time
+
+
+def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None) -> ResolvedModel:
+    """The config of the model named ``name``: bundled catalog, then cache, then the Hub (cached after)."""
+    try:
+        found = find_model(name)
+    except EstimatorError as not_bundled:
+        try:
+            repo_id = check_repo_id(name)
+        except HubModelNotFound:
+            raise not_bundled from None  # not a Hub id either: the catalog's closest matches help most
+    else:
+        return ResolvedModel(found.hf_id, dict(found.config), "catalog")
+    cached = cache.get(repo_id)
+    if cached is not None:
+        return ResolvedModel(cached.repo_id, cached.config, "cache", cached.checkpoint)
+    if fetcher is None:
+        settings = HubSettings()
+        model = fetch_model(repo_id, settings)
+        endpoint = settings.endpoint
+    else:
+        model = fetcher(repo_id)
+        endpoint = "custom"
+    cache.put(model, endpoint)
+    return ResolvedModel(model.repo_id, model.config, "hub", model.checkpoint)
+
+
+def with_model_config(
+    plan: Plan, cache: ConfigCache, fetcher: Fetcher | None = None
+) -> tuple[Plan, ResolvedModel | None]:
+    """The plan with its named model's config.json filled in (unchanged where it has a config or is generic)."""
+    spec = plan.model
+    if spec.config is not None or spec.generic is not None or spec.name is None:
+        return plan, None
+    resolved = resolve_model(spec.name, cache, fetcher)
+    model = ModelSpec(name=resolved.name, config=resolved.config)
+    return plan.model_copy(update={"model": model}), resolved
+
+
+def checkpoint_note(resolved: ResolvedModel | None) -> list[str]:
+    """One line on the Hub checkpoint (size and storage format) for the estimate's warnings."""
+    if resolved is None or resolved.checkpoint is None:
+        return []
+    ck = resolved.checkpoint
+    parts = []
+    if ck.stored_bytes:
+        parts.append(f"{ck.stored_bytes / 2**30:.1f} GiB stored")
+    if ck.dtype:
+        parts.append(f"as {ck.dtype}")
+    if not parts:
+        return []
+    return [
+        f"Hub checkpoint of {resolved.name}: {' '.join(parts)} (from {ck.source}; the download and disk to plan for)"
+    ]
