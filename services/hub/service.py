@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.catalog.models import find_model
-from services.core.db import utcnow
+from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
 from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
@@ -183,3 +184,23 @@ def checkpoint_note(resolved: ResolvedModel | None) -> list[str]:
     return [
         f"Hub checkpoint of {resolved.name}: {' '.join(parts)} (from {ck.source}; the download and disk to plan for)"
     ]
+
+
+class FactoryCache:
+    """The database cache in short transactions of its own, so a Hub fetch between ``get`` and ``put``
+    holds no transaction open. Two requests fetching the same new model both store it; the second
+    insert loses the race harmlessly."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self.factory = factory
+
+    def get(self, repo_id: str) -> HubModel | None:
+        with unit_of_work(self.factory) as session:
+            return DbCache(session).get(repo_id)
+
+    def put(self, model: HubModel, endpoint: str) -> None:
+        try:
+            with unit_of_work(self.factory) as session:
+                DbCache(session).put(model, endpoint)
+        except IntegrityError:
+            pass  # stored by a concurrent request

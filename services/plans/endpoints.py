@@ -8,6 +8,7 @@ from services.api.deps import DbDep, PrincipalDep
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.export import Format
+from services.hub.service import FactoryCache, checkpoint_note, with_model_config
 from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
@@ -28,7 +29,7 @@ def estimate_now(
     if body.dataset_id is not None:
         with db.transaction() as (session, _pending):
             body = service.with_dataset(session, principal.organization_id, body)
-    plan = body.to_plan()
+    plan, resolved = with_model_config(body.to_plan(), FactoryCache(db.factory))
     utilisation: tuple[float, str] | tuple[None, None] = (None, None)
     if spec is not None:
         with db.transaction() as (session, _pending):
@@ -36,7 +37,9 @@ def estimate_now(
                 spec.name, (None, None)
             )
     report = estimate(plan, spec, utilisation=utilisation[0], utilisation_source=utilisation[1])
-    return report.model_dump(mode="json")
+    out = report.model_dump(mode="json")
+    out["warnings"] = [*checkpoint_note(resolved), *out["warnings"]]
+    return out
 
 
 @router.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
@@ -47,6 +50,8 @@ def create_plan(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> PlanCreated:
+    # A model named by its Hub id is fetched (and cached) before the plan's transaction opens.
+    with_model_config(body.to_plan(), FactoryCache(db.factory))
     with db.transaction() as (session, pending):
         row, created = service.submit(session, principal, body, idempotency_key, pending)
         result = PlanCreated(id=row.id, status=row.status)

@@ -18,7 +18,9 @@ from services.core.tasks import PendingTasks
 from services.datasets.service import location_warnings, plan_data
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import Estimate, estimate, resolve_architecture
+from services.estimator.plan import Plan
 from services.export import ExportBundle, export_setup
+from services.hub.service import DbCache, ResolvedModel, checkpoint_note, with_model_config
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
@@ -36,10 +38,16 @@ TRACE_TASK = "gpuplan.plans.trace"
 TRACE_DISAGREEMENT_PCT = 15.0
 
 
-def _check_plannable(request: PlanRequest) -> str:
+def resolved_plan(session: Session, request: PlanRequest) -> tuple[Plan, ResolvedModel | None]:
+    """The request's plan with its named model's config.json filled in (bundled catalog, then the Hub
+    config cache; a model first seen here is fetched from the Hub and cached)."""
+    return with_model_config(request.to_plan(), DbCache(session))
+
+
+def _check_plannable(session: Session, request: PlanRequest) -> str:
     """Check now what would fail the background work later (an unknown model id, a model without an
     architecture, an inference plan), so it is a 422 at submission; returns the model's name."""
-    plan = request.to_plan()
+    plan, _ = resolved_plan(session, request)
     if plan.model.generic is not None:
         raise Unprocessable(
             "model.generic: planning setups needs the model's architecture; give model.name or model.config "
@@ -78,7 +86,7 @@ def submit(
             if existing.request != body:
                 raise Conflict("Idempotency-Key was already used with a different plan body", field="Idempotency-Key")
             return existing, False
-    name = _check_plannable(request)
+    name = _check_plannable(session, request)
     row = repo.add(
         PlanRow(
             organization_id=principal.organization_id,
@@ -131,7 +139,7 @@ def export(session: Session, principal: Principal, plan_id: str, fmt: str, index
             field="recommendation",
         )
     rec = Recommendation.model_validate(recs[index])
-    plan = PlanRequest.model_validate(row.request).to_plan()
+    plan, _ = resolved_plan(session, PlanRequest.model_validate(row.request))
     try:
         return export_setup(
             plan, rec, fmt, peak_gib_per_gpu=rec.peak_gib_per_gpu, gpu_memory_gib=rec.gpu_memory_gib, gpu=rec.gpu
@@ -157,7 +165,12 @@ def run_trace(factory: sessionmaker[Session], plan_id: str) -> None:
         if row is None or row.trace_status not in ("queued", "running"):
             return
         row.trace_status = "running"
-        plan = PlanRequest.model_validate(row.request).to_plan()
+        try:
+            plan, _ = resolved_plan(session, PlanRequest.model_validate(row.request))
+        except GpuplanError as exc:
+            row.trace = {"error": exc.message}
+            row.trace_status = "failed"
+            return
     try:
         from services.trace.tracer import TraceUnavailable, trace_plan
     except ImportError:
@@ -231,11 +244,12 @@ def to_summary(row: PlanRow) -> PlanSummary:
 def compute(session: Session, request: PlanRequest, safety_margin: float, organization_id: str) -> dict[str, Any]:
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
     with the organization's calibrated utilisation where its nodes measured the card and method."""
-    plan = request.to_plan()
+    plan, resolved = resolved_plan(session, request)
     report = estimate(plan)
     offers = as_offers(active_offers(session))
     utilisation = calibrated_utilisation(session, organization_id, plan.method)
     recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
+    warnings = [*checkpoint_note(resolved), *warnings]
     if request.dataset_id is not None:
         try:
             data = plan_data(session, organization_id, request.dataset_id)
@@ -298,6 +312,9 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float,
             result = compute(session, request, safety_margin, organization_id)
     except (EstimatorError, ValueError) as exc:
         _finish(factory, plan_id, error=str(exc))
+        return
+    except GpuplanError as exc:  # the model's config could not be fetched again (a Hub error)
+        _finish(factory, plan_id, error=exc.message)
         return
     except Exception as exc:
         log.exception("plan %s failed", plan_id)

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import QLORA_PLAN, Api
+from tests.hub.conftest import INDEX, QWEN_1_8B
+from tests.hub.fake_hub import FakeHub
 
 
 def test_health(api: Api) -> None:
@@ -168,3 +173,67 @@ def test_trace_is_stored_beside_the_estimate(api: Api) -> None:
     trace = body["trace"]
     assert trace["peak_allocated_gib"] > 0 and trace["breakdown"]
     assert abs(trace["disagreement_pct"]) <= 15 and trace["flagged"] is False
+
+
+# --------------------------------------------------------------------------------------------------
+# Models by Hub id (issue 13 item 1), through a loopback fake of the Hub
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    fake = FakeHub()
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield fake
+    fake.close()
+
+
+def test_estimate_and_plan_a_model_by_its_hub_id_then_offline(api: Api, fake_hub: FakeHub) -> None:
+    fake_hub.add_model("Qwen/Qwen-1_8B-Chat", QWEN_1_8B, index=INDEX)
+    body = {"model": {"name": "Qwen/Qwen-1_8B-Chat"}, "method": "lora", "seq_len": 1024}
+    response = api.client.post("/v1/estimate", json=body, headers=api.headers())
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["model"] == "Qwen/Qwen-1_8B-Chat" and report["model_type"] == "qwen"
+    assert any("Hub checkpoint" in w and "3.4 GiB" in w for w in report["warnings"])
+    fake_hub.close()  # the cached config answers from now on, also for the background estimate
+    again = api.client.post("/v1/estimate", json=body, headers=api.headers())
+    assert again.status_code == 200 and again.json()["parameters"] == report["parameters"]
+    plan = {**QLORA_PLAN, "model": {"name": "qwen/qwen-1_8b-chat"}}
+    created = api.client.post("/v1/plans", json=plan, headers=api.headers())
+    assert created.status_code == 202, created.text
+    done = api.wait_for_plan(created.json()["id"])
+    assert done["status"] == "done", done.get("error")
+    assert done["estimate"]["model_type"] == "qwen"
+
+
+def test_hub_errors_are_distinct_422s_naming_model_name(api: Api, fake_hub: FakeHub) -> None:
+    fake_hub.add_model("meta-llama/Gated-8B", QWEN_1_8B, gated_token="hf_ok")
+    codes = {}
+    for name in ("acme/nope-7b", "meta-llama/Gated-8B"):
+        for path, body in (
+            ("/v1/estimate", {"model": {"name": name}}),
+            ("/v1/plans", {**QLORA_PLAN, "model": {"name": name}}),
+        ):
+            response = api.client.post(path, json=body, headers=api.headers())
+            assert response.status_code == 422, response.text
+            assert response.json()["field"] == "model.name"
+            codes[name] = response.json()["error"]
+    assert codes == {"acme/nope-7b": "model_not_found", "meta-llama/Gated-8B": "model_gated"}
+    fake_hub.close()
+    down = api.client.post("/v1/estimate", json={"model": {"name": "acme/never-seen"}}, headers=api.headers())
+    assert down.status_code == 422 and down.json()["error"] == "hub_unreachable"
+    assert down.json()["field"] == "model.name"
+    listed = api.client.get("/v1/plans", headers=api.headers()).json()["items"]
+    assert listed == []  # nothing half-stored
+
+
+def test_an_unknown_family_from_the_hub_is_estimated_with_low_confidence(api: Api, fake_hub: FakeHub) -> None:
+    fake_hub.add_model("acme/new-arch-1b", {**QWEN_1_8B, "model_type": "acme_lm", "intermediate_size": 5504})
+    response = api.client.post("/v1/estimate", json={"model": {"name": "acme/new-arch-1b"}}, headers=api.headers())
+    assert response.status_code == 200, response.text
+    assert response.json()["confidence"] == "low"
+    assert any("not a known family" in w for w in response.json()["warnings"])
+    fake_hub.add_model("acme/sizeless", {"model_type": "acme_lm", "vocab_size": 10})
+    refused = api.client.post("/v1/estimate", json={"model": {"name": "acme/sizeless"}}, headers=api.headers())
+    assert refused.status_code == 422 and "hidden_size" in refused.json()["message"]

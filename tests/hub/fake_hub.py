@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,7 +25,7 @@ class FakeRepo:
     files: dict[str, bytes]
     gated_token: str | None = None  # gated: only this bearer token is let through
     lfs: frozenset[str] = frozenset()
-    commit: str = field(default_factory=lambda: hashlib.sha1(str(id(object())).encode()).hexdigest())
+    commit: str = field(default_factory=lambda: uuid.uuid4().hex + "00000000")
 
 
 class FakeHub:
