@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     dataset_max_bytes: int = Field(default=20 * 2**30, ge=1, le=5 * 2**40, description="largest data set file")
     dataset_part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30, description="upload part size")
 
+    # Models named by their Hugging Face Hub id (services/hub): HF_TOKEN and HF_ENDPOINT are read as
+    # huggingface_hub reads them; these bound each request and each file fetched.
+    hub_timeout_s: float = Field(default=10.0, gt=0.0, le=120.0, description="Hub request timeout")
+    hub_max_file_bytes: int = Field(
+        default=32 * 2**20, ge=1024, le=256 * 2**20, description="largest config.json / safetensors index fetched"
+    )
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, value: str | None) -> str | None:

@@ -64,6 +64,14 @@ class HubSettings:
     timeout_s: float = 10.0
     max_file_bytes: int = 32 * 2**20  # DeepSeek-V3's index of 91,991 tensors is about 9 MB
 
+    @classmethod
+    def from_environment(cls) -> HubSettings:
+        """GPUPLAN_HUB_TIMEOUT_S and GPUPLAN_HUB_MAX_FILE_BYTES (services/core/settings.py)."""
+        from services.core.settings import Settings
+
+        settings = Settings()
+        return cls(timeout_s=settings.hub_timeout_s, max_file_bytes=settings.hub_max_file_bytes)
+
     @property
     def endpoint(self) -> str:
         return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
@@ -229,7 +237,9 @@ def _single_file(repo_id: str, revision: str, config: dict[str, Any], settings: 
             timeout=settings.timeout_s,
             endpoint=settings.endpoint,
         )
-    except (HfHubHTTPError, *_TRANSPORT_ERRORS):
+    except HfHubHTTPError:
+        return None
+    except _TRANSPORT_ERRORS:
         return None
     return Checkpoint(stored_bytes=meta.size, dtype=stored_format([], config), source=SINGLE_FILE)
 

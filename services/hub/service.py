@@ -147,7 +147,7 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
     if cached is not None:
         return ResolvedModel(cached.repo_id, cached.config, "cache", cached.checkpoint)
     if fetcher is None:
-        settings = HubSettings()
+        settings = HubSettings.from_environment()
         model = fetch_model(repo_id, settings)
         endpoint = settings.endpoint
     else:
