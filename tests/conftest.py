@@ -23,6 +23,16 @@ LLAMA_8B: dict[str, Any] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _no_real_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test reaches the Hugging Face Hub: a model id outside the bundled catalog goes to a closed
+    loopback port (the Hub tests point HF_ENDPOINT at their fake), and the CLI caches in a fresh folder."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setenv("GPUPLAN_HUB_CACHE_DIR", str(tmp_path_factory.mktemp("hub-cache")))
+
+
 def make_plan(**fields: Any) -> Plan:
     data: dict[str, Any] = {"model": {"name": "llama-8b", "config": LLAMA_8B}}
     data.update(fields)

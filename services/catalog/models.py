@@ -58,20 +58,28 @@ def _index() -> dict[str, CatalogModel]:
     return index
 
 
+def closest_models(name: str) -> list[str]:
+    """Up to five bundled ids closest to ``name`` (by the whole id, else by the part after the owner)."""
+    key = name.strip().lower()
+    known = sorted({m.hf_id for m in catalog_models()})
+    close = difflib.get_close_matches(name.strip(), known, n=5, cutoff=0.5)
+    if not close:
+        short = {m.hf_id.split("/")[-1].lower(): m.hf_id for m in catalog_models()}
+        close = [short[s] for s in difflib.get_close_matches(key.split("/")[-1], list(short), n=5, cutoff=0.5)]
+    return close
+
+
 def find_model(name: str) -> CatalogModel:
     """Look a model up by HF id or alias (case-insensitive); unknown ids list the closest ids."""
     key = name.strip().lower()
     found = _index().get(key)
     if found is not None:
         return found
-    known = sorted({m.hf_id for m in catalog_models()})
-    close = difflib.get_close_matches(name.strip(), known, n=5, cutoff=0.5)
-    if not close:
-        short = {m.hf_id.split("/")[-1].lower(): m.hf_id for m in catalog_models()}
-        close = [short[s] for s in difflib.get_close_matches(key.split("/")[-1], list(short), n=5, cutoff=0.5)]
+    close = closest_models(name)
     hint = f" Closest: {', '.join(close)}." if close else ""
     raise EstimatorError(
         "model.name",
-        f"{name!r} is not in the bundled catalog of {len(known)} models.{hint} "
-        "Pass the model's config.json as model.config (or --config FILE) instead.",
+        f"{name!r:.200} is not in the bundled catalog of {len(catalog_models())} models.{hint} "
+        "Give a Hugging Face id (owner/name) to fetch its config.json from the Hub, or pass the config as "
+        "model.config (or --config FILE).",
     )

@@ -14,6 +14,7 @@ from services.catalog.models import find_model
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import Method, Precision
 from services.estimator.validation import describe_errors
+from services.hub.ids import is_hub_id
 from services.plans.schemas import PlanRequest
 
 METHODS: tuple[str, ...] = get_args(Method)
@@ -153,7 +154,8 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
             try:
                 find_model(name)  # reported now, beside the other inputs' problems
             except EstimatorError as exc:
-                form.add("model", f"model: {exc.message}")
+                if not is_hub_id(name):  # a Hub id (owner/name) is looked up on the Hub when submitted
+                    form.add("model", f"model: {exc.message}")
         else:
             form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
 

@@ -27,6 +27,8 @@ from services.catalog.models import catalog_models
 from services.core.errors import GpuplanError, NotFound, Unprocessable
 from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
+from services.estimator.errors import EstimatorError
+from services.hub.service import FactoryCache, with_model_config
 from services.nodes import service as nodes_service
 from services.nodes.schemas import BenchmarkOut, NodeOut
 from services.orgs.service import Principal, hash_key
@@ -299,10 +301,15 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
         if plan_request is None:
             return None
         try:
+            # A model named by its Hub id is fetched (and cached) before the plan's transaction opens.
+            with_model_config(plan_request.to_plan(), FactoryCache(db.factory))
             with db.transaction() as (s, pending):
                 row, _created = plans_service.submit(s, viewer.principal, plan_request, None, pending)
                 return row.id
         except Unprocessable as exc:
+            form.add(forms.input_for(exc.field, form.values), exc.message)
+            return None
+        except EstimatorError as exc:
             form.add(forms.input_for(exc.field, form.values), exc.message)
             return None
 

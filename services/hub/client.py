@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +27,13 @@ from huggingface_hub.errors import (
 )
 
 from services.hub.errors import HubFileInvalid, HubModelGated, HubModelNotFound, HubUnreachable
+from services.hub.ids import is_hub_id
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 FIELD = "model.name"
-# A Hub repo id: an optional owner, then a name; letters, digits, '-', '_', '.' (huggingface_hub's
-# validate_repo_id), at most 96 characters each.
-REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 @dataclass(frozen=True)
@@ -105,10 +102,8 @@ _TRANSPORT_ERRORS = _transport_errors()
 def check_repo_id(name: str) -> str:
     """The name as a Hub repo id, or a 422 naming model.name."""
     repo_id = name.strip()
-    if not REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise HubModelNotFound(
-            f"{name!r:.120} is neither in the bundled catalog nor a Hugging Face model id (owner/name)", field=FIELD
-        )
+    if not is_hub_id(repo_id):
+        raise HubModelNotFound(f"{name!r:.120} is not a Hugging Face model id (owner/name)", field=FIELD)
     return repo_id
 
 

@@ -17,12 +17,12 @@ from typing import Any, Protocol
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.catalog.models import find_model
+from services.catalog.models import closest_models, find_model
 from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
 from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
-from services.hub.errors import HubModelNotFound
+from services.hub.errors import HubModelNotFound, HubUnreachable
 from services.hub.tables import HubModelRow
 
 Fetcher = Callable[[str], HubModel]
@@ -146,13 +146,19 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
     cached = cache.get(repo_id)
     if cached is not None:
         return ResolvedModel(cached.repo_id, cached.config, "cache", cached.checkpoint)
-    if fetcher is None:
-        settings = HubSettings.from_environment()
-        model = fetch_model(repo_id, settings)
-        endpoint = settings.endpoint
-    else:
-        model = fetcher(repo_id)
-        endpoint = "custom"
+    try:
+        if fetcher is None:
+            settings = HubSettings.from_environment()
+            model = fetch_model(repo_id, settings)
+            endpoint = settings.endpoint
+        else:
+            model = fetcher(repo_id)
+            endpoint = "custom"
+    except (HubModelNotFound, HubUnreachable) as exc:
+        close = closest_models(repo_id)
+        if not close:
+            raise
+        raise type(exc)(f"{exc.message}. Bundled models with close ids: {', '.join(close)}", field=exc.field) from None
     cache.put(model, endpoint)
     return ResolvedModel(model.repo_id, model.config, "hub", model.checkpoint)
 
