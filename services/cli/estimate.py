@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.cli.common import CliError, Subparsers, int_arg, read_json, read_plan_file
 from services.cli.render import render_estimate
 from services.estimator.estimate import estimate
+from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
+
+if TYPE_CHECKING:
+    from services.hub.service import ResolvedModel
 
 # Flags that set plan fields: (flag, plan key, argparse options).
 PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
@@ -39,7 +43,11 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
 def register(sub: Subparsers) -> None:
     est = sub.add_parser("estimate", help="peak GPU memory, fit per card, tokens/s and cost of a plan")
     est.add_argument("--plan", metavar="FILE", help="plan JSON (the schema of benchmarks/README); flags override it")
-    est.add_argument("--model", metavar="HF_ID", help="model id from the bundled catalog (see `gpuplan models`)")
+    est.add_argument(
+        "--model",
+        metavar="HF_ID",
+        help="a bundled model (see `gpuplan models`) or any Hugging Face id (owner/name), fetched once and cached",
+    )
     est.add_argument("--config", metavar="FILE", help="the model's config.json, for models not in the catalog")
     est.add_argument("--gpu", metavar="NAME", help="GPU for tokens/s ('A100 80GB', 'h100', 'RTX 4090', ...)")
     est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -112,9 +120,26 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
+def with_hub_model(plan: Plan) -> tuple[Plan, ResolvedModel | None]:
+    """The plan with its named model's config.json filled in: the bundled catalog, else the disk cache
+    (GPUPLAN_HUB_CACHE_DIR, default ~/.cache/gpuplan/hub), else the Hub (HF_TOKEN, HF_ENDPOINT), cached
+    for the next run, which then works offline. Hub failures are one line naming model.name."""
+    from services.core.errors import Unprocessable
+    from services.hub.service import DiskCache, with_model_config
+
+    try:
+        return with_model_config(plan, DiskCache())
+    except Unprocessable as exc:
+        raise CliError(f"{exc.field or 'model.name'}: {exc.message}") from None
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
-    plan = parse_plan(plan_from_args(args))
+    plan, resolved = with_hub_model(parse_plan(plan_from_args(args)))
     result = estimate(plan, args.gpu)
+    if resolved is not None:
+        from services.hub.service import checkpoint_note
+
+        result = result.model_copy(update={"warnings": [*checkpoint_note(resolved), *result.warnings]})
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:

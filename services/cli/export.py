@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.catalog.gpus import find_gpu
 from services.cli.common import CliError, Subparsers, int_arg, read_plan_file
+from services.cli.estimate import with_hub_model
 from services.estimator.estimate import estimate
 from services.estimator.validation import parse_plan
 from services.export import FORMATS, export_setup
@@ -24,7 +25,7 @@ def register(sub: Subparsers) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    plan = parse_plan(read_plan_file(args.plan))
+    plan, _ = with_hub_model(parse_plan(read_plan_file(args.plan)))
     if args.gpu:
         spec = find_gpu(args.gpu)
         gpus = args.gpus or plan.gpus

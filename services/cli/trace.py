@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from services.cli.common import CliError, Subparsers, read_plan_file
+from services.cli.estimate import with_hub_model
 from services.estimator.validation import parse_plan
 
 
@@ -20,7 +21,7 @@ def register(sub: Subparsers) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    plan = parse_plan(read_plan_file(args.plan))
+    plan, _ = with_hub_model(parse_plan(read_plan_file(args.plan)))
     try:
         from services.trace.tracer import TraceUnavailable, trace_plan
     except ImportError:

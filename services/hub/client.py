@@ -175,8 +175,8 @@ def _download(repo_id: str, filename: str, revision: str | None, settings: HubSe
         ) from None
     except _TRANSPORT_ERRORS as exc:
         raise HubUnreachable(
-            f"could not reach the Hub at {endpoint} within {settings.timeout_s:g} s ({type(exc).__name__}); "
-            "check the network or HF_ENDPOINT, or pass the config as model.config",
+            f"could not reach the Hub at {endpoint} ({type(exc).__name__}, timeout {settings.timeout_s:g} s); "
+            "check the network or HF_ENDPOINT, or pass the config as model.config (--config FILE)",
             field=FIELD,
         ) from None
     with open(path, "rb") as fh:
