@@ -853,10 +853,13 @@ def _qwen1(c: _Config) -> Architecture:
     )
 
 
-def _moe_layer_indexes(layers: int, first_dense: int, every: int) -> list[int]:
+def _moe_layer_count(layers: int, first_dense: int, every: int) -> int:
     """DeepSeek-V2/V3 (modeling_deepseek.py): layer i is MoE when i >= first_k_dense_replace and
-    i % moe_layer_freq == 0; the others are dense."""
-    return [i for i in range(layers) if i >= first_dense and every > 0 and i % every == 0]
+    i % moe_layer_freq == 0; the others are dense. Counted arithmetically (no loop over the layers)."""
+    if every <= 0 or first_dense >= layers:
+        return 0
+    start = -(-first_dense // every) * every  # the first multiple of ``every`` at or after first_dense
+    return 0 if start >= layers else (layers - 1 - start) // every + 1
 
 
 def _deepseek(c: _Config) -> Architecture:
@@ -904,10 +907,10 @@ def _deepseek(c: _Config) -> Architecture:
     latent_norms = (q_rank or 0) + kv_rank  # q_a_layernorm, kv_a_layernorm
 
     n_routed = c.get_int("n_routed_experts", default=0)
-    moe_idx = _moe_layer_indexes(
+    moe_layers = _moe_layer_count(
         layers, c.get_int("first_k_dense_replace", default=0), c.get_int("moe_layer_freq", default=1)
     )
-    n_moe = len(moe_idx) if n_routed else 0
+    n_moe = moe_layers if n_routed else 0
 
     def block(count: int, mlp: tuple[Linear, ...], other: int, width: int, k: int = 1, experts: int = 1) -> Block:
         return Block(
@@ -1071,12 +1074,12 @@ def _llama4(c: _Config) -> Architecture:
     step = t.get_int("interleave_moe_layer_step", default=1)
     listed = t.raw.get("moe_layers")
     if isinstance(listed, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
-        moe = {i for i in listed if 0 <= i < layers}
-    else:
-        moe = set(range(step - 1, layers, step)) if step > 0 else set()
+        n_moe = len({i for i in listed if 0 <= i < layers})
+    else:  # layers step-1, 2*step-1, ... (configuration_llama4.py), counted without a loop
+        n_moe = (layers - step) // step + 1 if 0 < step <= layers else 0
     attn = _qkvo(h, heads, kv, hd, t.get_bool("attention_bias", default=False), False)
     blocks: list[Block] = []
-    if moe:
+    if n_moe:
         shared = tuple(
             Linear("shared_expert." + lin.name, lin.roles, lin.in_features, lin.out_features)
             for lin in _gated_mlp(h, inter)
@@ -1088,7 +1091,7 @@ def _llama4(c: _Config) -> Architecture:
         blocks.append(
             Block(
                 "decoder",
-                len(moe),
+                n_moe,
                 heads,
                 kv,
                 hd,
@@ -1101,11 +1104,11 @@ def _llama4(c: _Config) -> Architecture:
                 num_experts=n_exp,
             )
         )
-    if layers - len(moe):
+    if layers - n_moe:
         blocks.append(
             Block(
                 "decoder",
-                layers - len(moe),
+                layers - n_moe,
                 heads,
                 kv,
                 hd,

@@ -259,3 +259,18 @@ def test_a_config_without_sizes_is_refused_naming_the_missing_keys() -> None:
 
 def test_bundled_families_keep_high_confidence() -> None:
     assert all(architecture_from_config(m.config).confidence == "high" for m in catalog_models())
+
+
+def test_layer_counts_are_arithmetic_not_a_loop_over_layers() -> None:
+    """A config claiming a billion layers parses at once (the size bounds themselves are validation's)."""
+    import time
+
+    start = time.perf_counter()
+    ds = architecture_from_config({**find_model("deepseek-ai/DeepSeek-V3").config, "num_hidden_layers": 10**9})
+    scout = dict(find_model("meta-llama/Llama-4-Scout-17B-16E").config)
+    l4 = architecture_from_config(
+        {**scout, "text_config": {**scout["text_config"], "num_hidden_layers": 10**9, "interleave_moe_layer_step": 2}}
+    )
+    assert time.perf_counter() - start < 0.5
+    assert [b.count for b in ds.blocks] == [3, 10**9 - 3]
+    assert [b.count for b in l4.blocks] == [10**9 // 2, 10**9 // 2]
