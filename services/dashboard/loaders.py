@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from services.catalog.service import active_offers, as_offers
 from services.dashboard.views import NodeLifecycle
 from services.estimator.errors import EstimatorError
+from services.hub.service import stored_request
 from services.nodes.calibration import calibrated_utilisation
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.repository import ApiKeyRepository, OrganizationRepository
@@ -47,7 +48,7 @@ def candidate_setups(session: Session, row: PlanRow, safety_margin: float) -> li
     scoped to the caller's organization)."""
     if row.status != "done":
         return []
-    request = PlanRequest.model_validate(row.request)
+    request = stored_request(session, PlanRequest.model_validate(row.request))
     plan = request.to_plan()
     offers = as_offers(active_offers(session))
     utilisation = calibrated_utilisation(session, row.organization_id, plan.method)

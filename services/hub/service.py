@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +23,7 @@ from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
 from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
 from services.hub.errors import HubModelNotFound, HubUnreachable
+from services.hub.ids import is_hub_id
 from services.hub.tables import HubModelRow
 
 Fetcher = Callable[[str], HubModel]
@@ -163,16 +164,41 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
     return ResolvedModel(model.repo_id, model.config, "hub", model.checkpoint)
 
 
-def with_model_config(
-    plan: Plan, cache: ConfigCache, fetcher: Fetcher | None = None
-) -> tuple[Plan, ResolvedModel | None]:
-    """The plan with its named model's config.json filled in (unchanged where it has a config or is generic)."""
+P = TypeVar("P", bound=Plan)
+
+
+def with_model_config(plan: P, cache: ConfigCache, fetcher: Fetcher | None = None) -> tuple[P, ResolvedModel | None]:
+    """The plan (or plan request) with its named model's config.json filled in; unchanged where it has a
+    config or is generic."""
     spec = plan.model
     if spec.config is not None or spec.generic is not None or spec.name is None:
         return plan, None
     resolved = resolve_model(spec.name, cache, fetcher)
     model = ModelSpec(name=resolved.name, config=resolved.config)
     return plan.model_copy(update={"model": model}), resolved
+
+
+def stored_request(session: Session, request: P) -> P:
+    """A stored plan request with its model's config filled in from the catalog or the Hub cache, for the
+    work that reads plans back (quotes, runs, calibration, the dashboard's candidates)."""
+    return with_model_config(request, DbCache(session))[0]
+
+
+def request_data_with_config(session: Session, data: dict[str, Any]) -> dict[str, Any]:
+    """A stored request body (JSON) with ``model.config`` added for a model known only from the Hub
+    cache, so a node's agent can build the model without looking it up."""
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("config") is not None or not isinstance(model.get("name"), str):
+        return data
+    try:
+        find_model(model["name"])
+        return data  # bundled: the agent has the catalog too
+    except EstimatorError:
+        pass
+    cached = DbCache(session).get(model["name"]) if is_hub_id(model["name"]) else None
+    if cached is None:
+        return data
+    return {**data, "model": {**model, "config": cached.config}}
 
 
 def checkpoint_note(resolved: ResolvedModel | None) -> list[str]:

@@ -16,6 +16,7 @@ from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
+from services.hub.service import request_data_with_config, stored_request
 from services.nodes.lifecycle import after_heartbeat
 from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
@@ -130,7 +131,7 @@ def claim_next(session: Session, principal: Principal, node_id: str) -> tuple[Ca
     row.status = "running"
     row.started_at = utcnow()
     plan = get_plan(session, principal, row.plan_id)
-    return row, plan.request
+    return row, request_data_with_config(session, plan.request)
 
 
 def _calibration(session: Session, principal: Principal, calibration_id: str) -> CalibrationRow:
@@ -150,7 +151,7 @@ def submit_result(session: Session, principal: Principal, calibration_id: str, b
     if row.status != "running":
         raise Conflict(f"calibration {calibration_id} is {row.status}, not running", field="id")
     node = get_node(session, principal, row.node_id)
-    request = PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request)
+    request = stored_request(session, PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request))
     plan = request.to_plan()
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = None

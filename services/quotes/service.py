@@ -13,6 +13,7 @@ from services.catalog.service import active_offers, as_offers
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.estimator.errors import EstimatorError
+from services.hub.service import stored_request
 from services.orgs.service import Principal
 from services.plans.recommend import recommend
 from services.plans.schemas import PlanRequest
@@ -71,7 +72,7 @@ def create_quote(
     plan_row = get_plan(session, principal, plan_id)
     if plan_row.status != "done":
         raise Conflict(f"plan {plan_id} is {plan_row.status}; quotes are issued for estimated plans", field="id")
-    plan_request = PlanRequest.model_validate(plan_row.request)
+    plan_request = stored_request(session, PlanRequest.model_validate(plan_row.request))
     # Re-plan with room for the requested GPU count, so any fitting setup can be quoted.
     wanted = request.best_for_gpus or request.gpus or 1
     constraints = plan_request.constraints.model_copy(

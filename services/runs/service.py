@@ -13,6 +13,7 @@ from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.core.settings import Settings
 from services.estimator.estimate import estimate, resolve_architecture
+from services.hub.service import stored_request
 from services.nodes.service import get_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal
@@ -60,7 +61,7 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
     bucket = body.bucket or settings.s3_bucket
     if not bucket:
         raise Unprocessable("no bucket: give 'bucket' or set GPUPLAN_S3_BUCKET on the server", field="bucket")
-    request = PlanRequest.model_validate(plan.request)
+    request = stored_request(session, PlanRequest.model_validate(plan.request))
     row = RunRow(
         organization_id=principal.organization_id,
         plan_id=plan.id,
@@ -182,7 +183,7 @@ def record_durable(session: Session, principal: Principal, run_id: str, body: Ch
             max_interval_s = float(run.schedule.get("max_interval_s", 3600.0))
             schedule = _schedule(
                 run,
-                PlanRequest.model_validate(get_plan(session, principal, run.plan_id).request),
+                stored_request(session, PlanRequest.model_validate(get_plan(session, principal, run.plan_id).request)),
                 nodes,
                 max_interval_s,
             )

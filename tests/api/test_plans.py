@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -202,9 +203,28 @@ def test_estimate_and_plan_a_model_by_its_hub_id_then_offline(api: Api, fake_hub
     plan = {**QLORA_PLAN, "model": {"name": "qwen/qwen-1_8b-chat"}}
     created = api.client.post("/v1/plans", json=plan, headers=api.headers())
     assert created.status_code == 202, created.text
-    done = api.wait_for_plan(created.json()["id"])
+    plan_id = created.json()["id"]
+    done = api.wait_for_plan(plan_id)
     assert done["status"] == "done", done.get("error")
     assert done["estimate"]["model_type"] == "qwen"
+    assert any("Hub checkpoint" in w for w in done["warnings"])
+    # The work that reads the stored plan back finds the config in the cache, with the Hub gone.
+    quote = api.client.post(f"/v1/plans/{plan_id}/quotes", json={"best_for_gpus": 1}, headers=api.headers())
+    assert quote.status_code == 201, quote.text
+    export = api.client.get(f"/v1/plans/{plan_id}/export?format=hf-trainer", headers=api.headers())
+    assert export.status_code == 200, export.text
+    assert "qwen/qwen-1_8b-chat" in json.dumps(export.json()["files"]).lower()
+    node = api.client.post("/v1/nodes", json={"name": "n1", "gpu": "T4"}, headers=api.headers())
+    assert node.status_code in (200, 201), node.text
+    node_id = node.json()["id"]
+    queued = api.client.post(
+        f"/v1/nodes/{node_id}/calibrations",
+        json={"plan_id": plan_id, "warmup_steps": 1, "timed_steps": 1},
+        headers=api.headers(),
+    )
+    assert queued.status_code == 202, queued.text
+    job = api.client.post(f"/v1/nodes/{node_id}/calibrations/next", json={}, headers=api.headers()).json()
+    assert job["plan"]["model"]["config"] == QWEN_1_8B  # the agent builds the model without the Hub
 
 
 def test_hub_errors_are_distinct_422s_naming_model_name(api: Api, fake_hub: FakeHub) -> None:

@@ -33,6 +33,9 @@ def test_a_hub_id_typed_in_the_form_is_planned(api: Api, alpha: TestClient, fake
     done = api.wait_for_plan(plan_id)
     assert done["status"] == "done", done.get("error")
     assert done["estimate"]["model_type"] == "qwen"
+    fake_hub.close()  # the plan page reads the cached config
+    page = alpha.get(f"/dashboard/plans/{plan_id}")
+    assert page.status_code == 200 and "Qwen/Qwen-1_8B" in page.text
 
 
 def test_a_hub_id_that_is_not_found_or_gated_is_shown_beside_the_model(alpha: TestClient, fake_hub: FakeHub) -> None:
