@@ -186,13 +186,37 @@ def _download(repo_id: str, filename: str, revision: str | None, settings: HubSe
     return commit, data
 
 
+MAX_JSON_DEPTH = 32  # real configs nest 3 deep (text_config.rope_scaling); anything deeper is not a config
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _storable(value: Any, depth: int = 0) -> bool:
+    """JSON every database stores: finite numbers (no NaN/Infinity), no NUL characters, bounded nesting."""
+    if depth > MAX_JSON_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return all("\x00" not in k and _storable(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_storable(v, depth + 1) for v in value)
+    if isinstance(value, str):
+        return "\x00" not in value
+    return True
+
+
 def _json_object(raw: bytes, repo_id: str, filename: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         raise HubFileInvalid(f"{repo_id}/{filename} is not valid JSON", field=FIELD) from None
     if not isinstance(value, dict):
         raise HubFileInvalid(f"{repo_id}/{filename} is not a JSON object", field=FIELD)
+    if not _storable(value):
+        raise HubFileInvalid(
+            f"{repo_id}/{filename} holds NUL characters or nests deeper than {MAX_JSON_DEPTH} levels", field=FIELD
+        )
     return value
 
 

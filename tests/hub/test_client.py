@@ -80,6 +80,15 @@ def test_a_repo_without_config_and_oversized_or_broken_files(hub: FakeHub) -> No
     hub.add_model("acme/broken", b"{not json")
     with pytest.raises(HubFileInvalid, match="not valid JSON"):
         fetch_model("acme/broken")
+    hub.add_model("acme/nan", b'{"model_type": "llama", "hidden_size": NaN}')
+    with pytest.raises(HubFileInvalid, match="not valid JSON"):
+        fetch_model("acme/nan")
+    hub.add_model("acme/nul", {"model_type": "llama", "_name_or_path": "a\u0000b"})
+    with pytest.raises(HubFileInvalid, match="NUL"):
+        fetch_model("acme/nul")
+    hub.add_model("acme/deep", ("{" + '"a": {' * 40 + "}" * 41).encode())
+    with pytest.raises(HubFileInvalid, match="deeper"):
+        fetch_model("acme/deep")
 
 
 def test_bad_ids_never_reach_the_hub(hub: FakeHub) -> None:
