@@ -274,3 +274,43 @@ def test_layer_counts_are_arithmetic_not_a_loop_over_layers() -> None:
     assert time.perf_counter() - start < 0.5
     assert [b.count for b in ds.blocks] == [3, 10**9 - 3]
     assert [b.count for b in l4.blocks] == [10**9 // 2, 10**9 // 2]
+
+
+def test_deepseek_v2_full_matches_its_paper() -> None:
+    """DeepSeek-V2 (arXiv:2405.04434): 236B total, 21B activated; q LoRA 1536, 160 routed + 2 shared."""
+    cfg = dict(find_model("deepseek-ai/DeepSeek-V2-Lite").config)
+    cfg.update(
+        hidden_size=5120,
+        intermediate_size=12288,
+        moe_intermediate_size=1536,
+        num_hidden_layers=60,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        q_lora_rank=1536,
+        n_routed_experts=160,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        topk_method="group_limited_greedy",
+    )
+    counts = parameter_counts(architecture_from_config(cfg))
+    assert abs(counts.total - 236e9) / 236e9 < 0.005
+    assert abs(counts.active - 21e9) / 21e9 < 0.02
+
+
+def test_sibling_model_types_share_the_parser() -> None:
+    """cohere2 (Command R7B) has Command-R's parameters; glm (GLM-4-9B-chat-hf) the remote-code GLM-4's."""
+    aya = dict(find_model("CohereForAI/aya-expanse-8b").config)
+    assert parameter_counts(architecture_from_config({**aya, "model_type": "cohere2"})).total == 8_028_033_024
+    glm_hf = {
+        "model_type": "glm",
+        "hidden_size": 4096,
+        "intermediate_size": 13696,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 151552,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    }
+    assert parameter_counts(architecture_from_config(glm_hf)).total == 9_399_951_360
