@@ -284,8 +284,8 @@ def _attention_dropout(c: _Config) -> float:
 
 
 def _llama_like(c: _Config) -> Architecture:
-    """llama, mistral, qwen2, qwen3, olmo, olmo2, olmoe, granite, stablelm, gemma(2,3), mixtral, qwen2_moe,
-    qwen3_moe.
+    """llama, mistral, qwen2, qwen3, olmo, olmo2, olmoe, granite, seed_oss, stablelm, gemma(2,3), mixtral,
+    qwen2_moe, qwen3_moe.
 
     transformers ``models/<family>/modeling_<family>.py``: q/k/v/o projections, a gated MLP (or
     experts), RMSNorm (LayerNorm for stablelm, a weightless LayerNorm for olmo). Mistral-Nemo and
@@ -307,6 +307,9 @@ def _llama_like(c: _Config) -> Architecture:
         qkv_bias, o_bias = True, False
     elif mt == "stablelm":
         qkv_bias, o_bias = c.get_bool("use_qkv_bias", default=False), False
+    elif mt == "seed_oss":  # modeling_seed_oss.py: separate biases for q/k/v and for the output
+        qkv_bias = c.get_bool("attention_bias", default=True)
+        o_bias = c.get_bool("attention_out_bias", default=False)
     else:
         o_bias = qkv_bias
     mlp_bias = c.get_bool("mlp_bias", default=False)
@@ -1387,6 +1390,87 @@ def _phimoe(c: _Config) -> Architecture:
     )
 
 
+def _glm4_moe(c: _Config) -> Architecture:
+    """glm4_moe (GLM-4.5, GLM-4.5-Air; modeling_glm4_moe.py, arXiv:2508.06471).
+
+    Grouped-query attention with q/k/v biases (``attention_bias``), an o_proj without, optional per-head
+    q/k RMSNorms (``use_qk_norm``). The first ``first_k_dense_replace`` layers have a dense MLP
+    (``intermediate_size``); the others ``n_routed_experts`` experts of ``moe_intermediate_size``, shared
+    experts n_shared x moe_intermediate_size wide and a sigmoid router with a score-correction bias (as
+    DeepSeek-V3). The multi-token-prediction layers (``num_nextn_predict_layers``) are not built by
+    transformers nor trained by default: not counted.
+    """
+    h = c.get_int("hidden_size")
+    layers = c.get_int("num_hidden_layers")
+    heads = c.get_int("num_attention_heads")
+    kv = c.get_int("num_key_value_heads", default=heads)
+    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    vocab = c.get_int("vocab_size")
+    inter = c.get_int("intermediate_size")
+    attn = _qkvo(h, heads, kv, hd, c.get_bool("attention_bias", default=True), False)
+    qk_norm = 2 * hd if c.get_bool("use_qk_norm", default=False) else 0
+    n_routed = c.get_int("n_routed_experts", default=0)
+    n_moe = max(0, layers - c.get_int("first_k_dense_replace", default=0)) if n_routed else 0
+    blocks: list[Block] = []
+    if layers - n_moe:
+        blocks.append(
+            Block(
+                "decoder",
+                layers - n_moe,
+                heads,
+                kv,
+                hd,
+                attn + _gated_mlp(h, inter),
+                norm_params=2 * h,
+                norm_count=2,
+                other_params=qk_norm,
+                intermediate_size=inter,
+            )
+        )
+    if n_moe:
+        moe_inter = c.get_int("moe_intermediate_size")
+        shared_inter = moe_inter * c.get_int("n_shared_experts", default=0)
+        shared = tuple(
+            Linear("shared_experts." + lin.name, lin.roles, lin.in_features, lin.out_features)
+            for lin in (_gated_mlp(h, shared_inter) if shared_inter else ())
+        )
+        blocks.append(
+            Block(
+                "decoder",
+                n_moe,
+                heads,
+                kv,
+                hd,
+                attn + _gated_mlp(h, moe_inter, copies=n_routed) + shared,
+                norm_params=2 * h,
+                norm_count=2,
+                other_params=qk_norm + h * n_routed + n_routed,  # router weight and score-correction bias
+                intermediate_size=moe_inter,
+                experts_per_token=c.get_int("num_experts_per_tok"),
+                num_experts=n_routed,
+            )
+        )
+    notes = []
+    if c.get_int("num_nextn_predict_layers", default=0):
+        notes.append(
+            "GLM-4.5's multi-token-prediction layer is not loaded by transformers nor trained by default: not counted"
+        )
+    return Architecture(
+        model_type="glm4_moe",
+        hidden_size=h,
+        vocab_size=vocab,
+        tie_word_embeddings=c.get_bool("tie_word_embeddings", default=False),
+        blocks=tuple(blocks),
+        norm="rms",
+        activation=c.get_str("hidden_act", default="silu"),
+        embedding_params=vocab * h,
+        extra_params=h,
+        max_position_embeddings=c.opt_int("max_position_embeddings"),
+        attention_dropout=_attention_dropout(c),
+        notes=tuple(notes),
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Any other decoder-only config: the standard keys and their common aliases
 
@@ -1565,6 +1649,8 @@ _FAMILIES: dict[str, Callable[[_Config], Architecture]] = {
     "granite": _llama_like,
     "olmoe": _llama_like,
     "phimoe": _phimoe,
+    "glm4_moe": _glm4_moe,
+    "seed_oss": _llama_like,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))

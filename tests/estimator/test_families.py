@@ -314,3 +314,19 @@ def test_sibling_model_types_share_the_parser() -> None:
         "tie_word_embeddings": False,
     }
     assert parameter_counts(architecture_from_config(glm_hf)).total == 9_399_951_360
+
+
+def test_glm45_air_and_seed_oss() -> None:
+    """GLM-4.5-Air (arXiv:2508.06471: 106B total, 12B active without the embeddings) and Seed-OSS-36B."""
+    air = architecture_from_config(find_model("zai-org/GLM-4.5-Air").config)
+    dense, moe = air.blocks
+    assert (dense.count, moe.count, moe.num_experts, moe.experts_per_token) == (1, 45, 128, 8)
+    counts = parameter_counts(air)
+    assert abs(counts.total - 106e9) / 106e9 < 0.01
+    assert abs((counts.active - counts.embedding - counts.lm_head) - 12e9) / 12e9 < 0.02
+    assert any("multi-token-prediction" in n for n in air.notes)
+    seed = architecture_from_config(find_model("ByteDance-Seed/Seed-OSS-36B-Instruct").config)
+    assert seed.confidence == "high"
+    biases = {lin.name: lin.bias for lin in seed.blocks[0].linears}
+    assert biases["q_proj"] and biases["k_proj"] and biases["v_proj"] and not biases["o_proj"]
+    assert parameter_counts(seed).total == 36_151_104_512
