@@ -190,17 +190,17 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 
 
 def test_estimate_and_plan_a_model_by_its_hub_id_then_offline(api: Api, fake_hub: FakeHub) -> None:
-    fake_hub.add_model("Qwen/Qwen-1_8B-Chat", QWEN_1_8B, index=INDEX)
-    body = {"model": {"name": "Qwen/Qwen-1_8B-Chat"}, "method": "lora", "seq_len": 1024}
+    fake_hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B, index=INDEX)
+    body = {"model": {"name": "Acme/Qwen1-1_8B-SFT"}, "method": "lora", "seq_len": 1024}
     response = api.client.post("/v1/estimate", json=body, headers=api.headers())
     assert response.status_code == 200, response.text
     report = response.json()
-    assert report["model"] == "Qwen/Qwen-1_8B-Chat" and report["model_type"] == "qwen"
+    assert report["model"] == "Acme/Qwen1-1_8B-SFT" and report["model_type"] == "qwen"
     assert any("Hub checkpoint" in w and "3.4 GiB" in w for w in report["warnings"])
     fake_hub.close()  # the cached config answers from now on, also for the background estimate
     again = api.client.post("/v1/estimate", json=body, headers=api.headers())
     assert again.status_code == 200 and again.json()["parameters"] == report["parameters"]
-    plan = {**QLORA_PLAN, "model": {"name": "qwen/qwen-1_8b-chat"}}
+    plan = {**QLORA_PLAN, "model": {"name": "acme/qwen1-1_8b-sft"}}
     created = api.client.post("/v1/plans", json=plan, headers=api.headers())
     assert created.status_code == 202, created.text
     plan_id = created.json()["id"]
@@ -213,7 +213,7 @@ def test_estimate_and_plan_a_model_by_its_hub_id_then_offline(api: Api, fake_hub
     assert quote.status_code == 201, quote.text
     export = api.client.get(f"/v1/plans/{plan_id}/export?format=hf-trainer", headers=api.headers())
     assert export.status_code == 200, export.text
-    assert "qwen/qwen-1_8b-chat" in json.dumps(export.json()["files"]).lower()
+    assert "acme/qwen1-1_8b-sft" in json.dumps(export.json()["files"]).lower()
     node = api.client.post("/v1/nodes", json={"name": "n1", "gpu": "T4"}, headers=api.headers())
     assert node.status_code in (200, 201), node.text
     node_id = node.json()["id"]

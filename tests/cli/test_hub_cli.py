@@ -23,19 +23,19 @@ def _gpuplan(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 def test_a_hub_model_is_fetched_once_then_estimated_offline(tmp_path: Path) -> None:
     hub = FakeHub()
-    hub.add_model("Qwen/Qwen-1_8B", QWEN_1_8B, index=INDEX)
+    hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B, index=INDEX)
     env = {"HF_ENDPOINT": hub.url, "GPUPLAN_HUB_CACHE_DIR": str(tmp_path / "cache")}
     try:
-        first = _gpuplan(env, "estimate", "--model", "Qwen/Qwen-1_8B", "--method", "lora", "--json")
+        first = _gpuplan(env, "estimate", "--model", "Acme/Qwen1-1_8B-SFT", "--method", "lora", "--json")
     finally:
         hub.close()
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    assert report["model"] == "Qwen/Qwen-1_8B" and report["model_type"] == "qwen"
+    assert report["model"] == "Acme/Qwen1-1_8B-SFT" and report["model_type"] == "qwen"
     assert any("Hub checkpoint" in w for w in report["warnings"])
     assert list((tmp_path / "cache").iterdir())  # cached on disk
     # The Hub is gone: the cached config answers, with the same numbers.
-    offline = _gpuplan(env, "estimate", "--model", "qwen/qwen-1_8b", "--method", "lora", "--json")
+    offline = _gpuplan(env, "estimate", "--model", "acme/qwen1-1_8b-sft", "--method", "lora", "--json")
     assert offline.returncode == 0, offline.stderr
     assert json.loads(offline.stdout)["memory"] == report["memory"]
 

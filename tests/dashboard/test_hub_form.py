@@ -23,10 +23,10 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 
 
 def test_a_hub_id_typed_in_the_form_is_planned(api: Api, alpha: TestClient, fake_hub: FakeHub) -> None:
-    fake_hub.add_model("Qwen/Qwen-1_8B", QWEN_1_8B, index=INDEX)
+    fake_hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B, index=INDEX)
     page = alpha.get("/dashboard/plans/new")
     assert "Or any Hugging Face model id" in page.text
-    form = {**FORM, "model": "Qwen/Qwen-1_8B", "csrf_token": csrf_token(page.text)}
+    form = {**FORM, "model": "Acme/Qwen1-1_8B-SFT", "csrf_token": csrf_token(page.text)}
     response = alpha.post("/dashboard/plans", data=form, follow_redirects=False)
     assert response.status_code == 303, response.text
     plan_id = response.headers["location"].rsplit("/", 1)[-1]
@@ -35,7 +35,7 @@ def test_a_hub_id_typed_in_the_form_is_planned(api: Api, alpha: TestClient, fake
     assert done["estimate"]["model_type"] == "qwen"
     fake_hub.close()  # the plan page reads the cached config
     page = alpha.get(f"/dashboard/plans/{plan_id}")
-    assert page.status_code == 200 and "Qwen/Qwen-1_8B" in page.text
+    assert page.status_code == 200 and "Acme/Qwen1-1_8B-SFT" in page.text
 
 
 def test_a_hub_id_that_is_not_found_or_gated_is_shown_beside_the_model(alpha: TestClient, fake_hub: FakeHub) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from tests.hub.fake_hub import FakeHub
 
-# A config of a family outside the bundled catalog's ids: Qwen-1.8B (first-generation Qwen).
+# Qwen-1.8B's config (first-generation Qwen), served under a fine-tune's id outside the bundled catalog.
 QWEN_1_8B = {
     "model_type": "qwen",
     "architectures": ["QWenLMHeadModel"],

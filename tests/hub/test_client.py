@@ -18,8 +18,8 @@ from tests.hub.fake_hub import FakeHub
 
 
 def test_fetch_reads_config_and_the_index_size_and_format(hub: FakeHub) -> None:
-    hub.add_model("Qwen/Qwen-1_8B", QWEN_1_8B, index=INDEX)
-    model = fetch_model("Qwen/Qwen-1_8B")
+    hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B, index=INDEX)
+    model = fetch_model("Acme/Qwen1-1_8B-SFT")
     assert model.config == QWEN_1_8B
     assert model.checkpoint is not None
     assert model.checkpoint.stored_bytes == 3_673_657_344 and model.checkpoint.dtype == "bf16"
@@ -102,11 +102,11 @@ def test_resolver_prefers_the_catalog_then_the_cache(hub: FakeHub, tmp_path: Pat
     cache = DiskCache(tmp_path)
     bundled = resolve_model("meta-llama/Llama-3.1-8B", cache)
     assert bundled.origin == "catalog" and hub.requests == []
-    hub.add_model("Qwen/Qwen-1_8B", QWEN_1_8B, index=INDEX)
-    first = resolve_model("Qwen/Qwen-1_8B", cache)
+    hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B, index=INDEX)
+    first = resolve_model("Acme/Qwen1-1_8B-SFT", cache)
     assert first.origin == "hub" and first.checkpoint is not None
     hub.close()  # offline from now on: the cached copy answers
-    again = resolve_model("qwen/QWEN-1_8b", cache)
+    again = resolve_model("acme/QWEN1-1_8b-sft", cache)
     assert again.origin == "cache" and again.config == QWEN_1_8B
     assert again.checkpoint is not None and again.checkpoint.stored_bytes == INDEX["metadata"]["total_size"]
     assert json.loads(next(tmp_path.iterdir()).read_text())["config"] == QWEN_1_8B
@@ -119,10 +119,10 @@ def test_a_name_that_is_not_an_id_keeps_the_catalog_hint(hub: FakeHub, tmp_path:
 
 
 def test_with_model_config_hands_the_config_down(hub: FakeHub, tmp_path: Path) -> None:
-    hub.add_model("Qwen/Qwen-1_8B", QWEN_1_8B)
-    plan = Plan.model_validate({"model": {"name": "Qwen/Qwen-1_8B"}, "method": "lora"})
+    hub.add_model("Acme/Qwen1-1_8B-SFT", QWEN_1_8B)
+    plan = Plan.model_validate({"model": {"name": "Acme/Qwen1-1_8B-SFT"}, "method": "lora"})
     filled, resolved = with_model_config(plan, DiskCache(tmp_path))
-    assert resolved is not None and filled.model.name == "Qwen/Qwen-1_8B" and filled.model.config == QWEN_1_8B
+    assert resolved is not None and filled.model.name == "Acme/Qwen1-1_8B-SFT" and filled.model.config == QWEN_1_8B
     pasted = Plan.model_validate({"model": {"config": QWEN_1_8B}})
     assert with_model_config(pasted, DiskCache(tmp_path)) == (pasted, None)
 
