@@ -155,7 +155,7 @@ def skip_is_allowed(nodeid: str, allowed: dict[str, str]) -> bool:
 def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2])
+        return str(longrepr[2]).removeprefix("Skipped: ")
     return str(longrepr)
 
 
