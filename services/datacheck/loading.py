@@ -68,6 +68,8 @@ def _jsonl_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError as exc:
             yield number, RowError("encoding", f"bytes that are not valid UTF-8 at byte {exc.start}")
             continue
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark (Windows editors write one) is not data
         if not line.strip():
             continue
         try:

@@ -191,3 +191,13 @@ def test_the_majority_spelling_wins_even_when_the_first_rows_differ(
     report = check_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
     assert [p.row_number for p in report.mismatched_rows] == [1, 2]
     assert report.rows_kept == 5
+
+
+def test_a_byte_order_mark_does_not_break_the_first_jsonl_row(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n{"text": "\xc3\xa9\xc3\xa9", x}\r\n')
+    rows = list(load_rows(path))
+    assert rows[0] == (1, {"text": "a"})
+    broken = rows[1][1]
+    # The column an editor shows: characters, not bytes ("é" is two bytes).
+    assert isinstance(broken, RowError) and broken.reason.endswith("at column 16")
