@@ -139,6 +139,7 @@ def s3_settings(s3_server: str) -> Settings:
 ALLOWED_SKIPS: dict[str, str] = {}
 
 _unexpected_skips: list[tuple[str, str]] = []
+_allowed_skip_count = 0
 
 
 def _skip_accounting_on() -> bool:
@@ -160,7 +161,12 @@ def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
 
 
 def _account(report: pytest.CollectReport | pytest.TestReport) -> None:
-    if report.skipped and not hasattr(report, "wasxfail") and not skip_is_allowed(report.nodeid, ALLOWED_SKIPS):
+    global _allowed_skip_count
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    if skip_is_allowed(report.nodeid, ALLOWED_SKIPS):
+        _allowed_skip_count += 1
+    else:
         _unexpected_skips.append((report.nodeid, _skip_reason(report)))
 
 
@@ -173,10 +179,15 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _skip_accounting_on() and _unexpected_skips:
+    if not _skip_accounting_on():
+        return
+    if _unexpected_skips:
         terminalreporter.section("unexpected skips (not in tests/conftest.py ALLOWED_SKIPS)", red=True)
         for nodeid, reason in _unexpected_skips:
             terminalreporter.line(f"{nodeid}: {reason}")
+    terminalreporter.line(
+        f"skip accounting: {_allowed_skip_count} allowed skip(s), {len(_unexpected_skips)} unexpected"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -31,8 +31,9 @@ def build_parser() -> Parser:
     return parser
 
 
-# What a shell reports for a process ended by SIGPIPE (128 + 13).
+# What a shell reports for a process ended by SIGPIPE (128 + 13) and by SIGINT (128 + 2).
 EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130
 
 
 def _quiet_stdout() -> None:
@@ -49,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
         sys.stdout.flush()  # inside the try: a reader that stopped early (`| head`) surfaces here
         return code
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting (plans submit --wait, data upload, agent): a line, not a traceback.
+        print("gpuplan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader closed the pipe (`gpuplan estimate ... | head`): stop quietly, as `cat` would.
         _quiet_stdout()

@@ -61,6 +61,7 @@ def test_an_unlisted_skip_fails_under_ci(tmp_path: Path, env: dict[str, str]) ->
     section = result.stdout.split("unexpected skips", 1)[1]
     assert "test_sample.py::test_needs_a_package: could not import 'gpuplan_no_such_package'" in section
     assert "test_skips_itself" not in section and "test_expected_failure" not in section
+    assert "skip accounting: 2 allowed skip(s), 1 unexpected" in result.stdout
 
 
 def test_listed_skips_pass_under_ci(tmp_path: Path) -> None:
