@@ -205,7 +205,7 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) 
         return
     api = RunApi(client, args.key, args.run)
     try:
-        run = api.join(agent.node_id)
+        run = api.join(agent.node_id, agent.node_token)
     except RunApiError as exc:
         raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
     checkpoint_dir = args.checkpoint_dir or run["checkpoint_dir"]

@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     provider_http_method: Literal["POST", "PUT", "DELETE", "GET", "PATCH"] = "POST"
     provider_auth_header: str = "Authorization"
     provider_auth_value: SecretStr | None = Field(default=None, description="e.g. 'Bearer <token>'; never logged")
+    provider_instance_id_pattern: str | None = Field(
+        default=None,
+        max_length=200,
+        description="http driver: a regular expression the provider's instance ids fully match (default: "
+        "letters, digits and ._:-)",
+    )
     # Signs the dashboard's session cookies. Unset: a random secret generated when the settings are
     # loaded, so sessions end when the process restarts and are not shared between processes; set it
     # (32+ characters, e.g. `python -c "import secrets; print(secrets.token_urlsafe(32))"`) when

@@ -46,6 +46,9 @@ class Heartbeat(_In):
     )
     unsynced_checkpoints: int = Field(default=0, ge=0, le=100_000, description="local checkpoints not yet durable")
     progress: RunProgress | None = None
+    agent_pid: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="the agent's process id (the local driver signals it once proven)"
+    )
 
 
 class CalibrationRequest(_In):
@@ -94,7 +97,14 @@ class NodeOut(BaseModel):
     last_reason: str | None
     last_decision_at: datetime | None
     stopped_at: datetime | None
+    agent_verified_at: datetime | None = None
     commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")
+
+
+class NodeRegistered(NodeOut):
+    node_token: str = Field(
+        description="the node's agent token, shown once: send it as X-Node-Token on every heartbeat and report"
+    )
 
 
 class NodeEventOut(BaseModel):

@@ -48,7 +48,7 @@ def test_node_registration_heartbeat_and_tenancy(api: Api) -> None:
     node_id = node.json()["id"]
     beat = api.client.post(
         f"/v1/nodes/{node_id}/heartbeat",
-        headers=api.headers(),
+        headers={**api.headers(), "X-Node-Token": node.json()["node_token"]},
         json={
             "gpus": [{"index": 0, "utilisation_pct": 97, "memory_used_gib": 60, "memory_total_gib": 80}],
             "job_running": True,
