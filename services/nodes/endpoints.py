@@ -90,8 +90,8 @@ def heartbeat(
     db: DbDep,
     principal: PrincipalDep,
     settings: SettingsDep,
-    token: NodeTokenDep,
     request: Request,
+    token: NodeTokenDep = None,
 ) -> NodeOut:
     """The agent's report (with its node token); the answer carries the commands waiting for it (e.g. ``sync``)."""
     with db.transaction() as (session, _pending):
@@ -124,7 +124,7 @@ def request_calibration(node_id: str, body: CalibrationRequest, db: DbDep, princ
     "/nodes/{node_id}/calibrations/next", operation_id="nodes-claim-calibration", response_model=None, responses=NODE_AUTH
 )
 def claim(
-    node_id: str, db: DbDep, principal: PrincipalDep, response: Response, token: NodeTokenDep
+    node_id: str, db: DbDep, principal: PrincipalDep, response: Response, token: NodeTokenDep = None
 ) -> CalibrationOut | None:
     """For the node's agent: the next queued calibration, now running (204 when there is none)."""
     with db.transaction() as (session, _pending):
@@ -143,7 +143,7 @@ def claim(
     responses=NODE_AUTH,
 )
 def result(
-    calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep, token: NodeTokenDep
+    calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None
 ) -> BenchmarkOut:
     with db.transaction() as (session, _pending):
         return _benchmark(service.submit_result(session, principal, calibration_id, body, token))
@@ -156,7 +156,7 @@ def result(
     responses=NODE_AUTH,
 )
 def failure(
-    calibration_id: str, body: CalibrationFailure, db: DbDep, principal: PrincipalDep, token: NodeTokenDep
+    calibration_id: str, body: CalibrationFailure, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None
 ) -> CalibrationOut:
     with db.transaction() as (session, _pending):
         return _calibration(service.fail_calibration(session, principal, calibration_id, body.error, token))

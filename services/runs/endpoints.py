@@ -36,7 +36,7 @@ def get_run(run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
 
 
 @router.post("/runs/{run_id}/nodes", operation_id="runs-join", response_model=RunOut, responses=NODE_AUTH)
-def join_run(run_id: str, body: RunJoin, db: DbDep, principal: PrincipalDep, token: NodeTokenDep) -> RunOut:
+def join_run(run_id: str, body: RunJoin, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None) -> RunOut:
     """A node joins the run (its agent started with ``--run``, with the node token); its idle policy becomes
     the run's."""
     with db.transaction() as (session, _pending):

@@ -215,7 +215,6 @@ def test_nodes_page_shows_the_node_and_empty_lifecycle(api: Api, alpha: TestClie
             ],
             "job_running": True,
         },
-        headers=api.headers(),
     )
     html = alpha.get("/dashboard/nodes").text
     assert "gpu-box-1" in html and "2 x A100 80GB" in html and "87%" in html and "running" in html
