@@ -1,4 +1,4 @@
-"""node agent tokens, proven agent pids, and instances tied to one organization
+"""node agent tokens, proven agent pids, instances tied to one organization, comparable calibrations
 
 Revision ID: 0008
 Revises: 0007
@@ -47,8 +47,18 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("verified_pid", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("verified_pid_start_ticks", sa.BigInteger(), nullable=True))
 
+    with op.batch_alter_table("benchmark_results", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("measured_gpus", sa.Integer(), server_default="1", nullable=False))
+        batch_op.add_column(sa.Column("comparable", sa.Boolean(), server_default=sa.true(), nullable=False))
+        batch_op.add_column(sa.Column("notes", sa.JSON(), server_default="[]", nullable=False))
+
 
 def downgrade() -> None:
+    with op.batch_alter_table("benchmark_results", schema=None) as batch_op:
+        batch_op.drop_column("notes")
+        batch_op.drop_column("comparable")
+        batch_op.drop_column("measured_gpus")
+
     with op.batch_alter_table("nodes", schema=None) as batch_op:
         batch_op.drop_column("verified_pid_start_ticks")
         batch_op.drop_column("verified_pid")

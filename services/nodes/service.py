@@ -20,6 +20,7 @@ from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unauthorized, Unprocessable
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
+from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
@@ -278,14 +279,15 @@ def submit_result(
     plan = request.to_plan()
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = None
-    if node.gpu != "cpu":
+    if node.gpu != "cpu" and body.comparable:
         spec = find_gpu(node.gpu)
-        report = estimate(plan, spec)
+        measured = measured_plan(plan, body.gpus)
+        report = estimate(measured, spec)
         predicted_mem = report.memory.peak_allocated_gib
         predicted_tps = report.throughput.tokens_per_s if report.throughput else None
-        per_gpu = body.tokens_per_s / max(plan.gpus, 1)
-        fpt = flops_per_token(plan, arch, resolve_recipe(plan))
-        peak = spec.dense_tflops(plan.precision) * 1e12
+        per_gpu = body.tokens_per_s / body.gpus
+        fpt = flops_per_token(measured, arch, resolve_recipe(measured))
+        peak = spec.dense_tflops(measured.precision) * 1e12
         mfu = fpt.model_flops * per_gpu / peak
         utilisation = fpt.hardware * per_gpu / peak
     bench = BenchmarkRow(
@@ -304,6 +306,9 @@ def submit_result(
         predicted_peak_allocated_gib=predicted_mem,
         predicted_tokens_per_s=predicted_tps,
         device=body.device,
+        measured_gpus=body.gpus,
+        comparable=body.comparable,
+        notes=list(body.notes),
     )
     session.add(bench)
     session.flush()
@@ -311,6 +316,16 @@ def submit_result(
     row.benchmark_id = bench.id
     row.finished_at = utcnow()
     return bench
+
+
+def measured_plan(plan: Plan, gpus: int) -> Plan:
+    """The plan as the calibration ran it: on ``gpus`` GPUs (the agent runs one, unsharded), so that the
+    measured tokens/s, per GPU, meet the prediction for the same setup rather than the plan's N-GPU total."""
+    if gpus == plan.gpus:
+        return plan
+    if gpus == 1:
+        return plan.model_copy(update={"gpus": 1, "sharding": "none", "cpu_offload": False})
+    return plan.model_copy(update={"gpus": gpus})
 
 
 def fail_calibration(

@@ -5,6 +5,7 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text
 from sqlalchemy import false as sa_false
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
@@ -121,3 +122,8 @@ class BenchmarkRow(IdMixin, TimestampMixin, Base):
     predicted_peak_allocated_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     predicted_tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     device: Mapped[str] = mapped_column(String(200))
+    # The measurement ran on this many GPUs; the predictions above are for the plan on as many.
+    measured_gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # False: the node could not run the plan as planned (QLoRA without bitsandbytes); never calibrates.
+    comparable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
