@@ -36,7 +36,7 @@ def nf4_unavailable(cuda: bool) -> str | None:
 def quantize_nf4(model: Any, compute_dtype: Any, double_quant: bool, device: Any) -> int:
     """Replace every linear layer but the output head by a bitsandbytes NF4 ``Linear4bit`` holding the same
     weights (quantized when moved to the GPU), as ``load_in_4bit`` does at load time; returns how many."""
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # type: ignore[import-not-found]
     import torch
 
     replaced = 0
@@ -103,9 +103,7 @@ def run_calibration(plan: Plan, config: dict[str, Any], warmup_steps: int, timed
         if nf4 and comparable:
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=plan.gradient_checkpointing
-            )
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=plan.gradient_checkpointing)
         targets = lora_target_modules(plan, arch)
         lora = plan.lora
         model = get_peft_model(

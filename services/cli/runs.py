@@ -74,7 +74,10 @@ def add_commands(sub: Any) -> None:
 
 
 def add_agent_options(agent: argparse.ArgumentParser) -> None:
-    agent.add_argument("--instance-id", help="the provider's id of this machine (for the HTTP stop driver)")
+    agent.add_argument(
+        "--instance-id",
+        help="the provider's id of this machine, for the server's stop driver (EC2, RunPod, Lambda, Vast.ai, http)",
+    )
     agent.add_argument("--run", metavar="ID", help="sync this run's checkpoints and report its progress")
     agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (default: the run's)")
     agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")

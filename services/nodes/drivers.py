@@ -9,6 +9,7 @@
   shut down when their main process exits. Only a pid proven by the node's token over a connection
   that process holds (services/nodes/processes.py), still alive, still the same process and still a
   `gpuplan agent`, is ever signalled.
+- ``aws``, ``runpod``, ``lambda``, ``vast``: the providers' own APIs (services/nodes/cloud_drivers.py).
 - ``none``: the default; a stop decision is recorded, and the node keeps running.
 """
 
@@ -95,7 +96,9 @@ class HttpDriver:
         # Encoding keeps every value inside its segment; check the result anyway (belt and braces).
         base, built = urlsplit(template.split("{", 1)[0]), urlsplit(url)
         if (built.scheme, built.netloc) != (base.scheme, base.netloc):
-            raise DriverError("the stop URL template does not keep the provider's host; check GPUPLAN_PROVIDER_STOP_URL")
+            raise DriverError(
+                "the stop URL template does not keep the provider's host; check GPUPLAN_PROVIDER_STOP_URL"
+            )
         return url
 
     def _call(self, template: str, node: NodeTarget, what: str) -> str:
@@ -172,8 +175,30 @@ class LocalDriver:
 
 
 def make_driver(settings: Settings) -> ProviderDriver:
+    """The one driver the settings name (the cloud drivers are in services/nodes/cloud_drivers.py)."""
     if settings.provider_driver == "local":
         return LocalDriver()
+    if settings.provider_driver in ("runpod", "lambda", "vast"):
+        from services.nodes.cloud_drivers import LambdaDriver, RunPodDriver, VastDriver
+
+        rest: type[RunPodDriver | LambdaDriver | VastDriver] = {
+            "runpod": RunPodDriver,
+            "lambda": LambdaDriver,
+            "vast": VastDriver,
+        }[settings.provider_driver]
+        key = settings.provider_api_key.get_secret_value() if settings.provider_api_key else ""
+        return rest(key, settings.provider_stop_action, base_url=settings.provider_api_url)
+    if settings.provider_driver == "aws":
+        from services.nodes.cloud_drivers import Ec2Driver
+
+        secret = settings.provider_aws_secret_access_key
+        return Ec2Driver(
+            settings.provider_aws_region,
+            settings.provider_stop_action,
+            endpoint_url=settings.provider_api_url,
+            access_key_id=settings.provider_aws_access_key_id,
+            secret_access_key=secret.get_secret_value() if secret else None,
+        )
     if settings.provider_driver == "http":
         if not settings.provider_stop_url:
             raise DriverError("GPUPLAN_PROVIDER_DRIVER=http needs GPUPLAN_PROVIDER_STOP_URL")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
@@ -28,7 +28,7 @@ NodeTokenDep = Annotated[
     str | None,
     Header(alias=service.NODE_TOKEN_HEADER, max_length=200, description="the token the node's registration returned"),
 ]
-NODE_AUTH = {401: {"description": "missing or wrong API key or X-Node-Token"}}
+NODE_AUTH: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong API key or X-Node-Token"}}
 
 
 def _peer(request: Request) -> service.Peer | None:
@@ -121,7 +121,10 @@ def request_calibration(node_id: str, body: CalibrationRequest, db: DbDep, princ
 
 
 @router.post(
-    "/nodes/{node_id}/calibrations/next", operation_id="nodes-claim-calibration", response_model=None, responses=NODE_AUTH
+    "/nodes/{node_id}/calibrations/next",
+    operation_id="nodes-claim-calibration",
+    response_model=None,
+    responses=NODE_AUTH,
 )
 def claim(
     node_id: str, db: DbDep, principal: PrincipalDep, response: Response, token: NodeTokenDep = None

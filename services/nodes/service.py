@@ -32,7 +32,6 @@ from services.orgs.service import Principal
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
 
-
 NODE_TOKEN_HEADER = "X-Node-Token"
 
 
@@ -49,7 +48,9 @@ class Peer:
     server_port: int
 
 
-def _claim_instance(session: Session, principal: Principal, body: NodeRegistration, driver: str, pattern: str | None) -> None:
+def _claim_instance(
+    session: Session, principal: Principal, body: NodeRegistration, driver: str, pattern: str | None
+) -> None:
     """Check the id's format and tie the instance to the organization (first registration wins)."""
     try:
         check_instance_id(body.instance_id, driver, pattern)

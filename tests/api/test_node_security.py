@@ -124,11 +124,15 @@ def test_heartbeats_and_reports_need_the_node_token(secured: Secured) -> None:
     for wrong in ("not-the-token", str(other["node_token"])):
         assert secured.client.post(url, json={}, headers=secured.headers(token=wrong)).status_code == 401
     # The right token with another organization's key: that organization has no such node.
-    assert secured.client.post(url, json={}, headers=secured.headers("beta", str(node["node_token"]))).status_code == 404
+    assert (
+        secured.client.post(url, json={}, headers=secured.headers("beta", str(node["node_token"]))).status_code == 404
+    )
     assert secured.client.post(url, json={}, headers=secured.headers(token=str(node["node_token"]))).status_code == 200
     claim = f"/v1/nodes/{node['id']}/calibrations/next"
     assert secured.client.post(claim, json={}, headers=secured.headers()).status_code == 401
-    assert secured.client.post(claim, json={}, headers=secured.headers(token=str(node["node_token"]))).status_code == 204
+    assert (
+        secured.client.post(claim, json={}, headers=secured.headers(token=str(node["node_token"]))).status_code == 204
+    )
     # The token is shown once: never in a later read.
     listed = secured.client.get("/v1/nodes", headers=secured.headers()).text
     assert str(node["node_token"]) not in listed and "node_token" not in listed
@@ -143,8 +147,13 @@ def test_a_stop_goes_only_to_an_instance_the_org_registered_through_a_proven_age
     silent = secured.register(instance_id="i-0fff1234def567890", name="silent")
     token = str(owned["node_token"])
     # The owned node's agent reports idle with its token; the silent one only sends token-less heartbeats.
-    assert secured.client.post(f"/v1/nodes/{owned['id']}/heartbeat", json={}, headers=secured.headers(token=token)).is_success
-    assert secured.client.post(f"/v1/nodes/{silent['id']}/heartbeat", json={}, headers=secured.headers()).status_code == 401
+    assert secured.client.post(
+        f"/v1/nodes/{owned['id']}/heartbeat", json={}, headers=secured.headers(token=token)
+    ).is_success
+    assert (
+        secured.client.post(f"/v1/nodes/{silent['id']}/heartbeat", json={}, headers=secured.headers()).status_code
+        == 401
+    )
     factory = make_sessionmaker(make_engine(secured.url))
     with unit_of_work(factory) as session:
         row = session.get(NodeRow, str(silent["id"]))

@@ -300,7 +300,9 @@ def test_nodes_page_shows_the_run_its_durable_checkpoint_and_the_decisions(api: 
         f"/v1/runs/{run['id']}/checkpoints", json={"manifest": manifest}, headers=api.headers()
     ).is_success
     hb = {"job_running": True, "progress": {"run_id": run["id"], "step": 57}}
-    alpha.post(f"/v1/nodes/{node['id']}/heartbeat", json=hb, headers={**api.headers(), "X-Node-Token": node["node_token"]})
+    alpha.post(
+        f"/v1/nodes/{node['id']}/heartbeat", json=hb, headers={**api.headers(), "X-Node-Token": node["node_token"]}
+    )
     with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
         sweep(session, datetime.now(UTC), NoDriver(), 300)
     html = alpha.get("/dashboard/nodes").text

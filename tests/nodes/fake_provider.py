@@ -25,6 +25,7 @@ class FakeProvider:
     calls: list[Call] = field(default_factory=list)
     status: int = 200
     answer: Any = field(default_factory=dict)
+    echo_auth: bool = False  # a careless provider that repeats the credential in its error
 
 
 def serve(provider_holder: list[FakeProvider]) -> type[BaseHTTPRequestHandler]:
@@ -39,7 +40,10 @@ def serve(provider_holder: list[FakeProvider]) -> type[BaseHTTPRequestHandler]:
                 body = raw.decode(errors="replace")
             headers = {k.lower(): v for k, v in self.headers.items()}
             provider.calls.append(Call(self.command, self.path, headers, body))
-            payload = json.dumps(provider.answer).encode()
+            answer = provider.answer
+            if provider.echo_auth:
+                answer = {"error": f"bad credential {headers.get('authorization', '')}"}
+            payload = json.dumps(answer).encode()
             self.send_response(provider.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

@@ -144,7 +144,9 @@ def test_a_day_of_heartbeats_stops_every_idle_node_and_no_busy_one(tmp_path: Pat
         principal = Principal(org.id, org.name, False)
         tokens = {}
         for node in nodes:
-            row, tokens[node.name] = register_node(session, principal, NodeRegistration(name=node.name, gpu="A100 80GB"))
+            row, tokens[node.name] = register_node(
+                session, principal, NodeRegistration(name=node.name, gpu="A100 80GB")
+            )
             node.id = row.id
     by_id = {n.id: n for n in nodes}
     stopped_at: dict[str, list[int]] = {n.id: [] for n in nodes}
