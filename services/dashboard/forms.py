@@ -11,7 +11,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from services.catalog.models import find_model
-from services.estimator.errors import EstimatorError
+from services.estimator.errors import UnknownModelError
 from services.estimator.plan import Method, Precision
 from services.estimator.validation import describe_errors
 from services.hub.ids import is_hub_id
@@ -153,9 +153,12 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
             body["model"] = {"name": name}
             try:
                 find_model(name)  # reported now, beside the other inputs' problems
-            except EstimatorError as exc:
+            except UnknownModelError as exc:
                 if not is_hub_id(name):  # a Hub id (owner/name) is looked up on the Hub when submitted
-                    form.add("model", f"model: {exc.message}")
+                    form.add(
+                        "model",
+                        f"model: {exc.message} Type its Hugging Face id (owner/name) or paste its config.json.",
+                    )
         else:
             form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.catalog.models import closest_models, find_model
+from services.catalog.models import catalog_models, closest_models, find_model
 from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
@@ -156,7 +156,7 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
             model = fetcher(repo_id)
             endpoint = "custom"
     except (HubModelNotFound, HubUnreachable) as exc:
-        close = closest_models(repo_id)
+        close = closest_models(repo_id, sorted({m.hf_id for m in catalog_models()}))
         if not close:
             raise
         raise type(exc)(f"{exc.message}. Bundled models with close ids: {', '.join(close)}", field=exc.field) from None
@@ -174,6 +174,8 @@ def with_model_config(plan: P, cache: ConfigCache, fetcher: Fetcher | None = Non
     if spec.config is not None or spec.generic is not None or spec.name is None:
         return plan, None
     resolved = resolve_model(spec.name, cache, fetcher)
+    if resolved.origin == "catalog":
+        return plan, None  # the estimator reads the bundled catalog itself (and notes an alias it went through)
     model = ModelSpec(name=resolved.name, config=resolved.config)
     return plan.model_copy(update={"model": model}), resolved
 

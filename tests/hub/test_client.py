@@ -134,3 +134,8 @@ def test_stored_format_from_weight_names() -> None:
     assert stored_format(["model.layers.0.mlp.down_proj.qweight"], {}) == "int4 (GPTQ/AWQ)"
     assert stored_format(["lm_head.weight"], {"torch_dtype": "float16"}) == "fp16"
     assert stored_format([], {}) is None
+
+
+def test_a_bundled_name_is_left_to_the_estimator(tmp_path: Path) -> None:
+    plan = Plan.model_validate({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}})
+    assert with_model_config(plan, DiskCache(tmp_path)) == (plan, None)
