@@ -244,7 +244,8 @@ def test_estimate_and_plan_a_model_by_its_hub_id_then_offline(api: Api, fake_hub
         headers=api.headers(),
     )
     assert queued.status_code == 202, queued.text
-    job = api.client.post(f"/v1/nodes/{node_id}/calibrations/next", json={}, headers=api.headers()).json()
+    agent_headers = {**api.headers(), "X-Node-Token": node.json()["node_token"]}
+    job = api.client.post(f"/v1/nodes/{node_id}/calibrations/next", json={}, headers=agent_headers).json()
     assert job["plan"]["model"]["config"] == QWEN_1_8B  # the agent builds the model without the Hub
 
 
