@@ -31,6 +31,9 @@ def _no_real_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("GPUPLAN_HUB_CACHE_DIR", str(tmp_path_factory.mktemp("hub-cache")))
+    from services.hub import service as hub_service
+
+    hub_service._refusals.clear()  # a fake Hub of an earlier test may have had the same port
 
 
 def make_plan(**fields: Any) -> Plan:

@@ -7,8 +7,11 @@ config. The API caches in the database, the CLI in a folder (``GPUPLAN_HUB_CACHE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
 from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
-from services.hub.errors import HubModelNotFound, HubUnreachable
+from services.hub.errors import HubModelGated, HubModelNotFound, HubUnreachable
 from services.hub.ids import is_hub_id
 from services.hub.tables import HubModelRow
 
@@ -133,6 +136,34 @@ class DiskCache:
             pass  # an unwritable cache only costs a fetch next time
 
 
+# A Hub answer of "not found" or "gated" is remembered this long per (endpoint, token, id), so a client
+# repeating an unknown id costs one Hub request per interval, not one per request. Network failures are not
+# remembered: the next request tries again.
+REFUSAL_MEMORY_S = 300.0
+_REFUSALS_MAX = 10_000
+_refusals: dict[tuple[str, str, str], tuple[float, HubModelNotFound | HubModelGated]] = {}
+_refusals_lock = threading.Lock()
+
+
+def _fetch_remembering_refusals(repo_id: str, settings: HubSettings) -> HubModel:
+    token_tag = hashlib.sha256((settings.token or "").encode()).hexdigest()[:16]
+    key = (settings.endpoint, token_tag, repo_id.lower())
+    now = time.monotonic()
+    with _refusals_lock:
+        remembered = _refusals.get(key)
+    if remembered is not None and remembered[0] > now:
+        error = remembered[1]
+        raise type(error)(error.message, field=error.field)
+    try:
+        return fetch_model(repo_id, settings)
+    except (HubModelNotFound, HubModelGated) as exc:
+        with _refusals_lock:
+            if len(_refusals) >= _REFUSALS_MAX:
+                _refusals.clear()
+            _refusals[key] = (now + REFUSAL_MEMORY_S, exc)
+        raise
+
+
 def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None) -> ResolvedModel:
     """The config of the model named ``name``: bundled catalog, then cache, then the Hub (cached after)."""
     try:
@@ -150,7 +181,7 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
     try:
         if fetcher is None:
             settings = HubSettings.from_environment()
-            model = fetch_model(repo_id, settings)
+            model = _fetch_remembering_refusals(repo_id, settings)
             endpoint = settings.endpoint
         else:
             model = fetcher(repo_id)

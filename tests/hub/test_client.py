@@ -139,3 +139,19 @@ def test_stored_format_from_weight_names() -> None:
 def test_a_bundled_name_is_left_to_the_estimator(tmp_path: Path) -> None:
     plan = Plan.model_validate({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}})
     assert with_model_config(plan, DiskCache(tmp_path)) == (plan, None)
+
+
+def test_a_refused_id_is_remembered_briefly_but_a_token_change_asks_again(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.add_model("acme/gated-2b", QWEN_1_8B, gated_token="hf_ok")
+    cache = DiskCache(tmp_path)
+    for _ in range(3):
+        with pytest.raises(HubModelNotFound):
+            resolve_model("acme/missing-2b", cache)
+        with pytest.raises(HubModelGated):
+            resolve_model("acme/gated-2b", cache)
+    asked = [path for _, path, _ in hub.requests]
+    assert sum("missing-2b" in p for p in asked) == 1 and sum("gated-2b" in p for p in asked) == 1
+    monkeypatch.setenv("HF_TOKEN", "hf_ok")
+    assert resolve_model("acme/gated-2b", cache).origin == "hub"
