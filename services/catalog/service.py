@@ -137,7 +137,9 @@ def seed_bundled_specs(bind: Connection, source: str) -> None:
     specs_table = table("gpu_specs", *(sql_column(c) for c in ("id", "version_id", *SPEC_COLUMNS)))
     version_id = new_id()
     bind.execute(
-        insert(versions).values(id=version_id, kind="gpus", source=source, rows=len(specs), active=True, created_at=utcnow())
+        insert(versions).values(
+            id=version_id, kind="gpus", source=source, rows=len(specs), active=True, created_at=utcnow()
+        )
     )
     bind.execute(
         insert(specs_table),
@@ -227,9 +229,7 @@ def import_offers(
         new_values,
     )
     repo.prune_inactive("offers", organization_id, KEEP_INACTIVE_VERSIONS)
-    return ImportResult(
-        version=version, added=len(offers) - updated, updated=updated, kept=len(kept), removed=removed
-    )
+    return ImportResult(version=version, added=len(offers) - updated, updated=updated, kept=len(kept), removed=removed)
 
 
 def _rejected(exc: PriceListError) -> Unprocessable:
