@@ -218,7 +218,7 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
 
 
 def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:
-    """Validate every row of a CSV or JSON price list; return the offers, or raise PriceListError naming each bad row."""
+    """Validate every row of a CSV or JSON price list; return the offers, or raise PriceListError."""
     if fmt not in ("csv", "json"):
         raise PriceListError([f"format: {fmt!r} is not supported; use 'csv' or 'json'"])
     return parse_rows(_rows_from_text(text, fmt), specs)
