@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("last_attempt_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_success_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("note", sa.Text(), nullable=True),
         sa.Column("offers", sa.Integer(), nullable=False),
         sa.Column("id", sa.String(length=32), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_catalog_feeds")),

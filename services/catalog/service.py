@@ -312,7 +312,9 @@ def catalog_offers(session: Session, organization_id: str | None = None) -> tupl
 # --- live feeds -------------------------------------------------------------------------------------
 
 
-def record_feed_success(session: Session, provider: str, rows: list[dict[str, Any]], when: datetime) -> ImportResult:
+def record_feed_success(
+    session: Session, provider: str, rows: list[dict[str, Any]], when: datetime, note: str | None = None
+) -> ImportResult:
     """Store a provider's freshly fetched offers (replacing all its old public offers) and mark the feed good.
 
     The rows are validated like any price list; a row the checks refuse fails the whole refresh, which
@@ -338,6 +340,7 @@ def record_feed_success(session: Session, provider: str, rows: list[dict[str, An
     feed.last_attempt_at = when
     feed.last_success_at = when
     feed.last_error = None
+    feed.note = note
     feed.offers = len(offers)
     return result
 

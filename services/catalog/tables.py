@@ -84,4 +84,6 @@ class CatalogFeed(IdMixin, Base):
     last_attempt_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     last_success_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    # What the last good fetch left out (offers of cards gpuplan has no spec for).
+    note: Mapped[str | None] = mapped_column(Text, default=None)
     offers: Mapped[int] = mapped_column(Integer, default=0)
