@@ -45,7 +45,7 @@ def test_runpod_rows_per_card_and_cloud() -> None:
 def test_runpod_graphql_errors_are_a_feed_error() -> None:
     with pytest.raises(FeedError, match="answered with errors: not authorized"):
         runpod.parse_gpu_types({"errors": [{"message": "not authorized"}]}, WHEN)
-    with pytest.raises(FeedError, match="no data.gpuTypes"):
+    with pytest.raises(FeedError, match=r"no data\.gpuTypes"):
         runpod.parse_gpu_types({"data": {}}, WHEN)
 
 
