@@ -4,7 +4,10 @@ imports, whole-file rejection, export, and who may change what (issue 12 item 6,
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from services.catalog.service import record_feed_failure
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
@@ -133,6 +136,22 @@ def test_an_organization_admin_cannot_change_the_public_catalog(api: Api) -> Non
         response = api.client.post("/v1/platform/catalog/offers", content=csv, headers=_bearer(key))
         assert response.status_code == 403, response.text
     assert "newco" not in {i["provider"] for i in _offers(api, "beta")}
+
+
+def test_the_embedded_defaults_local_key_has_no_platform_rights(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.cli.server import _local_key
+    from services.core.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    key = _local_key(Settings(database_url=api.url))
+    assert key is not None
+    csv = "provider,gpu,on_demand_usd_per_hour\nlocal-dc,L4,0.2\n"
+    assert api.client.post("/v1/platform/catalog/offers", content=csv, headers=_bearer(key)).status_code == 403
+    own = api.client.post("/v1/admin/catalog/offers", content=csv, headers=_bearer(key))
+    assert own.status_code == 201 and own.json()["catalog"] == "organization"
+    assert "local-dc" not in {i["provider"] for i in _offers(api, "beta")}
 
 
 def _top_setup(api: Api, org: str) -> dict[str, Any]:
