@@ -85,6 +85,12 @@ def _reseed_bundled_offers() -> None:
 
 
 def downgrade() -> None:
+    # Organizations' own price lists have no place in the older schema; left in, they would become public.
+    op.execute(
+        "DELETE FROM gpu_offers WHERE version_id IN "
+        "(SELECT id FROM catalog_versions WHERE organization_id IS NOT NULL)"
+    )
+    op.execute("DELETE FROM catalog_versions WHERE organization_id IS NOT NULL")
     with op.batch_alter_table("gpu_offers", schema=None) as batch_op:
         batch_op.alter_column(
             "fetched_at", existing_type=sa.String(length=20), type_=sa.String(length=10), existing_nullable=False
