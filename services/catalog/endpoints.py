@@ -170,14 +170,51 @@ async def import_public_offers(
 ) -> dict[str, Any]:
     """Import into the public catalog every organization plans on (platform-admin keys only).
     Additive: offers of providers not in the file are kept."""
+    _require_platform_admin(principal)
+    text, fmt = await _price_list_text(request)
+    return _import(db, text, fmt, f"platform api import by {principal.organization_name}", None, replace_provider)
+
+
+RemoveProvider = Annotated[
+    list[str], Query(min_length=1, max_length=50, description="the provider whose offers are removed (repeatable)")
+]
+
+
+@router.delete(
+    "/admin/catalog/offers",
+    operation_id="catalog-remove-organization-offers",
+    responses={403: {"description": "not an admin key of the organization"}},
+)
+def remove_organization_offers(db: DbDep, principal: PrincipalDep, provider: RemoveProvider) -> dict[str, Any]:
+    """Remove the organization's own offers of these providers; it plans on the public ones again."""
+    _require_admin(principal)
+    with db.transaction() as (session, _pending):
+        source = f"api removal by {principal.organization_name}"
+        return service.remove_providers(
+            session, provider, source=source, organization_id=principal.organization_id
+        ).summary()
+
+
+@router.delete(
+    "/platform/catalog/offers",
+    operation_id="catalog-remove-public-offers",
+    responses={403: {"description": "not a platform-admin key"}},
+)
+def remove_public_offers(db: DbDep, principal: PrincipalDep, provider: RemoveProvider) -> dict[str, Any]:
+    """Remove every offer of these providers from the public catalog (platform-admin keys only)."""
+    _require_platform_admin(principal)
+    with db.transaction() as (session, _pending):
+        source = f"platform api removal by {principal.organization_name}"
+        return service.remove_providers(session, provider, source=source).summary()
+
+
+def _require_platform_admin(principal: Principal) -> None:
     if not principal.platform_admin:
         raise Forbidden(
             "the public catalog is managed by the platform admin: `gpuplan admin import-offers` on the server, "
             "or a key from `gpuplan admin create-key --platform-admin`; an organization admin imports its own "
             "prices with POST /v1/admin/catalog/offers"
         )
-    text, fmt = await _price_list_text(request)
-    return _import(db, text, fmt, f"platform api import by {principal.organization_name}", None, replace_provider)
 
 
 def _require_admin(principal: Principal) -> None:

@@ -193,6 +193,7 @@ def import_offers(
     source: str,
     organization_id: str | None = None,
     replace_providers: Sequence[str] = (),
+    replace_field: str = "replace_provider",
 ) -> ImportResult:
     """Upsert ``offers`` into the public catalog (or one organization's own) as a new version.
 
@@ -201,7 +202,7 @@ def import_offers(
     provider is named in ``replace_providers``, whose old offers are all dropped first (a provider named
     there but absent from the import is removed from the catalog).
     """
-    replace = set(_check_provider_names(replace_providers, "replace_provider"))
+    replace = set(_check_provider_names(replace_providers, replace_field))
     repo = CatalogRepository(session)
     current = repo.active_version("offers", organization_id)
     old_rows = repo.offers(current.id) if current is not None else []
@@ -210,8 +211,8 @@ def import_offers(
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"
         raise Unprocessable(
-            f"replace_provider: no offers of {', '.join(unknown)} to replace; providers in this catalog: {allowed}",
-            field="replace_provider",
+            f"{replace_field}: no offers of {', '.join(unknown)}; providers in this catalog: {allowed}",
+            field=replace_field,
         )
     incoming = {offer_key(o) for o in offers}
     kept: list[dict[str, Any]] = []
@@ -231,6 +232,22 @@ def import_offers(
     )
     repo.prune_inactive("offers", organization_id, KEEP_INACTIVE_VERSIONS)
     return ImportResult(version=version, added=len(offers) - updated, updated=updated, kept=len(kept), removed=removed)
+
+
+def remove_providers(
+    session: Session, providers: Sequence[str], *, source: str, organization_id: str | None = None
+) -> ImportResult:
+    """Drop every offer of these providers from the public catalog (or the organization's own) as a new version."""
+    if not providers:
+        raise Unprocessable("provider: name at least one provider to remove", field="provider")
+    return import_offers(
+        session,
+        [],
+        source=source,
+        organization_id=organization_id,
+        replace_providers=providers,
+        replace_field="provider",
+    )
 
 
 def _rejected(exc: PriceListError) -> Unprocessable:

@@ -46,6 +46,12 @@ def register(sub: Subparsers) -> None:
         "--org", metavar="NAME", help="import as this organization's own prices instead of the public catalog"
     )
     import_offers.set_defaults(handler=cmd_import_offers)
+    remove = admin_sub.add_parser("remove-provider", help="remove every offer of a provider from the catalog")
+    remove.add_argument("provider", nargs="+")
+    remove.add_argument(
+        "--org", metavar="NAME", help="from this organization's own prices instead of the public catalog"
+    )
+    remove.set_defaults(handler=cmd_remove_provider)
 
 
 def _session_factory() -> sessionmaker[Session]:
@@ -81,19 +87,13 @@ def cmd_import_offers(args: argparse.Namespace) -> int:
     """Upsert the file's providers in one transaction: every row is checked first, nothing half-imported."""
     from services.catalog.service import import_price_list_file
     from services.core.db import unit_of_work
-    from services.orgs.repository import OrganizationRepository
 
     path = Path(args.file)
     if not path.is_file():
         raise CliError(f"import-offers: no file {args.file}")
     factory = _session_factory()
     with unit_of_work(factory) as session:
-        organization_id = None
-        if args.org is not None:
-            org = OrganizationRepository(session).by_name(args.org)
-            if org is None:
-                raise CliError(f"--org: no organization named {args.org!r}")
-            organization_id = org.id
+        organization_id = _organization_id(session, args.org)
         result = import_price_list_file(
             session, path, organization_id=organization_id, replace_providers=args.replace_provider
         )
@@ -102,6 +102,32 @@ def cmd_import_offers(args: argparse.Namespace) -> int:
             f"imported {path.name} into {owner}: {result.added} added, {result.updated} updated, "
             f"{result.kept} kept, {result.removed} removed; {result.version.rows} offers in version "
             f"{result.version.id}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _organization_id(session: Session, name: str | None) -> str | None:
+    """The id of the organization named by --org; None (the public catalog) without it."""
+    from services.orgs.repository import OrganizationRepository
+
+    if name is None:
+        return None
+    org = OrganizationRepository(session).by_name(name)
+    if org is None:
+        raise CliError(f"--org: no organization named {name!r}")
+    return org.id
+
+
+def cmd_remove_provider(args: argparse.Namespace) -> int:
+    from services.catalog.service import remove_providers
+    from services.core.db import unit_of_work
+
+    with unit_of_work(_session_factory()) as session:
+        organization_id = _organization_id(session, args.org)
+        result = remove_providers(session, args.provider, source="cli removal", organization_id=organization_id)
+        print(
+            f"removed {result.removed} offers; {result.version.rows} offers in version {result.version.id}",
             file=sys.stderr,
         )
     return 0

@@ -228,3 +228,25 @@ def test_import_of_malformed_csv_is_422_not_500(api: Api) -> None:
     bad = 'provider,gpu,on_demand_usd_per_hour\n"newco,H100,3.5\rstill quoted\n'
     response = api.client.post("/v1/admin/catalog/offers", content=bad, headers=api.headers("admin"))
     assert response.status_code == 422, response.text
+
+
+def test_removing_a_providers_offers(api: Api) -> None:
+    csv = "provider,gpu,on_demand_usd_per_hour,region\ncloudrux,A40,0.01,partner-dc\nown,L4,0.02,lab\n"
+    assert api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin")).status_code == 201
+    removed = api.client.delete("/v1/admin/catalog/offers?provider=cloudrux", headers=api.headers("admin"))
+    assert removed.status_code == 200 and removed.json()["removed"] == 1, removed.text
+    alpha = {(i["provider"], i["gpu"]): i for i in _offers(api)}
+    assert alpha[("cloudrux", "A40")]["on_demand_usd_per_hour"] == 0.74  # the public offer again
+    assert alpha[("own", "L4")]["catalog"] == "organization"
+    assert api.client.delete("/v1/admin/catalog/offers?provider=own", headers=api.headers("alpha")).status_code == 403
+    unknown = api.client.delete("/v1/admin/catalog/offers?provider=nobody", headers=api.headers("admin"))
+    assert unknown.status_code == 422 and unknown.json()["field"] == "provider"
+    assert api.client.delete("/v1/admin/catalog/offers", headers=api.headers("admin")).status_code == 422
+
+    for key in (api.keys["admin"], api.keys["beta"]):
+        denied = api.client.delete("/v1/platform/catalog/offers?provider=cloudrux", headers=_bearer(key))
+        assert denied.status_code == 403
+    platform = _bearer(_key(api, "beta", platform_admin=True))
+    gone = api.client.delete("/v1/platform/catalog/offers?provider=example-cloud", headers=platform)
+    assert gone.status_code == 200 and gone.json()["removed"] == 5
+    assert {i["provider"] for i in _offers(api, "beta")} == {"cloudrux"}

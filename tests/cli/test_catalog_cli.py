@@ -137,3 +137,12 @@ def test_catalog_refresh_from_a_feed_and_a_failed_one(gpuplan: Gpuplan, fake: Fa
 def test_catalog_refresh_needs_a_feed(gpuplan: Gpuplan) -> None:
     assert "GPUPLAN_CATALOG_FEEDS" in _one_line_error(gpuplan("catalog", "refresh"))
     assert "invalid choice" in _one_line_error(gpuplan("catalog", "refresh", "--provider", "azure"))
+
+
+def test_remove_provider(gpuplan: Gpuplan) -> None:
+    out = gpuplan("admin", "remove-provider", "example-cloud")
+    assert out.returncode == 0 and "removed 5 offers" in out.stderr, out.stderr
+    assert {p for p, _ in _costs(gpuplan)} == {"cloudrux"}
+    assert "provider: no offers of example-cloud" in _one_line_error(
+        gpuplan("admin", "remove-provider", "example-cloud")
+    )
