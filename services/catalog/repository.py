@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from services.catalog.tables import CatalogFeed, CatalogVersion, GpuOfferRow
@@ -15,9 +15,23 @@ def _owner(organization_id: str | None) -> Any:
     return CatalogVersion.organization_id == organization_id
 
 
+# pg_advisory_xact_lock key of catalog imports ("gpuc" in ASCII).
+CATALOG_LOCK_KEY = 0x67707563
+
+
 class CatalogRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
+
+    def lock_for_import(self) -> None:
+        """Serialise catalog imports until this transaction ends: two imports that both copied the same
+        active version would otherwise lose one another's offers (each makes a new version from its copy)."""
+        if self.session.get_bind().dialect.name == "postgresql":
+            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CATALOG_LOCK_KEY})
+        else:
+            # SQLite has one writer at a time: a write statement first takes that lock (waiting up to the
+            # busy timeout) before the import reads the version it copies.
+            self.session.execute(update(CatalogVersion).where(CatalogVersion.id.is_(None)).values(active=False))
 
     def active_version(self, kind: str, organization_id: str | None = None) -> CatalogVersion | None:
         """The version in use: public (``organization_id`` None) or the organization's own."""

@@ -204,6 +204,7 @@ def import_offers(
     """
     replace = set(_check_provider_names(replace_providers, replace_field))
     repo = CatalogRepository(session)
+    repo.lock_for_import()
     current = repo.active_version("offers", organization_id)
     old_rows = repo.offers(current.id) if current is not None else []
     known = {r.provider for r in old_rows}
@@ -379,6 +380,7 @@ def record_feed_success(
     if stray:
         raise FeedDataError(f"the {provider} feed returned offers of other providers: {', '.join(stray)}")
     repo = CatalogRepository(session)
+    repo.lock_for_import()
     current = repo.active_version("offers", None)
     has_old = current is not None and provider in repo.providers(current.id)
     result = import_offers(

@@ -250,3 +250,37 @@ def test_removing_a_providers_offers(api: Api) -> None:
     gone = api.client.delete("/v1/platform/catalog/offers?provider=example-cloud", headers=platform)
     assert gone.status_code == 200 and gone.json()["removed"] == 5
     assert {i["provider"] for i in _offers(api, "beta")} == {"cloudrux"}
+
+
+def test_concurrent_imports_never_lose_one_another(api: Api) -> None:
+    """Two imports at once: the second waits for the first and builds on it (no lost provider)."""
+    import threading
+    import time
+
+    from services.catalog.pricelist import parse_price_list
+    from services.catalog.service import import_offers
+
+    factory = make_sessionmaker(make_engine(api.url))
+    first_has_read = threading.Event()
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with unit_of_work(factory) as session:
+                import_offers(
+                    session, parse_price_list("provider,gpu,on_demand_usd_per_hour\none,L4,1\n", "csv"), source="a"
+                )
+                first_has_read.set()
+                time.sleep(0.5)  # still uncommitted while the second import starts
+        except Exception as exc:  # reported by the assertion below
+            errors.append(exc)
+            first_has_read.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_has_read.wait(10)
+    with unit_of_work(factory) as session:
+        import_offers(session, parse_price_list("provider,gpu,on_demand_usd_per_hour\ntwo,L4,1\n", "csv"), source="b")
+    thread.join(10)
+    assert errors == []
+    assert {"one", "two"} <= {i["provider"] for i in _offers(api)}

@@ -14,6 +14,7 @@ from services.catalog.feeds import PROVIDERS, aws, lambda_cloud, runpod, vast
 from services.catalog.feeds.base import FeedError, FeedOffers
 from services.catalog.service import FeedDataError, record_feed_failure, record_feed_success
 from services.core.db import unit_of_work, utcnow
+from services.core.errors import GpuplanError
 from services.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ def refresh(
                 record_feed_success(session, provider, fetched.rows, when, fetched.note())
             outcomes.append(FeedOutcome(provider, True, len(fetched.rows), note=fetched.note()))
             log.info("catalog feed %s: %d offers", provider, len(fetched.rows))
-        except (FeedError, FeedDataError) as exc:
-            error = str(exc)[:2000]
+        except (FeedError, FeedDataError, GpuplanError) as exc:
+            error = (exc.message if isinstance(exc, GpuplanError) else str(exc))[:2000]
             with unit_of_work(factory) as session:
                 record_feed_failure(session, provider, error, when)
             outcomes.append(FeedOutcome(provider, False, 0, error=error))
