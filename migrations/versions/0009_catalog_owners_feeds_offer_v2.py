@@ -1,7 +1,7 @@
 """catalog: organization price lists, platform-admin keys, live feeds, Offer schema v2 columns
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01 01:40:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
@@ -87,8 +87,7 @@ def _reseed_bundled_offers() -> None:
 def downgrade() -> None:
     # Organizations' own price lists have no place in the older schema; left in, they would become public.
     op.execute(
-        "DELETE FROM gpu_offers WHERE version_id IN "
-        "(SELECT id FROM catalog_versions WHERE organization_id IS NOT NULL)"
+        "DELETE FROM gpu_offers WHERE version_id IN (SELECT id FROM catalog_versions WHERE organization_id IS NOT NULL)"
     )
     op.execute("DELETE FROM catalog_versions WHERE organization_id IS NOT NULL")
     with op.batch_alter_table("gpu_offers", schema=None) as batch_op:
