@@ -225,7 +225,7 @@ def import_offers(
         elif r.provider in replace:
             removed += 1
         else:
-            kept.append(offer_values(old))
+            kept.append({name: getattr(r, name) for name in OFFER_COLUMNS})
     new_values = kept + [offer_values(o) for o in offers]
     version = repo.add_version(
         CatalogVersion(kind="offers", source=source[:500], rows=len(new_values), organization_id=organization_id),
