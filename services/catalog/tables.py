@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
+import services.orgs.tables  # noqa: F401  (catalog_versions.organization_id refers to organizations)
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
 
 
