@@ -7,6 +7,7 @@ from typing import Any
 
 from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
+from services.estimator.budget import CpuBudget
 from services.estimator.plan import Plan
 from services.planner.constraints import Constraints
 from services.planner.planner import plan_setups
@@ -19,11 +20,12 @@ def recommend(
     default_margin: float,
     top_n: int = 10,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
+    budget: CpuBudget | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """(recommendations cheapest first, rejections, warnings) as JSON data."""
     if "safety_margin" not in constraints.model_fields_set:
         constraints = constraints.model_copy(update={"safety_margin": default_margin})
-    result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n, utilisation=utilisation)
+    result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n, utilisation=utilisation, budget=budget)
     return (
         [r.model_dump(mode="json") for r in result.recommendations],
         [r.model_dump(mode="json") for r in result.rejections],

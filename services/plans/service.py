@@ -16,6 +16,7 @@ from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.tasks import PendingTasks
 from services.datasets.service import location_warnings, plan_data
+from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import Estimate, estimate, resolve_architecture
 from services.export import ExportBundle, export_setup
@@ -228,14 +229,24 @@ def to_summary(row: PlanRow) -> PlanSummary:
     )
 
 
-def compute(session: Session, request: PlanRequest, safety_margin: float, organization_id: str) -> dict[str, Any]:
+def compute(
+    session: Session,
+    request: PlanRequest,
+    safety_margin: float,
+    organization_id: str,
+    cpu_budget_s: float | None = None,
+) -> dict[str, Any]:
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
-    with the organization's calibrated utilisation where its nodes measured the card and method."""
+    with the organization's calibrated utilisation where its nodes measured the card and method, in at
+    most ``cpu_budget_s`` of CPU time (WorkBudgetExceeded beyond it)."""
     plan = request.to_plan()
-    report = estimate(plan)
+    budget = CpuBudget(cpu_budget_s)
+    report = estimate(plan, budget=budget)
     offers = as_offers(active_offers(session))
     utilisation = calibrated_utilisation(session, organization_id, plan.method)
-    recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
+    recs, rejections, warnings = recommend(
+        plan, request.constraints, offers, safety_margin, utilisation=utilisation, budget=budget
+    )
     if request.dataset_id is not None:
         try:
             data = plan_data(session, organization_id, request.dataset_id)
@@ -258,11 +269,13 @@ def _result(
     }
 
 
-def estimate_task(factory: sessionmaker[Session], safety_margin: float) -> Callable[[str], None]:
+def estimate_task(
+    factory: sessionmaker[Session], safety_margin: float, cpu_budget_s: float | None = None
+) -> Callable[[str], None]:
     """The estimation task bound to this process's session factory."""
 
     def run(plan_id: str) -> None:
-        run_plan(factory, plan_id, safety_margin)
+        run_plan(factory, plan_id, safety_margin, cpu_budget_s=cpu_budget_s)
 
     return run
 
@@ -282,8 +295,16 @@ def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks, sta
     return len(ids)
 
 
-def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float, debug_delay_s: float = 0.0) -> None:
-    """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing."""
+def run_plan(
+    factory: sessionmaker[Session],
+    plan_id: str,
+    safety_margin: float,
+    debug_delay_s: float = 0.0,
+    *,
+    cpu_budget_s: float | None = None,
+) -> None:
+    """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing.
+    A plan whose search needs more than ``cpu_budget_s`` of CPU fails with a message naming what to narrow."""
     with unit_of_work(factory) as session:
         row = PlanRepository(session).get(plan_id)
         if row is None or row.status in ("done", "failed"):
@@ -295,7 +316,7 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float,
         organization_id = row.organization_id
     try:
         with unit_of_work(factory) as session:
-            result = compute(session, request, safety_margin, organization_id)
+            result = compute(session, request, safety_margin, organization_id, cpu_budget_s)
     except (EstimatorError, ValueError) as exc:
         _finish(factory, plan_id, error=str(exc))
         return
