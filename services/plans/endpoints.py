@@ -55,9 +55,7 @@ def create_plan(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> PlanCreated:
-    with db.transaction() as (session, pending):
-        row, created = service.submit(session, principal, body, idempotency_key, pending)
-        result = PlanCreated(id=row.id, status=row.status)
+    result, created = service.submit_idempotent(db.transaction, principal, body, idempotency_key)
     response.headers["Location"] = f"/v1/plans/{result.id}"
     if not created:
         response.status_code = 200

@@ -6,9 +6,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.catalog.service import active_offers, as_offers
@@ -25,7 +27,7 @@ from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
 from services.plans.repository import PlanRepository
-from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
+from services.plans.schemas import PlanCreated, PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
 
 log = logging.getLogger("gpuplan.plans")
@@ -52,7 +54,7 @@ def _check_plannable(request: PlanRequest) -> str:
     try:
         name, _ = resolve_architecture(plan)
     except EstimatorError as exc:
-        raise Unprocessable(exc.message, field=exc.field) from None
+        raise Unprocessable(str(exc), field=exc.field) from None
     return name
 
 
@@ -92,6 +94,31 @@ def submit(
     )
     pending.enqueue(ESTIMATE_TASK, row.id)
     return row, True
+
+
+def submit_idempotent(
+    transaction: Callable[[], AbstractContextManager[tuple[Session, PendingTasks]]],
+    principal: Principal,
+    request: PlanRequest,
+    idempotency_key: str | None,
+) -> tuple[PlanCreated, bool]:
+    """:func:`submit` in its own transaction, safe under concurrent requests with one Idempotency-Key.
+
+    Two requests with a new key both find no plan and both insert; the database's unique constraint
+    (organization, key) lets one commit and fails the other with an IntegrityError. The loser runs
+    again in a fresh transaction, where it finds the winner's plan: one plan, and every request
+    answers with it (or 409 when its body differs).
+    """
+    try:
+        with transaction() as (session, pending):
+            row, created = submit(session, principal, request, idempotency_key, pending)
+            return PlanCreated(id=row.id, status=row.status), created
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+    with transaction() as (session, pending):
+        row, created = submit(session, principal, request, idempotency_key, pending)
+        return PlanCreated(id=row.id, status=row.status), created
 
 
 def with_dataset(session: Session, organization_id: str, request: PlanRequest) -> PlanRequest:
