@@ -103,7 +103,7 @@ def test_a_plan_over_its_cpu_budget_fails_with_a_reason(database_url: str, api: 
 # ---------------------------------------------------------------------------------------------- 15.4
 
 QWEN_MOE = dict(find_model("Qwen/Qwen3-30B-A3B").config)
-GEMMA3 = dict(find_model("google/gemma-3-4b-it").config)
+GEMMA3 = dict(find_model("google/gemma-3-4b-pt").config)
 
 
 def _nested(depth: int) -> str:
