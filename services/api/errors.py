@@ -55,10 +55,10 @@ def _json_syntax(errors: list[Any], body: Any) -> str | None:
             pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
             reason = (err.get("ctx") or {}).get("error", "not valid JSON")
             if pos is None or not isinstance(body, str):
-                return f"body: malformed JSON: {reason}"
+                return f"body: not valid JSON: {reason}"
             line = body.count("\n", 0, pos) + 1
             column = pos - (body.rfind("\n", 0, pos) + 1) + 1
-            return f"body: malformed JSON at line {line}, column {column} (character {pos}): {reason}"
+            return f"body: not valid JSON at line {line}, column {column} (character {pos}): {reason}"
     return None
 
 

@@ -107,7 +107,7 @@ def loads(data: bytes | str, field: str = "body", max_depth: int = MAX_DEPTH) ->
     except json.JSONDecodeError as exc:
         line, column = _position(text, exc.pos)
         raise JsonInputError(
-            field, f"malformed JSON at line {line}, column {column} (character {exc.pos}): {exc.msg}"
+            field, f"not valid JSON at line {line}, column {column} (character {exc.pos}): {exc.msg}"
         ) from None
     except RecursionError:
         raise JsonInputError(field, f"nested more than {max_depth} levels deep") from None

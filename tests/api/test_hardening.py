@@ -187,7 +187,7 @@ def test_nul_characters_are_refused_in_bodies_and_query_parameters(api: Api) -> 
 def test_malformed_json_names_its_line_and_column(api: Api) -> None:
     response = _post_raw(api, "/v1/estimate", '{\n  "model": {"name": "x",}\n}')
     body = _refused(response, "line 2, column 25")
-    assert "malformed JSON" in body["message"] and "jSON decode error" not in body["message"]
+    assert "not valid JSON" in body["message"] and "jSON decode error" not in body["message"]
 
 
 def test_a_body_that_is_not_declared_json_says_how_to_send_it(api: Api) -> None:
