@@ -85,7 +85,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
-        special = _json_syntax(errors, exc.body) or _body_problem(request, errors)
+        special = _json_syntax(errors, exc.body)
+        if special is not None and "content-type" not in request.headers:
+            special += "; send JSON with the header Content-Type: application/json"
+        special = special or _body_problem(request, errors)
         if special is not None:
             return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
         problems = describe_error_list(errors) or ["invalid request"]

@@ -6,10 +6,10 @@ One pure ASGI middleware, outermost after Starlette's error handler:
   reading the body; a body streamed without one (chunked) is counted as it arrives and answered 413 as
   soon as it passes the limit. The limit is ``GPUPLAN_MAX_REQUEST_BYTES`` (1 MiB) everywhere except the
   routes that stream uploads and keep their own limits (data set parts and tokenizer, price lists);
-- JSON bodies (and bodies sent without a Content-Type, which FastAPI reads as JSON) are parsed once
-  here with :mod:`services.core.json_limits`: malformed JSON gets a message with its line and column,
-  and over-deep nesting, non-finite or huge numbers, NUL characters and lone surrogates are a 422
-  naming the field, before any handler, database or serializer sees them;
+- JSON bodies (and bodies sent without a Content-Type that parse as JSON, which FastAPI reads as
+  JSON) are parsed once here with :mod:`services.core.json_limits`: malformed JSON gets a message
+  with its line and column, and over-deep nesting, non-finite or huge numbers, NUL characters and
+  lone surrogates are a 422 naming the field, before any handler, database or serializer sees them;
 - text and form bodies, the path and the query parameters may not carry a NUL character (Postgres
   text refuses it, which was a 500).
 """
@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.core.json_limits import JsonInputError, check_text
+from services.core.json_limits import JsonInputError, JsonSyntaxError, check_text
 from services.core.json_limits import loads as load_json
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
@@ -173,13 +173,13 @@ class RequestLimits:
         if _is_json(content_type):
             try:
                 load_json(body)
+            except JsonSyntaxError as exc:
+                # Without a Content-Type the route decides: FastAPI's JSON routes answer their own
+                # (readable) error, and routes that read raw bodies (price lists) read it as text.
+                if content_type is not None:
+                    raise _invalid(exc.field, exc.message) from None
             except JsonInputError as exc:
-                message = exc.message
-                if content_type is None:
-                    message += (
-                        "; the body must be JSON sent with the header Content-Type: application/json (none was given)"
-                    )
-                raise _invalid(exc.field, message) from None
+                raise _invalid(exc.field, exc.message) from None
             return
         media = (content_type or "").split(";", 1)[0].strip().lower()
         if media == "application/x-www-form-urlencoded":

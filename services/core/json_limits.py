@@ -28,6 +28,10 @@ class JsonInputError(ValueError):
         self.message = message
 
 
+class JsonSyntaxError(JsonInputError):
+    """Text that is not JSON at all (as opposed to JSON carrying a value gpuplan refuses)."""
+
+
 def join_path(prefix: str, part: str | int) -> str:
     """``model.config`` + ``vocab_size`` -> ``model.config.vocab_size``; list items as ``[3]``."""
     if isinstance(part, int):
@@ -52,38 +56,68 @@ def check_text(field: str, text: str) -> None:
         raise JsonInputError(field, problem)
 
 
+def _path(field: str, trail: tuple[str | int, ...]) -> str:
+    path = field
+    for part in trail:
+        path = join_path(path, part)
+    return path or "body"
+
+
+def _leaf_problem(value: object) -> str | None:
+    kind = type(value)
+    if kind is str:
+        text = str(value)
+        if "\x00" in text or not text.isascii():
+            return _string_problem(text)
+    elif kind is int:
+        if not -MAX_SAFE_INTEGER <= int(value) <= MAX_SAFE_INTEGER:  # type: ignore[call-overload]
+            return f"integer too large (at most {MAX_SAFE_INTEGER:,} in magnitude)"
+    elif kind is float and not math.isfinite(float(value)):  # type: ignore[arg-type]
+        return f"must be a finite number, got {value!r} (JSON has no Infinity or NaN)"
+    return None
+
+
 def check_value(value: Any, field: str = "", max_depth: int = MAX_DEPTH) -> None:
     """Walk a parsed JSON value (iteratively: no recursion limit to hit) and raise
     :class:`JsonInputError` for the first value nested over ``max_depth`` levels, a non-finite number
     (``Infinity``, ``NaN``, ``1e400``), an integer beyond +-(2**53 - 1), or a string or key with a NUL
-    character or a lone surrogate."""
-    stack: list[tuple[Any, str, int]] = [(value, field, 0)]
+    character or a lone surrogate. Paths are built only for the value reported, so a large body costs
+    one pass of cheap type checks."""
+    if not isinstance(value, dict | list):
+        problem = _leaf_problem(value)
+        if problem is not None:
+            raise JsonInputError(field or "body", problem)
+        return
+    stack: list[tuple[dict[Any, Any] | list[Any], int, tuple[str | int, ...]]] = [(value, 0, ())]
     while stack:
-        item, path, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= max_depth:
-                raise JsonInputError(path or "body", f"nested more than {max_depth} levels deep")
-            if isinstance(item, dict):
-                for key, child in item.items():
-                    key_text = str(key)
-                    problem = _string_problem(key_text)
-                    if problem is not None:
-                        raise JsonInputError(path or "body", f"a key {problem}")
-                    stack.append((child, join_path(path, key_text), depth + 1))
-            else:
-                stack.extend((child, join_path(path, i), depth + 1) for i, child in enumerate(item))
-        elif isinstance(item, bool) or item is None:
-            continue
-        elif isinstance(item, int):
-            if abs(item) > MAX_SAFE_INTEGER:
-                raise JsonInputError(path or "body", f"integer too large (at most {MAX_SAFE_INTEGER:,} in magnitude)")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise JsonInputError(
-                    path or "body", f"must be a finite number, got {item!r} (JSON has no Infinity or NaN)"
-                )
-        elif isinstance(item, str):
-            check_text(path or "body", item)
+        container, depth, trail = stack.pop()
+        if depth >= max_depth:
+            raise JsonInputError(_path(field, trail), f"nested more than {max_depth} levels deep")
+        pairs = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, child in pairs:
+            if type(key) is str and not (key.isascii() and "\x00" not in key):
+                problem = _string_problem(key)
+                if problem is not None:
+                    raise JsonInputError(_path(field, trail), f"a key {problem}")
+            # Inline fast paths for the common leaves; _leaf_problem only for the suspicious ones.
+            kind = type(child)
+            if kind is int:
+                if -MAX_SAFE_INTEGER <= child <= MAX_SAFE_INTEGER:
+                    continue
+            elif kind is str:
+                if child.isascii() and "\x00" not in child:
+                    continue
+            elif kind is float:
+                if child - child == 0.0:  # false for inf and nan
+                    continue
+            elif kind is dict or kind is list:
+                stack.append((child, depth + 1, (*trail, key)))
+                continue
+            elif child is None or kind is bool:
+                continue
+            problem = _leaf_problem(child)
+            if problem is not None:
+                raise JsonInputError(_path(field, (*trail, key)), problem)
 
 
 def _position(text: str, pos: int) -> tuple[int, int]:
@@ -99,14 +133,14 @@ def loads(data: bytes | str, field: str = "body", max_depth: int = MAX_DEPTH) ->
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise JsonInputError(field, f"not UTF-8 text (invalid byte at offset {exc.start})") from None
+            raise JsonSyntaxError(field, f"not UTF-8 text (invalid byte at offset {exc.start})") from None
     else:
         text = data
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         line, column = _position(text, exc.pos)
-        raise JsonInputError(
+        raise JsonSyntaxError(
             field, f"not valid JSON at line {line}, column {column} (character {exc.pos}): {exc.msg}"
         ) from None
     except RecursionError:
