@@ -5,6 +5,7 @@ error or a status code its schema does not declare, and every path answers an un
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -24,6 +25,21 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
 HTTP_METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH")
 
 
+def _fuzz(operation: Any, mode: GenerationMode, key: str, failures: list[str]) -> None:
+    """Up to 25 generated requests of one mode against one operation; failed checks go to ``failures``."""
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def check(case: schemathesis.Case) -> None:
+        response = case.call(headers={"Authorization": f"Bearer {key}"})
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except Exception as exc:  # schemathesis raises one group naming every failed check
+            failures.append(f"{case.method} {case.formatted_path} ({mode}): {response.status_code} {exc}"[:600])
+
+    check()
+
+
 @pytest.mark.slow
 def test_no_input_causes_a_server_error_or_an_undocumented_status(tmp_path: Path, s3_settings: Settings) -> None:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
@@ -39,17 +55,7 @@ def test_no_input_causes_a_server_error_or_an_undocumented_status(tmp_path: Path
     failures: list[str] = []
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            def check(case: schemathesis.Case, mode: GenerationMode = mode) -> None:
-                response = case.call(headers={"Authorization": f"Bearer {key}"})
-                try:
-                    case.validate_response(response, checks=CHECKS)
-                except Exception as exc:  # schemathesis raises one group naming every failed check
-                    failures.append(f"{case.method} {case.formatted_path} ({mode}): {response.status_code} {exc}"[:600])
-
-            check()
+            _fuzz(operation, mode, key, failures)
     assert failures == []
 
 
