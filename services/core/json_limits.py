@@ -60,19 +60,19 @@ def _path(field: str, trail: tuple[str | int, ...]) -> str:
     path = field
     for part in trail:
         path = join_path(path, part)
-    return path or "body"
+    if not path or path.startswith("["):  # the items of a top-level list
+        path = "body" + path
+    return path
 
 
 def _leaf_problem(value: object) -> str | None:
-    kind = type(value)
-    if kind is str:
-        text = str(value)
-        if "\x00" in text or not text.isascii():
-            return _string_problem(text)
-    elif kind is int:
-        if not -MAX_SAFE_INTEGER <= int(value) <= MAX_SAFE_INTEGER:  # type: ignore[call-overload]
-            return f"integer too large (at most {MAX_SAFE_INTEGER:,} in magnitude)"
-    elif kind is float and not math.isfinite(float(value)):  # type: ignore[arg-type]
+    if isinstance(value, str):
+        return _string_problem(value)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        return f"integer too large (at most {MAX_SAFE_INTEGER:,} in magnitude)"
+    if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value!r} (JSON has no Infinity or NaN)"
     return None
 
