@@ -173,6 +173,7 @@ class RequestLimits:
         if _is_json(content_type):
             try:
                 load_json(body)
+                return
             except JsonSyntaxError as exc:
                 # Without a Content-Type the route decides: FastAPI's JSON routes answer their own
                 # (readable) error, and routes that read raw bodies (price lists) read it as text.
@@ -180,7 +181,6 @@ class RequestLimits:
                     raise _invalid(exc.field, exc.message) from None
             except JsonInputError as exc:
                 raise _invalid(exc.field, exc.message) from None
-            return
         media = (content_type or "").split(";", 1)[0].strip().lower()
         if media == "application/x-www-form-urlencoded":
             text = body.decode("latin-1")
@@ -189,7 +189,7 @@ class RequestLimits:
                     check_text(name, value)
                 except JsonInputError as exc:
                     raise _invalid(exc.field, exc.message) from None
-        elif media.startswith("text/") and b"\x00" in body:
+        elif (content_type is None or media.startswith("text/")) and b"\x00" in body:
             raise _invalid("body", "contains a NUL byte, which no database text column stores")
 
 

@@ -171,6 +171,8 @@ def test_nul_characters_are_refused_in_bodies_and_query_parameters(api: Api) -> 
         "/v1/admin/catalog/offers", content=csv, headers={**api.headers("admin"), "Content-Type": "text/csv"}
     )
     _refused(response, "NUL")
+    no_type = api.client.post("/v1/admin/catalog/offers", content=csv.encode(), headers=api.headers("admin"))
+    _refused(no_type, "NUL")
     for path, name in (
         ("/v1/catalog/offers", "provider"),
         ("/v1/catalog/offers", "gpu"),
