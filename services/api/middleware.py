@@ -10,8 +10,8 @@ One pure ASGI middleware, outermost after Starlette's error handler:
   JSON) are parsed once here with :mod:`services.core.json_limits`: malformed JSON gets a message
   with its line and column, and over-deep nesting, non-finite or huge numbers, NUL characters and
   lone surrogates are a 422 naming the field, before any handler, database or serializer sees them;
-- text and form bodies, the path and the query parameters may not carry a NUL character (Postgres
-  text refuses it, which was a 500).
+- text and form bodies, the path, the query parameters and header values may not carry a NUL
+  character (Postgres text refuses it, which was a 500).
 """
 
 from __future__ import annotations
@@ -132,6 +132,9 @@ class RequestLimits:
             check_text("path", scope["path"])
         except JsonInputError as exc:
             raise _invalid(exc.field, exc.message) from None
+        for name, value in scope.get("headers", ()):
+            if b"\x00" in value:  # e.g. an Idempotency-Key, stored in a text column
+                raise _invalid(name.decode("latin-1"), "a header value may not contain a NUL byte")
         raw = scope.get("query_string", b"").decode("latin-1")
         if not raw:
             return
