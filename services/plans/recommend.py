@@ -12,6 +12,9 @@ from services.estimator.plan import Plan
 from services.planner.constraints import Constraints
 from services.planner.planner import plan_setups
 
+# CPU seconds of one search when the caller passes no budget (Settings.plan_cpu_budget_s's default).
+DEFAULT_CPU_BUDGET_S = 10.0
+
 
 def recommend(
     plan: Plan,
@@ -22,7 +25,12 @@ def recommend(
     utilisation: Mapping[str, tuple[float, str]] | None = None,
     budget: CpuBudget | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """(recommendations cheapest first, rejections, warnings) as JSON data."""
+    """(recommendations cheapest first, rejections, warnings) as JSON data.
+
+    Without a ``budget``, the search gets DEFAULT_CPU_BUDGET_S of CPU time (the default of
+    GPUPLAN_PLAN_CPU_BUDGET_S), so the quote and dashboard paths are bounded as the plan task is.
+    """
+    budget = budget if budget is not None else CpuBudget(DEFAULT_CPU_BUDGET_S)
     if "safety_margin" not in constraints.model_fields_set:
         constraints = constraints.model_copy(update={"safety_margin": default_margin})
     result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n, utilisation=utilisation, budget=budget)
