@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from services.core.errors import GpuplanError
-from services.estimator.errors import EstimatorError
+from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import describe_error_list, describe_errors
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type"}
@@ -76,6 +76,14 @@ def allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
+def with_api_hint(message: str, exc: EstimatorError) -> str:
+    """An estimator message with the API's own hint: the estimator says a model name is unknown, the API
+    says how to send the model's config.json in its fields."""
+    if isinstance(exc, UnknownModelError):
+        return f"{message} Send its config.json as model.config instead."
+    return message
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GpuplanError)
     async def _gpuplan(_request: Request, exc: GpuplanError) -> JSONResponse:
@@ -101,7 +109,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EstimatorError)
     async def _estimator(_request: Request, exc: EstimatorError) -> JSONResponse:
-        return JSONResponse({"error": "invalid", "message": str(exc), "field": exc.field}, status_code=422)
+        return JSONResponse(
+            {"error": "invalid", "message": with_api_hint(str(exc), exc), "field": exc.field}, status_code=422
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.api.errors import with_api_hint
 from services.catalog.service import active_offers, as_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
@@ -54,7 +55,7 @@ def _check_plannable(request: PlanRequest) -> str:
     try:
         name, _ = resolve_architecture(plan)
     except EstimatorError as exc:
-        raise Unprocessable(str(exc), field=exc.field) from None
+        raise Unprocessable(with_api_hint(str(exc), exc), field=exc.field) from None
     return name
 
 
