@@ -31,7 +31,13 @@ def _sessions() -> sessionmaker[Session]:
 def estimate_plan(plan_id: str) -> None:
     """Estimate a stored plan and store its recommendations (a finished plan is left as it is)."""
     settings = get_settings()
-    run_plan(_sessions(), plan_id, settings.safety_margin, settings.task_debug_delay_s)
+    run_plan(
+        _sessions(),
+        plan_id,
+        settings.safety_margin,
+        settings.task_debug_delay_s,
+        cpu_budget_s=settings.plan_cpu_budget_s,
+    )
 
 
 @app.task(name=TRACE_TASK, soft_time_limit=900, time_limit=960)
