@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
-from services.estimator.communication import Links, StepCommunication, links_for, step_communication
 from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.communication import Links, StepCommunication, links_for, step_communication
 from services.estimator.memory import ModelStates, adapter_params, quantized_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
+from services.estimator.communication import Links
 from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
-from services.estimator.plan import Plan, Sharding
+from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.throughput import Throughput, estimate_throughput
 
@@ -26,6 +27,8 @@ class Config:
     micro_batch_size: int
     accumulation_steps: int
     checkpointing: bool
+    cpu_offload: bool = False
+    optimizer: Optimizer | None = None  # None: the plan's
 
 
 class Evaluator:
@@ -43,10 +46,10 @@ class Evaluator:
         self.utilisation = dict(utilisation or {})
         self.memory_probes = 0
         self._plans: dict[Config, Plan] = {}
-        self._recipes: dict[tuple[Sharding, bool], Recipe] = {}
-        self._states: dict[tuple[int, Sharding, bool], ModelStates] = {}
+        self._recipes: dict[tuple[Sharding, bool, bool, Optimizer | None], Recipe] = {}
+        self._states: dict[tuple[int, Sharding, bool, bool, Optimizer | None], ModelStates] = {}
         self._memory: dict[Config, MemoryBreakdown] = {}
-        self._throughput: dict[tuple[str, float, Config, bool], Throughput] = {}
+        self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:
@@ -60,6 +63,8 @@ class Evaluator:
                     "micro_batch_size": cfg.micro_batch_size,
                     "gradient_accumulation_steps": cfg.accumulation_steps,
                     "gradient_checkpointing": cfg.checkpointing,
+                    "cpu_offload": cfg.cpu_offload,
+                    "optimizer": cfg.optimizer or self.base.optimizer,
                 }
             )
             self._plans[cfg] = found
@@ -67,7 +72,7 @@ class Evaluator:
 
     def _recipe(self, cfg: Config) -> Recipe:
         # The recipe depends on the variant only through sharding and whether gradients accumulate.
-        key = (cfg.sharding, cfg.accumulation_steps > 1)
+        key = (cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
         found = self._recipes.get(key)
         if found is None:
             found = resolve_recipe(self.plan(cfg))
@@ -75,7 +80,7 @@ class Evaluator:
         return found
 
     def _model_states(self, cfg: Config) -> ModelStates:
-        key = (cfg.gpus, cfg.sharding, cfg.accumulation_steps > 1)
+        key = (cfg.gpus, cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
         found = self._states.get(key)
         if found is None:
             found = model_states(self.plan(cfg), self.arch, self._recipe(cfg))
@@ -95,10 +100,14 @@ class Evaluator:
         self.memory_probes += 1
         return self.memory(cfg).peak_device <= usable_bytes
 
-    def throughput(self, cfg: Config, spec: GpuSpec, spill: bool = True) -> Throughput:
-        """Tokens/s of the setup on ``spec``; ``spill`` charges paged optimizer states that do not fit
-        beside the predicted peak their trip over PCIe (off for the idealised one-GPU reference)."""
-        key = (spec.name, spec.nvlink_gb_per_s, cfg, spill)
+    def model_states(self, cfg: Config) -> ModelStates:
+        """Weights, gradients and optimizer states per GPU of the setup."""
+        return self._model_states(cfg)
+
+    def throughput(self, cfg: Config, spec: GpuSpec, links: Links | None = None, spill: bool = True) -> Throughput:
+        """Tokens/s of the setup on ``spec`` connected by ``links``; ``spill`` charges paged optimizer states
+        that do not fit beside the predicted peak their trip over PCIe (off for the one-GPU reference)."""
+        key = (spec.name, links, cfg, spill)
         found = self._throughput.get(key)
         if found is None:
             peak = self.memory(cfg).peak_device if spill else None
@@ -112,6 +121,7 @@ class Evaluator:
                 utilisation=util,
                 utilisation_source=source,
                 peak_device_bytes=peak,
+                links=links,
             )
             self._throughput[key] = found
         return found
