@@ -304,7 +304,9 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     deadline = ctx.constraints.deadline_hours
 
     def enough(found: list[Setup]) -> bool:
-        return bool(found) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in found))
+        # Setups that fit only by offloading or by an 8-bit optimizer do not stop the search for more nodes.
+        plain = [s for s in found if s.cfg.optimizer is None and s.cfg.cpu_offload == ctx.plan.cpu_offload]
+        return bool(plain) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in plain))
 
     found: list[Setup] = []
     for layout in single:
