@@ -189,9 +189,7 @@ def test_lora_and_full_need_larger_cards_or_more_gpus() -> None:
     assert qlora < lora < full
     assert qlora <= 16 and lora <= 24 and full > 80
     # On 24 GiB cards a full fine-tune needs several GPUs.
-    small = [
-        r for r in everything(plan_for("full"), allow_cpu_offload=False).recommendations if r.gpu_memory_gib <= 24
-    ]
+    small = [r for r in everything(plan_for("full"), allow_cpu_offload=False).recommendations if r.gpu_memory_gib <= 24]
     assert small and min(r.gpus for r in small) >= 8
 
 
