@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
+from services.estimator.architecture import Architecture, parameter_counts
 
 # Share of a link's one-direction peak that NCCL's ring collectives reach (bus bandwidth / spec):
 # - NVLink/NVSwitch: ~87-88% measured on 8 x H200 (stas00/ml-engineering network/README.md).
@@ -52,6 +53,22 @@ DDP_BUCKET_BYTES = 25 * 2**20
 # in the same cluster (max 22%); with per-GPU speeds spread evenly over that range, the expected slowest
 # of n is (n-1)/(2(n+1)) x 8% below the mean (order statistics of the uniform distribution).
 GPU_PERFORMANCE_VARIATION = 0.08
+
+
+_TOTALS: dict[int, tuple[Architecture, int]] = {}
+
+
+def total_parameters(arch: Architecture) -> int:
+    """Every parameter of the model (what FSDP/ZeRO-3 gather), counted once per architecture object: a
+    planning call asks for it for thousands of setups of the same model."""
+    hit = _TOTALS.get(id(arch))
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    if len(_TOTALS) > 64:
+        _TOTALS.clear()
+    total = parameter_counts(arch).total
+    _TOTALS[id(arch)] = (arch, total)
+    return total
 
 
 @dataclass(frozen=True)

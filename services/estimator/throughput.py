@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
-from services.estimator.communication import Links, StepCommunication, links_for, step_communication
+from services.estimator.communication import (
+    Links,
+    StepCommunication,
+    links_for,
+    step_communication,
+    total_parameters,
+)
 from services.estimator.memory import ModelStates, adapter_params, quantized_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -149,7 +155,7 @@ def data_parallel_communication(
         links,
         grad_bytes=states.trainable_params * grad_width,
         param_bytes_16bit=states.trainable_params * grad_width,
-        gathered_weight_bytes=parameter_counts(arch).total * weight_width,
+        gathered_weight_bytes=total_parameters(arch) * weight_width,
         layers=arch.num_layers,
         forward_s=compute_s * forward_share,
         backward_s=compute_s * (1.0 - forward_share),
@@ -167,18 +173,20 @@ def estimate_throughput(
     utilisation_source: str | None = None,
     peak_device_bytes: float | None = None,
     links: Links | None = None,
+    flops: FlopsPerToken | None = None,
 ) -> Throughput:
     """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on.
 
     ``peak_device_bytes`` (the memory estimate) lets paged optimizer states that do not fit beside it
     cost their round trip over PCIe every optimizer step. ``links`` says how the GPUs are connected
     (default: one node of up to 8 on the card's own link, nodes of 8 over the assumed fabric beyond).
+    ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU).
     """
     precision = plan.precision
     peak = gpu.dense_tflops(precision) * 1e12
     util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
-    fpt = flops_per_token(plan, arch, recipe)
+    fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
     tokens = plan.tokens_per_micro_batch
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 

@@ -15,7 +15,7 @@ from services.estimator.communication import Links
 from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
-from services.estimator.throughput import Throughput, estimate_throughput
+from services.estimator.throughput import FlopsPerToken, Throughput, estimate_throughput, flops_per_token
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Evaluator:
         self._states: dict[tuple[int, Sharding, bool, bool, Optimizer | None], ModelStates] = {}
         self._memory: dict[Config, MemoryBreakdown] = {}
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
+        self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None], FlopsPerToken] = {}
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:
@@ -100,6 +101,15 @@ class Evaluator:
         self.memory_probes += 1
         return self.memory(cfg).peak_device <= usable_bytes
 
+    def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
+        # FLOPs per token depend on the recipe and on checkpointing, not on the GPU or the micro-batch.
+        key = (cfg.checkpointing, cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
+        found = self._flops.get(key)
+        if found is None:
+            found = flops_per_token(self.plan(cfg), self.arch, self._recipe(cfg))
+            self._flops[key] = found
+        return found
+
     def model_states(self, cfg: Config) -> ModelStates:
         """Weights, gradients and optimizer states per GPU of the setup."""
         return self._model_states(cfg)
@@ -122,6 +132,7 @@ class Evaluator:
                 utilisation_source=source,
                 peak_device_bytes=peak,
                 links=links,
+                flops=self._flops_per_token(cfg),
             )
             self._throughput[key] = found
         return found

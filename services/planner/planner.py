@@ -140,7 +140,7 @@ def plan_setups(
     warnings = _plan_warnings(plan, arch.max_position_embeddings)
     cards: dict[str, tuple[GpuSpec, list[Offer]]] = {}
     found_specs: dict[str, GpuSpec | EstimatorError] = {}
-    bounds: list[tuple[float, int, int, float, int, Setup, PricingMode]] = []
+    bounds: list[tuple[float, int, int, float, int, int, Setup, PricingMode]] = []
     fitting_cards: set[str] = set()
     setups_of: dict[int, list[Setup]] = {}
     offer_of: list[Offer] = list(offers)
@@ -176,24 +176,17 @@ def plan_setups(
         for s in setups:
             gpus = s.layout.gpus
             seconds = s.training_s + fixed_s
-            bounds.append(
-                (
-                    seconds * gpus * offer.on_demand_usd_per_hour / 3600.0,
-                    gpus,
-                    s.layout.nodes,
-                    seconds,
-                    index,
-                    s,
-                    "on_demand",
-                )
-            )
+            od = seconds * gpus * offer.on_demand_usd_per_hour / 3600.0
+            bounds.append((od, gpus, s.layout.nodes, seconds, index, len(bounds), s, "on_demand"))
             if spot_price is not None:
-                bounds.append((seconds * gpus * spot_price / 3600.0, gpus, s.layout.nodes, seconds, index, s, "spot"))
+                sp = seconds * gpus * spot_price / 3600.0
+                bounds.append((sp, gpus, s.layout.nodes, seconds, index, len(bounds), s, "spot"))
     if not cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
 
-    # Price in order of the lower bound; stop pricing once a bound cannot reach the top N nor a card's best.
-    bounds.sort(key=lambda b: b[:4])
+    # Price in order of the lower bound (a heap: only the cheapest few are ever taken out); stop once a
+    # bound can reach neither the top N nor the best of a card that still has none.
+    heapq.heapify(bounds)
     priced: dict[tuple[int, int], Candidate] = {}
 
     def candidate(index: int, s: Setup) -> Candidate:
@@ -208,8 +201,12 @@ def plan_setups(
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
     qualified_offers: set[int] = set()
-    for bound, _, _, _, index, s, pricing in bounds:
+    while bounds:
+        bound, _, _, _, index, _, s, pricing = heapq.heappop(bounds)
         kth = -top[0] if len(top) >= top_n else math.inf
+        every_card_done = len(card_best) == len(fitting_cards)
+        if bound > kth + 0.005 and every_card_done and all(bound > b + 0.005 for b in card_best.values()):
+            break
         best = card_best.get(s.spec.name, math.inf)
         if bound > kth + 0.005 and bound > best + 0.005:
             continue

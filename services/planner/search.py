@@ -66,6 +66,8 @@ class PlanContext:
     evaluator: Evaluator
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
+    _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    _configs: dict[tuple[float, int], tuple[Config, ...]] = field(default_factory=dict)
     _layouts: dict[tuple[str, Layout, Links], list[Setup]] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
@@ -251,27 +253,36 @@ def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links)
 
 
 def _layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links) -> list[Setup]:
-    split = batch_split(ctx.effective_batch_size, layout.gpus)
-    usable = ctx.usable_bytes(spec)
+    return [_setup(ctx, spec, layout, links, cfg) for cfg in fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus)]
+
+
+def fitting_configs(ctx: PlanContext, usable: float, gpus: int) -> tuple[Config, ...]:
+    """The configurations that fit ``usable`` bytes per GPU on ``gpus`` GPUs (memory does not depend on the
+    links, so every offer shape with the same card and GPU count shares them)."""
+    key = (usable, gpus)
+    cached = ctx._configs.get(key)
+    if cached is not None:
+        return cached
+    split = batch_split(ctx.effective_batch_size, gpus)
     checkpointing_options = (True,) if ctx.plan.gradient_checkpointing else (False, True)
     c = ctx.constraints
 
-    def search(shardings: tuple[Sharding, ...], offload: bool, optimizer: Optimizer | None) -> list[Setup]:
-        found: list[Setup] = []
+    def search(shardings: tuple[Sharding, ...], offload: bool, optimizer: Optimizer | None) -> list[Config]:
+        found: list[Config] = []
+        offloaded = offload or ctx.plan.cpu_offload
         for sharding in shardings:
             for checkpointing in checkpointing_options:
                 m = largest_fitting_micro_batch(
-                    ctx.evaluator, split, sharding, checkpointing, usable, offload or ctx.plan.cpu_offload, optimizer
+                    ctx.evaluator, split, sharding, checkpointing, usable, offloaded, optimizer
                 )
                 if m is None:
                     continue
-                cfg = config_for(split, sharding, m, checkpointing, offload or ctx.plan.cpu_offload, optimizer)
-                found.append(_setup(ctx, spec, layout, links, cfg))
+                found.append(config_for(split, sharding, m, checkpointing, offloaded, optimizer))
                 if not checkpointing and m == split.micro_batch_sizes[-1]:
                     break
         return found
 
-    plain = sharding_options(ctx.plan, layout.gpus)
+    plain = sharding_options(ctx.plan, gpus)
     found = search(plain, False, None)
     if not found and c.allow_optimizer_change and ctx.plan.optimizer == "adamw":
         for optimizer in EIGHT_BIT_OPTIMIZERS:
@@ -280,51 +291,63 @@ def _layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links
                 break
     if not found and c.allow_cpu_offload and not ctx.plan.cpu_offload:
         found = search(OFFLOAD_SHARDINGS, True, None)
-    return found
+    ctx._configs[key] = tuple(found)
+    return ctx._configs[key]
 
 
 def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
     link = offer.interconnect.strip().lower()
-    return (
-        spec.name,
-        offer.gpus_per_node,
-        offer.whole_nodes_only,
-        "pcie" if "pcie" in link else link,
-        offer.inter_node_gbit_per_s,
-    )
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, "pcie" if "pcie" in link else link, None)
 
 
-def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
-    """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning)."""
-    key = shape_key(spec, offer)
-    cached = ctx._shapes.get(key)
-    if cached is not None:
-        return cached
-    single, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-    deadline = ctx.constraints.deadline_hours
-
-    def enough(found: list[Setup]) -> bool:
-        # Setups that fit only by offloading or by an 8-bit optimizer do not stop the search for more nodes.
-        plain = [s for s in found if s.cfg.optimizer is None and s.cfg.cpu_offload == ctx.plan.cpu_offload]
-        return bool(plain) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in plain))
-
-    found: list[Setup] = []
-    for layout in single:
-        found.extend(layout_setups(ctx, spec, layout, offer_links(spec, offer, layout)))
-    if not enough(found):
-        for layout in multi:
-            more = layout_setups(ctx, spec, layout, offer_links(spec, offer, layout))
-            found.extend(more)
-            if enough(more):
-                break
-    # Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest.
+def _fastest_per_count(found: list[Setup]) -> list[Setup]:
+    """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest."""
     fastest: dict[int, Setup] = {}
     for s in found:
         if s.layout.gpus not in fastest or s.training_s < fastest[s.layout.gpus].training_s:
             fastest[s.layout.gpus] = s
-    kept = sorted(fastest.values(), key=lambda s: s.layout.gpus)
-    ctx._shapes[key] = kept
-    return kept
+    return sorted(fastest.values(), key=lambda s: s.layout.gpus)
+
+
+def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
+    """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning).
+
+    Cached per shape. What fits on one node does not depend on the network, so the network enters the key
+    only when the search has to go beyond one node.
+    """
+    base = shape_key(spec, offer)
+    single = ctx._single.get(base)
+    if single is None:
+        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
+        found: list[Setup] = []
+        for layout in layouts:
+            found.extend(layout_setups(ctx, spec, layout, offer_links(spec, offer, layout)))
+        single = (found, _fastest_per_count(found), _enough(ctx, found))
+        ctx._single[base] = single
+    found, fastest, enough = single
+    if enough or offer.inter_node_gbit_per_s is None:
+        return fastest
+    key = (*base[:4], offer.inter_node_gbit_per_s)
+    cached = ctx._shapes.get(key)
+    if cached is None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        grown = list(found)
+        for layout in multi:
+            more = layout_setups(ctx, spec, layout, offer_links(spec, offer, layout))
+            grown.extend(more)
+            if _enough(ctx, more):
+                break
+        cached = _fastest_per_count(grown)
+        ctx._shapes[key] = cached
+    return cached
+
+
+def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
+    """Whether setups make more nodes pointless: one fits without offload or an 8-bit optimizer (those
+    only fit, slowly) and, with a deadline, meets it."""
+    deadline = ctx.constraints.deadline_hours
+    plain = [s for s in found if s.cfg.optimizer is None and s.cfg.cpu_offload == ctx.plan.cpu_offload]
+    return bool(plain) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in plain))
 
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
