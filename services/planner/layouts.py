@@ -14,6 +14,7 @@ Rules (Offer schema v2):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
@@ -50,12 +51,20 @@ def single_node_counts(gpus_per_node: int) -> tuple[int, ...]:
 
 def gpu_layouts(offer: Offer, max_gpus: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
     """(single-node, multi-node) layouts an offer can be rented in, ascending, at most ``max_gpus`` GPUs."""
-    k = max(1, offer.gpus_per_node)
-    if offer.whole_nodes_only:
+    return _layouts(
+        max(1, offer.gpus_per_node), offer.whole_nodes_only, offer.inter_node_gbit_per_s is not None, max_gpus
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _layouts(
+    k: int, whole_nodes_only: bool, networked: bool, max_gpus: int
+) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    if whole_nodes_only:
         single: tuple[Layout, ...] = (Layout(k, 1),) if k <= max_gpus else ()
     else:
         single = tuple(Layout(n, 1) for n in single_node_counts(k) if n <= max_gpus)
-    if offer.inter_node_gbit_per_s is None:
+    if not networked:
         return single, ()
     multi = tuple(Layout(k, n) for n in multi_node_counts(max_gpus // k))
     return single, multi

@@ -10,7 +10,8 @@ Pruning, each step justified by the model it prunes:
   slow it down, so it is not tried.
 - An 8-bit optimizer (only where the user allows changing the optimizer) and CPU offload are tried on a
   layout only when nothing fits there without them: they slow every step down (offload: the CPU Adam
-  step and the host traffic) or change the training.
+  step and the host traffic) or change the training. Several nodes are searched to do without offload,
+  so offload is tried on several nodes only when it fits on no single node.
 - Jobs on several nodes are tried only when no single node of the offer fits, or none meets the
   deadline; node counts then grow until one fits (and meets the deadline): more nodes of the same card
   only add communication per GPU, so they cost more.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
-from services.estimator.communication import Links
+from services.estimator.communication import Links, intra_node_kind
 from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.estimator.throughput import Throughput
@@ -67,8 +68,20 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
-    _configs: dict[tuple[float, int], tuple[Config, ...]] = field(default_factory=dict)
-    _layouts: dict[tuple[str, Layout, Links], list[Setup]] = field(default_factory=dict)
+    _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
+    _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
+
+    def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
+        """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""
+        inter = offer.inter_node_gbit_per_s if layout.nodes > 1 else None
+        key = (spec.name, offer.interconnect, layout, inter)
+        found = self._links.get(key)
+        if found is None:
+            found = offer_links(spec, offer, layout)
+            self._links[key] = found
+        return found
+
+    _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
         """An evaluator for the plan with another fine-tuning method (for suggestions)."""
@@ -241,25 +254,22 @@ def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: C
     )
 
 
-def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links) -> list[Setup]:
+def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool = True) -> list[Setup]:
     """The fitting setups on one layout: per sharding and checkpointing, the largest micro-batch; an 8-bit
-    optimizer (when allowed) and then CPU offload only when nothing fits without them."""
-    key = (spec.name, layout, links)
+    optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
+    key = (spec.name, layout, links, offload)
     cached = ctx._layouts.get(key)
     if cached is None:
-        cached = _layout_setups(ctx, spec, layout, links)
+        configs = fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus, offload)
+        cached = [_setup(ctx, spec, layout, links, cfg) for cfg in configs]
         ctx._layouts[key] = cached
     return cached
 
 
-def _layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links) -> list[Setup]:
-    return [_setup(ctx, spec, layout, links, cfg) for cfg in fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus)]
-
-
-def fitting_configs(ctx: PlanContext, usable: float, gpus: int) -> tuple[Config, ...]:
+def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = True) -> tuple[Config, ...]:
     """The configurations that fit ``usable`` bytes per GPU on ``gpus`` GPUs (memory does not depend on the
     links, so every offer shape with the same card and GPU count shares them)."""
-    key = (usable, gpus)
+    key = (usable, gpus, offload)
     cached = ctx._configs.get(key)
     if cached is not None:
         return cached
@@ -289,15 +299,15 @@ def fitting_configs(ctx: PlanContext, usable: float, gpus: int) -> tuple[Config,
             found = search(plain, False, optimizer)
             if found:
                 break
-    if not found and c.allow_cpu_offload and not ctx.plan.cpu_offload:
+    if not found and offload and c.allow_cpu_offload and not ctx.plan.cpu_offload:
         found = search(OFFLOAD_SHARDINGS, True, None)
     ctx._configs[key] = tuple(found)
     return ctx._configs[key]
 
 
 def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
-    link = offer.interconnect.strip().lower()
-    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, "pcie" if "pcie" in link else link, None)
+    """What the search depends on besides the price: the card, the node shape and the link kind it really is."""
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
 
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
@@ -321,7 +331,7 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
         layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
         found: list[Setup] = []
         for layout in layouts:
-            found.extend(layout_setups(ctx, spec, layout, offer_links(spec, offer, layout)))
+            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
         single = (found, _fastest_per_count(found), _enough(ctx, found))
         ctx._single[base] = single
     found, fastest, enough = single
@@ -332,8 +342,10 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     if cached is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         grown = list(found)
+        # More nodes are searched to do without offload; offload on several nodes only where no node fits.
+        offload = not found
         for layout in multi:
-            more = layout_setups(ctx, spec, layout, offer_links(spec, offer, layout))
+            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload)
             grown.extend(more)
             if _enough(ctx, more):
                 break
