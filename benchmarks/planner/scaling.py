@@ -231,7 +231,8 @@ def main() -> int:
     (RESULTS / "planner_scaling.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     for r in table:
         print(
-            f"{r['case']:55} measured {r['measured_ratio']:.3f} predicted {r['predicted_ratio']:.3f} error {r['error']:+.1%}"
+            f"{r['case']:55} measured {r['measured_ratio']:.3f} predicted {r['predicted_ratio']:.3f} "
+            f"error {r['error']:+.1%}"
         )
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}")
     return 0 if all(abs(float(str(r["error"]))) <= float(str(r["tolerance"])) for r in table) else 1
