@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -129,7 +130,7 @@ def test_ties_go_to_fewer_gpus() -> None:
     result = plan_setups(plan, [offer(spot=None, billing_minimum_s=60)], None, Constraints(), top_n=100)
     recs = result.recommendations
     assert recs[0].gpus == 1
-    for a, b in zip(recs, recs[1:], strict=False):
+    for a, b in itertools.pairwise(recs):
         if round(a.expected_cost_usd, 2) == round(b.expected_cost_usd, 2):
             assert (a.gpus, a.nodes, a.expected_hours) <= (b.gpus, b.nodes, b.expected_hours)
 
