@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PricingMode = Literal["on_demand", "spot"]
 RejectionKind = Literal[
@@ -32,13 +32,13 @@ class Recommendation(_Out):
     gpus: int = Field(description="all GPUs of the setup, every node together")
     gpus_per_node: int
     nodes: int
-    links: str = Field(description="how the GPUs are connected: within a node, and between nodes")
+    links: str = Field(default="", description="how the GPUs are connected: within a node, and between nodes")
     sharding: str
     cpu_offload: bool
     host_ram_gib_per_node: float | None = Field(
         default=None, description="CPU memory per node the offloaded optimizer states need (None without offload)"
     )
-    optimizer: str
+    optimizer: str = "adamw"
     micro_batch_size: int
     gradient_accumulation_steps: int
     effective_batch_size: int = Field(description="micro_batch_size x gradient_accumulation_steps x gpus")
@@ -63,10 +63,32 @@ class Recommendation(_Out):
     expected_preemptions: float | None
     checkpoint_interval_minutes: float | None = Field(description="the checkpoint interval the spot cost assumes")
     qualifies_with: PricingMode = Field(description="the pricing under which the setup meets budget and deadline")
-    price_fetched_at: str = Field(description="when the offer's price was fetched")
+    price_fetched_at: str = Field(default="", description="when the offer's price was fetched")
     price_age_hours: float | None = Field(default=None, description="age of the price at planning time")
     stale_price: bool = Field(default=False, description="the price is older than a day")
     notes: list[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _priced(cls, data: Any) -> Any:
+        """A recommendation written before the expected-cost fields (stored plans, exports) is read as its
+        on-demand pricing."""
+        if isinstance(data, dict) and "expected_cost_usd" not in data and "cost_usd" in data:
+            data = {
+                "pricing": "on_demand",
+                "expected_cost_usd": data["cost_usd"],
+                "expected_hours": data.get("hours", 0.0),
+                "cost_breakdown": {
+                    "compute": data["cost_usd"],
+                    "startup": 0.0,
+                    "model_download": 0.0,
+                    "checkpoint_writes": 0.0,
+                    "preemption_rework": 0.0,
+                    "billing_rounding": 0.0,
+                },
+                **data,
+            }
+        return data
 
 
 class Rejection(_Out):
