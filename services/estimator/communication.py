@@ -216,6 +216,23 @@ def step_communication(
     return StepCommunication(moved, reduce / a, exposed / a, straggler, links.label())
 
 
+def offload_streaming_seconds(
+    sharded_weight_bytes: float, host_link_bytes_per_s: float, layers: int, compute_s: float
+) -> float:
+    """Exposed time of streaming offloaded parameter shards from host memory for one micro-batch.
+
+    FSDP ``CPUOffload(offload_params=True)`` and ZeRO-3 parameter offload keep each rank's shard in CPU
+    memory and copy it to the GPU before every all-gather, forward and backward: 2 x shard bytes over the
+    GPU's host link per micro-batch (PyTorch FSDP docs, CPUOffload; ZeRO-Infinity, arXiv 2104.07857). The
+    copies are prefetched a layer ahead like the gathers, so only what compute cannot hide, and at least
+    one layer's copy, is exposed.
+    """
+    if sharded_weight_bytes <= 0 or host_link_bytes_per_s <= 0:
+        return 0.0
+    copy_s = 2 * sharded_weight_bytes / host_link_bytes_per_s
+    return max(copy_s / max(1, layers), copy_s - compute_s)
+
+
 def intra_node_kind(spec: GpuSpec, interconnect: str = "") -> str:
     """The link between GPUs of one node: NVLink where the card has it and the offer does not say PCIe;
     PCIe without peer-to-peer on GeForce cards (the driver disables P2P), else PCIe with P2P."""

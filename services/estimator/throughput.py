@@ -17,6 +17,7 @@ from services.estimator.communication import (
     Links,
     StepCommunication,
     links_for,
+    offload_streaming_seconds,
     step_communication,
     total_parameters,
 )
@@ -214,6 +215,10 @@ def estimate_throughput(
     accumulation = plan.gradient_accumulation_steps or 1
     comm = data_parallel_communication(plan, arch, states, gpu, fpt, compute, links)
     exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+    if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+        weight_width = 0.56 if plan.quantized else (4.0 if plan.precision == "fp32" else 2.0)
+        shard = total_parameters(arch) * weight_width / plan.gpus
+        exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
     optimizer = 0.0
     if plan.is_training:
