@@ -71,7 +71,7 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
         setting = "" if ctx.constraints.allow_cpu_offload else " (set constraints.allow_cpu_offload)"
         parts.append(
             f"with optimizer offload to CPU on {gpus_label(largest_node)} ({sharding}; about {host:,.0f} GiB of "
-            f"host RAM per node for fp32 master weights and Adam states){setting}"
+            f"host RAM per node for the offloaded weights, gradients and optimizer states){setting}"
         )
     for n in SUGGESTION_GPU_COUNTS:
         if n <= fewest_gpus:
