@@ -30,7 +30,10 @@ def test_import_needs_an_admin_key(api: Api) -> None:
 
 def test_import_rejects_the_whole_file_with_row_numbers(api: Api) -> None:
     before = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
-    csv = "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour\nnewco,H100,3.5,\nnewco,Voodoo 5,1.0,\nnewco,A100 80GB,-2,\n"
+    csv = (
+        "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour\n"
+        "newco,H100,3.5,\nnewco,Voodoo 5,1.0,\nnewco,A100 80GB,-2,\n"
+    )
     response = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
     assert response.status_code == 422
     details = response.json()["details"]
