@@ -14,15 +14,12 @@ rejection with what it needed, what it has, and the cheapest change that fits.
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.catalog.gpus import GpuSpec, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
-from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB, adapter_params
 from services.estimator.plan import Plan
@@ -35,23 +32,13 @@ from services.planner.costs import (
     DEFAULT_STARTUP_S,
     UPLOAD_BYTES_PER_S,
     RunCost,
-    download_seconds,
-    startup_seconds,
 )
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
-from services.planner.models import PlannerResult, PricingMode, Recommendation, Rejection
-from services.planner.rejections import constraint_rejection, filter_rejection, gpus_label, memory_rejection
-from services.planner.search import (
-    Candidate,
-    Entry,
-    PlanContext,
-    RunSizes,
-    Setup,
-    price_setup,
-    qualifies,
-    shape_setups,
-)
+from services.planner.models import PlannerResult, Recommendation, Rejection
+from services.planner.ranking import Pricer, rank_entries, scan_offers, unqualified_offers
+from services.planner.rejections import constraint_rejection, gpus_label, memory_rejection
+from services.planner.search import Candidate, Entry, PlanContext, RunSizes
 from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
 
 DEFAULT_TOP_N = 10
@@ -136,104 +123,16 @@ def plan_setups(
         evaluator=Evaluator(plan, arch, utilisation),
     )
 
-    rejections: list[Rejection] = []
-    warnings = _plan_warnings(plan, arch.max_position_embeddings)
-    cards: dict[str, tuple[GpuSpec, list[Offer]]] = {}
-    found_specs: dict[str, GpuSpec | EstimatorError] = {}
-    bounds: list[tuple[float, int, int, float, int, int, Setup, PricingMode]] = []
-    fitting_cards: set[str] = set()
-    setups_of: dict[int, list[Setup]] = {}
-    offer_of: list[Offer] = list(offers)
-    spot_ok = constraints.spot_allowed
-    download_bytes = ctx.sizes.model_download_bytes
-    for index, offer in enumerate(offer_of):
-        excluded = filter_rejection(constraints, offer)
-        if excluded is not None:
-            rejections.append(excluded)
-            continue
-        spec = found_specs.get(offer.gpu)
-        if spec is None:
-            try:
-                spec = find_gpu(offer.gpu, specs)
-            except EstimatorError as exc:
-                spec = exc
-            found_specs[offer.gpu] = spec
-        if isinstance(spec, EstimatorError):
-            rejections.append(
-                Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
-            )
-            warnings.append(f"offer {offer.provider} / {offer.gpu}: {spec.message}")
-            continue
-        cards.setdefault(spec.name, (spec, []))[1].append(offer)
-        setups = shape_setups(ctx, offer, spec)
-        if not setups:
-            continue
-        fitting_cards.add(spec.name)
-        setups_of[index] = setups
-        # A lower bound of each pricing's cost: start-up, download and training at the hourly price.
-        fixed_s = startup_seconds(offer) + download_seconds(offer, download_bytes)
-        spot_price = offer.spot_usd_per_hour if spot_ok else None
-        for s in setups:
-            gpus = s.layout.gpus
-            seconds = s.training_s + fixed_s
-            od = seconds * gpus * offer.on_demand_usd_per_hour / 3600.0
-            bounds.append((od, gpus, s.layout.nodes, seconds, index, len(bounds), s, "on_demand"))
-            if spot_price is not None:
-                sp = seconds * gpus * spot_price / 3600.0
-                bounds.append((sp, gpus, s.layout.nodes, seconds, index, len(bounds), s, "spot"))
-    if not cards:
+    scan = scan_offers(ctx, tuple(offers), specs)
+    warnings = [*_plan_warnings(plan, arch.max_position_embeddings), *scan.warnings]
+    if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
-
-    # Price in order of the lower bound (a heap: only the cheapest few are ever taken out); stop once a
-    # bound can reach neither the top N nor the best of a card that still has none.
-    heapq.heapify(bounds)
-    priced: dict[tuple[int, int], Candidate] = {}
-
-    def candidate(index: int, s: Setup) -> Candidate:
-        key = (index, id(s))
-        found = priced.get(key)
-        if found is None:
-            found = price_setup(ctx, index, offer_of[index], s)
-            priced[key] = found
-        return found
-
-    entries: list[Entry] = []
-    top: list[float] = []  # max-heap (negated) of the top_n costs so far
-    card_best: dict[str, float] = {}
-    qualified_offers: set[int] = set()
-    while bounds:
-        bound, _, _, _, index, _, s, pricing = heapq.heappop(bounds)
-        kth = -top[0] if len(top) >= top_n else math.inf
-        every_card_done = len(card_best) == len(fitting_cards)
-        if bound > kth + 0.005 and every_card_done and all(bound > b + 0.005 for b in card_best.values()):
-            break
-        best = card_best.get(s.spec.name, math.inf)
-        if bound > kth + 0.005 and bound > best + 0.005:
-            continue
-        c = candidate(index, s)
-        cost = c.on_demand if pricing == "on_demand" else c.spot
-        if cost is None or not qualifies(constraints, cost):
-            continue
-        qualified_offers.add(index)
-        entries.append(Entry(c, cost))
-        value = cost.expected_cost_usd
-        if len(top) < top_n:
-            heapq.heappush(top, -value)
-        elif value < -top[0]:
-            heapq.heapreplace(top, -value)
-        card_best[s.spec.name] = min(best, value)
-    entries.sort(key=Entry.rank_key)
-    # Offers none of whose setups met the budget and deadline under any pricing get their own rejection.
-    unqualified: list[list[Candidate]] = []
-    if constraints.budget_usd is not None or constraints.deadline_hours is not None:
-        for index, setups in setups_of.items():
-            if index in qualified_offers:
-                continue
-            priced_setups = [candidate(index, s) for s in setups]
-            if all(c.qualifies_with is None for c in priced_setups):
-                unqualified.append(priced_setups)
-    rejections.extend(_rejections(ctx, cards, fitting_cards, unqualified))
-    if cards and not entries:
+    pricer = Pricer(ctx, scan.offers)
+    entries, qualified = rank_entries(ctx, scan, pricer, top_n)
+    rejections = [*scan.rejections, *_rejections(ctx, scan.cards, scan.fitting_cards)]
+    for setups in unqualified_offers(ctx, scan, pricer, qualified):
+        rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
+    if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")
 
     built: dict[tuple[int, str], Recommendation] = {}
@@ -261,20 +160,10 @@ def plan_setups(
 
 
 def _rejections(
-    ctx: PlanContext,
-    cards: dict[str, tuple[GpuSpec, list[Offer]]],
-    fitting_cards: set[str],
-    unqualified: list[list[Candidate]],
+    ctx: PlanContext, cards: dict[str, tuple[GpuSpec, list[Offer]]], fitting_cards: set[str]
 ) -> list[Rejection]:
-    """A memory rejection per card with no fitting setup; a constraint rejection per offer with fitting
-    setups none of which meets the budget and deadline under any pricing."""
-    out: list[Rejection] = []
-    for card, (spec, card_offers) in cards.items():
-        if card not in fitting_cards:
-            out.append(memory_rejection(ctx, spec, card_offers))
-    for setups in unqualified:
-        out.append(constraint_rejection(ctx.constraints, setups[0].offer, setups))
-    return out
+    """A memory rejection per card with no fitting setup."""
+    return [memory_rejection(ctx, spec, offers) for card, (spec, offers) in cards.items() if card not in fitting_cards]
 
 
 def scaling_efficiency(ctx: PlanContext, c: Candidate) -> float:
