@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
 from services.estimator.communication import Links
-from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
+from services.estimator.memory import GIB, MemoryBreakdown, ModelStates, model_states, peak_memory
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.throughput import FlopsPerToken, Throughput, estimate_throughput, flops_per_token
@@ -29,6 +29,15 @@ class Config:
     checkpointing: bool
     cpu_offload: bool = False
     optimizer: Optimizer | None = None  # None: the plan's
+
+
+def sizing_bytes(memory: MemoryBreakdown) -> float:
+    """The peak a setup is sized on: the upper end (p90) of the estimate's uncertainty band where the
+    memory estimate carries one (``interval_gib``, GiB of device memory), else the predicted peak."""
+    interval = getattr(memory, "interval_gib", None)
+    if isinstance(interval, tuple) and len(interval) == 2 and isinstance(interval[1], int | float):
+        return max(float(interval[1]) * GIB, memory.peak_device)
+    return memory.peak_device
 
 
 class Evaluator:
@@ -99,7 +108,7 @@ class Evaluator:
     def fits(self, cfg: Config, usable_bytes: float) -> bool:
         """Whether the setup's peak device memory per GPU stays within ``usable_bytes`` (one probe)."""
         self.memory_probes += 1
-        return self.memory(cfg).peak_device <= usable_bytes
+        return sizing_bytes(self.memory(cfg)) <= usable_bytes
 
     def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
         # FLOPs per token depend on the recipe and on checkpointing, not on the GPU or the micro-batch.

@@ -147,3 +147,15 @@ def test_stale_prices_are_marked_against_the_callers_clock() -> None:
     rec = old.recommendations[0]
     assert rec.stale_price and rec.price_age_hours == pytest.approx(96.0)
     assert any("price fetched 4.0 days ago" in n for n in rec.notes)
+
+
+def test_the_fit_check_uses_the_upper_end_of_the_uncertainty_band_when_there_is_one() -> None:
+    from types import SimpleNamespace
+
+    from services.estimator.memory import GIB
+    from services.planner.evaluator import sizing_bytes
+
+    plain: Any = SimpleNamespace(peak_device=10 * GIB)
+    assert sizing_bytes(plain) == 10 * GIB
+    banded: Any = SimpleNamespace(peak_device=10 * GIB, interval_gib=(9.0, 12.5))
+    assert sizing_bytes(banded) == 12.5 * GIB
