@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from services.catalog.gpus import gpu_specs
@@ -24,8 +25,10 @@ def recommend(
     top_n: int = 10,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
     budget: CpuBudget | None = None,
+    now: datetime | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """(recommendations cheapest first, rejections, warnings) as JSON data.
+    """(recommendations cheapest first, rejections, warnings) as JSON data; prices fetched more than a day
+    before ``now`` (default: the current time) are marked stale.
 
     Without a ``budget``, the search gets DEFAULT_CPU_BUDGET_S of CPU time (the default of
     GPUPLAN_PLAN_CPU_BUDGET_S), so the quote and dashboard paths are bounded as the plan task is.
@@ -33,7 +36,16 @@ def recommend(
     budget = budget if budget is not None else CpuBudget(DEFAULT_CPU_BUDGET_S)
     if "safety_margin" not in constraints.model_fields_set:
         constraints = constraints.model_copy(update={"safety_margin": default_margin})
-    result = plan_setups(plan, offers, gpu_specs(), constraints, top_n=top_n, utilisation=utilisation, budget=budget)
+    result = plan_setups(
+        plan,
+        offers,
+        gpu_specs(),
+        constraints,
+        top_n=top_n,
+        utilisation=utilisation,
+        budget=budget,
+        now=now if now is not None else datetime.now(UTC),
+    )
     return (
         [r.model_dump(mode="json") for r in result.recommendations],
         [r.model_dump(mode="json") for r in result.rejections],

@@ -3,11 +3,13 @@ to narrow, instead of holding a worker thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from services.catalog.models import find_model
+from services.catalog.offers import Offer, bundled_offers
 from services.estimator.budget import CpuBudget, WorkBudgetExceeded
 from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
@@ -27,11 +29,21 @@ def _unplaceable_plan() -> Plan:
     return parse_plan({"model": {"config": config}, "data": {"tokens": 10**9}, "micro_batch_size": 64})
 
 
+def _many_networked_offers() -> list[Offer]:
+    """480 multi-node offers, each with its own network speed: none shares a cached multi-node search."""
+    return [
+        dataclasses.replace(o, provider=f"{o.provider}-{i}", gpus_per_node=8, inter_node_gbit_per_s=100.0 + i)
+        for i in range(40)
+        for o in bundled_offers()
+    ]
+
+
 def test_a_search_over_its_budget_stops_naming_the_constraints_to_narrow() -> None:
     plan = _unplaceable_plan()
+    offers = _many_networked_offers()
     started = time.thread_time()
     with pytest.raises(WorkBudgetExceeded) as raised:
-        plan_setups(plan, constraints=Constraints(max_gpus=4096), budget=CpuBudget(0.02))
+        plan_setups(plan, offers, constraints=Constraints(max_gpus=4096), budget=CpuBudget(0.02))
     assert raised.value.field == "constraints" and "constraints.max_gpus" in raised.value.message
     # It stops within one unit of work of the budget (one offer's node count), not after the whole search.
     assert time.thread_time() - started < 1.0
