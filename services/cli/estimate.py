@@ -134,8 +134,10 @@ def with_hub_model(plan: Plan) -> tuple[Plan, ResolvedModel | None]:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    from services.cli.catalog import cli_offers
+
     plan, resolved = with_hub_model(parse_plan(plan_from_args(args)))
-    result = estimate(plan, args.gpu)
+    result = estimate(plan, args.gpu, offers=cli_offers())
     if resolved is not None:
         from services.hub.service import checkpoint_note
 
