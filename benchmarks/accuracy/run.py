@@ -67,6 +67,7 @@ class CaseResult:
     predicted_tokens_per_s: float | None
     tokens_error_pct: float | None
     note: str
+    refused: bool = False
 
 
 def _card(label: str) -> tuple[str | None, float | None]:
@@ -79,11 +80,37 @@ def _card(label: str) -> tuple[str | None, float | None]:
         return None, float(match.group(1)) if match else None
 
 
+def refused_result(case: dict[str, Any], reason: str) -> CaseResult:
+    """A case the estimator refused: it counts as refused and has no errors."""
+    measured = case["measured"]
+    return CaseResult(
+        id=case["id"],
+        source=case["source"],
+        confidence=case["confidence"],
+        gpu=case["gpu"],
+        metric=measured["metric"],
+        measured_gib=measured["peak_gib"],
+        predicted_gib=None,
+        error_pct=None,
+        measured_oom=bool(measured["oom"]),
+        card_gib=_card(case["gpu"])[1],
+        predicted_fits=None,
+        measured_tokens_per_s=measured.get("tokens_per_s"),
+        predicted_tokens_per_s=None,
+        tokens_error_pct=None,
+        note=f"refused: {reason}",
+        refused=True,
+    )
+
+
 def evaluate_case(case: dict[str, Any]) -> CaseResult:
     measured = case["measured"]
     plan = Plan.model_validate(case["plan"])
     gpu_name, card_gib = _card(case["gpu"])
-    result = estimate(plan, gpu_name)
+    try:
+        result = estimate(plan, gpu_name)
+    except EstimatorError as exc:
+        return refused_result(case, str(exc))
     mem = result.memory
     metric = measured["metric"]
     predicted = {
@@ -158,12 +185,13 @@ class Summary:
     ran_but_predicted_not_to_fit: list[str]
     tokens_cases: int
     tokens_median_abs_error_pct: float
+    refused: int = 0
 
 
 def summarize(results: list[CaseResult]) -> Summary:
     errors = [abs(r.error_pct) for r in results if r.error_pct is not None]
     tokens = [abs(r.tokens_error_pct) for r in results if r.tokens_error_pct is not None]
-    ooms = [r for r in results if r.measured_oom]
+    ooms = [r for r in results if r.measured_oom and not r.refused]
     false_ooms = [r.id for r in results if not r.measured_oom and r.predicted_fits is False]
     return Summary(
         cases=len(results),
@@ -175,6 +203,7 @@ def summarize(results: list[CaseResult]) -> Summary:
         ran_but_predicted_not_to_fit=false_ooms,
         tokens_cases=len(tokens),
         tokens_median_abs_error_pct=statistics.median(tokens) if tokens else float("nan"),
+        refused=sum(1 for r in results if r.refused),
     )
 
 
@@ -222,13 +251,14 @@ def _summary_row(label: str, s: Summary) -> str:
         f"| {label} | {s.memory_cases} | {s.median_abs_error_pct:.1f}% | {s.p90_abs_error_pct:.1f}% | "
         f"{s.ooms_flagged}/{s.ooms} | {len(s.ran_but_predicted_not_to_fit)} | {s.tokens_cases} | "
         + (f"{s.tokens_median_abs_error_pct:.1f}% |" if s.tokens_cases else "n/a |")
+        + f" {s.refused} |"
     )
 
 
 _HEADER = [
     "| set | memory cases | memory median abs err | memory p90 abs err | OOMs flagged | ran but predicted OOM "
-    "| tokens/s cases | tokens/s median abs err |",
-    "|---|---|---|---|---|---|---|---|",
+    "| tokens/s cases | tokens/s median abs err | refused |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
 
 

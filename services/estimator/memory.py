@@ -126,8 +126,9 @@ def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
         per = NF4_DOUBLE_QUANT_BYTES if recipe.quant_backend == "torchao" else NF4_BNB_BYTES
     else:
         per = INT8_BYTES
-    # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype.
-    return q * per + (total - q) * recipe.compute_bytes, q
+    # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype, or fp32 after
+    # PEFT's prepare_model_for_kbit_training (recipe.kbit_fp32_upcast).
+    return q * per + (total - q) * recipe.unquantized_weight_bytes, q
 
 
 def optimizer_state_bytes_per_param(plan: Plan, state_dtype_bytes: int) -> tuple[float, bool]:
@@ -671,7 +672,13 @@ def compiled_loss_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple
 
 
 def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
-    """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward."""
+    """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward.
+
+    After prepare_model_for_kbit_training only the output head is an fp32 matmul weight (the block
+    linears are 4/8-bit and dequantize themselves), so only its copy is kept for the input gradient.
+    """
+    if recipe.kbit_fp32_upcast:
+        return float(arch.lm_head_matmul_params * recipe.compute_bytes)
     if not recipe.autocast_weight_copies:
         return 0.0
     matmul = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)

@@ -67,6 +67,11 @@ class FrameworkDefaults:
     # precision/bitsandbytes.py, _Linear4bit.quantize), so quant_state.dtype is fp16; transformers
     # quantizes the weight in its load dtype, the compute dtype of the usual recipe.
     bnb_dequantizes_to_fp16: bool = False
+    # PEFT's prepare_model_for_kbit_training runs before a bitsandbytes 4/8-bit base is trained: the
+    # PEFT QLoRA guide calls it, TRL's SFTTrainer calls it for a non-sharded k-bit model, axolotl for
+    # load_in_4bit/8bit. It casts every remaining 16-bit parameter (embeddings, norms, the head) to fp32
+    # (peft/utils/other.py, "cast all non INT8 parameters to fp32").
+    prepares_kbit: bool = False
 
 
 # Sources, per framework:
@@ -102,6 +107,7 @@ _HF = FrameworkDefaults(
     python_gelu=True,
     note="Hugging Face Trainer + PEFT defaults",
     autocast=True,
+    prepares_kbit=True,
 )
 _DEFAULTS: dict[Framework, FrameworkDefaults] = {
     "hf-trainer": _HF,
@@ -221,6 +227,8 @@ class Recipe:
     unties_embeddings: bool  # a tied output head is held as a second matrix
     bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
     nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
+    kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
+    unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -239,6 +247,11 @@ def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
+    kbit_upcast = kbit_fp32_upcast(plan, d)
+    if kbit_upcast:
+        # fp32 embeddings and norm weights make the residual stream fp32, and bitsandbytes' Linear4bit
+        # returns its output in its input's dtype (bitsandbytes/nn/modules.py, out.to(inp_dtype)).
+        residual_bytes = 4
     # DeepSpeed ZeRO always keeps fp32 master weights for the trainable parameters when the model
     # runs in 16-bit (deepspeed/runtime/bf16_optimizer.py, fp16/fused_optimizer.py).
     master = plan.sharding in ("zero1", "zero2", "zero3") and weight_bytes == 2 and plan.is_training
@@ -313,6 +326,24 @@ def resolve_recipe(plan: Plan) -> Recipe:
         bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
         # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
         nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
+        kbit_fp32_upcast=kbit_upcast,
+        unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
+    )
+
+
+def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
+    """Whether prepare_model_for_kbit_training upcasts the unquantized parameters of the plan's base.
+
+    Only for a bitsandbytes base trained on unsharded GPUs: TRL skips the call for sharded QLoRA (FSDP
+    or ZeRO-3 hold the 4-bit weights on the CPU or the meta device at that point; trl/trainer/
+    sft_trainer.py, is_sharded_qlora), and PEFT skips the cast for GPTQ models.
+    """
+    return (
+        d.prepares_kbit
+        and d.quant_backend == "bitsandbytes"
+        and plan.quantized is not None
+        and plan.is_training
+        and plan.sharding not in ("fsdp", "zero3")
     )
 
 
