@@ -341,6 +341,19 @@ def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
     return recipe.attention
 
 
+def kv_heads_copied(block: Block, arch: Architecture, recipe: Recipe) -> bool:
+    """Whether grouped/multi-query K and V reach attention as full-width copies that autograd keeps.
+
+    transformers' repeat_kv (Llama family, SDPA and eager) is expand + reshape, which copies. Its
+    gpt_bigcode SDPA attention instead expands the single K/V head as a view ("These expand should
+    not be too expansive as they do not do memory copy", modeling_gpt_bigcode.py, GPTBigCodeSdpaAttention
+    in transformers 4.36-4.47), so a multi-query StarCoder/SantaCoder layer saves one K/V head, not 48.
+    """
+    if not recipe.expands_kv or block.num_kv_heads == block.num_heads:
+        return False
+    return arch.model_type != "gpt_bigcode"
+
+
 def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear]) -> float:
     """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
     algorithm 2), where a kept *view* keeps its whole base tensor alive.
@@ -353,10 +366,10 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
     """
     a = recipe.compute_bytes
     heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
-    kv_copied = recipe.expands_kv and kv_heads != heads
+    kv_copied = kv_heads_copied(block, arch, recipe)
     kv_width = heads if kv_copied else kv_heads
     q, k, v = a * heads * hd, a * kv_width * hd, a * kv_width * hd
-    fused = recipe.framework == "litgpt"
+    fused = recipe.framework == "litgpt" or arch.model_type == "gpt_bigcode"
     if fused and not kv_copied:
         fused_bytes = a * hd * (heads + 2 * kv_heads)
         if arch.rotary:
