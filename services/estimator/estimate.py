@@ -45,6 +45,9 @@ class MemoryReport(_Out):
     moments_gib: dict[str, float]  # allocated GiB at each moment of the step
     activations_per_layer_per_token_bytes: dict[str, float]
     optimizer_states_paged_gib: float
+    # Free cached blocks (FSDP1's stream pools) that max_memory_reserved and nvidia-smi also show when
+    # memory is plentiful; the allocator frees them before failing, so fits do not count them.
+    reclaimable_cache_gib: float
     # [p10, p90] of the device peak (the figure fits are checked against): 80% of measured peaks of the
     # plan's category fell inside such a band (services/estimator/uncertainty.py).
     interval_gib: list[float]
@@ -227,6 +230,7 @@ def _memory_report(mem: MemoryBreakdown, paged: float, plan: Plan, low_confidenc
         moments_gib={k: _gib(v) for k, v in mem.moments.items()},
         activations_per_layer_per_token_bytes={k: round(v, 1) for k, v in mem.activations_per_layer_per_token.items()},
         optimizer_states_paged_gib=_gib(paged),
+        reclaimable_cache_gib=_gib(mem.cached_reclaimable),
     )
 
 
@@ -378,6 +382,7 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
         moments_gib={},
         activations_per_layer_per_token_bytes={},
         optimizer_states_paged_gib=0.0,
+        reclaimable_cache_gib=0.0,
     )
     return Estimate(
         model=plan.model.name or "generic model",

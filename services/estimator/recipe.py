@@ -72,6 +72,15 @@ class FrameworkDefaults:
     # load_in_4bit/8bit. It casts every remaining 16-bit parameter (embeddings, norms, the head) to fp32
     # (peft/utils/other.py, "cast all non INT8 parameters to fp32").
     prepares_kbit: bool = False
+    # FSDP1 (FullyShardedDataParallel with FlatParameters and record_stream) or FSDP2 (fully_shard).
+    # accelerate's FullyShardedDataParallelPlugin and Lightning Fabric's FSDPStrategy wrap with FSDP1;
+    # torchtune (since v0.2) and torchtitan use fully_shard.
+    fsdp1: bool = True
+    # FSDP's MixedPrecision param_dtype for a "-mixed" run: accelerate's FullyShardedDataParallelPlugin
+    # sets param_dtype = reduce_dtype = buffer_dtype = bf16/fp16 (set_mixed_precision), so embeddings
+    # and norms compute in 16-bit and the residual stream is 16-bit, not autocast's fp32. Lightning's
+    # FSDPPrecision keeps param_dtype fp32 for "bf16-mixed" and runs autocast instead.
+    fsdp_params_16bit: bool = True
 
 
 # Sources, per framework:
@@ -135,6 +144,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="torchtune recipe defaults",
         fsdp_accumulates_unsharded=False,
+        fsdp1=False,
     ),
     "litgpt": FrameworkDefaults(
         attention="sdpa",
@@ -152,6 +162,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="LitGPT finetune defaults",
         fsdp_flat_param_grads=True,
+        fsdp_params_16bit=False,
         compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
         unties_embeddings=True,
         bnb_dequantizes_to_fp16=True,
@@ -173,6 +184,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         note="torchtitan defaults",
         fsdp_accumulates_unsharded=False,
         compiles_loss=False,
+        fsdp1=False,
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -227,6 +239,7 @@ class Recipe:
     unties_embeddings: bool  # a tied output head is held as a second matrix
     bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
     nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
+    fsdp1: bool = True  # FSDP means FSDP1 (record_stream, per-stream pools), not FSDP2
     kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
     unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
 
@@ -248,6 +261,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
     kbit_upcast = kbit_fp32_upcast(plan, d)
+    if plan.sharding == "fsdp" and weight_bytes != compute_bytes and d.fsdp_params_16bit:
+        residual_bytes = compute_bytes  # FSDP MixedPrecision computes with 16-bit parameters
     if kbit_upcast:
         # fp32 embeddings and norm weights make the residual stream fp32, and bitsandbytes' Linear4bit
         # returns its output in its input's dtype (bitsandbytes/nn/modules.py, out.to(inp_dtype)).
@@ -326,6 +341,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
         # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
         nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
+        fsdp1=d.fsdp1,
         kbit_fp32_upcast=kbit_upcast,
         unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
     )
