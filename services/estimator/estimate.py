@@ -205,9 +205,8 @@ def _bands(
         low, high = band.interval(peak)
         intervals[metric] = [_gib(low), _gib(high)]
         if metric == "device":
-            basis = (
-                f"p10-p90 of ln(measured/predicted) over {band.cases} measured cases in '{band.category}'"
-                + ("; widened to at least the spread of all cases (low confidence)" if band.widened_low_confidence else "")
+            basis = f"p10-p90 of ln(measured/predicted) over {band.cases} measured cases in '{band.category}'" + (
+                "; widened to at least the spread of all cases (low confidence)" if band.widened_low_confidence else ""
             )
     return intervals["device"], intervals, basis
 
