@@ -146,3 +146,25 @@ def test_fsdp_mixed_precision_computes_in_16bit_under_accelerate_not_lightning()
 
 def test_fragmentation_share_is_the_documented_midpoint() -> None:
     assert FRAGMENTATION_OF_DYNAMIC == pytest.approx(0.15)
+
+
+def test_utilisation_priors_come_from_published_figures() -> None:
+    from services.estimator.throughput import (
+        END_TO_END_OVER_MATMUL,
+        MATMUL_SHARE,
+        PUBLISHED_MFU,
+        UTILISATION_PRIOR,
+        UTILISATION_PRIORS,
+    )
+
+    assert UTILISATION_PRIOR["hopper"] == PUBLISHED_MFU["hopper"]
+    assert UTILISATION_PRIOR["ampere-dc"] == PUBLISHED_MFU["ampere-dc"]
+    # End-to-end keeps ~55% of the best matmul rate on A100 (0.50 / 0.869) and H100 (0.42 / 0.803).
+    assert END_TO_END_OVER_MATMUL == pytest.approx(0.549, abs=1e-3)
+    # The RTX 4090 measured 178.5 TFLOPS on matmuls against a 165.2 datasheet peak.
+    assert UTILISATION_PRIOR["consumer"] == pytest.approx(0.549 * 178.5 / 165.2, abs=2e-3)
+    assert MATMUL_SHARE["consumer"] > 1
+    for cls in ("ada", "turing", "ampere-pro"):
+        assert "no published measurement" in UTILISATION_PRIORS[cls][1]
+    report = estimate(make_plan(), "L40S")
+    assert report.throughput is not None and "no published measurement" in report.throughput.utilisation_source
