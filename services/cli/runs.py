@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
+from services.cli.common import Subparsers
 from services.core.errors import ConfigurationError
 from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
@@ -44,7 +45,7 @@ def _connection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)")
 
 
-def add_commands(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     sync = sub.add_parser("sync", help="one checkpoint sync pass to the run's bucket (what the agent does)")
     _connection(sync)
     sync.add_argument("--dir", required=True, metavar="DIR", help="the trainer's output directory")
@@ -58,6 +59,7 @@ def add_commands(sub: Any) -> None:
     )
     sync.add_argument("--part-mib", type=_positive("--part-mib", int), default=64, metavar="MIB")
     sync.add_argument("--json", action="store_true")
+    sync.set_defaults(handler=cmd_sync)
 
     restore = sub.add_parser("restore", help="download and verify a durable checkpoint of a run")
     _connection(restore)
@@ -71,6 +73,7 @@ def add_commands(sub: Any) -> None:
         help="choose from the manifests in the bucket (a checkpoint the node made durable "
         "while the service was unreachable)",
     )
+    restore.set_defaults(handler=cmd_restore)
 
 
 def add_agent_options(agent: argparse.ArgumentParser) -> None:

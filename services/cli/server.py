@@ -1,28 +1,57 @@
-"""The service commands: serve, migrate and admin. Imported only when used, so `gpuplan estimate`
-stays free of the database and web stack."""
+"""The service commands: serve, migrate, worker and beat. The database and web stack are imported
+inside the handlers, so `gpuplan estimate` stays free of them."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
+from services.cli.common import Subparsers, int_arg
 
-from services.catalog.service import import_price_list_file
-from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
-from services.core.settings import Settings
-from services.orgs.repository import OrganizationRepository
-from services.orgs.service import create_key, create_organization
+if TYPE_CHECKING:
+    from services.core.settings import Settings
 
 LOCAL_ORG = "local"
 LOCAL_KEY_FILE = Path(".gpuplan") / "local-key"
 
 
-def _migrate(settings: Settings) -> None:
+def register(sub: Subparsers) -> None:
+    serve = sub.add_parser("serve", help="run the planning service (migrates the database first)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
+    serve.add_argument("--port", type=int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
+    serve.set_defaults(handler=cmd_serve)
+    sub.add_parser("migrate", help="apply the database migrations and exit").set_defaults(handler=cmd_migrate)
+    worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
+    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance,datacheck", help="comma list")
+    worker.add_argument("--concurrency", type=int_arg("--concurrency"), default=2)
+    worker.set_defaults(handler=cmd_celery)
+    sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)").set_defaults(
+        handler=cmd_celery
+    )
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; a bad GPUPLAN_* value is one line naming the variable."""
+    from pydantic import ValidationError
+
+    from services.core.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = "GPUPLAN_" + str(err["loc"][0]).upper() if err["loc"] else "GPUPLAN_*"
+        raise SystemExit(f"gpuplan: error: {name}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def migrate_database(settings: Settings) -> None:
+    """Bring the database to the latest migration, or exit with one line when it is unreachable."""
+    from sqlalchemy.exc import OperationalError
+
+    from services.core.migrate import upgrade
+
     try:
         upgrade(settings.sqlalchemy_url)
     except OperationalError as exc:
@@ -33,6 +62,10 @@ def _migrate(settings: Settings) -> None:
 def _local_key(settings: Settings) -> str | None:
     """Embedded default: create the 'local' organization and a key on first start, kept in a file
     readable only by this user so later starts can say where it is."""
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.orgs.repository import OrganizationRepository
+    from services.orgs.service import create_key, create_organization
+
     factory = make_sessionmaker(make_engine(settings.sqlalchemy_url))
     with unit_of_work(factory) as session:
         if OrganizationRepository(session).by_name(LOCAL_ORG) is not None:
@@ -45,14 +78,15 @@ def _local_key(settings: Settings) -> str | None:
     return key
 
 
-def _serve(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from services.api.app import create_app
 
+    settings = load_settings()
     host = args.host or settings.host
     port = args.port or settings.port
-    _migrate(settings)
+    migrate_database(settings)
     url = f"http://{host}:{port}"
     if settings.embedded:
         key = _local_key(settings)
@@ -67,12 +101,19 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _celery(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_migrate(_args: argparse.Namespace) -> int:
+    migrate_database(load_settings())
+    print("gpuplan: database is at the latest migration")
+    return 0
+
+
+def cmd_celery(args: argparse.Namespace) -> int:
+    settings = load_settings()
     if settings.redis_url is None:
         raise SystemExit(
             f"gpuplan: error: {args.command} needs GPUPLAN_REDIS_URL (the embedded default runs tasks in process)"
         )
-    _migrate(settings)
+    migrate_database(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
     from workers.celery_app import QUEUES, app
 
@@ -86,39 +127,4 @@ def _celery(args: argparse.Namespace, settings: Settings) -> int:
     app.worker_main(
         ["worker", "--loglevel", "INFO", "--queues", ",".join(queues), "--concurrency", str(args.concurrency)]
     )
-    return 0
-
-
-def _settings() -> Settings:
-    try:
-        return Settings()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        name = "GPUPLAN_" + str(err["loc"][0]).upper() if err["loc"] else "GPUPLAN_*"
-        raise SystemExit(f"gpuplan: error: {name}: {err['msg']} (got {err.get('input')!r})") from None
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = _settings()
-    if args.command == "serve":
-        return _serve(args, settings)
-    if args.command in ("worker", "beat"):
-        return _celery(args, settings)
-    _migrate(settings)
-    if args.command == "migrate":
-        print("gpuplan: database is at the latest migration")
-        return 0
-    factory = make_sessionmaker(make_engine(settings.sqlalchemy_url))
-    with unit_of_work(factory) as session:
-        if args.admin_command == "create-org":
-            org = create_organization(session, args.name)
-            print(f"created organization {org.name!r}", file=sys.stderr)
-        elif args.admin_command == "create-key":
-            print(create_key(session, args.org, admin=args.admin))
-        elif args.admin_command == "import-offers":
-            path = Path(args.file)
-            if not path.is_file():
-                raise SystemExit(f"gpuplan: error: import-offers: no file {args.file}")
-            version = import_price_list_file(session, path)
-            print(f"imported {version.rows} offers as catalog version {version.id}", file=sys.stderr)
     return 0

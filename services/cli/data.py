@@ -1,0 +1,141 @@
+"""`gpuplan data check` and `gpuplan data upload`: a fine-tuning data set checked before renting GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from services.cli.common import CliError, Parser, Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    data = sub.add_parser("data", help="check a fine-tuning data set before renting GPUs")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    check = data_sub.add_parser("check", help="format, lengths, duplicates, broken rows and personal data")
+    check.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
+    check.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="exact token counts with this tokenizer.json")
+    check.add_argument("--names", metavar="FILE", help="person names to look for, one per line")
+    check.add_argument("--write-clean", metavar="OUT", help="write the kept rows (JSONL) to a new file")
+    check.add_argument("--write-masked", metavar="OUT", help="write a copy with personal data masked")
+    check.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    check.add_argument("--provider-country", metavar="CC", help="where the GPUs are (ISO code)")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(handler=cmd_data_check)
+    upload = data_sub.add_parser("upload", help="upload a data set to a running service (resumable) and check it")
+    upload.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
+    upload.add_argument("--api", "--server", dest="api", default="http://127.0.0.1:8000", metavar="URL")
+    upload.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+    upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
+    upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
+    upload.add_argument("--json", action="store_true")
+    upload.set_defaults(handler=cmd_data_upload)
+
+
+def cmd_data_check(args: argparse.Namespace) -> int:
+    from services.datacheck import DataCheckError, check_dataset, data_location_warning, write_clean, write_masked
+
+    names = None
+    if args.names:
+        try:
+            names = [n.strip() for n in Path(args.names).read_text(encoding="utf-8").splitlines() if n.strip()]
+        except OSError as exc:
+            raise CliError(f"--names {args.names}: cannot read ({exc.strerror or exc})") from None
+    try:
+        report = check_dataset(args.file, tokenizer_json=args.tokenizer, names=names)
+        warning = None
+        if args.data_country and args.provider_country:
+            warning = data_location_warning(report.pii, args.data_country, args.provider_country)
+        written = []
+        if args.write_clean:
+            written.append(f"{write_clean(args.file, args.write_clean)} clean rows to {args.write_clean}")
+        if args.write_masked:
+            written.append(
+                f"{write_masked(args.file, args.write_masked, names=names)} masked rows to {args.write_masked}"
+            )
+    except DataCheckError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps({**report.model_dump(mode="json"), "data_location_warning": warning}, indent=2))
+        return 0
+    t = report.tokens
+    print(
+        f"{report.path}: {report.rows_total:,} rows, format {report.detected_format or 'unknown'} "
+        f"({report.file_format}); {report.rows_kept:,} kept"
+    )
+    print(
+        f"tokens ({t.method}): p50 {t.p50_tokens}, p90 {t.p90_tokens}, p95 {t.p95_tokens}, p99 {t.p99_tokens}, "
+        f"max {t.max_tokens}"
+    )
+    print(
+        f"recommended seq_len {t.recommended_seq_len_tokens} (truncates {t.truncated_rows} rows, "
+        f"{t.truncated_share:.1%}); tokens per epoch {t.tokens_per_epoch_packed:,} packed, "
+        f"{t.tokens_per_epoch_padded:,} padded"
+    )
+    for label, rows in (
+        ("broken", report.broken_rows),
+        ("encoding problems", report.encoding_problem_rows),
+        ("not matching the format", report.mismatched_rows),
+    ):
+        if rows:
+            shown = "; ".join(f"row {r.row_number}: {r.reason}" for r in rows[:5])
+            print(f"{len(rows)} {label}: {shown}{' ...' if len(rows) > 5 else ''}")
+    print(
+        f"{len(report.empty_rows)} empty, {len(report.short_rows)} very short, {len(report.overlong_rows)} over "
+        f"seq_len, {len(report.exact_duplicates)} exact and {len(report.near_duplicates)} near duplicates"
+    )
+    print(f"validation split: {report.validation_split.rows} rows ({report.validation_split.rule})")
+    for kind in report.pii:
+        print(
+            f"personal data: {kind.count} {kind.kind} (rows {', '.join(map(str, kind.example_row_numbers))}; "
+            f"e.g. {', '.join(kind.masked_examples)})"
+        )
+    if warning:
+        print(f"WARNING: {warning}")
+    for line in written:
+        print(f"wrote {line}")
+    return 0
+
+
+def cmd_data_upload(args: argparse.Namespace) -> int:
+    import httpx
+
+    from services.datasets.client import UploadError, upload_file, wait_for_check
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise CliError(f"file: no such file {args.file!r}")
+    headers = {"Authorization": f"Bearer {args.key}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=300, headers=headers) as client:
+            body = upload_file(
+                client,
+                path,
+                resume_id=args.resume,
+                data_country=args.data_country,
+                started=lambda i: print(f"data set {i}: uploading (after a cut: --resume {i})", file=sys.stderr),
+                sent=lambda n, total: print(f"  part {n} of {total} sent", file=sys.stderr),
+            )
+            if args.wait:
+                body = wait_for_check(client, body["id"])
+    except UploadError as exc:
+        raise CliError(str(exc)) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc} (resume with --resume once it is back)") from None
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"data set {body['id']}: {body['status']}" + (f" ({body['error']})" if body.get("error") else ""))
+    report = body.get("report")
+    if report:
+        t, counts = report["tokens"], report["counts"]
+        print(
+            f"{report['rows_total']:,} rows, {report['rows_kept']:,} kept; seq_len {t['recommended_seq_len_tokens']}; "
+            + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in counts.items() if v)
+        )
+        for kind in report["pii"]:
+            print(f"personal data: {kind['count']} {kind['kind']}")
+        print(f'plan from it: "dataset_id": "{body["id"]}"')
+    return 0 if body["status"] != "failed" else 1

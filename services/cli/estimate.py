@@ -1,0 +1,122 @@
+"""`gpuplan estimate`: peak GPU memory, fit per card, tokens/s and cost of a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli.common import CliError, Subparsers, int_arg, read_json, read_plan_file
+from services.cli.render import render_estimate
+from services.estimator.estimate import estimate
+from services.estimator.validation import parse_plan
+
+# Flags that set plan fields: (flag, plan key, argparse options).
+PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--method", "method", {"choices": ["full", "lora", "qlora"]}),
+    (
+        "--framework",
+        "framework",
+        {"choices": ["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]},
+    ),
+    ("--precision", "precision", {"choices": ["bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp32"]}),
+    ("--quantization", "quantization", {"choices": ["nf4", "int8"]}),
+    (
+        "--optimizer",
+        "optimizer",
+        {"choices": ["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd"]},
+    ),
+    ("--micro-batch-size", "micro_batch_size", {"type": int, "metavar": "N"}),
+    ("--seq-len", "seq_len", {"type": int, "metavar": "TOKENS"}),
+    ("--gpus", "gpus", {"type": int, "metavar": "N"}),
+    ("--sharding", "sharding", {"choices": ["none", "zero1", "zero2", "zero3", "fsdp"]}),
+    ("--grad-accum", "gradient_accumulation_steps", {"type": int, "metavar": "N"}),
+    ("--mode", "mode", {"choices": ["train", "inference"]}),
+    ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
+]
+
+
+def register(sub: Subparsers) -> None:
+    est = sub.add_parser("estimate", help="peak GPU memory, fit per card, tokens/s and cost of a plan")
+    est.add_argument("--plan", metavar="FILE", help="plan JSON (the schema of benchmarks/README); flags override it")
+    est.add_argument("--model", metavar="HF_ID", help="model id from the bundled catalog (see `gpuplan models`)")
+    est.add_argument("--config", metavar="FILE", help="the model's config.json, for models not in the catalog")
+    est.add_argument("--gpu", metavar="NAME", help="GPU for tokens/s ('A100 80GB', 'h100', 'RTX 4090', ...)")
+    est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    for flag, key, options in PLAN_FLAGS:
+        if options.get("type") is int:
+            options = {**options, "type": int_arg(flag)}
+        est.add_argument(flag, dest=key, **options)
+    est.add_argument("--batch", dest="micro_batch_size", type=int_arg("--batch"), help=argparse.SUPPRESS)
+    est.add_argument("--lora-rank", type=int_arg("--lora-rank"), metavar="R")
+    est.add_argument("--lora-alpha", type=int_arg("--lora-alpha"), metavar="A")
+    est.add_argument("--lora-targets", metavar="ROLES", help="comma list of q,k,v,o,gate,up,down,lm_head or all-linear")
+    est.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true", default=None)
+    est.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    est.add_argument("--cpu-offload", dest="cpu_offload", action="store_true", default=None)
+    est.add_argument("--optimizer-in-backward", dest="optimizer_in_backward", action="store_true", default=None)
+    est.add_argument("--dataset-tokens", type=int_arg("--dataset-tokens"), metavar="N", help="tokens per epoch")
+    est.add_argument("--examples", type=int_arg("--examples"), metavar="N", help="examples per epoch")
+    est.add_argument("--avg-tokens", type=float, metavar="N", help="average tokens per example")
+    est.add_argument("--epochs", type=float, metavar="N")
+    est.set_defaults(handler=cmd_estimate)
+
+
+def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan the flags describe: --plan FILE first, then each flag overriding its field."""
+    plan: dict[str, Any] = {}
+    if args.plan:
+        plan = read_plan_file(args.plan)
+    if args.model or args.config:
+        model: dict[str, Any] = {}
+        if args.model:
+            model["name"] = args.model
+        if args.config:
+            config = read_json(args.config, "--config")
+            if not isinstance(config, dict):
+                raise CliError(f"--config {args.config}: must hold a JSON object (a config.json)")
+            model["config"] = config
+        plan["model"] = model
+    if "model" not in plan:
+        raise CliError("no model: give --model HF_ID, --config FILE or --plan FILE")
+    for _flag, key, _options in PLAN_FLAGS:
+        value = getattr(args, key)
+        if value is not None:
+            plan[key] = value
+    for key in ("gradient_checkpointing", "cpu_offload", "optimizer_in_backward"):
+        if getattr(args, key) is not None:
+            plan[key] = getattr(args, key)
+    if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
+        lora = dict(plan.get("lora") or {})
+        if args.lora_rank is not None:
+            lora["rank"] = args.lora_rank
+        lora.setdefault("rank", 16)
+        if args.lora_alpha is not None:
+            lora["alpha"] = args.lora_alpha
+        if args.lora_targets:
+            targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+            lora["targets"] = "all-linear" if targets == ["all-linear"] else targets
+        plan["lora"] = lora
+        plan.setdefault("method", "lora")
+    if any(v is not None for v in (args.dataset_tokens, args.examples, args.avg_tokens, args.epochs)):
+        data_spec = dict(plan.get("data") or {})
+        for key, value in (
+            ("tokens", args.dataset_tokens),
+            ("examples", args.examples),
+            ("avg_tokens_per_example", args.avg_tokens),
+            ("epochs", args.epochs),
+        ):
+            if value is not None:
+                data_spec[key] = value
+        plan["data"] = data_spec
+    return plan
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    plan = parse_plan(plan_from_args(args))
+    result = estimate(plan, args.gpu)
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        print(render_estimate(result))
+    return 0

@@ -1,0 +1,47 @@
+"""`gpuplan agent`: run on a GPU node: register it, heartbeat, run its calibrations and sync a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from services.cli import runs as runs_cli
+from services.cli.common import CliError, Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    agent = sub.add_parser("agent", help="run on a GPU node: register it, heartbeat, run its calibrations")
+    agent.add_argument("--api", required=True, metavar="URL", help="the gpuplan service, e.g. http://planner:8000")
+    agent.add_argument("--key", required=True, help="the organization's API key")
+    agent.add_argument("--name", help="node name (default: the host name)")
+    agent.add_argument("--gpu", help="GPU model when NVML cannot tell (a CPU node registers as 'cpu')")
+    agent.add_argument("--provider", help="who rents the node")
+    agent.add_argument("--price-usd-per-hour", type=float, metavar="X", help="what the node costs per hour")
+    agent.add_argument("--interval", type=float, default=15.0, metavar="S", help="seconds between polls")
+    agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
+    runs_cli.add_agent_options(agent)
+    agent.set_defaults(handler=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import httpx
+
+    from services.agent.agent import Agent
+
+    with httpx.Client(base_url=args.api, timeout=60) as client:
+        agent = Agent(client, args.key)
+        try:
+            node = agent.register(
+                name=args.name,
+                gpu=args.gpu,
+                provider=args.provider,
+                usd_per_hour=args.price_usd_per_hour,
+                instance_id=args.instance_id,
+            )
+        except (httpx.HTTPError, RuntimeError) as exc:
+            raise CliError(f"agent: cannot register with {args.api}: {exc}") from None
+        print(f"gpuplan agent: node {node} registered with {args.api}", file=sys.stderr)
+        runs_cli.agent_run_setup(args, agent, client)
+        ended = agent.run(args.interval, once=args.once)
+        print(f"gpuplan agent: stopped ({ended})", file=sys.stderr)
+    return 0

@@ -1,0 +1,80 @@
+"""`gpuplan plans submit|get`: plans on a running service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli.common import CliError, Parser, Subparsers, api_error, read_plan_file
+
+
+def register(sub: Subparsers) -> None:
+    plans = sub.add_parser("plans", help="submit and follow plans on a running service")
+    plans_sub = plans.add_subparsers(dest="plans_command", required=True, parser_class=Parser)
+    for name, text in (("submit", "submit a plan file (with its dataset and epochs)"), ("get", "show a plan")):
+        cmd = plans_sub.add_parser(name, help=text)
+        cmd.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL")
+        cmd.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+        cmd.add_argument("--json", action="store_true")
+        if name == "submit":
+            cmd.add_argument("--plan", metavar="FILE", required=True)
+            cmd.add_argument("--wait", action="store_true", help="wait until the plan is done or failed")
+            cmd.set_defaults(handler=cmd_plans_submit)
+        else:
+            cmd.add_argument("id")
+            cmd.set_defaults(handler=cmd_plans_get)
+
+
+def cmd_plans_submit(args: argparse.Namespace) -> int:
+    import time
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.key}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
+            response = client.post("/v1/plans", json=read_plan_file(args.plan))
+            if response.status_code >= 400:
+                raise CliError(api_error(response))
+            plan_id = response.json()["id"]
+            if not args.wait:
+                print(plan_id)
+                return 0
+            while True:
+                body = client.get(f"/v1/plans/{plan_id}").json()
+                if body["status"] in ("done", "failed"):
+                    break
+                time.sleep(0.5)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc}") from None
+    return _print_plan(args, body)
+
+
+def cmd_plans_get(args: argparse.Namespace) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.key}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
+            response = client.get(f"/v1/plans/{args.id}")
+            if response.status_code >= 400:
+                raise CliError(api_error(response))
+            body = response.json()
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc}") from None
+    return _print_plan(args, body)
+
+
+def _print_plan(args: argparse.Namespace, body: dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"plan {body['id']}: {body['status']}" + (f" ({body['error']})" if body.get("error") else ""))
+    for rec in body.get("recommendations", [])[:5]:
+        spot = f", spot ${rec['spot_cost_usd']:,.2f}" if rec.get("spot_cost_usd") is not None else ""
+        print(
+            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}): {rec['peak_gib_per_gpu']:.1f} of "
+            f"{rec['gpu_memory_gib']:.0f} GiB, {rec['hours']:.1f} h, ${rec['cost_usd']:,.2f}{spot}"
+        )
+    return 0 if body["status"] != "failed" else 1
