@@ -262,6 +262,8 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         grads += float((counts.total - n_quant) * recipe.weight_bytes)
     if shard in ("zero2", "zero3", "fsdp") and not recipe.fsdp_accumulates_unsharded:
         grads /= n
+    elif recipe.fsdp_accumulates_unsharded and recipe.fsdp_compute_params_16bit:
+        grads = fsdp_no_sync_gradient_bytes(trainable, n, recipe)
     if shard in ("zero3", "fsdp"):
         weights /= n
         adapters /= n
@@ -297,6 +299,18 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         trainable_params=trainable,
         quantized_params=n_quant,
     )
+
+
+def fsdp_no_sync_gradient_bytes(trainable: int, gpus: int, recipe: Recipe) -> float:
+    """Gradients per GPU when FSDP accumulates micro-batches under no_sync() with 16-bit compute params.
+
+    Skipping the reduce-scatter keeps every unit's unsharded gradient ("FSDP will accumulate the full
+    model gradients (instead of gradient shards) until the eventual sync", FullyShardedDataParallel.
+    no_sync docs). Autograd writes them in the dtype of the unsharded parameters it differentiated,
+    FSDP's MixedPrecision param_dtype (16-bit); the synced step then reduce-scatters into the fp32
+    sharded gradient the optimizer reads.
+    """
+    return float(trainable * recipe.compute_bytes + trainable * recipe.weight_bytes / gpus)
 
 
 def _largest_trainable_tensor(arch: Architecture, plan: Plan, recipe: Recipe) -> int:

@@ -240,6 +240,7 @@ class Recipe:
     bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
     nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
     fsdp1: bool = True  # FSDP means FSDP1 (record_stream, per-stream pools), not FSDP2
+    fsdp_compute_params_16bit: bool = False  # FSDP MixedPrecision gathers 16-bit params over fp32 shards
     kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
     unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
 
@@ -261,7 +262,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
     kbit_upcast = kbit_fp32_upcast(plan, d)
-    if plan.sharding == "fsdp" and weight_bytes != compute_bytes and d.fsdp_params_16bit:
+    fsdp_16bit = plan.sharding == "fsdp" and weight_bytes != compute_bytes and d.fsdp_params_16bit
+    if fsdp_16bit:
         residual_bytes = compute_bytes  # FSDP MixedPrecision computes with 16-bit parameters
     if kbit_upcast:
         # fp32 embeddings and norm weights make the residual stream fp32, and bitsandbytes' Linear4bit
@@ -342,6 +344,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
         nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
         fsdp1=d.fsdp1,
+        fsdp_compute_params_16bit=fsdp_16bit,
         kbit_fp32_upcast=kbit_upcast,
         unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
     )

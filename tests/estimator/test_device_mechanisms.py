@@ -168,3 +168,18 @@ def test_utilisation_priors_come_from_published_figures() -> None:
         assert "no published measurement" in UTILISATION_PRIORS[cls][1]
     report = estimate(make_plan(), "L40S")
     assert report.throughput is not None and "no published measurement" in report.throughput.utilisation_source
+
+
+def test_fsdp_no_sync_keeps_16bit_unsharded_gradients() -> None:
+    from services.estimator.memory import model_states
+
+    plan = make_plan(method="full", gpus=8, sharding="fsdp", precision="bf16-mixed", gradient_accumulation_steps=2)
+    recipe = resolve_recipe(plan)
+    assert recipe.fsdp_accumulates_unsharded and recipe.fsdp_compute_params_16bit
+    states = model_states(plan, ARCH, recipe)
+    # Unsharded bf16 gradients of the whole model plus the fp32 shard the synced step reduces into.
+    assert states.gradients == pytest.approx(TOTAL * 2 + TOTAL * 4 / 8)
+    no_accumulation = make_plan(method="full", gpus=8, sharding="fsdp", precision="bf16-mixed")
+    assert model_states(no_accumulation, ARCH, resolve_recipe(no_accumulation)).gradients == pytest.approx(
+        TOTAL * 4 / 8
+    )
