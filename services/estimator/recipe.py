@@ -72,6 +72,10 @@ class FrameworkDefaults:
     # load_in_4bit/8bit. It casts every remaining 16-bit parameter (embeddings, norms, the head) to fp32
     # (peft/utils/other.py, "cast all non INT8 parameters to fp32").
     prepares_kbit: bool = False
+    # axolotl casts norms and embeddings back to the 16-bit dtype after prepare_model_for_kbit_training
+    # when flash attention is on, which needs 16-bit inputs (axolotl/utils/models.py, ModelLoader.
+    # convert_embedding_modules_dtype, before_kbit_train_or_finetune=False).
+    recasts_kbit_for_flash: bool = False
     # FSDP1 (FullyShardedDataParallel with FlatParameters and record_stream) or FSDP2 (fully_shard).
     # accelerate's FullyShardedDataParallelPlugin and Lightning Fabric's FSDPStrategy wrap with FSDP1;
     # torchtune (since v0.2) and torchtitan use fully_shard.
@@ -126,6 +130,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         attention="flash",
         grads_persist=True,
         expands_kv=False,
+        recasts_kbit_for_flash=True,
         note="axolotl (Trainer-based; flash attention, gradient accumulation)",
     ),
     "torchtune": FrameworkDefaults(
@@ -261,7 +266,9 @@ def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
-    kbit_upcast = kbit_fp32_upcast(plan, d)
+    kbit_upcast = kbit_fp32_upcast(plan, d) and not (
+        d.recasts_kbit_for_flash and (plan.attention or d.attention) == "flash"
+    )
     fsdp_16bit = plan.sharding == "fsdp" and weight_bytes != compute_bytes and d.fsdp_params_16bit
     if fsdp_16bit:
         residual_bytes = compute_bytes  # FSDP MixedPrecision computes with 16-bit parameters

@@ -57,8 +57,12 @@ def test_prepare_model_for_kbit_training_upcasts_what_is_not_4bit() -> None:
         make_plan(method="qlora", lora={"rank": 8}, gpus=2, sharding="fsdp"),
         make_plan(method="lora", lora={"rank": 8}),
         make_plan(method="qlora", lora={"rank": 8}, framework="torchtune"),
+        # axolotl casts norms and embeddings back to 16-bit for flash attention.
+        make_plan(method="qlora", lora={"rank": 8}, framework="axolotl"),
     ):
         assert not resolve_recipe(other_plan).kbit_fp32_upcast
+    sdpa_axolotl = make_plan(method="qlora", lora={"rank": 8}, framework="axolotl", attention="sdpa")
+    assert resolve_recipe(sdpa_axolotl).kbit_fp32_upcast
 
 
 def test_the_upcast_raises_a_70b_qlora_at_4k_above_the_16bit_reading() -> None:
