@@ -75,9 +75,9 @@ GENERIC_UTILISATION_PRIOR = round(END_TO_END_OVER_MATMUL * TYPICAL_MATMUL_SHARE,
 # model, bf16, SDPA; docs/accuracy.md). Backward is taken as 2x.
 KERNELS_PER_BLOCK_FORWARD = 40
 # Wall time per eager kernel on the CPU side: PyTorch's dispatcher (2.6 us per aten op, measured on this
-# project's CI machine), the CUDA launch (a few us: NVIDIA's "Getting Started with CUDA Graphs" blog
-# measured 3.8 us per small kernel launched back to back) and nn.Module call overhead. An estimate,
-# not a measurement of the sum; it only matters for tiny models and micro-batches.
+# project's CI machine), the CUDA launch itself (a few us, the overhead CUDA Graphs exist to remove) and
+# nn.Module call overhead. An estimate, not a measurement of the sum; it only matters for tiny models and
+# micro-batches.
 DISPATCH_SECONDS_PER_KERNEL = 12e-6
 # Communication that overlaps with compute. Assumptions, not measurements: FSDP/ZeRO-3 prefetch the next
 # unit's all-gather during the current unit's compute (FSDP paper, Zhao et al. 2023, arXiv 2304.11277,

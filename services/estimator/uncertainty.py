@@ -55,7 +55,7 @@ def category(framework: str, method: str, sharding: str, gpus: int, metric: str,
 
 def parents(key: Key) -> list[Key]:
     """The key and its ancestors, most specific first (see the module docstring, step 1)."""
-    framework, method, sharding, metric = key
+    framework, method, sharding, _metric = key
     return [key, (framework, method, sharding), (method, sharding), (method,), ()]
 
 
