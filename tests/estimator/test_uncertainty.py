@@ -130,3 +130,19 @@ def test_gpuplan_estimate_json_shows_the_band(tmp_path: Path) -> None:
     low, high = mem["interval_gib"]
     assert math.isfinite(low) and math.isfinite(high) and low < high
     assert int(mem["interval_basis"].split(" over ")[1].split()[0]) >= MIN_CASES
+
+
+def test_gpuplan_estimate_text_shows_the_band(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"model": {"name": "meta-llama/Llama-3.1-8B"}, "method": "lora", "framework": "litgpt"}))
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "gpuplan"), "estimate", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "80% band" in out.stdout and "litgpt/lora/single" in out.stdout
