@@ -370,7 +370,16 @@ def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
         and plan.quantized is not None
         and plan.is_training
         and plan.sharding not in ("fsdp", "zero3")
+        and not _gptq_checkpoint(plan)
     )
+
+
+def _gptq_checkpoint(plan: Plan) -> bool:
+    """A GPTQ checkpoint (config.json quantization_config.quant_method 'gptq'): PEFT skips the fp32 cast
+    for it (peft/utils/other.py, ``if not is_gptq_quantized``)."""
+    config = plan.model.config or {}
+    quantization = config.get("quantization_config")
+    return isinstance(quantization, dict) and quantization.get("quant_method") == "gptq"
 
 
 def framework_note(framework: Framework) -> str:

@@ -62,6 +62,10 @@ def test_prepare_model_for_kbit_training_upcasts_what_is_not_4bit() -> None:
         assert not resolve_recipe(other_plan).kbit_fp32_upcast
     sdpa_axolotl = make_plan(method="qlora", lora={"rank": 8}, framework="axolotl", attention="sdpa")
     assert resolve_recipe(sdpa_axolotl).kbit_fp32_upcast
+    # PEFT leaves a GPTQ checkpoint's 16-bit parameters alone.
+    gptq = {**LLAMA_8B, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    gptq_plan = make_plan(model={"config": gptq}, method="qlora", lora={"rank": 8})
+    assert not resolve_recipe(gptq_plan).kbit_fp32_upcast
 
 
 def test_the_upcast_raises_a_70b_qlora_at_4k_above_the_16bit_reading() -> None:
