@@ -235,6 +235,11 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
     # ones (DeepSpeed's "2 + 4" bytes of gradient per parameter in estimate_zero2_model_states_mem_needs).
     grad_bytes = param_bytes + (4 if recipe.master_weights else 0)
     grads = float(trainable * grad_bytes)
+    if shard == "zero3" and recipe.master_weights:
+        # ZeRO-3 reduce-scatters the 16-bit gradients bucket by bucket and frees them; only the fp32
+        # partition stays (estimate_zero3_model_states_mem_needs: 18 bytes per parameter / GPUs =
+        # 16-bit param 2 + fp32 master 4 + fp32 gradient 4 + Adam 8).
+        grads = float(trainable * 4)
     largest = _largest_trainable_tensor(arch, plan, recipe) * grad_bytes
 
     state_dtype = 4 if (recipe.master_weights or param_bytes == 4) else param_bytes

@@ -262,10 +262,23 @@ def _bytes_of(precision: str) -> tuple[int, int, int]:
     }[precision]
 
 
+def deepspeed_precision(plan: Plan) -> str:
+    """The precision the model runs in: DeepSpeed casts a "-mixed" model to 16-bit.
+
+    With bf16/fp16 enabled the DeepSpeed engine calls module.bfloat16() / module.half() on the model
+    (deepspeed/runtime/engine.py, _configure_distributed_model) and keeps the fp32 copy in its ZeRO
+    optimizer as master weights, so the weights, activations and residual stream are 16-bit and there
+    is no autocast (the Trainer's --bf16 with a DeepSpeed config is this case).
+    """
+    if plan.sharding in ("zero1", "zero2", "zero3") and plan.precision in ("bf16-mixed", "fp16-mixed"):
+        return plan.precision.removesuffix("-mixed")
+    return plan.precision
+
+
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     d = _DEFAULTS[plan.framework]
-    weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
+    weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
     kbit_upcast = kbit_fp32_upcast(plan, d) and not (
         d.recasts_kbit_for_flash and (plan.attention or d.attention) == "flash"
     )
@@ -318,7 +331,10 @@ def resolve_recipe(plan: Plan) -> Recipe:
         attention=attention,
         loss=plan.loss or d.loss,
         logits_fp32=d.logits_fp32 if plan.logits_fp32 is None else plan.logits_fp32,
-        optimizer_impl=plan.optimizer_impl or d.optimizer_impl,
+        # DeepSpeed builds its own FusedAdam when its config names the optimizer, as the HF DeepSpeed
+        # integration's example configs do (deepspeed/ops/adam/fused_adam.py): no foreach temporaries.
+        optimizer_impl=plan.optimizer_impl
+        or ("fused" if plan.sharding in ("zero1", "zero2", "zero3") else d.optimizer_impl),
         checkpoint_granularity=plan.checkpoint_granularity or d.checkpoint_granularity,
         adapter_bytes=adapter_bytes,
         adapter_input_bytes=adapter_input,

@@ -124,14 +124,22 @@ def test_optimizer_in_backward_keeps_one_gradient_at_a_time() -> None:
 def test_zero_stages_shard_what_they_should() -> None:
     base = make_plan(gpus=4, precision="bf16-mixed")
     s0 = model_states(base, ARCH, resolve_recipe(base))
+    assert s0.ddp_buckets == TOTAL * 4  # DDP without sharding keeps bucket copies of the gradients
+    # DeepSpeed casts a -mixed model to bf16 and keeps the fp32 copy as master weights in its optimizer
+    # (engine.py _configure_distributed_model), so every stage holds 16-bit weights.
     z1 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero1")
     z2 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero2")
     z3 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero3")
     s1, s2, s3 = (model_states(p, ARCH, resolve_recipe(p)) for p in (z1, z2, z3))
-    assert s1.optimizer_states == s0.optimizer_states / 4 and s1.gradients == s0.gradients
-    assert s2.gradients == s0.gradients / 4 and s2.weights == s0.weights
-    assert s3.weights == s0.weights / 4
-    assert s0.ddp_buckets == TOTAL * 4  # DDP without sharding keeps bucket copies of the gradients
+    for s in (s1, s2, s3):
+        assert s.optimizer_states == TOTAL * 8 / 4 and s.master_weights == TOTAL * 4 / 4
+        assert s.optimizer_temporaries < TOTAL * 4 / 4 / 10  # FusedAdam: no whole-model temporary
+    assert s1.weights == s2.weights == TOTAL * 2 and s3.weights == TOTAL * 2 / 4
+    assert s1.gradients == TOTAL * (2 + 4)  # stage 1 shards only optimizer states
+    assert s2.gradients == TOTAL * (2 + 4) / 4
+    # Stage 3 frees the 16-bit gradients bucket by bucket: 18 bytes per parameter / GPUs in all.
+    assert s3.gradients == TOTAL * 4 / 4
+    assert s3.weights + s3.master_weights + s3.gradients + s3.optimizer_states == TOTAL * 18 / 4
 
 
 def test_deepspeed_bf16_keeps_fp32_master_weights() -> None:
