@@ -20,13 +20,15 @@ from services.estimator.recipe import Recipe
 # Share of dense peak that the matmul-heavy part of a training step reaches, by GPU class, for a
 # well-fed micro-batch (the MFU-style utilisation prior; calibration replaces it per GPU and method).
 #
-# Where a class has published end-to-end training MFU we use it: llm-foundry's benchmarking README
-# (mosaicml/llm-foundry scripts/train/benchmarking/README.md) measured MPT 7B-30B at 40-46% MFU on
-# 8xH100 and 47-64% on 8xA100 (shared/reference/orchestration_lessons.md section 3.2). Elsewhere the prior
-# is derived: END_TO_END_OVER_MATMUL (what a training step keeps of the best achievable matmul rate,
-# from the two classes measured both ways) times the class's measured best-case matmul share MAMF
-# (maximum achievable matmul FLOPS / datasheet dense peak).
-PUBLISHED_MFU: dict[str, float] = {"hopper": 0.42, "ampere-dc": 0.50}
+# The prior multiplies *hardware* FLOPs (recompute included), so what it must match is hardware FLOPs
+# utilisation (HFU). llm-foundry's benchmarking README (mosaicml/llm-foundry scripts/train/benchmarking/
+# README.md; shared/reference/orchestration_lessons.md section 3.2) measured MPT-7B at seq 2048 without
+# activation checkpointing, where HFU = MFU: 46.4% on 8xH100 and 64.2% on 8xA100 80GB. Other classes are
+# derived: END_TO_END_OVER_MATMUL (what a training step keeps of the best achievable matmul rate, from
+# those two classes) times the class's measured best-case matmul share (MAMF / datasheet dense peak).
+# These are pretraining-stack figures; a less tuned fine-tuning stack runs slower, which calibration
+# measures (the earlier 0.42 / 0.50 were such a discount, inferred rather than measured).
+PUBLISHED_MFU: dict[str, float] = {"hopper": 0.464, "ampere-dc": 0.642}
 # Maximum achievable matmul FLOPS over the datasheet dense bf16 peak, measured with stas00's
 # mamf-finder (stas00/ml-engineering compute/accelerator/README.md: A100 SXM 86.9%, H100 SXM 80.3%,
 # B200 77.6%; mag-/gpu_benchmark README, the same finder: RTX 4090 178.5 TFLOPS against 165.2 dense
@@ -50,7 +52,8 @@ TYPICAL_MATMUL_SHARE = (MATMUL_SHARE["ampere-dc"] + MATMUL_SHARE["hopper"] + MAT
 def _utilisation_priors() -> dict[str, tuple[float, str]]:
     """(prior, where it comes from) per GPU class, from the published figures above."""
     out: dict[str, tuple[float, str]] = {
-        cls: (mfu, f"published training MFU for {cls} GPUs (llm-foundry)") for cls, mfu in PUBLISHED_MFU.items()
+        cls: (mfu, f"published training utilisation for {cls} GPUs (llm-foundry MPT-7B)")
+        for cls, mfu in PUBLISHED_MFU.items()
     }
     for cls in ("blackwell", "consumer"):
         out[cls] = (
@@ -67,28 +70,29 @@ def _utilisation_priors() -> dict[str, tuple[float, str]]:
 
 
 UTILISATION_PRIORS = _utilisation_priors()
+# What each prior rests on is in UTILISATION_PRIORS (and docs/accuracy.md).
 UTILISATION_PRIOR: dict[str, float] = {cls: prior for cls, (prior, _) in UTILISATION_PRIORS.items()}
-GENERIC_UTILISATION_PRIOR = round(END_TO_END_OVER_MATMUL * TYPICAL_MATMUL_SHARE, 3)
 
-# Eager PyTorch kernels per transformer block forward: counted, 40 non-view aten ops per transformers
-# LlamaDecoderLayer forward and 73 in its backward (TorchDispatchMode over a 2-layer minus a 1-layer
-# model, bf16, SDPA; docs/accuracy.md). Backward is taken as 2x.
+# Sources of the constants below (docs/accuracy.md, "Other throughput constants"):
+# - KERNELS_PER_BLOCK_FORWARD: counted, 40 non-view aten ops per transformers LlamaDecoderLayer forward
+#   and 73 in its backward (TorchDispatchMode over a 2-layer minus a 1-layer bf16 SDPA model).
+# - DISPATCH_SECONDS_PER_KERNEL: an estimate, not a measured sum: PyTorch's dispatcher (2.6 us per aten
+#   op, measured on this project's CI machine), the CUDA launch itself (a few us, the overhead CUDA
+#   Graphs exist to remove) and nn.Module call overhead; it only matters for tiny models and batches.
+# - OVERLAP_SHARDED / OVERLAP_DDP: assumptions. FSDP/ZeRO-3 prefetch the next unit's all-gather during
+#   the current unit's compute (Zhao et al. 2023, arXiv 2304.11277, section 3.3); DDP overlaps each
+#   bucket's all-reduce with the rest of the backward pass only (Li et al. 2020, arXiv 2006.15704).
+# - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
+# Eager PyTorch issues roughly this many kernels per transformer block per forward; backward ~2x.
 KERNELS_PER_BLOCK_FORWARD = 40
-# Wall time per eager kernel on the CPU side: PyTorch's dispatcher (2.6 us per aten op, measured on this
-# project's CI machine), the CUDA launch itself (a few us, the overhead CUDA Graphs exist to remove) and
-# nn.Module call overhead. An estimate, not a measurement of the sum; it only matters for tiny models and
-# micro-batches.
+# CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
 DISPATCH_SECONDS_PER_KERNEL = 12e-6
-# Communication that overlaps with compute. Assumptions, not measurements: FSDP/ZeRO-3 prefetch the next
-# unit's all-gather during the current unit's compute (FSDP paper, Zhao et al. 2023, arXiv 2304.11277,
-# section 3.3), so most of it hides; DDP overlaps the all-reduce of each bucket with the rest of the
-# backward pass only (Li et al. 2020, arXiv 2006.15704, section 3.2.3), so less of it hides.
+# Communication that overlaps with compute: FSDP/ZeRO-3 prefetch overlaps most of the all-gathers;
+# DDP buckets overlap the all-reduce with the backward pass only.
 OVERLAP_SHARDED = 0.8
 OVERLAP_DDP = 0.6
 GPUS_PER_NODE = 8
-# One 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide: 8 x 200 Gb/s compute
-# adapters for 8 GPUs) = 25 GB/s per GPU between nodes.
-INTER_NODE_GB_PER_S = 200 / 8
+INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
 # reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
 CPU_ADAM_PARAMS_PER_S = 1.0e9
@@ -182,11 +186,8 @@ def estimate_throughput(
     """
     precision = plan.precision
     peak = gpu.dense_tflops(precision) * 1e12
-    prior, prior_source = UTILISATION_PRIORS.get(
-        gpu.gpu_class, (GENERIC_UTILISATION_PRIOR, f"no prior for {gpu.gpu_class} GPUs: generic")
-    )
-    util = utilisation if utilisation is not None else prior
-    source = utilisation_source or f"prior: {prior_source}"
+    util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
+    source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
     fpt = flops_per_token(plan, arch, recipe)
     tokens = plan.tokens_per_micro_batch
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
