@@ -964,8 +964,6 @@ def _finish(
     keys = ["weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache"]
     if grads_long_lived:
         keys.append("gradients")
-    if stream_pools:
-        keys.append("sharding_buffers")  # they live in FSDP1's own stream pools, counted below
     long_lived = sum(components.get(k, 0.0) for k in keys)
     fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
