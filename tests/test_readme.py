@@ -3,9 +3,12 @@
 A shell block (fenced as ```bash, ```sh, ```shell, ```console or with no language) is either run here,
 against a fresh `gpuplan serve` on a free port with its own SQLite file, or is marked right above its
 fence with `<!-- not-run: REASON -->`. A runnable block carries one or more `<!-- expect: TEXT -->`
-lines: it must exit 0 and print every TEXT on stdout. Placeholders filled in: the documented address
-`127.0.0.1:8000` (or `localhost:8000`) becomes the test server's. Blocks of one page share a working
-directory and run in page order, so a later block may read a file an earlier one wrote."""
+lines: it must exit 0 and print every TEXT (on stdout or stderr). Placeholders filled in: the documented
+address `127.0.0.1:8000` (or `localhost:8000`) becomes the test server's, `$KEY` is the `local`
+organization's key, `$API` the server's URL, `PLAN_ID` a finished plan's id, `gpuplan` is the installed
+console script (`.venv/bin` on PATH) and the admin commands reach the server's database. Blocks of one
+page share a working directory and run in page order, so a later block may read a file an earlier one
+wrote."""
 
 from __future__ import annotations
 
@@ -137,6 +140,7 @@ class Service:
     url: str
     workdir: Path
     env: dict[str, str]
+    plan_id: str
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +177,16 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gpuplan serve did not start: {(workdir / 'serve.log').read_text()}")
             time.sleep(0.2)
-        assert (workdir / ".gpuplan" / "local-key").exists(), "serve did not write .gpuplan/local-key"
-        yield Service(url=url, workdir=workdir, env=env)
+        key = (workdir / ".gpuplan" / "local-key").read_text(encoding="utf-8").strip()
+        plan_id = _finished_plan(url, key)
+        block_env = {
+            **env,
+            "KEY": key,
+            "API": url,
+            "PATH": f"{workdir / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+            "GPUPLAN_DATABASE_URL": f"sqlite:///{workdir / 'gpuplan.db'}",
+        }
+        yield Service(url=url, workdir=workdir, env=block_env, plan_id=plan_id)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -185,9 +197,28 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         log.close()
 
 
+def _finished_plan(url: str, key: str) -> str:
+    """A plan estimated by the server, for the examples that read one (`PLAN_ID`)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    plan = {
+        "model": {"name": "Qwen/Qwen2.5-0.5B"},
+        "method": "lora",
+        "seq_len": 512,
+        "dataset": {"examples": 1000, "avg_tokens": 400},
+    }
+    plan_id = str(httpx.post(f"{url}/v1/plans", json=plan, headers=headers, timeout=30).json()["id"])
+    deadline = time.monotonic() + 60
+    while (status := httpx.get(f"{url}/v1/plans/{plan_id}", headers=headers, timeout=30).json()["status"]) != "done":
+        if status == "failed" or time.monotonic() > deadline:
+            raise RuntimeError(f"the examples' plan ended {status}")
+        time.sleep(0.2)
+    return plan_id
+
+
 def fill_placeholders(code: str, service: Service) -> str:
     address = service.url.removeprefix("http://")
-    return code.replace("127.0.0.1:8000", address).replace("localhost:8000", address)
+    code = code.replace("127.0.0.1:8000", address).replace("localhost:8000", address)
+    return re.sub(r"\bPLAN_ID\b", service.plan_id, code)
 
 
 @pytest.mark.slow
@@ -220,5 +251,7 @@ def test_shell_example_runs_as_written(block: Block, service: Service) -> None:
     assert proc.returncode == 0, (
         f"{block.name} exited {proc.returncode}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
     )
-    missing = [text for text in block.expects if text not in stdout]
-    assert not missing, f"{block.name}: {missing} not in its output\n--- stdout\n{stdout[-3000:]}"
+    missing = [text for text in block.expects if text not in stdout + stderr]
+    assert not missing, (
+        f"{block.name}: {missing} not in its output\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-2000:]}"
+    )
