@@ -103,13 +103,27 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     assert html.count('class="segment ') == len(components)
     recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
     assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
-    candidates = html.count('class="point series-setup')
-    assert candidates >= len(stored["recommendations"])
-    assert f"All {candidates} candidate setups as a table" in html
-    assert 'class="point series-setup mark-cheapest' in html
+    chart = html.split('id="cost-time-chart"', 1)[1].split("</svg>", 1)[0]
+    points = chart.count('<path class="point style-')
+    setups = re.search(r"price list: (\d+) setups at (\d+) points", html)
+    assert setups is not None and int(setups.group(2)) == points
+    assert int(setups.group(1)) >= len(stored["recommendations"]) and points >= 1
+    assert f"All {points} candidate setups as a table" in html
+    assert chart.count('class="mark-ring mark-cheapest') == 1
+    # One legend entry per card in the chart, plus the cheapest and fastest rings.
+    legend = html.split('class="legend series-legend"', 1)[1].split("</ul>", 1)[0]
+    cards = set(re.findall(r'data-series="([^"]+)"', chart))
+    assert legend.count("<li>") == len(cards) + 2 and cards >= {r["gpu"] for r in stored["recommendations"]}
 
-    option = re.search(r'<option value="([^"]+)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" selected', html)
     assert option is not None
+    cheapest = stored["recommendations"][0]
+    # The form offers the cheapest setup first and selects it.
+    assert option.group(1) == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    # The spot checkbox is there only when some offer has a spot price, and the options say which.
+    options = re.findall(r'<option value="[^"]+" data-spot="(yes|no)"[^>]*>([^<]*)</option>', html)
+    assert options and all((spot == "yes") == ("spot available" in label) for spot, label in options)
+    assert ('id="spot"' in html) == any(spot == "yes" for spot, _ in options)
     response = alpha.post(
         f"/dashboard/plans/{plan_id}/quotes",
         data={"setup": option.group(1), "csrf_token": csrf_token(html)},
@@ -158,7 +172,7 @@ def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
 def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: TestClient, beta: TestClient) -> None:
     plan = submit_done_plan(api)
     html = alpha.get(f"/dashboard/plans/{plan['id']}").text
-    option = re.search(r'<option value="([^"]+)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" selected', html)
     assert option is not None
     response = alpha.post(
         f"/dashboard/plans/{plan['id']}/quotes",
