@@ -212,7 +212,8 @@ def segment_widths(values: Sequence[float], length_px: float, min_px: float = MI
 def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]], width: float = 720.0) -> MemoryChart:
     """One segment per memory component above zero (in the estimate's order), against an axis that
     ends at the largest card given (the recommended card; cards of equal memory share one marker), or
-    at the peak plus 15% without one, so a small job fills the bar instead of being a sliver. Every
+    at the peak plus 15% without one or when the peak is larger (the plan as submitted may need more
+    than the recommended setup), so a small job fills the bar instead of being a sliver. Every
     segment is at least MIN_SEGMENT_PX wide; the legend gives each one's GiB."""
     left, right = 8.0, 16.0
     parts = [(k, v) for k, v in breakdown.items() if v > 0]
@@ -223,9 +224,10 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
         if name not in names:
             names.append(name)
     labels = {gib: f"{', '.join(names)}: {gib:g} GiB" for gib, names in by_gib.items()}
-    top = max([total * (1.0 if by_gib else PEAK_AXIS_MARGIN), *by_gib.keys()], default=1.0) or 1.0
+    on_card = bool(by_gib) and max(by_gib) >= total
+    top = (max(by_gib) if on_card else total * PEAK_AXIS_MARGIN) or 1.0
     ticks_raw = nice_ticks(0.0, top, 6)
-    hi = top if by_gib else max(ticks_raw[-1], top)
+    hi = top if on_card else max(ticks_raw[-1], top)
     # Every card label ends at its line, so the left margin grows until each fits: the line of a card
     # of g GiB sits at left + g / hi x (plot width - left), which must be at least the label's width.
     usable = width - right
@@ -254,7 +256,7 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
     bar_height = 40.0
     return MemoryChart(
         width=width,
-        height=bar_y + bar_height + 28,
+        height=bar_y + bar_height + 44,
         bar_y=bar_y,
         bar_height=bar_height,
         total_gib=round(total, 3),
@@ -363,7 +365,7 @@ def place_mark_labels(
 ) -> tuple[MarkLabel, ...]:
     """A label beside each marked point, at the candidate position that covers the fewest points and
     earlier labels and stays inside ``bounds`` (x0, y0, x1, y1)."""
-    r = POINT_RADIUS_PX + 1
+    r = POINT_RADIUS_PX * 1.3  # the largest shape's reach (triangles and diamonds poke out of the circle)
     boxes = [(p.cx - r, p.cy - r, p.cx + r, p.cy + r) for p in placed]
     taken: list[tuple[float, float, float, float]] = []
     out = []
@@ -462,6 +464,7 @@ def scatter(
         y_ticks=tuple(Tick(t, round(sy(t), 2), tick_label(t)) for t in sy.ticks()),
         points=tuple(placed),
         identity=line,
-        mark_labels=place_mark_labels(placed, (left, top, right, bottom)),
+        # Labels may run into the right margin, never off the drawing or onto the axes' numbers.
+        mark_labels=place_mark_labels(placed, (left, 0.0, width, bottom)),
         legend=legend,
     )

@@ -11,6 +11,10 @@ from typing import Any
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
 
 LIVE_STATUSES = ("queued", "running")
+# Charts are also drawn this wide for phones (the page shows one or the other by screen width), so
+# their 12 px labels stay about 12 px on a 375 px screen instead of shrinking with a wide drawing.
+NARROW_CHART_PX = 360.0
+COST_TIME_AXES = ("hours (wall-clock)", "whole job, on demand (USD)")
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -166,12 +170,14 @@ class PlanPage:
     warnings: tuple[str, ...]
     peak: tuple[Fact, ...]
     memory: MemoryChart | None
+    memory_narrow: MemoryChart | None  # the same at phone width, so its text stays readable
     memory_caption: str
     recommendations: tuple[RecommendationRow, ...]
     rejections: tuple[RejectionRow, ...]  # the cards that cannot hold the job
     budget_rejections: tuple[RejectionRow, ...]  # setups that fit but break the budget or the deadline
     constraint_rejections: tuple[RejectionRow, ...]  # offers left out by the region or provider constraints
     cost_time: ScatterChart | None
+    cost_time_narrow: ScatterChart | None
     candidates: int
     candidate_setups: int  # setups behind the points (identical ones share a point)
     quote_options: tuple[QuoteOption, ...]
@@ -314,7 +320,7 @@ def plan_page(
     request = out.request
     recs = list(out.recommendations)
     estimate = out.estimate or {}
-    memory = None
+    memory = memory_narrow = None
     peak: tuple[Fact, ...] = ()
     caption = ""
     if estimate:
@@ -323,6 +329,7 @@ def plan_page(
         top_card = float(recs[0]["gpu_memory_gib"]) if recs else 0.0
         cards = [(r["gpu"], float(r["gpu_memory_gib"])) for r in recs if float(r["gpu_memory_gib"]) <= top_card]
         memory = memory_chart(mem["breakdown"], cards)
+        memory_narrow = memory_chart(mem["breakdown"], cards, width=NARROW_CHART_PX)
         peak = (
             Fact("peak allocated", gib(mem["peak_allocated_gib"])),
             Fact("peak reserved", gib(mem["peak_reserved_gib"])),
@@ -355,6 +362,7 @@ def plan_page(
         warnings=tuple(out.warnings),
         peak=peak,
         memory=memory,
+        memory_narrow=memory_narrow,
         memory_caption=caption,
         recommendations=tuple(recommendation_row(i, r) for i, r in enumerate(recs)),
         rejections=tuple(r for r, k in zip(rejections, kinds, strict=True) if k in FIT_KINDS),
@@ -362,8 +370,9 @@ def plan_page(
         constraint_rejections=tuple(
             r for r, k in zip(rejections, kinds, strict=True) if k not in BUDGET_KINDS and k not in FIT_KINDS
         ),
-        cost_time=(
-            scatter(points, "hours (wall-clock)", "whole job, on demand (USD)", styled_series=True) if points else None
+        cost_time=scatter(points, *COST_TIME_AXES, styled_series=True) if points else None,
+        cost_time_narrow=(
+            scatter(points, *COST_TIME_AXES, styled_series=True, width=NARROW_CHART_PX, height=300) if points else None
         ),
         candidates=len(points),
         candidate_setups=sum(p.count for p in points),
@@ -401,6 +410,7 @@ class InferencePage:
     facts: tuple[Fact, ...]
     peak: tuple[Fact, ...]
     memory: MemoryChart
+    memory_narrow: MemoryChart
     caption: str
     fits: tuple[FitRow, ...]
     warnings: tuple[str, ...]
@@ -432,6 +442,7 @@ def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> Inf
             Fact("peak on the device", gib(mem["peak_device_gib"])),
         ),
         memory=memory_chart(mem["breakdown"], cards),
+        memory_narrow=memory_chart(mem["breakdown"], cards, width=NARROW_CHART_PX),
         caption=(
             f"Per GPU for one forward pass with its KV cache: {mem['peak_device_gib']:.1f} GiB on the device"
             + (f"; the axis ends at the smallest card that holds it ({smallest.gpu})." if smallest else ".")

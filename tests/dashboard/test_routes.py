@@ -100,7 +100,9 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     html = alpha.get(f"/dashboard/plans/{plan_id}").text
     stored = alpha.get(f"/v1/plans/{plan_id}", headers=api.headers()).json()
     components = [k for k, v in stored["estimate"]["memory"]["breakdown"].items() if v > 0]
-    assert html.count('class="segment ') == len(components)
+    wide = html.split('id="memory-chart"', 1)[1].split("</svg>", 1)[0]
+    narrow = html.split('id="memory-narrow-chart"', 1)[1].split("</svg>", 1)[0]
+    assert wide.count('class="segment ') == narrow.count('class="segment ') == len(components)
     recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
     assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
     chart = html.split('id="cost-time-chart"', 1)[1].split("</svg>", 1)[0]
