@@ -327,3 +327,85 @@ def test_nodes_page_shows_the_run_its_durable_checkpoint_and_the_decisions(api: 
     html = alpha.get("/dashboard/nodes").text
     assert f"{run['id'][:8]} · step 57" in html and "step 40" in html and "busy" in html
     assert "trainer-7: keep (busy: a training job is running)" in html
+
+
+def _section(html: str, heading_id: str) -> str:
+    return html.split(f'id="{heading_id}"', 1)[1].split("</section>", 1)[0]
+
+
+def test_budget_rejections_have_their_own_heading_and_a_fix_is_said_once(api: Api, alpha: TestClient) -> None:
+    over_budget = {
+        **QLORA_PLAN,
+        "model": {"name": "Qwen/Qwen2.5-7B"},
+        "method": "lora",
+        "lora": {"rank": 8},
+        "micro_batch_size": 4,
+        "seq_len": 1024,
+        "dataset": {"examples": 50000, "avg_tokens": 512},
+        "epochs": 2,
+        "constraints": {"budget_usd": 4},
+    }
+    plan = submit_done_plan(api, plan=over_budget)
+    budget = [r for r in plan["rejections"] if r["kind"] in ("budget", "deadline", "budget_and_deadline")]
+    assert budget, plan["rejections"]  # the catalog has cards whose cheapest setup costs more than $4
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    listed = _section(html, "rej-budget-h")
+    assert listed.count("<li>") == len(budget)
+    if 'id="rej-h"' in html:
+        assert "budget" not in _section(html, "rej-h")
+
+    big = submit_done_plan(
+        api,
+        plan={
+            "dataset": QLORA_PLAN["dataset"],
+            "epochs": 1,
+            "model": {"name": "meta-llama/Llama-3.1-70B"},
+            "method": "full",
+            "micro_batch_size": 1,
+            "seq_len": 2048,
+            "gradient_checkpointing": True,
+        },
+    )
+    memory = [r for r in big["rejections"] if r["kind"] == "memory"]
+    assert memory and all(r.get("suggestion") or r.get("fix") for r in memory)
+    html = alpha.get(f"/dashboard/plans/{big['id']}").text
+    for r in memory:
+        fix = r.get("fix") or r["suggestion"]
+        assert html.count(fix) == len([m for m in memory if (m.get("fix") or m["suggestion"]) == fix]), fix
+
+
+def test_inference_memory_from_the_form(api: Api, alpha: TestClient) -> None:
+    page = alpha.get("/dashboard/plans/new")
+    assert 'value="inference"' in page.text
+    form = {**FORM, "mode": "inference", "method": "full", "examples": "", "epochs": "", "micro_batch_size": "8"}
+    response = alpha.post("/dashboard/plans", data={**form, "csrf_token": csrf_token(page.text)})
+    assert response.status_code == 200, response.text
+    assert "inference memory" in response.text
+    direct = alpha.post(
+        "/v1/estimate",
+        json={
+            "model": {"name": "meta-llama/Llama-3.1-8B"},
+            "method": "full",
+            "mode": "inference",
+            "micro_batch_size": 8,
+            "seq_len": 512,
+        },
+        headers=api.headers(),
+    ).json()
+    # The page shows the API's estimate: the same device peak and one segment per component.
+    assert f"{direct['memory']['peak_device_gib']:.1f} GiB" in response.text
+    wide = response.text.split('id="memory-chart"', 1)[1].split("</svg>", 1)[0]
+    assert wide.count('class="segment ') == len([v for v in direct["memory"]["breakdown"].values() if v > 0])
+    assert 'data-component="kv_cache"' in wide
+    # Nothing was stored.
+    assert alpha.get("/v1/plans", headers=api.headers()).json()["items"] == []
+    bad = alpha.post("/dashboard/plans", data={**form, "mode": "serving", "csrf_token": csrf_token(page.text)})
+    assert bad.status_code == 422 and 'id="mode-error"' in bad.text
+
+
+def test_every_page_links_a_favicon_that_is_served(alpha: TestClient) -> None:
+    html = alpha.get("/dashboard/plans").text
+    href = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', html)
+    assert href is not None
+    icon = alpha.get(href.group(1))
+    assert icon.status_code == 200 and icon.text.startswith("<svg")
