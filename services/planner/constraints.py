@@ -14,7 +14,7 @@ class Constraints(BaseModel):
     It counts per node: a job on several nodes restarts when any one of them is preempted.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     budget_usd: float | None = Field(default=None, gt=0, description="the most the whole job may cost, in USD")
     deadline_hours: float | None = Field(default=None, gt=0, description="the longest the job may take, wall-clock")

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
+from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB
@@ -27,6 +28,7 @@ from services.planner.layouts import sharding_options
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.rejections import constraint_rejection, filter_rejection, gpus_label, memory_rejection
 from services.planner.search import (
+    NARROW_SEARCH,
     Candidate,
     PlanContext,
     fastest_per_offer_and_count,
@@ -76,12 +78,14 @@ def plan_setups(
     *,
     top_n: int = DEFAULT_TOP_N,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
+    budget: CpuBudget | None = None,
 ) -> PlannerResult:
     """Every setup over ``offers`` (default: the bundled price lists) that fits ``plan``, cheapest job first.
 
     Returns the ``top_n`` setups that meet the constraints, the best one per card, and a rejection for
     every card on which nothing fits and every offer whose fitting setups break the budget, the
-    deadline, or the provider and region filters. Raises :class:`PlannerError` without a data set size.
+    deadline, or the provider and region filters. Raises :class:`PlannerError` without a data set size,
+    and :class:`WorkBudgetExceeded` when the search needs more CPU time than ``budget``.
     """
     total_tokens = _check_plannable(plan, top_n)
     constraints = constraints if constraints is not None else Constraints()
@@ -96,6 +100,7 @@ def plan_setups(
         effective_batch_size=effective_batch_size(plan),
         checkpoint_write_seconds=checkpoint_write_seconds(checkpoint_bytes(plan, arch)),
         evaluator=Evaluator(plan, arch, utilisation),
+        budget=budget if budget is not None else unlimited(),
     )
 
     rejections: list[Rejection] = []
@@ -103,6 +108,7 @@ def plan_setups(
     cards: dict[str, tuple[GpuSpec, list[Offer]]] = {}
     candidates: list[Candidate] = []
     for index, offer in enumerate(offers):
+        ctx.budget.check("constraints", NARROW_SEARCH)
         excluded = filter_rejection(constraints, offer)
         if excluded is not None:
             rejections.append(excluded)

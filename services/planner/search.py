@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
+from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.memory import GIB
 from services.estimator.plan import Method, Plan, Sharding
 from services.estimator.throughput import Throughput
@@ -42,6 +43,7 @@ class PlanContext:
     effective_batch_size: int
     checkpoint_write_seconds: float
     evaluator: Evaluator
+    budget: CpuBudget = field(default_factory=unlimited)
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
@@ -174,6 +176,11 @@ def layout_candidates(
     return found
 
 
+NARROW_SEARCH = (
+    "narrow the search: fewer GPUs (constraints.max_gpus), or fewer offers (constraints.providers, constraints.regions)"
+)
+
+
 def offer_candidates(ctx: PlanContext, offer_index: int, offer: Offer, spec: GpuSpec) -> list[Candidate]:
     """Every setup of one offer that the search keeps (see the module docstring for the pruning)."""
     single, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
@@ -187,6 +194,7 @@ def offer_candidates(ctx: PlanContext, offer_index: int, offer: Offer, spec: Gpu
         found.extend(layout_candidates(ctx, offer_index, offer, spec, layout))
     if not enough(found):
         for layout in multi:
+            ctx.budget.check("constraints", NARROW_SEARCH)
             more = layout_candidates(ctx, offer_index, offer, spec, layout)
             found.extend(more)
             if enough(more):
