@@ -113,6 +113,7 @@ class RecommendationRow:
     cost: str
     spot_cost: str
     tokens_per_s: str
+    pricing: str = "on demand"  # how the planner ranked this entry: on demand, or on spot with rework
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
         cost=usd(rec.get("cost_usd")),
         spot_cost=usd(rec.get("spot_cost_usd")),
         tokens_per_s=f"{rec['tokens_per_s']:,.0f}",
+        pricing=str(rec.get("pricing", "on_demand")).replace("_", " "),
     )
 
 
@@ -228,9 +230,21 @@ def parse_quote_value(value: str) -> tuple[str, int, str] | None:
     return parts[0], int(parts[1]), parts[2]
 
 
+_SETUP_KEYS = ("provider", "region", "gpu", "gpus", "nodes", "sharding", "micro_batch_size", "gradient_checkpointing")
+
+
 def _on_demand(candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """One entry per setup: the on-demand entry where the planner also listed the setup priced on spot."""
-    return [c for c in candidates if c.get("pricing", "on_demand") == "on_demand"]
+    """One entry per setup: where the planner lists a setup twice (priced on demand and on spot), the
+    on-demand entry; a setup listed only on spot stays (its ``cost_usd`` is still the on-demand cost)."""
+    with_on_demand = {
+        tuple(c.get(k) for k in _SETUP_KEYS) for c in candidates if c.get("pricing", "on_demand") == "on_demand"
+    }
+    out = []
+    for c in candidates:
+        key = tuple(c.get(k) for k in _SETUP_KEYS)
+        if c.get("pricing", "on_demand") == "on_demand" or key not in with_on_demand:
+            out.append(c)
+    return out
 
 
 def cost_time_points(candidates: Sequence[Mapping[str, Any]]) -> list[Point]:

@@ -292,6 +292,16 @@ def test_rejections_are_grouped_and_say_their_fix_once() -> None:
     assert page.memory is not None and "no card is recommended" in page.memory_caption
 
 
+def test_setups_the_planner_lists_on_demand_and_on_spot_are_drawn_once() -> None:
+    on_demand = {**_rec("A", 1, 3, 4), "pricing": "on_demand", "spot_cost_usd": 2.0}
+    on_spot = {**on_demand, "pricing": "spot"}
+    spot_only = {**_rec("B", 2, 1, 9), "pricing": "spot", "spot_cost_usd": 5.0}
+    points = views.cost_time_points([on_spot, on_demand, spot_only])
+    assert [(p.series, p.count) for p in points] == [("A", 1), ("B", 1)]
+    row = views.recommendation_row(0, on_spot)
+    assert row.pricing == "spot" and row.cost == "$4.00" and row.spot_cost == "$2.00"
+
+
 def test_quote_options_are_one_per_setup_and_know_their_spot_price() -> None:
     spot = {**_rec("A", 1, 3, 4), "spot_price_usd_per_hour": 0.5, "spot_cost_usd": 2.5}
     spot_entry = {**spot, "pricing": "spot"}
