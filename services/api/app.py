@@ -104,7 +104,9 @@ def upload_limits() -> tuple[BodyLimit, ...]:
         # Streamed and refused by the route past TOKENIZER_MAX_BYTES (a tokenizer.json is often 10+ MB).
         BodyLimit("PUT", re.compile(dataset + r"/tokenizer"), None, "tokenizer.json: TOKENIZER_MAX_BYTES"),
         # A price list of thousands of offers can pass 1 MiB; it keeps the import's own limit.
-        BodyLimit("POST", re.compile(r"/v1/admin/catalog/offers"), MAX_PRICE_LIST_BYTES, "price list import"),
+        BodyLimit(
+            "POST", re.compile(r"/v1/(admin|platform)/catalog/offers"), MAX_PRICE_LIST_BYTES, "price list import"
+        ),
     )
 
 
