@@ -282,17 +282,25 @@ def cost_time_points(candidates: Sequence[Mapping[str, Any]]) -> list[Point]:
     return points
 
 
+def _expected_cost(c: Mapping[str, Any]) -> float:
+    return float(c.get("expected_cost_usd", c["cost_usd"]))
+
+
 def quote_options(candidates: Sequence[Mapping[str, Any]]) -> tuple[QuoteOption, ...]:
-    """One option per card, GPU count and provider, cheapest first (the planner's order)."""
+    """One option per card, GPU count and provider, cheapest expected run first (on demand or spot, as the
+    planner ranks them), labelled with that cheapest pricing."""
     spot = {quote_value(c) for c in candidates if c.get("spot_price_usd_per_hour") or c.get("spot_cost_usd")}
     seen: set[str] = set()
     options = []
-    for c in _on_demand(candidates):
+    for c in sorted(candidates, key=_expected_cost):
         value = quote_value(c)
         if value in seen:
             continue
         seen.add(value)
-        label = f"{setup_label(c)} · {c['provider']} · {duration(c['hours'])}, {usd(c['cost_usd'])}"
+        on_spot = c.get("pricing") == "spot"
+        hours = float(c.get("expected_hours", c["hours"]))
+        label = f"{setup_label(c)} · {c['provider']} · {duration(hours)}, {usd(_expected_cost(c))}"
+        label += " on spot" if on_spot else ""
         if value in spot:
             label += " · spot available"
         options.append(QuoteOption(value=value, label=label, multi_gpu=c["gpus"] > 1, spot=value in spot))
