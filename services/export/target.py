@@ -27,6 +27,7 @@ from services.estimator.memory import MemoryBreakdown, peak_memory
 from services.estimator.plan import Framework, Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import GPUS_PER_NODE
+from services.export.dataset import DEFAULT_DATA, DataFormat
 from services.export.errors import ExportError
 from services.export.models import FORMATS, Format
 from services.planner.models import Recommendation
@@ -56,6 +57,9 @@ class Target:
     gpu_memory_gib: float
     save_steps: int | None
     checkpoint_interval_s: float | None
+    data: DataFormat
+    # What re-planning for this format changed (services/export/replan.py); empty when nothing did.
+    replan_notes: tuple[str, ...] = ()
 
     @property
     def headroom_gib(self) -> float:
@@ -210,6 +214,8 @@ def resolve_target(
     gpu: str,
     checkpoint_interval_s: float | None,
     step_seconds: float | None,
+    data: DataFormat | None = None,
+    replan_notes: tuple[str, ...] = (),
 ) -> Target:
     """Apply the setup, check what every format needs, and work out nodes and checkpoint steps."""
     known = check_format(fmt)
@@ -236,6 +242,8 @@ def resolve_target(
         gpu_memory_gib=gpu_memory_gib,
         save_steps=steps,
         checkpoint_interval_s=interval,
+        data=data if data is not None else DEFAULT_DATA,
+        replan_notes=replan_notes,
     )
 
 
