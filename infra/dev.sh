@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Developer entry point: sets up a virtual environment in .venv (idempotent) and runs gpuplan.
 #   bash infra/dev.sh run    set up, then start the service on its embedded defaults (SQLite, in-process tasks)
-#   bash infra/dev.sh test   set up with the dev and trace extras (CPU torch), then run the whole test suite
+#   bash infra/dev.sh test   set up with the dev, trace and exportcheck extras (CPU torch), then run the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +25,18 @@ setup() {
   "$venv/bin/python" -c "import services" >/dev/null
 }
 
+# axolotl's published source for the export tests' schema check (its pins conflict with this environment,
+# so it is unpacked, not installed; tests/export/test_real_tools.py imports it in a subprocess).
+exportcheck_axolotl() {
+  local dest=.gpuplan/exportcheck/axolotl version=0.19.0
+  if [ ! -f "$dest/axolotl-$version.dist-info/METADATA" ]; then
+    rm -rf "$dest" .gpuplan/exportcheck/wheel
+    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps "axolotl==$version" \
+      -d .gpuplan/exportcheck/wheel
+    "$venv/bin/python" -m zipfile -e .gpuplan/exportcheck/wheel/axolotl-$version-py3-none-any.whl "$dest"
+  fi
+}
+
 case "${1:-}" in
   run)
     setup dev
@@ -32,7 +44,8 @@ case "${1:-}" in
     exec "$venv/bin/gpuplan" serve "$@"
     ;;
   test)
-    setup dev,trace
+    setup dev,trace,exportcheck
+    exportcheck_axolotl
     shift
     "$venv/bin/python" -m pytest "$@"
     ;;
