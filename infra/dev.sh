@@ -25,15 +25,16 @@ setup() {
   "$venv/bin/python" -c "import services" >/dev/null
 }
 
-# axolotl's published source for the export tests' schema check (its pins conflict with this environment,
-# so it is unpacked, not installed; tests/export/test_real_tools.py imports it in a subprocess).
-exportcheck_axolotl() {
-  local dest=.gpuplan/exportcheck/axolotl version=0.19.0
-  if [ ! -f "$dest/axolotl-$version.dist-info/METADATA" ]; then
-    rm -rf "$dest" .gpuplan/exportcheck/wheel
-    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps "axolotl==$version" \
-      -d .gpuplan/exportcheck/wheel
-    "$venv/bin/python" -m zipfile -e .gpuplan/exportcheck/wheel/axolotl-$version-py3-none-any.whl "$dest"
+# Packages the export tests validate with but cannot install beside this project's pins, unpacked from
+# their wheels (no dependencies) for tests/export/test_real_tools.py to import in a subprocess: axolotl
+# pins transformers 5.16 and pydantic 2.12; torchtune 0.6.1 needs torchao < 0.15, which PEFT refuses.
+exportcheck_unpack() {
+  local name=$1 version=$2 dest=.gpuplan/exportcheck/$1
+  if ! ls "$dest/$name-$version.dist-info/METADATA" >/dev/null 2>&1; then
+    rm -rf "$dest" ".gpuplan/exportcheck/wheels-$name"
+    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps "$name==$version" \
+      -d ".gpuplan/exportcheck/wheels-$name"
+    "$venv/bin/python" -m zipfile -e ".gpuplan/exportcheck/wheels-$name/"*.whl "$dest"
   fi
 }
 
@@ -45,7 +46,8 @@ case "${1:-}" in
     ;;
   test)
     setup dev,trace,exportcheck
-    exportcheck_axolotl
+    exportcheck_unpack axolotl 0.19.0
+    exportcheck_unpack torchao 0.14.1
     shift
     "$venv/bin/python" -m pytest "$@"
     ;;

@@ -2,14 +2,16 @@
 
 transformers' TrainingArguments and TRL's SFTConfig read hf_args.json; accelerate's config loader reads
 accelerate.yaml; DeepSpeed's DeepSpeedConfig reads ds_config.json at the exported world size (and refuses
-another); torchtune's config validation (what ``tune validate`` runs) reads config.yaml; axolotl's own
-validate_config reads axolotl.yaml (axolotl pins transformers 5.16 and pydantic 2.12, so it is not installed
-here: its wheel, unpacked by ``bash infra/dev.sh test`` into .gpuplan/exportcheck, is imported in a
-subprocess beside this environment's libraries). The tools come from the ``exportcheck`` extra.
+another); torchtune's config validation (what ``tune validate`` runs) reads config.yaml; the model axolotl's
+validate_config checks reads axolotl.yaml. trl, deepspeed and torchtune come from the ``exportcheck`` extra.
+Two cannot be installed beside this project's pins: axolotl (it pins transformers 5.16 and pydantic 2.12)
+and torchao < 0.15, which torchtune 0.6.1 needs and PEFT refuses once installed. ``bash infra/dev.sh test``
+unpacks their wheels into .gpuplan/exportcheck, and the checks import them in a subprocess.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,7 +33,8 @@ from tests.export.helpers import export, llama_plan
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-AXOLOTL_SRC = Path(os.environ.get("GPUPLAN_AXOLOTL_SRC", ROOT / ".gpuplan" / "exportcheck" / "axolotl"))
+# Wheels unpacked by `bash infra/dev.sh test` (see _unpacked).
+EXPORTCHECK = Path(os.environ.get("GPUPLAN_EXPORTCHECK_DIR", ROOT / ".gpuplan" / "exportcheck"))
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +160,8 @@ def test_deepspeed_config_holds_at_the_exported_world_size_only(
 
 
 TUNE_CASES: list[tuple[str, str, dict[str, Any]]] = [
-    ("meta-llama/Llama-3.1-8B", "qlora", {"optimizer": "paged-adamw-8bit"}),
+    # bitsandbytes optimizers are not validated: bitsandbytes is not installed here (no CUDA).
+    ("meta-llama/Llama-3.1-8B", "qlora", {"optimizer": "adafactor"}),
     ("meta-llama/Llama-3.1-8B", "lora", {"gpus": 4, "sharding": "fsdp", "cpu_offload": True}),
     ("meta-llama/Llama-3.1-8B", "full", {"optimizer_in_backward": True, "gradient_accumulation_steps": 1}),
     ("Qwen/Qwen2.5-7B", "lora", {}),
@@ -165,36 +169,66 @@ TUNE_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("Qwen/Qwen2.5-0.5B", "full", {"gpus": 2, "sharding": "fsdp"}),
 ]
 
-
-@pytest.mark.parametrize(("model", "method", "fields"), TUNE_CASES)
-@pytest.mark.parametrize("kind", DATA_KINDS)
-def test_torchtune_validates_the_config(model: str, method: str, fields: dict[str, Any], kind: str) -> None:
-    pytest.importorskip("torchtune")
+# What `tune validate config.yaml` runs, for many configs in one interpreter, plus the recipe registry.
+_TUNE_CHECK = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("error", FutureWarning)
     from omegaconf import OmegaConf
-    from torchtune import config as tune_config
+    from torchtune import config
     from torchtune._recipe_registry import get_all_recipes
+    recipes = {r.name for r in get_all_recipes()}
+    out = []
+    for case in json.load(sys.stdin):
+        try:
+            config.validate(OmegaConf.create(case["config"]))
+            out.append({"ok": case["recipe"] in recipes, "error": f"no recipe {case['recipe']}"})
+        except Exception as exc:
+            out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    print(json.dumps(out))
+    """
+)
 
-    plan = llama_plan("torchtune", method, model={"name": model}, **fields)
-    bundle = export(plan, "torchtune", data=data_format(kind, "test"))
-    cfg = OmegaConf.create(yaml.safe_load(bundle.files["config.yaml"]))
-    tune_config.validate(cfg)  # what `tune validate config.yaml` runs
-    recipe = bundle.command.split(" --config")[0].split()[-1]
-    assert recipe in {r.name for r in get_all_recipes()}
-    if method == "qlora":
-        builder = cfg.model._component_.rsplit(".", 1)[-1]
-        assert builder.startswith("qlora_") or cfg.model.quantize_base is True
+
+def _unpacked(name: str) -> Path:
+    where = EXPORTCHECK / name
+    if not (where / name / "__init__.py").exists():
+        pytest.skip(f"{name}'s wheel is not unpacked at {where} (bash infra/dev.sh test does it)")
+    return where
 
 
-def test_torchtune_validation_catches_a_wrong_key() -> None:
-    pytest.importorskip("torchtune")
-    from omegaconf import OmegaConf
-    from torchtune import config as tune_config
+def _in_subprocess(script: str, cases: list[dict[str, Any]], *path: Path) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-c", script], input=json.dumps(cases), capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found: list[dict[str, Any]] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
 
-    bundle = export(llama_plan("torchtune", "lora"), "torchtune")
-    cfg = yaml.safe_load(bundle.files["config.yaml"])
-    cfg["tokenizer"]["max_seq_length"] = 512  # the tokenizer takes max_seq_len
-    with pytest.raises(tune_config._errors.ConfigError):
-        tune_config.validate(OmegaConf.create(cfg))
+
+def test_torchtune_validates_every_config() -> None:
+    if importlib.util.find_spec("torchtune") is None:  # not imported here: it needs the unpacked torchao
+        pytest.skip("torchtune is not installed (the exportcheck extra)")
+    torchao = _unpacked("torchao")
+    cases = []
+    for model, method, fields in TUNE_CASES:
+        for kind in DATA_KINDS:
+            plan = llama_plan("torchtune", method, model={"name": model}, **fields)
+            bundle = export(plan, "torchtune", data=data_format(kind, "test"))
+            recipe = bundle.command.split(" --config")[0].split()[-1]
+            cases.append({"config": yaml.safe_load(bundle.files["config.yaml"]), "recipe": recipe})
+    # Control: a key the tokenizer does not take is caught.
+    wrong = json.loads(json.dumps(cases[0]))
+    wrong["config"]["tokenizer"]["max_seq_length"] = 512  # the tokenizer takes max_seq_len
+    found = _in_subprocess(_TUNE_CHECK, [*cases, wrong], torchao)
+    *exported, caught = found
+    assert not caught["ok"] and "max_seq_length" in caught["error"], caught
+    for case, outcome in zip(cases, exported, strict=True):
+        assert outcome["ok"], (case["config"]["model"]["_component_"], case["config"]["dataset"], outcome["error"])
+    qlora = [c["config"]["model"] for c in cases if "qlora" in c["config"]["model"]["_component_"]]
+    qlora += [c["config"]["model"] for c in cases if c["config"]["model"].get("quantize_base")]
+    assert len(qlora) == 2 * len(DATA_KINDS)  # Llama's qlora_ builder, Qwen2.5's quantize_base
 
 
 _AXOLOTL_CHECK = textwrap.dedent(
@@ -232,8 +266,7 @@ AXOLOTL_CASES: list[tuple[str, dict[str, Any], str]] = [
 
 
 def test_axolotl_validates_every_config() -> None:
-    if not (AXOLOTL_SRC / "axolotl" / "__init__.py").exists():
-        pytest.skip(f"axolotl's source is not unpacked at {AXOLOTL_SRC} (bash infra/dev.sh test does it)")
+    axolotl = _unpacked("axolotl")
     cases = []
     for method, fields, kind in AXOLOTL_CASES:
         plan: Plan = llama_plan("axolotl", method, **fields)
@@ -247,17 +280,7 @@ def test_axolotl_validates_every_config() -> None:
         {"config": unswitched, "gpus": 1, "nodes": 1},
         {"config": {**first, "micro_batch_size": "four"}, "gpus": 1, "nodes": 1},
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(AXOLOTL_SRC), str(ROOT)])}
-    result = subprocess.run(
-        [sys.executable, "-c", _AXOLOTL_CHECK],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = _in_subprocess(_AXOLOTL_CHECK, cases, axolotl)
     *exported, unswitched_outcome, wrong = found
     assert unswitched_outcome["ok"] and unswitched_outcome["kernels"] == [True, True, True], unswitched_outcome
     assert not wrong["ok"] and "micro_batch_size" in wrong["error"]
