@@ -31,7 +31,13 @@ def _sessions() -> sessionmaker[Session]:
 def estimate_plan(plan_id: str) -> None:
     """Estimate a stored plan and store its recommendations (a finished plan is left as it is)."""
     settings = get_settings()
-    run_plan(_sessions(), plan_id, settings.safety_margin, settings.task_debug_delay_s)
+    run_plan(
+        _sessions(),
+        plan_id,
+        settings.safety_margin,
+        settings.task_debug_delay_s,
+        cpu_budget_s=settings.plan_cpu_budget_s,
+    )
 
 
 @app.task(name=TRACE_TASK, soft_time_limit=900, time_limit=960)
@@ -60,6 +66,15 @@ def resume_stale_plans() -> int:
     for name, args in pending.items:
         app.send_task(name, args=list(args))
     return count
+
+
+@app.task(name="gpuplan.catalog.refresh_feeds", soft_time_limit=600, time_limit=660)
+def refresh_catalog_feeds() -> int:
+    """Beat: refresh the configured live price feeds; a failed one keeps its last good prices. Returns
+    the number of feeds refreshed."""
+    from services.catalog.feeds.refresh import refresh
+
+    return sum(1 for outcome in refresh(_sessions(), get_settings()) if outcome.ok)
 
 
 @app.task(name=SWEEP_TASK)

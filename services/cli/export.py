@@ -68,10 +68,13 @@ def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]
     """The export of the planner's cheapest setup, planned again for the format when it needs it."""
     if plan.data is None:
         raise CliError("give --gpu NAME (and --gpus N), or a data set in the plan so the planner can pick the setup")
+    from services.cli.catalog import cli_offers
     from services.planner import plan_setups
 
+    offers = cli_offers()
+
     def replan(p: Plan) -> list[Recommendation]:
-        return plan_setups(p).recommendations
+        return plan_setups(p, offers=offers).recommendations
 
     planned = replan(plan)
     if not planned:

@@ -19,11 +19,14 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}$")
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the organization of the API key, and whether the key may administer."""
+    """Who is calling: the organization of the API key, whether the key administers that organization
+    (``admin``: its keys and its own price list), and whether it is a platform-admin key (the public
+    catalog every organization plans on; minted only by the server's CLI)."""
 
     organization_id: str
     organization_name: str
     admin: bool
+    platform_admin: bool = False
 
 
 def hash_key(key: str) -> str:
@@ -44,13 +47,24 @@ def create_organization(session: Session, name: str) -> Organization:
     return repo.add(Organization(name=name))
 
 
-def create_key(session: Session, organization_name: str, *, admin: bool = False) -> str:
-    """Create an API key for the organization and return it (the only time it is visible)."""
+def create_key(session: Session, organization_name: str, *, admin: bool = False, platform_admin: bool = False) -> str:
+    """Create an API key for the organization and return it (the only time it is visible).
+
+    ``platform_admin`` keys manage the public catalog; no API route mints one, only `gpuplan admin
+    create-key --platform-admin` on the server (direct database access)."""
     org = OrganizationRepository(session).by_name(organization_name)
     if org is None:
         raise NotFound(f"no organization named {organization_name!r}", field="org")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    ApiKeyRepository(session).add(ApiKey(organization_id=org.id, key_hash=hash_key(key), prefix=key[:10], admin=admin))
+    ApiKeyRepository(session).add(
+        ApiKey(
+            organization_id=org.id,
+            key_hash=hash_key(key),
+            prefix=key[:10],
+            admin=admin or platform_admin,
+            platform_admin=platform_admin,
+        )
+    )
     return key
 
 
@@ -67,4 +81,9 @@ def authenticate(session: Session, authorization: str | None) -> Principal:
     org = OrganizationRepository(session).by_id(found.organization_id)
     if org is None:
         raise Unauthorized("unknown or revoked API key")
-    return Principal(organization_id=org.id, organization_name=org.name, admin=found.admin)
+    return Principal(
+        organization_id=org.id,
+        organization_name=org.name,
+        admin=found.admin,
+        platform_admin=found.platform_admin,
+    )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, String
+from sqlalchemy import Boolean, ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
@@ -23,4 +23,7 @@ class ApiKey(IdMixin, TimestampMixin, Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The platform admin manages the public catalog every organization plans on. Only the server's
+    # own CLI (`gpuplan admin create-key --platform-admin`, direct database access) can mint such a key.
+    platform_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
