@@ -157,13 +157,23 @@ def test_chat_rows_train_on_the_assistant_turns_only(kind: str, tmp_path: Path) 
     assert masked.split() == ["<s>", "<|user|>", "what", "is", "two", "plus", "two", "</s>", "<|assistant|>"]
 
 
-def test_instruction_rows_train_on_the_answer_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "row"),
+    [
+        ("alpaca", {"instruction": "what is two plus two", "input": "", "output": "four"}),
+        ("dolly", {"instruction": "what is two plus two", "context": "below", "response": "four"}),
+        ("prompt_completion", {"prompt": "what is two plus two", "completion": "four"}),
+    ],
+)
+def test_instruction_rows_train_on_the_answer_only(kind: str, row: dict[str, str], tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     tok = _tokenizer()
-    train = _train_module("alpaca", tmp_path)
-    trained, masked = _trained(train, {"instruction": "what is two plus two", "input": "", "output": "four"}, tok)
+    train = _train_module(kind, tmp_path)
+    trained, masked = _trained(train, row, tok)
     assert trained.split() == ["four", "</s>"]
-    assert "what is two plus two" in masked and "instruction" in masked.lower()
+    assert "what is two plus two" in masked
+    if kind != "prompt_completion":  # the Alpaca prompt around the instruction (and the Dolly context)
+        assert "instruction" in masked.lower() and (kind == "alpaca" or "below" in masked)
 
 
 def test_packing_cuts_full_blocks_with_their_labels(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import yaml
 
 from services.estimator.plan import Plan
 from services.export import ExportError
+from services.export.dataset import data_format, data_format_of_report
 from services.export.policy import policy
 from services.export.replan import fit_setup, retarget_plan, setup_for_format
 from services.planner import plan_setups
@@ -161,3 +162,13 @@ def test_a_moved_setup_that_no_longer_fits_is_refused() -> None:
     assert err.value.field == "sharding" and "usable" in err.value.message
     moved, notes = fit_setup(plan, rec, "deepspeed")
     assert moved.sharding == "zero2" and moved.peak_gib_per_gpu > rec.peak_gib_per_gpu and notes
+
+
+def test_data_formats_name_their_field() -> None:
+    with pytest.raises(ExportError) as err:
+        data_format("csv", "--data-format")
+    assert err.value.field == "data_format" and "allowed: chat, sharegpt" in err.value.message
+    assert data_format_of_report({"detected_format": "alpaca"}, "d.jsonl").kind == "alpaca"
+    with pytest.raises(ExportError) as err:
+        data_format_of_report({"detected_format": None}, "d.jsonl")
+    assert err.value.field == "dataset_id" and "give data_format" in err.value.message
