@@ -2,9 +2,9 @@
 
 The generated script loads the model (``dtype``, ``attn_implementation``, ``BitsAndBytesConfig``), wraps it
 with ``get_peft_model(LoraConfig(...))`` and trains with ``Trainer(TrainingArguments(...))`` on packed
-blocks of ``max_seq_length`` tokens, so every micro-batch has the shape the estimate assumed. The same
+blocks of ``max_length`` tokens, so every micro-batch has the shape the estimate assumed. The same
 values go to ``hf_args.json``, which the reader parses. The hf-trainer, accelerate and deepspeed formats
-share these pieces (targets transformers >= 5, PEFT >= 0.13).
+share these pieces (transformers >= 5.23, PEFT >= 0.13: services/export/versions.py).
 
 Rules (the estimator's hf-trainer defaults are PEFT + Trainer defaults, services/estimator/recipe.py):
 

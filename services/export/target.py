@@ -3,8 +3,9 @@
 Rules every format shares:
 
 - A format runs one framework (``FORMAT_FRAMEWORK``). The estimate depends on the plan's framework (its
-  loss, adapter dtype, accumulation defaults), so a plan sized for another framework is refused rather
-  than exported with different memory.
+  loss, adapter dtype, accumulation defaults), so a plan sized for another framework is refused here
+  rather than exported with different memory; the CLI and the API size it again for the format first
+  (services/export/replan.py).
 - Only training plans with an architecture (a catalog name or a config.json) are exported: the LoRA
   module names and the memory checks need the layers.
 - A plan setting the format cannot write is accepted only when leaving it to the framework's default
