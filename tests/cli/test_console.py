@@ -50,6 +50,8 @@ DRIVEN = {
     "admin create-org": "test_admin",
     "admin create-key": "test_admin",
     "admin import-offers": "test_admin",
+    "admin remove-provider": "tests/cli/test_catalog_cli.py::test_remove_provider",
+    "catalog refresh": "tests/cli/test_catalog_cli.py::test_catalog_refresh_from_a_feed_and_a_failed_one",
 }
 
 TINY_LLAMA = {
@@ -243,7 +245,7 @@ def test_admin(tmp_path: Path) -> None:
     prices = tmp_path / "prices.csv"
     prices.write_text("provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour\nacme,A100 80GB,1.89,0.99\n")
     imported = gpuplan("admin", "import-offers", str(prices), cwd=tmp_path)
-    assert imported.returncode == 0 and "imported 1 offers as catalog version" in imported.stderr
+    assert imported.returncode == 0 and "into the public catalog: 1 added" in imported.stderr
     _one_error_line(gpuplan("admin", "create-org", "acme", cwd=tmp_path), "already exists")
 
 
