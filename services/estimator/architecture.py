@@ -845,7 +845,7 @@ def _qwen1(c: _Config) -> Architecture:
     heads = c.get_int("num_attention_heads")
     hd = c.get_int("kv_channels", default=h // heads if heads else 0)
     proj = heads * hd
-    half = c.get_int("intermediate_size") // 2
+    half, reading = _qwen1_mlp_half(c, h)
     vocab = c.get_int("vocab_size")
     no_bias = c.get_bool("no_bias", default=True)
     linears = (
@@ -879,8 +879,30 @@ def _qwen1(c: _Config) -> Architecture:
         max_position_embeddings=c.opt_int("max_position_embeddings", "seq_length"),
         hidden_dropout=c.get_float("emb_dropout_prob"),
         attention_dropout=c.get_float("attn_dropout_prob"),
-        notes=("first-generation Qwen runs remote code (trust_remote_code=True)",),
+        notes=("first-generation Qwen runs remote code (trust_remote_code=True)", reading),
     )
+
+
+def _qwen1_mlp_half(c: _Config, hidden: int) -> tuple[int, str]:
+    """The width of each of first-generation Qwen's two MLP input projections (w1, w2), and how it was read.
+
+    Qwen's own config.json gives both halves together (``intermediate_size`` 22016 for Qwen-7B: w1, w2
+    are 11008 wide each). The benchmark plan schema (shared/benchmarks/README.md) stores one half as
+    ``intermediate_size`` and keeps Qwen's value as ``qwen_intermediate_size``. Without that key, the
+    width tells the two apart: Qwen's own value is 5.35-6x the hidden size for every published Qwen-1
+    (1.8B, 7B, 14B, 72B), one gated-MLP projection 2.7-3x (8/3 in the SwiGLU paper, arXiv:2002.05202).
+    """
+    own = c.raw.get("qwen_intermediate_size")
+    if own is not None:
+        if c.raw.get("intermediate_size") is not None:
+            return c.get_int(
+                "intermediate_size"
+            ), "Qwen MLP: intermediate_size read as one half (qwen_intermediate_size given)"
+        return c.get_int("qwen_intermediate_size") // 2, "Qwen MLP: each half is qwen_intermediate_size / 2"
+    value = c.get_int("intermediate_size")
+    if value >= 4 * hidden:
+        return value // 2, "Qwen MLP: intermediate_size is Qwen's own value (both halves): each half is half of it"
+    return value, "Qwen MLP: intermediate_size under 4 x hidden_size read as one half (the plan schema's convention)"
 
 
 def _moe_layer_count(layers: int, first_dense: int, every: int) -> int:

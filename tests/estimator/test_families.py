@@ -337,3 +337,14 @@ def test_glm45_air_and_seed_oss() -> None:
     biases = {lin.name: lin.bias for lin in seed.blocks[0].linears}
     assert biases["q_proj"] and biases["k_proj"] and biases["v_proj"] and not biases["o_proj"]
     assert parameter_counts(seed).total == 36_151_104_512
+
+
+def test_qwen1_reads_both_intermediate_size_conventions() -> None:
+    """Qwen's config.json gives both MLP halves as intermediate_size; the plan schema of the benchmark cases
+    (shared/benchmarks/README.md) gives one half and keeps Qwen's value as qwen_intermediate_size."""
+    own = dict(find_model("Qwen/Qwen-7B").config)
+    schema = {**own, "intermediate_size": 11008, "qwen_intermediate_size": 22016}
+    halves_only = {**own, "intermediate_size": 11008}
+    totals = {parameter_counts(architecture_from_config(cfg)).total for cfg in (own, schema, halves_only)}
+    assert totals == {7_721_324_544}
+    assert any("one half" in n for n in architecture_from_config(schema).notes)
