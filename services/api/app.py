@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,14 +15,21 @@ from services.api.errors import install_error_handlers
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
-from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.core.tasks import CeleryRunner, InProcessRunner, LeaseSweeper, PendingTasks
 from services.dashboard.routes import install as install_dashboard
 from services.datasets import service as datasets_service
 from services.datasets.endpoints import router as datasets_router
 from services.nodes.endpoints import router as nodes_router
 from services.nodes.lifecycle import EmbeddedSweeper
 from services.plans.endpoints import router as plans_router
-from services.plans.service import ESTIMATE_TASK, TRACE_TASK, estimate_task, resume_unfinished, trace_task
+from services.plans.service import (
+    ESTIMATE_TASK,
+    TRACE_TASK,
+    estimate_task,
+    resume_unfinished,
+    trace_task,
+)
+from services.plans.service import give_up_abandoned as plans_give_up
 from services.quotes.endpoints import router as quotes_router
 from services.runs.endpoints import router as runs_router
 
@@ -39,6 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 TRACE_TASK: trace_task(factory),
                 datasets_service.CHECK_TASK: datasets_service.check_task(factory, settings),
             },
+            factory=factory,
+            lease_s=settings.task_lease_s,
         )
     else:
         runner = CeleryRunner(settings)
@@ -46,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = None
+        lease_sweeper = None
         if settings.in_process_tasks:
             pending = PendingTasks()
             resume_unfinished(factory, pending)
@@ -53,7 +64,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pending.flush(runner)
             sweeper = EmbeddedSweeper(factory, settings)  # with Celery, beat runs the sweep
             sweeper.start()
+            hooks = (
+                functools.partial(plans_give_up, factory),
+                functools.partial(datasets_service.give_up_abandoned, factory),
+            )
+            lease_sweeper = LeaseSweeper(factory, runner, settings, hooks)
+            lease_sweeper.start()
         yield
+        if lease_sweeper is not None:
+            lease_sweeper.shutdown()
         if sweeper is not None:
             sweeper.shutdown()
         runner.shutdown()
@@ -66,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.db = Database(factory, runner)
+    app.state.db = Database(factory, runner, settings.task_lease_s)
     app.state.engine = engine
     install_error_handlers(app)
     app.include_router(plans_router)

@@ -13,21 +13,29 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work
 from services.core.settings import Settings
+from services.core.leases import record_outbox
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.orgs.service import Principal, authenticate
 
 
 class Database:
-    def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner) -> None:
+    def __init__(
+        self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner, lease_s: float = 60.0
+    ) -> None:
         self.factory = factory
         self.runner = runner
+        self.lease_s = lease_s
         self.principals: dict[str, tuple[float, Principal]] = {}
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Session, PendingTasks]]:
+        """A unit of work whose enqueued tasks are written to the outbox (their lease rows) before it
+        commits and sent after; a send that fails is sent again by the lease sweep."""
         pending = PendingTasks()
         with unit_of_work(self.factory) as session:
             yield session, pending
+            if pending.items:
+                record_outbox(session, pending.items, self.lease_s)
         pending.flush(self.runner)
 
 

@@ -33,6 +33,14 @@ class Settings(BaseSettings):
     # Failure injection for the worker tests: sleep this long between computing and storing a result.
     task_debug_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
     stale_plan_after_s: int = Field(default=3900, ge=0, description="beat re-enqueues plans unfinished this long")
+    # Task leases (services/core/leases.py): a running task renews its lease every third of this; a task
+    # whose lease expired is sent again by the lease sweep, so a dead worker's task resumes within
+    # task_lease_s + lease_sweep_interval_s (80 s by default), whatever the broker's visibility timeout.
+    task_lease_s: float = Field(default=60.0, ge=1.0, le=3600.0, description="lease of a queued or running task")
+    lease_sweep_interval_s: float = Field(default=20.0, ge=0.5, le=3600.0, description="how often leases are swept")
+    task_max_deliveries: int = Field(
+        default=5, ge=1, le=100, description="a task delivered this often without finishing is abandoned"
+    )
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
     # SecretStr so that it never appears in a repr, a log line or an API response.
     s3_endpoint_url: str | None = Field(default=None, description="unset = AWS S3; e.g. http://127.0.0.1:9000")

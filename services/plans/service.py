@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.catalog.service import active_offers, as_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
+from services.core.leases import SweepDecision
 from services.core.tasks import PendingTasks
 from services.datasets.service import location_warnings, plan_data
 from services.estimator.errors import EstimatorError
@@ -325,3 +326,19 @@ def _finish(
             row.error = error
             row.status = "failed"
         row.finished_at = utcnow()
+
+
+def give_up_abandoned(factory: sessionmaker[Session], decision: SweepDecision) -> None:
+    """A lease sweep hook: a plan task delivered too often without finishing (each delivery killed its
+    worker) is recorded as failed, so the plan does not stay running forever."""
+    if decision.action != "abandon":
+        return
+    reason = f"the worker died {decision.deliveries} times while running this task; gave up"
+    if decision.task_name == ESTIMATE_TASK:
+        _finish(factory, decision.subject_id, error=reason)
+    elif decision.task_name == TRACE_TASK:
+        with unit_of_work(factory) as session:
+            row = PlanRepository(session).get(decision.subject_id)
+            if row is None or row.trace_status not in ("queued", "running"):
+                return
+        _store_trace(factory, decision.subject_id, None, reason)
