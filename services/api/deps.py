@@ -12,8 +12,8 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work
-from services.core.settings import Settings
 from services.core.leases import record_outbox
+from services.core.settings import Settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.orgs.service import Principal, authenticate
 

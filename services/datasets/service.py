@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
-from services.core.settings import Settings
 from services.core.leases import SweepDecision
+from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
     FILE_FORMATS,

@@ -31,10 +31,10 @@ from services.core.leases import (
 from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.core.tasks import InProcessRunner, sweep_leases
+from services.orgs.repository import OrganizationRepository
 from services.orgs.service import create_key, create_organization
 from services.plans.service import ESTIMATE_TASK, estimate_task, give_up_abandoned
 from services.plans.tables import PlanRow
-from services.orgs.repository import OrganizationRepository
 from tests.api.conftest import QLORA_PLAN
 from tests.api.conftest import database_url as database_url  # the SQLite and Postgres fixture
 
