@@ -21,6 +21,7 @@ from services.datasets import service as datasets_service
 from services.datasets.endpoints import router as datasets_router
 from services.nodes.endpoints import router as nodes_router
 from services.nodes.lifecycle import EmbeddedSweeper
+from services.orgs.endpoints import router as keys_router
 from services.plans.endpoints import router as plans_router
 from services.plans.service import (
     ESTIMATE_TASK,
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.db = Database(factory, runner, settings.task_lease_s)
+    app.state.db = Database(factory, runner, settings.task_lease_s, settings.key_cache_s)
     app.state.engine = engine
     install_error_handlers(app)
     app.include_router(plans_router)
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs_router)
     install_dashboard(app)
     app.include_router(datasets_router)
+    app.include_router(keys_router)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:

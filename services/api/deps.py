@@ -1,5 +1,5 @@
-"""Request-scoped plumbing: the database handle, the caller, and transactions that send their
-tasks only after they commit."""
+"""Request-scoped plumbing: the database handle, the caller (authenticated, its scope checked against
+the route), and transactions that record their tasks in the outbox and send them after they commit."""
 
 from __future__ import annotations
 
@@ -12,19 +12,27 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work
+from services.core.errors import Forbidden
 from services.core.leases import record_outbox
 from services.core.settings import Settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.orgs.binding import check_agent_request
+from services.orgs.scopes import allowed_scopes
 from services.orgs.service import Principal, authenticate
 
 
 class Database:
     def __init__(
-        self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner, lease_s: float = 60.0
+        self,
+        factory: sessionmaker[Session],
+        runner: InProcessRunner | CeleryRunner,
+        lease_s: float = 60.0,
+        key_cache_s: float = 0.0,
     ) -> None:
         self.factory = factory
         self.runner = runner
         self.lease_s = lease_s
+        self.key_cache_s = key_cache_s
         self.principals: dict[str, tuple[float, Principal]] = {}
 
     @contextmanager
@@ -38,6 +46,10 @@ class Database:
                 record_outbox(session, pending.items, self.lease_s)
         pending.flush(self.runner)
 
+    def forget_keys(self) -> None:
+        """Drop cached callers (a key was revoked or rotated in this process)."""
+        self.principals.clear()
+
 
 def get_db(request: Request) -> Database:
     db: Database = request.app.state.db
@@ -49,24 +61,44 @@ def get_settings_dep(request: Request) -> Settings:
     return settings
 
 
-# Authenticated keys are remembered briefly so a busy client does not cost a database read per call;
-# a revoked key stops working within this many seconds.
-PRINCIPAL_CACHE_SECONDS = 10.0
-
-
-def get_principal(
-    db: Annotated[Database, Depends(get_db)],
-    authorization: Annotated[str | None, Header()] = None,
-) -> Principal:
+def _caller(db: Database, authorization: str | None) -> Principal:
+    """The key's principal; cached for GPUPLAN_KEY_CACHE_S seconds when that is set (0, the default,
+    reads the key on every request, so a revocation holds from the next request on)."""
+    if db.key_cache_s <= 0:
+        with unit_of_work(db.factory) as session:
+            return authenticate(session, authorization)
     now = time.monotonic()
     cached = db.principals.get(authorization or "")
-    if cached is not None and now - cached[0] < PRINCIPAL_CACHE_SECONDS:
+    if cached is not None and now - cached[0] < db.key_cache_s:
         return cached[1]
     with unit_of_work(db.factory) as session:
         principal = authenticate(session, authorization)
     if len(db.principals) > 10_000:
         db.principals.clear()
     db.principals[authorization or ""] = (now, principal)
+    return principal
+
+
+def get_principal(
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    """The authenticated caller, refused (403) when its key's scopes do not cover this route."""
+    principal = _caller(db, authorization)
+    route = request.scope.get("route")
+    template = getattr(route, "path", request.url.path)
+    allowed = allowed_scopes(request.method, template)
+    if not principal.scopes & allowed:
+        raise Forbidden(
+            f"this key's scopes ({', '.join(sorted(principal.scopes))}) do not allow {request.method} {template}; "
+            f"it needs one of: {', '.join(sorted(allowed))}",
+            field="authorization",
+        )
+    if "agent" in principal.scopes:
+        with unit_of_work(db.factory) as session:
+            check_agent_request(session, principal, request.path_params)
+    request.state.principal = principal
     return principal
 
 

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     task_max_deliveries: int = Field(
         default=5, ge=1, le=100, description="a task delivered this often without finishing is abandoned"
     )
+    # API keys: 0 reads the key on every request, so a revocation holds from the next request on; a
+    # few seconds saves that read on busy clients, and a revoked key then works that much longer in
+    # the other processes (the process that revoked it forgets it at once).
+    key_cache_s: float = Field(default=0.0, ge=0.0, le=300.0, description="how long a checked key is trusted")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
     # SecretStr so that it never appears in a repr, a log line or an API response.
     s3_endpoint_url: str | None = Field(default=None, description="unset = AWS S3; e.g. http://127.0.0.1:9000")
