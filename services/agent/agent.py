@@ -3,6 +3,10 @@
 
 It talks to the API only (HTTP with the organization's key) and to the bucket: the node needs no
 database or broker access. Its queue is the node's list of calibrations, claimed one at a time.
+Registration returns the node's token once; the agent keeps it in memory and sends it as
+``X-Node-Token`` on every heartbeat and report (a restarted agent registers again and gets a new one),
+with its own pid, which the server accepts for the ``local`` driver only when it can see the request
+came from that process.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class Agent:
         self.client = client
         self.headers = {"Authorization": f"Bearer {key}"}
         self.node_id: str | None = None
+        self.node_token = ""  # issued by the registration, sent with every heartbeat and report
         self.busy = False  # a calibration is running
         self.job_pattern = job_pattern
         self.guard = guard
@@ -91,7 +96,8 @@ class Agent:
         self.stopping = threading.Event()
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        response = self.client.post(path, json=body, headers=self.headers)
+        headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
+        response = self.client.post(path, json=body, headers=headers)
         if response.status_code >= 400:
             raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
         return response
@@ -104,7 +110,9 @@ class Agent:
             **detect_gpus(),
             **{k: v for k, v in overrides.items() if v is not None},
         }
-        self.node_id = str(self._post("/v1/nodes", info).json()["id"])
+        self.node_token = ""
+        answer = self._post("/v1/nodes", info).json()
+        self.node_id, self.node_token = str(answer["id"]), str(answer["node_token"])
         return self.node_id
 
     def attach_run(self, run: RunSync) -> None:
@@ -124,6 +132,7 @@ class Agent:
             "uploading": signals.uploading,
             "interactive_idle_s": signals.interactive_idle_s,
             "unsynced_checkpoints": unsynced,
+            "agent_pid": os.getpid(),
         }
         if syncer is not None:
             step, loss = read_progress(syncer.run.checkpoint_dir)

@@ -77,7 +77,10 @@ def register(sub: Subparsers) -> None:
 
 
 def add_agent_options(agent: argparse.ArgumentParser) -> None:
-    agent.add_argument("--instance-id", help="the provider's id of this machine (for the HTTP stop driver)")
+    agent.add_argument(
+        "--instance-id",
+        help="the provider's id of this machine, for the server's stop driver (EC2, RunPod, Lambda, Vast.ai, http)",
+    )
     agent.add_argument("--run", metavar="ID", help="sync this run's checkpoints and report its progress")
     agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (default: the run's)")
     agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")
@@ -208,7 +211,7 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) 
         return
     api = RunApi(client, args.key, args.run)
     try:
-        run = api.join(agent.node_id)
+        run = api.join(agent.node_id, agent.node_token)
     except RunApiError as exc:
         raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
     checkpoint_dir = args.checkpoint_dir or run["checkpoint_dir"]

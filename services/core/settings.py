@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import secrets
 from pathlib import Path
 from typing import Literal
@@ -56,7 +57,7 @@ class Settings(BaseSettings):
     # Idle shutdown (services/nodes/lifecycle.py) and the provider driver that stops nodes.
     idle_sweep_interval_s: float = Field(default=60.0, ge=1.0, le=3600.0)
     node_lost_after_s: float = Field(default=300.0, ge=30.0, le=86_400.0, description="no heartbeat this long: lost")
-    provider_driver: Literal["none", "local", "http"] = "none"
+    provider_driver: Literal["none", "local", "http", "aws", "runpod", "lambda", "vast"] = "none"
     provider_stop_url: str | None = Field(
         default=None, description="e.g. https://api.example/v1/instances/{instance_id}/stop"
     )
@@ -64,6 +65,24 @@ class Settings(BaseSettings):
     provider_http_method: Literal["POST", "PUT", "DELETE", "GET", "PATCH"] = "POST"
     provider_auth_header: str = "Authorization"
     provider_auth_value: SecretStr | None = Field(default=None, description="e.g. 'Bearer <token>'; never logged")
+    # The cloud drivers (services/nodes/drivers.py): what a stop does, the provider's API key (a secret:
+    # never logged, never in an error), and its base URL (unset: the provider's public API).
+    provider_stop_action: Literal["stop", "terminate"] = Field(
+        default="stop", description="stop (keep the disk; Lambda cannot) or terminate the instance"
+    )
+    provider_api_key: SecretStr | None = Field(default=None, description="RunPod, Lambda or Vast.ai API key")
+    provider_api_url: str | None = Field(
+        default=None, max_length=500, description="the provider API's base URL (aws: the EC2 endpoint URL)"
+    )
+    provider_aws_region: str = Field(default="us-east-1", max_length=50)
+    provider_aws_access_key_id: str | None = Field(default=None, description="unset: boto3's credential chain")
+    provider_aws_secret_access_key: SecretStr | None = None
+    provider_instance_id_pattern: str | None = Field(
+        default=None,
+        max_length=200,
+        description="http driver: a regular expression the provider's instance ids fully match (default: "
+        "letters, digits and ._:-)",
+    )
     # Signs the dashboard's session cookies. Unset: a random secret generated when the settings are
     # loaded, so sessions end when the process restarts and are not shared between processes; set it
     # (32+ characters, e.g. `python -c "import secrets; print(secrets.token_urlsafe(32))"`) when
@@ -86,6 +105,16 @@ class Settings(BaseSettings):
             value = "postgresql://" + value[len("postgres://") :]
         if value.startswith("postgresql://"):
             value = "postgresql+psycopg://" + value[len("postgresql://") :]
+        return value
+
+    @field_validator("provider_instance_id_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"provider_instance_id_pattern: not a regular expression ({exc})") from None
         return value
 
     @field_validator("session_secret")

@@ -1,6 +1,7 @@
 """Calibration rule: for a GPU model and training method with calibration results in the organization,
 the planner and /v1/estimate use the median hardware utilisation of the latest five results instead of
-the GPU-class prior (services/estimator/throughput.py UTILISATION_PRIOR)."""
+the GPU-class prior (services/estimator/throughput.py UTILISATION_PRIOR). A result the node could not
+measure as planned (``comparable`` false, e.g. QLoRA without bitsandbytes) never counts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def calibrated_utilisation(session: Session, organization_id: str, method: str) 
             BenchmarkRow.organization_id == organization_id,
             BenchmarkRow.method == method,
             BenchmarkRow.hardware_utilisation.is_not(None),
+            BenchmarkRow.comparable.is_(True),
         )
         .order_by(BenchmarkRow.created_at.desc())
     ).all()

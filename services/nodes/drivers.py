@@ -2,10 +2,14 @@
 
 - ``http``: any provider with an HTTP API. Stop/start URL templates with ``{instance_id}``,
   ``{node_id}`` and ``{name}``, a configurable method and auth header (the token is a secret: never
-  logged, never in an error message).
+  logged, never in an error message). Every value is checked against the provider's id format and
+  percent-encoded as one path segment, so no tenant input changes the URL's path, query or host.
 - ``local``: the node is this machine; stopping it means stopping its agent process (SIGTERM, which
   makes the agent run a final sync and exit). For a workstation, a test, or a provider whose machines
-  shut down when their main process exits.
+  shut down when their main process exits. Only a pid proven by the node's token over a connection
+  that process holds (services/nodes/processes.py), still alive, still the same process and still a
+  `gpuplan agent`, is ever signalled.
+- ``aws``, ``runpod``, ``lambda``, ``vast``: the providers' own APIs (services/nodes/cloud_drivers.py).
 - ``none``: the default; a stop decision is recorded, and the node keeps running.
 """
 
@@ -18,10 +22,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import quote, urlsplit
 
 import httpx
 
 from services.core.settings import Settings
+from services.nodes.instance_ids import InstanceIdError, check_instance_id
+from services.nodes.processes import cmdline, is_gpuplan_agent, start_ticks
 
 
 class DriverError(Exception):
@@ -34,7 +41,8 @@ class NodeTarget:
     name: str
     instance_id: str
     hostname: str
-    agent_pid: int | None
+    agent_pid: int | None  # only a pid proven with the node token (None: none proven)
+    agent_pid_start_ticks: int | None = None
 
 
 class ProviderDriver(Protocol):
@@ -67,15 +75,34 @@ class HttpDriver:
         auth_value: str | None = None,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        instance_id_pattern: str | None = None,
     ) -> None:
         self._stop_url, self._start_url, self._method = stop_url, start_url, method.upper()
         self._headers = {auth_header: auth_value} if auth_value else {}
         self._client = httpx.Client(timeout=timeout_s, transport=transport)
+        self._id_pattern = instance_id_pattern
+
+    def url_for(self, template: str, node: NodeTarget) -> str:
+        """The template filled with the node's values, each checked and encoded as one path segment."""
+        if "{instance_id}" in template:
+            if not node.instance_id:
+                raise DriverError(f"node {node.name} reported no instance id; the agent needs --instance-id")
+            try:
+                check_instance_id(node.instance_id, "http", self._id_pattern)
+            except InstanceIdError as exc:
+                raise DriverError(str(exc)) from None
+        values = {"instance_id": node.instance_id, "node_id": node.id, "name": node.name}
+        url = template.format(**{k: quote(v, safe="") for k, v in values.items()})
+        # Encoding keeps every value inside its segment; check the result anyway (belt and braces).
+        base, built = urlsplit(template.split("{", 1)[0]), urlsplit(url)
+        if (built.scheme, built.netloc) != (base.scheme, base.netloc):
+            raise DriverError(
+                "the stop URL template does not keep the provider's host; check GPUPLAN_PROVIDER_STOP_URL"
+            )
+        return url
 
     def _call(self, template: str, node: NodeTarget, what: str) -> str:
-        if "{instance_id}" in template and not node.instance_id:
-            raise DriverError(f"node {node.name} reported no instance id; the agent needs --instance-id")
-        url = template.format(instance_id=node.instance_id, node_id=node.id, name=node.name)
+        url = self.url_for(template, node)
         try:
             response = self._client.request(self._method, url, headers=self._headers)
         except httpx.HTTPError as exc:
@@ -112,29 +139,66 @@ class LocalDriver:
     def __init__(self, wait_s: float = 60.0) -> None:
         self._wait_s = wait_s
 
-    def stop(self, node: NodeTarget) -> str:
+    def check_target(self, node: NodeTarget) -> int:
+        """The pid to signal, or DriverError saying why none may be signalled."""
         if node.hostname != socket.gethostname():
             raise DriverError(f"node {node.name} runs on {node.hostname!r}, not on this machine")
-        if node.agent_pid is None:
-            raise DriverError(f"node {node.name} reported no agent process id")
+        pid = node.agent_pid
+        if pid is None:
+            raise DriverError(
+                f"node {node.name}: no agent process proved itself with the node token over a local connection; "
+                "refusing to signal a reported pid"
+            )
+        if pid <= 1 or pid == os.getpid():
+            raise DriverError(f"node {node.name}: refusing to signal pid {pid}")
+        if node.agent_pid_start_ticks is None or start_ticks(pid) != node.agent_pid_start_ticks:
+            raise DriverError(f"node {node.name}: pid {pid} is no longer the process that authenticated")
+        if not is_gpuplan_agent(cmdline(pid)):
+            raise DriverError(f"node {node.name}: pid {pid} is not a `gpuplan agent` process")
+        return pid
+
+    def stop(self, node: NodeTarget) -> str:
+        pid = self.check_target(node)
         try:
-            os.kill(node.agent_pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
-            return f"agent process {node.agent_pid} had already exited"
+            return f"agent process {pid} had already exited"
         deadline = time.monotonic() + self._wait_s
         while time.monotonic() < deadline:
-            if not _alive(node.agent_pid):
-                return f"agent process {node.agent_pid} stopped (SIGTERM, final sync included)"
+            if not _alive(pid):
+                return f"agent process {pid} stopped (SIGTERM, final sync included)"
             time.sleep(0.1)
-        raise DriverError(f"agent process {node.agent_pid} did not exit within {self._wait_s:.0f} s")
+        raise DriverError(f"agent process {pid} did not exit within {self._wait_s:.0f} s")
 
     def start(self, node: NodeTarget) -> str:
         raise DriverError("the local driver cannot start a node; run `gpuplan agent` again")
 
 
 def make_driver(settings: Settings) -> ProviderDriver:
+    """The one driver the settings name (the cloud drivers are in services/nodes/cloud_drivers.py)."""
     if settings.provider_driver == "local":
         return LocalDriver()
+    if settings.provider_driver in ("runpod", "lambda", "vast"):
+        from services.nodes.cloud_drivers import LambdaDriver, RunPodDriver, VastDriver
+
+        rest: type[RunPodDriver | LambdaDriver | VastDriver] = {
+            "runpod": RunPodDriver,
+            "lambda": LambdaDriver,
+            "vast": VastDriver,
+        }[settings.provider_driver]
+        key = settings.provider_api_key.get_secret_value() if settings.provider_api_key else ""
+        return rest(key, settings.provider_stop_action, base_url=settings.provider_api_url)
+    if settings.provider_driver == "aws":
+        from services.nodes.cloud_drivers import Ec2Driver
+
+        secret = settings.provider_aws_secret_access_key
+        return Ec2Driver(
+            settings.provider_aws_region,
+            settings.provider_stop_action,
+            endpoint_url=settings.provider_api_url,
+            access_key_id=settings.provider_aws_access_key_id,
+            secret_access_key=secret.get_secret_value() if secret else None,
+        )
     if settings.provider_driver == "http":
         if not settings.provider_stop_url:
             raise DriverError("GPUPLAN_PROVIDER_DRIVER=http needs GPUPLAN_PROVIDER_STOP_URL")
@@ -145,5 +209,6 @@ def make_driver(settings: Settings) -> ProviderDriver:
             settings.provider_http_method,
             settings.provider_auth_header,
             token,
+            instance_id_pattern=settings.provider_instance_id_pattern,
         )
     return NoDriver()

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.nodes import service
@@ -16,11 +16,26 @@ from services.nodes.schemas import (
     Heartbeat,
     NodeEventOut,
     NodeOut,
+    NodeRegistered,
     NodeRegistration,
 )
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
 
 router = APIRouter(prefix="/v1", tags=["nodes"])
+
+# The token a node's registration returned; every heartbeat and report of its agent carries it.
+NodeTokenDep = Annotated[
+    str | None,
+    Header(alias=service.NODE_TOKEN_HEADER, max_length=200, description="the token the node's registration returned"),
+]
+NODE_AUTH: dict[int | str, dict[str, Any]] = {401: {"description": "missing or wrong API key or X-Node-Token"}}
+
+
+def _peer(request: Request) -> service.Peer | None:
+    client, server = request.client, request.scope.get("server")
+    if client is None or not server or server[1] is None:
+        return None
+    return service.Peer(client.host, client.port, int(server[1]))
 
 
 def _node(row: NodeRow) -> NodeOut:
@@ -36,10 +51,24 @@ def _benchmark(row: BenchmarkRow) -> BenchmarkOut:
     return BenchmarkOut.model_validate(row, from_attributes=True)
 
 
-@router.post("/nodes", operation_id="nodes-register", status_code=201, response_model=NodeOut)
-def register(body: NodeRegistration, db: DbDep, principal: PrincipalDep) -> NodeOut:
+@router.post(
+    "/nodes",
+    operation_id="nodes-register",
+    status_code=201,
+    response_model=NodeRegistered,
+    responses={409: {"description": "the instance is registered by another organization"}},
+)
+def register(body: NodeRegistration, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> NodeRegistered:
+    """Register a node; the answer carries its agent token, once (only its hash is stored)."""
     with db.transaction() as (session, _pending):
-        return _node(service.register_node(session, principal, body))
+        node, token = service.register_node(
+            session,
+            principal,
+            body,
+            driver=settings.provider_driver,
+            instance_id_pattern=settings.provider_instance_id_pattern,
+        )
+        return NodeRegistered(**_node(node).model_dump(), node_token=token)
 
 
 @router.get("/nodes", operation_id="nodes-list")
@@ -54,11 +83,21 @@ def get_node(node_id: str, db: DbDep, principal: PrincipalDep) -> NodeOut:
         return _node(service.get_node(session, principal, node_id))
 
 
-@router.post("/nodes/{node_id}/heartbeat", operation_id="nodes-heartbeat", response_model=NodeOut)
-def heartbeat(node_id: str, body: Heartbeat, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> NodeOut:
-    """The agent's report; the answer carries the commands waiting for it (e.g. ``sync``)."""
+@router.post("/nodes/{node_id}/heartbeat", operation_id="nodes-heartbeat", response_model=NodeOut, responses=NODE_AUTH)
+def heartbeat(
+    node_id: str,
+    body: Heartbeat,
+    db: DbDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+    request: Request,
+    token: NodeTokenDep = None,
+) -> NodeOut:
+    """The agent's report (with its node token); the answer carries the commands waiting for it (e.g. ``sync``)."""
     with db.transaction() as (session, _pending):
-        node, commands = service.heartbeat(session, principal, node_id, body, settings.node_lost_after_s)
+        node, commands = service.heartbeat(
+            session, principal, node_id, body, settings.node_lost_after_s, token=token, peer=_peer(request)
+        )
         return _node(node).model_copy(update={"commands": commands})
 
 
@@ -81,11 +120,18 @@ def request_calibration(node_id: str, body: CalibrationRequest, db: DbDep, princ
         return _calibration(service.request_calibration(session, principal, node_id, body))
 
 
-@router.post("/nodes/{node_id}/calibrations/next", operation_id="nodes-claim-calibration", response_model=None)
-def claim(node_id: str, db: DbDep, principal: PrincipalDep, response: Response) -> CalibrationOut | None:
+@router.post(
+    "/nodes/{node_id}/calibrations/next",
+    operation_id="nodes-claim-calibration",
+    response_model=None,
+    responses=NODE_AUTH,
+)
+def claim(
+    node_id: str, db: DbDep, principal: PrincipalDep, response: Response, token: NodeTokenDep = None
+) -> CalibrationOut | None:
     """For the node's agent: the next queued calibration, now running (204 when there is none)."""
     with db.transaction() as (session, _pending):
-        claimed = service.claim_next(session, principal, node_id)
+        claimed = service.claim_next(session, principal, node_id, token)
         if claimed is None:
             response.status_code = 204
             return None
@@ -93,18 +139,30 @@ def claim(node_id: str, db: DbDep, principal: PrincipalDep, response: Response) 
         return _calibration(row, plan)
 
 
-@router.post("/calibrations/{calibration_id}/result", operation_id="calibrations-result", response_model=BenchmarkOut)
-def result(calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep) -> BenchmarkOut:
+@router.post(
+    "/calibrations/{calibration_id}/result",
+    operation_id="calibrations-result",
+    response_model=BenchmarkOut,
+    responses=NODE_AUTH,
+)
+def result(
+    calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None
+) -> BenchmarkOut:
     with db.transaction() as (session, _pending):
-        return _benchmark(service.submit_result(session, principal, calibration_id, body))
+        return _benchmark(service.submit_result(session, principal, calibration_id, body, token))
 
 
 @router.post(
-    "/calibrations/{calibration_id}/failure", operation_id="calibrations-failure", response_model=CalibrationOut
+    "/calibrations/{calibration_id}/failure",
+    operation_id="calibrations-failure",
+    response_model=CalibrationOut,
+    responses=NODE_AUTH,
 )
-def failure(calibration_id: str, body: CalibrationFailure, db: DbDep, principal: PrincipalDep) -> CalibrationOut:
+def failure(
+    calibration_id: str, body: CalibrationFailure, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None
+) -> CalibrationOut:
     with db.transaction() as (session, _pending):
-        return _calibration(service.fail_calibration(session, principal, calibration_id, body.error))
+        return _calibration(service.fail_calibration(session, principal, calibration_id, body.error, token))
 
 
 @router.get("/benchmarks", operation_id="benchmarks-list")

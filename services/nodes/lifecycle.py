@@ -5,6 +5,9 @@ decision changes (a keep-alive with a new reason, a stop, a lost node), so the l
 state without repeating itself every minute. The node's latest decision is on the node itself.
 A stop goes through the provider driver only when the node is idle past its threshold *and* its last
 heartbeat reported nothing unsynced; while checkpoints are waiting, the agent is told to sync.
+A stop is sent only for a node whose agent proved itself with the node's token and, when it names a
+provider instance, for an instance its own organization registered; anything else is refused and the
+refusal is an event with its reason.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from services.core.db import unit_of_work, utcnow
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, NodeTarget, ProviderDriver, make_driver
 from services.nodes.idle import Decision, IdlePolicy, Signals, decide, next_idle_since
-from services.nodes.tables import NodeEventRow, NodeRow
+from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 
 log = logging.getLogger("gpuplan.lifecycle")
 
@@ -99,6 +102,24 @@ def _record(
         summary.events += 1
 
 
+def target_of(node: NodeRow) -> NodeTarget:
+    """What a driver may act on: the instance, and only the pid the node's agent proved."""
+    return NodeTarget(
+        node.id, node.name, node.instance_id, node.hostname, node.verified_pid, node.verified_pid_start_ticks
+    )
+
+
+def _check_ownership(session: Session, node: NodeRow) -> None:
+    """Refuse a stop the organization has not earned: no agent proved itself with the node token, or the
+    instance is not the organization's (DriverError, recorded by the sweep as a failed stop)."""
+    if node.token_hash is None or node.agent_verified_at is None:
+        raise DriverError("refused: no agent of this node has proved itself with the node token")
+    if node.instance_id:
+        claim = session.scalar(select(NodeInstanceRow).where(NodeInstanceRow.instance_id == node.instance_id))
+        if claim is None or claim.organization_id != node.organization_id:
+            raise DriverError(f"refused: instance {node.instance_id!r} is not registered to this organization")
+
+
 def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s: float) -> SweepSummary:
     """One sweep over every active node of every organization (the beat task; also the embedded loop)."""
     summary = SweepSummary()
@@ -126,8 +147,9 @@ def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s:
                 add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", later)
                 summary.events += 1
             continue
-        target = NodeTarget(node.id, node.name, node.instance_id, node.hostname, node.agent_pid)
+        target = target_of(node)
         try:
+            _check_ownership(session, node)
             detail = driver.stop(target)
         except DriverError as exc:
             failed = Decision("keep", f"stop-failed:{driver.name}", f"{decision.reason}; stop failed: {exc}")

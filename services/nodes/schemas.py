@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,6 +46,9 @@ class Heartbeat(_In):
     )
     unsynced_checkpoints: int = Field(default=0, ge=0, le=100_000, description="local checkpoints not yet durable")
     progress: RunProgress | None = None
+    agent_pid: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="the agent's process id (the local driver signals it once proven)"
+    )
 
 
 class CalibrationRequest(_In):
@@ -60,7 +63,13 @@ class CalibrationResult(_In):
     peak_reserved_gib: float | None = Field(default=None, ge=0, le=10_000)
     seconds: float = Field(ge=0, le=86_400)
     device: str = Field(default="", max_length=200)
-    notes: list[str] = Field(default_factory=list, max_length=20)
+    notes: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
+    gpus: int = Field(default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)")
+    comparable: bool = Field(
+        default=True,
+        description="false: the node could not run the plan as planned (e.g. QLoRA without bitsandbytes); stored, "
+        "never used to calibrate",
+    )
 
 
 class CalibrationFailure(_In):
@@ -94,7 +103,14 @@ class NodeOut(BaseModel):
     last_reason: str | None
     last_decision_at: datetime | None
     stopped_at: datetime | None
+    agent_verified_at: datetime | None = None
     commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")
+
+
+class NodeRegistered(NodeOut):
+    node_token: str = Field(
+        description="the node's agent token, shown once: send it as X-Node-Token on every heartbeat and report"
+    )
 
 
 class NodeEventOut(BaseModel):
@@ -134,4 +150,7 @@ class BenchmarkOut(BaseModel):
     predicted_peak_allocated_gib: float | None
     predicted_tokens_per_s: float | None
     device: str
+    measured_gpus: int = 1
+    comparable: bool = True
+    notes: list[str] = Field(default_factory=list)
     created_at: datetime

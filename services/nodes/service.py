@@ -3,34 +3,107 @@ uses them is in services/nodes/calibration.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
+import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
 from services.core.db import utcnow
-from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.errors import Conflict, NotFound, Unauthorized, Unprocessable
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate, resolve_architecture
+from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
-from services.nodes.lifecycle import after_heartbeat
+from services.nodes.instance_ids import InstanceIdError, check_instance_id
+from services.nodes.lifecycle import add_event, after_heartbeat
+from services.nodes.processes import connection_is_from, start_ticks
 from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
-from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
+from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.service import Principal
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
 
+NODE_TOKEN_HEADER = "X-Node-Token"
 
-def register_node(session: Session, principal: Principal, body: NodeRegistration) -> NodeRow:
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where a request came from (the client's TCP address) and the server port it reached."""
+
+    host: str
+    port: int
+    server_port: int
+
+
+def _claim_instance(
+    session: Session, principal: Principal, body: NodeRegistration, driver: str, pattern: str | None
+) -> None:
+    """Check the id's format and tie the instance to the organization (first registration wins)."""
+    try:
+        check_instance_id(body.instance_id, driver, pattern)
+    except InstanceIdError as exc:
+        raise Unprocessable(str(exc), field="instance_id") from None
+    claim = session.scalar(select(NodeInstanceRow).where(NodeInstanceRow.instance_id == body.instance_id))
+    if claim is None:
+        try:
+            with session.begin_nested():  # a concurrent registration of the same id loses here, not with a 500
+                session.add(
+                    NodeInstanceRow(
+                        organization_id=principal.organization_id, instance_id=body.instance_id, provider=body.provider
+                    )
+                )
+        except IntegrityError:
+            claim = session.scalar(select(NodeInstanceRow).where(NodeInstanceRow.instance_id == body.instance_id))
+    if claim is not None and claim.organization_id != principal.organization_id:
+        raise Conflict(f"instance {body.instance_id!r} is registered by another organization", field="instance_id")
+
+
+def register_node(
+    session: Session,
+    principal: Principal,
+    body: NodeRegistration,
+    *,
+    driver: str = "none",
+    instance_id_pattern: str | None = None,
+) -> tuple[NodeRow, str]:
+    """Store the node and issue its agent token (returned here once; only its hash is kept).
+
+    A provider instance belongs to the first organization that registers it; the same organization
+    registering it again (an agent restarted) replaces its older nodes of that instance."""
     gpu = "cpu"
     if body.gpu.strip().lower() != "cpu":
         try:
             gpu = find_gpu(body.gpu).name
         except EstimatorError as exc:
             raise Unprocessable(exc.message, field="gpu") from None
+    now = utcnow()
+    if body.instance_id:
+        _claim_instance(session, principal, body, driver, instance_id_pattern)
+        older = session.scalars(
+            select(NodeRow).where(
+                NodeRow.organization_id == principal.organization_id,
+                NodeRow.instance_id == body.instance_id,
+                NodeRow.status.in_(("active", "lost")),
+            )
+        ).all()
+        for previous in older:
+            previous.status = "replaced"
+            previous.token_hash = None
+            add_event(session, previous, "replaced", "the instance registered again (a new agent)", now)
+    token = secrets.token_urlsafe(32)
     node = NodeRow(
         organization_id=principal.organization_id,
         name=body.name,
@@ -44,14 +117,55 @@ def register_node(session: Session, principal: Principal, body: NodeRegistration
         instance_id=body.instance_id,
         hostname=body.hostname,
         agent_pid=body.agent_pid,
-        last_heartbeat_at=utcnow(),
+        last_heartbeat_at=now,
         gpus=[],
         job_running=False,
         commands=[],
+        token_hash=hash_token(token),
     )
     session.add(node)
     session.flush()
+    return node, token
+
+
+def authenticate_node(session: Session, principal: Principal, node_id: str, token: str | None) -> NodeRow:
+    """The organization's node, when the request carries the token its registration issued."""
+    node = get_node(session, principal, node_id)
+    if not token:
+        raise Unauthorized(
+            f"missing {NODE_TOKEN_HEADER}: a node's agent sends the token its registration returned",
+            field=NODE_TOKEN_HEADER,
+        )
+    if node.token_hash is None or not hmac.compare_digest(node.token_hash, hash_token(token)):
+        raise Unauthorized(f"wrong {NODE_TOKEN_HEADER} for node {node.id}", field=NODE_TOKEN_HEADER)
     return node
+
+
+def _prove_pid(session: Session, node: NodeRow, pid: int, peer: Peer | None, at: datetime) -> None:
+    """Keep the agent's pid only when this machine can see that the authenticated request came from it
+    (a node on another host has no pid the server could signal; nothing is recorded for it)."""
+    previous = (node.verified_pid, node.verified_pid_start_ticks)
+    node.verified_pid = node.verified_pid_start_ticks = None
+    if node.hostname != socket.gethostname():
+        return
+    ticks = start_ticks(pid)
+    if peer is not None and ticks is not None and connection_is_from(pid, peer.host, peer.port, peer.server_port):
+        node.verified_pid, node.verified_pid_start_ticks = pid, ticks
+        if previous != (pid, ticks):
+            add_event(session, node, "pid_verified", f"agent process {pid} proved itself with the node token", at)
+        return
+    last = session.scalar(
+        select(NodeEventRow)
+        .where(NodeEventRow.node_id == node.id, NodeEventRow.kind.in_(("pid_verified", "pid_refused")))
+        .order_by(NodeEventRow.created_at.desc(), NodeEventRow.id.desc())
+        .limit(1)
+    )
+    if last is None or last.kind != "pid_refused" or last.details.get("pid") != pid:
+        reason = (
+            f"agent pid {pid} not proven: the authenticated heartbeat did not come over a local connection held by "
+            "that process; the local driver will not signal it"
+        )
+        add_event(session, node, "pid_refused", reason, at, {"pid": pid})
 
 
 def get_node(session: Session, principal: Principal, node_id: str) -> NodeRow:
@@ -76,12 +190,20 @@ def heartbeat(
     body: Heartbeat,
     lost_after_s: float,
     now: datetime | None = None,
+    *,
+    token: str | None,
+    peer: Peer | None = None,
 ) -> tuple[NodeRow, list[str]]:
-    """Store what the node reports, move its idle timer, record run progress; returns the node and the
-    commands waiting for its agent (each delivered once)."""
+    """Store what the node's agent reports (with the node token), move its idle timer, record run
+    progress; returns the node and the commands waiting for its agent (each delivered once)."""
     from services.runs.service import get_run, record_progress
 
-    node = get_node(session, principal, node_id)
+    node = authenticate_node(session, principal, node_id, token)
+    at = now or utcnow()
+    node.agent_verified_at = at
+    if body.agent_pid is not None:
+        _prove_pid(session, node, body.agent_pid, peer, at)
+        node.agent_pid = body.agent_pid
     node.gpus = [g.model_dump() for g in body.gpus]
     node.job_running = body.job_running
     node.uploading = body.uploading
@@ -92,7 +214,7 @@ def heartbeat(
         if node.id not in run.node_ids:
             raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
         record_progress(run, body.progress.step, body.progress.loss)
-    after_heartbeat(session, node, now or utcnow(), lost_after_s)
+    after_heartbeat(session, node, at, lost_after_s)
     commands, node.commands = list(node.commands or []), []
     return node, commands
 
@@ -115,9 +237,11 @@ def request_calibration(
     return row
 
 
-def claim_next(session: Session, principal: Principal, node_id: str) -> tuple[CalibrationRow, dict[str, object]] | None:
+def claim_next(
+    session: Session, principal: Principal, node_id: str, token: str | None
+) -> tuple[CalibrationRow, dict[str, object]] | None:
     """The node's oldest queued calibration, now running, with the plan to run (None: nothing to do)."""
-    node = get_node(session, principal, node_id)
+    node = authenticate_node(session, principal, node_id, token)
     row = session.scalar(
         select(CalibrationRow)
         .where(CalibrationRow.node_id == node.id, CalibrationRow.status == "queued")
@@ -144,24 +268,27 @@ def _calibration(session: Session, principal: Principal, calibration_id: str) ->
     return row
 
 
-def submit_result(session: Session, principal: Principal, calibration_id: str, body: CalibrationResult) -> BenchmarkRow:
+def submit_result(
+    session: Session, principal: Principal, calibration_id: str, body: CalibrationResult, token: str | None
+) -> BenchmarkRow:
     """Store what the node measured beside the prediction; a second report of a finished job is a 409."""
     row = _calibration(session, principal, calibration_id)
+    node = authenticate_node(session, principal, row.node_id, token)
     if row.status != "running":
         raise Conflict(f"calibration {calibration_id} is {row.status}, not running", field="id")
-    node = get_node(session, principal, row.node_id)
     request = PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request)
     plan = request.to_plan()
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = None
-    if node.gpu != "cpu":
+    if node.gpu != "cpu" and body.comparable:
         spec = find_gpu(node.gpu)
-        report = estimate(plan, spec)
+        measured = measured_plan(plan, body.gpus)
+        report = estimate(measured, spec)
         predicted_mem = report.memory.peak_allocated_gib
         predicted_tps = report.throughput.tokens_per_s if report.throughput else None
-        per_gpu = body.tokens_per_s / max(plan.gpus, 1)
-        fpt = flops_per_token(plan, arch, resolve_recipe(plan))
-        peak = spec.dense_tflops(plan.precision) * 1e12
+        per_gpu = body.tokens_per_s / body.gpus
+        fpt = flops_per_token(measured, arch, resolve_recipe(measured))
+        peak = spec.dense_tflops(measured.precision) * 1e12
         mfu = fpt.model_flops * per_gpu / peak
         utilisation = fpt.hardware * per_gpu / peak
     bench = BenchmarkRow(
@@ -180,6 +307,9 @@ def submit_result(session: Session, principal: Principal, calibration_id: str, b
         predicted_peak_allocated_gib=predicted_mem,
         predicted_tokens_per_s=predicted_tps,
         device=body.device,
+        measured_gpus=body.gpus,
+        comparable=body.comparable,
+        notes=list(body.notes),
     )
     session.add(bench)
     session.flush()
@@ -189,8 +319,21 @@ def submit_result(session: Session, principal: Principal, calibration_id: str, b
     return bench
 
 
-def fail_calibration(session: Session, principal: Principal, calibration_id: str, error: str) -> CalibrationRow:
+def measured_plan(plan: Plan, gpus: int) -> Plan:
+    """The plan as the calibration ran it: on ``gpus`` GPUs (the agent runs one, unsharded), so that the
+    measured tokens/s, per GPU, meet the prediction for the same setup rather than the plan's N-GPU total."""
+    if gpus == plan.gpus:
+        return plan
+    if gpus == 1:
+        return plan.model_copy(update={"gpus": 1, "sharding": "none", "cpu_offload": False})
+    return plan.model_copy(update={"gpus": gpus})
+
+
+def fail_calibration(
+    session: Session, principal: Principal, calibration_id: str, error: str, token: str | None
+) -> CalibrationRow:
     row = _calibration(session, principal, calibration_id)
+    authenticate_node(session, principal, row.node_id, token)
     if row.status != "running":
         raise Conflict(f"calibration {calibration_id} is {row.status}, not running", field="id")
     row.status = "failed"

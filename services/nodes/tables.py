@@ -3,8 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text
 from sqlalchemy import false as sa_false
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
@@ -47,6 +48,28 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     last_decision_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     commands: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")  # for the agent, e.g. ["sync"]
+    # The node's agent token (issued once at registration, stored as its SHA-256) and when an agent
+    # last proved it holds it. Nodes registered before tokens existed have none and must re-register.
+    token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    agent_verified_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    # The agent's process as reported in a heartbeat authenticated with the node token (the pid in the
+    # unauthenticated registration is never signalled), with its start time in clock ticks after boot
+    # (/proc/<pid>/stat field 22) when the server shares the node's host: a reused pid does not match.
+    verified_pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    verified_pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class NodeInstanceRow(IdMixin, TimestampMixin, Base):
+    """Which organization a provider instance belongs to: the first to register it.
+
+    The server stops every node through its one provider driver, so instance ids form one namespace (the
+    driver's) and are unique across the table; another organization registering the same id gets a 409."""
+
+    __tablename__ = "node_instances"
+
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id", ondelete="CASCADE"), index=True)
+    instance_id: Mapped[str] = mapped_column(String(200), unique=True)
+    provider: Mapped[str] = mapped_column(String(100))  # as the first registration named it
 
 
 class NodeEventRow(IdMixin, TimestampMixin, Base):
@@ -99,3 +122,8 @@ class BenchmarkRow(IdMixin, TimestampMixin, Base):
     predicted_peak_allocated_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     predicted_tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     device: Mapped[str] = mapped_column(String(200))
+    # The measurement ran on this many GPUs; the predictions above are for the plan on as many.
+    measured_gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # False: the node could not run the plan as planned (QLoRA without bitsandbytes); never calibrates.
+    comparable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")

@@ -21,9 +21,11 @@ class RunApi:
         self.headers = {"Authorization": f"Bearer {key}"}
         self.run_id = run_id
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, extra_headers: dict[str, str] | None = None
+    ) -> Any:
         try:
-            response = self.client.request(method, path, json=body, headers=self.headers)
+            response = self.client.request(method, path, json=body, headers={**self.headers, **(extra_headers or {})})
         except httpx.HTTPError as exc:
             raise RunApiError(f"the gpuplan service is unreachable ({type(exc).__name__}: {exc})") from None
         if response.status_code >= 400:
@@ -37,8 +39,10 @@ class RunApi:
     def run(self) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/runs/{self.run_id}"))
 
-    def join(self, node_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/v1/runs/{self.run_id}/nodes", {"node_id": node_id}))
+    def join(self, node_id: str, node_token: str) -> dict[str, Any]:
+        """Join the run as this node (its agent proves itself with the node's token)."""
+        headers = {"X-Node-Token": node_token}
+        return dict(self._call("POST", f"/v1/runs/{self.run_id}/nodes", {"node_id": node_id}, headers))
 
     def done_steps(self) -> tuple[set[int], set[int]]:
         checkpoints = self.run()["checkpoints"]

@@ -13,7 +13,7 @@ from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.core.settings import Settings
 from services.estimator.estimate import estimate, resolve_architecture
-from services.nodes.service import get_node
+from services.nodes.service import authenticate_node, get_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal
 from services.planner.checkpoints import ScheduleInputs, checkpoint_schedule
@@ -97,10 +97,11 @@ def _attach(run: RunRow, node: NodeRow) -> None:
     node.gpu_busy_pct = float(idle.get("gpu_busy_pct", node.gpu_busy_pct))
 
 
-def join_run(session: Session, principal: Principal, run_id: str, node_id: str) -> RunRow:
-    """A node joins a run (what `gpuplan agent --run` does at start); joining twice is harmless."""
+def join_run(session: Session, principal: Principal, run_id: str, node_id: str, token: str | None) -> RunRow:
+    """A node's agent joins a run with its node token (what `gpuplan agent --run` does at start); joining
+    twice is harmless."""
     run = get_run(session, principal, run_id)
-    node = get_node(session, principal, node_id)
+    node = authenticate_node(session, principal, node_id, token)
     if node.id not in run.node_ids:
         first = session.get(NodeRow, run.node_ids[0]) if run.node_ids else None
         if first is not None and first.gpu != node.gpu:

@@ -307,3 +307,8 @@ def _optimizer(plan: Plan, recipe: Any, params: list[Any], torch: Any) -> Any:
         return torch.optim.Adafactor(params, lr=1e-2)
     fused = recipe.optimizer_impl == "fused"
     return torch.optim.AdamW(params, lr=1e-4, foreach=not fused and recipe.optimizer_impl == "foreach", fused=False)
+
+
+# The HF module names a plan's LoRA targets adapt; the calibration run (services/agent/calibrate.py)
+# adapts the same modules as the trace.
+lora_target_modules = _lora_targets

@@ -51,8 +51,10 @@ def test_each_scope_allows_its_routes_only(api: Api) -> None:
 
 def test_an_agent_key_acts_only_for_its_node_and_run(api: Api) -> None:
     c = api.client
-    mine = c.post("/v1/nodes", json={"name": "n1", "gpu": "T4"}, headers=api.headers()).json()["id"]
-    other = c.post("/v1/nodes", json={"name": "n2", "gpu": "T4"}, headers=api.headers()).json()["id"]
+    registered = c.post("/v1/nodes", json={"name": "n1", "gpu": "T4"}, headers=api.headers()).json()
+    mine, token = registered["id"], {"X-Node-Token": registered["node_token"]}
+    other_node = c.post("/v1/nodes", json={"name": "n2", "gpu": "T4"}, headers=api.headers()).json()
+    other, other_token = other_node["id"], {"X-Node-Token": other_node["node_token"]}
     unbound = c.post("/v1/keys", json={"scopes": ["agent"]}, headers=api.headers("admin"))
     assert unbound.status_code == 422 and unbound.json()["field"] == "node_id"
     foreign = c.post("/v1/keys", json={"scopes": ["agent"], "node_id": "f" * 32}, headers=api.headers("admin"))
@@ -63,10 +65,11 @@ def test_an_agent_key_acts_only_for_its_node_and_run(api: Api) -> None:
     assert agent["node_id"] == mine and agent["scopes"] == ["agent"]
     key = agent["key"]
 
-    assert c.post(f"/v1/nodes/{mine}/heartbeat", json={}, headers=_auth(key)).status_code == 200
-    assert c.post(f"/v1/nodes/{other}/heartbeat", json={}, headers=_auth(key)).status_code == 403
-    assert c.post(f"/v1/nodes/{other}/calibrations/next", json={}, headers=_auth(key)).status_code == 403
-    assert c.post(f"/v1/nodes/{mine}/calibrations/next", json={}, headers=_auth(key)).status_code == 204
+    assert c.post(f"/v1/nodes/{mine}/heartbeat", json={}, headers={**_auth(key), **token}).status_code == 200
+    # Even with the other node's own token, this key is not that node's.
+    assert c.post(f"/v1/nodes/{other}/heartbeat", json={}, headers={**_auth(key), **other_token}).status_code == 403
+    assert c.post(f"/v1/nodes/{other}/calibrations/next", headers={**_auth(key), **other_token}).status_code == 403
+    assert c.post(f"/v1/nodes/{mine}/calibrations/next", headers={**_auth(key), **token}).status_code == 204
     for method, path in (
         ("GET", "/v1/plans"),
         ("GET", f"/v1/nodes/{mine}"),
@@ -89,7 +92,7 @@ def test_an_agent_key_acts_only_for_its_node_and_run(api: Api) -> None:
         runs.append(created.json()["id"])
     assert c.get(f"/v1/runs/{runs[0]}", headers=_auth(key)).status_code == 200
     assert c.get(f"/v1/runs/{runs[1]}", headers=_auth(key)).status_code == 403
-    join_other = c.post(f"/v1/runs/{runs[0]}/nodes", json={"node_id": other}, headers=_auth(key))
+    join_other = c.post(f"/v1/runs/{runs[0]}/nodes", json={"node_id": other}, headers={**_auth(key), **other_token})
     assert join_other.status_code == 403
     # Bound to a run: only that run.
     run_key = _new_key(api, scopes=["agent"], node_id=mine, run_id=runs[0])["key"]

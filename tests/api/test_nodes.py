@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from services.agent.agent import Agent
 from tests.api.conftest import Api
 from tests.conftest import require_trace_extra
@@ -48,7 +50,7 @@ def test_node_registration_heartbeat_and_tenancy(api: Api) -> None:
     node_id = node.json()["id"]
     beat = api.client.post(
         f"/v1/nodes/{node_id}/heartbeat",
-        headers=api.headers(),
+        headers={**api.headers(), "X-Node-Token": node.json()["node_token"]},
         json={
             "gpus": [{"index": 0, "utilisation_pct": 97, "memory_used_gib": 60, "memory_total_gib": 80}],
             "job_running": True,
@@ -88,3 +90,66 @@ def test_cpu_calibration_stores_a_benchmark_that_changes_the_next_estimate(api: 
     assert after["utilisation_assumed"] == bench["hardware_utilisation"]
     assert after["tokens_per_s"] != before["tokens_per_s"]
     assert api.client.get("/v1/benchmarks", headers=api.headers("beta")).json()["items"] == []
+
+
+def _calibrate_on_cpu(api: Api, plan: dict[str, Any], gpu: str = "T4") -> dict[str, Any]:
+    """A plan stored, calibrated by a real agent on this CPU standing in for ``gpu``; its benchmark."""
+    headers = api.headers()
+    plan_id = api.client.post("/v1/plans", json=plan, headers=headers).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    agent = Agent(api.client, api.keys["alpha"])
+    node_id = agent.register(name="ci-cpu-node", gpu=gpu)
+    body = {"plan_id": plan_id, "warmup_steps": 1, "timed_steps": 1}
+    assert api.client.post(f"/v1/nodes/{node_id}/calibrations", headers=headers, json=body).status_code == 202
+    assert agent.poll_once() is True
+    found = [b for b in api.client.get("/v1/benchmarks", headers=headers).json()["items"] if b["node_id"] == node_id]
+    assert len(found) == 1, found
+    return dict(found[0])
+
+
+def test_calibration_adapts_the_plans_lora_targets_only(api: Api) -> None:
+    require_trace_extra()
+    plan = {**TINY_PLAN, "lora": {"rank": 4, "targets": ["q", "v"]}}
+    bench = _calibrate_on_cpu(api, plan)
+    # q_proj 128 -> 4 heads x 32 = 128, v_proj 128 -> 2 KV heads x 32 = 64; rank 4 adds r x (in + out) each,
+    # on 2 layers: 2 x 4 x ((128 + 128) + (128 + 64)) = 3584 (all linear layers would be 2 x 4 x 2304 = 18432).
+    assert any(n == "LoRA r=4 on q_proj, v_proj: 3584 trainable parameters" for n in bench["notes"]), bench["notes"]
+    assert bench["comparable"] is True and bench["hardware_utilisation"] is not None
+
+
+def test_a_qlora_plan_without_bitsandbytes_is_recorded_as_not_comparable(api: Api) -> None:
+    require_trace_extra()
+    plan = {**TINY_PLAN, "method": "qlora"}
+    bench = _calibrate_on_cpu(api, plan)
+    assert bench["comparable"] is False
+    assert any("QLoRA not calibrated as QLoRA" in n and "bitsandbytes" in n for n in bench["notes"]), bench["notes"]
+    assert bench["hardware_utilisation"] is None and bench["mfu"] is None
+    body = {k: v for k, v in plan.items() if k not in ("dataset", "epochs")}
+    after = api.client.post("/v1/estimate?gpu=T4", json=body, headers=api.headers()).json()["throughput"]
+    assert after["utilisation_source"].startswith("prior")  # a 16-bit run never calibrates QLoRA
+
+
+def _measured(api: Api, plan: dict[str, Any], tokens_per_s: float) -> dict[str, Any]:
+    """A T4 node's agent reports ``tokens_per_s`` measured on one GPU for the plan."""
+    headers = api.headers()
+    plan_id = api.client.post("/v1/plans", json=plan, headers=headers).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    node = api.client.post("/v1/nodes", json={"name": "t4", "gpu": "T4"}, headers=headers).json()
+    agent_headers = {**headers, "X-Node-Token": node["node_token"]}
+    job = {"plan_id": plan_id, "warmup_steps": 1, "timed_steps": 1}
+    api.client.post(f"/v1/nodes/{node['id']}/calibrations", headers=headers, json=job)
+    claimed = api.client.post(f"/v1/nodes/{node['id']}/calibrations/next", headers=agent_headers, json={}).json()
+    result = {"tokens_per_s": tokens_per_s, "seconds": 1.0, "gpus": 1}
+    answer = api.client.post(f"/v1/calibrations/{claimed['id']}/result", headers=agent_headers, json=result)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_a_multi_gpu_plan_is_compared_per_gpu_not_divided_by_its_gpu_count(api: Api) -> None:
+    one = _measured(api, TINY_PLAN, 5000.0)
+    four = _measured(api, {**TINY_PLAN, "gpus": 4, "sharding": "fsdp"}, 5000.0)
+    # The same one-GPU measurement means the same utilisation, whatever GPU count the plan has...
+    assert four["hardware_utilisation"] == pytest.approx(one["hardware_utilisation"])
+    assert four["mfu"] == pytest.approx(one["mfu"]) and four["measured_gpus"] == 1
+    # ...and it is compared with the one-GPU prediction, not the plan's four-GPU total.
+    assert four["predicted_tokens_per_s"] == pytest.approx(one["predicted_tokens_per_s"])

@@ -33,7 +33,16 @@ def _plan_and_node(api: Api, plan: dict[str, Any] | None = None, gpu: str = "A10
     plan_id = api.client.post("/v1/plans", json=plan or QLORA_PLAN, headers=api.headers()).json()["id"]
     assert api.wait_for_plan(plan_id)["status"] == "done"
     node = api.client.post("/v1/nodes", json={"name": "n1", "gpu": gpu}, headers=api.headers()).json()
+    NODE_TOKENS[node["id"]] = node["node_token"]
     return plan_id, node["id"]
+
+
+NODE_TOKENS: dict[str, str] = {}
+
+
+def _agent(api: Api, node_id: str) -> dict[str, str]:
+    """The headers of the node's agent: the organization's key and the node's token."""
+    return {**api.headers(), "X-Node-Token": NODE_TOKENS[node_id]}
 
 
 def _run(api: Api, plan_id: str, node_id: str, **fields: Any) -> Any:
@@ -127,7 +136,7 @@ def test_durable_checkpoints_progress_and_tenancy(api: Api) -> None:
     assert [c["step"] for c in body["checkpoints"]] == [100, 200, 300]
 
     hb = {"progress": {"run_id": run_id, "step": 321, "loss": 1.25}, "job_running": True}
-    assert api.client.post(f"/v1/nodes/{node_id}/heartbeat", json=hb, headers=api.headers()).status_code == 200
+    assert api.client.post(f"/v1/nodes/{node_id}/heartbeat", json=hb, headers=_agent(api, node_id)).status_code == 200
     body = api.client.get(f"/v1/runs/{run_id}", headers=api.headers()).json()
     assert body["progress_step"] == 321 and body["progress_loss"] == 1.25
     assert "secret" not in str(body).lower()
@@ -139,7 +148,7 @@ def test_durable_checkpoints_progress_and_tenancy(api: Api) -> None:
     )
     _other_plan, other_node = _plan_and_node(api)
     response = api.client.post(
-        f"/v1/nodes/{other_node}/heartbeat", json={"progress": {"run_id": run_id}}, headers=api.headers()
+        f"/v1/nodes/{other_node}/heartbeat", json={"progress": {"run_id": run_id}}, headers=_agent(api, other_node)
     )
     assert response.status_code == 422 and "progress.run_id" in response.text
 
@@ -148,16 +157,16 @@ def test_the_sweep_decisions_are_visible_as_node_events(api: Api) -> None:
     plan_id, node_id = _plan_and_node(api)
     run_id = _run(api, plan_id, node_id, idle_minutes=5).json()["id"]
     busy = {"job_running": True, "progress": {"run_id": run_id, "step": 1}}
-    api.client.post(f"/v1/nodes/{node_id}/heartbeat", json=busy, headers=api.headers())
+    api.client.post(f"/v1/nodes/{node_id}/heartbeat", json=busy, headers=_agent(api, node_id))
     factory = make_sessionmaker(make_engine(api.url))
     driver = Recording()
     now = datetime.now(UTC)
     with unit_of_work(factory) as session:
         sweep(session, now, driver, 3600)
-    api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={"unsynced_checkpoints": 1}, headers=api.headers())
+    api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={"unsynced_checkpoints": 1}, headers=_agent(api, node_id))
     with unit_of_work(factory) as session:
         sweep(session, now + timedelta(seconds=30), driver, 3600)
-    answer = api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={}, headers=api.headers()).json()
+    answer = api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={}, headers=_agent(api, node_id)).json()
     assert answer["commands"] == ["sync"]
     with unit_of_work(factory) as session:
         sweep(session, now + timedelta(minutes=1), driver, 3600)

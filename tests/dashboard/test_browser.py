@@ -120,7 +120,9 @@ def test_keyboard_only_sign_in_and_navigation(page: Any, live_server: LiveServer
     ).json()
     gpus = [{"index": i, "utilisation_pct": 92 - 40 * i, "memory_used_gib": 70, "memory_total_gib": 80} for i in (0, 1)]
     httpx.post(
-        f"{live_server.url}/v1/nodes/{node['id']}/heartbeat", json={"gpus": gpus, "job_running": True}, headers=auth
+        f"{live_server.url}/v1/nodes/{node['id']}/heartbeat",
+        json={"gpus": gpus, "job_running": True},
+        headers={**auth, "X-Node-Token": node["node_token"]},
     )
     page.goto(f"{live_server.url}/dashboard/login")
     # The key input has the focus on arrival: type and press Enter.

@@ -207,6 +207,7 @@ def test_nodes_page_shows_the_node_and_empty_lifecycle(api: Api, alpha: TestClie
     ).json()
     alpha.post(
         f"/v1/nodes/{node['id']}/heartbeat",
+        headers={**api.headers(), "X-Node-Token": node["node_token"]},
         json={
             "gpus": [
                 {"index": 0, "utilisation_pct": 87, "memory_used_gib": 60, "memory_total_gib": 80},
@@ -214,7 +215,6 @@ def test_nodes_page_shows_the_node_and_empty_lifecycle(api: Api, alpha: TestClie
             ],
             "job_running": True,
         },
-        headers=api.headers(),
     )
     html = alpha.get("/dashboard/nodes").text
     assert "gpu-box-1" in html and "2 x A100 80GB" in html and "87%" in html and "running" in html
@@ -300,7 +300,9 @@ def test_nodes_page_shows_the_run_its_durable_checkpoint_and_the_decisions(api: 
         f"/v1/runs/{run['id']}/checkpoints", json={"manifest": manifest}, headers=api.headers()
     ).is_success
     hb = {"job_running": True, "progress": {"run_id": run["id"], "step": 57}}
-    alpha.post(f"/v1/nodes/{node['id']}/heartbeat", json=hb, headers=api.headers())
+    alpha.post(
+        f"/v1/nodes/{node['id']}/heartbeat", json=hb, headers={**api.headers(), "X-Node-Token": node["node_token"]}
+    )
     with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
         sweep(session, datetime.now(UTC), NoDriver(), 300)
     html = alpha.get("/dashboard/nodes").text

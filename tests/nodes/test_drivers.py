@@ -75,3 +75,25 @@ def test_without_a_driver_nothing_is_stopped_and_the_reason_says_how_to_configur
         NoDriver().stop(NODE)
     with pytest.raises(DriverError, match="GPUPLAN_PROVIDER_STOP_URL"):
         make_driver(Settings(provider_driver="http"))
+
+
+def test_every_template_value_stays_inside_its_path_segment(provider: str) -> None:
+    attack = "x/../../../admin/wipe-all?force=true#"
+    # Even where the operator's id pattern lets anything through, the id is one encoded path segment.
+    driver = HttpDriver(provider + "/v1/instances/{instance_id}/stop?node={name}", instance_id_pattern=".*")
+    driver.stop(NodeTarget(id="n1", name="a b&c=d", instance_id=attack, hostname="box", agent_pid=None))
+    assert _Provider.calls == [
+        ("POST", "/v1/instances/x%2F..%2F..%2F..%2Fadmin%2Fwipe-all%3Fforce%3Dtrue%23/stop?node=a%20b%26c%3Dd", None)
+    ]
+    for bad in ("..", "."):  # a whole segment of dots would still walk up the path
+        with pytest.raises(DriverError, match="not a http instance id"):
+            driver.stop(NodeTarget("n1", "box", bad, "box", None))
+    # The default format refuses the attack outright, before any request.
+    with pytest.raises(DriverError, match="not a http instance id"):
+        HttpDriver(provider + "/v1/instances/{instance_id}/stop").stop(NodeTarget("n1", "box", attack, "box", None))
+    # A template whose first value sits in the host cannot be steered to another host.
+    with pytest.raises(DriverError, match="keep the provider's host"):
+        HttpDriver("http://{instance_id}.example/stop", instance_id_pattern=".*").stop(
+            NodeTarget("n1", "box", "127.0.0.1:1@evil", "box", None)
+        )
+    assert len(_Provider.calls) == 1

@@ -142,8 +142,12 @@ def test_a_day_of_heartbeats_stops_every_idle_node_and_no_busy_one(tmp_path: Pat
     with unit_of_work(factory) as session:
         org = create_organization(session, "sim")
         principal = Principal(org.id, org.name, False)
+        tokens = {}
         for node in nodes:
-            node.id = register_node(session, principal, NodeRegistration(name=node.name, gpu="A100 80GB")).id
+            row, tokens[node.name] = register_node(
+                session, principal, NodeRegistration(name=node.name, gpu="A100 80GB")
+            )
+            node.id = row.id
     by_id = {n.id: n for n in nodes}
     stopped_at: dict[str, list[int]] = {n.id: [] for n in nodes}
 
@@ -163,7 +167,13 @@ def test_a_day_of_heartbeats_stops_every_idle_node_and_no_busy_one(tmp_path: Pat
                 if state == "hung" or minute % HEARTBEAT_MIN:
                     continue
                 _, commands = heartbeat(
-                    session, principal, node.id, _heartbeat_body(node, state, rng), LOST_AFTER_S, now
+                    session,
+                    principal,
+                    node.id,
+                    _heartbeat_body(node, state, rng),
+                    LOST_AFTER_S,
+                    now,
+                    token=tokens[node.name],
                 )
                 node.heartbeats.append((minute, state))
                 if "sync" in commands:

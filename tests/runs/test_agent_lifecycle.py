@@ -8,16 +8,23 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.agent.agent import Agent
 from services.agent.node import NodeGuard, RunSync
+from services.core.db import make_sessionmaker, unit_of_work, utcnow
 from services.nodes.drivers import DriverError, LocalDriver, NodeTarget
 from services.nodes.idle import IdlePolicy, Signals
+from services.nodes.lifecycle import sweep, target_of
+from services.nodes.processes import start_ticks
+from services.nodes.tables import NodeEventRow, NodeRow
 from services.runs.sync import SyncOptions, read_manifest, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.conftest import S3_TEST_CREDENTIALS
@@ -29,6 +36,19 @@ def _wait(predicate: object, timeout_s: float = 60.0) -> None:
     while not predicate():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def _factory(run_env: RunEnv) -> sessionmaker[Session]:
+    app: Any = run_env.client.app
+    return make_sessionmaker(app.state.engine)
+
+
+def _db_node(run_env: RunEnv, node_id: str) -> NodeRow:
+    with unit_of_work(_factory(run_env)) as session:
+        row = session.get(NodeRow, node_id)
+        assert row is not None
+        session.expunge(row)
+        return row
 
 
 def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
@@ -60,7 +80,9 @@ def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
         )
         time.sleep(1.5)  # the first (empty) sync pass has run; the next is an hour away
         make_checkpoint(ckpt, 700, 3 * 2**20, seed=9)
-        target = NodeTarget(node["id"], node["name"], "", socket.gethostname(), agent.pid)
+        # The agent's heartbeats came with its node token over its own connection: the server proved its pid.
+        target = target_of(_db_node(run_env, node["id"]))
+        assert target.agent_pid == agent.pid and target.agent_pid_start_ticks == start_ticks(agent.pid)
         detail = LocalDriver(wait_s=60).stop(target)
         assert "stopped" in detail
         output = agent.communicate(timeout=30)[0]
@@ -73,6 +95,46 @@ def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
     assert run_env.run()["last_durable_step"] == 700, output
     with pytest.raises(DriverError, match="not on this machine"):
         LocalDriver().stop(NodeTarget("x", "x", "", "some-other-host", agent.pid))
+
+
+def test_the_local_driver_never_signals_a_pid_that_only_was_reported(
+    run_env: RunEnv, live_api: str, tmp_path: Path
+) -> None:
+    """Issue 15.2: a node registered with an arbitrary pid (a real `sleep`) and idle past its threshold
+    gets no SIGTERM, whether the pid came in the registration or in a heartbeat carrying the node token."""
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        body = {"name": "liar", "gpu": "A100 80GB", "hostname": socket.gethostname(), "agent_pid": victim.pid}
+        node = run_env.client.post("/v1/nodes", json=body, headers=run_env.headers).json()
+        agent_headers = {**run_env.headers, "X-Node-Token": node["node_token"]}
+        url = f"/v1/nodes/{node['id']}/heartbeat"
+        # Over real HTTP from this (the test's) process, claiming the victim's pid: not the victim's connection.
+        with httpx.Client(base_url=live_api) as client:
+            beat = client.post(url, json={"agent_pid": victim.pid}, headers=agent_headers)
+        assert beat.status_code == 200, beat.text
+        assert _db_node(run_env, node["id"]).verified_pid is None
+        # Through the in-process test client too (no socket at all).
+        assert run_env.client.post(url, json={"agent_pid": victim.pid}, headers=agent_headers).status_code == 200
+        with unit_of_work(_factory(run_env)) as session:
+            summary = sweep(session, utcnow() + timedelta(hours=1), LocalDriver(wait_s=5), 7200)
+            assert summary.stopped == []
+            events = session.scalars(select(NodeEventRow).where(NodeEventRow.node_id == node["id"])).all()
+        reasons = {e.kind: e.reason for e in events}
+        assert "no agent process proved itself" in reasons["stop_failed"], reasons
+        assert f"agent pid {victim.pid} not proven" in reasons["pid_refused"]
+        time.sleep(0.2)
+        assert victim.poll() is None  # alive: never signalled
+        # A pid that was proven once but is not a gpuplan agent (or no longer the same process) is refused too.
+        ticks = start_ticks(victim.pid)
+        host = socket.gethostname()
+        with pytest.raises(DriverError, match="not a `gpuplan agent` process"):
+            LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, ticks))
+        with pytest.raises(DriverError, match="no longer the process"):
+            LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, (ticks or 0) + 1))
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 class FakeClock:
