@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from services.api.deps import Database
 from services.api.errors import install_error_handlers
+from services.api.metrics import install as install_metrics
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
@@ -86,9 +87,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.db = Database(factory, runner, settings.task_lease_s, settings.key_cache_s)
+    app.state.db = Database(factory, runner, settings)
     app.state.engine = engine
     install_error_handlers(app)
+    install_metrics(app, app.state.db, settings)
     app.include_router(plans_router)
     app.include_router(catalog_router)
     app.include_router(quotes_router)

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.api.limits import QUOTA_ROUTES, check_rate, check_route_quota, make_counters
 from services.core.db import unit_of_work
 from services.core.errors import Forbidden
 from services.core.leases import record_outbox
@@ -23,16 +24,14 @@ from services.orgs.service import Principal, authenticate
 
 class Database:
     def __init__(
-        self,
-        factory: sessionmaker[Session],
-        runner: InProcessRunner | CeleryRunner,
-        lease_s: float = 60.0,
-        key_cache_s: float = 0.0,
+        self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner, settings: Settings | None = None
     ) -> None:
         self.factory = factory
         self.runner = runner
-        self.lease_s = lease_s
-        self.key_cache_s = key_cache_s
+        self.settings = settings or Settings(database_url="sqlite://")
+        self.lease_s = self.settings.task_lease_s
+        self.key_cache_s = self.settings.key_cache_s
+        self.counters = make_counters(self.settings)
         self.principals: dict[str, tuple[float, Principal]] = {}
 
     @contextmanager
@@ -95,9 +94,13 @@ def get_principal(
             f"it needs one of: {', '.join(sorted(allowed))}",
             field="authorization",
         )
+    check_rate(db.counters, principal.key_id or principal.organization_id, db.settings.rate_limit_per_minute)
     if "agent" in principal.scopes:
         with unit_of_work(db.factory) as session:
             check_agent_request(session, principal, request.path_params)
+    if request.method == "POST" and template in QUOTA_ROUTES:
+        with unit_of_work(db.factory) as session:
+            check_route_quota(session, principal.organization_id, request.method, template, db.settings)
     request.state.principal = principal
     return principal
 

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime, unit_of_work, utcnow
+from services.core.metrics import TASK_DURATION
 
 log = logging.getLogger("gpuplan.leases")
 
@@ -192,8 +194,14 @@ def run_leased(
     if not claim(factory, name, subject, owner, lease_s):
         log.info("task %s %s is held by a live worker; this delivery is skipped", name, subject)
         return None
-    with Heartbeat(factory, name, subject, owner, lease_s):
-        result = fn(*args)
+    started = time.monotonic()
+    outcome = "error"
+    try:
+        with Heartbeat(factory, name, subject, owner, lease_s):
+            result = fn(*args)
+        outcome = "ok"
+    finally:
+        TASK_DURATION.labels(name, outcome).observe(time.monotonic() - started)
     release(factory, name, subject, owner)
     return result
 

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     # few seconds saves that read on busy clients, and a revoked key then works that much longer in
     # the other processes (the process that revoked it forgets it at once).
     key_cache_s: float = Field(default=0.0, ge=0.0, le=300.0, description="how long a checked key is trusted")
+    # Abuse limits (services/api/limits.py); 0 turns one off.
+    rate_limit_per_minute: int = Field(default=6000, ge=0, le=10_000_000, description="requests per key per minute")
+    quota_plans_per_hour: int = Field(default=3000, ge=0, le=10_000_000, description="plans per organization per hour")
+    quota_datasets: int = Field(default=200, ge=0, le=1_000_000, description="stored data sets per organization")
+    quota_dataset_bytes: int = Field(default=2 * 2**40, ge=0, description="stored data set bytes per organization")
+    quota_nodes: int = Field(default=200, ge=0, le=1_000_000, description="nodes (not stopped) per organization")
+    # GET /metrics: open (keep it on the internal network) unless a token is set.
+    metrics_token: SecretStr | None = Field(default=None, description="Bearer token /metrics asks for")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
     # SecretStr so that it never appears in a repr, a log line or an API response.
     s3_endpoint_url: str | None = Field(default=None, description="unset = AWS S3; e.g. http://127.0.0.1:9000")

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.leases import SweepDecision, run_leased, sweep_expired
+from services.core.metrics import LEASE_EXPIRIES, SWEEP_DECISIONS
 from services.core.settings import Settings
 
 log = logging.getLogger("gpuplan.tasks")
@@ -127,6 +128,8 @@ def sweep_leases(
             decision.deliveries,
             decision.action,
         )
+        LEASE_EXPIRIES.labels(decision.task_name, decision.was_status).inc()
+        SWEEP_DECISIONS.labels("lease", decision.action).inc()
         if decision.action == "resend":
             runner.send(decision.task_name, decision.args)
         for hook in hooks:
