@@ -8,8 +8,16 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from services.core.errors import GpuplanError, TooManyRequests
-from services.estimator.errors import EstimatorError
+from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import describe_error_list, describe_errors
+
+
+def with_api_hint(message: str, exc: EstimatorError) -> str:
+    """An estimator message with the API's own hint: the estimator says a model name is unknown, the API
+    says how to send the model's config.json in its fields."""
+    if isinstance(exc, UnknownModelError):
+        return f"{message} Send its config.json as model.config instead."
+    return message
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -32,4 +40,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EstimatorError)
     async def _estimator(_request: Request, exc: EstimatorError) -> JSONResponse:
-        return JSONResponse({"error": "invalid", "message": str(exc), "field": exc.field}, status_code=422)
+        return JSONResponse(
+            {"error": "invalid", "message": with_api_hint(str(exc), exc), "field": exc.field}, status_code=422
+        )

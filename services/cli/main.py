@@ -8,13 +8,14 @@ command can be left unreachable. Every error is one readable line on stderr and 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 from services.cli import admin, catalog, data, estimate, export, nodes, plans, runs, server, trace
 from services.cli.common import EXIT_BAD_INPUT, CliError, Parser
 from services.core.errors import GpuplanError
-from services.estimator.errors import EstimatorError
+from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import PlanError
 
 # In the order `gpuplan --help` lists them.
@@ -30,16 +31,39 @@ def build_parser() -> Parser:
     return parser
 
 
+# What a shell reports for a process ended by SIGPIPE (128 + 13) and by SIGINT (128 + 2).
+EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of a closed pipe raises nothing
+    (docs.python.org/3/library/signal.html, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         code: int = args.handler(args)
+        sys.stdout.flush()  # inside the try: a reader that stopped early (`| head`) surfaces here
         return code
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting (plans submit --wait, data upload, agent): a line, not a traceback.
+        print("gpuplan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader closed the pipe (`gpuplan estimate ... | head`): stop quietly, as `cat` would.
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except (CliError, runs.RunCliError) as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)
     except PlanError as exc:
         print(f"gpuplan: error: {'; '.join(exc.problems)}", file=sys.stderr)
+    except UnknownModelError as exc:
+        print(f"gpuplan: error: {exc} Give its config.json with --config FILE instead.", file=sys.stderr)
     except EstimatorError as exc:
         print(f"gpuplan: error: {exc}", file=sys.stderr)
     except GpuplanError as exc:

@@ -23,14 +23,15 @@ _LABELS = {
 }
 
 
-def _table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+def table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    """Columns padded to their widest cell under a header and a rule; `right` aligns those columns right."""
     right = right or set()
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
         return "  ".join(
             c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
+        ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
@@ -51,7 +52,7 @@ def render_estimate(e: Estimate) -> str:
         f"Peak memory per GPU (at {e.memory.peak_moment.replace('_', ' ')}):",
     ]
     rows = [[_LABELS.get(k, k), f"{v:.2f}"] for k, v in e.memory.breakdown.items()]
-    out.append(_table(["component", "GiB"], rows, right={1}))
+    out.append(table(["component", "GiB"], rows, right={1}))
     out += [
         "",
         f"  allocated {e.memory.peak_allocated_gib:.2f} GiB (torch.cuda.max_memory_allocated)",
@@ -70,7 +71,7 @@ def render_estimate(e: Estimate) -> str:
         ]
         for f in e.fits
     ]
-    out.append(_table(["GPU", "GiB", "fits", "headroom GiB"], fit_rows, right={1, 3}))
+    out.append(table(["GPU", "GiB", "fits", "headroom GiB"], fit_rows, right={1, 3}))
     if e.throughput is not None:
         t = e.throughput
         out += [
@@ -99,7 +100,7 @@ def render_estimate(e: Estimate) -> str:
             for c in e.costs
         ]
         out.append(
-            _table(
+            table(
                 [
                     "provider",
                     "setup",

@@ -8,6 +8,7 @@ import json
 
 from services.cli.common import CliError, Subparsers, read_plan_file
 from services.estimator.validation import parse_plan
+from services.trace import INSTALL_HINT
 
 
 def register(sub: Subparsers) -> None:
@@ -24,9 +25,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     try:
         from services.trace.tracer import TraceUnavailable, trace_plan
     except ImportError:
-        raise CliError(
-            "the trace needs the trace extra: pip install torch==2.13.0 && pip install -e '.[trace]'"
-        ) from None
+        raise CliError(f"the trace needs the trace extra: {INSTALL_HINT}") from None
     try:
         result = trace_plan(plan)
     except TraceUnavailable as exc:
@@ -40,7 +39,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             f"{result.seconds:.1f} s"
         )
         for key, value in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
-            print(f"  {key:8} {value:8.2f} GiB")
+            print(f"  {key:19} {value:8.2f} GiB")
         for note in result.notes:
             print(f"  - {note}")
     return 0

@@ -11,7 +11,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from services.catalog.models import find_model
-from services.estimator.errors import EstimatorError
+from services.estimator.errors import UnknownModelError
 from services.estimator.plan import Method, Precision
 from services.estimator.validation import describe_errors
 from services.plans.schemas import PlanRequest
@@ -152,8 +152,8 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
             body["model"] = {"name": name}
             try:
                 find_model(name)  # reported now, beside the other inputs' problems
-            except EstimatorError as exc:
-                form.add("model", f"model: {exc.message}")
+            except UnknownModelError as exc:
+                form.add("model", f"model: {exc.message} Or paste its config.json instead.")
         else:
             form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
 

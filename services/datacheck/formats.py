@@ -33,6 +33,35 @@ def _alpaca_pair(row: Mapping[str, Any]) -> tuple[str, str] | None:
     return complete or next((pair for pair in ALPACA_KEYS if pair[0] in row), None)
 
 
+def alpaca_spelling(row: Any) -> str | None:
+    """Which instruction/answer field names an instruction row uses ('instruction/output', ...), or None.
+
+    A trainer's instruction template reads one pair of field names, so within one file every row must
+    use the same spelling: a 'prompt'/'response' row in an Alpaca 'instruction'/'output' file would be
+    dropped or fail at training time (Alpaca: github.com/tatsu-lab/stanford_alpaca, data format section;
+    Dolly: huggingface.co/datasets/databricks/databricks-dolly-15k, field list)."""
+    if not isinstance(row, dict):
+        return None
+    pair = next((pair for pair in ALPACA_KEYS if pair[0] in row and pair[1] in row), None)
+    return None if pair is None else "/".join(pair)
+
+
+def detect_spelling(votes: Mapping[str, int]) -> str | None:
+    """The instruction-field spelling most instruction rows use (ties go to the earlier in ALPACA_KEYS)."""
+    spellings = ["/".join(pair) for pair in ALPACA_KEYS]
+    best = max(spellings, key=lambda name: (votes.get(name, 0), -spellings.index(name)))
+    return best if votes.get(best, 0) > 0 else None
+
+
+def spelling_problem(row: Mapping[str, Any], spelling: str) -> str | None:
+    """Why an instruction row does not use the file's field names, or None when it does."""
+    own = alpaca_spelling(row)
+    if own is None or own == spelling:
+        return None
+    used, expected = (" / ".join(repr(k) for k in name.split("/")) for name in (own, spelling))
+    return f"fields {used} where the file's instruction rows use {expected}"
+
+
 @dataclass(frozen=True)
 class RowText:
     """The text a row trains on, and its target (answer) part; `target` is None for plain text."""

@@ -68,6 +68,8 @@ def _jsonl_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError as exc:
             yield number, RowError("encoding", f"bytes that are not valid UTF-8 at byte {exc.start}")
             continue
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark (Windows editors write one) is not data
         if not line.strip():
             continue
         try:
@@ -107,16 +109,23 @@ def _json_array_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """Elements of a top-level JSON array, decoded one at a time from the stream (never the whole file)."""
     decoder = json.JSONDecoder()
     text_decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    buf, pos, lines_before, eof = "", 0, 0, False
+    # lines_before / columns_before: where buf[0] sits in the file (newlines before it, characters
+    # before it on its line), so an error position inside the buffer maps to the file's line and column.
+    buf, pos, lines_before, columns_before, eof = "", 0, 0, 0, False
     number = 0
 
     def fill() -> bool:
-        nonlocal buf, pos, lines_before, eof
+        nonlocal buf, pos, lines_before, columns_before, eof
         if eof:
             return False
         chunk = handle.read(_READ_CHUNK_BYTES)
         eof = not chunk
-        lines_before += buf.count("\n", 0, pos)
+        consumed = buf[:pos]
+        lines_before += consumed.count("\n")
+        if "\n" in consumed:
+            columns_before = len(consumed) - consumed.rfind("\n") - 1
+        else:
+            columns_before += len(consumed.replace("\ufeff", ""))  # an editor does not count the BOM
         buf = buf[pos:] + text_decoder.decode(chunk, final=eof)
         pos = 0
         return bool(chunk)
@@ -133,7 +142,8 @@ def _json_array_rows(handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
 
     def broken(message: str, at: int) -> RowError:
         line = lines_before + buf.count("\n", 0, at) + 1
-        column = at - buf.rfind("\n", 0, at)
+        newline = buf.rfind("\n", 0, at)
+        column = at - newline if newline >= 0 else columns_before + len(buf[:at].replace("\ufeff", "")) + 1
         return RowError("broken", f"file is not valid JSON: {message} at line {line} column {column}")
 
     fill()

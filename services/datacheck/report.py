@@ -17,7 +17,16 @@ from typing import IO, Any, Generic, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from .dedup import NEAR_DUPLICATE_JACCARD, NearDuplicateIndex, signatures, text_digest, word_hashes
-from .formats import FORMATS, detect_format, format_problem, format_votes, row_text
+from .formats import (
+    FORMATS,
+    alpaca_spelling,
+    detect_format,
+    detect_spelling,
+    format_problem,
+    format_votes,
+    row_text,
+    spelling_problem,
+)
 from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
 from .spill import ExactIndex, Scratch
@@ -211,8 +220,13 @@ class _Pass:
     SPILL_ROWS rows each in memory and move the rest to a temporary SQLite file (spill.py); never the
     rows themselves. close() deletes that file."""
 
-    def __init__(self, fmt: str | None, counter: Counter, names: Sequence[str], limit: int | None) -> None:
+    def __init__(
+        self, fmt: str | None, counter: Counter, names: Sequence[str], limit: int | None, spelling: str | None = None
+    ) -> None:
         self.fmt = fmt
+        # For instruction files: the field names the file's rows use; a row spelled otherwise is a mismatch.
+        self.spelling = spelling
+        self.spelling_votes: Counter_[str] = Counter_()
         self.count = counter
         self.names = names
         self.limit = limit
@@ -247,6 +261,9 @@ class _Pass:
             return
         fits = [f for f in FORMATS if format_problem(row, f) is None]
         self.votes.update(fits)
+        spelling = alpaca_spelling(row) if "alpaca" in fits else None
+        if spelling is not None:
+            self.spelling_votes[spelling] += 1
         for finding in find_pii(number, row, self.names):
             self.pii_counts[finding.kind] += 1
             examples = self.pii_examples.setdefault(finding.kind, [])
@@ -256,6 +273,11 @@ class _Pass:
             reason = "no row fits any format" if self.fmt is None else format_problem(row, self.fmt)
             self.problems["mismatch"].add(RowProblem(row_number=number, reason=reason or "no format"))
             return
+        if self.fmt == "alpaca" and self.spelling is not None:
+            reason = spelling_problem(row, self.spelling)
+            if reason is not None:
+                self.problems["mismatch"].add(RowProblem(row_number=number, reason=reason))
+                return
         text = row_text(row, self.fmt)
         empty = not text.text.strip() or (text.target is not None and not text.target.strip())
         self.chunk.append((number, text.text, empty, b"" if empty else text_digest(text.text)))
@@ -390,15 +412,18 @@ def check_source(
     estimated from the share of the input read, and once at the end with the exact total."""
     count, method, notes = counter or make_counter(None)
     fmt: str | None = None
+    spelling: str | None = None
     probed = False
     while True:
-        state = _Pass(fmt, count, names or (), max_listed)
+        state = _Pass(fmt, count, names or (), max_listed, spelling)
         try:  # the pass's scratch files are deleted whatever happens
             rows = source.rows()
             if not probed:
                 head = list(itertools.islice(rows, FORMAT_PROBE_ROWS))
-                fmt = detect_format(format_votes(r for _, r in head if not isinstance(r, RowError)))
-                state.fmt = fmt
+                fits = [r for _, r in head if not isinstance(r, RowError)]
+                fmt = detect_format(format_votes(fits))
+                spelling = detect_spelling(Counter_(s for r in fits if (s := _instruction_spelling(r)) is not None))
+                state.fmt, state.spelling = fmt, spelling
                 rows = itertools.chain(head, rows)
                 probed = True
             for number, row in rows:
@@ -409,13 +434,19 @@ def check_source(
                     progress(state.rows_total, max(estimate, state.rows_total))
             state.flush()
             final = detect_format(state.votes)
-            if final == fmt:
+            final_spelling = detect_spelling(state.spelling_votes)
+            if final == fmt and (fmt != "alpaca" or final_spelling == spelling):
                 if progress is not None:
                     progress(state.rows_total, state.rows_total)
                 return _report(state, label, file_format, method, notes)
         finally:
             state.close()
-        fmt = final
+        fmt, spelling = final, final_spelling
+
+
+def _instruction_spelling(row: Any) -> str | None:
+    """The field spelling of a row that is a valid instruction row, else None."""
+    return alpaca_spelling(row) if format_problem(row, "alpaca") is None else None
 
 
 class _FileSource:

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
-from services.catalog.models import find_model
+from services.catalog.models import alias_note, find_model
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, architecture_from_config, parameter_counts
 from services.estimator.errors import EstimatorError
@@ -134,6 +134,10 @@ def estimate(
     states = model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
     warnings = _warnings(plan, arch, recipe, mem, target)
+    if plan.model.config is None and plan.model.name is not None:
+        note = alias_note(plan.model.name, find_model(plan.model.name))
+        if note is not None:
+            warnings.insert(0, note)
 
     fits = [_fit(spec, mem.peak_device) for spec in catalog]
     throughput: ThroughputReport | None = None

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.api.errors import with_api_hint
 from services.catalog.service import active_offers, as_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
@@ -52,7 +53,7 @@ def _check_plannable(request: PlanRequest) -> str:
     try:
         name, _ = resolve_architecture(plan)
     except EstimatorError as exc:
-        raise Unprocessable(exc.message, field=exc.field) from None
+        raise Unprocessable(with_api_hint(exc.message, exc), field=exc.field) from None
     return name
 
 

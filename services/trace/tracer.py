@@ -23,6 +23,7 @@ from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB, peak_memory
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
+from services.trace import INSTALL_HINT
 
 # The HF module names of each LoRA role, per model family (the projections' attribute names).
 _HF_MODULES: dict[str, dict[str, list[str]]] = {
@@ -65,6 +66,10 @@ _HF_MODULES: dict[str, dict[str, list[str]]] = {
 }
 
 
+# The breakdown entry for the analytic difference between a plan and its traced 16-bit stand-in.
+ANALYTIC_DIFFERENCE = "analytic_difference"
+
+
 class TraceUnavailable(RuntimeError):
     """The trace extra is not installed, or the plan cannot be traced on the CPU."""
 
@@ -72,7 +77,9 @@ class TraceUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class TraceResult:
     peak_allocated_gib: float
-    breakdown: dict[str, float]  # GiB by tracker category at the peak (param, grad, act, temp, opt, ...)
+    # GiB by tracker category at the peak (param, grad, act, temp, opt, ...), plus analytic_difference
+    # when part of the plan was traced as a stand-in; the entries add up to peak_allocated_gib.
+    breakdown: dict[str, float]
     analytic_peak_allocated_gib: float
     disagreement_pct: float  # (trace - analytic) / analytic
     seconds: float
@@ -123,7 +130,7 @@ def trace_plan(plan: Plan, *, threads: int = 2) -> TraceResult:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ImportError as exc:
-        raise TraceUnavailable("the trace needs the trace extra: pip install torch transformers peft") from exc
+        raise TraceUnavailable(f"the trace needs the trace extra: {INSTALL_HINT}") from exc
     if not plan.is_training:
         raise TraceUnavailable("mode: only training plans are traced")
     if plan.model.generic is not None:
@@ -150,7 +157,11 @@ def trace_plan(plan: Plan, *, threads: int = 2) -> TraceResult:
     # and its traced stand-in.
     analytic = peak_memory(plan, arch, resolve_recipe(plan)).peak_allocated
     stand_in = peak_memory(traced, arch, resolve_recipe(traced)).peak_allocated
-    adjusted = peak + (analytic - stand_in if traced is not plan else 0.0)
+    difference = analytic - stand_in if traced is not plan else 0.0
+    adjusted = peak + difference
+    if difference:
+        # The breakdown adds up to the peak: what the CPU could not run is its own (signed) entry.
+        categories = {**categories, ANALYTIC_DIFFERENCE: difference}
     return TraceResult(
         peak_allocated_gib=round(adjusted / GIB, 3),
         breakdown={k: round(v / GIB, 3) for k, v in categories.items()},

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from alembic import command
-from sqlalchemy import create_engine, inspect
+from typing import Any
 
+from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, text
+
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import alembic_config, upgrade
+from services.orgs.repository import OrganizationRepository
+from services.orgs.service import create_organization
 
 
 def test_migrations_apply_and_match_the_models(database_url: str) -> None:
@@ -15,6 +21,54 @@ def test_migrations_apply_and_match_the_models(database_url: str) -> None:
     assert {"organizations", "api_keys", "plans", "quotes", "gpu_offers", "gpu_specs", "catalog_versions"} <= tables
 
 
+def _schema(url: str) -> dict[str, Any]:
+    """Every table with its columns, primary key, indexes, unique constraints and foreign keys."""
+    engine = create_engine(url)
+    try:
+        inspector = inspect(engine)
+        schema: dict[str, Any] = {}
+        for table in sorted(inspector.get_table_names()):
+            schema[table] = {
+                "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)],
+                "primary_key": inspector.get_pk_constraint(table)["constrained_columns"],
+                "indexes": sorted(
+                    (i["name"], tuple(i["column_names"]), i["unique"]) for i in inspector.get_indexes(table)
+                ),
+                "unique": sorted(
+                    (u["name"], tuple(u["column_names"])) for u in inspector.get_unique_constraints(table)
+                ),
+                "foreign_keys": sorted(
+                    (f["name"], tuple(f["constrained_columns"]), f["referred_table"])
+                    for f in inspector.get_foreign_keys(table)
+                ),
+            }
+        return schema
+    finally:
+        engine.dispose()
+
+
+def _revision(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))]
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_is_idempotent(database_url: str) -> None:
     upgrade(database_url)
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_heads()
+    schema, revision = _schema(database_url), _revision(database_url)
+    factory = make_sessionmaker(make_engine(database_url))
+    with unit_of_work(factory) as session:
+        create_organization(session, "kept")
     upgrade(database_url)
+    # A second upgrade is a no-op: same schema at the same single head revision, the data untouched.
+    assert revision == head and len(head) == 1
+    assert _revision(database_url) == revision
+    assert _schema(database_url) == schema
+    assert "organizations" in schema and len(schema) >= 7
+    with unit_of_work(factory) as session:
+        assert OrganizationRepository(session).by_name("kept") is not None
+    command.check(alembic_config(database_url))

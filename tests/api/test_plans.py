@@ -103,6 +103,26 @@ def test_bad_plans_are_422_naming_the_field(api: Api) -> None:
         assert field in text, (field, response.json())
 
 
+def test_an_unknown_model_gets_the_apis_own_hint(api: Api) -> None:
+    body = {**QLORA_PLAN, "model": {"name": "meta-llama/Llama-4-Scout-17B-16E"}}
+    for path in ("/v1/plans", "/v1/estimate"):
+        response = api.client.post(path, json=body, headers=api.headers())
+        assert response.status_code == 422, response.text
+        message = response.json()["message"]
+        assert "Nothing in it is close" in message and message.endswith("Send its config.json as model.config instead.")
+        assert "--config" not in message
+
+
+def test_an_instruct_name_is_estimated_with_a_note(api: Api) -> None:
+    body = {k: v for k, v in QLORA_PLAN.items() if k not in ("dataset", "epochs")}
+    body["model"] = {"name": "meta-llama/Llama-3.1-8B-Instruct"}
+    response = api.client.post("/v1/estimate", json=body, headers=api.headers())
+    assert response.status_code == 200, response.text
+    assert response.json()["warnings"][0].startswith(
+        "model.name: 'meta-llama/Llama-3.1-8B-Instruct' is estimated as 'meta-llama/Llama-3.1-8B'"
+    )
+
+
 def test_estimate_is_synchronous_and_stores_nothing(api: Api) -> None:
     body = {k: v for k, v in QLORA_PLAN.items() if k not in ("dataset", "epochs")}
     response = api.client.post("/v1/estimate?gpu=A100%2080GB", json=body, headers=api.headers())

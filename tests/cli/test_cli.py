@@ -292,3 +292,14 @@ def test_data_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert data.read_text().count("\n") == 4  # the original is untouched
     code, _, err = _run(capsys, "data", "check", str(tmp_path / "missing.jsonl"))
     assert code == 2 and err.startswith("gpuplan: error:")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.cli import catalog
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(catalog, "cmd_models", interrupted)
+    code, out, err = _run(capsys, "models")
+    assert (code, out, err) == (130, "", "gpuplan: interrupted\n")

@@ -139,6 +139,9 @@ def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
     assert response.status_code == 422
     assert set(_messages(response.text)) == {"model", "seq_len", "epochs"}
     assert "not in the bundled catalog" in response.text
+    # The dashboard's own hint, not the CLI's flag or the API's field.
+    assert "Or paste its config.json instead." in response.text
+    assert "--config" not in response.text and "model.config" not in response.text
     assert 'value="llama-9000"' in response.text  # what was typed is kept
 
     response = alpha.post(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,10 @@ def test_unsupported_extension_names_the_field(tmp_path: Path) -> None:
         list(load_rows(tmp_path / "d.txt"))
 
 
-def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
-    if importlib.util.find_spec("pyarrow") is not None:
-        pytest.skip("pyarrow is installed")
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes `import pyarrow` fail as if it were not installed.
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)
     path = tmp_path / "d.parquet"
     path.write_bytes(b"PAR1")
     with pytest.raises(DataCheckError, match="pyarrow"):
@@ -124,9 +126,11 @@ def test_report_counts_broken_rows_and_is_json(tmp_path: Path) -> None:
     assert json.loads(report.model_dump_json())["rows_total"] == 2
 
 
-def test_tokenizer_json_without_tokenizers_falls_back_with_a_note(tmp_path: Path) -> None:
-    if importlib.util.find_spec("tokenizers") is not None:
-        pytest.skip("tokenizers is installed")
+def test_tokenizer_json_without_tokenizers_falls_back_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    assert importlib.util.find_spec("tokenizers") is None
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "abcd" * 10}])
     report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
     assert report.tokens.method == "approx_4_chars_per_token"
@@ -143,3 +147,57 @@ def test_tokenizer_json_gives_exact_counts(tmp_path: Path) -> None:
     report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
     assert report.tokens.method == "tokenizer_json"
     assert (report.tokens.max_tokens, report.tokens.p50_tokens) == (5, 2)
+
+
+def test_parquet_rows_are_read_with_pyarrow(tmp_path: Path) -> None:
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "d.parquet"
+    parquet.write_table(pyarrow.table({"prompt": ["p1", "p2"], "completion": ["c1", "c2"]}), path)
+    assert list(load_rows(path)) == [
+        (1, {"prompt": "p1", "completion": "c1"}),
+        (2, {"prompt": "p2", "completion": "c2"}),
+    ]
+    report = check_dataset(path)
+    assert (report.file_format, report.detected_format, report.rows_kept) == ("parquet", "prompt_completion", 2)
+
+
+def test_an_instruction_row_spelled_otherwise_is_a_mismatch(tmp_path: Path) -> None:
+    # A trainer's instruction template reads one pair of field names: a prompt/response row in an
+    # Alpaca instruction/output file would not train.
+    rows: list[Any] = [
+        {"instruction": "i1", "input": "", "output": "o1"},
+        {"instruction": "i2", "input": "x", "output": "o2"},
+        {"prompt": "p", "response": "r"},
+        {"instruction": "i3", "output": "o3"},
+        {"instruction": "i4", "context": "c", "response": "r4"},
+    ]
+    report = check_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert report.detected_format == "alpaca"
+    reasons = {p.row_number: p.reason for p in report.mismatched_rows}
+    assert set(reasons) == {3, 5}
+    assert reasons[3] == "fields 'prompt' / 'response' where the file's instruction rows use 'instruction' / 'output'"
+    assert report.rows_kept == 3
+
+
+def test_the_majority_spelling_wins_even_when_the_first_rows_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.datacheck import report as report_module
+
+    monkeypatch.setattr(report_module, "FORMAT_PROBE_ROWS", 2)
+    rows: list[Any] = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(2)]
+    rows += [{"instruction": f"i{i}", "output": f"o{i}"} for i in range(5)]
+    report = check_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert [p.row_number for p in report.mismatched_rows] == [1, 2]
+    assert report.rows_kept == 5
+
+
+def test_a_byte_order_mark_does_not_break_the_first_jsonl_row(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n{"text": "\xc3\xa9\xc3\xa9", x}\r\n')
+    rows = list(load_rows(path))
+    assert rows[0] == (1, {"text": "a"})
+    broken = rows[1][1]
+    # The column an editor shows: characters, not bytes ("é" is two bytes).
+    assert isinstance(broken, RowError) and broken.reason.endswith("at column 16")

@@ -107,7 +107,7 @@ def test_json_array_is_read_element_by_element(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     ("data", "rows_before", "reason"),
     [
-        (b'[{"a": 1},\n {"a": 2}, {"a": }]', 2, "line 2 column"),
+        (b'[{"a": 1},\n {"a": 2}, {"a": }]', 2, "line 2 column 18"),
         (b'[{"a": 1} {"a": 2}]', 1, "expected ',' or ']'"),
         (b'[{"a": 1},', 1, "not closed"),
         (b'{"a": 1}', 0, None),
@@ -122,6 +122,24 @@ def test_broken_json_array_reports_where(data: bytes, rows_before: int, reason: 
     assert all(not isinstance(r, RowError) for _, r in rows[:rows_before])
     last = rows[-1][1]
     assert isinstance(last, RowError) and last.kind == "broken" and reason in last.reason
+
+
+@pytest.mark.parametrize("chunk_bytes", [4, 7, 1 << 20])
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        (b'[{"a": 1},\n  {"a": broken},\n {"a": 3}]', "line 2 column 9"),
+        ('\ufeff[{"é": "ü"}, {"a": }]'.encode(), "line 1 column 20"),
+        (b'[\n{"a": 1},\n\n   {"a": 2} {"a": 3}]', "line 4 column 13"),
+    ],
+)
+def test_broken_json_array_column_is_the_editors_column(
+    data: bytes, where: str, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # However the reads split the file, the position is the line and column an editor shows (BOM not counted).
+    monkeypatch.setattr(loading, "_READ_CHUNK_BYTES", chunk_bytes)
+    last = list(iter_rows(io.BytesIO(data), "json"))[-1][1]
+    assert isinstance(last, RowError) and last.reason.endswith(where), last.reason
 
 
 def test_truncated_gzip_is_a_clear_error(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from services.estimator.memory import (
     GIB,
     NF4_BNB_BYTES,
     NF4_DOUBLE_QUANT_BYTES,
-    OFFLOAD_FORWARD_STASH_TENSORS,
     activation_bytes,
     adapter_params,
     block_saved_bytes_per_token,
@@ -353,7 +352,11 @@ def test_activation_offloading_leaves_the_stash_and_one_block_on_the_gpu() -> No
     acts = activation_bytes(ckpt, ARCH, resolve_recipe(ckpt))
     block_input = 2 * H * tokens
     head_input = 2 * H * tokens  # full fine-tune: the head's input stays (torchtune's NoOpManager)
-    assert acts.saved == pytest.approx(OFFLOAD_FORWARD_STASH_TENSORS * block_input + head_input)
+    # torchtune's OffloadActivations(max_fwd_stash_size=5): five block inputs may still be on the GPU,
+    # their host copies in flight (torchtune/training/_activation_offloading.py), written out here so a
+    # change of the estimator's constant shows up as a failure.
+    stash_tensors = 5
+    assert acts.saved == pytest.approx(stash_tensors * block_input + head_input)
     assert acts.offloaded == pytest.approx(L * block_input + tokens * H * 4)  # block inputs + final norm
     assert acts.refetched == pytest.approx(block_input)
     plain = make_plan(gradient_checkpointing=True, **fields)
