@@ -122,7 +122,8 @@ def _queue_depth(db: Database, settings: Settings) -> bytes:
     registry = CollectorRegistry()
     leases = Gauge("gpuplan_task_leases", "background tasks holding a lease, by state", ["state"], registry=registry)
     with unit_of_work(db.factory) as session:
-        counts = dict(session.execute(select(TaskLease.status, func.count()).group_by(TaskLease.status)).tuples().all())
+        rows = session.execute(select(TaskLease.status, func.count()).group_by(TaskLease.status)).all()
+        counts = {str(status): int(count) for status, count in rows}
     for state in ("queued", "running", "abandoned"):
         leases.labels(state).set(counts.get(state, 0))
     if settings.redis_url:
