@@ -1,4 +1,4 @@
-"""task leases (the outbox of background tasks) and the keyset index of plan lists
+"""task leases (the outbox of background tasks); the keyset index and summary column of plan lists
 
 Revision ID: 0010
 Revises: 0008
@@ -35,12 +35,25 @@ def upgrade() -> None:
     with op.batch_alter_table("task_leases", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_task_leases_lease_expires_at"), ["lease_expires_at"], unique=False)
     with op.batch_alter_table("plans", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("cheapest", sa.JSON(), nullable=True))
         batch_op.create_index("ix_plans_org_created_id", ["organization_id", "created_at", "id"], unique=False)
+    # Fill the summary column of the plans already done.
+    plans = sa.table(
+        "plans", sa.column("id", sa.String), sa.column("recommendations", sa.JSON), sa.column("cheapest", sa.JSON)
+    )
+    connection = op.get_bind()
+    done = connection.execute(
+        sa.select(plans.c.id, plans.c.recommendations).where(plans.c.recommendations.is_not(None))
+    )
+    for plan_id, recommendations in done.all():
+        if recommendations:
+            connection.execute(plans.update().where(plans.c.id == plan_id).values(cheapest=recommendations[0]))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("plans", schema=None) as batch_op:
         batch_op.drop_index("ix_plans_org_created_id")
+        batch_op.drop_column("cheapest")
     with op.batch_alter_table("task_leases", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_task_leases_lease_expires_at"))
     op.drop_table("task_leases")

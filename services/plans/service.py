@@ -25,7 +25,7 @@ from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
-from services.plans.repository import PlanRepository
+from services.plans.repository import PlanListRow, PlanRepository
 from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
 
@@ -117,7 +117,7 @@ def get_plan(session: Session, principal: Principal, plan_id: str) -> PlanRow:
     return row
 
 
-def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanRow]:
+def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanListRow]:
     return list(PlanRepository(session).list_for_org(principal.organization_id, limit, before))
 
 
@@ -218,15 +218,15 @@ def to_out(row: PlanRow) -> PlanOut:
     )
 
 
-def to_summary(row: PlanRow) -> PlanSummary:
-    cheapest = (row.recommendations or [None])[0]
+def to_summary(row: PlanRow | PlanListRow) -> PlanSummary:
+    """A list entry: a stored plan or a summary row (PlanRepository.list_for_org)."""
     return PlanSummary(
         id=row.id,
         status=row.status,
         model=row.model_name,
         method=row.method,
         created_at=row.created_at,
-        cheapest=cheapest,
+        cheapest=row.cheapest,
     )
 
 
@@ -320,6 +320,7 @@ def _finish(
         if result is not None:
             row.estimate = result["estimate"]
             row.recommendations = result["recommendations"]
+            row.cheapest = (result["recommendations"] or [None])[0]
             row.rejections = result["rejections"]
             row.warnings = result["warnings"]
             row.status = "done"

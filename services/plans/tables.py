@@ -24,6 +24,8 @@ class PlanRow(IdMixin, TimestampMixin, Base):
     method: Mapped[str] = mapped_column(String(16))
     estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     recommendations: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    # The first recommendation, kept apart so list pages read one small value, not every setup.
+    cheapest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     rejections: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     warnings: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
