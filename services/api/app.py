@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -108,6 +110,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "status": "ok",
             "database": engine.dialect.name,
             "tasks": "in-process" if settings.in_process_tasks else "celery",
+            "process_id": os.getpid(),
         }
 
     return app
+
+
+def create_served_app(settings: Settings | None = None) -> FastAPI:
+    """The app as `gpuplan serve` runs it (also uvicorn's factory in each worker process): with the
+    access log written to stderr when GPUPLAN_ACCESS_LOG is on."""
+    settings = settings or get_settings()
+    access = logging.getLogger("gpuplan.access")
+    if settings.access_log and not access.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d access %(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+    return create_app(settings)

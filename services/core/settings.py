@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     quota_datasets: int = Field(default=200, ge=0, le=1_000_000, description="stored data sets per organization")
     quota_dataset_bytes: int = Field(default=2 * 2**40, ge=0, description="stored data set bytes per organization")
     quota_nodes: int = Field(default=200, ge=0, le=1_000_000, description="nodes (not stopped) per organization")
+    api_workers: int = Field(default=1, ge=1, le=64, description="API processes `gpuplan serve` starts")
+    access_log: bool = Field(default=True, description="one line per API request on stderr (gpuplan serve)")
     # GET /metrics: open (keep it on the internal network) unless a token is set.
     metrics_token: SecretStr | None = Field(default=None, description="Bearer token /metrics asks for")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
