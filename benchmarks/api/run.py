@@ -95,7 +95,7 @@ def _setup(url: str) -> tuple[str, str]:
 
 def _store_plans(url: str, organization_id: str, count: int) -> None:
     """Insert ``count`` finished plans straight into the table (what the list reads)."""
-    from sqlalchemy import insert
+    from sqlalchemy import insert, text
 
     from services.core.db import make_engine, new_id, utcnow
     from services.plans.tables import PlanRow
@@ -121,7 +121,45 @@ def _store_plans(url: str, organization_id: str, count: int) -> None:
     with engine.begin() as conn:
         for i in range(0, len(rows), 1000):
             conn.execute(insert(PlanRow), rows[i : i + 1000])
+    with engine.begin() as conn:  # fresh statistics, as autovacuum would gather after such a load
+        conn.execute(text("ANALYZE plans"))
     engine.dispose()
+
+
+def _list_query(url: str, organization_id: str, repeats: int = 200) -> dict[str, Any]:
+    """The list query alone, in this process (less sensitive to a busy machine than HTTP load): the
+    median time of the first page and of page 21, and whether the plan uses the keyset index."""
+    from sqlalchemy import text
+
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.plans.repository import PlanRepository
+
+    engine = make_engine(url)
+    factory = make_sessionmaker(engine)
+    out: dict[str, Any] = {}
+    with unit_of_work(factory) as session:
+        repo = PlanRepository(session)
+        cursor = None
+        for _ in range(20):
+            cursor = repo.list_for_org(organization_id, 50, cursor)[-1].id
+        for label, before in (("first_page", None), ("page_21", cursor)):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                repo.list_for_org(organization_id, 50, before)
+                times.append(time.perf_counter() - start)
+            out[f"{label}_median_ms"] = round(statistics.median(times) * 1e3, 3)
+        if engine.dialect.name == "postgresql":
+            plan = session.execute(
+                text(
+                    "EXPLAIN SELECT id FROM plans WHERE organization_id = :org "
+                    "ORDER BY created_at DESC, id DESC LIMIT 50"
+                ),
+                {"org": organization_id},
+            ).scalars()
+            out["uses_index"] = any("ix_plans_org_created_id" in line for line in plan)
+    engine.dispose()
+    return out
 
 
 def _wrk(url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int) -> dict[str, Any]:
@@ -282,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     cursor = page.json()["next_cursor"]
                 result["list"][str(count)] = {
+                    "query": _list_query(db_url, org_id),
                     "first_page": _load(f"{base}/v1/plans?limit=50", key, "GET", None, max(3, duration_s // 2)),
                     "page_21": _load(
                         f"{base}/v1/plans?limit=50&before={cursor}", key, "GET", None, max(3, duration_s // 2)

@@ -152,7 +152,7 @@ def _registry_text() -> bytes:
 
 
 def install(app: FastAPI, db: Database, settings: Settings) -> None:
-    app.add_middleware(ObservabilityMiddleware, db=db)  # type: ignore[arg-type]
+    app.add_middleware(ObservabilityMiddleware, db=db)
 
     @app.get("/metrics", operation_id="metrics-scrape", tags=["health"], response_class=PlainTextResponse)
     def metrics(request: Request) -> PlainTextResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.cli.common import CliError, Parser, Subparsers, int_arg
 
@@ -110,7 +110,7 @@ def cmd_list_keys(args: argparse.Namespace) -> int:
         org = OrganizationRepository(session).by_name(args.org)
         if org is None:
             raise CliError(f"--org: no organization named {args.org!r}")
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "id": r.id,
                 "prefix": r.prefix,

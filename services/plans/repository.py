@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from services.plans.tables import PlanRow
@@ -62,10 +62,8 @@ class PlanRepository:
                 )
             ).first()
             if anchor is not None:
-                created_at, anchor_id = anchor
-                query = query.where(
-                    (PlanRow.created_at < created_at) | ((PlanRow.created_at == created_at) & (PlanRow.id < anchor_id))
-                )
+                # A row-value comparison, which Postgres and SQLite both read as one range on the index.
+                query = query.where(tuple_(PlanRow.created_at, PlanRow.id) < tuple_(anchor[0], anchor[1]))
         rows = self.session.execute(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit))
         return [PlanListRow(*r) for r in rows]
 
