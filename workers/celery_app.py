@@ -24,7 +24,22 @@ TASK_QUEUES = {
     "gpuplan.tasks.sweep_leases": "maintenance",
     "gpuplan.nodes.sweep_idle": "maintenance",
     "gpuplan.datasets.check": "datacheck",
+    "gpuplan.catalog.refresh_feeds": "maintenance",
 }
+
+
+def _feed_schedule(settings: Settings) -> dict[str, dict[str, object]]:
+    """Refresh the live price feeds every GPUPLAN_CATALOG_REFRESH_INTERVAL_S (none configured: no entry)."""
+    if not settings.feed_names:
+        return {}
+    return {
+        "refresh-catalog-feeds": {
+            "task": "gpuplan.catalog.refresh_feeds",
+            "schedule": timedelta(seconds=settings.catalog_refresh_interval_s),
+            # A refresh still queued when the next one is due is superseded by it.
+            "options": {"expires": settings.catalog_refresh_interval_s},
+        }
+    }
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -47,6 +62,7 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         beat_schedule={
+            **_feed_schedule(settings),
             "resume-unfinished-plans": {
                 "task": "gpuplan.plans.resume_unfinished",
                 "schedule": timedelta(minutes=5),

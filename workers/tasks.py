@@ -96,6 +96,15 @@ def resume_stale_plans() -> int:
     return count
 
 
+@app.task(name="gpuplan.catalog.refresh_feeds", soft_time_limit=600, time_limit=660)
+def refresh_catalog_feeds() -> int:
+    """Beat: refresh the configured live price feeds; a failed one keeps its last good prices. Returns
+    the number of feeds refreshed."""
+    from services.catalog.feeds.refresh import refresh
+
+    return sum(1 for outcome in refresh(_sessions(), get_settings()) if outcome.ok)
+
+
 @app.task(name=SWEEP_TASK)
 def sweep_idle_nodes() -> int:
     """Beat: decide for every active node (keep, stop, lost) and stop the idle ones; returns stops."""

@@ -144,14 +144,31 @@ def upgrade() -> None:
 
 
 def _seed_catalog() -> None:
-    """Load the bundled price lists (SEEDS.md sections 1 and 2) and GPU specs as version 1."""
-    from sqlalchemy.orm import Session
+    """Load the bundled price lists (SEEDS.md sections 1 and 2) and GPU specs as version 1.
 
-    from services.catalog.service import seed_bundled
+    Only the gpu_offers columns of this revision are written; 0009 adds the Offer schema v2 columns.
+    """
+    from services.catalog.service import seed_bundled_offers, seed_bundled_specs
 
-    session = Session(bind=op.get_bind())
-    seed_bundled(session)
-    session.flush()
+    bind = op.get_bind()
+    seed_bundled_offers(bind, V1_OFFER_COLUMNS, "bundled: services/catalog/data/offers.csv")
+    seed_bundled_specs(bind, "bundled: services/catalog/data/gpus.csv")
+
+
+V1_OFFER_COLUMNS = (
+    "provider",
+    "gpu",
+    "gpu_memory_gib",
+    "gpus_per_node",
+    "on_demand_usd_per_hour",
+    "spot_usd_per_hour",
+    "currency",
+    "region",
+    "country",
+    "interconnect",
+    "fetched_at",
+    "source",
+)
 
 
 def downgrade() -> None:

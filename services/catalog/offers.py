@@ -22,6 +22,13 @@ class Offer:
     interconnect: str
     fetched_at: str
     source: str
+    whole_nodes_only: bool = False
+    inter_node_gbit_per_s: float | None = None
+    billing_increment_s: int = 1
+    billing_minimum_s: int = 0
+    startup_s: float | None = None
+    download_gbit_per_s: float | None = None
+    preemption_per_hour: float | None = None
 
 
 def parse_offers(text: str) -> tuple[Offer, ...]:

@@ -1,12 +1,12 @@
-"""Validating a provider price list (CSV or JSON) row by row; pure, so the CLI, the API and the
-first migration share it. A file with any bad row is rejected whole."""
+"""Validating a provider price list (CSV or JSON) row by row; pure, so the CLI, the API, the live
+feeds and the migrations share it. A file with any bad row is rejected whole."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -17,8 +17,45 @@ from services.estimator.errors import EstimatorError
 
 MAX_ROWS = 10_000
 
+# A cell a spreadsheet would run as a formula when the exported list is opened (OWASP "CSV
+# injection"): it starts with one of these. A leading '-' is allowed only on a plain number, so a
+# negative price is reported as a negative price.
+FORMULA_PREFIXES = ("=", "+", "-", "@")
+
+# Optional columns that an empty CSV cell leaves at their default.
+_OPTIONAL_COLUMNS = (
+    "spot_usd_per_hour",
+    "whole_nodes_only",
+    "inter_node_gbit_per_s",
+    "billing_increment_s",
+    "billing_minimum_s",
+    "startup_s",
+    "download_gbit_per_s",
+    "preemption_per_hour",
+    "gpus_per_node",
+    "currency",
+    "fetched_at",
+)
+
+
+def _today() -> str:
+    return date.today().isoformat()
+
+
+def normalise_fetched_at(value: str) -> str:
+    """An ISO date ("2026-11-01") stays a date; a time becomes UTC "YYYY-MM-DDTHH:MM:SSZ" (a zone is required)."""
+    text = value.strip()
+    if len(text) == 10:
+        return date.fromisoformat(text).isoformat()
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError("a time needs its zone, e.g. 2026-11-01T12:00:00Z")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 class OfferRow(BaseModel):
+    """One row of a price list: per-GPU hourly prices and the terms of the offer (Offer schema v2)."""
+
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     provider: str = Field(min_length=1, max_length=100)
@@ -30,13 +67,23 @@ class OfferRow(BaseModel):
     region: str = Field(default="", max_length=100)
     country: str = Field(default="", max_length=2)
     interconnect: str = Field(default="", max_length=100)
-    fetched_at: date = Field(default_factory=date.today)
+    fetched_at: str = Field(default_factory=_today, max_length=40)
     source: str = Field(default="", max_length=500)
+    whole_nodes_only: bool = False
+    inter_node_gbit_per_s: float | None = Field(default=None, gt=0, le=100_000)
+    billing_increment_s: int = Field(default=1, ge=1, le=86_400)
+    billing_minimum_s: int = Field(default=0, ge=0, le=30 * 86_400)
+    startup_s: float | None = Field(default=None, ge=0, le=86_400)
+    download_gbit_per_s: float | None = Field(default=None, gt=0, le=10_000)
+    preemption_per_hour: float | None = Field(default=None, ge=0, le=100)
 
-    @field_validator("spot_usd_per_hour", mode="before")
+    @field_validator("fetched_at")
     @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if value == "" else value
+    def _iso_time(cls, value: str) -> str:
+        try:
+            return normalise_fetched_at(value)
+        except ValueError:
+            raise ValueError("expected an ISO date (2026-11-01) or UTC time (2026-11-01T12:00:00Z)") from None
 
 
 class PriceListError(ValueError):
@@ -68,11 +115,61 @@ def _rows_from_text(text: str, fmt: str) -> list[dict[str, Any]]:
         raise PriceListError([f"CSV price list: line {reader.line_num}: {exc}"]) from None
 
 
-def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:
-    """Validate every row; return the offers, or raise PriceListError naming each bad row."""
-    if fmt not in ("csv", "json"):
-        raise PriceListError([f"format: {fmt!r} is not supported; use 'csv' or 'json'"])
-    rows = _rows_from_text(text, fmt)
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def cell_problems(number: int, row: dict[str, Any]) -> list[str]:
+    """Cells no price list may hold: a formula a spreadsheet would run, or a NUL byte."""
+    problems = []
+    for field, value in row.items():
+        if not isinstance(value, str):
+            continue
+        text = value.strip()
+        if "\x00" in value:
+            problems.append(f"row {number}: {field}: contains a NUL byte")
+        elif text.startswith(FORMULA_PREFIXES) and not (text.startswith("-") and _is_number(text)):
+            problems.append(
+                f"row {number}: {field}: looks like a spreadsheet formula (starts with {text[0]!r}); "
+                f"cells may not start with {', '.join(repr(p) for p in FORMULA_PREFIXES)}"
+            )
+    return problems
+
+
+def offer_from_row(row: OfferRow, spec: GpuSpec) -> Offer:
+    return Offer(
+        provider=row.provider,
+        gpu=spec.name,
+        gpus_per_node=row.gpus_per_node,
+        on_demand_usd_per_hour=row.on_demand_usd_per_hour,
+        spot_usd_per_hour=row.spot_usd_per_hour,
+        currency=row.currency,
+        region=row.region,
+        country=row.country,
+        interconnect=row.interconnect,
+        fetched_at=row.fetched_at,
+        source=row.source,
+        whole_nodes_only=row.whole_nodes_only,
+        inter_node_gbit_per_s=row.inter_node_gbit_per_s,
+        billing_increment_s=row.billing_increment_s,
+        billing_minimum_s=row.billing_minimum_s,
+        startup_s=row.startup_s,
+        download_gbit_per_s=row.download_gbit_per_s,
+        preemption_per_hour=row.preemption_per_hour,
+    )
+
+
+def offer_key(offer: Offer) -> tuple[str, str, str, int]:
+    """What makes two offers the same offer: an import replaces an offer with the same key."""
+    return (offer.provider, offer.gpu, offer.region, offer.gpus_per_node)
+
+
+def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:
+    """Validate every row (dicts of column -> value); return the offers, or raise PriceListError naming each bad row."""
     if not rows:
         raise PriceListError(["the price list has no rows"])
     if len(rows) > MAX_ROWS:
@@ -80,9 +177,16 @@ def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = No
     specs = specs if specs is not None else gpu_specs()
     problems: list[str] = []
     offers: list[Offer] = []
-    seen: set[tuple[str, str, int, str]] = set()
+    seen: dict[tuple[str, str, str, int], int] = {}
     for number, raw in enumerate(rows, start=1):
-        cleaned = {k.strip(): v for k, v in raw.items() if k is not None and k.strip()}
+        cleaned = {k.strip(): v for k, v in raw.items() if isinstance(k, str) and k.strip()}
+        bad_cells = cell_problems(number, cleaned)
+        if bad_cells:
+            problems.extend(bad_cells)
+            continue
+        for column in _OPTIONAL_COLUMNS:
+            if isinstance(cleaned.get(column), str) and not cleaned[column].strip():
+                del cleaned[column]
         try:
             row = OfferRow.model_validate(cleaned)
         except ValidationError as exc:
@@ -98,28 +202,44 @@ def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = No
         except EstimatorError as exc:
             problems.append(f"row {number}: gpu: {exc.message}")
             continue
-        key = (row.provider, spec.name, row.gpus_per_node, row.region)
+        offer = offer_from_row(row, spec)
+        key = offer_key(offer)
         if key in seen:
             problems.append(
-                f"row {number}: duplicate offer for {row.provider} {spec.name} x{row.gpus_per_node} {row.region}"
+                f"row {number}: duplicate offer for {row.provider} {spec.name} x{row.gpus_per_node} "
+                f"region {row.region!r} (same provider, gpu, region and gpus_per_node as row {seen[key]})"
             )
             continue
-        seen.add(key)
-        offers.append(
-            Offer(
-                provider=row.provider,
-                gpu=spec.name,
-                gpus_per_node=row.gpus_per_node,
-                on_demand_usd_per_hour=row.on_demand_usd_per_hour,
-                spot_usd_per_hour=row.spot_usd_per_hour,
-                currency=row.currency,
-                region=row.region,
-                country=row.country,
-                interconnect=row.interconnect,
-                fetched_at=row.fetched_at.isoformat(),
-                source=row.source,
-            )
-        )
+        seen[key] = number
+        offers.append(offer)
     if problems:
         raise PriceListError(problems)
     return offers
+
+
+def parse_price_list(text: str, fmt: str, specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:
+    """Validate every row of a CSV or JSON price list; return the offers, or raise PriceListError."""
+    if fmt not in ("csv", "json"):
+        raise PriceListError([f"format: {fmt!r} is not supported; use 'csv' or 'json'"])
+    return parse_rows(_rows_from_text(text, fmt), specs)
+
+
+EXPORT_COLUMNS = tuple(OfferRow.model_fields)
+
+
+def export_csv(offers: tuple[Offer, ...] | list[Offer]) -> str:
+    """The offers as a price-list CSV that ``parse_price_list`` reads back unchanged."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=EXPORT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for offer in offers:
+        row: dict[str, Any] = {}
+        for column in EXPORT_COLUMNS:
+            value = getattr(offer, column)
+            if value is None:
+                value = ""
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            row[column] = value
+        writer.writerow(row)
+    return out.getvalue()

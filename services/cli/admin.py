@@ -21,7 +21,14 @@ def register(sub: Subparsers) -> None:
     create_org.set_defaults(handler=cmd_create_org)
     create_key = admin_sub.add_parser("create-key", help="create an API key; prints the key alone")
     create_key.add_argument("--org", required=True, help="organization name")
-    create_key.add_argument("--admin", action="store_true", help="adds the admin scope (keys, audit, price lists)")
+    create_key.add_argument(
+        "--admin", action="store_true", help="adds the admin scope (its keys, audit log and own prices)"
+    )
+    create_key.add_argument(
+        "--platform-admin",
+        action="store_true",
+        help="may change the public catalog every organization plans on (POST /v1/platform/catalog/offers)",
+    )
     create_key.add_argument(
         "--scope", action="append", metavar="SCOPE", help="read, plan, agent or admin; repeat (default: read, plan)"
     )
@@ -42,9 +49,28 @@ def register(sub: Subparsers) -> None:
     rotate.add_argument("key", help="the key's id or its prefix")
     rotate.add_argument("--grace", type=int_arg("--grace"), default=0, metavar="S", help="old key works S more seconds")
     rotate.set_defaults(handler=cmd_rotate_key)
-    import_offers = admin_sub.add_parser("import-offers", help="import a CSV/JSON price list (all or nothing)")
+    import_offers = admin_sub.add_parser(
+        "import-offers",
+        help="upsert a CSV/JSON price list into the public catalog (all or nothing; other providers are kept)",
+    )
     import_offers.add_argument("file")
+    import_offers.add_argument(
+        "--replace-provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop all old offers of this provider first (repeatable)",
+    )
+    import_offers.add_argument(
+        "--org", metavar="NAME", help="import as this organization's own prices instead of the public catalog"
+    )
     import_offers.set_defaults(handler=cmd_import_offers)
+    remove = admin_sub.add_parser("remove-provider", help="remove every offer of a provider from the catalog")
+    remove.add_argument("provider", nargs="+")
+    remove.add_argument(
+        "--org", metavar="NAME", help="from this organization's own prices instead of the public catalog"
+    )
+    remove.set_defaults(handler=cmd_remove_provider)
 
 
 def _session_factory() -> sessionmaker[Session]:
@@ -93,8 +119,10 @@ def cmd_create_key(args: argparse.Namespace) -> int:
             expires_at=expires_at,
             node_id=args.node,
             run_id=args.run,
+            platform_admin=args.platform_admin,
         )
-        audit.record(session, org.id, "admin-cli", "key.create", f"key:{row.prefix}", "local", {"scopes": row.scopes})
+        detail = {"scopes": row.scopes, "platform_admin": row.platform_admin}
+        audit.record(session, org.id, "admin-cli", "key.create", f"key:{row.prefix}", "local", detail)
         print(key)
     return 0
 
@@ -158,7 +186,7 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
         raise CliError("--grace: 0 to 604800 seconds (7 days)")
     with unit_of_work(_session_factory()) as session:
         old = find_key(session, args.key)
-        key, row = rotate_key(session, old.organization_id, old.id, args.grace)
+        key, row = rotate_key(session, old.organization_id, old.id, args.grace, server_cli=True)
         audit.record(
             session, row.organization_id, "admin-cli", "key.rotate", f"key:{row.prefix}", "local", {"replaced": old.id}
         )
@@ -167,14 +195,50 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
 
 
 def cmd_import_offers(args: argparse.Namespace) -> int:
+    """Upsert the file's providers in one transaction: every row is checked first, nothing half-imported."""
     from services.catalog.service import import_price_list_file
     from services.core.db import unit_of_work
 
-    factory = _session_factory()
     path = Path(args.file)
     if not path.is_file():
-        raise SystemExit(f"gpuplan: error: import-offers: no file {args.file}")
+        raise CliError(f"import-offers: no file {args.file}")
+    factory = _session_factory()
     with unit_of_work(factory) as session:
-        version = import_price_list_file(session, path)
-        print(f"imported {version.rows} offers as catalog version {version.id}", file=sys.stderr)
+        organization_id = _organization_id(session, args.org)
+        result = import_price_list_file(
+            session, path, organization_id=organization_id, replace_providers=args.replace_provider
+        )
+        owner = f"organization {args.org!r}" if args.org else "the public catalog"
+        print(
+            f"imported {path.name} into {owner}: {result.added} added, {result.updated} updated, "
+            f"{result.kept} kept, {result.removed} removed; {result.version.rows} offers in version "
+            f"{result.version.id}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _organization_id(session: Session, name: str | None) -> str | None:
+    """The id of the organization named by --org; None (the public catalog) without it."""
+    from services.orgs.repository import OrganizationRepository
+
+    if name is None:
+        return None
+    org = OrganizationRepository(session).by_name(name)
+    if org is None:
+        raise CliError(f"--org: no organization named {name!r}")
+    return org.id
+
+
+def cmd_remove_provider(args: argparse.Namespace) -> int:
+    from services.catalog.service import remove_providers
+    from services.core.db import unit_of_work
+
+    with unit_of_work(_session_factory()) as session:
+        organization_id = _organization_id(session, args.org)
+        result = remove_providers(session, args.provider, source="cli removal", organization_id=organization_id)
+        print(
+            f"removed {result.removed} offers; {result.version.rows} offers in version {result.version.id}",
+            file=sys.stderr,
+        )
     return 0

@@ -113,8 +113,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    from services.cli.catalog import cli_offers
+
     plan = parse_plan(plan_from_args(args))
-    result = estimate(plan, args.gpu)
+    result = estimate(plan, args.gpu, offers=cli_offers())
     if args.json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:

@@ -44,9 +44,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise CliError(
                 "give --gpu NAME (and --gpus N), or a data set in the plan so the planner can pick the setup"
             )
+        from services.cli.catalog import cli_offers
         from services.planner import plan_setups
 
-        result = plan_setups(plan)
+        result = plan_setups(plan, offers=cli_offers())
         if not result.recommendations:
             raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
         rec = result.recommendations[0]

@@ -75,7 +75,9 @@ def _local_key(settings: Settings) -> str | None:
         if OrganizationRepository(session).by_name(LOCAL_ORG) is not None:
             return None
         create_organization(session, LOCAL_ORG)
-        key = create_key(session, LOCAL_ORG, admin=True)
+        # An organization admin (its own prices), never a platform admin: the public catalog stays with
+        # `gpuplan admin` on the server (issue 15 item 7).
+        key = create_key(session, LOCAL_ORG, admin=True, platform_admin=False)
     LOCAL_KEY_FILE.parent.mkdir(exist_ok=True)
     LOCAL_KEY_FILE.write_text(key + "\n", encoding="utf-8")
     os.chmod(LOCAL_KEY_FILE, 0o600)

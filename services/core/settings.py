@@ -103,6 +103,22 @@ class Settings(BaseSettings):
     # least 5 MiB per part but the last; at most 10,000 parts, so the part size also caps the file size).
     dataset_max_bytes: int = Field(default=20 * 2**30, ge=1, le=5 * 2**40, description="largest data set file")
     dataset_part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30, description="upload part size")
+    # Live price feeds (services/catalog/feeds): which providers the beat refreshes, how often, and each
+    # provider's endpoint and credential. Credentials are SecretStr: never in a repr, a log or an error.
+    catalog_feeds: str = Field(default="", description="comma list of runpod, lambda, vast, aws; empty = none")
+    catalog_refresh_interval_s: int = Field(default=6 * 3600, ge=300, le=7 * 86_400, description="beat refresh")
+    catalog_feed_timeout_s: float = Field(default=30.0, ge=1.0, le=300.0)
+    runpod_api_url: str = "https://api.runpod.io/graphql"
+    runpod_api_key: SecretStr | None = None
+    lambda_api_url: str = "https://cloud.lambdalabs.com/api/v1"
+    lambda_api_key: SecretStr | None = None
+    vast_api_url: str = "https://console.vast.ai/api/v0"
+    vast_api_key: SecretStr | None = None
+    aws_feed_regions: str = Field(default="us-east-1,us-west-2", description="comma list of EC2 region codes")
+    aws_pricing_endpoint_url: str | None = None
+    aws_ec2_endpoint_url: str | None = None
+    aws_access_key_id: str | None = Field(default=None, description="unset = boto3's credential chain")
+    aws_secret_access_key: SecretStr | None = None
 
     @field_validator("database_url")
     @classmethod
@@ -116,6 +132,17 @@ class Settings(BaseSettings):
         if value.startswith("postgresql://"):
             value = "postgresql+psycopg://" + value[len("postgresql://") :]
         return value
+
+    @field_validator("catalog_feeds")
+    @classmethod
+    def _known_feeds(cls, value: str) -> str:
+        from services.catalog.feeds import PROVIDERS
+
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(PROVIDERS))
+        if unknown:
+            raise ValueError(f"unknown feed {', '.join(unknown)}; feeds are {', '.join(PROVIDERS)}")
+        return ",".join(names)
 
     @field_validator("provider_instance_id_pattern")
     @classmethod
@@ -144,6 +171,10 @@ class Settings(BaseSettings):
         if self.database_url is not None:
             return self.database_url
         return f"sqlite:///{Path.cwd() / DEFAULT_SQLITE_FILE}"
+
+    @property
+    def feed_names(self) -> tuple[str, ...]:
+        return tuple(n for n in self.catalog_feeds.split(",") if n)
 
     @property
     def in_process_tasks(self) -> bool:

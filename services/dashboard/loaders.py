@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.catalog.service import active_offers, as_offers
+from services.catalog.service import catalog_offers
 from services.dashboard.views import NodeLifecycle
 from services.estimator.errors import EstimatorError
 from services.nodes.calibration import calibrated_utilisation
@@ -42,7 +42,7 @@ def candidate_setups(session: Session, row: PlanRow, safety_margin: float) -> li
         return []
     request = PlanRequest.model_validate(row.request)
     plan = request.to_plan()
-    offers = as_offers(active_offers(session))
+    offers = catalog_offers(session, row.organization_id)
     utilisation = calibrated_utilisation(session, row.organization_id, plan.method)
     try:
         recs, _rejections, _warnings = recommend(

@@ -25,12 +25,15 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the organization of the API key, whether the key may administer, and the key's
-    scopes and (for an agent key) the node and run it acts for."""
+    """Who is calling: the organization of the API key, whether the key administers that organization
+    (``admin``: its keys, audit log and its own price list), whether it is a platform-admin key (the
+    public catalog every organization plans on; minted only by the server's CLI), and the key's scopes
+    and (for an agent key) the node and run it acts for."""
 
     organization_id: str
     organization_name: str
     admin: bool
+    platform_admin: bool = False
     key_id: str | None = None
     key_prefix: str = ""
     scopes: frozenset[str] = field(default=DEFAULT_SCOPES)
@@ -77,10 +80,13 @@ def issue_key(
     node_id: str | None = None,
     run_id: str | None = None,
     rotated_from_id: str | None = None,
+    platform_admin: bool = False,
 ) -> tuple[str, ApiKey]:
     """Create a key for the organization; returns (the key, shown only now, and its row). An agent key
-    must be bound to a node (``node_id``), and only an agent key may be."""
-    chosen = _checked_scopes(scopes, admin)
+    must be bound to a node (``node_id``), and only an agent key may be. ``platform_admin`` keys manage
+    the public catalog; no API route mints one, only `gpuplan admin create-key --platform-admin` on
+    the server (direct database access)."""
+    chosen = _checked_scopes(scopes, admin or platform_admin)
     if name is not None and not _NAME.match(name):
         raise Unprocessable("name: 1-100 letters, digits, space, '.', '_' or '-'", field="name")
     if expires_at is not None and expires_at <= utcnow():
@@ -99,6 +105,7 @@ def issue_key(
             key_hash=hash_key(key),
             prefix=key[:10],
             admin="admin" in chosen,
+            platform_admin=platform_admin,
             scopes=format_scopes(chosen),
             name=name,
             expires_at=expires_at,
@@ -120,6 +127,7 @@ def create_key(
     expires_at: datetime | None = None,
     node_id: str | None = None,
     run_id: str | None = None,
+    platform_admin: bool = False,
 ) -> str:
     """Create an API key for the named organization and return it (the only time it is visible)."""
     org = OrganizationRepository(session).by_name(organization_name)
@@ -134,6 +142,7 @@ def create_key(
         expires_at=expires_at,
         node_id=node_id,
         run_id=run_id,
+        platform_admin=platform_admin,
     )
     return key
 
@@ -172,10 +181,17 @@ def revoke_key(session: Session, organization_id: str, key_id: str) -> ApiKey:
     return row
 
 
-def rotate_key(session: Session, organization_id: str, key_id: str, grace_s: int = 0) -> tuple[str, ApiKey]:
+def rotate_key(
+    session: Session, organization_id: str, key_id: str, grace_s: int = 0, *, server_cli: bool = False
+) -> tuple[str, ApiKey]:
     """A new key with the old one's scopes, name, binding and expiry; the old key is revoked now, or
-    with ``grace_s`` stays valid that many seconds so running clients can switch."""
+    with ``grace_s`` stays valid that many seconds so running clients can switch. A platform-admin key
+    is rotated only by the server's CLI (``server_cli``), which alone mints such keys."""
     old = _key_in_org(session, organization_id, key_id)
+    if old.platform_admin and not server_cli:
+        raise Conflict(
+            "a platform-admin key is rotated on the server: gpuplan admin rotate-key <prefix>", field="key_id"
+        )
     if old.revoked_at is not None:
         raise Conflict(f"key {key_id} is revoked; create a new key instead", field="key_id")
     now = utcnow()
@@ -190,6 +206,7 @@ def rotate_key(session: Session, organization_id: str, key_id: str, grace_s: int
         node_id=old.node_id,
         run_id=old.run_id,
         rotated_from_id=old.id,
+        platform_admin=old.platform_admin,
     )
     if grace_s <= 0:
         old.revoked_at = now
@@ -216,6 +233,7 @@ def principal_for_hash(session: Session, key_hash: str) -> Principal | None:
         organization_id=found.organization_id,
         organization_name=org_name,
         admin="admin" in scopes,
+        platform_admin=found.platform_admin,
         key_id=found.id,
         key_prefix=found.prefix,
         scopes=scopes,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Index, String
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.db import Base, IdMixin, TimestampMixin, UtcDateTime
@@ -24,6 +24,9 @@ class ApiKey(IdMixin, TimestampMixin, Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The platform admin manages the public catalog every organization plans on. Only the server's
+    # own CLI (`gpuplan admin create-key --platform-admin`, direct database access) can mint such a key.
+    platform_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     name: Mapped[str | None] = mapped_column(String(100), default=None)
     # Comma-separated subset of read, plan, agent, admin (services/orgs/scopes.py).

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.errors import with_api_hint
-from services.catalog.service import active_offers, as_offers
+from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.leases import SweepDecision
@@ -235,7 +235,7 @@ def compute(session: Session, request: PlanRequest, safety_margin: float, organi
     with the organization's calibrated utilisation where its nodes measured the card and method."""
     plan = request.to_plan()
     report = estimate(plan)
-    offers = as_offers(active_offers(session))
+    offers = catalog_offers(session, organization_id)
     utilisation = calibrated_utilisation(session, organization_id, plan.method)
     recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
     if request.dataset_id is not None:

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
-from services.catalog.service import active_offers, as_offers
+from services.catalog.service import catalog_offers
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.estimator.errors import EstimatorError
@@ -77,7 +77,7 @@ def create_quote(
     constraints = plan_request.constraints.model_copy(
         update={"max_gpus": max(wanted, plan_request.constraints.max_gpus)}
     )
-    offers = as_offers(active_offers(session))
+    offers = catalog_offers(session, principal.organization_id)
     if request.gpu is not None:
         try:
             gpu_name = find_gpu(request.gpu).name

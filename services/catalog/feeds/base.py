@@ -1,0 +1,142 @@
+"""What every feed shares: the rows it produces, its errors, name mapping, and a guarded JSON fetch."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.estimator.errors import EstimatorError
+
+# A provider's whole offer list is a few MB at most (Vast's marketplace is the largest); more is refused.
+MAX_RESPONSE_BYTES = 32 * 2**20
+
+
+class FeedError(Exception):
+    """A fetch that failed: the message names the provider and the cause, never a credential."""
+
+
+@dataclass
+class FeedOffers:
+    """Price-list rows (the columns of a price list) and the provider names no known card matched."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
+
+    def note(self) -> str | None:
+        if not self.skipped:
+            return None
+        names = sorted(self.skipped)
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        return f"skipped offers of cards gpuplan has no spec for: {', '.join(names[:10])}{more}"
+
+
+@dataclass(frozen=True)
+class NameMapping:
+    """One provider name (instance type, GPU id) and what it rents: the card, GPUs per node, links."""
+
+    provider: str
+    name: str
+    gpu: str
+    gpus_per_node: int | None
+    interconnect: str
+    inter_node_gbit_per_s: float | None
+    source: str
+
+
+@functools.cache
+def name_mappings() -> dict[tuple[str, str], NameMapping]:
+    """The provider-name table (feeds/data/names.csv), keyed by (provider, lower-case name)."""
+    text = resources.files("services.catalog.feeds").joinpath("data/names.csv").read_text(encoding="utf-8")
+    body = "".join(line for line in text.splitlines(True) if not line.startswith("#"))
+    out = {}
+    for row in csv.DictReader(body.splitlines()):
+        mapping = NameMapping(
+            provider=row["provider"],
+            name=row["name"],
+            gpu=row["gpu"],
+            gpus_per_node=int(row["gpus_per_node"]) if row["gpus_per_node"] else None,
+            interconnect=row["interconnect"],
+            inter_node_gbit_per_s=float(row["inter_node_gbit_per_s"]) if row["inter_node_gbit_per_s"] else None,
+            source=row["source"],
+        )
+        out[(mapping.provider, mapping.name.lower())] = mapping
+    return out
+
+
+def mapping_for(provider: str, name: str) -> NameMapping | None:
+    return name_mappings().get((provider, name.strip().lower()))
+
+
+def known_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec | None:
+    """The card a provider's name means, matched forgivingly; None when gpuplan has no spec for it."""
+    try:
+        return find_gpu(name, specs if specs is not None else gpu_specs())
+    except EstimatorError:
+        return None
+
+
+def cheapest_per_key(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (provider, gpu, region, gpus_per_node), the cheapest on demand (a price list allows one)."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["provider"], row["gpu"], row.get("region", ""), row.get("gpus_per_node", 1))
+        if key not in best or row["on_demand_usd_per_hour"] < best[key]["on_demand_usd_per_hour"]:
+            best[key] = row
+    return list(best.values())
+
+
+def scrub(text: str, secrets: Iterable[str | None]) -> str:
+    """The text with every secret replaced, so no credential reaches an error, a log or the API."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def fetch_json(
+    provider: str,
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: Any = None,
+    timeout_s: float = 30.0,
+    secrets: Iterable[str | None] = (),
+) -> Any:
+    """One HTTP call to a provider's API; its JSON answer, or FeedError with a short, scrubbed reason.
+
+    Redirects are not followed (the credential would travel to another host) and the answer is capped
+    at MAX_RESPONSE_BYTES.
+    """
+    import httpx
+
+    secret_list = list(secrets)
+    try:
+        with (
+            httpx.Client(timeout=timeout_s, follow_redirects=False) as client,
+            client.stream(method, url, headers=headers, json=body) as response,
+        ):
+            chunks = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise FeedError(f"{provider}: answer larger than {MAX_RESPONSE_BYTES} bytes")
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        raise FeedError(scrub(f"{provider}: cannot reach the API ({type(exc).__name__}: {exc})", secret_list)) from None
+    if status >= 400:
+        snippet = raw[:200].decode("utf-8", "replace").replace("\n", " ")
+        raise FeedError(scrub(f"{provider}: HTTP {status} from the API: {snippet}", secret_list))
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise FeedError(f"{provider}: the API answered with something that is not JSON") from None

@@ -1,0 +1,99 @@
+"""The price-list parser (pure): whole-file rejection naming row and field, the v2 columns, export."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.catalog.offers import bundled_offers
+from services.catalog.pricelist import PriceListError, export_csv, parse_price_list
+
+HEADER = "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour,region,gpus_per_node\n"
+
+
+def _problems(text: str, fmt: str = "csv") -> list[str]:
+    with pytest.raises(PriceListError) as info:
+        parse_price_list(text, fmt)
+    return info.value.problems
+
+
+def test_every_bad_row_is_named_with_its_field() -> None:
+    problems = _problems(
+        HEADER
+        + "acme,H100,3.5,,eu,1\n"
+        + "acme,Voodoo 5,1.0,,eu,1\n"
+        + "acme,A100 80GB,-2,,eu,1\n"
+        + "acme,H100 SXM5,3.4,,eu,1\n"
+        + "acme,L4,0.5,-0.1,eu,1\n"
+        + "acme,L4,0.5,,eu,0\n"
+    )
+    assert problems[0].startswith("row 2: gpu: unknown GPU 'Voodoo 5'")
+    assert problems[1].startswith("row 3: on_demand_usd_per_hour: input should be greater than 0")
+    assert problems[2].startswith("row 4: duplicate offer for acme H100 SXM x1 region 'eu'") and "row 1" in problems[2]
+    assert problems[3].startswith("row 5: spot_usd_per_hour:")
+    assert problems[4].startswith("row 6: gpus_per_node:")
+    assert len(problems) == 5
+
+
+@pytest.mark.parametrize("cell", ["=1+2", "+1", "@SUM(A1)", "-cmd", '=HYPERLINK("http://x")'])
+def test_formula_looking_cells_are_refused(cell: str) -> None:
+    problems = _problems(HEADER + f"acme,L4,0.5,,{cell},1\n")
+    assert problems == [problems[0]] and problems[0].startswith("row 1: region: looks like a spreadsheet formula")
+
+
+def test_formula_in_json_and_a_nul_byte_are_refused() -> None:
+    problems = _problems('[{"provider": "=cmd", "gpu": "L4", "on_demand_usd_per_hour": 1}]', "json")
+    assert problems[0].startswith("row 1: provider: looks like a spreadsheet formula")
+    problems = _problems('[{"provider": "a\\u0000b", "gpu": "L4", "on_demand_usd_per_hour": 1}]', "json")
+    assert problems == ["row 1: provider: contains a NUL byte"]
+
+
+def test_a_negative_number_is_reported_as_a_number_not_a_formula() -> None:
+    problems = _problems(HEADER + "acme,L4,-0.5,,eu,1\n")
+    assert problems[0].startswith("row 1: on_demand_usd_per_hour: input should be greater than 0")
+
+
+def test_v2_columns_are_read_and_empty_cells_keep_defaults() -> None:
+    text = (
+        "provider,gpu,on_demand_usd_per_hour,gpus_per_node,whole_nodes_only,inter_node_gbit_per_s,"
+        "billing_increment_s,billing_minimum_s,startup_s,download_gbit_per_s,preemption_per_hour,fetched_at\n"
+        "acme,H100,3.0,8,true,3200,3600,3600,420,25,0.08,2026-11-30T10:15:00+01:00\n"
+        "acme,L4,0.5,,,,,,,,,\n"
+    )
+    big, small = parse_price_list(text, "csv")
+    assert (big.whole_nodes_only, big.inter_node_gbit_per_s, big.billing_increment_s, big.billing_minimum_s) == (
+        True,
+        3200,
+        3600,
+        3600,
+    )
+    assert (big.startup_s, big.download_gbit_per_s, big.preemption_per_hour) == (420, 25, 0.08)
+    assert big.fetched_at == "2026-11-30T09:15:00Z"
+    assert (small.gpus_per_node, small.whole_nodes_only, small.billing_increment_s, small.startup_s) == (
+        1,
+        False,
+        1,
+        None,
+    )
+    assert len(small.fetched_at) == 10
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("billing_increment_s", "0"),
+        ("billing_minimum_s", "-60"),
+        ("inter_node_gbit_per_s", "0"),
+        ("preemption_per_hour", "500"),
+        ("whole_nodes_only", "maybe"),
+        ("fetched_at", "2026-11-30T10:00:00"),
+        ("fetched_at", "yesterday"),
+    ],
+)
+def test_bad_v2_values_name_the_column(column: str, value: str) -> None:
+    problems = _problems(f"provider,gpu,on_demand_usd_per_hour,{column}\nacme,L4,0.5,{value}\n")
+    assert problems[0].startswith(f"row 1: {column}:"), problems
+
+
+def test_export_reads_back_unchanged() -> None:
+    offers = list(bundled_offers())
+    assert parse_price_list(export_csv(offers), "csv") == offers

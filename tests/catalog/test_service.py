@@ -1,0 +1,91 @@
+"""The catalog service over a migrated database: additive imports, organization overlays, pruning."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.catalog.pricelist import parse_price_list
+from services.catalog.service import KEEP_INACTIVE_VERSIONS, active_offers, catalog_offers, import_offers
+from services.catalog.tables import CatalogVersion, GpuOfferRow
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.errors import Unprocessable
+from services.core.migrate import upgrade
+from services.orgs.service import create_organization
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
+    upgrade(url)
+    yield make_sessionmaker(make_engine(url))
+
+
+def _offers(text: str) -> list:  # type: ignore[type-arg]
+    return parse_price_list("provider,gpu,on_demand_usd_per_hour,region\n" + text, "csv")
+
+
+def test_an_import_upserts_its_providers_and_keeps_the_rest(factory: sessionmaker[Session]) -> None:
+    with unit_of_work(factory) as session:
+        before = catalog_offers(session)
+        result = import_offers(session, _offers("cloudrux,L4,0.70,partner-dc\nnewco,H100,3,eu\n"), source="t")
+        assert (result.added, result.updated, result.kept, result.removed) == (1, 1, 13, 0)
+    with unit_of_work(factory) as session:
+        after = catalog_offers(session)
+    assert len(after) == len(before) + 1
+    assert [o.on_demand_usd_per_hour for o in after if (o.provider, o.gpu) == ("cloudrux", "L4")] == [0.70]
+    assert {o for o in before if o.provider == "example-cloud"} == {o for o in after if o.provider == "example-cloud"}
+
+
+def test_replacing_a_provider_drops_its_other_offers_in_the_same_version(factory: sessionmaker[Session]) -> None:
+    with unit_of_work(factory) as session:
+        result = import_offers(
+            session, _offers("cloudrux,L4,0.70,partner-dc\n"), source="t", replace_providers=["cloudrux"]
+        )
+        assert (result.updated, result.removed, result.kept) == (1, 8, 5)
+        assert sorted(o.gpu for o in catalog_offers(session) if o.provider == "cloudrux") == ["L4"]
+        with pytest.raises(Unprocessable) as info:
+            import_offers(session, _offers("a,L4,1,x\n"), source="t", replace_providers=["nobody"])
+        assert info.value.field == "replace_provider" and "cloudrux" in info.value.message
+
+
+def test_an_organizations_offers_overlay_the_public_ones_for_it_alone(factory: sessionmaker[Session]) -> None:
+    with unit_of_work(factory) as session:
+        alpha = create_organization(session, "alpha").id
+        beta = create_organization(session, "beta").id
+        public = catalog_offers(session)
+        import_offers(
+            session, _offers("cloudrux,L4,0.10,partner-dc\nown,A40,0.01,lab\n"), source="t", organization_id=alpha
+        )
+        assert catalog_offers(session, beta) == public == catalog_offers(session)
+        mine = catalog_offers(session, alpha)
+        assert len(mine) == len(public) + 1
+        assert [o.on_demand_usd_per_hour for o in mine if (o.provider, o.gpu) == ("cloudrux", "L4")] == [0.10]
+        # Filters apply after the overlay: the overridden public L4 never shows through.
+        cheap = active_offers(session, alpha, gpu="L4")
+        assert [(r.provider, r.on_demand_usd_per_hour) for r in cheap] == [("cloudrux", 0.10)]
+        assert active_offers(session, alpha, gpu="L4", max_usd_per_hour=0.05) == []
+
+
+def test_old_versions_are_pruned(factory: sessionmaker[Session]) -> None:
+    with unit_of_work(factory) as session:
+        for i in range(KEEP_INACTIVE_VERSIONS + 5):
+            import_offers(session, _offers(f"newco,H100,{3 + i / 100},eu\n"), source=f"import {i}")
+    with unit_of_work(factory) as session:
+        versions = session.scalar(
+            select(func.count()).select_from(CatalogVersion).where(CatalogVersion.kind == "offers")
+        )
+        assert versions == KEEP_INACTIVE_VERSIONS + 1
+        rows = session.scalar(select(func.count()).select_from(GpuOfferRow))
+        assert rows == (KEEP_INACTIVE_VERSIONS + 1) * 15
+
+
+def test_the_migrated_catalog_is_the_bundled_list_with_its_v2_columns(factory: sessionmaker[Session]) -> None:
+    from services.catalog.offers import bundled_offers
+
+    with unit_of_work(factory) as session:
+        assert set(catalog_offers(session)) == set(bundled_offers())
