@@ -184,3 +184,15 @@ def test_dashboard_sign_out_ends_the_session_on_the_server(api: Api) -> None:
     assert new_plan.status_code == 403  # read only: no planning from the dashboard either
     api.client.post(f"/v1/keys/{made['id']}/revoke", headers=api.headers("admin"))
     assert c.get("/dashboard/plans", follow_redirects=False).status_code == 303
+
+
+def test_a_platform_admin_key_is_not_rotated_over_the_api(api: Api) -> None:
+    from services.orgs.service import create_key
+
+    with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
+        platform = create_key(session, "alpha", platform_admin=True)
+    listed = api.client.get("/v1/keys", headers=api.headers("admin")).json()["items"]
+    platform_id = next(k["id"] for k in listed if k["prefix"] == platform[:10])
+    refused = api.client.post(f"/v1/keys/{platform_id}/rotate", headers=api.headers("admin"))
+    assert refused.status_code == 409 and "gpuplan admin rotate-key" in refused.json()["message"]
+    assert api.client.get("/v1/plans", headers=_auth(platform)).status_code == 200  # still its key
