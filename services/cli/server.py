@@ -133,6 +133,13 @@ def cmd_celery(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"gpuplan: error: {args.command} needs GPUPLAN_REDIS_URL (the embedded default runs tasks in process)"
         )
+    if args.command == "worker" and settings.worker_metrics_port:
+        # Before prometheus_client is first imported: the pool's processes write their samples here.
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpuplan-worker-metrics-")
+        from services.core.metrics import serve_multiprocess_metrics
+
+        serve_multiprocess_metrics(settings.host, settings.worker_metrics_port)
     migrate_database(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
     from workers.celery_app import QUEUES, app

@@ -5,7 +5,7 @@ units (seconds), ``_total`` on counters."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 # Latency buckets from 1 ms to 10 s: POST /v1/estimate aims at p99 < 50 ms, list pages at a few ms.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -34,3 +34,13 @@ SWEEP_DECISIONS = Counter(
     ["sweep", "decision"],
 )
 RATE_LIMITED = Counter("gpuplan_rate_limited_total", "requests answered 429, by limit", ["limit"])
+
+
+def serve_multiprocess_metrics(host: str, port: int) -> None:
+    """A Celery worker's /metrics on ``host:port`` (GPUPLAN_WORKER_METRICS_PORT): the samples of all its
+    pool processes, written under PROMETHEUS_MULTIPROC_DIR."""
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    start_http_server(port, addr=host, registry=registry)

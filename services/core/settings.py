@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     quota_nodes: int = Field(default=200, ge=0, le=1_000_000, description="nodes (not stopped) per organization")
     api_workers: int = Field(default=1, ge=1, le=64, description="API processes `gpuplan serve` starts")
     access_log: bool = Field(default=True, description="one line per API request on stderr (gpuplan serve)")
+    worker_metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="a Celery worker serves its task metrics here (0: off)"
+    )
     # GET /metrics: open (keep it on the internal network) unless a token is set.
     metrics_token: SecretStr | None = Field(default=None, description="Bearer token /metrics asks for")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a

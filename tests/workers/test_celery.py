@@ -122,14 +122,26 @@ def _wait(client: TestClient, key: str, plan_id: str, statuses: tuple[str, ...],
 
 @pytest.mark.slow
 def test_a_celery_worker_estimates_a_submitted_plan(stack: Stack) -> None:
-    stack.start_worker()
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    stack.start_worker(GPUPLAN_WORKER_METRICS_PORT=str(metrics_port))
     app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
     with TestClient(app) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         body = _wait(client, stack.key, plan_id, ("done", "failed"), 90)
+        queue_metrics = client.get("/metrics").text
     assert body["status"] == "done", body
     assert body["recommendations"] and body["attempts"] == 1
+    assert 'gpuplan_queue_depth{queue="estimate"}' in queue_metrics  # read from Redis at scrape time
+    # The worker's own /metrics: the task ran in its pool process and was timed there.
+    worker_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    assert 'gpuplan_task_duration_seconds_count{outcome="ok",task="gpuplan.plans.estimate"} 1.0' in worker_metrics
 
 
 @pytest.mark.slow
