@@ -50,7 +50,13 @@ def estimate_plan(plan_id: str) -> None:
     _leased(
         ESTIMATE_TASK,
         plan_id,
-        lambda pid: run_plan(_sessions(), pid, settings.safety_margin, settings.task_debug_delay_s),
+        lambda pid: run_plan(
+            _sessions(),
+            pid,
+            settings.safety_margin,
+            settings.task_debug_delay_s,
+            cpu_budget_s=settings.plan_cpu_budget_s,
+        ),
     )
 
 

@@ -1,28 +1,66 @@
-"""Speed of a plan over the whole bundled catalog (DESIGN.md: under 100 ms).
+"""Speed of a whole plan over the bundled catalog and over a generated catalog of 5,000 offers
+(DESIGN.md: a plan over 5,000 offers under 150 ms).
 
 Plans Llama-3.1-8B with QLoRA, LoRA and full fine-tuning (and a 70B full fine-tune, the heavier search)
-over every bundled offer, from scratch each time (architecture, search, rejections and their
-suggestions), and reports the median of several rounds.
+from scratch each time (architecture, search, pricing, rejections and their fixes), and reports the
+median of several rounds. The generated catalog is deterministic (seeded): 60 providers, every bundled
+GPU, node sizes 1-8, whole-node and per-GPU offers, networks from none to 3200 Gbit/s, per-second to
+hourly billing, half of them with spot prices.
 Run: ``python -m benchmarks.planner.run`` (writes benchmarks/results/planner.json).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from services.catalog.offers import bundled_offers
+from services.catalog.gpus import gpu_specs
+from services.catalog.offers import Offer, bundled_offers
 from services.estimator.plan import Method, Plan
 from services.planner import plan_setups
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-TARGET_MS = 100.0
-REPEAT = 20
+TARGET_MS = 150.0
+REPEAT = 10
 ROUNDS = 5
+GENERATED_OFFERS = 5000
+
+
+def generated_catalog(n: int = GENERATED_OFFERS, seed: int = 7) -> tuple[Offer, ...]:
+    """A deterministic catalog of ``n`` offers spanning every shape the planner distinguishes."""
+    rnd = random.Random(seed)
+    specs = gpu_specs()
+    offers = []
+    for i in range(n):
+        spec = rnd.choice(specs)
+        price = round(rnd.uniform(0.2, 12.0), 2)
+        spot = round(price * rnd.uniform(0.25, 0.6), 2) if rnd.random() < 0.5 else None
+        offers.append(
+            Offer(
+                provider=f"provider-{i % 60}",
+                gpu=spec.name,
+                gpus_per_node=rnd.choice((1, 2, 4, 8)),
+                on_demand_usd_per_hour=price,
+                spot_usd_per_hour=spot,
+                currency="USD",
+                region=f"region-{i % 13}",
+                country="",
+                interconnect=rnd.choice(("NVLink", "PCIe", "")),
+                fetched_at="2026-11-01",
+                source="generated",
+                whole_nodes_only=rnd.random() < 0.3,
+                inter_node_gbit_per_s=rnd.choice((None, 100.0, 400.0, 3200.0)),
+                billing_increment_s=rnd.choice((1, 60, 3600)),
+                billing_minimum_s=rnd.choice((0, 60, 600)),
+            )
+        )
+    return tuple(offers)
 
 
 def _plan(method: Method, model: str = "meta-llama/Llama-3.1-8B") -> Plan:
@@ -38,16 +76,20 @@ def _plan(method: Method, model: str = "meta-llama/Llama-3.1-8B") -> Plan:
     )
 
 
-def _round_medians(plan: Plan) -> list[float]:
-    medians = []
+def _round_medians(plan: Plan, offers: tuple[Offer, ...]) -> tuple[list[float], list[float]]:
+    """Per round, the median wall-clock and the median CPU time of one plan (the CPU time is what the
+    plan costs on an idle core; the wall-clock includes waiting for a core on a shared machine)."""
+    walls, cpus = [], []
     for _ in range(ROUNDS):
-        samples = []
+        wall, cpu = [], []
         for _ in range(REPEAT):
-            start = time.perf_counter()
-            plan_setups(plan)
-            samples.append(time.perf_counter() - start)
-        medians.append(statistics.median(samples))
-    return medians
+            start, start_cpu = time.perf_counter(), time.process_time()
+            plan_setups(plan, offers)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        walls.append(statistics.median(wall))
+        cpus.append(statistics.median(cpu))
+    return walls, cpus
 
 
 def main() -> int:
@@ -58,34 +100,46 @@ def main() -> int:
         # A heavier search: most cards need several nodes, the smallest get rejections with suggestions.
         "llama-3.1-70b_full": _plan("full", "meta-llama/Llama-3.1-70B"),
     }
+    catalogs = {"bundled": bundled_offers(), "generated_5000": generated_catalog()}
     rows: dict[str, Any] = {}
-    for name, plan in cases.items():
-        result = plan_setups(plan)  # warm the bundled data caches (model config, GPU specs, offers)
-        medians = _round_medians(plan)
+    for (name, plan), (catalog, offers) in [(c, k) for k in catalogs.items() for c in cases.items()]:
+        name = f"{name}@{catalog}"
+        result = plan_setups(plan, offers)  # warm the bundled data caches (model config, GPU specs, offers)
+        medians, cpu_medians = _round_medians(plan, offers)
         best = result.recommendations[0] if result.recommendations else None
         rows[name] = {
             "median_ms": round(statistics.median(medians) * 1e3, 3),
+            "median_cpu_ms": round(statistics.median(cpu_medians) * 1e3, 3),
             "min_round_median_ms": round(min(medians) * 1e3, 3),
             "max_round_median_ms": round(max(medians) * 1e3, 3),
             "repeat_per_round": REPEAT,
             "rounds": ROUNDS,
-            "offers": len(bundled_offers()),
+            "offers": len(offers),
             "candidates_evaluated": result.candidates_evaluated,
             "recommendations": len(result.recommendations),
             "rejections": len(result.rejections),
-            "cheapest": None if best is None else f"{best.gpus} x {best.gpu} ({best.provider}) ${best.cost_usd:.2f}",
+            "cheapest": None
+            if best is None
+            else f"{best.gpus} x {best.gpu} ({best.provider}, {best.pricing}) ${best.expected_cost_usd:.2f}",
         }
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    rows["_machine"] = {"cpus": os.cpu_count(), "load_average_1min": load, "target_ms": TARGET_MS}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "planner.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    slowest = 0.0
+    slowest_wall = slowest_cpu = 0.0
     for name, row in rows.items():
-        slowest = max(slowest, row["median_ms"])
+        if name.startswith("_"):
+            continue
+        slowest_wall = max(slowest_wall, row["median_ms"])
+        slowest_cpu = max(slowest_cpu, row["median_cpu_ms"])
         print(
-            f"{name:22} median {row['median_ms']:7.2f} ms (rounds {row['min_round_median_ms']:.2f}-"
-            f"{row['max_round_median_ms']:.2f}), {row['candidates_evaluated']} candidates, cheapest {row['cheapest']}"
+            f"{name:38} median {row['median_ms']:7.2f} ms wall, {row['median_cpu_ms']:7.2f} ms CPU (rounds "
+            f"{row['min_round_median_ms']:.2f}-{row['max_round_median_ms']:.2f}), "
+            f"{row['candidates_evaluated']} candidates, cheapest {row['cheapest']}"
         )
-    print(f"target < {TARGET_MS:g} ms: {'met' if slowest < TARGET_MS else 'MISSED'}")
-    return 0 if slowest < TARGET_MS else 1
+    print(f"load average {load}; slowest median {slowest_wall:.1f} ms wall, {slowest_cpu:.1f} ms CPU")
+    print(f"target < {TARGET_MS:g} ms (CPU time): {'met' if slowest_cpu < TARGET_MS else 'MISSED'}")
+    return 0 if slowest_cpu < TARGET_MS else 1
 
 
 if __name__ == "__main__":

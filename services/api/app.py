@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,8 +14,10 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from services.api.deps import Database
-from services.api.errors import install_error_handlers
+from services.api.errors import ErrorBody, install_error_handlers
 from services.api.metrics import install as install_metrics
+from services.api.middleware import BodyLimit, RequestLimits
+from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
@@ -47,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runner = InProcessRunner(
             settings.background_workers,
             {
-                ESTIMATE_TASK: estimate_task(factory, settings.safety_margin),
+                ESTIMATE_TASK: estimate_task(factory, settings.safety_margin, settings.plan_cpu_budget_s),
                 TRACE_TASK: trace_task(factory),
                 datasets_service.CHECK_TASK: datasets_service.check_task(factory, settings),
             },
@@ -92,6 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.db = Database(factory, runner, settings)
     app.state.engine = engine
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes, exceptions=upload_limits())
+    # Added last, so outermost: it also times, counts and logs the requests the body limit refuses.
     install_metrics(app, app.state.db, settings)
     app.include_router(plans_router)
     app.include_router(catalog_router)
@@ -113,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "process_id": os.getpid(),
         }
 
+    document_error_responses(app)
     return app
 
 
@@ -128,3 +134,55 @@ def create_served_app(settings: Settings | None = None) -> FastAPI:
         access.setLevel(logging.INFO)
         access.propagate = False
     return create_app(settings)
+
+
+def upload_limits() -> tuple[BodyLimit, ...]:
+    """The routes exempt from GPUPLAN_MAX_REQUEST_BYTES, each with the limit it keeps instead."""
+    dataset = r"/v1/datasets/[A-Za-z0-9_-]{1,64}"
+    return (
+        # Streamed and refused by the route itself past the part size (GPUPLAN_DATASET_PART_BYTES).
+        BodyLimit("PUT", re.compile(dataset + r"/parts/[^/]+"), None, "data set part: the upload's part size"),
+        # Streamed and refused by the route past TOKENIZER_MAX_BYTES (a tokenizer.json is often 10+ MB).
+        BodyLimit("PUT", re.compile(dataset + r"/tokenizer"), None, "tokenizer.json: TOKENIZER_MAX_BYTES"),
+        # A price list of thousands of offers can pass 1 MiB; it keeps the import's own limit.
+        BodyLimit(
+            "POST", re.compile(r"/v1/(admin|platform)/catalog/offers"), MAX_PRICE_LIST_BYTES, "price list import"
+        ),
+    )
+
+
+_ERROR_RESPONSES: dict[int, str] = {
+    400: "malformed request (e.g. a Content-Length that is not a number)",
+    401: "missing or unknown API key",
+    403: "the key may not do this",
+    404: "no such resource in the caller's organization",
+    409: "conflicts with the resource's state",
+    413: "request body over GPUPLAN_MAX_REQUEST_BYTES (or the route's own limit)",
+    422: "invalid input: the message names the field and what is allowed",
+    429: "over a rate limit or quota: Retry-After gives the seconds to wait",
+    503: "a setting or service the request needs is not configured",
+}
+
+
+def document_error_responses(app: FastAPI) -> None:
+    """Declare the error answers every API operation can give, with their body, in the OpenAPI schema
+    (so clients and schemathesis know every status code the API answers)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.setdefault("ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"))
+        body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        for operations in schema.get("paths", {}).values():
+            for method, operation in operations.items():
+                if method not in ("get", "put", "post", "delete", "patch"):
+                    continue
+                responses = operation.setdefault("responses", {})
+                for status, description in _ERROR_RESPONSES.items():
+                    # FastAPI's own 422 describes its {"detail": [...]} body; ours is ErrorBody.
+                    if str(status) not in responses or status == 422:
+                        responses[str(status)] = {"description": description, "content": body}
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -2,14 +2,78 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from services.core.errors import GpuplanError, TooManyRequests
 from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import describe_error_list, describe_errors
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type"}
+_NOT_AN_OBJECT = frozenset(("model_attributes_type", "dict_type", "model_type", "missing", "list_type"))
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: a code, one readable line, and the field it concerns where there is one."""
+
+    error: str
+    message: str
+    field: str | None = None
+    details: Any = None
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _body_problem(request: Request, errors: list[Any]) -> str | None:
+    """A message for a body that is missing or not JSON (the route reads a JSON object)."""
+    whole_body = [e for e in errors if tuple(e.get("loc", ())) == ("body",) and e.get("type") in _NOT_AN_OBJECT]
+    if not whole_body:
+        return None
+    content_type = request.headers.get("content-type")
+    if whole_body[0]["type"] == "missing":
+        return "body: missing; send the request body as JSON with the header Content-Type: application/json"
+    if not _is_json(content_type):
+        got = f"got Content-Type: {content_type}" if content_type else "no Content-Type was given"
+        return f"body: must be JSON sent with the header Content-Type: application/json ({got})"
+    return None
+
+
+def _json_syntax(errors: list[Any], body: Any) -> str | None:
+    """FastAPI's own JSON decode error ("65: jSON decode error") as a line naming the position."""
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            loc = err.get("loc", ())
+            pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+            reason = (err.get("ctx") or {}).get("error", "not valid JSON")
+            if pos is None or not isinstance(body, str):
+                return f"body: not valid JSON: {reason}"
+            line = body.count("\n", 0, pos) + 1
+            column = pos - (body.rfind("\n", 0, pos) + 1) + 1
+            return f"body: not valid JSON at line {line}, column {column} (character {pos}): {reason}"
+    return None
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's 405 names only the first route's):
+    the router is asked, method by method, whether a route matches fully."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def with_api_hint(message: str, exc: EstimatorError) -> str:
@@ -29,8 +93,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = describe_error_list(exc.errors()) or ["invalid request"]
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        special = _json_syntax(errors, exc.body)
+        if special is not None and "content-type" not in request.headers:
+            special += "; send JSON with the header Content-Type: application/json"
+        special = special or _body_problem(request, errors)
+        if special is not None:
+            return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
+        problems = describe_error_list(errors) or ["invalid request"]
         return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
 
     @app.exception_handler(ValidationError)
@@ -43,3 +114,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             {"error": "invalid", "message": with_api_hint(str(exc), exc), "field": exc.field}, status_code=422
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            allowed = allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            message = f"method {request.method} is not allowed here; allowed: {', '.join(allowed)}"
+        body = {"error": _HTTP_CODES.get(exc.status_code, "http_error"), "message": message}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers or None)

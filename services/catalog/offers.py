@@ -1,4 +1,11 @@
-"""Provider price lists (versioned data files): what one GPU-hour costs where."""
+"""Provider price lists (versioned data files): what one GPU-hour costs where, and how it is rented.
+
+Schema version 2 (the shared Offer contract): besides the price, an offer says how its GPUs are sold
+(``gpus_per_node``: the most GPUs one node has; ``whole_nodes_only``), whether the provider links nodes
+(``inter_node_gbit_per_s``), how it bills (``billing_increment_s``, ``billing_minimum_s``), and what a
+run pays before training starts (``startup_s``, ``download_gbit_per_s``) and on spot
+(``preemption_per_hour``). Empty optional columns mean "the planner's sourced default".
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import functools
 import io
 from dataclasses import dataclass
 from importlib import resources
+
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -31,24 +40,81 @@ class Offer:
     preemption_per_hour: float | None = None
 
 
+class OfferParseError(ValueError):
+    """A price-list row the parser cannot read: names the row (1-based, after the header) and the column."""
+
+    def __init__(self, row: int, column: str, message: str) -> None:
+        super().__init__(f"row {row}, column {column!r}: {message}")
+        self.row = row
+        self.column = column
+
+
+def _optional_float(row: dict[str, str], column: str, index: int) -> float | None:
+    value = (row.get(column) or "").strip()
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise OfferParseError(index, column, f"not a number: {value!r}") from None
+    if number < 0 or number != number:
+        raise OfferParseError(index, column, f"must be a non-negative number, got {value!r}")
+    return number
+
+
+def _int(row: dict[str, str], column: str, index: int, default: int, minimum: int) -> int:
+    value = (row.get(column) or "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise OfferParseError(index, column, f"not a whole number: {value!r}") from None
+    if number < minimum:
+        raise OfferParseError(index, column, f"must be at least {minimum}, got {number}")
+    return number
+
+
+def _bool(row: dict[str, str], column: str, index: int) -> bool:
+    value = (row.get(column) or "").strip().lower()
+    if value in ("", "false", "0", "no"):
+        return False
+    if value in ("true", "1", "yes"):
+        return True
+    raise OfferParseError(index, column, f"must be true or false, got {value!r}")
+
+
 def parse_offers(text: str) -> tuple[Offer, ...]:
-    """Parse a price-list CSV (per-GPU hourly prices; '#' lines are comments)."""
+    """Parse a price-list CSV (per-GPU hourly prices; '#' lines are comments).
+
+    Reads schema 1 (the first eleven columns) and schema 2 (plus the optional columns of :class:`Offer`).
+    """
     body = "".join(line for line in text.splitlines(True) if not line.startswith("#"))
     offers = []
-    for row in csv.DictReader(io.StringIO(body)):
+    for index, row in enumerate(csv.DictReader(io.StringIO(body)), start=1):
+        price = _optional_float(row, "on_demand_usd_per_hour", index)
+        if price is None:
+            raise OfferParseError(index, "on_demand_usd_per_hour", "is required")
         offers.append(
             Offer(
                 provider=row["provider"],
                 gpu=row["gpu"],
-                gpus_per_node=int(row["gpus_per_node"]),
-                on_demand_usd_per_hour=float(row["on_demand_usd_per_hour"]),
-                spot_usd_per_hour=float(row["spot_usd_per_hour"]) if row["spot_usd_per_hour"].strip() else None,
+                gpus_per_node=_int(row, "gpus_per_node", index, 1, 1),
+                on_demand_usd_per_hour=price,
+                spot_usd_per_hour=_optional_float(row, "spot_usd_per_hour", index),
                 currency=row["currency"],
                 region=row["region"],
                 country=row["country"],
                 interconnect=row["interconnect"],
                 fetched_at=row["fetched_at"],
                 source=row["source"],
+                whole_nodes_only=_bool(row, "whole_nodes_only", index),
+                inter_node_gbit_per_s=_optional_float(row, "inter_node_gbit_per_s", index),
+                billing_increment_s=_int(row, "billing_increment_s", index, 1, 1),
+                billing_minimum_s=_int(row, "billing_minimum_s", index, 0, 0),
+                startup_s=_optional_float(row, "startup_s", index),
+                download_gbit_per_s=_optional_float(row, "download_gbit_per_s", index),
+                preemption_per_hour=_optional_float(row, "preemption_per_hour", index),
             )
         )
     return tuple(offers)

@@ -4,10 +4,11 @@ readers for the files and numbers users pass."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
+
+from services.core import json_limits
 
 EXIT_BAD_INPUT = 2
 
@@ -36,9 +37,11 @@ def read_json(path: str, what: str) -> Any:
     except OSError as exc:
         raise CliError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{what} {path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        return json_limits.loads(text)
+    except json_limits.JsonSyntaxError as exc:
+        raise CliError(f"{what} {path}: {exc.message}") from None
+    except json_limits.JsonInputError as exc:  # too deep, Infinity/NaN, NUL, lone surrogates
+        raise CliError(f"{what} {path}: {exc.field}: {exc.message}") from None
 
 
 def read_plan_file(path: str) -> dict[str, Any]:

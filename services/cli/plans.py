@@ -72,9 +72,12 @@ def _print_plan(args: argparse.Namespace, body: dict[str, Any]) -> int:
         return 0
     print(f"plan {body['id']}: {body['status']}" + (f" ({body['error']})" if body.get("error") else ""))
     for rec in body.get("recommendations", [])[:5]:
+        pricing = str(rec.get("pricing", "on_demand")).replace("_", " ")
+        expected = rec.get("expected_cost_usd", rec["cost_usd"])
         spot = f", spot ${rec['spot_cost_usd']:,.2f}" if rec.get("spot_cost_usd") is not None else ""
         print(
-            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}): {rec['peak_gib_per_gpu']:.1f} of "
-            f"{rec['gpu_memory_gib']:.0f} GiB, {rec['hours']:.1f} h, ${rec['cost_usd']:,.2f}{spot}"
+            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}, {pricing}): ${expected:,.2f} expected; "
+            f"{rec['peak_gib_per_gpu']:.1f} of {rec['gpu_memory_gib']:.0f} GiB, {rec['hours']:.1f} h, "
+            f"${rec['cost_usd']:,.2f} on demand{spot}"
         )
     return 0 if body["status"] != "failed" else 1

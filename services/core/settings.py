@@ -123,6 +123,16 @@ class Settings(BaseSettings):
     aws_access_key_id: str | None = Field(default=None, description="unset = boto3's credential chain")
     aws_secret_access_key: SecretStr | None = None
 
+    # Every other request body: refused with 413 over this size, before it is parsed or authenticated
+    # (the largest real plan body, a config.json with a long mlp_only_layers list, is under 20 KiB).
+    max_request_bytes: int = Field(
+        default=2**20, ge=1024, le=2**30, description="largest request body outside the upload routes"
+    )
+    # CPU time one request may spend estimating or planning (the calling thread's own CPU time, so a
+    # busy machine does not make requests fail); typical costs are about 1 ms and 10-150 ms.
+    estimate_cpu_budget_s: float = Field(default=2.0, gt=0, le=600, description="CPU seconds per estimate")
+    plan_cpu_budget_s: float = Field(default=10.0, gt=0, le=3600, description="CPU seconds per planning run")
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, value: str | None) -> str | None:

@@ -3,7 +3,6 @@ input (pure; the same PlanRequest schema and error wording as POST /v1/plans).""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -11,6 +10,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from services.catalog.models import find_model
+from services.core import json_limits
 from services.estimator.errors import UnknownModelError
 from services.estimator.plan import Method, Precision
 from services.estimator.validation import describe_errors
@@ -138,9 +138,9 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
             form.add("config_json", f"config.json: at most {MAX_CONFIG_BYTES:,} characters")
         else:
             try:
-                config = json.loads(text)
-            except json.JSONDecodeError as exc:
-                form.add("config_json", f"config.json: not valid JSON ({exc.msg} at line {exc.lineno})")
+                config = json_limits.loads(text, field="config.json")
+            except json_limits.JsonInputError as exc:
+                form.add("config_json", f"{exc.field}: {exc.message}")
             else:
                 if isinstance(config, dict):
                     body["model"] = {"config": config}

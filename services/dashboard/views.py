@@ -59,7 +59,8 @@ def setup_label(rec: Mapping[str, Any]) -> str:
     """'4 x A100 80GB' (with nodes when there are several)."""
     label = f"{rec['gpus']} x {rec['gpu']}"
     nodes = rec.get("nodes") or 1
-    return f"{label} ({nodes} nodes)" if nodes > 1 else label
+    label = f"{label} ({nodes} nodes)" if nodes > 1 else label
+    return f"{label} on spot" if rec.get("pricing") == "spot" else label
 
 
 # --- the plans list ------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def plan_list_item(summary: Any) -> PlanListItem:
         method=summary.method,
         created=when(summary.created_at),
         cheapest=f"{setup_label(cheapest)} · {cheapest['provider']}" if cheapest else None,
-        cheapest_cost=usd(cheapest.get("cost_usd")) if cheapest else None,
+        cheapest_cost=usd(cheapest.get("expected_cost_usd", cheapest.get("cost_usd"))) if cheapest else None,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from services.estimator.bounds import check_architecture_sizes, check_config_sizes
 from services.estimator.errors import EstimatorError
 
 Role = str  # a LoRA target role: q, k, v, o, gate, up, down (lm_head is handled separately)
@@ -249,6 +250,28 @@ def _qkvo(hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool,
     )
 
 
+def _int_list(c: _Config, name: str) -> tuple[int, ...]:
+    """A config field holding a list of non-negative integers (layer indices); absent means empty."""
+    value = c.raw.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value):
+        raise EstimatorError(
+            f"model.config.{name}", f"must be a list of layer indices (integers >= 0), got {value!r:.100}"
+        )
+    return tuple(value)
+
+
+def _sparse_layer_count(layers: int, step: int, dense_layers: tuple[int, ...]) -> int:
+    """How many of ``layers`` layers hold experts: layer i does when (i + 1) % step == 0 and i is not in
+    ``mlp_only_layers`` (transformers ``Qwen2MoeDecoderLayer`` / ``Qwen3MoeDecoderLayer``). Counted
+    arithmetically, so the work does not grow with the layer count."""
+    if step <= 0:
+        return 0
+    dense_sparse_slots = {i for i in dense_layers if i < layers and (i + 1) % step == 0}
+    return layers // step - len(dense_sparse_slots)
+
+
 def _hidden_dropout(c: _Config) -> float:
     return c.get_float("resid_pdrop", "hidden_dropout", "dropout_rate", "dropout")
 
@@ -349,8 +372,7 @@ def _llama_like(c: _Config) -> Architecture:
         k = c.get_int("num_experts_per_tok")
         moe_inter = c.get_int("moe_intermediate_size")
         step = c.get_int("decoder_sparse_step", default=1)
-        dense_layers = set(c.raw.get("mlp_only_layers") or [])
-        sparse_count = sum(1 for i in range(layers) if i not in dense_layers and step > 0 and (i + 1) % step == 0)
+        sparse_count = _sparse_layer_count(layers, step, _int_list(c, "mlp_only_layers"))
         experts = _gated_mlp(h, moe_inter, copies=n_exp)
         shared: tuple[Linear, ...] = ()
         router = h * n_exp
@@ -763,7 +785,12 @@ def _siglip_params(v: _Config, text_hidden: int) -> int:
 
 
 def _gemma3_multimodal(c: _Config) -> Architecture:
-    text = dict(c.raw.get("text_config") or {})
+    raw_text = c.raw.get("text_config") or {}
+    if not isinstance(raw_text, Mapping):
+        raise EstimatorError(
+            "model.config.text_config", f"must be a JSON object (the language model's config), got {raw_text!r:.100}"
+        )
+    text = dict(raw_text)
     text.setdefault("model_type", "gemma3_text")
     if "vocab_size" not in text:
         text["vocab_size"] = 262208
@@ -820,7 +847,14 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
             "model.config.model_type",
             f"{model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
         )
-    arch = parser(_Config(config))
+    check_config_sizes(config)
+    try:
+        arch = parser(_Config(config))
+    except ZeroDivisionError:
+        raise EstimatorError(
+            "model.config", "a size the layer shapes are divided by is zero (heads, patch size)"
+        ) from None
+    check_architecture_sizes(arch)
     if arch.num_layers == 0 or arch.hidden_size == 0:
         raise EstimatorError("model.config", "num_hidden_layers and hidden_size must be positive")
     for block in arch.blocks:

@@ -10,6 +10,7 @@ from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.models import alias_note, find_model
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, architecture_from_config, parameter_counts
+from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
 from services.estimator.plan import GenericModel, Plan
@@ -120,8 +121,11 @@ def estimate(
     offers: tuple[Offer, ...] | None = None,
     utilisation: float | None = None,
     utilisation_source: str | None = None,
+    budget: CpuBudget | None = None,
 ) -> Estimate:
-    """Estimate ``plan``: peak memory per GPU, fit on every catalog card, tokens/s on ``gpu``, costs."""
+    """Estimate ``plan``: peak memory per GPU, fit on every catalog card, tokens/s on ``gpu``, costs.
+
+    ``budget`` bounds the CPU time spent (checked per priced offer); over it, WorkBudgetExceeded."""
     catalog = catalog if catalog is not None else gpu_specs()
     offers = offers if offers is not None else bundled_offers()
     target = find_gpu(gpu, catalog) if isinstance(gpu, str) else gpu
@@ -154,6 +158,8 @@ def estimate(
     by_name = {s.name: s for s in catalog}
     fit_by_name = {f.gpu: f.fits for f in fits}
     for offer in offers:
+        if budget is not None:
+            budget.check("plan", "estimate against fewer offers")
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue

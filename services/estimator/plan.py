@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from services.core.json_limits import JsonInputError, check_value
 
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
@@ -27,8 +29,16 @@ AdapterDtype = Literal["fp32", "bf16", "fp16"]
 ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
 
+# The largest samples per optimizer step a plan may ask for (micro-batch x accumulation x GPUs): 2**20.
+# Real runs: DeepSeek-V3 15,360 sequences; PaLM 540B up to 4,096; Llama 3.1 405B 2,048 (16M tokens of
+# 8,192). The planner enumerates the divisors of this number, so it bounds the planner's work too.
+MAX_EFFECTIVE_BATCH_SIZE = 2**20
+# The model name is stored in a 200-character column; HF ids are at most 96 characters (owner/name).
+MAX_MODEL_NAME_CHARS = 200
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GenericModel(_Strict):
@@ -50,6 +60,24 @@ class ModelSpec(_Strict):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     config: dict[str, Any] | None = None
     generic: GenericModel | None = None
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _plain_json(cls, value: Any) -> Any:
+        """A config.json is plain JSON: bounded depth, finite numbers, text a database can store, and a
+        ``_name_or_path`` that fits the model name column."""
+        if isinstance(value, dict):
+            try:
+                check_value(value)
+            except JsonInputError as exc:
+                raise ValueError(f"{exc.field}: {exc.message}") from None
+            name = value.get("_name_or_path")
+            if name is not None and (not isinstance(name, str) or len(name) > MAX_MODEL_NAME_CHARS):
+                raise ValueError(
+                    f"_name_or_path: must be text of at most {MAX_MODEL_NAME_CHARS} characters "
+                    f"(an HF model id), got {str(name)[:60]!r}..."
+                )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -144,6 +172,12 @@ class Plan(_Strict):
             raise ValueError("nf4_quantization: only an NF4 base (method 'qlora', quantization 'nf4') is quantized")
         if self.activation_offloading and self.mode != "train":
             raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
+        effective = self.micro_batch_size * (self.gradient_accumulation_steps or 1) * self.gpus
+        if effective > MAX_EFFECTIVE_BATCH_SIZE:
+            raise ValueError(
+                f"micro_batch_size: micro_batch_size x gradient_accumulation_steps x gpus is {effective:,} samples "
+                f"per optimizer step; at most {MAX_EFFECTIVE_BATCH_SIZE:,} (the largest real runs use ~15,000)"
+            )
         return self
 
     @property

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.communication import (
+    Links,
+    StepCommunication,
+    links_for,
+    offload_streaming_seconds,
+    step_communication,
+    total_parameters,
+)
 from services.estimator.memory import ModelStates, adapter_params, quantized_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -38,10 +46,6 @@ UTILISATION_PRIOR: dict[str, float] = {
 KERNELS_PER_BLOCK_FORWARD = 40
 # CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
 DISPATCH_SECONDS_PER_KERNEL = 12e-6
-# Communication that overlaps with compute: FSDP/ZeRO-3 prefetch overlaps most of the all-gathers;
-# DDP buckets overlap the all-reduce with the backward pass only.
-OVERLAP_SHARDED = 0.8
-OVERLAP_DDP = 0.6
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
@@ -113,10 +117,51 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     return FlopsPerToken(fwd, bwd, recompute, model)
 
 
-def _comm_bandwidth_gb_per_s(plan: Plan, gpu: GpuSpec) -> float:
-    if plan.gpus > GPUS_PER_NODE:
-        return INTER_NODE_GB_PER_S
-    return gpu.interconnect_gb_per_s
+def default_links(gpus: int, gpu: GpuSpec) -> Links:
+    """One node of up to ``GPUS_PER_NODE`` GPUs on the card's own link; beyond, nodes of 8 over the fabric."""
+    if gpus <= GPUS_PER_NODE:
+        return links_for(gpu, gpus)
+    nodes = -(-gpus // GPUS_PER_NODE)
+    return links_for(gpu, GPUS_PER_NODE, nodes, inter_node_gbit_per_s=INTER_NODE_GB_PER_S * 8 * GPUS_PER_NODE)
+
+
+def data_parallel_communication(
+    plan: Plan,
+    arch: Architecture,
+    states: ModelStates,
+    gpu: GpuSpec,
+    fpt: FlopsPerToken,
+    compute_s: float,
+    links: Links | None,
+) -> StepCommunication:
+    """Gradient and weight traffic of the plan's layout per micro-batch (services.estimator.communication)."""
+    if not plan.is_training or plan.gpus <= 1:
+        return step_communication(
+            "none",
+            Links(1, 1, "NVLink", 0.0),
+            grad_bytes=0.0,
+            param_bytes_16bit=0.0,
+            gathered_weight_bytes=0.0,
+            layers=1,
+            forward_s=0.0,
+            backward_s=0.0,
+            accumulation=1,
+        )
+    links = links if links is not None else default_links(plan.gpus, gpu)
+    grad_width = 4.0 if plan.precision == "fp32" else 2.0  # gradients are reduced in the compute dtype
+    weight_width = 0.56 if plan.quantized else grad_width  # NF4 + quantisation constants per weight
+    forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
+    return step_communication(
+        plan.sharding,
+        links,
+        grad_bytes=states.trainable_params * grad_width,
+        param_bytes_16bit=states.trainable_params * grad_width,
+        gathered_weight_bytes=total_parameters(arch) * weight_width,
+        layers=arch.num_layers,
+        forward_s=compute_s * forward_share,
+        backward_s=compute_s * (1.0 - forward_share),
+        accumulation=plan.gradient_accumulation_steps or 1,
+    )
 
 
 def estimate_throughput(
@@ -128,17 +173,21 @@ def estimate_throughput(
     utilisation: float | None = None,
     utilisation_source: str | None = None,
     peak_device_bytes: float | None = None,
+    links: Links | None = None,
+    flops: FlopsPerToken | None = None,
 ) -> Throughput:
     """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on.
 
     ``peak_device_bytes`` (the memory estimate) lets paged optimizer states that do not fit beside it
-    cost their round trip over PCIe every optimizer step.
+    cost their round trip over PCIe every optimizer step. ``links`` says how the GPUs are connected
+    (default: one node of up to 8 on the card's own link, nodes of 8 over the assumed fabric beyond).
+    ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU).
     """
     precision = plan.precision
     peak = gpu.dense_tflops(precision) * 1e12
     util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
-    fpt = flops_per_token(plan, arch, recipe)
+    fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
     tokens = plan.tokens_per_micro_batch
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 
@@ -164,21 +213,12 @@ def estimate_throughput(
         dequant = passes * q * 4.6 / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
-    comm = 0.0
-    overlap = 0.0
-    if plan.is_training and plan.gpus > 1:
-        n = plan.gpus
-        ring = (n - 1) / n
-        bw = _comm_bandwidth_gb_per_s(plan, gpu) * 1e9
-        grad_bytes = states.trainable_params * 2.0  # gradients are reduced in 16-bit
-        if plan.sharding in ("zero3", "fsdp"):
-            gathered = parameter_counts(arch).total * (0.56 if plan.quantized else 2.0)
-            comm = (2 * gathered * ring + grad_bytes * ring) / bw
-            overlap = OVERLAP_SHARDED
-        else:
-            comm = 2 * grad_bytes * ring / bw / accumulation
-            overlap = OVERLAP_DDP
-    exposed_comm = max(0.0, comm - overlap * compute)
+    comm = data_parallel_communication(plan, arch, states, gpu, fpt, compute, links)
+    exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+    if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+        weight_width = 0.56 if plan.quantized else (4.0 if plan.precision == "fp32" else 2.0)
+        shard = total_parameters(arch) * weight_width / plan.gpus
+        exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
     optimizer = 0.0
     if plan.is_training:

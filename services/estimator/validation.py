@@ -29,7 +29,11 @@ def describe_error_list(errors: Sequence[Any], prefix: str = "") -> list[str]:
             msg = msg[len("Value error, ") :]
         # Model-level checks name their field first ("quantization: ...").
         head, sep, rest = msg.partition(": ")
-        if sep and head.replace("_", "").replace(".", "").isalnum() and " " not in head:
+        if (
+            sep
+            and head.replace("_", "").replace(".", "").replace("[", "").replace("]", "").isalnum()
+            and " " not in head
+        ):
             loc = f"{loc}.{head}" if loc else head
             msg = rest
         field = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "plan")

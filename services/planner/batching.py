@@ -7,6 +7,7 @@ where the GPUs cannot split it evenly, takes the smallest larger one.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from services.estimator.plan import Plan
@@ -22,6 +23,7 @@ def samples_per_gpu(effective: int, gpus: int) -> int:
     return -(-effective // gpus)
 
 
+@functools.lru_cache(maxsize=4096)
 def divisors(n: int) -> tuple[int, ...]:
     """All divisors of ``n`` in ascending order (the micro-batch sizes that split ``n`` exactly)."""
     small: list[int] = []

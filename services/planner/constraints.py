@@ -8,13 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 class Constraints(BaseModel):
     """Limits and assumptions for :func:`services.planner.planner.plan_setups`.
 
-    ``preemptions_per_hour`` is an ASSUMPTION, not a measurement: the bundled price lists carry no
-    interruption rates, and they vary by provider, region, card and hour. The default, 0.05 per
-    node-hour (one preemption every 20 hours of each node), is a guess; pass the rate you observe.
-    It counts per node: a job on several nodes restarts when any one of them is preempted.
+    ``preemptions_per_hour`` overrides every offer's spot interruption rate (per node and hour; a job on
+    several nodes restarts when any one of them is preempted). Left out, each offer's own rate is used,
+    else the planner's default (services.planner.costs). ``restart_minutes`` likewise overrides the time
+    from a preemption to training again (default: the offer's start-up plus the model download).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     budget_usd: float | None = Field(default=None, gt=0, description="the most the whole job may cost, in USD")
     deadline_hours: float | None = Field(default=None, gt=0, description="the longest the job may take, wall-clock")
@@ -27,11 +27,25 @@ class Constraints(BaseModel):
     safety_margin: float = Field(
         default=0.10, ge=0.0, le=0.5, description="share of each card's memory kept free (0.0-0.5)"
     )
-    preemptions_per_hour: float = Field(
-        default=0.05, ge=0.0, le=60.0, description="assumed spot preemptions per node and hour"
+    preemptions_per_hour: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=60.0,
+        description="spot preemptions per node and hour for every offer; null: the offer's rate or the default",
     )
-    restart_minutes: float = Field(
-        default=10.0, ge=0.0, le=1440.0, description="minutes from a preemption to training again (new node, load)"
+    restart_minutes: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1440.0,
+        description="minutes from a preemption to training again; null: the offer's start-up plus the download",
+    )
+    allow_optimizer_change: bool = Field(
+        default=False,
+        description="whether the planner may switch AdamW to an 8-bit or paged 8-bit optimizer to fit a card",
+    )
+    allow_cpu_offload: bool = Field(
+        default=True,
+        description="whether the planner may offload optimizer states (and sharded weights) to CPU memory to fit",
     )
 
     def allows_region(self, region: str, country: str) -> bool:

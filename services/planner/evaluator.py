@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
-from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
-from services.estimator.plan import Plan, Sharding
+from services.estimator.communication import Links
+from services.estimator.memory import GIB, MemoryBreakdown, ModelStates, model_states, peak_memory
+from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
-from services.estimator.throughput import Throughput, estimate_throughput
+from services.estimator.throughput import FlopsPerToken, Throughput, estimate_throughput, flops_per_token
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,17 @@ class Config:
     micro_batch_size: int
     accumulation_steps: int
     checkpointing: bool
+    cpu_offload: bool = False
+    optimizer: Optimizer | None = None  # None: the plan's
+
+
+def sizing_bytes(memory: MemoryBreakdown) -> float:
+    """The peak a setup is sized on: the upper end (p90) of the estimate's uncertainty band where the
+    memory estimate carries one (``interval_gib``, GiB of device memory), else the predicted peak."""
+    interval = getattr(memory, "interval_gib", None)
+    if isinstance(interval, tuple) and len(interval) == 2 and isinstance(interval[1], int | float):
+        return max(float(interval[1]) * GIB, memory.peak_device)
+    return memory.peak_device
 
 
 class Evaluator:
@@ -43,10 +55,11 @@ class Evaluator:
         self.utilisation = dict(utilisation or {})
         self.memory_probes = 0
         self._plans: dict[Config, Plan] = {}
-        self._recipes: dict[tuple[Sharding, bool], Recipe] = {}
-        self._states: dict[tuple[int, Sharding, bool], ModelStates] = {}
+        self._recipes: dict[tuple[Sharding, bool, bool, Optimizer | None], Recipe] = {}
+        self._states: dict[tuple[int, Sharding, bool, bool, Optimizer | None], ModelStates] = {}
         self._memory: dict[Config, MemoryBreakdown] = {}
-        self._throughput: dict[tuple[str, float, Config, bool], Throughput] = {}
+        self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
+        self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None], FlopsPerToken] = {}
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:
@@ -60,6 +73,8 @@ class Evaluator:
                     "micro_batch_size": cfg.micro_batch_size,
                     "gradient_accumulation_steps": cfg.accumulation_steps,
                     "gradient_checkpointing": cfg.checkpointing,
+                    "cpu_offload": cfg.cpu_offload,
+                    "optimizer": cfg.optimizer or self.base.optimizer,
                 }
             )
             self._plans[cfg] = found
@@ -67,7 +82,7 @@ class Evaluator:
 
     def _recipe(self, cfg: Config) -> Recipe:
         # The recipe depends on the variant only through sharding and whether gradients accumulate.
-        key = (cfg.sharding, cfg.accumulation_steps > 1)
+        key = (cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
         found = self._recipes.get(key)
         if found is None:
             found = resolve_recipe(self.plan(cfg))
@@ -75,7 +90,7 @@ class Evaluator:
         return found
 
     def _model_states(self, cfg: Config) -> ModelStates:
-        key = (cfg.gpus, cfg.sharding, cfg.accumulation_steps > 1)
+        key = (cfg.gpus, cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
         found = self._states.get(key)
         if found is None:
             found = model_states(self.plan(cfg), self.arch, self._recipe(cfg))
@@ -93,12 +108,25 @@ class Evaluator:
     def fits(self, cfg: Config, usable_bytes: float) -> bool:
         """Whether the setup's peak device memory per GPU stays within ``usable_bytes`` (one probe)."""
         self.memory_probes += 1
-        return self.memory(cfg).peak_device <= usable_bytes
+        return sizing_bytes(self.memory(cfg)) <= usable_bytes
 
-    def throughput(self, cfg: Config, spec: GpuSpec, spill: bool = True) -> Throughput:
-        """Tokens/s of the setup on ``spec``; ``spill`` charges paged optimizer states that do not fit
-        beside the predicted peak their trip over PCIe (off for the idealised one-GPU reference)."""
-        key = (spec.name, spec.nvlink_gb_per_s, cfg, spill)
+    def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
+        # FLOPs per token depend on the recipe and on checkpointing, not on the GPU or the micro-batch.
+        key = (cfg.checkpointing, cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
+        found = self._flops.get(key)
+        if found is None:
+            found = flops_per_token(self.plan(cfg), self.arch, self._recipe(cfg))
+            self._flops[key] = found
+        return found
+
+    def model_states(self, cfg: Config) -> ModelStates:
+        """Weights, gradients and optimizer states per GPU of the setup."""
+        return self._model_states(cfg)
+
+    def throughput(self, cfg: Config, spec: GpuSpec, links: Links | None = None, spill: bool = True) -> Throughput:
+        """Tokens/s of the setup on ``spec`` connected by ``links``; ``spill`` charges paged optimizer states
+        that do not fit beside the predicted peak their trip over PCIe (off for the one-GPU reference)."""
+        key = (spec.name, links, cfg, spill)
         found = self._throughput.get(key)
         if found is None:
             peak = self.memory(cfg).peak_device if spill else None
@@ -112,6 +140,8 @@ class Evaluator:
                 utilisation=util,
                 utilisation_source=source,
                 peak_device_bytes=peak,
+                links=links,
+                flops=self._flops_per_token(cfg),
             )
             self._throughput[key] = found
         return found

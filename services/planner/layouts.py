@@ -1,10 +1,12 @@
-"""Which GPU counts, node shapes and sharding modes a candidate setup may take.
+"""Which GPU counts, node shapes and sharding modes a candidate setup may take on an offer.
 
-Rules (the brief left these open):
+Rules (Offer schema v2):
 
-- An offer with ``gpus_per_node == 1`` is priced per GPU and rentable as 1, 2, 4 or 8 GPUs on one node;
-  jobs on several nodes use full nodes of 8 (fewer per node costs the same and communicates worse).
-- An offer with ``gpus_per_node == k > 1`` is sold as whole nodes of k GPUs: 1, 2, 3, ... nodes of k.
+- ``gpus_per_node`` is the most GPUs one node of the offer has; a setup never puts more on a node.
+- An offer rented per GPU (``whole_nodes_only`` false) runs on one node as 1, 2, 4, 8, ... GPUs up to its
+  node size (and the node size itself); one sold as whole nodes runs on whole nodes only.
+- More GPUs than one node means several full nodes (2, 3, 4, 6, 8, 12, ... of them) over the provider's
+  network (``inter_node_gbit_per_s``); an offer without one cannot span nodes.
 - One GPU trains unsharded (plus the plan's own sharding, if it names one); several GPUs try DDP
   ("none"), ZeRO-2 and FSDP (ZeRO-3 holds the same memory as FSDP), plus the plan's own. A plan with
   ``cpu_offload`` keeps it, so its candidates are sharded ones only (offload needs sharding).
@@ -12,15 +14,16 @@ Rules (the brief left these open):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import dataclass
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
+from services.estimator.communication import Links, links_for
 from services.estimator.plan import Plan, Sharding
-from services.estimator.throughput import GPUS_PER_NODE, INTER_NODE_GB_PER_S
 
-SINGLE_NODE_GPU_COUNTS = (1, 2, 4, 8)
 MULTI_GPU_SHARDINGS: tuple[Sharding, ...] = ("none", "zero2", "fsdp")
+OFFLOAD_SHARDINGS: tuple[Sharding, ...] = ("fsdp", "zero2")
 
 
 @dataclass(frozen=True)
@@ -35,14 +38,49 @@ class Layout:
         return self.gpus_per_node * self.nodes
 
 
+def single_node_counts(gpus_per_node: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, ... up to the node size, and the node size itself."""
+    counts = []
+    n = 1
+    while n < gpus_per_node:
+        counts.append(n)
+        n *= 2
+    counts.append(gpus_per_node)
+    return tuple(counts)
+
+
 def gpu_layouts(offer: Offer, max_gpus: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
     """(single-node, multi-node) layouts an offer can be rented in, ascending, at most ``max_gpus`` GPUs."""
-    if offer.gpus_per_node > 1:
-        whole = tuple(Layout(offer.gpus_per_node, n) for n in range(1, max_gpus // offer.gpus_per_node + 1))
-        return whole[:1], whole[1:]
-    single = tuple(Layout(n, 1) for n in SINGLE_NODE_GPU_COUNTS if n <= max_gpus)
-    multi = tuple(Layout(GPUS_PER_NODE, n) for n in range(2, max_gpus // GPUS_PER_NODE + 1))
+    return _layouts(
+        max(1, offer.gpus_per_node), offer.whole_nodes_only, offer.inter_node_gbit_per_s is not None, max_gpus
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _layouts(
+    k: int, whole_nodes_only: bool, networked: bool, max_gpus: int
+) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    if whole_nodes_only:
+        single: tuple[Layout, ...] = (Layout(k, 1),) if k <= max_gpus else ()
+    else:
+        single = tuple(Layout(n, 1) for n in single_node_counts(k) if n <= max_gpus)
+    if not networked:
+        return single, ()
+    multi = tuple(Layout(k, n) for n in multi_node_counts(max_gpus // k))
     return single, multi
+
+
+def multi_node_counts(most: int) -> tuple[int, ...]:
+    """Node counts for jobs on several nodes: 2, 3, 4, 6, 8, 12, 16, ... up to ``most`` (powers of two and
+    their midpoints: the counts that split an effective batch evenly, and none of the hundreds in between)."""
+    counts = []
+    n = 2
+    while n <= most:
+        counts.append(n)
+        if n + n // 2 <= most and n >= 2:
+            counts.append(n + n // 2)
+        n *= 2
+    return tuple(sorted(set(counts)))
 
 
 def sharding_options(plan: Plan, gpus: int) -> tuple[Sharding, ...]:
@@ -53,14 +91,12 @@ def sharding_options(plan: Plan, gpus: int) -> tuple[Sharding, ...]:
     return tuple(dict.fromkeys(options))
 
 
-def link_spec(spec: GpuSpec, offer: Offer, nodes: int) -> GpuSpec:
-    """The card as this offer connects it: over nodes at the inter-node rate, PCIe-only without NVLink.
-
-    The throughput model reads the link from the spec (NVLink, else PCIe) and switches to the inter-node
-    rate only above 8 GPUs; an offer says how its GPUs are really connected.
-    """
-    if nodes > 1:
-        return replace(spec, nvlink_gb_per_s=INTER_NODE_GB_PER_S)
-    if "pcie" in offer.interconnect.lower() and spec.nvlink_gb_per_s:
-        return replace(spec, nvlink_gb_per_s=0.0)
-    return spec
+def offer_links(spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
+    """The links a layout of this offer really uses: the offer's intra-node link, its network between nodes."""
+    return links_for(
+        spec,
+        layout.gpus_per_node,
+        layout.nodes,
+        interconnect=offer.interconnect,
+        inter_node_gbit_per_s=offer.inter_node_gbit_per_s,
+    )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PricingMode = Literal["on_demand", "spot"]
 RejectionKind = Literal[
@@ -22,11 +22,23 @@ class Recommendation(_Out):
     provider: str
     gpu: str
     region: str
+    pricing: PricingMode = Field(description="how this entry is priced: on demand, or spot with expected rework")
+    expected_cost_usd: float = Field(description="what the rented run is expected to cost under this pricing")
+    expected_hours: float = Field(description="expected wall-clock under this pricing, start-up to final upload")
+    cost_breakdown: dict[str, float] = Field(
+        description="USD under this pricing: compute, startup, model_download, checkpoint_writes, "
+        "preemption_rework, billing_rounding (they add up to expected_cost_usd)"
+    )
     gpus: int = Field(description="all GPUs of the setup, every node together")
     gpus_per_node: int
     nodes: int
+    links: str = Field(default="", description="how the GPUs are connected: within a node, and between nodes")
     sharding: str
     cpu_offload: bool
+    host_ram_gib_per_node: float | None = Field(
+        default=None, description="CPU memory per node the offloaded optimizer states need (None without offload)"
+    )
+    optimizer: str = "adamw"
     micro_batch_size: int
     gradient_accumulation_steps: int
     effective_batch_size: int = Field(description="micro_batch_size x gradient_accumulation_steps x gpus")
@@ -42,8 +54,8 @@ class Recommendation(_Out):
     scaling_efficiency: float = Field(
         description="tokens/s on these GPUs / (gpus x tokens/s of one GPU of the card at the same micro-batch)"
     )
-    hours: float = Field(description="wall-clock hours on on-demand GPUs")
-    cost_usd: float = Field(description="whole job on demand: hours x gpus x price per GPU-hour")
+    hours: float = Field(description="expected wall-clock hours on demand, start-up to final upload")
+    cost_usd: float = Field(description="expected whole-job cost on demand (start-up, download, billing included)")
     price_usd_per_hour: float = Field(description="on-demand price of all GPUs of the setup")
     spot_price_usd_per_hour: float | None = Field(description="spot price of all GPUs; None without spot")
     spot_hours: float | None = Field(description="expected wall-clock on spot, preemptions and checkpoints included")
@@ -51,7 +63,32 @@ class Recommendation(_Out):
     expected_preemptions: float | None
     checkpoint_interval_minutes: float | None = Field(description="the checkpoint interval the spot cost assumes")
     qualifies_with: PricingMode = Field(description="the pricing under which the setup meets budget and deadline")
+    price_fetched_at: str = Field(default="", description="when the offer's price was fetched")
+    price_age_hours: float | None = Field(default=None, description="age of the price at planning time")
+    stale_price: bool = Field(default=False, description="the price is older than a day")
     notes: list[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _priced(cls, data: Any) -> Any:
+        """A recommendation written before the expected-cost fields (stored plans, exports) is read as its
+        on-demand pricing."""
+        if isinstance(data, dict) and "expected_cost_usd" not in data and "cost_usd" in data:
+            data = {
+                "pricing": "on_demand",
+                "expected_cost_usd": data["cost_usd"],
+                "expected_hours": data.get("hours", 0.0),
+                "cost_breakdown": {
+                    "compute": data["cost_usd"],
+                    "startup": 0.0,
+                    "model_download": 0.0,
+                    "checkpoint_writes": 0.0,
+                    "preemption_rework": 0.0,
+                    "billing_rounding": 0.0,
+                },
+                **data,
+            }
+        return data
 
 
 class Rejection(_Out):
@@ -64,6 +101,8 @@ class Rejection(_Out):
     needed_gib_per_gpu: float | None = None
     gpu_memory_gib: float | None = None
     usable_gib: float | None = None
+    usable_gib_per_gpu: float | None = Field(default=None, description="the card's memory less the safety margin")
+    fix: str | None = Field(default=None, description="the cheapest change that makes it fit")
     gpus: int | None = Field(default=None, description="the GPU count the numbers refer to")
     cost_usd: float | None = None
     hours: float | None = None

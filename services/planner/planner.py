@@ -1,41 +1,49 @@
-"""Plan a fine-tuning job over a price list: every setup that fits, ranked by whole-job cost.
+"""Plan a fine-tuning job over a price list: every setup that fits, ranked by the expected cost of the rented run.
 
 A setup is an offer (provider x card x price) rented as some GPUs on some nodes, with a sharding mode, a
-micro-batch and accumulation that keep the plan's effective batch, and gradient checkpointing on or
-off. It fits when the predicted peak device memory per GPU stays under the card's memory less the
-safety margin. Its cost is the whole job: hours (data set tokens / tokens per second) x GPUs x price.
-The plan's method, precision, quantization and optimizer are never changed; a card on which nothing
-fits gets a rejection that says what would fit.
+micro-batch and accumulation that keep the plan's effective batch, gradient checkpointing on or off, and
+(only where nothing else fits) CPU offload or, when the user allows it, an 8-bit optimizer. It fits when
+the predicted peak device memory per GPU stays under the card's memory less the safety margin (the upper
+end of the estimate's uncertainty band where the estimate has one). Each setup is priced on demand and,
+where the offer has a spot price, on spot; both pricings are ranked together by expected cost: start-up,
+model download, training at the speed its links allow, checkpoints, preemption rework and the provider's
+billing increment and minimum (services.planner.costs). Ties go to fewer GPUs, then fewer nodes, then the
+shorter run. The plan's method and precision are never changed; a card on which nothing fits gets a
+rejection with what it needed, what it has, and the cheapest change that fits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 
-from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.catalog.gpus import GpuSpec, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
-from services.estimator.errors import EstimatorError
+from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.estimate import resolve_architecture
-from services.estimator.memory import GIB
+from services.estimator.memory import GIB, adapter_params
 from services.estimator.plan import Plan
-from services.estimator.throughput import INTER_NODE_GB_PER_S
+from services.estimator.recipe import resolve_recipe
 from services.planner.batching import effective_batch_size
 from services.planner.constraints import Constraints
+from services.planner.costs import (
+    DEFAULT_DOWNLOAD_GBIT_PER_S,
+    DEFAULT_PREEMPTION_PER_NODE_HOUR,
+    DEFAULT_STARTUP_S,
+    UPLOAD_BYTES_PER_S,
+    RunCost,
+)
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
-from services.planner.layouts import sharding_options
 from services.planner.models import PlannerResult, Recommendation, Rejection
-from services.planner.rejections import constraint_rejection, filter_rejection, gpus_label, memory_rejection
-from services.planner.search import (
-    Candidate,
-    PlanContext,
-    fastest_per_offer_and_count,
-    offer_candidates,
-    rank_key,
-)
+from services.planner.ranking import Pricer, rank_entries, scan_offers, unqualified_offers
+from services.planner.rejections import constraint_rejection, gpus_label, memory_rejection
+from services.planner.search import Candidate, Entry, PlanContext, RunSizes
 from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
 
 DEFAULT_TOP_N = 10
+STALE_AFTER_HOURS = 24.0
 _REJECTION_ORDER = (
     "memory",
     "gpu_count",
@@ -68,6 +76,21 @@ def _check_plannable(plan: Plan, top_n: int) -> float:
     return plan.data.total_tokens()
 
 
+def run_sizes(plan: Plan, arch: Architecture) -> RunSizes:
+    """What the run downloads (the base model as 16-bit safetensors: a QLoRA base is quantized on load),
+    checkpoints (services.planner.spot.checkpoint_bytes) and uploads at the end (the adapter in 16-bit,
+    or the full weights in 16-bit)."""
+    total = float(parameter_counts(arch).total)
+    size = checkpoint_bytes(plan, arch)
+    final = total * 2.0 if plan.method == "full" else float(adapter_params(arch, resolve_recipe(plan)) * 2)
+    return RunSizes(
+        model_download_bytes=total * 2.0,
+        checkpoint_bytes=size,
+        final_upload_bytes=final,
+        checkpoint_write_s=checkpoint_write_seconds(size),
+    )
+
+
 def plan_setups(
     plan: Plan,
     offers: Sequence[Offer] | None = None,
@@ -76,12 +99,17 @@ def plan_setups(
     *,
     top_n: int = DEFAULT_TOP_N,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
+    budget: CpuBudget | None = None,
+    now: datetime | None = None,
 ) -> PlannerResult:
-    """Every setup over ``offers`` (default: the bundled price lists) that fits ``plan``, cheapest job first.
+    """Every setup over ``offers`` (default: the bundled price lists) that fits ``plan``, cheapest expected
+    run first, on demand and spot mixed.
 
-    Returns the ``top_n`` setups that meet the constraints, the best one per card, and a rejection for
+    Returns the ``top_n`` entries that meet the constraints, the best one per card, and a rejection for
     every card on which nothing fits and every offer whose fitting setups break the budget, the
-    deadline, or the provider and region filters. Raises :class:`PlannerError` without a data set size.
+    deadline, or the provider and region filters. ``now`` (the caller's clock; the planner reads none)
+    marks prices fetched more than a day before it. Raises :class:`PlannerError` without a data set size,
+    and :class:`WorkBudgetExceeded` when the search needs more CPU time than ``budget``.
     """
     total_tokens = _check_plannable(plan, top_n)
     constraints = constraints if constraints is not None else Constraints()
@@ -94,52 +122,40 @@ def plan_setups(
         constraints=constraints,
         total_tokens=total_tokens,
         effective_batch_size=effective_batch_size(plan),
-        checkpoint_write_seconds=checkpoint_write_seconds(checkpoint_bytes(plan, arch)),
+        sizes=run_sizes(plan, arch),
         evaluator=Evaluator(plan, arch, utilisation),
+        budget=budget if budget is not None else unlimited(),
     )
 
-    rejections: list[Rejection] = []
-    warnings = _plan_warnings(plan, arch.max_position_embeddings)
-    cards: dict[str, tuple[GpuSpec, list[Offer]]] = {}
-    candidates: list[Candidate] = []
-    for index, offer in enumerate(offers):
-        excluded = filter_rejection(constraints, offer)
-        if excluded is not None:
-            rejections.append(excluded)
-            continue
-        try:
-            spec = find_gpu(offer.gpu, specs)
-        except EstimatorError as exc:
-            rejections.append(Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=exc.message))
-            warnings.append(f"offer {offer.provider} / {offer.gpu}: {exc.message}")
-            continue
-        cards.setdefault(spec.name, (spec, []))[1].append(offer)
-        candidates.extend(offer_candidates(ctx, index, offer, spec))
-    if not cards:
+    scan = scan_offers(ctx, tuple(offers), specs)
+    warnings = [*_plan_warnings(plan, arch.max_position_embeddings), *scan.warnings]
+    if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
-
-    ranked = sorted(fastest_per_offer_and_count(candidates), key=rank_key)
-    qualifying = [c for c in ranked if c.qualifies_with is not None]
-    rejections.extend(_rejections(ctx, cards, ranked))
-    if cards and not qualifying:
+    pricer = Pricer(ctx, scan.offers)
+    entries, qualified = rank_entries(ctx, scan, pricer, top_n)
+    rejections = [*scan.rejections, *_rejections(ctx, scan.cards, scan.fitting_cards)]
+    for setups in unqualified_offers(ctx, scan, pricer, qualified):
+        rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
+    if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")
 
-    built: dict[int, Recommendation] = {}
+    built: dict[tuple[int, str], Recommendation] = {}
 
-    def recommend(c: Candidate) -> Recommendation:
-        if id(c) not in built:
-            built[id(c)] = _recommendation(ctx, c)
-        return built[id(c)]
+    def recommend(e: Entry) -> Recommendation:
+        key = (id(e.candidate), e.cost.pricing)
+        if key not in built:
+            built[key] = _recommendation(ctx, e, now)
+        return built[key]
 
-    best_per_gpu: dict[str, Candidate] = {}
-    for c in qualifying:
-        best_per_gpu.setdefault(c.spec.name, c)
+    best_per_gpu: dict[str, Entry] = {}
+    for e in entries:
+        best_per_gpu.setdefault(e.candidate.spec.name, e)
     return PlannerResult(
         model=name,
         total_tokens=total_tokens,
         plan_effective_batch_size=ctx.effective_batch_size,
-        recommendations=[recommend(c) for c in qualifying[:top_n]],
-        best_per_gpu=[recommend(c) for c in best_per_gpu.values()],
+        recommendations=[recommend(e) for e in entries[:top_n]],
+        best_per_gpu=[recommend(e) for e in best_per_gpu.values()],
         rejections=sorted(rejections, key=lambda r: (_REJECTION_ORDER.index(r.kind), r.gpu, r.provider or "")),
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,
@@ -148,53 +164,72 @@ def plan_setups(
 
 
 def _rejections(
-    ctx: PlanContext, cards: dict[str, tuple[GpuSpec, list[Offer]]], ranked: list[Candidate]
+    ctx: PlanContext, cards: dict[str, tuple[GpuSpec, list[Offer]]], fitting_cards: set[str]
 ) -> list[Rejection]:
-    """A memory rejection per card with no fitting setup; a constraint rejection per offer with fitting
-    setups none of which meets the budget and deadline."""
-    out: list[Rejection] = []
-    fitting_cards = {c.spec.name for c in ranked}
-    for card, (spec, card_offers) in cards.items():
-        if card not in fitting_cards:
-            out.append(memory_rejection(ctx, spec, card_offers))
-    by_offer: dict[int, list[Candidate]] = {}
-    for c in ranked:
-        by_offer.setdefault(c.offer_index, []).append(c)
-    for setups in by_offer.values():
-        if all(c.qualifies_with is None for c in setups):
-            out.append(constraint_rejection(ctx.constraints, setups[0].offer, setups))
-    return out
+    """A memory rejection per card with no fitting setup."""
+    return [memory_rejection(ctx, spec, offers) for card, (spec, offers) in cards.items() if card not in fitting_cards]
 
 
 def scaling_efficiency(ctx: PlanContext, c: Candidate) -> float:
     """Tokens/s of the setup over gpus x tokens/s of one GPU of the card at the same micro-batch and
-    effective batch (no memory limit on the one GPU: this isolates communication and sharding costs)."""
+    effective batch (no memory limit on the one GPU: this isolates communication and synchronisation)."""
     if c.layout.gpus == 1:
         return 1.0
+    cfg = c.cfg
     one = Config(
         gpus=1,
-        sharding=sharding_options(ctx.plan, 1)[0],
-        micro_batch_size=c.cfg.micro_batch_size,
-        accumulation_steps=c.cfg.accumulation_steps * c.layout.gpus,
-        checkpointing=c.cfg.checkpointing,
+        sharding=cfg.sharding if cfg.cpu_offload else "none",
+        micro_batch_size=cfg.micro_batch_size,
+        accumulation_steps=cfg.accumulation_steps * c.layout.gpus,
+        checkpointing=cfg.checkpointing,
+        cpu_offload=cfg.cpu_offload,
+        optimizer=cfg.optimizer,
     )
     single = ctx.evaluator.throughput(one, c.spec, spill=False)
-    return c.throughput.tokens_per_s / (c.layout.gpus * single.tokens_per_s)
+    return min(1.0, c.throughput.tokens_per_s / (c.layout.gpus * single.tokens_per_s))
 
 
-def _recommendation(ctx: PlanContext, c: Candidate) -> Recommendation:
+def price_age_hours(fetched_at: str, now: datetime | None) -> float | None:
+    """Hours between an offer's ``fetched_at`` (an ISO date or a UTC datetime) and ``now``; None without
+    ``now`` or with an unreadable date."""
+    if now is None:
+        return None
+    try:
+        fetched = datetime.fromisoformat(fetched_at.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if fetched.tzinfo is None:
+        fetched = fetched.replace(tzinfo=UTC)
+    current = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
+    return (current - fetched).total_seconds() / 3600.0
+
+
+def _breakdown(cost: RunCost) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in cost.breakdown.items()}
+
+
+def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recommendation:
+    c, cost = e.candidate, e.cost
     gpus = c.layout.gpus
     peak_gib = c.peak_device_bytes / GIB
     spot = c.spot
+    age = price_age_hours(c.offer.fetched_at, now)
     return Recommendation(
         provider=c.offer.provider,
         gpu=c.spec.name,
         region=c.offer.region,
+        pricing=cost.pricing,
+        expected_cost_usd=round(cost.expected_cost_usd, 2),
+        expected_hours=round(cost.hours, 3),
+        cost_breakdown=_breakdown(cost),
         gpus=gpus,
         gpus_per_node=c.layout.gpus_per_node,
         nodes=c.layout.nodes,
+        links=c.setup.links.label() if gpus > 1 else "one GPU",
         sharding=c.cfg.sharding,
-        cpu_offload=ctx.plan.cpu_offload,
+        cpu_offload=c.cfg.cpu_offload,
+        host_ram_gib_per_node=round(c.setup.host_ram_bytes_per_node / GIB, 1) if c.cfg.cpu_offload else None,
+        optimizer=c.cfg.optimizer or ctx.plan.optimizer,
         micro_batch_size=c.cfg.micro_batch_size,
         gradient_accumulation_steps=c.cfg.accumulation_steps,
         effective_batch_size=c.cfg.micro_batch_size * c.cfg.accumulation_steps * gpus,
@@ -207,27 +242,41 @@ def _recommendation(ctx: PlanContext, c: Candidate) -> Recommendation:
         tokens_per_s_per_gpu=round(c.throughput.tokens_per_s_per_gpu, 1),
         mfu=round(c.throughput.mfu, 4),
         scaling_efficiency=round(scaling_efficiency(ctx, c), 3),
-        hours=round(c.hours, 3),
-        cost_usd=round(c.cost_usd, 2),
-        price_usd_per_hour=round(gpus * c.offer.on_demand_usd_per_hour, 4),
-        spot_price_usd_per_hour=(
-            None if c.offer.spot_usd_per_hour is None else round(gpus * c.offer.spot_usd_per_hour, 4)
-        ),
+        hours=round(c.on_demand.hours, 3),
+        cost_usd=round(c.on_demand.expected_cost_usd, 2),
+        price_usd_per_hour=round(c.on_demand.price_usd_per_hour, 4),
+        spot_price_usd_per_hour=None if spot is None else round(spot.price_usd_per_hour, 4),
         spot_hours=None if spot is None else round(spot.hours, 3),
-        spot_cost_usd=None if c.spot_cost_usd is None else round(c.spot_cost_usd, 2),
+        spot_cost_usd=None if spot is None else round(spot.expected_cost_usd, 2),
         expected_preemptions=None if spot is None else round(spot.expected_preemptions, 3),
-        checkpoint_interval_minutes=None if spot is None else round(spot.checkpoint_interval_seconds / 60.0, 1),
-        qualifies_with=c.qualifies_with or "on_demand",
-        notes=_notes(ctx, c),
+        checkpoint_interval_minutes=None if spot is None else round(spot.checkpoint_interval_s / 60.0, 1),
+        qualifies_with=cost.pricing,
+        price_fetched_at=c.offer.fetched_at,
+        price_age_hours=None if age is None else round(age, 1),
+        stale_price=age is not None and age > STALE_AFTER_HOURS,
+        notes=_notes(ctx, e, age),
     )
 
 
-def _notes(ctx: PlanContext, c: Candidate) -> list[str]:
+def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     """What the setup changes from the plan, and what its numbers rest on."""
+    c, cost = e.candidate, e.cost
     plan, cfg, layout = ctx.plan, c.cfg, c.layout
     notes: list[str] = []
+    if age is not None and age > STALE_AFTER_HOURS:
+        notes.append(
+            f"price fetched {age / 24:.1f} days ago ({c.offer.fetched_at}): it may have changed; refresh the catalog"
+        )
     if cfg.checkpointing and not plan.gradient_checkpointing:
         notes.append("gradient checkpointing turned on to fit (the forward pass is replayed: slower per token)")
+    if cfg.cpu_offload and not plan.cpu_offload:
+        notes.append(
+            f"optimizer states{' and sharded weights' if cfg.sharding in ('zero3', 'fsdp') else ''} offloaded to "
+            f"CPU memory to fit: about {c.setup.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; "
+            f"the optimizer step runs on the CPU ({c.throughput.seconds['optimizer']:.2f} s per micro-batch)"
+        )
+    if cfg.optimizer is not None and cfg.optimizer != plan.optimizer:
+        notes.append(f"optimizer switched to {cfg.optimizer} to fit (allowed by constraints.allow_optimizer_change)")
     effective = cfg.micro_batch_size * cfg.accumulation_steps * layout.gpus
     plan_split = (plan.micro_batch_size, plan.gradient_accumulation_steps or 1, plan.gpus)
     if (cfg.micro_batch_size, cfg.accumulation_steps, layout.gpus) != plan_split:
@@ -241,24 +290,22 @@ def _notes(ctx: PlanContext, c: Candidate) -> list[str]:
             f"effective batch {effective} instead of the plan's {ctx.effective_batch_size}: "
             f"{ctx.effective_batch_size} samples do not split evenly over {gpus_label(layout.gpus)}"
         )
-    if layout.nodes > 1:
-        notes.append(
-            f"{layout.nodes} nodes of {layout.gpus_per_node} GPUs: gradients and gathered weights cross nodes at "
-            f"{INTER_NODE_GB_PER_S:g} GB/s per GPU (assumed fabric)"
-        )
-    elif layout.gpus > 1 and not c.link.nvlink_gb_per_s:
-        notes.append(f"GPUs communicate over PCIe ({c.link.pcie_gb_per_s:g} GB/s per GPU): no NVLink in this offer")
-    if c.offer.gpus_per_node > 1:
+    if layout.gpus > 1:
+        notes.append(f"{c.setup.links.label()}: scaling {scaling_efficiency(ctx, c):.1%} of {layout.gpus} x one GPU")
+    if c.offer.whole_nodes_only:
         notes.append(f"sold as whole nodes of {c.offer.gpus_per_node} GPUs")
-    if c.spot is not None and c.spot_cost_usd is not None:
-        extra = c.spot.checkpoint_hours + c.spot.rework_hours
+    if cost.pricing == "spot":
+        extra = cost.breakdown["preemption_rework"] + cost.breakdown["checkpoint_writes"]
         notes.append(
-            f"spot: {c.spot.expected_preemptions:.2f} preemptions expected; a checkpoint every "
-            f"{c.spot.checkpoint_interval_seconds / 60:.0f} min ({c.spot.checkpoint_write_seconds:.0f} s to write) "
-            f"and the rework add {extra:.2f} h"
+            f"spot: {cost.expected_preemptions:.2f} preemptions expected ({cost.interruptions_per_hour:.4g} per hour "
+            f"for the job); a checkpoint every {cost.checkpoint_interval_s / 60:.0f} min; checkpoints and rework "
+            f"add ${extra:,.2f}; on demand the same setup is ${c.on_demand.expected_cost_usd:,.2f}"
         )
-    if c.qualifies_with == "spot":
-        notes.append(f"meets the budget and deadline only on spot (expected ${c.spot_cost_usd:,.2f})")
+    if cost.breakdown["billing_rounding"] > 0.005:
+        notes.append(
+            f"billed per {c.offer.billing_increment_s} s with a {c.offer.billing_minimum_s} s minimum: "
+            f"${cost.breakdown['billing_rounding']:,.2f} of unused billed time"
+        )
     return notes
 
 
@@ -273,18 +320,31 @@ def _plan_warnings(plan: Plan, max_positions: int | None) -> list[str]:
 
 def _assumptions(ctx: PlanContext) -> list[str]:
     c = ctx.constraints
-    size_gib = ctx.checkpoint_write_seconds * CHECKPOINT_WRITE_BYTES_PER_S / GIB
+    sizes = ctx.sizes
+    rate = (
+        f"{c.preemptions_per_hour:g} per node-hour (constraints.preemptions_per_hour)"
+        if c.preemptions_per_hour is not None
+        else f"the offer's rate, else {DEFAULT_PREEMPTION_PER_NODE_HOUR:g} per node-hour (an assumption)"
+    )
+    restart = (
+        f"{c.restart_minutes:g} min" if c.restart_minutes is not None else "the offer's start-up plus the download"
+    )
     return [
         f"a setup fits when its predicted peak device memory per GPU is at most {(1 - c.safety_margin) * 100:g}% "
         "of the card's memory",
-        "ranked by whole-job on-demand cost (hours x GPUs x price per GPU-hour), then by hours",
+        "ranked by expected cost of the rented run (on demand and spot as separate entries): start-up, model "
+        "download, training, checkpoint writes and final upload, preemption rework, billing increment and minimum; "
+        "ties go to fewer GPUs, then fewer nodes, then the shorter run",
         "the effective batch (micro-batch x accumulation x GPUs) is kept; where GPUs cannot split it evenly, "
-        "the smallest larger one is used",
-        "offers priced per GPU (gpus_per_node 1) rent as 1, 2, 4 or 8 GPUs per node, several nodes as nodes of 8; "
-        "offers with gpus_per_node > 1 rent as whole nodes",
-        f"spot: {c.preemptions_per_hour:g} preemptions per node-hour (an assumption: set "
-        f"constraints.preemptions_per_hour), {c.restart_minutes:g} min per restart, half a checkpoint interval "
-        "of work lost per preemption",
-        f"resumable checkpoint of {size_gib:.2f} GiB written at {CHECKPOINT_WRITE_BYTES_PER_S / 1e6:g} MB/s "
-        f"({ctx.checkpoint_write_seconds:.0f} s); interval sqrt(2 x write x MTBF) (Young 1974)",
+        "the smallest larger one is used and noted",
+        "a node holds at most the offer's gpus_per_node GPUs; more GPUs means several nodes over the offer's "
+        "inter-node network, impossible where it has none; scaling comes from the bytes each layout moves over "
+        "those links (services.estimator.communication)",
+        f"start-up {DEFAULT_STARTUP_S:g} s and model download at {DEFAULT_DOWNLOAD_GBIT_PER_S:g} Gbit/s where the "
+        f"offer does not say; base model {sizes.model_download_bytes / 1e9:.1f} GB, final upload "
+        f"{sizes.final_upload_bytes / 1e9:.2f} GB at {UPLOAD_BYTES_PER_S / 1e6:g} MB/s",
+        f"spot preemptions: {rate}; each costs a restart ({restart}) and half a checkpoint interval of work",
+        f"resumable checkpoint of {sizes.checkpoint_bytes / GIB:.2f} GiB written at "
+        f"{CHECKPOINT_WRITE_BYTES_PER_S / 1e6:g} MB/s ({sizes.checkpoint_write_s:.0f} s); interval "
+        "sqrt(2 x write x MTBF) (Young 1974), at most an hour",
     ]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.memory import GIB
-from services.estimator.plan import Method, Sharding
+from services.estimator.plan import Method, Optimizer, Sharding
 from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
 from services.planner.evaluator import Evaluator
-from services.planner.layouts import gpu_layouts, sharding_options
+from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import Rejection, RejectionKind
-from services.planner.search import Candidate, PlanContext, config_for
+from services.planner.search import Candidate, PlanContext, config_for, host_ram_bytes_per_node
 
 # Cheaper fine-tuning methods to suggest, least change first.
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
@@ -29,53 +29,89 @@ def _sharding_label(sharding: Sharding, gpus: int) -> str:
     return sharding
 
 
-def leanest_need(evaluator: Evaluator, effective_batch_size: int, gpus: int) -> tuple[float, Sharding]:
+def leanest_need(
+    evaluator: Evaluator,
+    effective_batch_size: int,
+    gpus: int,
+    offload: bool = False,
+    optimizer: Optimizer | None = None,
+) -> tuple[float, Sharding]:
     """Smallest peak device bytes per GPU on ``gpus`` GPUs (micro-batch 1, gradient checkpointing on),
-    over the sharding modes the planner tries, and the mode that reaches it."""
+    over the sharding modes the planner tries (with CPU offload: FSDP and ZeRO-2), and the mode that reaches it."""
     split = batch_split(effective_batch_size, gpus)
-    needs = [
-        (evaluator.memory(config_for(split, s, 1, True)).peak_device, s) for s in sharding_options(evaluator.base, gpus)
-    ]
+    modes = OFFLOAD_SHARDINGS if offload else sharding_options(evaluator.base, gpus)
+    needs = [(evaluator.memory(config_for(split, s, 1, True, offload, optimizer)).peak_device, s) for s in modes]
     return min(needs, key=lambda pair: pair[0])
 
 
-def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int) -> str:
-    """The smallest change that fits a card: a cheaper method on as few GPUs, and/or more GPUs."""
+def _offload_host_gib(ctx: PlanContext, gpus: int, gpus_per_node: int, sharding: Sharding) -> float:
+    split = batch_split(ctx.effective_batch_size, gpus)
+    cfg = config_for(split, sharding, 1, True, True)
+    return host_ram_bytes_per_node(ctx, cfg, Layout(gpus_per_node, max(1, gpus // gpus_per_node))) / GIB
+
+
+def _where(n: int, per_node: int) -> str:
+    nodes = -(-n // per_node)
+    return gpus_label(n) + (f" in {nodes} nodes of {per_node}" if nodes > 1 else "")
+
+
+def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offers: list[Offer] | None = None) -> str:
+    """The cheapest changes that fit a card, least change first: CPU offload (same training, needs host RAM),
+    more GPUs or nodes (same training, more money per hour), an 8-bit optimizer, then a cheaper method."""
+    per_node = max((o.gpus_per_node for o in offers or ()), default=8)
+    networked = any(o.inter_node_gbit_per_s is not None for o in offers or ())
+    largest_node = min(per_node, ctx.constraints.max_gpus)
     cheaper = CHEAPER_METHODS[ctx.plan.method]
     max_gpus = ctx.constraints.max_gpus
     e = ctx.effective_batch_size
-    gpus_min = fewest_gpus
     parts: list[str] = []
-    for method in cheaper:
-        if leanest_need(ctx.variant(method), e, gpus_min)[0] <= usable_bytes:
-            parts.append(f"with {method}" + (f" on {gpus_label(gpus_min)}" if gpus_min > 1 else ""))
-            break
+    need, sharding = leanest_need(ctx.evaluator, e, largest_node, offload=True)
+    if not ctx.plan.cpu_offload and need <= usable_bytes:
+        host = _offload_host_gib(ctx, largest_node, per_node, sharding)
+        setting = "" if ctx.constraints.allow_cpu_offload else " (set constraints.allow_cpu_offload)"
+        parts.append(
+            f"with optimizer offload to CPU on {gpus_label(largest_node)} ({sharding}; about {host:,.0f} GiB of "
+            f"host RAM per node for the offloaded weights, gradients and optimizer states){setting}"
+        )
     for n in SUGGESTION_GPU_COUNTS:
-        if n <= gpus_min:
+        if n <= fewest_gpus:
             continue
         need, sharding = leanest_need(ctx.evaluator, e, n)
         if need <= usable_bytes:
-            above = f" (above max_gpus {max_gpus})" if n > max_gpus else ""
-            parts.append(f"with {gpus_label(n)} and {_sharding_label(sharding, n)}{above}")
+            limits = []
+            if n > max_gpus:
+                limits.append(f"above max_gpus {max_gpus}")
+            if n > per_node and not networked:
+                limits.append("needs a provider with a network between nodes")
+            extra = f" ({'; '.join(limits)})" if limits else ""
+            parts.append(f"on {_where(n, per_node)} with {_sharding_label(sharding, n)}{extra}")
             break
+    eight_bit = len(parts) < 2 and ctx.plan.optimizer == "adamw" and not ctx.constraints.allow_optimizer_change
+    if eight_bit and leanest_need(ctx.evaluator, e, largest_node, optimizer="paged-adamw-8bit")[0] <= usable_bytes:
+        parts.append(f"with paged-adamw-8bit on {gpus_label(largest_node)} (set constraints.allow_optimizer_change)")
+    if len(parts) < 2:
+        for method in cheaper:
+            if leanest_need(ctx.variant(method), e, fewest_gpus)[0] <= usable_bytes:
+                parts.append(f"with {method}" + (f" on {gpus_label(fewest_gpus)}" if fewest_gpus > 1 else ""))
+                break
     if not parts:
         for method in cheaper:
             for n in SUGGESTION_GPU_COUNTS:
                 need, sharding = leanest_need(ctx.variant(method), e, n)
                 if need <= usable_bytes:
                     above = f" (above max_gpus {max_gpus})" if n > max_gpus else ""
-                    return f"fits with {method} on {gpus_label(n)} and {_sharding_label(sharding, n)}{above}"
+                    return f"fits with {method} on {_where(n, per_node)} and {_sharding_label(sharding, n)}{above}"
     if not parts:
         methods = ", ".join((ctx.plan.method, *cheaper))
         return (
             f"does not fit with {methods} on up to {SUGGESTION_GPU_COUNTS[-1]} GPUs of this card: "
             "use a larger card, a shorter seq_len or a smaller model"
         )
-    return "fits " + ", or ".join(parts)
+    return "fits " + ", or ".join(parts[:2])
 
 
 def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Rejection:
-    """A card on which no setup fits, with what the leanest setups need against what it has."""
+    """A card on which no setup fits, with what the leanest setups need against what it has, and the fix."""
     counts = sorted(
         {layout.gpus for offer in offers for group in gpu_layouts(offer, ctx.constraints.max_gpus) for layout in group}
     )
@@ -83,12 +119,15 @@ def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Re
     usable = ctx.usable_bytes(spec)
     if not counts:
         smallest = min(o.gpus_per_node for o in offers)
+        fix = f"set constraints.max_gpus to at least {smallest}, or choose an offer rented per GPU"
         return Rejection(
             gpu=spec.name,
             kind="gpu_count",
-            reason=f"sold only as nodes of {smallest} GPUs, more than max_gpus {ctx.constraints.max_gpus}",
+            reason=f"sold only as nodes of {smallest} GPUs, more than max_gpus {ctx.constraints.max_gpus}; {fix}",
             gpu_memory_gib=spec.memory_gib,
             gpus=smallest,
+            fix=fix,
+            suggestion=fix,
         )
     fewest, most = counts[0], counts[-1]
     need, _ = leanest_need(ctx.evaluator, ctx.effective_batch_size, fewest)
@@ -100,7 +139,8 @@ def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Re
         need_most, sharding = leanest_need(ctx.evaluator, ctx.effective_batch_size, most)
         with_mode = f"{gpus_label(most)} with {_sharding_label(sharding, most)}"
         reason += f"; {with_mode} still need {need_most / GIB:.1f} GiB per GPU"
-    suggestion = fit_suggestion(ctx, usable, fewest)
+        need, fewest = need_most, most
+    suggestion = fit_suggestion(ctx, usable, fewest, offers)
     return Rejection(
         gpu=spec.name,
         kind="memory",
@@ -108,7 +148,9 @@ def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Re
         needed_gib_per_gpu=round(need / GIB, 2),
         gpu_memory_gib=spec.memory_gib,
         usable_gib=round(usable / GIB, 2),
+        usable_gib_per_gpu=round(usable / GIB, 2),
         gpus=fewest,
+        fix=suggestion,
         suggestion=suggestion,
     )
 

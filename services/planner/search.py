@@ -1,4 +1,4 @@
-"""The search over setups of one offer: GPU layouts x sharding x checkpointing x the largest micro-batch.
+"""The search over setups of one offer: GPU layouts x sharding x checkpointing x offload x the largest micro-batch.
 
 Pruning, each step justified by the model it prunes:
 
@@ -8,9 +8,16 @@ Pruning, each step justified by the model it prunes:
   the per-GPU samples.
 - If a setup fits without gradient checkpointing at the largest micro-batch, checkpointing could only
   slow it down, so it is not tried.
+- An 8-bit optimizer (only where the user allows changing the optimizer) and CPU offload are tried on a
+  layout only when nothing fits there without them: they slow every step down (offload: the CPU Adam
+  step and the host traffic) or change the training. Several nodes are searched to do without offload,
+  so offload is tried on several nodes only when it fits on no single node.
 - Jobs on several nodes are tried only when no single node of the offer fits, or none meets the
   deadline; node counts then grow until one fits (and meets the deadline): more nodes of the same card
   only add communication per GPU, so they cost more.
+
+What fits and how fast depends on the card and the offer's node shape, not on its price: the fitting
+setups are computed once per shape and priced per offer (a catalog of thousands of offers has few shapes).
 """
 
 from __future__ import annotations
@@ -20,15 +27,32 @@ from dataclasses import dataclass, field
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
+from services.estimator.budget import CpuBudget, unlimited
+from services.estimator.communication import Links, intra_node_kind
 from services.estimator.memory import GIB
-from services.estimator.plan import Method, Plan, Sharding
+from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.estimator.throughput import Throughput
 from services.planner.batching import BatchSplit, batch_split
 from services.planner.constraints import Constraints
+from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config, Evaluator
-from services.planner.layouts import Layout, gpu_layouts, link_spec, sharding_options
+from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, offer_links, sharding_options
 from services.planner.models import PricingMode
-from services.planner.spot import SpotRun, spot_run
+
+# Optimizers the planner may switch AdamW to when the user allows it, least change first.
+EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw-8bit", "paged-adamw-8bit")
+
+ShapeKey = tuple[str, int, bool, str, float | None]
+
+
+@dataclass(frozen=True)
+class RunSizes:
+    """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
+
+    model_download_bytes: float
+    checkpoint_bytes: float
+    final_upload_bytes: float
+    checkpoint_write_s: float
 
 
 @dataclass(frozen=True)
@@ -40,9 +64,26 @@ class PlanContext:
     constraints: Constraints
     total_tokens: float
     effective_batch_size: int
-    checkpoint_write_seconds: float
+    sizes: RunSizes
     evaluator: Evaluator
+    budget: CpuBudget = field(default_factory=unlimited)
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
+    _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
+    _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
+    _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
+
+    def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
+        """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""
+        inter = offer.inter_node_gbit_per_s if layout.nodes > 1 else None
+        key = (spec.name, offer.interconnect, layout, inter)
+        found = self._links.get(key)
+        if found is None:
+            found = offer_links(spec, offer, layout)
+            self._links[key] = found
+        return found
+
+    _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
         """An evaluator for the plan with another fine-tuning method (for suggestions)."""
@@ -60,150 +101,303 @@ class PlanContext:
 
 
 @dataclass(frozen=True)
+class Setup:
+    """A configuration that fits a card on a layout, with its speed (independent of any price)."""
+
+    spec: GpuSpec
+    layout: Layout
+    links: Links
+    cfg: Config
+    peak_device_bytes: float
+    throughput: Throughput
+    training_s: float
+    host_ram_bytes_per_node: float  # offloaded states in CPU memory (0 without offload)
+
+
+@dataclass(frozen=True)
 class Candidate:
-    """A setup that fits, with its speed and prices."""
+    """A setup on one offer, priced on demand and (where the offer has spot and spot is allowed) on spot."""
 
     offer: Offer
     offer_index: int
-    spec: GpuSpec  # the card
-    link: GpuSpec  # the card as the offer connects it
-    layout: Layout
-    cfg: Config
-    effective_batch_size: int
-    peak_device_bytes: float
-    throughput: Throughput
-    hours: float
-    cost_usd: float
-    spot: SpotRun | None
-    spot_cost_usd: float | None
+    setup: Setup
+    on_demand: RunCost
+    spot: RunCost | None
     qualifies_with: PricingMode | None  # None: breaks the budget or the deadline under every pricing
 
+    @property
+    def spec(self) -> GpuSpec:
+        return self.setup.spec
 
-def config_for(split: BatchSplit, sharding: Sharding, micro_batch_size: int, checkpointing: bool) -> Config:
-    return Config(split.gpus, sharding, micro_batch_size, split.accumulation_steps(micro_batch_size), checkpointing)
+    @property
+    def layout(self) -> Layout:
+        return self.setup.layout
+
+    @property
+    def cfg(self) -> Config:
+        return self.setup.cfg
+
+    @property
+    def peak_device_bytes(self) -> float:
+        return self.setup.peak_device_bytes
+
+    @property
+    def throughput(self) -> Throughput:
+        return self.setup.throughput
+
+    @property
+    def hours(self) -> float:
+        return self.on_demand.hours
+
+    @property
+    def cost_usd(self) -> float:
+        return self.on_demand.expected_cost_usd
+
+    @property
+    def spot_cost_usd(self) -> float | None:
+        return None if self.spot is None else self.spot.expected_cost_usd
+
+    def pricings(self) -> tuple[RunCost, ...]:
+        return (self.on_demand,) if self.spot is None else (self.on_demand, self.spot)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of the ranking: a candidate under one pricing."""
+
+    candidate: Candidate
+    cost: RunCost
+
+    def rank_key(self) -> tuple[float, int, int, float, int]:
+        """Expected cost; ties (to the cent) go to fewer GPUs, then fewer nodes, then shorter time."""
+        c = self.candidate
+        return (round(self.cost.expected_cost_usd, 2), c.layout.gpus, c.layout.nodes, self.cost.hours, c.offer_index)
+
+
+def config_for(
+    split: BatchSplit,
+    sharding: Sharding,
+    micro_batch_size: int,
+    checkpointing: bool,
+    cpu_offload: bool = False,
+    optimizer: Optimizer | None = None,
+) -> Config:
+    return Config(
+        split.gpus,
+        sharding,
+        micro_batch_size,
+        split.accumulation_steps(micro_batch_size),
+        checkpointing,
+        cpu_offload,
+        optimizer,
+    )
 
 
 def largest_fitting_micro_batch(
-    evaluator: Evaluator, split: BatchSplit, sharding: Sharding, checkpointing: bool, usable_bytes: float
+    evaluator: Evaluator,
+    split: BatchSplit,
+    sharding: Sharding,
+    checkpointing: bool,
+    usable_bytes: float,
+    cpu_offload: bool = False,
+    optimizer: Optimizer | None = None,
 ) -> int | None:
     """The largest micro-batch (a divisor of the per-GPU samples) whose peak fits, or None.
 
     Tries the smallest first (shared by every card, so usually cached), then the largest, then bisects.
     """
     sizes = split.micro_batch_sizes
-    if not evaluator.fits(config_for(split, sharding, sizes[0], checkpointing), usable_bytes):
+
+    def fits(m: int) -> bool:
+        return evaluator.fits(config_for(split, sharding, m, checkpointing, cpu_offload, optimizer), usable_bytes)
+
+    if not fits(sizes[0]):
         return None
-    if len(sizes) == 1 or evaluator.fits(config_for(split, sharding, sizes[-1], checkpointing), usable_bytes):
+    if len(sizes) == 1 or fits(sizes[-1]):
         return sizes[-1]
     lo, hi = 0, len(sizes) - 1  # sizes[lo] fits, sizes[hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if evaluator.fits(config_for(split, sharding, sizes[mid], checkpointing), usable_bytes):
+        if fits(sizes[mid]):
             lo = mid
         else:
             hi = mid
     return sizes[lo]
 
 
-def qualifies(
-    constraints: Constraints, hours: float, cost_usd: float, spot_hours: float | None, spot_cost_usd: float | None
-) -> PricingMode | None:
-    """The pricing (on demand first, else spot) under which a setup meets both budget and deadline."""
+def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> float:
+    """CPU memory the offloaded states of one node take (ZeRO-Offload, arXiv 2101.06840: fp32 master weights,
+    optimizer states and the gradient partition live in host memory; FSDP/ZeRO-3 offload the parameter
+    shards too): what the same setup would keep per GPU without offload, with gradients sharded."""
+    if not cfg.cpu_offload:
+        return 0.0
+    kept = ctx.evaluator.model_states(
+        Config(cfg.gpus, cfg.sharding, cfg.micro_batch_size, cfg.accumulation_steps, cfg.checkpointing, False, None)
+    )
+    grad_width = 4.0 if ctx.plan.precision == "fp32" else 2.0
+    per_gpu = kept.master_weights + kept.optimizer_states + kept.optimizer_states_paged
+    per_gpu += kept.trainable_params * grad_width / cfg.gpus
+    if cfg.sharding in ("zero3", "fsdp"):
+        per_gpu += kept.weights + kept.adapters
+    return per_gpu * layout.gpus_per_node
 
-    def meets(h: float, usd: float) -> bool:
-        budget_ok = constraints.budget_usd is None or usd <= constraints.budget_usd
-        deadline_ok = constraints.deadline_hours is None or h <= constraints.deadline_hours
-        return budget_ok and deadline_ok
 
-    if meets(hours, cost_usd):
-        return "on_demand"
-    if spot_hours is not None and spot_cost_usd is not None and meets(spot_hours, spot_cost_usd):
-        return "spot"
-    return None
-
-
-def price_candidate(
-    ctx: PlanContext, offer_index: int, offer: Offer, spec: GpuSpec, layout: Layout, cfg: Config
-) -> Candidate:
-    """Speed, wall-clock and cost of a fitting setup, on demand and (where offered and allowed) on spot."""
-    link = link_spec(spec, offer, layout.nodes)
-    tp = ctx.evaluator.throughput(cfg, link)
-    hours = ctx.total_tokens / tp.tokens_per_s / 3600.0
-    cost = hours * layout.gpus * offer.on_demand_usd_per_hour
-    spot: SpotRun | None = None
-    spot_cost: float | None = None
-    c = ctx.constraints
-    if offer.spot_usd_per_hour is not None and c.spot_allowed:
-        spot = spot_run(hours, layout.nodes, c.preemptions_per_hour, c.restart_minutes, ctx.checkpoint_write_seconds)
-        spot_cost = spot.hours * layout.gpus * offer.spot_usd_per_hour
-    return Candidate(
-        offer=offer,
-        offer_index=offer_index,
+def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
+    tp = ctx.evaluator.throughput(cfg, spec, links)
+    return Setup(
         spec=spec,
-        link=link,
         layout=layout,
+        links=links,
         cfg=cfg,
-        effective_batch_size=ctx.effective_batch_size,
         peak_device_bytes=ctx.evaluator.memory(cfg).peak_device,
         throughput=tp,
-        hours=hours,
-        cost_usd=cost,
-        spot=spot,
-        spot_cost_usd=spot_cost,
-        qualifies_with=qualifies(c, hours, cost, None if spot is None else spot.hours, spot_cost),
+        training_s=ctx.total_tokens / tp.tokens_per_s,
+        host_ram_bytes_per_node=host_ram_bytes_per_node(ctx, cfg, layout),
     )
 
 
-def layout_candidates(
-    ctx: PlanContext, offer_index: int, offer: Offer, spec: GpuSpec, layout: Layout
-) -> list[Candidate]:
-    """The fitting setups of one offer on one layout: per sharding and checkpointing, the largest micro-batch."""
-    split = batch_split(ctx.effective_batch_size, layout.gpus)
-    usable = ctx.usable_bytes(spec)
+def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool = True) -> list[Setup]:
+    """The fitting setups on one layout: per sharding and checkpointing, the largest micro-batch; an 8-bit
+    optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
+    key = (spec.name, layout, links, offload)
+    cached = ctx._layouts.get(key)
+    if cached is None:
+        configs = fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus, offload)
+        cached = [_setup(ctx, spec, layout, links, cfg) for cfg in configs]
+        ctx._layouts[key] = cached
+    return cached
+
+
+def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = True) -> tuple[Config, ...]:
+    """The configurations that fit ``usable`` bytes per GPU on ``gpus`` GPUs (memory does not depend on the
+    links, so every offer shape with the same card and GPU count shares them)."""
+    key = (usable, gpus, offload)
+    cached = ctx._configs.get(key)
+    if cached is not None:
+        return cached
+    split = batch_split(ctx.effective_batch_size, gpus)
     checkpointing_options = (True,) if ctx.plan.gradient_checkpointing else (False, True)
-    found = []
-    for sharding in sharding_options(ctx.plan, layout.gpus):
-        for checkpointing in checkpointing_options:
-            m = largest_fitting_micro_batch(ctx.evaluator, split, sharding, checkpointing, usable)
-            if m is None:
-                continue
-            cfg = config_for(split, sharding, m, checkpointing)
-            found.append(price_candidate(ctx, offer_index, offer, spec, layout, cfg))
-            if not checkpointing and m == split.micro_batch_sizes[-1]:
+    c = ctx.constraints
+
+    def search(shardings: tuple[Sharding, ...], offload: bool, optimizer: Optimizer | None) -> list[Config]:
+        found: list[Config] = []
+        offloaded = offload or ctx.plan.cpu_offload
+        for sharding in shardings:
+            for checkpointing in checkpointing_options:
+                m = largest_fitting_micro_batch(
+                    ctx.evaluator, split, sharding, checkpointing, usable, offloaded, optimizer
+                )
+                if m is None:
+                    continue
+                found.append(config_for(split, sharding, m, checkpointing, offloaded, optimizer))
+                if not checkpointing and m == split.micro_batch_sizes[-1]:
+                    break
+        return found
+
+    plain = sharding_options(ctx.plan, gpus)
+    found = search(plain, False, None)
+    if not found and c.allow_optimizer_change and ctx.plan.optimizer == "adamw":
+        for optimizer in EIGHT_BIT_OPTIMIZERS:
+            found = search(plain, False, optimizer)
+            if found:
                 break
-    return found
+    if not found and offload and c.allow_cpu_offload and not ctx.plan.cpu_offload:
+        found = search(OFFLOAD_SHARDINGS, True, None)
+    ctx._configs[key] = tuple(found)
+    return ctx._configs[key]
 
 
-def offer_candidates(ctx: PlanContext, offer_index: int, offer: Offer, spec: GpuSpec) -> list[Candidate]:
-    """Every setup of one offer that the search keeps (see the module docstring for the pruning)."""
-    single, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-    deadline = ctx.constraints.deadline_hours
+NARROW_SEARCH = (
+    "narrow the search: fewer GPUs (constraints.max_gpus), or fewer offers (constraints.providers, constraints.regions)"
+)
 
-    def enough(found: list[Candidate]) -> bool:
-        return bool(found) and (deadline is None or any(c.hours <= deadline for c in found))
 
-    found: list[Candidate] = []
-    for layout in single:
-        found.extend(layout_candidates(ctx, offer_index, offer, spec, layout))
-    if not enough(found):
+def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
+    """What the search depends on besides the price: the card, the node shape and the link kind it really is."""
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
+
+
+def _fastest_per_count(found: list[Setup]) -> list[Setup]:
+    """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest."""
+    fastest: dict[int, Setup] = {}
+    for s in found:
+        if s.layout.gpus not in fastest or s.training_s < fastest[s.layout.gpus].training_s:
+            fastest[s.layout.gpus] = s
+    return sorted(fastest.values(), key=lambda s: s.layout.gpus)
+
+
+def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
+    """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning).
+
+    Cached per shape. What fits on one node does not depend on the network, so the network enters the key
+    only when the search has to go beyond one node.
+    """
+    base = shape_key(spec, offer)
+    single = ctx._single.get(base)
+    if single is None:
+        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
+        found: list[Setup] = []
+        for layout in layouts:
+            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
+        single = (found, _fastest_per_count(found), _enough(ctx, found))
+        ctx._single[base] = single
+    found, fastest, enough = single
+    if enough or offer.inter_node_gbit_per_s is None:
+        return fastest
+    key = (*base[:4], offer.inter_node_gbit_per_s)
+    cached = ctx._shapes.get(key)
+    if cached is None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        grown = list(found)
+        # More nodes are searched to do without offload; offload on several nodes only where no node fits.
+        offload = not found
         for layout in multi:
-            more = layout_candidates(ctx, offer_index, offer, spec, layout)
-            found.extend(more)
-            if enough(more):
+            ctx.budget.check("constraints", NARROW_SEARCH)
+            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload)
+            grown.extend(more)
+            if _enough(ctx, more):
                 break
-    return found
+        cached = _fastest_per_count(grown)
+        ctx._shapes[key] = cached
+    return cached
 
 
-def fastest_per_offer_and_count(candidates: list[Candidate]) -> list[Candidate]:
-    """One setup per (offer, GPU count): the fastest, which is also the cheapest (same GPUs, same price)."""
-    best: dict[tuple[int, int], Candidate] = {}
-    for c in candidates:
-        key = (c.offer_index, c.layout.gpus)
-        if key not in best or c.hours < best[key].hours:
-            best[key] = c
-    return list(best.values())
+def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
+    """Whether setups make more nodes pointless: one fits without offload or an 8-bit optimizer (those
+    only fit, slowly) and, with a deadline, meets it."""
+    deadline = ctx.constraints.deadline_hours
+    plain = [s for s in found if s.cfg.optimizer is None and s.cfg.cpu_offload == ctx.plan.cpu_offload]
+    return bool(plain) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in plain))
 
 
-def rank_key(c: Candidate) -> tuple[float, float, int, int]:
-    """Whole-job on-demand cost, then hours (then catalog order, for a stable answer)."""
-    return (c.cost_usd, c.hours, c.offer_index, c.layout.gpus)
+def qualifies(constraints: Constraints, cost: RunCost) -> bool:
+    """Whether one pricing of a setup meets both the budget and the deadline."""
+    budget_ok = constraints.budget_usd is None or cost.expected_cost_usd <= constraints.budget_usd
+    deadline_ok = constraints.deadline_hours is None or cost.hours <= constraints.deadline_hours
+    return budget_ok and deadline_ok
+
+
+def price_setup(ctx: PlanContext, offer_index: int, offer: Offer, setup: Setup) -> Candidate:
+    """The setup on this offer: on demand and, where offered and allowed, on spot."""
+    sizes = ctx.sizes
+    shape = RunShape(
+        gpus=setup.layout.gpus,
+        nodes=setup.layout.nodes,
+        training_s=setup.training_s,
+        model_download_bytes=sizes.model_download_bytes,
+        checkpoint_bytes=sizes.checkpoint_bytes,
+        final_upload_bytes=sizes.final_upload_bytes,
+        checkpoint_write_s=sizes.checkpoint_write_s,
+    )
+    c = ctx.constraints
+    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    on_demand = run_cost(offer, shape, "on_demand", restart_s=restart_s)
+    spot: RunCost | None = None
+    if offer.spot_usd_per_hour is not None and c.spot_allowed:
+        spot = run_cost(offer, shape, "spot", preemptions_per_node_hour=c.preemptions_per_hour, restart_s=restart_s)
+    mode: PricingMode | None = None
+    if qualifies(c, on_demand):
+        mode = "on_demand"
+    elif spot is not None and qualifies(c, spot):
+        mode = "spot"
+    return Candidate(offer, offer_index, setup, on_demand, spot, mode)

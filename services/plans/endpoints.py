@@ -4,8 +4,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 
-from services.api.deps import DbDep, PrincipalDep
+from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.catalog.gpus import find_gpu
+from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
 from services.export import Format
 from services.nodes.calibration import calibrated_utilisation
@@ -20,6 +21,7 @@ def estimate_now(
     body: PlanRequest,
     db: DbDep,
     principal: PrincipalDep,
+    settings: SettingsDep,
     gpu: Annotated[str | None, Query(max_length=100, description="GPU for tokens/s, e.g. 'A100 80GB'")] = None,
 ) -> dict[str, Any]:
     """Estimate a plan synchronously, without storing it (with the organization's calibration of the
@@ -35,7 +37,13 @@ def estimate_now(
             utilisation = calibrated_utilisation(session, principal.organization_id, plan.method).get(
                 spec.name, (None, None)
             )
-    report = estimate(plan, spec, utilisation=utilisation[0], utilisation_source=utilisation[1])
+    report = estimate(
+        plan,
+        spec,
+        utilisation=utilisation[0],
+        utilisation_source=utilisation[1],
+        budget=CpuBudget(settings.estimate_cpu_budget_s),
+    )
     return report.model_dump(mode="json")
 
 
@@ -47,9 +55,7 @@ def create_plan(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> PlanCreated:
-    with db.transaction() as (session, pending):
-        row, created = service.submit(session, principal, body, idempotency_key, pending)
-        result = PlanCreated(id=row.id, status=row.status)
+    result, created = service.submit_idempotent(db.transaction, principal, body, idempotency_key)
     response.headers["Location"] = f"/v1/plans/{result.id}"
     if not created:
         response.status_code = 200

@@ -14,7 +14,7 @@ from services.planner.constraints import Constraints
 class Dataset(BaseModel):
     """The data set: ``{"examples": N, "avg_tokens": T}`` or ``{"tokens": N}`` (tokens per epoch)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     examples: int | None = Field(default=None, gt=0, le=10**12)
     avg_tokens: float | None = Field(default=None, gt=0, le=10**7)

@@ -6,9 +6,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.errors import with_api_hint
@@ -18,6 +20,7 @@ from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.leases import SweepDecision
 from services.core.tasks import PendingTasks
 from services.datasets.service import location_warnings, plan_data
+from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import Estimate, estimate, resolve_architecture
 from services.export import ExportBundle, export_setup
@@ -26,7 +29,7 @@ from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
 from services.plans.repository import PlanListRow, PlanRepository
-from services.plans.schemas import PlanOut, PlanRequest, PlanSummary
+from services.plans.schemas import PlanCreated, PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
 
 log = logging.getLogger("gpuplan.plans")
@@ -53,7 +56,7 @@ def _check_plannable(request: PlanRequest) -> str:
     try:
         name, _ = resolve_architecture(plan)
     except EstimatorError as exc:
-        raise Unprocessable(with_api_hint(exc.message, exc), field=exc.field) from None
+        raise Unprocessable(with_api_hint(str(exc), exc), field=exc.field) from None
     return name
 
 
@@ -93,6 +96,31 @@ def submit(
     )
     pending.enqueue(ESTIMATE_TASK, row.id)
     return row, True
+
+
+def submit_idempotent(
+    transaction: Callable[[], AbstractContextManager[tuple[Session, PendingTasks]]],
+    principal: Principal,
+    request: PlanRequest,
+    idempotency_key: str | None,
+) -> tuple[PlanCreated, bool]:
+    """:func:`submit` in its own transaction, safe under concurrent requests with one Idempotency-Key.
+
+    Two requests with a new key both find no plan and both insert; the database's unique constraint
+    (organization, key) lets one commit and fails the other with an IntegrityError. The loser runs
+    again in a fresh transaction, where it finds the winner's plan: one plan, and every request
+    answers with it (or 409 when its body differs).
+    """
+    try:
+        with transaction() as (session, pending):
+            row, created = submit(session, principal, request, idempotency_key, pending)
+            return PlanCreated(id=row.id, status=row.status), created
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+    with transaction() as (session, pending):
+        row, created = submit(session, principal, request, idempotency_key, pending)
+        return PlanCreated(id=row.id, status=row.status), created
 
 
 def with_dataset(session: Session, organization_id: str, request: PlanRequest) -> PlanRequest:
@@ -230,14 +258,24 @@ def to_summary(row: PlanRow | PlanListRow) -> PlanSummary:
     )
 
 
-def compute(session: Session, request: PlanRequest, safety_margin: float, organization_id: str) -> dict[str, Any]:
+def compute(
+    session: Session,
+    request: PlanRequest,
+    safety_margin: float,
+    organization_id: str,
+    cpu_budget_s: float | None = None,
+) -> dict[str, Any]:
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
-    with the organization's calibrated utilisation where its nodes measured the card and method."""
+    with the organization's calibrated utilisation where its nodes measured the card and method, in at
+    most ``cpu_budget_s`` of CPU time (WorkBudgetExceeded beyond it)."""
     plan = request.to_plan()
-    report = estimate(plan)
+    budget = CpuBudget(cpu_budget_s)
+    report = estimate(plan, budget=budget)
     offers = catalog_offers(session, organization_id)
     utilisation = calibrated_utilisation(session, organization_id, plan.method)
-    recs, rejections, warnings = recommend(plan, request.constraints, offers, safety_margin, utilisation=utilisation)
+    recs, rejections, warnings = recommend(
+        plan, request.constraints, offers, safety_margin, utilisation=utilisation, budget=budget
+    )
     if request.dataset_id is not None:
         try:
             data = plan_data(session, organization_id, request.dataset_id)
@@ -260,11 +298,13 @@ def _result(
     }
 
 
-def estimate_task(factory: sessionmaker[Session], safety_margin: float) -> Callable[[str], None]:
+def estimate_task(
+    factory: sessionmaker[Session], safety_margin: float, cpu_budget_s: float | None = None
+) -> Callable[[str], None]:
     """The estimation task bound to this process's session factory."""
 
     def run(plan_id: str) -> None:
-        run_plan(factory, plan_id, safety_margin)
+        run_plan(factory, plan_id, safety_margin, cpu_budget_s=cpu_budget_s)
 
     return run
 
@@ -284,8 +324,16 @@ def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks, sta
     return len(ids)
 
 
-def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float, debug_delay_s: float = 0.0) -> None:
-    """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing."""
+def run_plan(
+    factory: sessionmaker[Session],
+    plan_id: str,
+    safety_margin: float,
+    debug_delay_s: float = 0.0,
+    *,
+    cpu_budget_s: float | None = None,
+) -> None:
+    """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing.
+    A plan whose search needs more than ``cpu_budget_s`` of CPU fails with a message naming what to narrow."""
     with unit_of_work(factory) as session:
         row = PlanRepository(session).get(plan_id)
         if row is None or row.status in ("done", "failed"):
@@ -297,7 +345,7 @@ def run_plan(factory: sessionmaker[Session], plan_id: str, safety_margin: float,
         organization_id = row.organization_id
     try:
         with unit_of_work(factory) as session:
-            result = compute(session, request, safety_margin, organization_id)
+            result = compute(session, request, safety_margin, organization_id, cpu_budget_s)
     except (EstimatorError, ValueError) as exc:
         _finish(factory, plan_id, error=str(exc))
         return

@@ -133,6 +133,7 @@ def create_quote(
             "headroom_gib",
             "tokens_per_s",
             "scaling_efficiency",
+            "links",
             "hours",
             "region",
         )
@@ -144,7 +145,7 @@ def create_quote(
         f"predicted peak {rec['peak_gib_per_gpu']:.1f} GiB per GPU on a {rec['gpu_memory_gib']:.0f} GiB card "
         f"({rec['headroom_gib']:.1f} GiB headroom)",
         f"{rec['tokens_per_s']:,.0f} tokens/s over {rec['gpus']} GPUs, scaling efficiency "
-        f"{rec['scaling_efficiency']:.0%} for the interconnect",
+        f"{rec['scaling_efficiency']:.0%} over {rec.get('links') or 'the interconnect'}",
         f"data: {(plan_row.estimate or {}).get('total_tokens') or 0:,.0f} tokens in total (data set x epochs)",
         "prices from the provider catalog at quote time; taxes not included",
     ]

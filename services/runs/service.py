@@ -17,6 +17,7 @@ from services.nodes.service import authenticate_node, get_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal
 from services.planner.checkpoints import ScheduleInputs, checkpoint_schedule
+from services.planner.costs import DEFAULT_PREEMPTION_PER_NODE_HOUR
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
 from services.runs.retention import RetentionPolicy, StoredCheckpoint, best_step, steps_to_delete
@@ -74,6 +75,8 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
             body.preemptions_per_node_hour
             if body.preemptions_per_node_hour is not None
             else request.constraints.preemptions_per_hour
+            if request.constraints.preemptions_per_hour is not None
+            else DEFAULT_PREEMPTION_PER_NODE_HOUR
         ),
         upload_bytes_per_s=None,
         schedule={"upload_bytes_per_s": (body.upload_mb_per_s or 100.0) * 1e6},

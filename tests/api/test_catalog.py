@@ -113,7 +113,7 @@ def test_public_import_is_additive_and_replace_provider_is_explicit(api: Api) ->
     assert newco["inter_node_gbit_per_s"] == 3200 and newco["fetched_at"] == "2026-11-30T10:00:00Z"
 
     # One provider's row again: its price is updated, every other offer stays.
-    csv = "provider,gpu,on_demand_usd_per_hour,region\ncloudrux,A40,0.70,partner-dc\n"
+    csv = "provider,gpu,on_demand_usd_per_hour,region,gpus_per_node\ncloudrux,A40,0.70,partner-dc,8\n"
     body = api.client.post("/v1/platform/catalog/offers", content=csv, headers=platform).json()
     assert (body["updated"], body["added"], body["kept"]) == (1, 0, 14)
     items = _offers(api)
@@ -167,9 +167,9 @@ def test_an_organizations_own_prices_are_invisible_to_others_and_do_not_change_t
     beta_offers = _offers(api, "beta")
     # Alpha negotiated a very low price for H100 at cloudrux and has a private provider.
     csv = (
-        "provider,gpu,on_demand_usd_per_hour,region,source\n"
-        "cloudrux,H100 SXM,0.05,partner-dc,contract 2026-17\n"
-        "alpha-dc,A100 80GB,0.04,basement,own cluster\n"
+        "provider,gpu,on_demand_usd_per_hour,region,source,gpus_per_node\n"
+        "cloudrux,H100 SXM,0.05,partner-dc,contract 2026-17,8\n"
+        "alpha-dc,A100 80GB,0.04,basement,own cluster,1\n"
     )
     response = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
     assert response.status_code == 201, response.text

@@ -54,7 +54,7 @@ def test_bad_quote_requests(api: Api) -> None:
     plan = _done_plan(api)
     url = f"/v1/plans/{plan['id']}/quotes"
     assert api.client.post(url, json={}, headers=api.headers()).status_code == 422
-    response = api.client.post(url, json={"gpu": "V100", "gpus": 2}, headers=api.headers())
+    response = api.client.post(url, json={"gpu": "Voodoo 5", "gpus": 2}, headers=api.headers())
     assert response.status_code == 422 and response.json()["field"] == "gpu"
     response = api.client.post(url, json={"gpu": "RTX A6000", "gpus": 1}, headers=api.headers())
     assert response.status_code == 422 and "no offer" in response.json()["message"]

@@ -26,13 +26,14 @@ def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
 
 
 def _offers(text: str) -> list:  # type: ignore[type-arg]
-    return parse_price_list("provider,gpu,on_demand_usd_per_hour,region\n" + text, "csv")
+    # The bundled cloudrux rows are 8-GPU nodes; the same node shape makes the same offer.
+    return parse_price_list("provider,gpu,on_demand_usd_per_hour,region,gpus_per_node\n" + text, "csv")
 
 
 def test_an_import_upserts_its_providers_and_keeps_the_rest(factory: sessionmaker[Session]) -> None:
     with unit_of_work(factory) as session:
         before = catalog_offers(session)
-        result = import_offers(session, _offers("cloudrux,L4,0.70,partner-dc\nnewco,H100,3,eu\n"), source="t")
+        result = import_offers(session, _offers("cloudrux,L4,0.70,partner-dc,8\nnewco,H100,3,eu,8\n"), source="t")
         assert (result.added, result.updated, result.kept, result.removed) == (1, 1, 13, 0)
     with unit_of_work(factory) as session:
         after = catalog_offers(session)
@@ -44,12 +45,12 @@ def test_an_import_upserts_its_providers_and_keeps_the_rest(factory: sessionmake
 def test_replacing_a_provider_drops_its_other_offers_in_the_same_version(factory: sessionmaker[Session]) -> None:
     with unit_of_work(factory) as session:
         result = import_offers(
-            session, _offers("cloudrux,L4,0.70,partner-dc\n"), source="t", replace_providers=["cloudrux"]
+            session, _offers("cloudrux,L4,0.70,partner-dc,8\n"), source="t", replace_providers=["cloudrux"]
         )
         assert (result.updated, result.removed, result.kept) == (1, 8, 5)
         assert sorted(o.gpu for o in catalog_offers(session) if o.provider == "cloudrux") == ["L4"]
         with pytest.raises(Unprocessable) as info:
-            import_offers(session, _offers("a,L4,1,x\n"), source="t", replace_providers=["nobody"])
+            import_offers(session, _offers("a,L4,1,x,8\n"), source="t", replace_providers=["nobody"])
         assert info.value.field == "replace_provider" and "cloudrux" in info.value.message
 
 
@@ -59,7 +60,7 @@ def test_an_organizations_offers_overlay_the_public_ones_for_it_alone(factory: s
         beta = create_organization(session, "beta").id
         public = catalog_offers(session)
         import_offers(
-            session, _offers("cloudrux,L4,0.10,partner-dc\nown,A40,0.01,lab\n"), source="t", organization_id=alpha
+            session, _offers("cloudrux,L4,0.10,partner-dc,8\nown,A40,0.01,lab,8\n"), source="t", organization_id=alpha
         )
         assert catalog_offers(session, beta) == public == catalog_offers(session)
         mine = catalog_offers(session, alpha)
@@ -74,7 +75,7 @@ def test_an_organizations_offers_overlay_the_public_ones_for_it_alone(factory: s
 def test_old_versions_are_pruned(factory: sessionmaker[Session]) -> None:
     with unit_of_work(factory) as session:
         for i in range(KEEP_INACTIVE_VERSIONS + 5):
-            import_offers(session, _offers(f"newco,H100,{3 + i / 100},eu\n"), source=f"import {i}")
+            import_offers(session, _offers(f"newco,H100,{3 + i / 100},eu,8\n"), source=f"import {i}")
     with unit_of_work(factory) as session:
         versions = session.scalar(
             select(func.count()).select_from(CatalogVersion).where(CatalogVersion.kind == "offers")

@@ -63,7 +63,9 @@ def test_importing_one_provider_keeps_the_others_and_estimate_uses_the_database(
 ) -> None:
     bundled = _costs(gpuplan)  # no database yet: the bundled price lists
     assert not (tmp_path / "gpuplan.db").exists() and bundled[("cloudrux", "A40")] == 0.74
-    (tmp_path / "prices.csv").write_text("provider,gpu,on_demand_usd_per_hour,region\ncloudrux,A40,0.61,partner-dc\n")
+    (tmp_path / "prices.csv").write_text(
+        "provider,gpu,on_demand_usd_per_hour,region,gpus_per_node\ncloudrux,A40,0.61,partner-dc,8\n"
+    )
     out = gpuplan("admin", "import-offers", "prices.csv")
     assert out.returncode == 0, out.stderr
     assert "1 updated" in out.stderr and "13 kept" in out.stderr
@@ -111,7 +113,9 @@ def test_import_input_errors_are_one_line(gpuplan: Gpuplan, tmp_path: Path) -> N
 def test_an_organizations_import_does_not_change_the_public_catalog(gpuplan: Gpuplan, tmp_path: Path) -> None:
     assert gpuplan("admin", "create-org", "acme").returncode == 0
     public = _costs(gpuplan)
-    (tmp_path / "ours.csv").write_text("provider,gpu,on_demand_usd_per_hour,region\ncloudrux,A40,0.01,partner-dc\n")
+    (tmp_path / "ours.csv").write_text(
+        "provider,gpu,on_demand_usd_per_hour,region,gpus_per_node\ncloudrux,A40,0.01,partner-dc,8\n"
+    )
     out = gpuplan("admin", "import-offers", "ours.csv", "--org", "acme")
     assert out.returncode == 0 and "organization 'acme'" in out.stderr
     assert _costs(gpuplan) == public

@@ -106,7 +106,7 @@ def test_own_config_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     ("args", "needle"),
     [
         (["estimate", "--model", "meta-llama/Llama-3.1-9B"], "model.name"),
-        (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "V100"], "gpu: unknown GPU"),
+        (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "Voodoo 5"], "gpu: unknown GPU"),
         (["estimate", "--model", "meta-llama/Llama-3.1-8B", "--seq-len", "0"], "seq_len"),
         (
             ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--seq-len", "lots"],
@@ -188,7 +188,7 @@ def test_admin_commands(tmp_path: Path) -> None:
     again = gp("admin", "create-org", "acme")
     assert again.returncode == 2 and "already exists" in again.stderr
     bad = tmp_path / "prices.csv"
-    bad.write_text("provider,gpu,on_demand_usd_per_hour\nx,V100,1\n")
+    bad.write_text("provider,gpu,on_demand_usd_per_hour\nx,Voodoo 5,1\n")
     rejected = gp("admin", "import-offers", str(bad))
     assert rejected.returncode == 2 and "row 1: gpu" in rejected.stderr
 

@@ -53,6 +53,8 @@ DRIVEN = {
     "admin list-keys": "test_admin_keys",
     "admin rotate-key": "test_admin_keys",
     "admin revoke-key": "test_admin_keys",
+    "admin remove-provider": "tests/cli/test_catalog_cli.py::test_remove_provider",
+    "catalog refresh": "tests/cli/test_catalog_cli.py::test_catalog_refresh_from_a_feed_and_a_failed_one",
 }
 
 TINY_LLAMA = {

@@ -65,7 +65,9 @@ def test_big_batches_scale_almost_linearly_over_nvlink() -> None:
 def test_small_batches_over_pcie_do_not_scale_linearly() -> None:
     one = _tp(make_plan(seq_len=256, micro_batch_size=1), "L40S")
     eight = _tp(make_plan(seq_len=256, micro_batch_size=1, gpus=8, sharding="fsdp"), "L40S")
-    assert one.tokens_per_s < eight.tokens_per_s < 4 * one.tokens_per_s
+    # Gathering 16 GB of weights three times per 256-token micro-batch over PCIe (bus bandwidth ~63% of
+    # 32 GB/s) takes longer than the compute it should hide: 8 GPUs barely beat (or lose to) one.
+    assert eight.tokens_per_s < 4 * one.tokens_per_s
     assert eight.seconds["communication"] > eight.seconds["compute"]
 
 

@@ -7,15 +7,34 @@ from pydantic import ValidationError
 
 from services.catalog.gpus import find_gpu
 from services.catalog.offers import Offer
-from services.estimator.throughput import INTER_NODE_GB_PER_S
 from services.planner.batching import batch_split, divisors, effective_batch_size
 from services.planner.constraints import Constraints
-from services.planner.layouts import Layout, gpu_layouts, link_spec, sharding_options
+from services.planner.layouts import Layout, gpu_layouts, multi_node_counts, offer_links, sharding_options
 from tests.conftest import make_plan
 
 
-def offer(gpus_per_node: int = 1, interconnect: str = "NVLink") -> Offer:
-    return Offer("acme", "A40", gpus_per_node, 1.0, None, "USD", "eu", "DE", interconnect, "2026-11-01", "test")
+def offer(
+    gpus_per_node: int = 1,
+    interconnect: str = "NVLink",
+    *,
+    whole_nodes_only: bool = False,
+    inter_node_gbit_per_s: float | None = None,
+) -> Offer:
+    return Offer(
+        "acme",
+        "A40",
+        gpus_per_node,
+        1.0,
+        None,
+        "USD",
+        "eu",
+        "DE",
+        interconnect,
+        "2026-11-01",
+        "test",
+        whole_nodes_only=whole_nodes_only,
+        inter_node_gbit_per_s=inter_node_gbit_per_s,
+    )
 
 
 def test_effective_batch() -> None:
@@ -39,20 +58,31 @@ def test_batch_split_keeps_the_effective_batch_or_takes_the_next_larger() -> Non
     assert (more_gpus_than_samples.micro_batch_sizes, more_gpus_than_samples.effective_batch_size) == ((1,), 8)
 
 
-def test_layouts_for_per_gpu_offers() -> None:
-    single, multi = gpu_layouts(offer(), 64)
-    assert [lay.gpus for lay in single] == [1, 2, 4, 8]
-    assert [lay.gpus for lay in multi] == [16, 24, 32, 40, 48, 56, 64]
-    assert all(lay.gpus_per_node == 8 for lay in multi)
-    single, multi = gpu_layouts(offer(), 3)
+def test_a_node_never_has_more_gpus_than_its_offer() -> None:
+    single, multi = gpu_layouts(offer(1), 64)
+    assert [lay.gpus for lay in single] == [1] and multi == ()
+    single, multi = gpu_layouts(offer(8), 64)
+    assert [lay.gpus for lay in single] == [1, 2, 4, 8] and multi == ()
+    single, _ = gpu_layouts(offer(6), 64)
+    assert [lay.gpus for lay in single] == [1, 2, 4, 6]
+    single, multi = gpu_layouts(offer(8), 3)
     assert [lay.gpus for lay in single] == [1, 2] and multi == ()
 
 
+def test_several_nodes_only_over_the_providers_network() -> None:
+    single, multi = gpu_layouts(offer(8, inter_node_gbit_per_s=400), 64)
+    assert [lay.gpus for lay in single] == [1, 2, 4, 8]
+    assert [lay.nodes for lay in multi] == [2, 3, 4, 6, 8]
+    assert all(lay.gpus_per_node == 8 for lay in multi)
+    assert multi_node_counts(1) == () and multi_node_counts(5) == (2, 3, 4)
+
+
 def test_layouts_for_whole_node_offers() -> None:
-    single, multi = gpu_layouts(offer(gpus_per_node=4), 12)
+    single, multi = gpu_layouts(offer(4, whole_nodes_only=True, inter_node_gbit_per_s=100), 12)
     assert single == (Layout(4, 1),)
     assert multi == (Layout(4, 2), Layout(4, 3))
-    assert gpu_layouts(offer(gpus_per_node=8), 4) == ((), ())
+    assert gpu_layouts(offer(8, whole_nodes_only=True), 4) == ((), ())
+    assert gpu_layouts(offer(8, whole_nodes_only=True), 64) == ((Layout(8, 1),), ())
 
 
 def test_sharding_options() -> None:
@@ -64,12 +94,18 @@ def test_sharding_options() -> None:
     assert sharding_options(offload, 8) == ("zero2", "fsdp")
 
 
-def test_link_spec_follows_the_offer() -> None:
+def test_links_follow_the_offer() -> None:
     a40 = find_gpu("A40")
     assert a40.nvlink_gb_per_s > 0
-    assert link_spec(a40, offer(interconnect="PCIe"), 1).interconnect_gb_per_s == a40.pcie_gb_per_s
-    assert link_spec(a40, offer(), 1) is a40
-    assert link_spec(a40, offer(), 2).interconnect_gb_per_s == INTER_NODE_GB_PER_S
+    pcie = offer_links(a40, offer(8, "PCIe"), Layout(4, 1))
+    assert (pcie.intra_kind, pcie.intra_gb_per_s, pcie.nodes) == ("PCIe", a40.pcie_gb_per_s, 1)
+    nvlink = offer_links(a40, offer(8, "NVLink"), Layout(2, 1))
+    assert (nvlink.intra_kind, nvlink.intra_gb_per_s) == ("NVLink", a40.nvlink_gb_per_s)
+    networked = offer_links(a40, offer(8, "NVLink", inter_node_gbit_per_s=400), Layout(8, 2))
+    assert networked.inter_node_gbit_per_s == 400 and networked.bus_bytes_per_s() < nvlink.bus_bytes_per_s()
+    # GeForce cards: the driver disables peer-to-peer, so NCCL stages through host memory.
+    consumer = offer_links(find_gpu("RTX 4090"), offer(8, "PCIe"), Layout(2, 1))
+    assert consumer.intra_kind == "PCIe (no P2P)" and consumer.bus_bytes_per_s() < pcie.bus_bytes_per_s()
 
 
 def test_constraints_validation_names_the_field() -> None:
@@ -85,5 +121,6 @@ def test_constraints_validation_names_the_field() -> None:
     assert c.allows_region("us", "") and c.allows_region("eu-west", "us") and not c.allows_region("eu", "DE")
     assert c.allows_provider("acme") and not c.allows_provider("other")
     defaults = Constraints()
-    assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.10, 0.05)
-    assert defaults.spot_allowed and defaults.restart_minutes == 10
+    assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.10, None)
+    assert defaults.spot_allowed and defaults.restart_minutes is None
+    assert not defaults.allow_optimizer_change and defaults.allow_cpu_offload

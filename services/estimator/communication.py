@@ -1,0 +1,256 @@
+"""Data-parallel communication per training step, timed over the links a setup really has (pure).
+
+Bytes per layout (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, section 7; Zhao et al. 2023, PyTorch FSDP,
+arXiv 2304.11277, section 3):
+
+- DDP: one all-reduce of the trainable gradients per optimizer step (gradients accumulate locally under
+  ``no_sync``), in 25 MB buckets launched during the last backward (PyTorch DDP ``bucket_cap_mb``).
+- ZeRO-1: a reduce-scatter of the gradients during the last backward and an all-gather of the updated
+  16-bit parameters after the optimizer step: the same 2 x volume as DDP, but the all-gather is exposed.
+- ZeRO-2: the gradient reduce-scatter every micro-batch (gradients are kept sharded), the parameter
+  all-gather once per optimizer step.
+- ZeRO-3 / FSDP: every micro-batch all-gathers each layer's weights in the forward and again in the
+  backward, and reduce-scatters its gradients: 3 x the volume of DDP, overlapped by prefetching except
+  for the first layer of each pass.
+
+A ring collective over n ranks moves (n-1)/n of the data per rank per phase (all-reduce: two phases) at
+the bus bandwidth of the slowest link it crosses (NCCL's ``busbw``, NVIDIA/nccl-tests doc/PERFORMANCE.md),
+plus one link latency per ring step. Within a node that is NVLink/NVSwitch or PCIe; across nodes the
+provider's network per node (NCCL runs one ring per NIC, so a node's whole network carries its share).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.catalog.gpus import GpuSpec
+from services.estimator.architecture import Architecture, parameter_counts
+
+# Share of a link's one-direction peak that NCCL's ring collectives reach (bus bandwidth / spec):
+# - NVLink/NVSwitch: ~87-88% measured on 8 x H200 (stas00/ml-engineering network/README.md).
+# - PCIe with peer-to-peer: 35-45 GB/s busbw on 8 x H100 PCIe Gen5 (64 GB/s), i.e. ~0.63 (nccl-tests
+#   reference table, docs.alayanew.com "NCCL-tests in practice", 2026).
+# - PCIe without peer-to-peer (GeForce cards: the driver disables P2P, so NCCL stages through host
+#   memory): all_reduce busbw 4.0 GB/s on 2 x RTX 2080 Ti over PCIe Gen3 x16 (16 GB/s), i.e. 0.25
+#   (nccl-tests run published as a gist, Anthony-Hoo/5b407716011b3b74df0ddbd7688d6562).
+# - Network (RDMA, InfiniBand/RoCE/EFA): the same ~87% of line rate assumed as for NVLink (ASSUMPTION).
+NVLINK_BUS_EFFICIENCY = 0.87
+PCIE_P2P_BUS_EFFICIENCY = 0.63
+PCIE_NO_P2P_BUS_EFFICIENCY = 0.25
+NETWORK_BUS_EFFICIENCY = 0.87
+# One ring step's latency per link type. NVLink ~1 us and PCIe ~2 us are the order of NCCL's own tuning
+# model (src/graph/tuning.cc hardware latencies); PCIe without P2P: 14.8 us GPU-to-GPU measured by
+# p2pBandwidthLatencyTest in the same gist; network: ~5 us for an RDMA hop (ASSUMPTION, InfiniBand class).
+NVLINK_HOP_LATENCY_S = 1e-6
+PCIE_HOP_LATENCY_S = 2e-6
+PCIE_NO_P2P_HOP_LATENCY_S = 14.8e-6
+NETWORK_HOP_LATENCY_S = 5e-6
+# PyTorch DDP's gradient bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25).
+DDP_BUCKET_BYTES = 25 * 2**20
+# Synchronous data parallelism waits for the slowest GPU each step. Sinha et al. (SC22, "Not All GPUs Are
+# Created Equal", arXiv 2208.11035) measured an average 8% performance variation between GPUs of one SKU
+# in the same cluster (max 22%); with per-GPU speeds spread evenly over that range, the expected slowest
+# of n is (n-1)/(2(n+1)) x 8% below the mean (order statistics of the uniform distribution).
+GPU_PERFORMANCE_VARIATION = 0.08
+
+
+_TOTALS: dict[int, tuple[Architecture, int]] = {}
+
+
+def total_parameters(arch: Architecture) -> int:
+    """Every parameter of the model (what FSDP/ZeRO-3 gather), counted once per architecture object: a
+    planning call asks for it for thousands of setups of the same model."""
+    hit = _TOTALS.get(id(arch))
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    if len(_TOTALS) > 64:
+        _TOTALS.clear()
+    total = parameter_counts(arch).total
+    _TOTALS[id(arch)] = (arch, total)
+    return total
+
+
+@dataclass(frozen=True)
+class Links:
+    """How the GPUs of a setup are connected: within a node, and between nodes."""
+
+    gpus_per_node: int
+    nodes: int
+    intra_kind: str  # "NVLink", "PCIe" or "PCIe (no P2P)"
+    intra_gb_per_s: float  # per GPU, one direction, datasheet
+    inter_node_gbit_per_s: float | None = None  # per node, None on one node
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def intra_bus_bytes_per_s(self) -> float:
+        efficiency = {
+            "NVLink": NVLINK_BUS_EFFICIENCY,
+            "PCIe": PCIE_P2P_BUS_EFFICIENCY,
+            "PCIe (no P2P)": PCIE_NO_P2P_BUS_EFFICIENCY,
+        }[self.intra_kind]
+        return self.intra_gb_per_s * 1e9 * efficiency
+
+    @property
+    def inter_bus_bytes_per_s(self) -> float | None:
+        if self.nodes == 1 or self.inter_node_gbit_per_s is None:
+            return None
+        return self.inter_node_gbit_per_s / 8.0 * 1e9 * NETWORK_BUS_EFFICIENCY
+
+    def bus_bytes_per_s(self) -> float:
+        """Bus bandwidth of a ring over every GPU: the slower of the node's links and its network."""
+        inter = self.inter_bus_bytes_per_s
+        intra = self.intra_bus_bytes_per_s if self.gpus_per_node > 1 else math.inf
+        found = min(intra, inter if inter is not None else math.inf)
+        return found if math.isfinite(found) else self.intra_gb_per_s * 1e9
+
+    def hop_latency_s(self) -> float:
+        """Latency of one ring step: the network's when the ring leaves the node."""
+        if self.nodes > 1:
+            return NETWORK_HOP_LATENCY_S
+        return {"NVLink": NVLINK_HOP_LATENCY_S, "PCIe": PCIE_HOP_LATENCY_S}.get(
+            self.intra_kind, PCIE_NO_P2P_HOP_LATENCY_S
+        )
+
+    def label(self) -> str:
+        intra = f"{self.intra_kind} {self.intra_gb_per_s:g} GB/s per GPU"
+        if self.nodes == 1:
+            return intra
+        return f"{intra} within a node, {self.inter_node_gbit_per_s:g} Gbit/s per node between {self.nodes} nodes"
+
+
+def all_reduce_seconds(size_bytes: float, links: Links, collectives: int = 1) -> float:
+    """Ring all-reduce (reduce-scatter + all-gather): 2(n-1)/n x size over the bus bandwidth, plus latency."""
+    n = links.gpus
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * 2 * (n - 1) * links.hop_latency_s()
+
+
+def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> float:
+    """Ring all-gather or reduce-scatter of ``size_bytes`` (the full tensor): (n-1)/n x size, plus latency."""
+    n = links.gpus
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * (n - 1) * links.hop_latency_s()
+
+
+def straggler_fraction(gpus: int, variation: float = GPU_PERFORMANCE_VARIATION) -> float:
+    """Expected slowdown of a synchronous step on ``gpus`` GPUs against one GPU of average speed.
+
+    Speeds uniform over a range ``variation`` wide (Sinha et al. SC22): E[slowest] = mean - variation x
+    (n-1) / (2(n+1)).
+    """
+    if gpus <= 1:
+        return 0.0
+    return variation * (gpus - 1) / (2 * (gpus + 1))
+
+
+@dataclass(frozen=True)
+class StepCommunication:
+    """Communication of one micro-batch on every GPU (per-optimizer-step parts amortised)."""
+
+    bytes_per_gpu: float  # moved per micro-batch, amortised
+    seconds: float  # total communication time per micro-batch
+    exposed_seconds: float  # the part compute does not hide
+    straggler_seconds: float  # waiting for the slowest GPU
+    links: str
+
+
+def step_communication(
+    sharding: str,
+    links: Links,
+    *,
+    grad_bytes: float,
+    param_bytes_16bit: float,
+    gathered_weight_bytes: float,
+    layers: int,
+    forward_s: float,
+    backward_s: float,
+    accumulation: int,
+) -> StepCommunication:
+    """Communication per micro-batch of a data-parallel layout and the part of it that compute does not hide.
+
+    ``grad_bytes``: trainable gradients as reduced; ``param_bytes_16bit``: trainable parameters as
+    re-gathered after a ZeRO-1/2 step; ``gathered_weight_bytes``: every weight as stored (what FSDP/ZeRO-3
+    gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward).
+    """
+    a = max(1, accumulation)
+    straggler = straggler_fraction(links.gpus) * (forward_s + backward_s)
+    if links.gpus <= 1:
+        return StepCommunication(0.0, 0.0, 0.0, 0.0, links.label())
+    n = links.gpus
+    share = (n - 1) / n
+    layers = max(1, layers)
+    if sharding in ("zero3", "fsdp"):
+        gather = gather_seconds(gathered_weight_bytes, links, collectives=layers)
+        scatter = gather_seconds(grad_bytes, links, collectives=layers)
+        # Prefetch hides each layer's gather behind the previous layer's compute; the first layer of each
+        # pass (and the last reduce-scatter) cannot be hidden.
+        fwd_exposed = max(gather / layers, gather - forward_s)
+        bwd_exposed = max((gather + scatter) / layers, gather + scatter - backward_s)
+        total = 2 * gather + scatter
+        moved = share * (2 * gathered_weight_bytes + grad_bytes)
+        return StepCommunication(moved, total, fwd_exposed + bwd_exposed, straggler, links.label())
+    buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+    if sharding == "zero2":
+        scatter = gather_seconds(grad_bytes, links, collectives=buckets)
+        gather = gather_seconds(param_bytes_16bit, links)
+        scatter_exposed = max(scatter / buckets, scatter - backward_s)
+        total = scatter + gather / a
+        moved = share * (grad_bytes + param_bytes_16bit / a)
+        return StepCommunication(moved, total, scatter_exposed + gather / a, straggler, links.label())
+    if sharding == "zero1":
+        scatter = gather_seconds(grad_bytes, links, collectives=buckets)
+        gather = gather_seconds(param_bytes_16bit, links)
+        exposed = max(scatter / buckets, scatter - backward_s) + gather
+        moved = share * (grad_bytes + param_bytes_16bit) / a
+        return StepCommunication(moved, (scatter + gather) / a, exposed / a, straggler, links.label())
+    # DDP: the bucketed all-reduce overlaps the last micro-batch's backward; the last bucket cannot.
+    reduce = all_reduce_seconds(grad_bytes, links, collectives=buckets)
+    exposed = max(reduce / buckets, reduce - backward_s)
+    moved = 2 * share * grad_bytes / a
+    return StepCommunication(moved, reduce / a, exposed / a, straggler, links.label())
+
+
+def offload_streaming_seconds(
+    sharded_weight_bytes: float, host_link_bytes_per_s: float, layers: int, compute_s: float
+) -> float:
+    """Exposed time of streaming offloaded parameter shards from host memory for one micro-batch.
+
+    FSDP ``CPUOffload(offload_params=True)`` and ZeRO-3 parameter offload keep each rank's shard in CPU
+    memory and copy it to the GPU before every all-gather, forward and backward: 2 x shard bytes over the
+    GPU's host link per micro-batch (PyTorch FSDP docs, CPUOffload; ZeRO-Infinity, arXiv 2104.07857). The
+    copies are prefetched a layer ahead like the gathers, so only what compute cannot hide, and at least
+    one layer's copy, is exposed.
+    """
+    if sharded_weight_bytes <= 0 or host_link_bytes_per_s <= 0:
+        return 0.0
+    copy_s = 2 * sharded_weight_bytes / host_link_bytes_per_s
+    return max(copy_s / max(1, layers), copy_s - compute_s)
+
+
+def intra_node_kind(spec: GpuSpec, interconnect: str = "") -> str:
+    """The link between GPUs of one node: NVLink where the card has it and the offer does not say PCIe;
+    PCIe without peer-to-peer on GeForce cards (the driver disables P2P), else PCIe with P2P."""
+    named = interconnect.strip().lower()
+    if spec.nvlink_gb_per_s and "pcie" not in named:
+        return "NVLink"
+    return "PCIe (no P2P)" if spec.gpu_class == "consumer" else "PCIe"
+
+
+def links_for(
+    spec: GpuSpec,
+    gpus_per_node: int,
+    nodes: int = 1,
+    interconnect: str = "",
+    inter_node_gbit_per_s: float | None = None,
+) -> Links:
+    """The links of ``nodes`` nodes of ``gpus_per_node`` GPUs of ``spec`` (an offer's interconnect string
+    names the intra-node link: "NVLink"/"NVSwitch", "PCIe" or "" for the card's own)."""
+    kind = intra_node_kind(spec, interconnect)
+    bandwidth = spec.nvlink_gb_per_s if kind == "NVLink" else spec.pcie_gb_per_s
+    return Links(gpus_per_node, nodes, kind, bandwidth, inter_node_gbit_per_s if nodes > 1 else None)

@@ -1,0 +1,160 @@
+"""What a rented run pays, on demand and on spot (pure).
+
+A run is billed from the moment its nodes are provisioned: start-up (provisioning and boot), downloading
+the base model, training, the checkpoints it writes on the way, the final upload, and, on spot, the
+restarts and recomputed work after preemptions. The provider bills per increment with a minimum; the
+difference between the billed and the used time is ``billing_rounding``.
+
+Defaults where an offer does not say (each an ASSUMPTION unless a source is named):
+
+- start-up: 300 s (provisioning, image pull and boot; dstack reports instances taking 2-20 min to come up,
+  shared/reference/orchestration_lessons.md section 2);
+- model download: 4 Gbit/s (500 MB/s, what hf_transfer reaches from the Hugging Face Hub on a well
+  connected cloud node per its README; slower links should be set on the offer);
+- spot preemptions: 0.05 per node-hour (one every 20 node-hours) for providers that publish no rate;
+- final upload and checkpoint writes to object storage at 100 MB/s (services.planner.checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.catalog.offers import Offer
+from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
+from services.planner.models import PricingMode
+from services.planner.spot import young_daly_interval_seconds
+
+DEFAULT_STARTUP_S = 300.0
+DEFAULT_DOWNLOAD_GBIT_PER_S = 4.0
+DEFAULT_PREEMPTION_PER_NODE_HOUR = 0.05
+UPLOAD_BYTES_PER_S = 100e6
+MAX_WRITE_SHARE_INVERSE = 10.0  # the hourly cap keeps checkpoint writes under 1/10 of the run
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the cost of a run depends on besides the offer: its size and its speed."""
+
+    gpus: int
+    nodes: int
+    training_s: float  # uninterrupted training on these GPUs
+    model_download_bytes: float  # the base model as downloaded (16-bit safetensors)
+    checkpoint_bytes: float  # one resumable checkpoint
+    final_upload_bytes: float  # the adapter or the weights at the end
+    checkpoint_write_s: float  # training stalls this long per checkpoint
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """One pricing of one setup: expected wall-clock, billed time and the cost split by cause."""
+
+    pricing: PricingMode
+    price_usd_per_hour: float  # all GPUs of the setup
+    hours: float  # expected wall-clock, start-up to final upload
+    billed_hours: float
+    expected_cost_usd: float
+    breakdown: dict[str, float]  # USD: compute, startup, model_download, checkpoint_writes, preemption_rework,
+    # billing_rounding
+    interruptions_per_hour: float  # of the whole job
+    expected_preemptions: float
+    checkpoint_interval_s: float
+    restart_s: float
+
+
+def startup_seconds(offer: Offer) -> float:
+    return offer.startup_s if offer.startup_s is not None else DEFAULT_STARTUP_S
+
+
+def download_seconds(offer: Offer, size_bytes: float) -> float:
+    """Seconds to download the base model on each node (nodes download in parallel)."""
+    gbit = offer.download_gbit_per_s if offer.download_gbit_per_s else DEFAULT_DOWNLOAD_GBIT_PER_S
+    return size_bytes / (gbit / 8.0 * 1e9)
+
+
+def preemption_rate(offer: Offer, override: float | None) -> float:
+    """Spot preemptions per node-hour: the user's figure, else the offer's, else the generic default."""
+    if override is not None:
+        return override
+    if offer.preemption_per_hour is not None:
+        return offer.preemption_per_hour
+    return DEFAULT_PREEMPTION_PER_NODE_HOUR
+
+
+def billed_seconds(used_s: float, increment_s: int, minimum_s: int) -> float:
+    """Seconds a provider bills for ``used_s`` of use: rounded up to the increment, at least the minimum."""
+    rounded = math.ceil(used_s / increment_s - 1e-9) * increment_s if increment_s > 1 else used_s
+    return max(float(rounded), float(minimum_s))
+
+
+def checkpoint_interval_s(write_s: float, interruptions_per_hour: float, training_s: float) -> float:
+    """Young/Daly interval sqrt(2 x write x MTBF) (Young 1974), at least 60 s and no longer than the run.
+
+    Where interruptions are rare the optimum is days, so it is capped at an hour (a run should not lose
+    hours to a bug or a dead disk), but the cap never makes writes take more than a tenth of the time
+    (a checkpoint that takes 40 minutes to write is not written every hour)."""
+    if interruptions_per_hour > 0 and write_s > 0:
+        optimum = young_daly_interval_seconds(write_s, 3600.0 / interruptions_per_hour)
+    else:
+        optimum = math.inf
+    cap = max(DEFAULT_MAX_INTERVAL_S, MAX_WRITE_SHARE_INVERSE * write_s)
+    return max(min(optimum, cap, max(training_s, MIN_INTERVAL_S)), MIN_INTERVAL_S)
+
+
+def run_cost(
+    offer: Offer,
+    shape: RunShape,
+    pricing: PricingMode,
+    *,
+    preemptions_per_node_hour: float | None = None,
+    restart_s: float | None = None,
+) -> RunCost:
+    """Expected cost of the run on ``offer`` under ``pricing`` (spot needs ``offer.spot_usd_per_hour``).
+
+    Interruptions: on spot the preemption rate x nodes; on demand hardware failures, 2e-5 per GPU-hour
+    (Llama 3 paper, see services.planner.checkpoints). Each one costs a restart (start-up and download
+    again unless ``restart_s`` says otherwise) plus half a checkpoint interval of lost work; checkpoints are
+    written every Young/Daly interval. First order in rate x (restart + interval / 2).
+    """
+    per_gpu = offer.spot_usd_per_hour if pricing == "spot" else offer.on_demand_usd_per_hour
+    if per_gpu is None:
+        raise ValueError(f"offer {offer.provider} / {offer.gpu} has no {pricing} price")
+    price = per_gpu * shape.gpus
+    per_s = price / 3600.0
+    startup_s = startup_seconds(offer)
+    download_s = download_seconds(offer, shape.model_download_bytes)
+    if pricing == "spot":
+        rate = preemption_rate(offer, preemptions_per_node_hour) * shape.nodes
+    else:
+        rate = FAILURES_PER_GPU_HOUR * shape.gpus
+    # Sharded checkpoints: every node writes its part at once.
+    write_s = shape.checkpoint_write_s / shape.nodes
+    interval = checkpoint_interval_s(write_s, rate, shape.training_s)
+    writes = max(0, math.ceil(shape.training_s / interval) - 1)
+    checkpoint_s = writes * write_s + shape.final_upload_bytes / UPLOAD_BYTES_PER_S
+    restart = restart_s if restart_s is not None else startup_s + download_s
+    base_s = startup_s + download_s + shape.training_s + checkpoint_s
+    preemptions = (shape.training_s + checkpoint_s) / 3600.0 * rate
+    rework_s = preemptions * (restart + interval / 2.0)
+    used_s = base_s + rework_s
+    billed_s = billed_seconds(used_s, offer.billing_increment_s, offer.billing_minimum_s)
+    breakdown = {
+        "compute": shape.training_s * per_s,
+        "startup": startup_s * per_s,
+        "model_download": download_s * per_s,
+        "checkpoint_writes": checkpoint_s * per_s,
+        "preemption_rework": rework_s * per_s,
+        "billing_rounding": (billed_s - used_s) * per_s,
+    }
+    return RunCost(
+        pricing=pricing,
+        price_usd_per_hour=price,
+        hours=used_s / 3600.0,
+        billed_hours=billed_s / 3600.0,
+        expected_cost_usd=billed_s * per_s,
+        breakdown=breakdown,
+        interruptions_per_hour=rate,
+        expected_preemptions=preemptions,
+        checkpoint_interval_s=interval,
+        restart_s=restart,
+    )
