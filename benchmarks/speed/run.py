@@ -21,6 +21,7 @@ from services.estimator.memory import model_states, peak_memory
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import estimate_throughput
+from services.estimator.uncertainty import memory_band
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -67,11 +68,17 @@ def main() -> int:
     def validate() -> None:
         Plan.model_validate(PLAN.model_dump())
 
+    def band() -> None:
+        # The uncertainty band of the three counters (residual pools loaded once per process).
+        for metric in ("allocated", "reserved", "device"):
+            memory_band(PLAN.framework, PLAN.method, PLAN.sharding, PLAN.gpus, metric)
+
     rows = {}
     for name, fn, repeat in (
         ("core_estimate", core, 2000),
         ("full_estimate_with_catalog", full, 300),
         ("plan_validation", validate, 2000),
+        ("uncertainty_band", band, 2000),
     ):
         fn()
         medians = _time(fn, repeat, rounds=5)

@@ -9,56 +9,100 @@ from pathlib import Path
 from services.catalog.gpus import find_gpu
 from services.cli.common import CliError, Subparsers, int_arg, read_plan_file
 from services.estimator.estimate import estimate
+from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
-from services.export import FORMATS, export_setup
+from services.export import FORMATS, ExportBundle, export_setup
+from services.export.dataset import DATA_KINDS, DEFAULT_DATA, DataFormat, data_format
+from services.export.replan import describe_setup, retarget_plan, setup_for_format
+from services.planner.models import Recommendation
 
 
 def register(sub: Subparsers) -> None:
-    export = sub.add_parser("export", help="ready-to-run training configs for a plan's setup")
+    export = sub.add_parser(
+        "export",
+        help="ready-to-run training configs for a plan's setup",
+        description="Write the training files of the planner's cheapest setup (or of --gpu/--gpus) in a format. A plan "
+        "sized for another framework or a sharding the format cannot run is planned again for the format; the "
+        "changes are printed.",
+    )
     export.add_argument("--plan", metavar="FILE", required=True, help="plan JSON")
     export.add_argument("--format", required=True, choices=list(FORMATS))
     export.add_argument("--gpu", metavar="NAME", help="the card; without it the planner picks the cheapest setup")
     export.add_argument("--gpus", type=int_arg("--gpus"), metavar="N", help="GPUs of that card (default: the plan's)")
+    export.add_argument(
+        "--data-format",
+        choices=list(DATA_KINDS),
+        help="the rows of train.jsonl: chat (messages), sharegpt (conversations), alpaca, dolly, prompt_completion, "
+        "text (default)",
+    )
     export.add_argument("--out", metavar="DIR", help="write the files into DIR (new or empty) instead of printing")
     export.set_defaults(handler=cmd_export)
 
 
+def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat) -> tuple[ExportBundle, str]:
+    """The export of ``plan`` on ``gpus`` x ``gpu``, sized again for the format."""
+    spec = find_gpu(gpu)
+    count = gpus or plan.gpus
+    if count != plan.gpus:
+        plan = plan.model_copy(update={"gpus": count, "sharding": plan.sharding if count > 1 else "none"})
+    target, notes = retarget_plan(plan, fmt)
+    report = estimate(target, spec)
+    peak = report.memory.peak_device_gib
+    if notes:
+        before = estimate(plan, spec).memory.peak_device_gib
+        notes.append(f"peak on {count} x {spec.name}: {before:.2f} -> {peak:.2f} GiB per GPU")
+    bundle = export_setup(
+        target,
+        None,
+        fmt,
+        peak_gib_per_gpu=peak,
+        gpu_memory_gib=spec.memory_gib,
+        gpu=spec.name,
+        data=data,
+        replan_notes=notes,
+    )
+    return bundle, f"{count} x {spec.name}, {target.sharding}, {peak:.1f} GiB of {spec.memory_gib:.0f} GiB"
+
+
+def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]:
+    """The export of the planner's cheapest setup, planned again for the format when it needs it."""
+    if plan.data is None:
+        raise CliError("give --gpu NAME (and --gpus N), or a data set in the plan so the planner can pick the setup")
+    from services.cli.catalog import cli_offers
+    from services.planner import plan_setups
+
+    offers = cli_offers()
+
+    def replan(p: Plan) -> list[Recommendation]:
+        return plan_setups(p, offers=offers).recommendations
+
+    planned = replan(plan)
+    if not planned:
+        raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
+    chosen = setup_for_format(plan, fmt, planned, replan)
+    rec = chosen.setup
+    bundle = export_setup(
+        chosen.plan,
+        rec,
+        fmt,
+        peak_gib_per_gpu=rec.peak_gib_per_gpu,
+        gpu_memory_gib=rec.gpu_memory_gib,
+        gpu=rec.gpu,
+        data=data,
+        replan_notes=chosen.notes,
+    )
+    return bundle, f"the planner's cheapest setup: {describe_setup(rec)}"
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     plan = parse_plan(read_plan_file(args.plan))
+    data = data_format(args.data_format, "--data-format") if args.data_format else DEFAULT_DATA
     if args.gpu:
-        spec = find_gpu(args.gpu)
-        gpus = args.gpus or plan.gpus
-        if gpus != plan.gpus:
-            plan = plan.model_copy(update={"gpus": gpus, "sharding": plan.sharding if gpus > 1 else "none"})
-        report = estimate(plan, spec)
-        bundle = export_setup(
-            plan,
-            None,
-            args.format,
-            peak_gib_per_gpu=report.memory.peak_device_gib,
-            gpu_memory_gib=spec.memory_gib,
-            gpu=spec.name,
-        )
+        bundle, setup = _on_card(plan, args.format, args.gpu, args.gpus, data)
     else:
-        if plan.data is None:
-            raise CliError(
-                "give --gpu NAME (and --gpus N), or a data set in the plan so the planner can pick the setup"
-            )
-        from services.cli.catalog import cli_offers
-        from services.planner import plan_setups
-
-        result = plan_setups(plan, offers=cli_offers())
-        if not result.recommendations:
-            raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
-        rec = result.recommendations[0]
-        bundle = export_setup(
-            plan,
-            rec,
-            args.format,
-            peak_gib_per_gpu=rec.peak_gib_per_gpu,
-            gpu_memory_gib=rec.gpu_memory_gib,
-            gpu=rec.gpu,
-        )
+        if args.gpus:
+            raise CliError("--gpus needs --gpu NAME (without --gpu the planner picks the card and the count)")
+        bundle, setup = _planned(plan, args.format, data)
     if args.out:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -66,10 +110,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in bundle.files.items():
             (out / name).write_text(text, encoding="utf-8")
+        (out / "launch.sh").chmod(0o755)
+        print(f"{bundle.format}: {setup}")
         print(f"wrote {', '.join(sorted(bundle.files))} to {out}; start with: {bundle.command}")
     else:
         for name, text in bundle.files.items():
             print(f"===== {name} =====\n{text.rstrip()}\n")
+        print(f"# {bundle.format}: {setup}")
         print(f"# start training with: {bundle.command}")
     for note in bundle.notes:
         print(f"# note: {note}", file=sys.stderr)

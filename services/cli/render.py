@@ -58,7 +58,14 @@ def render_estimate(e: Estimate) -> str:
         f"  allocated {e.memory.peak_allocated_gib:.2f} GiB (torch.cuda.max_memory_allocated)",
         f"  reserved  {e.memory.peak_reserved_gib:.2f} GiB (torch.cuda.max_memory_reserved)",
         f"  device    {e.memory.peak_device_gib:.2f} GiB (nvidia-smi)",
+        f"  80% band  {e.memory.interval_gib[0]:.2f}-{e.memory.interval_gib[1]:.2f} GiB on the device "
+        f"({e.memory.interval_basis})",
     ]
+    if e.memory.reclaimable_cache_gib:
+        out.append(
+            f"  + {e.memory.reclaimable_cache_gib:.2f} GiB of free cached blocks the counters may also show "
+            "(FSDP1 stream pools; freed before an out-of-memory)"
+        )
     if e.memory.optimizer_states_paged_gib:
         out.append(f"  + {e.memory.optimizer_states_paged_gib:.2f} GiB of paged optimizer states (unified memory)")
     out += ["", "Fits on:"]

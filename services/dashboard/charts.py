@@ -151,6 +151,7 @@ COMPONENT_LABELS = {
     "optimizer_states": "optimizer states",
     "master_weights": "fp32 master weights",
     "activations": "activations",
+    "kv_cache": "KV cache",
     "logits_and_loss": "logits and loss",
     "allocator_reserve": "allocator reserve",
     "cuda_context": "CUDA context",
@@ -184,9 +185,36 @@ def _place_markers(items: Sequence[tuple[str, float, float]]) -> list[Marker]:
     return sorted(out, key=lambda m: m.x)
 
 
+# A component this small still gets this many pixels, so a thin segment stays visible and hoverable.
+MIN_SEGMENT_PX = 4.0
+# Without a recommended card, the axis ends this far past the peak.
+PEAK_AXIS_MARGIN = 1.15
+
+
+def segment_widths(values: Sequence[float], length_px: float, min_px: float = MIN_SEGMENT_PX) -> list[float]:
+    """Widths proportional to ``values`` that sum to ``length_px``, where none is under ``min_px``: the
+    small ones get the minimum and the rest share what is left in proportion."""
+    total = sum(values)
+    if not values or total <= 0:
+        return [0.0 for _ in values]
+    if length_px <= min_px * len(values):
+        return [length_px / len(values) for _ in values]
+    small: set[int] = set()
+    while True:
+        rest = length_px - min_px * len(small)
+        big_total = sum(v for i, v in enumerate(values) if i not in small)
+        newly = {i for i, v in enumerate(values) if i not in small and v / big_total * rest < min_px}
+        if not newly:
+            return [min_px if i in small else v / big_total * rest for i, v in enumerate(values)]
+        small |= newly
+
+
 def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]], width: float = 720.0) -> MemoryChart:
-    """One segment per memory component above zero (in the estimate's order), and a marker at the
-    memory of each card (cards of equal memory share one marker)."""
+    """One segment per memory component above zero (in the estimate's order), against an axis that
+    ends at the largest card given (the recommended card; cards of equal memory share one marker), or
+    at the peak plus 15% without one or when the peak is larger (the plan as submitted may need more
+    than the recommended setup), so a small job fills the bar instead of being a sliver. Every
+    segment is at least MIN_SEGMENT_PX wide; the legend gives each one's GiB."""
     left, right = 8.0, 16.0
     parts = [(k, v) for k, v in breakdown.items() if v > 0]
     total = sum(v for _, v in parts)
@@ -196,18 +224,19 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
         if name not in names:
             names.append(name)
     labels = {gib: f"{', '.join(names)}: {gib:g} GiB" for gib, names in by_gib.items()}
-    top = max([total, *by_gib.keys()], default=1.0) or 1.0
-    ticks_raw = nice_ticks(0.0, top * 1.05, 6)
-    hi = max(ticks_raw[-1], top)
+    on_card = bool(by_gib) and max(by_gib) >= total
+    top = (max(by_gib) if on_card else total * PEAK_AXIS_MARGIN) or 1.0
+    ticks_raw = nice_ticks(0.0, top, 6)
+    hi = top if on_card else max(ticks_raw[-1], top)
     # Every card label ends at its line, so the left margin grows until each fits: the line of a card
     # of g GiB sits at left + g / hi x (plot width - left), which must be at least the label's width.
     usable = width - right
     left = max([left] + [(_label_width(labels[g]) - g / hi * usable) / (1 - g / hi) for g in labels if g < hi])
     scale = Scale(0.0, hi, left, width - right)
+    widths = segment_widths([gib for _, gib in parts], scale(total) - scale(0.0))
     segments = []
     x = scale(0.0)
-    for index, (key, gib) in enumerate(parts):
-        w = scale(gib) - scale(0.0)
+    for index, ((key, gib), w) in enumerate(zip(parts, widths, strict=True)):
         segments.append(
             Segment(
                 key=key,
@@ -227,13 +256,13 @@ def memory_chart(breakdown: dict[str, float], cards: Sequence[tuple[str, float]]
     bar_height = 40.0
     return MemoryChart(
         width=width,
-        height=bar_y + bar_height + 28,
+        height=bar_y + bar_height + 44,
         bar_y=bar_y,
         bar_height=bar_height,
         total_gib=round(total, 3),
         segments=tuple(segments),
         markers=tuple(markers),
-        ticks=tuple(Tick(t, round(scale(t), 2), tick_label(t)) for t in ticks_raw if t <= scale.hi),
+        ticks=tuple(Tick(t, round(scale(t), 2), tick_label(t)) for t in ticks_raw if t <= scale.hi * (1 + 1e-9)),
         marker_top=marker_top,
     )
 
@@ -248,6 +277,7 @@ class Point:
     label: str
     series: str = ""
     marks: tuple[str, ...] = ()  # e.g. ("cheapest",), ("fastest",)
+    count: int = 1  # identical setups drawn as this one point
 
 
 @dataclass(frozen=True)
@@ -255,6 +285,24 @@ class PlacedPoint:
     point: Point
     cx: float
     cy: float
+    style: int = -1  # the series' colour and shape slot (CSS class style-N), -1: drawn by its series name
+    path: str = ""  # the marker's outline as SVG path data, when it is drawn by shape
+
+
+@dataclass(frozen=True)
+class MarkLabel:
+    text: str
+    x: float
+    y: float  # text baseline
+    anchor: str  # SVG text-anchor
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    series: str
+    style: int
+    path: str  # the shape at (8, 8) in a 16 x 16 swatch
+    count: int  # points of this series
 
 
 @dataclass(frozen=True)
@@ -273,6 +321,82 @@ class ScatterChart:
     y_ticks: tuple[Tick, ...]
     points: tuple[PlacedPoint, ...]
     identity: tuple[float, float, float, float] | None  # x1, y1, x2, y2 of the y = x line
+    mark_labels: tuple[MarkLabel, ...] = ()
+    legend: tuple[LegendEntry, ...] = ()
+
+
+# Colour slots (CSS style-N) and shapes: series i gets colour i mod 8 and shape i mod 5, so up to 40
+# series look different even to someone who cannot tell the colours apart.
+STYLE_COLOURS = 8
+SHAPES = ("circle", "square", "triangle", "diamond", "triangle-down")
+POINT_RADIUS_PX = 5.0
+MARK_RADIUS_PX = 11.0
+LABEL_HEIGHT_PX = 14.0
+
+
+def shape_path(shape: str, cx: float, cy: float, r: float = POINT_RADIUS_PX) -> str:
+    """SVG path data of a marker of about the same area for each shape, centred on (cx, cy)."""
+
+    def pts(*xy: tuple[float, float]) -> str:
+        return "M" + " L".join(f"{cx + dx:.2f},{cy + dy:.2f}" for dx, dy in xy) + " Z"
+
+    if shape == "square":
+        s = r * 0.89
+        return pts((-s, -s), (s, -s), (s, s), (-s, s))
+    if shape == "triangle":
+        return pts((0, -1.2 * r), (1.1 * r, 0.8 * r), (-1.1 * r, 0.8 * r))
+    if shape == "triangle-down":
+        return pts((0, 1.2 * r), (1.1 * r, -0.8 * r), (-1.1 * r, -0.8 * r))
+    if shape == "diamond":
+        d = r * 1.25
+        return pts((0, -d), (d, 0), (0, d), (-d, 0))
+    return f"M{cx - r:.2f},{cy:.2f} a{r:g},{r:g} 0 1,0 {2 * r:g},0 a{r:g},{r:g} 0 1,0 {-2 * r:g},0 Z"
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    """Area shared by two boxes (x0, y0, x1, y1)."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def place_mark_labels(
+    placed: Sequence[PlacedPoint], bounds: tuple[float, float, float, float]
+) -> tuple[MarkLabel, ...]:
+    """A label beside each marked point, at the candidate position that covers the fewest points and
+    earlier labels and stays inside ``bounds`` (x0, y0, x1, y1)."""
+    r = POINT_RADIUS_PX * 1.3  # the largest shape's reach (triangles and diamonds poke out of the circle)
+    boxes = [(p.cx - r, p.cy - r, p.cx + r, p.cy + r) for p in placed]
+    taken: list[tuple[float, float, float, float]] = []
+    out = []
+    gap = MARK_RADIUS_PX + 3
+    for p in placed:
+        if not p.point.marks:
+            continue
+        text = " and ".join(p.point.marks)
+        w, h = _label_width(text), LABEL_HEIGHT_PX
+        # (x of the anchor, baseline y, anchor, box left); right, left, above, below, then the diagonals.
+        options = [
+            (p.cx + gap, p.cy + 4, "start", p.cx + gap),
+            (p.cx - gap, p.cy + 4, "end", p.cx - gap - w),
+            (p.cx, p.cy - gap - 2, "middle", p.cx - w / 2),
+            (p.cx, p.cy + gap + h - 2, "middle", p.cx - w / 2),
+            (p.cx + gap, p.cy - gap, "start", p.cx + gap),
+            (p.cx - gap, p.cy - gap, "end", p.cx - gap - w),
+            (p.cx + gap, p.cy + gap + h - 4, "start", p.cx + gap),
+            (p.cx - gap, p.cy + gap + h - 4, "end", p.cx - gap - w),
+        ]
+        scored = []
+        for order, (x, y, anchor, x0) in enumerate(options):
+            box = (x0, y - h + 3, x0 + w, y + 3)
+            outside = max(0.0, bounds[0] - box[0]) + max(0.0, box[2] - bounds[2])
+            outside += max(0.0, bounds[1] - box[1]) + max(0.0, box[3] - bounds[3])
+            cost = sum(_overlap(box, b) for b in boxes) + 4 * sum(_overlap(box, b) for b in taken)
+            scored.append((cost + 100 * outside + order * 0.01, MarkLabel(text, round(x, 2), round(y, 2), anchor), box))
+        _, label, box = min(scored, key=lambda item: item[0])
+        out.append(label)
+        taken.append(box)
+    return tuple(out)
 
 
 def scatter(
@@ -281,11 +405,14 @@ def scatter(
     y_title: str,
     *,
     identity: bool = False,
+    styled_series: bool = False,
     width: float = 640.0,
     height: float = 380.0,
 ) -> ScatterChart:
     """Place points on two axes (log where the values span more than 20x). With ``identity``, both axes
-    share one domain so the y = x line is the diagonal of equal predicted and measured values."""
+    share one domain so the y = x line is the diagonal of equal predicted and measured values. With
+    ``styled_series``, each series gets its own colour and shape and a legend entry, in order of first
+    appearance."""
     left, top, right, bottom = 64.0, 12.0, width - 16.0, height - 48.0
     xs = [p.x_value for p in points] or [1.0]
     ys = [p.y_value for p in points] or [1.0]
@@ -302,10 +429,26 @@ def scatter(
         y_lo, y_hi = padded_domain(ys, y_log)
     sx = Scale(x_lo, x_hi, left, right, x_log)
     sy = Scale(y_lo, y_hi, bottom, top, y_log)
-    placed = tuple(PlacedPoint(p, round(sx(p.x_value), 2), round(sy(p.y_value), 2)) for p in points)
+    styles: dict[str, int] = {}
+    if styled_series:
+        for p in points:
+            styles.setdefault(p.series, len(styles))
+    placed = []
+    for p in points:
+        cx, cy = round(sx(p.x_value), 2), round(sy(p.y_value), 2)
+        style = styles.get(p.series, -1)
+        path = shape_path(SHAPES[style % len(SHAPES)], cx, cy) if style >= 0 else ""
+        placed.append(PlacedPoint(p, cx, cy, style, path))
     line = None
     if identity:
         line = (round(sx(x_lo), 2), round(sy(x_lo), 2), round(sx(x_hi), 2), round(sy(x_hi), 2))
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.series] = counts.get(p.series, 0) + 1
+    legend = tuple(
+        LegendEntry(series, style, shape_path(SHAPES[style % len(SHAPES)], 8, 8), counts[series])
+        for series, style in styles.items()
+    )
     return ScatterChart(
         width=width,
         height=height,
@@ -319,6 +462,9 @@ def scatter(
         y_log=y_log,
         x_ticks=tuple(Tick(t, round(sx(t), 2), tick_label(t)) for t in sx.ticks()),
         y_ticks=tuple(Tick(t, round(sy(t), 2), tick_label(t)) for t in sy.ticks()),
-        points=placed,
+        points=tuple(placed),
         identity=line,
+        # Labels may run into the right margin, never off the drawing or onto the axes' numbers.
+        mark_labels=place_mark_labels(placed, (left, 0.0, width, bottom)),
+        legend=legend,
     )

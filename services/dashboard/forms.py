@@ -22,6 +22,7 @@ MAX_CONFIG_BYTES = 200_000
 
 # The form's inputs, with their defaults (what an empty form shows).
 DEFAULTS: dict[str, str] = {
+    "mode": "train",
     "model_source": "catalog",
     "model": "meta-llama/Llama-3.1-8B",
     "config_json": "",
@@ -38,8 +39,11 @@ DEFAULTS: dict[str, str] = {
     "budget_usd": "",
 }
 
+MODES: tuple[str, ...] = ("train", "inference")
+
 # Where a problem reported on a schema field is shown in the form.
 _FIELD_INPUTS = {
+    "mode": "mode",
     "model": "model",
     "model.name": "model",
     "model.config": "config_json",
@@ -157,6 +161,12 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         else:
             form.add("model", "model: pick a model from the catalog (type to search) or paste a config.json")
 
+    mode = values["mode"] or "train"
+    if mode not in MODES:
+        form.add("mode", f"mode: one of {', '.join(MODES)} (got {mode!r:.40})")
+    elif mode == "inference":
+        # Inference memory is an estimate of one forward pass with its KV cache: no data set, no cost.
+        body["mode"] = "inference"
     method = values["method"]
     if method not in METHODS:
         form.add("method", f"method: one of {', '.join(METHODS)} (got {method!r:.40})")
@@ -175,7 +185,9 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         value = _int(form, name, label, 1, hi)
         if value is not None:
             body[name] = value
-    body["gradient_checkpointing"] = bool(values["gradient_checkpointing"])
+    body["gradient_checkpointing"] = bool(values["gradient_checkpointing"]) and mode != "inference"
+    if mode == "inference":
+        return _validated(form, body, values)
 
     tokens = _int(form, "tokens", "tokens per epoch", 1, 10**15, required=False)
     if tokens is not None:
@@ -192,6 +204,10 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
     if budget is not None:
         body["constraints"] = {"budget_usd": budget}
 
+    return _validated(form, body, values)
+
+
+def _validated(form: PlanForm, body: dict[str, Any], values: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | None]:
     if form.errors:
         return form, None
     try:

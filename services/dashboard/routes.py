@@ -27,10 +27,13 @@ from services.catalog.models import catalog_models
 from services.core.errors import Forbidden, GpuplanError, NotFound, Unprocessable
 from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
+from services.estimator.errors import EstimatorError
+from services.estimator.estimate import estimate
 from services.nodes import service as nodes_service
 from services.nodes.schemas import BenchmarkOut, NodeOut
 from services.orgs.service import Principal, end_session, hash_key, session_principal, start_session
 from services.plans import service as plans_service
+from services.plans.schemas import PlanRequest
 from services.quotes import service as quotes_service
 from services.quotes.schemas import QuoteRequest
 
@@ -298,6 +301,7 @@ def _form_context(form: forms.PlanForm) -> dict[str, Any]:
         "form": form,
         "models": [m.hf_id for m in catalog_models()],
         "methods": forms.METHODS,
+        "modes": forms.MODES,
         "precisions": forms.PRECISIONS,
     }
 
@@ -312,6 +316,8 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
     raw = await request.form()
     _check_csrf(viewer.session, raw.get(session.CSRF_FIELD))
     form, plan_request = forms.parse_plan_form({k: v for k, v in raw.items() if isinstance(v, str)})
+    if plan_request is not None and plan_request.mode == "inference":
+        return await run_in_threadpool(_inference_page, request, viewer, form, plan_request)
 
     def submit() -> str | None:
         if plan_request is None:
@@ -328,6 +334,18 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
     if plan_id is None:
         return render(request, "plan_new.html", _form_context(form), status_code=422, viewer=viewer)
     return RedirectResponse(f"{PREFIX}/plans/{plan_id}", status_code=303)
+
+
+def _inference_page(request: Request, viewer: Viewer, form: forms.PlanForm, plan_request: PlanRequest) -> Response:
+    """Inference memory: the estimate of the model's serving footprint (weights, KV cache, activations of
+    one forward pass), shown at once and not stored; plans are training runs."""
+    try:
+        report = estimate(plan_request.to_plan())
+    except EstimatorError as exc:
+        form.add(forms.input_for(exc.field, form.values), str(exc))
+        return render(request, "plan_new.html", _form_context(form), status_code=422, viewer=viewer)
+    page = views.inference_page(plan_request.model_dump(mode="json", exclude_none=True), report.model_dump(mode="json"))
+    return render(request, "inference.html", {"page": page}, viewer=viewer)
 
 
 def _plan_page(

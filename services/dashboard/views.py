@@ -11,6 +11,10 @@ from typing import Any
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
 
 LIVE_STATUSES = ("queued", "running")
+# Charts are also drawn this wide for phones (the page shows one or the other by screen width), so
+# their 12 px labels stay about 12 px on a 375 px screen instead of shrinking with a wide drawing.
+NARROW_CHART_PX = 360.0
+COST_TIME_AXES = ("hours (wall-clock)", "whole job, on demand (USD)")
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -110,6 +114,7 @@ class RecommendationRow:
     cost: str
     spot_cost: str
     tokens_per_s: str
+    pricing: str = "on demand"  # how the planner ranked this entry: on demand, or on spot with rework
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,27 @@ class RejectionRow:
     provider: str
     kind: str
     reason: str
-    suggestion: str | None
+    suggestion: str | None  # the change that would make it fit, when the reason does not already say it
+
+
+# Rejection kinds by the heading they are listed under: the card cannot hold the job, or setups fit
+# but break the budget or the deadline, or the plan's region/provider constraints left the offer out.
+FIT_KINDS = ("memory", "precision", "gpu_count", "unknown_gpu")
+BUDGET_KINDS = ("budget", "deadline", "budget_and_deadline")
+
+
+def rejection_row(r: Mapping[str, Any]) -> RejectionRow:
+    """A stored rejection as shown; the fix (``fix``, or the older ``suggestion``) once, not a second
+    time when the reason already ends with it."""
+    reason = str(r["reason"])
+    fix = r.get("fix") or r.get("suggestion")
+    return RejectionRow(
+        gpu=r["gpu"],
+        provider=r.get("provider") or "every provider",
+        kind=str(r["kind"]).replace("_", " "),
+        reason=reason,
+        suggestion=None if not fix or str(fix) in reason else str(fix),
+    )
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,7 @@ class QuoteOption:
     value: str  # "gpu|gpus|provider", parsed back by the quote form
     label: str
     multi_gpu: bool
+    spot: bool  # the offer has a spot price, so a spot quote can be asked for
 
 
 @dataclass(frozen=True)
@@ -146,13 +172,19 @@ class PlanPage:
     warnings: tuple[str, ...]
     peak: tuple[Fact, ...]
     memory: MemoryChart | None
+    memory_narrow: MemoryChart | None  # the same at phone width, so its text stays readable
     memory_caption: str
     recommendations: tuple[RecommendationRow, ...]
-    rejections: tuple[RejectionRow, ...]
+    rejections: tuple[RejectionRow, ...]  # the cards that cannot hold the job
+    budget_rejections: tuple[RejectionRow, ...]  # setups that fit but break the budget or the deadline
+    constraint_rejections: tuple[RejectionRow, ...]  # offers left out by the region or provider constraints
     cost_time: ScatterChart | None
+    cost_time_narrow: ScatterChart | None
     candidates: int
+    candidate_setups: int  # setups behind the points (identical ones share a point)
     quote_options: tuple[QuoteOption, ...]
     default_quote: str | None
+    any_spot: bool
     quotes: tuple[tuple[str, str], ...] = field(default=())  # (id, label) of quotes issued for this plan
 
 
@@ -183,6 +215,7 @@ def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
         cost=usd(rec.get("cost_usd")),
         spot_cost=usd(rec.get("spot_cost_usd")),
         tokens_per_s=f"{rec['tokens_per_s']:,.0f}",
+        pricing=str(rec.get("pricing", "on_demand")).replace("_", " "),
     )
 
 
@@ -198,25 +231,80 @@ def parse_quote_value(value: str) -> tuple[str, int, str] | None:
     return parts[0], int(parts[1]), parts[2]
 
 
+_SETUP_KEYS = ("provider", "region", "gpu", "gpus", "nodes", "sharding", "micro_batch_size", "gradient_checkpointing")
+
+
+def _on_demand(candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One entry per setup: where the planner lists a setup twice (priced on demand and on spot), the
+    on-demand entry; a setup listed only on spot stays (its ``cost_usd`` is still the on-demand cost)."""
+    with_on_demand = {
+        tuple(c.get(k) for k in _SETUP_KEYS) for c in candidates if c.get("pricing", "on_demand") == "on_demand"
+    }
+    out = []
+    for c in candidates:
+        key = tuple(c.get(k) for k in _SETUP_KEYS)
+        if c.get("pricing", "on_demand") == "on_demand" or key not in with_on_demand:
+            out.append(c)
+    return out
+
+
 def cost_time_points(candidates: Sequence[Mapping[str, Any]]) -> list[Point]:
-    """Every candidate setup at (hours, on-demand cost); the cheapest and the fastest are marked."""
-    if not candidates:
+    """Every candidate setup at (hours, on-demand cost), one point per card and position: setups of the
+    same card that land on the same spot (another provider or layout at the same price and time) are
+    merged and counted. The cheapest and the fastest are marked."""
+    setups = _on_demand(candidates)
+    if not setups:
         return []
-    cheapest = min(range(len(candidates)), key=lambda i: (candidates[i]["cost_usd"], candidates[i]["hours"]))
-    fastest = min(range(len(candidates)), key=lambda i: (candidates[i]["hours"], candidates[i]["cost_usd"]))
+    groups: dict[tuple[str, float, float], list[Mapping[str, Any]]] = {}
+    for rec in setups:
+        key = (str(rec["gpu"]), round(float(rec["hours"]), 3), round(float(rec["cost_usd"]), 2))
+        groups.setdefault(key, []).append(rec)
+    merged = list(groups.values())
+    cheapest = min(range(len(merged)), key=lambda i: (merged[i][0]["cost_usd"], merged[i][0]["hours"]))
+    fastest = min(range(len(merged)), key=lambda i: (merged[i][0]["hours"], merged[i][0]["cost_usd"]))
     points = []
-    for i, rec in enumerate(candidates):
+    for i, group in enumerate(merged):
+        rec = group[0]
         marks = tuple(m for m, hit in (("cheapest", i == cheapest), ("fastest", i == fastest)) if hit)
+        where = f"{duration(rec['hours'])}, {usd(rec['cost_usd'])}"
+        names = sorted({f"{setup_label(r)} · {r['provider']}" for r in group})
+        label = f"{names[0]}: {where}" if len(group) == 1 else f"{len(group)} setups ({'; '.join(names)}): {where}"
         points.append(
             Point(
                 x_value=float(rec["hours"]),
                 y_value=float(rec["cost_usd"]),
-                label=f"{setup_label(rec)} · {rec['provider']}: {duration(rec['hours'])}, {usd(rec['cost_usd'])}",
-                series=rec["gpu"],
+                label=label,
+                series=str(rec["gpu"]),
                 marks=marks,
+                count=len(group),
             )
         )
     return points
+
+
+def _expected_cost(c: Mapping[str, Any]) -> float:
+    return float(c.get("expected_cost_usd", c["cost_usd"]))
+
+
+def quote_options(candidates: Sequence[Mapping[str, Any]]) -> tuple[QuoteOption, ...]:
+    """One option per card, GPU count and provider, cheapest expected run first (on demand or spot, as the
+    planner ranks them), labelled with that cheapest pricing."""
+    spot = {quote_value(c) for c in candidates if c.get("spot_price_usd_per_hour") or c.get("spot_cost_usd")}
+    seen: set[str] = set()
+    options = []
+    for c in sorted(candidates, key=_expected_cost):
+        value = quote_value(c)
+        if value in seen:
+            continue
+        seen.add(value)
+        on_spot = c.get("pricing") == "spot"
+        hours = float(c.get("expected_hours", c["hours"]))
+        label = f"{setup_label(c)} · {c['provider']} · {duration(hours)}, {usd(_expected_cost(c))}"
+        label += " on spot" if on_spot else ""
+        if value in spot:
+            label += " · spot available"
+        options.append(QuoteOption(value=value, label=label, multi_gpu=c["gpus"] > 1, spot=value in spot))
+    return tuple(options)
 
 
 def _facts(request: Mapping[str, Any]) -> tuple[Fact, ...]:
@@ -255,13 +343,16 @@ def plan_page(
     request = out.request
     recs = list(out.recommendations)
     estimate = out.estimate or {}
-    memory = None
+    memory = memory_narrow = None
     peak: tuple[Fact, ...] = ()
     caption = ""
     if estimate:
         mem = estimate["memory"]
-        cards = [(r["gpu"], float(r["gpu_memory_gib"])) for r in recs]
+        # The axis ends at the recommended (cheapest) card; smaller recommended cards are marked too.
+        top_card = float(recs[0]["gpu_memory_gib"]) if recs else 0.0
+        cards = [(r["gpu"], float(r["gpu_memory_gib"])) for r in recs if float(r["gpu_memory_gib"]) <= top_card]
         memory = memory_chart(mem["breakdown"], cards)
+        memory_narrow = memory_chart(mem["breakdown"], cards, width=NARROW_CHART_PX)
         peak = (
             Fact("peak allocated", gib(mem["peak_allocated_gib"])),
             Fact("peak reserved", gib(mem["peak_reserved_gib"])),
@@ -271,19 +362,18 @@ def plan_page(
         caption = (
             f"Per GPU as submitted (micro-batch {request.get('micro_batch_size', 1)}, "
             f"{request.get('gpus', 1)} GPU{'s' if request.get('gpus', 1) != 1 else ''}): "
-            f"{mem['peak_device_gib']:.1f} GiB at the {str(mem['peak_moment']).replace('_', ' ')}; the lines mark "
-            "the memory of the recommended cards. Each recommended setup's own peak is in the table."
+            f"{mem['peak_device_gib']:.1f} GiB at the {str(mem['peak_moment']).replace('_', ' ')}; "
+            + (
+                "the axis ends at the memory of the recommended card, and the lines mark the recommended cards. "
+                if recs
+                else "no card is recommended, so the axis ends 15% past the peak. "
+            )
+            + "Each recommended setup's own peak is in the table."
         )
     points = cost_time_points(candidates)
-    options = tuple(
-        QuoteOption(
-            value=quote_value(c),
-            label=f"{setup_label(c)} · {c['provider']} · {duration(c['hours'])}, {usd(c['cost_usd'])}",
-            multi_gpu=c["gpus"] > 1,
-        )
-        for c in candidates
-    )
-    default = next((o.value for o in options if o.multi_gpu), options[0].value if options else None)
+    options = quote_options(candidates)
+    rejections = [rejection_row(r) for r in out.rejections]
+    kinds = [str(r["kind"]) for r in out.rejections]
     return PlanPage(
         id=out.id,
         status=out.status,
@@ -295,22 +385,24 @@ def plan_page(
         warnings=tuple(out.warnings),
         peak=peak,
         memory=memory,
+        memory_narrow=memory_narrow,
         memory_caption=caption,
         recommendations=tuple(recommendation_row(i, r) for i, r in enumerate(recs)),
-        rejections=tuple(
-            RejectionRow(
-                gpu=r["gpu"],
-                provider=r.get("provider") or "every provider",
-                kind=str(r["kind"]).replace("_", " "),
-                reason=r["reason"],
-                suggestion=r.get("suggestion"),
-            )
-            for r in out.rejections
+        rejections=tuple(r for r, k in zip(rejections, kinds, strict=True) if k in FIT_KINDS),
+        budget_rejections=tuple(r for r, k in zip(rejections, kinds, strict=True) if k in BUDGET_KINDS),
+        constraint_rejections=tuple(
+            r for r, k in zip(rejections, kinds, strict=True) if k not in BUDGET_KINDS and k not in FIT_KINDS
         ),
-        cost_time=scatter(points, "hours (wall-clock)", "whole job, on demand (USD)") if points else None,
+        cost_time=scatter(points, *COST_TIME_AXES, styled_series=True) if points else None,
+        cost_time_narrow=(
+            scatter(points, *COST_TIME_AXES, styled_series=True, width=NARROW_CHART_PX, height=300) if points else None
+        ),
         candidates=len(points),
+        candidate_setups=sum(p.count for p in points),
         quote_options=options,
-        default_quote=default,
+        # The cheapest setup, as the table's first row.
+        default_quote=options[0].value if options else None,
+        any_spot=any(o.spot for o in options),
         quotes=tuple(quotes),
     )
 
@@ -321,6 +413,66 @@ def _model_name(request: Mapping[str, Any]) -> str:
         return str(model["name"])
     config = model.get("config") or {}
     return str(config.get("_name_or_path") or f"custom {config.get('model_type', 'model')} (config.json)")
+
+
+# --- inference memory ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitRow:
+    gpu: str
+    memory_gib: float
+    fits: bool
+    headroom_gib: float
+
+
+@dataclass(frozen=True)
+class InferencePage:
+    model: str
+    method: str
+    facts: tuple[Fact, ...]
+    peak: tuple[Fact, ...]
+    memory: MemoryChart
+    memory_narrow: MemoryChart
+    caption: str
+    fits: tuple[FitRow, ...]
+    warnings: tuple[str, ...]
+
+
+def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> InferencePage:
+    """From a plan request with ``mode: inference`` and its estimate (Estimate as JSON)."""
+    mem = report["memory"]
+    fits = tuple(
+        FitRow(
+            gpu=f["gpu"], memory_gib=float(f["memory_gib"]), fits=bool(f["fits"]), headroom_gib=float(f["headroom_gib"])
+        )
+        for f in report.get("fits", [])
+    )
+    # The axis ends at the smallest card that holds the model, so the bar reads against a real choice.
+    smallest = min((f for f in fits if f.fits), key=lambda f: f.memory_gib, default=None)
+    cards = [(smallest.gpu, smallest.memory_gib)] if smallest else []
+    facts = [
+        Fact("precision", str(request.get("precision", "bf16"))),
+        Fact("batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}"),
+    ]
+    return InferencePage(
+        model=_model_name(request),
+        method=str(request.get("method", "full")),
+        facts=tuple(facts),
+        peak=(
+            Fact("peak allocated", gib(mem["peak_allocated_gib"])),
+            Fact("peak reserved", gib(mem["peak_reserved_gib"])),
+            Fact("peak on the device", gib(mem["peak_device_gib"])),
+        ),
+        memory=memory_chart(mem["breakdown"], cards),
+        memory_narrow=memory_chart(mem["breakdown"], cards, width=NARROW_CHART_PX),
+        caption=(
+            f"Per GPU for one forward pass with its KV cache: {mem['peak_device_gib']:.1f} GiB on the device"
+            + (f"; the axis ends at the smallest card that holds it ({smallest.gpu})." if smallest else ".")
+        ),
+        fits=fits,
+        warnings=tuple(report.get("warnings", [])),
+    )
 
 
 # --- quotes --------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_m
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe, framework_note, resolve_recipe
 from services.estimator.throughput import Throughput, estimate_throughput, run_cost
+from services.estimator.uncertainty import memory_band
 
 # Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few
 # percent between runs and library versions.
@@ -45,6 +46,14 @@ class MemoryReport(_Out):
     moments_gib: dict[str, float]  # allocated GiB at each moment of the step
     activations_per_layer_per_token_bytes: dict[str, float]
     optimizer_states_paged_gib: float
+    # Free cached blocks (FSDP1's stream pools) that max_memory_reserved and nvidia-smi also show when
+    # memory is plentiful; the allocator frees them before failing, so fits do not count them.
+    reclaimable_cache_gib: float
+    # [p10, p90] of the device peak (the figure fits are checked against): 80% of measured peaks of the
+    # plan's category fell inside such a band (services/estimator/uncertainty.py).
+    interval_gib: list[float]
+    intervals_gib: dict[str, list[float]]  # the same band for each counter: allocated, reserved, device
+    interval_basis: str
 
 
 class FitReport(_Out):
@@ -180,7 +189,7 @@ def estimate(
             lm_head=counts.lm_head,
         ),
         mode=plan.mode,
-        memory=_memory_report(mem, states.optimizer_states_paged),
+        memory=_memory_report(mem, states.optimizer_states_paged, plan, low_confidence=_low_confidence(arch)),
         fits=fits,
         throughput=throughput,
         costs=costs,
@@ -190,8 +199,38 @@ def estimate(
     )
 
 
-def _memory_report(mem: MemoryBreakdown, paged: float) -> MemoryReport:
+def _low_confidence(arch: Architecture) -> bool:
+    """An architecture built from generic config keys carries confidence 'low' (when the model has it)."""
+    return getattr(arch, "confidence", None) == "low"
+
+
+def _bands(
+    plan: Plan, peaks: dict[str, float], low_confidence: bool
+) -> tuple[list[float], dict[str, list[float]], str]:
+    """[p10, p90] per counter from the residuals of the plan's category, and a line saying whence."""
+    intervals: dict[str, list[float]] = {}
+    basis = ""
+    for metric, peak in peaks.items():
+        band = memory_band(plan.framework, plan.method, plan.sharding, plan.gpus, metric, plan.mode, low_confidence)
+        low, high = band.interval(peak)
+        intervals[metric] = [_gib(low), _gib(high)]
+        if metric == "device":
+            basis = f"p10-p90 of ln(measured/predicted) over {band.cases} measured cases in '{band.category}'" + (
+                "; widened to at least the spread of all cases (low confidence)" if band.widened_low_confidence else ""
+            )
+    return intervals["device"], intervals, basis
+
+
+def _memory_report(mem: MemoryBreakdown, paged: float, plan: Plan, low_confidence: bool) -> MemoryReport:
+    interval, intervals, basis = _bands(
+        plan,
+        {"allocated": mem.peak_allocated, "reserved": mem.peak_reserved, "device": mem.peak_device},
+        low_confidence,
+    )
     return MemoryReport(
+        interval_gib=interval,
+        intervals_gib=intervals,
+        interval_basis=basis,
         peak_allocated_gib=_gib(mem.peak_allocated),
         peak_reserved_gib=_gib(mem.peak_reserved),
         peak_device_gib=_gib(mem.peak_device),
@@ -200,6 +239,7 @@ def _memory_report(mem: MemoryBreakdown, paged: float) -> MemoryReport:
         moments_gib={k: _gib(v) for k, v in mem.moments.items()},
         activations_per_layer_per_token_bytes={k: round(v, 1) for k, v in mem.activations_per_layer_per_token.items()},
         optimizer_states_paged_gib=_gib(paged),
+        reclaimable_cache_gib=_gib(mem.cached_reclaimable),
     )
 
 
@@ -338,7 +378,11 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
     allocated = sum(parts.values())
     parts["safety_margin"] = allocated * generic.safety_margin
     device = allocated + parts["safety_margin"]
+    interval, intervals, basis = _bands(plan, {"allocated": allocated, "reserved": device, "device": device}, True)
     mem = MemoryReport(
+        interval_gib=interval,
+        intervals_gib=intervals,
+        interval_basis=basis,
         peak_allocated_gib=_gib(allocated),
         peak_reserved_gib=_gib(device),
         peak_device_gib=_gib(device),
@@ -347,6 +391,7 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
         moments_gib={},
         activations_per_layer_per_token_bytes={},
         optimizer_states_paged_gib=0.0,
+        reclaimable_cache_gib=0.0,
     )
     return Estimate(
         model=plan.model.name or "generic model",

@@ -42,10 +42,25 @@ ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
 # both counters show reserved 10-20% above allocated (shared/reference/memory_estimators.md); we take
 # the midpoint for the churning part and leave long-lived model states packed.
 FRAGMENTATION_OF_DYNAMIC = 0.15
-# CUDA context + cuBLAS/cuDNN handles as nvidia-smi shows them for a PyTorch process (0.5-1 GiB).
-CUDA_CONTEXT_BYTES = int(0.6 * GIB)
-# NCCL communicator buffers per process in a multi-GPU job.
-NCCL_BYTES = int(0.5 * GIB)
+# CUDA context of a PyTorch process as nvidia-smi shows it. pytorch/pytorch PR #86509 (which made
+# CUDA_MODULE_LOADING=LAZY the default in PyTorch 1.13) measured 287,047,680 bytes after CUDA init with
+# lazy loading and 666,632,192 bytes with every kernel module loaded eagerly. A training step loads
+# the modules of the kernels it runs (PyTorch's, cuBLAS/cuBLASLt, attention), so the context lies
+# between the two; we take the eager figure, the upper bound (0.62 GiB), as fits are checked on it.
+CUDA_CONTEXT_BYTES = 666_632_192
+# NCCL's buffers per connection, one per protocol (NVIDIA/nccl src/init.cc): Simple = NCCL_BUFFSIZE,
+# default 1 << 22 (4 MiB); LL128 = 120 elements x 640 threads x 8 steps x 8 B; LL = 8 lines x 512
+# threads x 8 steps x 16 B.
+NCCL_SIMPLE_BUFFER_BYTES = 1 << 22
+NCCL_LL128_BUFFER_BYTES = 120 * 640 * 8 * 8
+NCCL_LL_BUFFER_BYTES = 8 * 512 * 8 * 16
+# MAXCHANNELS in NCCL's src/include/device.h; NCCL opens up to this many channels on NVLink systems
+# (fewer over PCIe), so this bounds the buffers from above.
+NCCL_MAX_CHANNELS = 32
+# FSDP1's rate limiter lets at most two all-gathers run ahead of the compute stream
+# (torch/distributed/fsdp/_limiter_utils.py, _FreeEventQueue, limit_all_gathers=True, the accelerate
+# default).
+FSDP1_INFLIGHT_ALL_GATHERS = 2
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,10 @@ class MemoryBreakdown:
     moments: dict[str, float]
     trainable_params: int
     activations_per_layer_per_token: dict[str, float]
+    # Cached blocks beyond the peak that the counters and nvidia-smi show when memory is plentiful but
+    # that the caching allocator frees and retries with before it reports out-of-memory
+    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc). Not part of the peaks.
+    cached_reclaimable: float = 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -126,8 +145,9 @@ def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
         per = NF4_DOUBLE_QUANT_BYTES if recipe.quant_backend == "torchao" else NF4_BNB_BYTES
     else:
         per = INT8_BYTES
-    # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype.
-    return q * per + (total - q) * recipe.compute_bytes, q
+    # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype, or fp32 after
+    # PEFT's prepare_model_for_kbit_training (recipe.kbit_fp32_upcast).
+    return q * per + (total - q) * recipe.unquantized_weight_bytes, q
 
 
 def optimizer_state_bytes_per_param(plan: Plan, state_dtype_bytes: int) -> tuple[float, bool]:
@@ -215,6 +235,11 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
     # ones (DeepSpeed's "2 + 4" bytes of gradient per parameter in estimate_zero2_model_states_mem_needs).
     grad_bytes = param_bytes + (4 if recipe.master_weights else 0)
     grads = float(trainable * grad_bytes)
+    if shard == "zero3" and recipe.master_weights:
+        # ZeRO-3 reduce-scatters the 16-bit gradients bucket by bucket and frees them; only the fp32
+        # partition stays (estimate_zero3_model_states_mem_needs: 18 bytes per parameter / GPUs =
+        # 16-bit param 2 + fp32 master 4 + fp32 gradient 4 + Adam 8).
+        grads = float(trainable * 4)
     largest = _largest_trainable_tensor(arch, plan, recipe) * grad_bytes
 
     state_dtype = 4 if (recipe.master_weights or param_bytes == 4) else param_bytes
@@ -242,6 +267,8 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         grads += float((counts.total - n_quant) * recipe.weight_bytes)
     if shard in ("zero2", "zero3", "fsdp") and not recipe.fsdp_accumulates_unsharded:
         grads /= n
+    elif recipe.fsdp_accumulates_unsharded and recipe.fsdp_compute_params_16bit:
+        grads = fsdp_no_sync_gradient_bytes(trainable, n, recipe)
     if shard in ("zero3", "fsdp"):
         weights /= n
         adapters /= n
@@ -277,6 +304,18 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         trainable_params=trainable,
         quantized_params=n_quant,
     )
+
+
+def fsdp_no_sync_gradient_bytes(trainable: int, gpus: int, recipe: Recipe) -> float:
+    """Gradients per GPU when FSDP accumulates micro-batches under no_sync() with 16-bit compute params.
+
+    Skipping the reduce-scatter keeps every unit's unsharded gradient ("FSDP will accumulate the full
+    model gradients (instead of gradient shards) until the eventual sync", FullyShardedDataParallel.
+    no_sync docs). Autograd writes them in the dtype of the unsharded parameters it differentiated,
+    FSDP's MixedPrecision param_dtype (16-bit); the synced step then reduce-scatters into the fp32
+    sharded gradient the optimizer reads.
+    """
+    return float(trainable * recipe.compute_bytes + trainable * recipe.weight_bytes / gpus)
 
 
 def _largest_trainable_tensor(arch: Architecture, plan: Plan, recipe: Recipe) -> int:
@@ -340,6 +379,19 @@ def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
     return recipe.attention
 
 
+def kv_heads_copied(block: Block, arch: Architecture, recipe: Recipe) -> bool:
+    """Whether grouped/multi-query K and V reach attention as full-width copies that autograd keeps.
+
+    transformers' repeat_kv (Llama family, SDPA and eager) is expand + reshape, which copies. Its
+    gpt_bigcode SDPA attention instead expands the single K/V head as a view ("These expand should
+    not be too expansive as they do not do memory copy", modeling_gpt_bigcode.py, GPTBigCodeSdpaAttention
+    in transformers 4.36-4.47), so a multi-query StarCoder/SantaCoder layer saves one K/V head, not 48.
+    """
+    if not recipe.expands_kv or block.num_kv_heads == block.num_heads:
+        return False
+    return arch.model_type != "gpt_bigcode"
+
+
 def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear]) -> float:
     """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
     algorithm 2), where a kept *view* keeps its whole base tensor alive.
@@ -352,10 +404,10 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
     """
     a = recipe.compute_bytes
     heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
-    kv_copied = recipe.expands_kv and kv_heads != heads
+    kv_copied = kv_heads_copied(block, arch, recipe)
     kv_width = heads if kv_copied else kv_heads
     q, k, v = a * heads * hd, a * kv_width * hd, a * kv_width * hd
-    fused = recipe.framework == "litgpt"
+    fused = recipe.framework == "litgpt" or arch.model_type == "gpt_bigcode"
     if fused and not kv_copied:
         fused_bytes = a * hd * (heads + 2 * kv_heads)
         if arch.rotary:
@@ -671,7 +723,13 @@ def compiled_loss_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple
 
 
 def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
-    """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward."""
+    """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward.
+
+    After prepare_model_for_kbit_training only the output head is an fp32 matmul weight (the block
+    linears are 4/8-bit and dequantize themselves), so only its copy is kept for the input gradient.
+    """
+    if recipe.kbit_fp32_upcast:
+        return float(arch.lm_head_matmul_params * recipe.compute_bytes)
     if not recipe.autocast_weight_copies:
         return 0.0
     matmul = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
@@ -809,7 +867,14 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "quantization_temporaries": quantization_load_bytes(plan, arch, recipe),
         },
     }
-    return _finish(plan, moments, states, acts.per_layer_per_token, grads_long_lived=bool(persistent_grads))
+    return _finish(
+        plan,
+        moments,
+        states,
+        acts.per_layer_per_token,
+        grads_long_lived=bool(persistent_grads),
+        stream_pools=fsdp1_stream_pool_bytes(plan, arch, recipe),
+    )
 
 
 def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates) -> MemoryBreakdown:
@@ -845,12 +910,50 @@ def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: Mode
     return _finish(plan, moments, states, {})
 
 
+def nccl_buffer_bytes(plan: Plan) -> float:
+    """NCCL's device buffers per rank: channels x connection sets x (Simple + LL128 + LL buffers).
+
+    Ring all-gather and reduce-scatter (FSDP, ZeRO) need one connection set per channel; all-reduce
+    (DDP) also builds the tree, a second set. Since NCCL 2.22 connections are made when an algorithm
+    is first used (NCCL_RUNTIME_CONNECT=1), so an unused algorithm costs nothing. One GPU: no NCCL.
+    """
+    if plan.gpus == 1:
+        return 0.0
+    per_connection = NCCL_SIMPLE_BUFFER_BYTES + NCCL_LL128_BUFFER_BYTES + NCCL_LL_BUFFER_BYTES
+    sets = 2 if plan.sharding == "none" else 1
+    return float(NCCL_MAX_CHANNELS * sets * per_connection)
+
+
+def fsdp1_stream_pool_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Bytes FSDP1 holds in the caching allocator's pools of its own CUDA streams.
+
+    FSDP1 all-gathers on an unshard stream and reduce-scatters on a post-backward stream and hands the
+    buffers to the compute stream with Tensor.record_stream, so their blocks return only to those
+    streams' pools and the compute stream cannot reuse them (the recordStream behaviour FSDP2 removed:
+    torchtitan docs/fsdp.md reports 7% lower peak memory for FSDP2 on Llama-7B). The unshard pool
+    holds the unit in use plus the in-flight all-gathers the rate limiter allows, and the root unit;
+    the post-backward pool one unit's unsharded gradient and its reduced shard.
+    """
+    if not recipe.fsdp1 or plan.sharding != "fsdp" or plan.gpus == 1:
+        return 0.0
+    unit = float(arch.largest_block_params * recipe.compute_bytes)
+    if plan.quantized is not None:
+        unit = sharded_working_bytes(plan, arch, recipe)[0] / 2  # 4-bit blocks gather as stored
+    root = float((arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes)
+    unshard = (1 + FSDP1_INFLIGHT_ALL_GATHERS) * unit + root
+    grad_unit = 0.0
+    if plan.is_training and plan.method == "full":
+        grad_unit = arch.largest_block_params * (4 if recipe.weight_bytes == 4 else recipe.compute_bytes)
+    return unshard + grad_unit * (1 + 1 / plan.gpus)
+
+
 def _finish(
     plan: Plan,
     moments: dict[str, dict[str, float]],
     states: ModelStates,
     per_layer: dict[str, float],
     grads_long_lived: bool = False,
+    stream_pools: float = 0.0,
 ) -> MemoryBreakdown:
     totals = {name: sum(parts.values()) for name, parts in moments.items()}
     peak_name = max(totals, key=lambda name: totals[name])
@@ -863,8 +966,11 @@ def _finish(
         keys.append("gradients")
     long_lived = sum(components.get(k, 0.0) for k in keys)
     fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
+    # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
+    # blocks, so they show in the counters but do not make a run fail.
+    pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
     reserved = allocated + fragmentation
-    context = CUDA_CONTEXT_BYTES + (NCCL_BYTES if plan.gpus > 1 else 0)
+    context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
     components["allocator_reserve"] = fragmentation
     components["cuda_context"] = float(context)
     return MemoryBreakdown(
@@ -876,4 +982,5 @@ def _finish(
         moments=totals,
         trainable_params=states.trainable_params,
         activations_per_layer_per_token=per_layer,
+        cached_reclaimable=pools_extra,
     )

@@ -67,6 +67,24 @@ class FrameworkDefaults:
     # precision/bitsandbytes.py, _Linear4bit.quantize), so quant_state.dtype is fp16; transformers
     # quantizes the weight in its load dtype, the compute dtype of the usual recipe.
     bnb_dequantizes_to_fp16: bool = False
+    # PEFT's prepare_model_for_kbit_training runs before a bitsandbytes 4/8-bit base is trained: the
+    # PEFT QLoRA guide calls it, TRL's SFTTrainer calls it for a non-sharded k-bit model, axolotl for
+    # load_in_4bit/8bit. It casts every remaining 16-bit parameter (embeddings, norms, the head) to fp32
+    # (peft/utils/other.py, "cast all non INT8 parameters to fp32").
+    prepares_kbit: bool = False
+    # axolotl casts norms and embeddings back to the 16-bit dtype after prepare_model_for_kbit_training
+    # when flash attention is on, which needs 16-bit inputs (axolotl/utils/models.py, ModelLoader.
+    # convert_embedding_modules_dtype, before_kbit_train_or_finetune=False).
+    recasts_kbit_for_flash: bool = False
+    # FSDP1 (FullyShardedDataParallel with FlatParameters and record_stream) or FSDP2 (fully_shard).
+    # accelerate's FullyShardedDataParallelPlugin and Lightning Fabric's FSDPStrategy wrap with FSDP1;
+    # torchtune (since v0.2) and torchtitan use fully_shard.
+    fsdp1: bool = True
+    # FSDP's MixedPrecision param_dtype for a "-mixed" run: accelerate's FullyShardedDataParallelPlugin
+    # sets param_dtype = reduce_dtype = buffer_dtype = bf16/fp16 (set_mixed_precision), so embeddings
+    # and norms compute in 16-bit and the residual stream is 16-bit, not autocast's fp32. Lightning's
+    # FSDPPrecision keeps param_dtype fp32 for "bf16-mixed" and runs autocast instead.
+    fsdp_params_16bit: bool = True
 
 
 # Sources, per framework:
@@ -102,6 +120,7 @@ _HF = FrameworkDefaults(
     python_gelu=True,
     note="Hugging Face Trainer + PEFT defaults",
     autocast=True,
+    prepares_kbit=True,
 )
 _DEFAULTS: dict[Framework, FrameworkDefaults] = {
     "hf-trainer": _HF,
@@ -111,6 +130,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         attention="flash",
         grads_persist=True,
         expands_kv=False,
+        recasts_kbit_for_flash=True,
         note="axolotl (Trainer-based; flash attention, gradient accumulation)",
     ),
     "torchtune": FrameworkDefaults(
@@ -129,6 +149,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="torchtune recipe defaults",
         fsdp_accumulates_unsharded=False,
+        fsdp1=False,
     ),
     "litgpt": FrameworkDefaults(
         attention="sdpa",
@@ -146,6 +167,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="LitGPT finetune defaults",
         fsdp_flat_param_grads=True,
+        fsdp_params_16bit=False,
         compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
         unties_embeddings=True,
         bnb_dequantizes_to_fp16=True,
@@ -167,6 +189,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         note="torchtitan defaults",
         fsdp_accumulates_unsharded=False,
         compiles_loss=False,
+        fsdp1=False,
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -221,6 +244,10 @@ class Recipe:
     unties_embeddings: bool  # a tied output head is held as a second matrix
     bnb_dequant_cast: bool  # bitsandbytes dequantizes to another dtype, then casts to the compute dtype
     nf4_whole_tensor: bool  # NF4 quantization at load materialises 16 comparisons per element at once
+    fsdp1: bool = True  # FSDP means FSDP1 (record_stream, per-stream pools), not FSDP2
+    fsdp_compute_params_16bit: bool = False  # FSDP MixedPrecision gathers 16-bit params over fp32 shards
+    kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
+    unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -235,10 +262,33 @@ def _bytes_of(precision: str) -> tuple[int, int, int]:
     }[precision]
 
 
+def deepspeed_precision(plan: Plan) -> str:
+    """The precision the model runs in: DeepSpeed casts a "-mixed" model to 16-bit.
+
+    With bf16/fp16 enabled the DeepSpeed engine calls module.bfloat16() / module.half() on the model
+    (deepspeed/runtime/engine.py, _configure_distributed_model) and keeps the fp32 copy in its ZeRO
+    optimizer as master weights, so the weights, activations and residual stream are 16-bit and there
+    is no autocast (the Trainer's --bf16 with a DeepSpeed config is this case).
+    """
+    if plan.sharding in ("zero1", "zero2", "zero3") and plan.precision in ("bf16-mixed", "fp16-mixed"):
+        return plan.precision.removesuffix("-mixed")
+    return plan.precision
+
+
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     d = _DEFAULTS[plan.framework]
-    weight_bytes, compute_bytes, residual_bytes = _bytes_of(plan.precision)
+    weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
+    kbit_upcast = kbit_fp32_upcast(plan, d) and not (
+        d.recasts_kbit_for_flash and (plan.attention or d.attention) == "flash"
+    )
+    fsdp_16bit = plan.sharding == "fsdp" and weight_bytes != compute_bytes and d.fsdp_params_16bit
+    if fsdp_16bit:
+        residual_bytes = compute_bytes  # FSDP MixedPrecision computes with 16-bit parameters
+    if kbit_upcast:
+        # fp32 embeddings and norm weights make the residual stream fp32, and bitsandbytes' Linear4bit
+        # returns its output in its input's dtype (bitsandbytes/nn/modules.py, out.to(inp_dtype)).
+        residual_bytes = 4
     # DeepSpeed ZeRO always keeps fp32 master weights for the trainable parameters when the model
     # runs in 16-bit (deepspeed/runtime/bf16_optimizer.py, fp16/fused_optimizer.py).
     master = plan.sharding in ("zero1", "zero2", "zero3") and weight_bytes == 2 and plan.is_training
@@ -281,7 +331,10 @@ def resolve_recipe(plan: Plan) -> Recipe:
         attention=attention,
         loss=plan.loss or d.loss,
         logits_fp32=d.logits_fp32 if plan.logits_fp32 is None else plan.logits_fp32,
-        optimizer_impl=plan.optimizer_impl or d.optimizer_impl,
+        # DeepSpeed builds its own FusedAdam when its config names the optimizer, as the HF DeepSpeed
+        # integration's example configs do (deepspeed/ops/adam/fused_adam.py): no foreach temporaries.
+        optimizer_impl=plan.optimizer_impl
+        or ("fused" if plan.sharding in ("zero1", "zero2", "zero3") else d.optimizer_impl),
         checkpoint_granularity=plan.checkpoint_granularity or d.checkpoint_granularity,
         adapter_bytes=adapter_bytes,
         adapter_input_bytes=adapter_input,
@@ -313,7 +366,36 @@ def resolve_recipe(plan: Plan) -> Recipe:
         bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
         # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
         nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
+        fsdp1=d.fsdp1,
+        fsdp_compute_params_16bit=fsdp_16bit,
+        kbit_fp32_upcast=kbit_upcast,
+        unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
     )
+
+
+def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
+    """Whether prepare_model_for_kbit_training upcasts the unquantized parameters of the plan's base.
+
+    Only for a bitsandbytes base trained on unsharded GPUs: TRL skips the call for sharded QLoRA (FSDP
+    or ZeRO-3 hold the 4-bit weights on the CPU or the meta device at that point; trl/trainer/
+    sft_trainer.py, is_sharded_qlora), and PEFT skips the cast for GPTQ models.
+    """
+    return (
+        d.prepares_kbit
+        and d.quant_backend == "bitsandbytes"
+        and plan.quantized is not None
+        and plan.is_training
+        and plan.sharding not in ("fsdp", "zero3")
+        and not _gptq_checkpoint(plan)
+    )
+
+
+def _gptq_checkpoint(plan: Plan) -> bool:
+    """A GPTQ checkpoint (config.json quantization_config.quant_method 'gptq'): PEFT skips the fp32 cast
+    for it (peft/utils/other.py, ``if not is_gptq_quantized``)."""
+    config = plan.model.config or {}
+    quantization = config.get("quantization_config")
+    return isinstance(quantization, dict) and quantization.get("quant_method") == "gptq"
 
 
 def framework_note(framework: Framework) -> str:

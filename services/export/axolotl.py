@@ -22,12 +22,11 @@ from pydantic import BaseModel, ConfigDict
 
 from services.estimator.architecture import Architecture
 from services.estimator.recipe import resolve_recipe
+from services.export.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, DataFormat
 from services.export.errors import ExportError
 from services.export.hf import (
     DS_FILE,
-    FULL_LEARNING_RATE,
     HF_ATTENTION,
-    LORA_LEARNING_RATE,
     ZERO_STAGES,
     HfAttention,
     HfOptim,
@@ -37,6 +36,7 @@ from services.export.hf import (
 )
 from services.export.models import Built
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
+from services.export.policy import WARMUP_RATIO, policy
 from services.export.render import (
     LAUNCH_FILE,
     MASTER_PORT,
@@ -50,7 +50,7 @@ from services.export.render import (
     yaml_text,
 )
 from services.export.target import Target, require_accumulation
-from services.export.zero import ds_config, read_zero
+from services.export.zero import ds_config, read_zero, zero_assumptions
 
 CONFIG_FILE = "axolotl.yaml"
 
@@ -78,6 +78,9 @@ def _adapter(target: Target) -> dict[str, Any]:
     elif plan.quantized == "int8":
         section["load_in_8bit"] = True
     section.update(lora_r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout)
+    # axolotl turns its fused LoRA kernels on by default where they apply; the estimate models PEFT's
+    # unfused LoRA layers (their saved activations), so the export runs those.
+    section.update(lora_mlp_kernel=False, lora_qkv_kernel=False, lora_o_kernel=False)
     modules = hf_target_modules(lora.targets, target.arch)
     if modules == "all-linear":
         section["lora_target_linear"] = True
@@ -108,6 +111,10 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
     """The axolotl config: model, adapter, packing, batch split, precision, optimizer, sharding."""
     plan = target.plan
     config: dict[str, Any] = {"base_model": target.model_id, **_adapter(target)}
+    rules = policy(plan, accumulation)
+    warmup: dict[str, Any] = (
+        {"warmup_steps": rules.warmup_steps} if rules.warmup_steps is not None else {"warmup_ratio": WARMUP_RATIO}
+    )
     config.update(
         sequence_len=plan.seq_len,
         sample_packing=True,
@@ -115,12 +122,15 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
         micro_batch_size=plan.micro_batch_size,
         gradient_accumulation_steps=accumulation,
         num_epochs=plan.data.epochs if plan.data is not None else 1.0,
-        learning_rate=FULL_LEARNING_RATE if plan.method == "full" else LORA_LEARNING_RATE,
         optimizer=hf_optim(target),
-        max_grad_norm=1.0,
         bf16=plan.precision == "bf16",
         fp16=plan.precision == "fp16",
         tf32=False,
+        learning_rate=rules.learning_rate,
+        lr_scheduler="cosine",
+        **warmup,
+        weight_decay=rules.weight_decay,
+        max_grad_norm=rules.max_grad_norm,
         gradient_checkpointing=plan.gradient_checkpointing,
         attn_implementation=HF_ATTENTION[resolve_recipe(plan).attention],
     )
@@ -129,9 +139,36 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
     if target.save_steps is not None:
         config["save_steps"] = target.save_steps
     config.update(_sharding(target))
-    config["datasets"] = [{"path": "train.jsonl", "type": "completion"}]
+    config["datasets"] = [axolotl_dataset(target.data)]
     config["output_dir"] = "./outputs"
     return config
+
+
+def axolotl_dataset(data: DataFormat) -> dict[str, Any]:
+    """The ``datasets`` entry that reads train.jsonl in the data format (axolotl's prompt strategies)."""
+    entry: dict[str, Any] = {"path": "train.jsonl", "ds_type": "json"}
+    if data.kind == "text":
+        return {**entry, "type": "completion", "field": "text"}
+    if data.chat:
+        entry.update(type="chat_template", field_messages=data.messages_field)
+        entry["message_property_mappings"] = {"role": data.role_key, "content": data.content_key}
+        if data.kind == "sharegpt":
+            entry["roles"] = {"user": ["human", "user"], "assistant": ["gpt", "assistant"], "system": ["system"]}
+        entry["roles_to_train"] = ["assistant"]
+        return entry
+    if data.kind == "alpaca":
+        return {**entry, "type": "alpaca"}
+    instruction, extra, answer = data.instruction_fields
+    custom: dict[str, Any] = {"field_instruction": instruction, "field_output": answer}
+    if data.kind == "dolly":
+        custom.update(
+            field_input=extra,
+            format=ALPACA_PROMPT_WITH_INPUT,
+            no_input_format=ALPACA_PROMPT,
+        )
+    else:
+        custom.update(format="{instruction}", no_input_format="{instruction}")
+    return {**entry, "type": custom}
 
 
 def axolotl_command(target: Target) -> str:
@@ -149,14 +186,27 @@ def export_axolotl(target: Target) -> Built:
     _check(target)
     accumulation = require_accumulation(target)
     command = axolotl_command(target)
-    header = header_lines(target, command)
+    assumed = [
+        target.data.describe(),
+        policy(target.plan, accumulation).describe(),
+        *(
+            [
+                "axolotl's LoRA kernels off (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel): the estimate models "
+                "PEFT's LoRA layers"
+            ]
+            if target.plan.method != "full"
+            else []
+        ),
+        *zero_assumptions(target),
+    ]
+    header = header_lines(target, command, assumed)
     files = {
         CONFIG_FILE: yaml_text(header, axolotl_config(target, accumulation)),
         LAUNCH_FILE: launch_text(header, command),
     }
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))
-    notes = ["axolotl.yaml trains on train.jsonl (type completion, a 'text' field per line), packed to sequence_len"]
+    notes = ["axolotl.yaml trains on train.jsonl (datasets), packed to sequence_len"]
     notes += lora_notes(target.plan)
     if target.save_steps is not None:
         notes.append(f"checkpoints every {target.save_steps} optimizer steps (save_steps)")

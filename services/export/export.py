@@ -10,13 +10,14 @@ exported one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from services.estimator.architecture import Architecture
 from services.estimator.estimate import resolve_architecture
 from services.estimator.plan import Plan
 from services.export.axolotl import export_axolotl, read_axolotl
+from services.export.dataset import DataFormat
 from services.export.models import Built, ExportBundle, Format
 from services.export.target import Target, check_format, rebuild, resolve_target
 from services.export.torchtune import export_torchtune, read_torchtune
@@ -28,6 +29,7 @@ from services.export.trainer_formats import (
     read_deepspeed,
     read_hf_trainer,
 )
+from services.export.versions import CHECK_FILE, REQUIREMENTS_FILE, check_script, requirements_text
 from services.planner.models import Recommendation
 
 _EXPORTERS: dict[Format, Callable[[Target], Built]] = {
@@ -56,11 +58,15 @@ def export_setup(
     gpu: str,
     checkpoint_interval_s: float | None = None,
     step_seconds: float | None = None,
+    data: DataFormat | None = None,
+    replan_notes: Sequence[str] = (),
 ) -> ExportBundle:
     """The files that run ``plan`` on ``setup`` (None: the plan's own GPUs, sharding and batch) in ``fmt``.
 
     ``step_seconds`` is the time of one optimizer step (all accumulated micro-batches); with
     ``checkpoint_interval_s`` it sets the save/eval steps. A Recommendation supplies both when omitted.
+    ``data`` is the row format of the training data (None: plain text); ``replan_notes`` say what
+    re-planning for the format changed (services/export/replan.py) and head every file.
     """
     target = resolve_target(
         plan,
@@ -71,9 +77,13 @@ def export_setup(
         gpu=gpu,
         checkpoint_interval_s=checkpoint_interval_s,
         step_seconds=step_seconds,
+        data=data,
+        replan_notes=tuple(replan_notes),
     )
     built = _EXPORTERS[target.fmt](target)
-    return ExportBundle(format=target.fmt, files=built.files, command=built.command, notes=built.notes)
+    files = {**built.files, REQUIREMENTS_FILE: requirements_text(target), CHECK_FILE: check_script(target)}
+    notes = [*replan_notes, target.data.describe(), *built.notes]
+    return ExportBundle(format=target.fmt, files=files, command=built.command, notes=notes)
 
 
 def read_back(fmt: str, files: Mapping[str, str], base_plan: Plan) -> Plan:

@@ -2,9 +2,9 @@
 
 The generated script loads the model (``dtype``, ``attn_implementation``, ``BitsAndBytesConfig``), wraps it
 with ``get_peft_model(LoraConfig(...))`` and trains with ``Trainer(TrainingArguments(...))`` on packed
-blocks of ``max_seq_length`` tokens, so every micro-batch has the shape the estimate assumed. The same
+blocks of ``max_length`` tokens, so every micro-batch has the shape the estimate assumed. The same
 values go to ``hf_args.json``, which the reader parses. The hf-trainer, accelerate and deepspeed formats
-share these pieces (targets transformers >= 5, PEFT >= 0.13).
+share these pieces (transformers >= 5.23, PEFT >= 0.13: services/export/versions.py).
 
 Rules (the estimator's hf-trainer defaults are PEFT + Trainer defaults, services/estimator/recipe.py):
 
@@ -32,8 +32,10 @@ from pydantic import BaseModel, ConfigDict
 from services.estimator.architecture import Architecture
 from services.estimator.plan import Attention, Optimizer, OptimizerImpl, Precision
 from services.estimator.recipe import resolve_recipe
+from services.export.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, DataFormat
 from services.export.errors import ExportError
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
+from services.export.policy import WARMUP_RATIO, policy
 from services.export.render import load_json, validated
 from services.export.target import Target, require_default
 
@@ -70,10 +72,6 @@ _PRECISION: dict[Precision, tuple[Dtype, bool, bool]] = {
     "fp32": ("float32", False, False),
 }
 _PRECISION_BACK: dict[tuple[str, bool, bool], Precision] = {flags: p for p, flags in _PRECISION.items()}
-
-# Learning rates are no memory matter; these are the usual PEFT / full fine-tuning starting points.
-LORA_LEARNING_RATE = 2e-4
-FULL_LEARNING_RATE = 2e-5
 
 
 def option_back(name: HfOptim) -> tuple[Optimizer, OptimizerImpl | None]:
@@ -192,6 +190,7 @@ def training_args(target: Target, accumulation: int, sharding_args: Mapping[str,
     """``TrainingArguments``: batch split, precision, checkpointing, optimizer, save/eval steps, sharding."""
     plan = target.plan
     _, bf16, fp16 = precision_flags(plan.precision)
+    rules = policy(plan, accumulation)
     args: dict[str, Any] = {
         "output_dir": "outputs",
         "per_device_train_batch_size": plan.micro_batch_size,
@@ -199,18 +198,23 @@ def training_args(target: Target, accumulation: int, sharding_args: Mapping[str,
         "per_device_eval_batch_size": plan.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
         "num_train_epochs": plan.data.epochs if plan.data is not None else 1.0,
-        "learning_rate": FULL_LEARNING_RATE if plan.method == "full" else LORA_LEARNING_RATE,
+        "learning_rate": rules.learning_rate,
+        "lr_scheduler_type": "cosine",
+        # An integer is steps; a float below 1 is the Trainer's ratio of all steps.
+        "warmup_steps": rules.warmup_steps if rules.warmup_steps is not None else WARMUP_RATIO,
+        "weight_decay": rules.weight_decay,
+        "max_grad_norm": rules.max_grad_norm,
         "bf16": bf16,
         "fp16": fp16,
-        "gradient_checkpointing": plan.gradient_checkpointing,
+        # transformers >= 5.23 names it activation_checkpointing (gradient_checkpointing is a deprecated alias).
+        "activation_checkpointing": plan.gradient_checkpointing,
         "optim": hf_optim(target),
-        "max_grad_norm": 1.0,
         "logging_steps": 10,
         "report_to": "none",
     }
     if plan.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input gradients, so frozen (PEFT) embeddings work as they are.
-        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     if target.save_steps is not None:
         args.update(
             save_strategy="steps",
@@ -259,7 +263,8 @@ def hf_sections(target: Target, accumulation: int, sharding_args: Mapping[str, A
         },
         "quantization_config": quantization_config(target),
         "lora_config": lora_config(target),
-        "data": {"max_seq_length": plan.seq_len, "packing": True},
+        # TRL's SFTConfig names: max_length (TRL renamed max_seq_length to max_length) and packing.
+        "data": {"max_length": plan.seq_len, "packing": True},
         "training_args": training_args(target, accumulation, sharding_args),
     }
 
@@ -267,8 +272,8 @@ def hf_sections(target: Target, accumulation: int, sharding_args: Mapping[str, A
 def trainer_notes(target: Target) -> list[str]:
     plan = target.plan
     notes = [
-        "train.py reads JSON lines with a 'text' field (DATA_FILES); it packs them into blocks of max_seq_length "
-        "tokens, the micro-batch shape the estimate assumed",
+        "train.py reads DATA_FILES (train.jsonl) and packs the rows into blocks of max_length tokens, the "
+        "micro-batch shape the estimate assumed",
     ]
     if target.save_steps is not None and target.checkpoint_interval_s is not None:
         notes.append(
@@ -289,13 +294,68 @@ def _kwargs(values: Mapping[str, Any], indent: str) -> str:
     return "".join(f"{indent}{key}={value!r},\n" for key, value in values.items())
 
 
-def train_script(header: list[str], sections: Mapping[str, Any]) -> str:
+_ROLES = {
+    "user": "user",
+    "human": "user",
+    "system": "system",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+}
+
+
+def _segments_code(data: DataFormat) -> str:
+    """``segments(row, tokenizer)``: the (text, trained) pieces of one row in the data format."""
+    doc = '    """The (text, counts in the loss) pieces of one row."""\n'
+    if data.kind == "text":
+        return f"def segments(row, tokenizer):\n{doc}    return [(row['text'], True)]\n"
+    if data.chat:
+        return (
+            f"ROLES = {_ROLES!r}\n\n\n"
+            f"def segments(row, tokenizer):\n{doc}"
+            "    if tokenizer.chat_template is None:\n"
+            "        raise SystemExit('the tokenizer has no chat template: use the instruct model\\'s tokenizer '\n"
+            "                         'or set tokenizer.chat_template before training on chat rows')\n"
+            f"    turns = [{{'role': ROLES[m[{data.role_key!r}].lower()], 'content': m[{data.content_key!r}]}} "
+            f"for m in row[{data.messages_field!r}]]\n"
+            "    render = tokenizer.apply_chat_template\n"
+            "    pieces, done = [], ''\n"
+            "    for i, turn in enumerate(turns):\n"
+            "        if turn['role'] != 'assistant':\n"
+            "            continue\n"
+            "        prompt = render(turns[:i], tokenize=False, add_generation_prompt=True) if i else ''\n"
+            "        text = render(turns[: i + 1], tokenize=False)\n"
+            "        if not (prompt.startswith(done) and text.startswith(prompt)):\n"
+            "            raise SystemExit('the chat template does not render turns as prefixes: cannot mask prompts')\n"
+            "        pieces += [(prompt[len(done):], False), (text[len(prompt):], True)]\n"
+            "        done = text\n"
+            "    rest = render(turns, tokenize=False)[len(done):]\n"
+            "    return pieces + ([(rest, False)] if rest else [])\n"
+        )
+    instruction, extra, answer = data.instruction_fields
+    if data.kind == "prompt_completion":
+        return f"def segments(row, tokenizer):\n{doc}    return [(row['prompt'], False), (row['completion'], True)]\n"
+    return (
+        f"PROMPT_WITH_INPUT = {ALPACA_PROMPT_WITH_INPUT!r}\n"
+        f"PROMPT = {ALPACA_PROMPT!r}\n\n\n"
+        f"def segments(row, tokenizer):\n{doc}"
+        f"    extra = row.get({extra!r}) or ''\n"
+        "    if extra:\n"
+        f"        prompt = PROMPT_WITH_INPUT.format(instruction=row[{instruction!r}], input=extra)\n"
+        "    else:\n"
+        f"        prompt = PROMPT.format(instruction=row[{instruction!r}])\n"
+        f"    return [(prompt, False), (row[{answer!r}], True)]\n"
+    )
+
+
+def train_script(header: list[str], sections: Mapping[str, Any], data: DataFormat) -> str:
     """``train.py``: the Trainer run with the arguments of ``sections`` written out as literals."""
     model = sections["model"]
     quant = sections["quantization_config"]
     lora = sections["lora_config"]
     args = sections["training_args"]
-    seq = sections["data"]["max_seq_length"]
+    seq = sections["data"]["max_length"]
     data_files = {"train": "train.jsonl"}
     if "eval_steps" in args:
         data_files["validation"] = "validation.jsonl"
@@ -305,20 +365,38 @@ def train_script(header: list[str], sections: Mapping[str, Any]) -> str:
     out = "".join(f"# {line}\n" for line in header)
     name = model["pretrained_model_name_or_path"]
     out += f'"""Fine-tune {name} with the Hugging Face Trainer (the values of {ARGS_FILE})."""\n\n'
-    out += "from itertools import chain\n\nfrom datasets import load_dataset\n"
+    out += "from check_versions import check_versions\n\ncheck_versions()  # before the libraries load\n\n"
+    out += "from itertools import chain  # noqa: E402\n\nfrom datasets import load_dataset  # noqa: E402\n"
     if lora is not None:
-        out += "from peft import LoraConfig, get_peft_model\n"
-    out += f"from transformers import {', '.join(imports)}\n\n"
+        out += "from peft import LoraConfig, get_peft_model  # noqa: E402\n"
+    out += f"from transformers import {', '.join(imports)}  # noqa: E402\n\n"
     out += f"MAX_SEQ_LENGTH = {seq!r}\n"
-    out += "# One JSON object with a 'text' field per line.\n"
-    out += f"DATA_FILES = {data_files!r}\n\n\n"
+    out += f"# {data.describe()}.\n"
+    out += f"DATA_FILES = {data_files!r}\n"
+    out += f"ADD_SPECIAL_TOKENS = {not data.chat!r}  # a chat template writes its own begin-of-text token\n\n\n"
+    out += _segments_code(data) + "\n\n"
     out += (
+        "def encode(row, tokenizer):\n"
+        '    """Token ids of one row, and labels that are -100 where the loss does not count."""\n'
+        "    ids, labels = [], []\n"
+        "    for text, trained in segments(row, tokenizer):\n"
+        "        piece = tokenizer(text, add_special_tokens=ADD_SPECIAL_TOKENS and not ids)['input_ids']\n"
+        "        ids += piece\n"
+        "        labels += piece if trained else [-100] * len(piece)\n"
+        "    ids.append(tokenizer.eos_token_id)\n"
+        "    labels.append(tokenizer.eos_token_id)\n"
+        '    return {"input_ids": ids, "labels": labels}\n\n\n'
         "def pack(batch):\n"
-        '    """Concatenate the texts and cut MAX_SEQ_LENGTH blocks: micro-batch x MAX_SEQ_LENGTH tokens."""\n'
+        '    """Concatenate the rows and cut MAX_SEQ_LENGTH blocks: micro-batch x MAX_SEQ_LENGTH tokens."""\n'
         '    ids = list(chain.from_iterable(batch["input_ids"]))\n'
+        '    labels = list(chain.from_iterable(batch["labels"]))\n'
         "    usable = len(ids) // MAX_SEQ_LENGTH * MAX_SEQ_LENGTH\n"
-        "    blocks = [ids[i : i + MAX_SEQ_LENGTH] for i in range(0, usable, MAX_SEQ_LENGTH)]\n"
-        '    return {"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks], "labels": blocks}\n\n\n'
+        "    starts = range(0, usable, MAX_SEQ_LENGTH)\n"
+        "    return {\n"
+        '        "input_ids": [ids[i : i + MAX_SEQ_LENGTH] for i in starts],\n'
+        '        "attention_mask": [[1] * MAX_SEQ_LENGTH for _ in starts],\n'
+        '        "labels": [labels[i : i + MAX_SEQ_LENGTH] for i in starts],\n'
+        "    }\n\n\n"
         "def main():\n"
     )
     # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the weights already partitioned.
@@ -333,10 +411,10 @@ def train_script(header: list[str], sections: Mapping[str, Any]) -> str:
     if lora is not None:
         out += f"    model = get_peft_model(model, LoraConfig(\n{_kwargs(lora, '        ')}    ))\n"
     out += (
-        f"    tokenizer = AutoTokenizer.from_pretrained({model['pretrained_model_name_or_path']!r})\n"
+        f"    tokenizer = AutoTokenizer.from_pretrained({name!r})\n"
         '    raw = load_dataset("json", data_files=DATA_FILES)\n'
         '    columns = raw["train"].column_names\n'
-        '    tokenized = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=columns)\n'
+        "    tokenized = raw.map(lambda row: encode(row, tokenizer), remove_columns=columns)\n"
         '    data = tokenized.map(pack, batched=True, remove_columns=tokenized["train"].column_names)\n'
         "    trainer = Trainer(\n"
         "        model=model,\n"
@@ -382,7 +460,7 @@ class LoraArgs(_Section):
 
 
 class DataArgs(_Section):
-    max_seq_length: int
+    max_length: int
     packing: Literal[True]
 
 
@@ -391,7 +469,7 @@ class TrainingArgs(_Section):
     gradient_accumulation_steps: int
     bf16: bool = False
     fp16: bool = False
-    gradient_checkpointing: bool = False
+    activation_checkpointing: bool = False
     optim: HfOptim
     fsdp: bool = False
     fsdp_config: dict[str, Any] | None = None
@@ -439,8 +517,8 @@ def plan_fields(args: HfArgs, arch: Architecture) -> dict[str, Any]:
         "optimizer_in_backward": False,
         "micro_batch_size": t.per_device_train_batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "seq_len": args.data.max_seq_length,
-        "gradient_checkpointing": t.gradient_checkpointing,
+        "seq_len": args.data.max_length,
+        "gradient_checkpointing": t.activation_checkpointing,
         "attention": {v: k for k, v in HF_ATTENTION.items()}[args.model.attn_implementation],
         "loss": None,
         "logits_fp32": None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import yaml
@@ -19,11 +19,13 @@ from services.export.target import Target
 
 LAUNCH_FILE = "launch.sh"
 MASTER_PORT = 29500  # rendezvous port of multi-node launches
+# launch.sh checks the installed versions before it starts training (services/export/versions.py).
+CHECK_COMMAND = "python check_versions.py"
 M = TypeVar("M", bound=BaseModel)
 
 
-def header_lines(target: Target, command: str) -> list[str]:
-    """What the setup was sized for and how to start it: the header of every exported file."""
+def header_lines(target: Target, command: str, assumed: Sequence[str] = ()) -> list[str]:
+    """What the setup was sized for, what the estimate assumed, and how to start it: every file's header."""
     plan = target.plan
     offload = ", CPU offload" if plan.cpu_offload else ""
     nodes = f"{target.nodes} nodes of {target.gpus_per_node}" if target.nodes > 1 else "1 node"
@@ -36,6 +38,8 @@ def header_lines(target: Target, command: str) -> list[str]:
         f"Start training: {command}",
         "Batch, sequence length, precision, optimizer, LoRA and sharding settings set the memory: "
         "re-run gpuplan before changing them.",
+        *target.replan_notes,
+        *assumed,
     ]
 
 
@@ -58,7 +62,7 @@ def launch_text(header: list[str], command: str, prelude: list[str] | None = Non
     """A bash script that starts training (``prelude`` lines are comments printed before the command)."""
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header)]
     lines += [f"# {line}" for line in prelude or []]
-    lines += ["set -euo pipefail", command]
+    lines += ["set -euo pipefail", CHECK_COMMAND, command]
     return "\n".join(lines) + "\n"
 
 
@@ -104,7 +108,9 @@ def launch_argv(files: Mapping[str, str]) -> list[str]:
     """The command of launch.sh as argv (comments and ``set`` lines skipped, continuations joined)."""
     text = file_of(files, LAUNCH_FILE).replace("\\\n", " ")
     commands = [
-        line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith(("#", "set "))
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "set ")) and line.strip() != CHECK_COMMAND
     ]
     if len(commands) != 1:
         raise ExportError(LAUNCH_FILE, f"expected one command, found {len(commands)}")

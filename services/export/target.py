@@ -3,8 +3,9 @@
 Rules every format shares:
 
 - A format runs one framework (``FORMAT_FRAMEWORK``). The estimate depends on the plan's framework (its
-  loss, adapter dtype, accumulation defaults), so a plan sized for another framework is refused rather
-  than exported with different memory.
+  loss, adapter dtype, accumulation defaults), so a plan sized for another framework is refused here
+  rather than exported with different memory; the CLI and the API size it again for the format first
+  (services/export/replan.py).
 - Only training plans with an architecture (a catalog name or a config.json) are exported: the LoRA
   module names and the memory checks need the layers.
 - A plan setting the format cannot write is accepted only when leaving it to the framework's default
@@ -27,6 +28,7 @@ from services.estimator.memory import MemoryBreakdown, peak_memory
 from services.estimator.plan import Framework, Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import GPUS_PER_NODE
+from services.export.dataset import DEFAULT_DATA, DataFormat
 from services.export.errors import ExportError
 from services.export.models import FORMATS, Format
 from services.planner.models import Recommendation
@@ -56,6 +58,9 @@ class Target:
     gpu_memory_gib: float
     save_steps: int | None
     checkpoint_interval_s: float | None
+    data: DataFormat
+    # What re-planning for this format changed (services/export/replan.py); empty when nothing did.
+    replan_notes: tuple[str, ...] = ()
 
     @property
     def headroom_gib(self) -> float:
@@ -210,6 +215,8 @@ def resolve_target(
     gpu: str,
     checkpoint_interval_s: float | None,
     step_seconds: float | None,
+    data: DataFormat | None = None,
+    replan_notes: tuple[str, ...] = (),
 ) -> Target:
     """Apply the setup, check what every format needs, and work out nodes and checkpoint steps."""
     known = check_format(fmt)
@@ -236,6 +243,8 @@ def resolve_target(
         gpu_memory_gib=gpu_memory_gib,
         save_steps=steps,
         checkpoint_interval_s=interval,
+        data=data if data is not None else DEFAULT_DATA,
+        replan_notes=replan_notes,
     )
 
 

@@ -33,9 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.estimator.architecture import Architecture
 from services.estimator.plan import ALL_LINEAR_ROLES, LoraRole, Optimizer, OptimizerImpl
 from services.estimator.recipe import resolve_recipe
+from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.models import Built
 from services.export.names import lora_notes, lora_settings, ordered_roles
+from services.export.policy import Policy, policy
 from services.export.render import (
     LAUNCH_FILE,
     MASTER_PORT,
@@ -82,6 +84,9 @@ class TorchtuneModel:
     tokenizer_file: str
     model_type: str
     checkpoint_files: list[str] | dict[str, str]
+    # "builder": a qlora_<builder> exists; "quantize_base": the LoRA builder takes quantize_base (Qwen2.5).
+    qlora_via: Literal["builder", "quantize_base"] = "builder"
+    merges_file: str | None = None  # BPE tokenizers (Qwen2.5) take a merges file beside the vocabulary
 
 
 @functools.cache
@@ -144,13 +149,19 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
     require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
 
 
-def _optimizer(target: Target) -> dict[str, Any]:
+# Warm-up steps written when the plan has no data size (torchtune's scheduler takes steps, not a ratio);
+# the value of torchtune's own LoRA recipe configs.
+DEFAULT_WARMUP_STEPS = 100
+
+
+def _optimizer(target: Target, rules: Policy) -> dict[str, Any]:
     plan = target.plan
-    lr = 2e-5 if plan.method == "full" else 3e-4
+    # weight_decay explicitly: torch.optim.AdamW and bitsandbytes' AdamW8bit would apply 0.01 by default.
+    common = {"lr": rules.learning_rate, "weight_decay": rules.weight_decay}
     if plan.optimizer in _BNB:
         require_default(target, "optimizer_impl", "bitsandbytes optimizers have one implementation")
-        return {"_component_": _BNB[plan.optimizer], "lr": lr}
-    section: dict[str, Any] = {"_component_": _TORCH[plan.optimizer], "lr": lr}
+        return {"_component_": _BNB[plan.optimizer], **common}
+    section: dict[str, Any] = {"_component_": _TORCH[plan.optimizer], **common}
     if plan.optimizer == "sgd":
         section["momentum"] = 0.9  # the estimate keeps one momentum buffer per parameter
     if plan.optimizer in ("adamw", "sgd"):
@@ -177,8 +188,9 @@ def _model(target: Target, entry: TorchtuneModel) -> dict[str, Any]:
         raise ExportError(
             "lora.targets", "lm_head: the model ties the output to the embedding; torchtune cannot adapt it"
         )
-    prefix = "qlora_" if plan.quantized == "nf4" else "lora_"
-    return {
+    nf4 = plan.quantized == "nf4"
+    prefix = "qlora_" if nf4 and entry.qlora_via == "builder" else "lora_"
+    section: dict[str, Any] = {
         "_component_": f"{entry.module}.{prefix}{entry.builder}",
         "lora_attn_modules": [name for role, name in _ATTN_NAMES.items() if role in roles],
         "apply_lora_to_mlp": bool(mlp),
@@ -186,6 +198,38 @@ def _model(target: Target, entry: TorchtuneModel) -> dict[str, Any]:
         "lora_rank": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
+    }
+    if nf4 and entry.qlora_via == "quantize_base":
+        section["quantize_base"] = True
+    return section
+
+
+def tune_dataset(data: DataFormat) -> dict[str, Any]:
+    """The dataset builder that reads train.jsonl in the data format, packed to max_seq_len."""
+    common = {"source": "json", "data_files": "train.jsonl", "split": "train", "packed": True}
+    if data.kind == "text":
+        return {"_component_": "torchtune.datasets.text_completion_dataset", **common, "column": "text"}
+    if data.chat:
+        return {
+            "_component_": "torchtune.datasets.chat_dataset",
+            **common,
+            "conversation_column": data.messages_field,
+            "conversation_style": "sharegpt" if data.kind == "sharegpt" else "openai",
+            "train_on_input": False,
+        }
+    instruction, extra, answer = data.instruction_fields
+    if data.kind == "prompt_completion":
+        return {
+            "_component_": "torchtune.datasets.instruct_dataset",
+            **common,
+            "column_map": {"input": instruction, "output": answer},
+            "train_on_input": False,
+        }
+    return {
+        "_component_": "torchtune.datasets.alpaca_dataset",
+        **common,
+        "column_map": {"instruction": instruction, "input": extra, "output": answer},
+        "train_on_input": False,
     }
 
 
@@ -202,6 +246,7 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
     """The whole recipe config: model, tokenizer, checkpointer, data, batch split, optimizer, memory flags."""
     plan = target.plan
     full = plan.method == "full"
+    rules = policy(plan, accumulation)
     ckpt = checkpoint_dir(entry)
     epochs = math.ceil(plan.data.epochs) if plan.data is not None else 1
     config: dict[str, Any] = {
@@ -210,6 +255,7 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
         "tokenizer": {
             "_component_": entry.tokenizer,
             "path": f"{ckpt}/{entry.tokenizer_file}",
+            **({"merges_file": f"{ckpt}/{entry.merges_file}"} if entry.merges_file else {}),
             "max_seq_len": plan.seq_len,
         },
         "checkpointer": {
@@ -222,23 +268,21 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
         },
         "resume_from_checkpoint": False,
         # Packed samples of max_seq_len tokens: every micro-batch has the shape the estimate assumed.
-        "dataset": {
-            "_component_": "torchtune.datasets.text_completion_dataset",
-            "source": "json",
-            "data_files": "train.jsonl",
-            "column": "text",
-            "split": "train",
-            "packed": True,
-        },
+        "dataset": tune_dataset(target.data),
         "seed": None,
         "shuffle": True,
         "batch_size": plan.micro_batch_size,
         "epochs": epochs,
         "max_steps_per_epoch": None,
         "gradient_accumulation_steps": accumulation,
-        "optimizer": _optimizer(target),
+        "optimizer": _optimizer(target, rules),
+        "lr_scheduler": {
+            "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
+            "num_warmup_steps": rules.warmup_steps if rules.warmup_steps is not None else DEFAULT_WARMUP_STEPS,
+        },
         "loss": {"_component_": _LOSS[resolve_recipe(plan).loss]},
-        "clip_grad_norm": None,
+        # torchtune cannot clip when the optimizer steps inside backward (the recipe refuses both).
+        "clip_grad_norm": None if plan.optimizer_in_backward else rules.max_grad_norm,
         "compile": bool(plan.compile),
         "device": "cuda",
         "dtype": plan.precision,
@@ -255,10 +299,6 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
         config["optimizer_in_bwd"] = plan.optimizer_in_backward
     else:
         config["save_adapter_weights_only"] = False
-        config["lr_scheduler"] = {
-            "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
-            "num_warmup_steps": 100,
-        }
     if plan.gpus > 1:
         config["fsdp_cpu_offload"] = plan.cpu_offload
     return config
@@ -282,13 +322,22 @@ def export_torchtune(target: Target) -> Built:
     _check(target, entry)
     accumulation = require_accumulation(target)
     command = tune_command(target)
-    header = header_lines(target, command)
+    rules = policy(target.plan, accumulation)
+    assumed = [target.data.describe(), rules.describe()]
+    if rules.warmup_steps is None:
+        assumed.append(
+            f"Differs from the other formats: the plan has no data size, so the warm-up is {DEFAULT_WARMUP_STEPS} "
+            "steps (torchtune's scheduler takes steps, not a ratio)"
+        )
+    if target.plan.optimizer_in_backward:
+        assumed.append("Differs from the other formats: no gradient clipping (torchtune's optimizer_in_bwd refuses it)")
+    header = header_lines(target, command, assumed)
     download = (
         f'tune download {entry.hf_id} --output-dir {checkpoint_dir(entry)} --ignore-patterns "original/consolidated*"'
     )
     notes = [
         f"download the weights first: {download}",
-        "config.yaml trains on train.jsonl (one {'text': ...} per line), packed to max_seq_len",
+        "config.yaml trains on train.jsonl (dataset), packed to max_seq_len",
     ]
     notes += lora_notes(target.plan)
     if target.checkpoint_interval_s is not None:
@@ -327,6 +376,7 @@ class _TuneModel(_Component):
     lora_rank: int | None = None
     lora_alpha: int | None = None
     lora_dropout: float = 0.0
+    quantize_base: bool = False
 
 
 class _Tokenizer(_Component):
@@ -398,7 +448,8 @@ def read_torchtune(files: Mapping[str, str], arch: Architecture) -> dict[str, An
     config = validated(TuneConfig, load_yaml(files, CONFIG_FILE), CONFIG_FILE)
     kind, mode, gpus = _launch(files)
     builder = config.model.component.rsplit(".", 1)[-1]
-    method = "qlora" if builder.startswith("qlora_") else "lora" if builder.startswith("lora_") else "full"
+    quantized = builder.startswith("qlora_") or config.model.quantize_base
+    method = "qlora" if quantized else "lora" if builder.startswith("lora_") else "full"
     if (method == "full") != (kind == "full"):
         raise ExportError(f"{CONFIG_FILE}:model._component_", f"{builder} does not fit the {kind}_finetune recipe")
     if (mode == "single_device") != (gpus == 1):

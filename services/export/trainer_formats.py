@@ -38,6 +38,7 @@ from services.export.hf import (
     trainer_sharding_args,
 )
 from services.export.models import Built
+from services.export.policy import policy
 from services.export.render import (
     LAUNCH_FILE,
     MASTER_PORT,
@@ -51,7 +52,7 @@ from services.export.render import (
     yaml_text,
 )
 from services.export.target import Target, require_accumulation
-from services.export.zero import ds_config, read_zero
+from services.export.zero import ds_config, read_zero, zero_assumptions
 
 ACCELERATE_FILE = "accelerate.yaml"
 
@@ -61,15 +62,20 @@ def _trainer_files(target: Target, command: str, sharding_args: Mapping[str, Any
     check_trainer_plan(target)
     accumulation = require_accumulation(target)
     sections = hf_sections(target, accumulation, sharding_args)
-    header = header_lines(target, command)
+    header = header_lines(target, command, trainer_assumptions(target, accumulation))
     files = {
-        SCRIPT_FILE: train_script(header, sections),
+        SCRIPT_FILE: train_script(header, sections, target.data),
         ARGS_FILE: json_text(header, sections),
         LAUNCH_FILE: launch_text(header, command, prelude),
     }
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))
     return Built(files, command, trainer_notes(target))
+
+
+def trainer_assumptions(target: Target, accumulation: int) -> list[str]:
+    """What the estimate assumed that the files set explicitly: data, optimisation policy, ZeRO buffers."""
+    return [target.data.describe(), policy(target.plan, accumulation).describe(), *zero_assumptions(target)]
 
 
 def _multi_node_prelude(target: Target) -> list[str]:
@@ -184,7 +190,7 @@ def export_accelerate(target: Target) -> Built:
     """The Trainer script launched by accelerate, sharding in accelerate.yaml."""
     command = accelerate_command(target)
     built = _trainer_files(target, command, {}, _multi_node_prelude(target))
-    header = header_lines(target, command)
+    header = header_lines(target, command, trainer_assumptions(target, require_accumulation(target)))
     files = {ACCELERATE_FILE: yaml_text(header, accelerate_config(target)), **built.files}
     return Built(files, command, built.notes)
 

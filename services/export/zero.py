@@ -19,6 +19,7 @@ from services.export.render import load_json, validated
 from services.export.target import Target
 
 _STAGE_NAMES = {stage: name for name, stage in ZERO_STAGES.items()}
+PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's default stage3_param_persistence_threshold
 
 
 def ds_config(target: Target, accumulation: int) -> dict[str, Any]:
@@ -31,6 +32,7 @@ def ds_config(target: Target, accumulation: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero.update(zero_buffers(target))
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     config: dict[str, Any] = {
@@ -49,6 +51,42 @@ def ds_config(target: Target, accumulation: int) -> dict[str, Any]:
             "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
         }
     return config
+
+
+def zero_buffers(target: Target) -> dict[str, int]:
+    """ZeRO's memory-relevant buffer sizes (in elements), set to what the estimate assumed.
+
+    services/estimator/memory.py (``sharded_working_bytes``) holds one transformer block's parameters
+    gathered while the next is prefetched, and one block's gradients before they are reduce-scattered;
+    DeepSpeed's own defaults (reduce/allgather buckets of 5e8 elements, a 5e7 prefetch bucket, 1e9 live
+    parameters; deepspeed/runtime/zero/config.py) would hold up to several GiB more, and the Trainer's
+    "auto" fills them from the hidden size. So the buckets are one block, the live parameters two blocks,
+    and parameters below 1e5 elements (norms, biases: DeepSpeed's default threshold) stay gathered.
+    """
+    stage = ZERO_STAGES[target.plan.sharding]
+    block = max(1, int(target.arch.largest_block_params))
+    buffers = {"reduce_bucket_size": block}
+    if stage in (1, 2):
+        buffers["allgather_bucket_size"] = block
+    else:
+        buffers.update(
+            stage3_prefetch_bucket_size=block,
+            stage3_max_live_parameters=2 * block,
+            stage3_param_persistence_threshold=PERSISTENCE_THRESHOLD,
+        )
+    return buffers
+
+
+def zero_assumptions(target: Target) -> list[str]:
+    """The header lines of a ZeRO export: the buffer sizes, and the world size train_batch_size fixes."""
+    if target.plan.sharding not in ZERO_STAGES:
+        return []
+    sizes = ", ".join(f"{k} {v:,}" for k, v in zero_buffers(target).items())
+    return [
+        f"ZeRO buffers set to what the estimate assumed (one block of parameters): {sizes}",
+        f"ds_config.json's train_batch_size is micro-batch x accumulation x {target.plan.gpus} GPUs: it is valid "
+        f"only at {target.plan.gpus} GPUs (DeepSpeed refuses another world size); re-export for another count",
+    ]
 
 
 class _Section(BaseModel):

@@ -9,6 +9,7 @@ from services.catalog.gpus import find_gpu
 from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
 from services.export import Format
+from services.export.dataset import DataKind
 from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
@@ -90,10 +91,15 @@ def export_plan(
     principal: PrincipalDep,
     format: Annotated[Format, Query(description="hf-trainer, accelerate, deepspeed, torchtune or axolotl")],
     recommendation: Annotated[int, Query(ge=0, le=1000, description="index into the plan's recommendations")] = 0,
+    data_format: Annotated[
+        DataKind | None,
+        Query(description="the rows of train.jsonl; default: what the data check found in the plan's data set"),
+    ] = None,
 ) -> dict[str, Any]:
-    """Ready-to-run training configs for one of the plan's recommended setups."""
+    """Ready-to-run training configs for one of the plan's recommended setups (planned again for the format
+    when it runs another framework or sharding; the notes say what changed)."""
     with db.transaction() as (session, _pending):
-        bundle = service.export(session, principal, plan_id, format, recommendation)
+        bundle = service.export(session, principal, plan_id, format, recommendation, data_format)
     return {"format": bundle.format, "files": bundle.files, "command": bundle.command, "notes": bundle.notes}
 
 

@@ -19,11 +19,15 @@ from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.leases import SweepDecision
 from services.core.tasks import PendingTasks
+from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
 from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import Estimate, estimate, resolve_architecture
+from services.estimator.plan import Plan
 from services.export import ExportBundle, export_setup
+from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_format_of_report
+from services.export.replan import setup_for_format
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
@@ -149,25 +153,62 @@ def list_plans(session: Session, principal: Principal, limit: int, before: str |
     return list(PlanRepository(session).list_for_org(principal.organization_id, limit, before))
 
 
-def export(session: Session, principal: Principal, plan_id: str, fmt: str, index: int) -> ExportBundle:
-    """Export recommendation ``index`` of a done plan in format ``fmt``."""
+def export(
+    session: Session, principal: Principal, plan_id: str, fmt: str, index: int, data_format: str | None = None
+) -> ExportBundle:
+    """Export recommendation ``index`` of a done plan in format ``fmt``, planned again when the format runs
+    another framework or sharding (services/export/replan.py), reading the rows in ``data_format`` or the
+    format the data check found in the plan's data set."""
     row = get_plan(session, principal, plan_id)
     if row.status != "done":
         raise Conflict(f"plan {plan_id} is {row.status}; export a plan once it is done", field="id")
-    recs = row.recommendations or []
+    recs = [Recommendation.model_validate(r) for r in row.recommendations or []]
     if index >= len(recs):
         raise Unprocessable(
             f"recommendation: the plan has {len(recs)} recommendation(s); use 0..{max(len(recs) - 1, 0)}",
             field="recommendation",
         )
-    rec = Recommendation.model_validate(recs[index])
-    plan = PlanRequest.model_validate(row.request).to_plan()
+    request = PlanRequest.model_validate(row.request)
+    plan = request.to_plan()
+    # The margin the stored setups were sized with: usable = memory x (1 - margin).
+    margin = round(1.0 - recs[index].usable_gib / recs[index].gpu_memory_gib, 6)
+    offers = catalog_offers(session, principal.organization_id)
+    utilisation = calibrated_utilisation(session, principal.organization_id, plan.method)
+
+    def replan(target: Plan) -> list[Recommendation]:
+        found, _, _ = recommend(target, request.constraints, offers, margin, utilisation=utilisation)
+        return [Recommendation.model_validate(r) for r in found]
+
     try:
+        data = _export_data_format(session, principal.organization_id, request, data_format)
+        chosen = setup_for_format(plan, fmt, recs, replan, index)
+        rec = chosen.setup
         return export_setup(
-            plan, rec, fmt, peak_gib_per_gpu=rec.peak_gib_per_gpu, gpu_memory_gib=rec.gpu_memory_gib, gpu=rec.gpu
+            chosen.plan,
+            rec,
+            fmt,
+            peak_gib_per_gpu=rec.peak_gib_per_gpu,
+            gpu_memory_gib=rec.gpu_memory_gib,
+            gpu=rec.gpu,
+            data=data,
+            replan_notes=chosen.notes,
         )
     except EstimatorError as exc:
         raise Unprocessable(exc.message, field=exc.field) from None
+
+
+def _export_data_format(session: Session, organization_id: str, request: PlanRequest, given: str | None) -> DataFormat:
+    """The row format to export: as given, else the data check's of the plan's data set, else plain text."""
+    if given is not None:
+        return data_format(given, "data_format")
+    if request.dataset_id is None:
+        return DEFAULT_DATA
+    dataset = DatasetRepository(session).get_for_org(organization_id, request.dataset_id)
+    if dataset is None or dataset.report is None:
+        raise Unprocessable(
+            f"dataset_id: data set {request.dataset_id} has no check report; give data_format", field="dataset_id"
+        )
+    return data_format_of_report(dataset.report, dataset.name)
 
 
 def request_trace(session: Session, principal: Principal, plan_id: str, pending: PendingTasks) -> PlanRow:

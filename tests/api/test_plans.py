@@ -138,6 +138,8 @@ def test_estimate_is_synchronous_and_stores_nothing(api: Api) -> None:
     assert response.status_code == 200, response.text
     data = response.json()
     assert data["memory"]["peak_allocated_gib"] > 0 and data["throughput"]["tokens_per_s"] > 0
+    low, high = data["memory"]["interval_gib"]
+    assert low < high and data["memory"]["intervals_gib"]["device"] == [low, high]
     assert api.client.get("/v1/plans", headers=api.headers()).json()["items"] == []
     bad = api.client.post("/v1/estimate?gpu=Voodoo%205", json=body, headers=api.headers())
     assert bad.status_code == 422 and bad.json()["field"] == "gpu"

@@ -1,34 +1,108 @@
+"""`gpuplan export` through the console entry point, as a user runs it."""
+
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from services.cli.main import main
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "infra" / "examples" / "llama-3.1-8b-qlora.json"
+GPUPLAN = shutil.which("gpuplan", path=str(ROOT / ".venv" / "bin")) or "gpuplan"
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "infra" / "examples" / "llama-3.1-8b-qlora.json"
+
+def gpuplan(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([GPUPLAN, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
 
 
-def test_export_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("fmt", ["hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl"])
+def test_the_readme_plan_exports_in_every_format(fmt: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert main(["export", "--plan", str(EXAMPLE), "--format", "hf-trainer", "--out", str(out)]) == 0
-    assert {"train.py", "hf_args.json", "launch.sh"} <= {p.name for p in out.iterdir()}
-    json.loads((out / "hf_args.json").read_text())
-    compile((out / "train.py").read_text(), "train.py", "exec")
-    assert "start with:" in capsys.readouterr().out
+    result = gpuplan("export", "--plan", str(EXAMPLE), "--format", fmt, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    first, wrote = result.stdout.strip().splitlines()
+    # The setup line the README shows: card, sharding, micro-batch, checkpointing, peak of memory.
+    setup = re.fullmatch(
+        rf"{fmt}: the planner's cheapest setup: (\d+) x (.+), (\w+), micro-batch (\d+), checkpointing, "
+        r"([\d.]+) GiB of (\d+) GiB",
+        first,
+    )
+    assert setup is not None, first
+    assert float(setup[5]) < float(setup[6])
+    assert wrote.startswith("wrote ") and "start with:" in wrote
+    files = {p.name for p in out.iterdir()}
+    assert {"launch.sh", "requirements.txt", "check_versions.py"} <= files
+    assert os.access(out / "launch.sh", os.X_OK)
+    if fmt in ("torchtune", "axolotl"):
+        # Sized with hf-trainer's defaults: planned again for the format's framework, and said so.
+        assert f"re-planned for {fmt}" in result.stderr
+    if fmt == "deepspeed":
+        assert "sharding none -> zero2 for deepspeed" in result.stderr
+        assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
 
 
-def test_export_for_a_given_card(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export", "--plan", str(EXAMPLE), "--format", "accelerate", "--gpu", "a100-80gb"]) == 0
-    assert "A100 80GB" in capsys.readouterr().out
+def test_the_data_format_flag_sets_what_the_files_read(tmp_path: Path) -> None:
+    for fmt, name in (("hf-trainer", "train.py"), ("torchtune", "config.yaml"), ("axolotl", "axolotl.yaml")):
+        out = tmp_path / fmt
+        result = gpuplan(
+            "export", "--plan", str(EXAMPLE), "--format", fmt, "--data-format", "sharegpt", "--out", str(out)
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Data (--data-format): JSON lines with a 'conversations' list" in result.stderr
+        text = (out / name).read_text()
+        if name == "train.py":
+            assert "row['conversations']" in text and "apply_chat_template" in text
+        elif name == "config.yaml":
+            assert yaml.safe_load(text)["dataset"]["conversation_style"] == "sharegpt"
+        else:
+            assert yaml.safe_load(text)["datasets"][0]["field_messages"] == "conversations"
 
 
-def test_export_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export", "--plan", str(EXAMPLE), "--format", "torchtune"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("gpuplan: error: framework:")
+def test_export_on_a_given_card_prints_the_files(tmp_path: Path) -> None:
+    result = gpuplan("export", "--plan", str(EXAMPLE), "--format", "accelerate", "--gpu", "a100-80gb", "--gpus", "4")
+    assert result.returncode == 0, result.stderr
+    assert "===== accelerate.yaml =====" in result.stdout and "num_processes: 4" in result.stdout
+    assert "# accelerate: 4 x A100 80GB" in result.stdout
+
+
+def test_the_version_check_runs_first(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert gpuplan("export", "--plan", str(EXAMPLE), "--format", "axolotl", "--out", str(out)).returncode == 0
+    launch = (out / "launch.sh").read_text().splitlines()
+    assert launch[-2:] == [
+        "python check_versions.py",
+        "accelerate launch --num_processes 1 -m axolotl.cli.train axolotl.yaml",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "hf-trainer", "--data-format", "csv"], "--data-format"),
+        (["--format", "nope"], "--format"),
+        (["--format", "torchtune", "--gpus", "2"], "--gpus needs --gpu"),
+        (["--format", "hf-trainer", "--gpu", "no-such-card"], "no-such-card"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = gpuplan("export", "--plan", str(EXAMPLE), *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuplan: error:") and message in lines[0], lines
+    assert "Traceback" not in result.stderr
+
+
+def test_a_busy_out_directory_is_left_alone(tmp_path: Path) -> None:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("keep me")
-    assert main(["export", "--plan", str(EXAMPLE), "--format", "hf-trainer", "--out", str(tmp_path / "busy")]) == 2
+    result = gpuplan("export", "--plan", str(EXAMPLE), "--format", "hf-trainer", "--out", str(tmp_path / "busy"))
+    assert result.returncode == 2 and "--out" in result.stderr
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["x"]
     assert (tmp_path / "busy" / "x").read_text() == "keep me"

@@ -4,6 +4,7 @@ uvicorn server (SQLite file, in-process tasks). Screenshots go to artifacts/scre
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,14 +59,37 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     assert chart.is_visible()
     assert chart.locator("rect.segment").count() == len(components)
     chart.screenshot(path=str(screenshot(page, "03-plan-done").with_name("03b-memory-chart.png")))
-    # One marker per distinct memory size of the recommended cards.
-    cards = {round(r["gpu_memory_gib"], 1) for r in stored["recommendations"]}
+    # The axis ends at the recommended card: one marker per distinct memory size up to it.
+    recs = stored["recommendations"]
+    top = recs[0]["gpu_memory_gib"]
+    cards = {round(r["gpu_memory_gib"], 1) for r in recs if r["gpu_memory_gib"] <= top}
     assert chart.locator("line.card-line").count() == len(cards)
-    assert page.locator("table.recs tbody tr").count() == len(stored["recommendations"])
+    assert page.locator("table.recs tbody tr").count() == len(recs)
+    # Every segment, however small, is wide enough to see and to hover.
+    widths = chart.locator("rect.segment").evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
+    assert min(widths) >= 2
     scatter = page.locator("svg#cost-time-chart")
-    assert scatter.locator("circle.point").count() >= len(stored["recommendations"])
-    assert scatter.locator("circle.mark-cheapest").count() == 1
-    assert scatter.locator("circle.mark-fastest").count() == 1
+    assert scatter.locator("path.point").count() >= 1
+    assert scatter.locator(".mark-ring.mark-cheapest").count() == 1
+    assert scatter.locator(".mark-ring.mark-fastest").count() == 1
+    # One colour per card: the legend lists each card with its own fill.
+    fills = page.locator("ul.series-legend path.point").evaluate_all("els => els.map(e => getComputedStyle(e).fill)")
+    assert len(fills) == len(
+        {r["gpu"] for r in recs}
+        | set(scatter.locator("path.point").evaluate_all("els => els.map(e => e.dataset.series)"))
+    )
+    assert len(set(fills)) == min(len(fills), 8)
+    # The quote form starts on the cheapest setup; the spot box shows only for a setup with a spot price.
+    setup = page.get_by_label("Setup to quote")
+    cheapest = recs[0]
+    assert setup.input_value() == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    spot_values = setup.locator('option[data-spot="yes"]').evaluate_all("els => els.map(e => e.value)")
+    plain_values = setup.locator('option[data-spot="no"]').evaluate_all("els => els.map(e => e.value)")
+    assert spot_values and plain_values  # the bundled catalog prices some offers on spot and others not
+    setup.select_option(spot_values[0])
+    assert page.locator("#spot").is_visible()
+    setup.select_option(plain_values[0])
+    assert not page.locator("#spot").is_visible()
 
     page.get_by_label("Setup to quote").select_option(index=1)
     page.get_by_role("button", name="Request a quote").click()
@@ -148,25 +172,97 @@ def test_keyboard_only_sign_in_and_navigation(page: Any, live_server: LiveServer
     screenshot(page, "09-nodes")
 
 
+def _done_plan_and_quote(server: LiveServer) -> tuple[str, str]:
+    """A plan estimated through the API, and a 4-GPU quote of it (the widest quote page)."""
+    auth = {"Authorization": f"Bearer {server.keys['alpha']}"}
+    plan = {
+        "model": {"name": "meta-llama/Llama-3.1-8B"},
+        "method": "qlora",
+        "lora": {"rank": 16},
+        "micro_batch_size": 4,
+        "seq_len": 1024,
+        "gradient_checkpointing": True,
+        "dataset": {"examples": 20000, "avg_tokens": 700},
+        "epochs": 2,
+    }
+    plan_id = httpx.post(f"{server.url}/v1/plans", json=plan, headers=auth).json()["id"]
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{server.url}/v1/plans/{plan_id}", headers=auth).json()["status"] != "done":
+        assert time.monotonic() < deadline, "the plan did not finish"
+        time.sleep(0.2)
+    quote = httpx.post(f"{server.url}/v1/plans/{plan_id}/quotes", json={"gpu": "A100 80GB", "gpus": 4}, headers=auth)
+    assert quote.status_code == 201, quote.text
+    return plan_id, quote.json()["id"]
+
+
+def _inside_viewport(locator: Any, width: int = 375) -> bool:
+    box = locator.bounding_box()
+    return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width and locator.is_visible()
+
+
 def test_phone_width_pages_fit_the_screen(browser: Any, live_server: LiveServer) -> None:
+    plan_id, quote_id = _done_plan_and_quote(live_server)
     context = browser.new_context(viewport={"width": 375, "height": 812}, device_scale_factor=2, is_mobile=True)
     page = context.new_page()
     try:
         sign_in(page, live_server)
-        plan_ids = httpx.get(
-            f"{live_server.url}/v1/plans", headers={"Authorization": f"Bearer {live_server.keys['alpha']}"}
-        ).json()["items"]
-        paths = ["/dashboard/plans", "/dashboard/plans/new", "/dashboard/nodes", "/dashboard/benchmarks"]
-        if plan_ids:
-            paths.append(f"/dashboard/plans/{plan_ids[0]['id']}")
+        paths = [
+            "/dashboard/plans",
+            "/dashboard/plans/new",
+            "/dashboard/nodes",
+            "/dashboard/benchmarks",
+            f"/dashboard/plans/{plan_id}",
+            f"/dashboard/quotes/{quote_id}",
+        ]
         for path in paths:
             page.goto(live_server.url + path)
-            # Wide tables scroll inside their own region; the page itself never scrolls sideways.
-            width = page.evaluate("document.documentElement.scrollWidth")
+            # The page itself never scrolls sideways.
+            width = page.evaluate("document.scrollingElement.scrollWidth")
             assert width <= 375, f"{path} is {width}px wide at a 375px viewport"
             screenshot(page, "phone-" + path.strip("/").replace("/", "-")[:40])
+
+        page.goto(f"{live_server.url}/dashboard/plans/{plan_id}")
+        # The cheapest setup's costs and its marker are on screen, not in a region scrolled off to the side.
+        first = page.locator("table.recs tbody tr").first
+        assert _inside_viewport(first.locator(".badge", has_text="cheapest"))
+        assert _inside_viewport(first.locator('td[data-label="On demand"]'))
+        assert first.locator('td[data-label="On demand"]').inner_text().startswith("$")
+        assert _inside_viewport(first.locator('td[data-label="Spot"]'))
+        # The charts drawn for a narrow screen replace the wide ones; the cheapest mark is on screen.
+        assert not page.locator("svg#memory-chart").is_visible()
+        assert _inside_viewport(page.locator("svg#memory-narrow-chart"))
+        assert not page.locator("svg#cost-time-chart").is_visible()
+        assert _inside_viewport(page.locator("svg#cost-time-narrow-chart .mark-ring.mark-cheapest"))
+        narrow_chart = page.locator("svg#cost-time-narrow-chart")
+        narrow_chart.screenshot(path=str(screenshot(page, "phone-plan").with_name("phone-cost-time.png")))
+
+        page.goto(f"{live_server.url}/dashboard/quotes/{quote_id}")
+        assert _inside_viewport(page.locator("td.total"))
     finally:
         context.close()
+
+
+def test_inference_memory_from_the_form_and_a_favicon(page: Any, live_server: LiveServer) -> None:
+    sign_in(page, live_server)
+    page.goto(f"{live_server.url}/dashboard/plans/new")
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    assert icon is not None
+    response = httpx.get(live_server.url + icon)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("image/svg+xml")
+    page.get_by_label("Inference memory").check()
+    page.get_by_label("Model (type to search").fill("meta-llama/Llama-3.1-8B")
+    page.get_by_label("Method").select_option("full")
+    page.get_by_label("Micro-batch size").fill("8")
+    page.get_by_label("Sequence length (tokens)").fill("4096")
+    page.get_by_role("button", name="Plan it").click()
+    page.get_by_role("heading", name="Fit per card").wait_for()
+    assert "inference memory" in page.locator("h1").inner_text()
+    assert page.locator('svg#memory-chart rect.segment[data-component="kv_cache"]').count() == 1
+    assert page.locator("table.fits tbody tr").count() >= 10
+    screenshot(page, "10-inference")
+    # Nothing was stored: plans are training runs.
+    plans = httpx.get(f"{live_server.url}/v1/plans", headers={"Authorization": f"Bearer {live_server.keys['alpha']}"})
+    assert all(p["model"] != "meta-llama/Llama-3.1-8B" or p["method"] != "full" for p in plans.json()["items"])
 
 
 def test_benchmarks_page_draws_the_public_cases_with_the_identity_line(page: Any, live_server: LiveServer) -> None:

@@ -100,16 +100,32 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     html = alpha.get(f"/dashboard/plans/{plan_id}").text
     stored = alpha.get(f"/v1/plans/{plan_id}", headers=api.headers()).json()
     components = [k for k, v in stored["estimate"]["memory"]["breakdown"].items() if v > 0]
-    assert html.count('class="segment ') == len(components)
+    wide = html.split('id="memory-chart"', 1)[1].split("</svg>", 1)[0]
+    narrow = html.split('id="memory-narrow-chart"', 1)[1].split("</svg>", 1)[0]
+    assert wide.count('class="segment ') == narrow.count('class="segment ') == len(components)
     recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
     assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
-    candidates = html.count('class="point series-setup')
-    assert candidates >= len(stored["recommendations"])
-    assert f"All {candidates} candidate setups as a table" in html
-    assert 'class="point series-setup mark-cheapest' in html
+    chart = html.split('id="cost-time-chart"', 1)[1].split("</svg>", 1)[0]
+    points = chart.count('<path class="point style-')
+    setups = re.search(r"price list: (\d+) setups at (\d+) points", html)
+    assert setups is not None and int(setups.group(2)) == points
+    assert int(setups.group(1)) >= len(stored["recommendations"]) and points >= 1
+    assert f"All {points} candidate setups as a table" in html
+    assert chart.count('class="mark-ring mark-cheapest') == 1
+    # One legend entry per card in the chart, plus the cheapest and fastest rings.
+    legend = html.split('class="legend series-legend"', 1)[1].split("</ul>", 1)[0]
+    cards = set(re.findall(r'data-series="([^"]+)"', chart))
+    assert legend.count("<li>") == len(cards) + 2 and cards >= {r["gpu"] for r in stored["recommendations"]}
 
-    option = re.search(r'<option value="([^"]+)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" selected', html)
     assert option is not None
+    cheapest = stored["recommendations"][0]
+    # The form offers the cheapest setup first and selects it.
+    assert option.group(1) == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    # The spot checkbox is there only when some offer has a spot price, and the options say which.
+    options = re.findall(r'<option value="[^"]+" data-spot="(yes|no)"[^>]*>([^<]*)</option>', html)
+    assert options and all((spot == "yes") == ("spot available" in label) for spot, label in options)
+    assert ('id="spot"' in html) == any(spot == "yes" for spot, _ in options)
     response = alpha.post(
         f"/dashboard/plans/{plan_id}/quotes",
         data={"setup": option.group(1), "csrf_token": csrf_token(html)},
@@ -158,7 +174,7 @@ def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
 def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: TestClient, beta: TestClient) -> None:
     plan = submit_done_plan(api)
     html = alpha.get(f"/dashboard/plans/{plan['id']}").text
-    option = re.search(r'<option value="([^"]+)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" selected', html)
     assert option is not None
     response = alpha.post(
         f"/dashboard/plans/{plan['id']}/quotes",
@@ -311,3 +327,85 @@ def test_nodes_page_shows_the_run_its_durable_checkpoint_and_the_decisions(api: 
     html = alpha.get("/dashboard/nodes").text
     assert f"{run['id'][:8]} · step 57" in html and "step 40" in html and "busy" in html
     assert "trainer-7: keep (busy: a training job is running)" in html
+
+
+def _section(html: str, heading_id: str) -> str:
+    return html.split(f'id="{heading_id}"', 1)[1].split("</section>", 1)[0]
+
+
+def test_budget_rejections_have_their_own_heading_and_a_fix_is_said_once(api: Api, alpha: TestClient) -> None:
+    over_budget = {
+        **QLORA_PLAN,
+        "model": {"name": "Qwen/Qwen2.5-7B"},
+        "method": "lora",
+        "lora": {"rank": 8},
+        "micro_batch_size": 4,
+        "seq_len": 1024,
+        "dataset": {"examples": 50000, "avg_tokens": 512},
+        "epochs": 2,
+        "constraints": {"budget_usd": 4},
+    }
+    plan = submit_done_plan(api, plan=over_budget)
+    budget = [r for r in plan["rejections"] if r["kind"] in ("budget", "deadline", "budget_and_deadline")]
+    assert budget, plan["rejections"]  # the catalog has cards whose cheapest setup costs more than $4
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    listed = _section(html, "rej-budget-h")
+    assert listed.count("<li>") == len(budget)
+    if 'id="rej-h"' in html:
+        assert "budget" not in _section(html, "rej-h")
+
+    big = submit_done_plan(
+        api,
+        plan={
+            "dataset": QLORA_PLAN["dataset"],
+            "epochs": 1,
+            "model": {"name": "meta-llama/Llama-3.1-70B"},
+            "method": "full",
+            "micro_batch_size": 1,
+            "seq_len": 2048,
+            "gradient_checkpointing": True,
+        },
+    )
+    memory = [r for r in big["rejections"] if r["kind"] in ("memory", "precision")]
+    assert memory and all(r.get("suggestion") or r.get("fix") for r in memory)
+    html = alpha.get(f"/dashboard/plans/{big['id']}").text
+    for r in memory:
+        fix = r.get("fix") or r["suggestion"]
+        assert html.count(fix) == len([m for m in memory if (m.get("fix") or m["suggestion"]) == fix]), fix
+
+
+def test_inference_memory_from_the_form(api: Api, alpha: TestClient) -> None:
+    page = alpha.get("/dashboard/plans/new")
+    assert 'value="inference"' in page.text
+    form = {**FORM, "mode": "inference", "method": "full", "examples": "", "epochs": "", "micro_batch_size": "8"}
+    response = alpha.post("/dashboard/plans", data={**form, "csrf_token": csrf_token(page.text)})
+    assert response.status_code == 200, response.text
+    assert "inference memory" in response.text
+    direct = alpha.post(
+        "/v1/estimate",
+        json={
+            "model": {"name": "meta-llama/Llama-3.1-8B"},
+            "method": "full",
+            "mode": "inference",
+            "micro_batch_size": 8,
+            "seq_len": 512,
+        },
+        headers=api.headers(),
+    ).json()
+    # The page shows the API's estimate: the same device peak and one segment per component.
+    assert f"{direct['memory']['peak_device_gib']:.1f} GiB" in response.text
+    wide = response.text.split('id="memory-chart"', 1)[1].split("</svg>", 1)[0]
+    assert wide.count('class="segment ') == len([v for v in direct["memory"]["breakdown"].values() if v > 0])
+    assert 'data-component="kv_cache"' in wide
+    # Nothing was stored.
+    assert alpha.get("/v1/plans", headers=api.headers()).json()["items"] == []
+    bad = alpha.post("/dashboard/plans", data={**form, "mode": "serving", "csrf_token": csrf_token(page.text)})
+    assert bad.status_code == 422 and 'id="mode-error"' in bad.text
+
+
+def test_every_page_links_a_favicon_that_is_served(alpha: TestClient) -> None:
+    html = alpha.get("/dashboard/plans").text
+    href = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', html)
+    assert href is not None
+    icon = alpha.get(href.group(1))
+    assert icon.status_code == 200 and icon.text.startswith("<svg")

@@ -177,6 +177,139 @@ def test_cost_time_points_mark_the_cheapest_and_the_fastest() -> None:
     assert views.cost_time_points([]) == []
 
 
+def test_identical_setups_share_one_point_with_their_count() -> None:
+    other_provider = {**_rec("A", 2, 3, 4), "provider": "q"}
+    fsdp_and_ddp = [_rec("A", 2, 3, 4), {**_rec("A", 2, 3, 4), "sharding": "none"}, other_provider]
+    spot_entry = {**_rec("A", 2, 3, 4), "pricing": "spot", "cost_usd": 2.0}  # the planner's spot listing
+    points = views.cost_time_points([*fsdp_and_ddp, _rec("B", 2, 3, 4), _rec("A", 1, 6, 4), spot_entry])
+    assert [(p.series, p.count) for p in points] == [("A", 3), ("B", 1), ("A", 1)]  # same spot, other card: apart
+    assert points[0].label.startswith("3 setups (2 x A · p; 2 x A · q)")
+    chart = charts.scatter(points, "h", "usd", styled_series=True)
+    assert [e.series for e in chart.legend] == ["A", "B"] and [e.count for e in chart.legend] == [2, 1]
+    assert chart.points[0].style == chart.points[2].style != chart.points[1].style
+    assert chart.points[0].path != chart.points[1].path.replace(" ", "")
+
+
+def test_every_card_gets_its_own_colour_and_shape() -> None:
+    points = [charts.Point(float(i + 1), float(i + 1), f"p{i}", series=f"gpu{i}") for i in range(16)]
+    chart = charts.scatter(points, "h", "usd", styled_series=True)
+    looks = {(p.style % charts.STYLE_COLOURS, p.style % len(charts.SHAPES)) for p in chart.points}
+    assert len(looks) == 16
+    assert {p.path[0] for p in chart.points} == {"M"}
+    plain = charts.scatter(points[:2], "h", "usd")  # the benchmarks' charts keep their series circles
+    assert [p.style for p in plain.points] == [-1, -1] and plain.legend == ()
+
+
+def test_mark_labels_stay_off_the_points_and_inside_the_plot() -> None:
+    # A crowded corner: the cheapest sits among others on its right, where a label would go by default.
+    points = [charts.Point(10.0, 1.0, "cheap", series="A", marks=("cheapest",))]
+    points += [charts.Point(10.0 + 0.3 * i, 1.0 + 0.01 * i, f"n{i}", series="B") for i in range(1, 8)]
+    points += [charts.Point(0.5, 9.0, "fast", series="C", marks=("fastest",))]
+    chart = charts.scatter(points, "h", "usd", styled_series=True)
+    assert [label.text for label in chart.mark_labels] == ["cheapest", "fastest"]
+    for label in chart.mark_labels:
+        width = charts._label_width(label.text)
+        x0 = {"start": label.x, "end": label.x - width, "middle": label.x - width / 2}[label.anchor]
+        box = (x0, label.y - charts.LABEL_HEIGHT_PX + 3, x0 + width, label.y + 3)
+        assert chart.plot_left <= box[0] and box[2] <= chart.width
+        assert box[1] >= 0 and box[3] <= chart.plot_bottom
+        for p in chart.points:
+            r = charts.POINT_RADIUS_PX * 1.3
+            assert charts._overlap(box, (p.cx - r, p.cy - r, p.cx + r, p.cy + r)) == 0, (label, p.point.label)
+
+
+def test_small_segments_keep_a_visible_width() -> None:
+    widths = charts.segment_widths([100.0, 0.01, 0.5, 50.0], 300.0)
+    assert sum(widths) == pytest.approx(300.0)
+    assert min(widths) == pytest.approx(charts.MIN_SEGMENT_PX)
+    assert widths[0] / widths[3] == pytest.approx(2.0)  # the large ones stay proportional
+    assert charts.segment_widths([1.0, 1.0], 6.0) == [3.0, 3.0]
+    chart = charts.memory_chart({"weights": 9.0, "adapters": 0.004, "cuda_context": 0.6}, [("A40", 45.0)])
+    assert min(s.width for s in chart.segments) >= charts.MIN_SEGMENT_PX
+
+
+def test_memory_axis_ends_at_the_recommended_card_or_past_the_peak() -> None:
+    breakdown = {"weights": 6.0, "activations": 3.0, "cuda_context": 1.0}
+    on_card = charts.memory_chart(breakdown, [("RTX 4090", 24.0)])
+    bar_end = on_card.segments[-1].x + on_card.segments[-1].width
+    card_x = on_card.markers[0].x
+    assert card_x == pytest.approx(on_card.width - 16)  # the card is the end of the axis
+    assert (bar_end - on_card.segments[0].x) / (card_x - on_card.segments[0].x) == pytest.approx(10 / 24, rel=1e-3)
+    alone = charts.memory_chart(breakdown, [])
+    end = alone.segments[-1].x + alone.segments[-1].width
+    plot = alone.width - 16 - alone.segments[0].x
+    assert 0.6 < (end - alone.segments[0].x) / plot <= 1 / 1.15 + 1e-3  # the axis ends 15% or more past the peak
+    # The plan as submitted needs more than the recommended card: the card is marked inside the axis.
+    over = charts.memory_chart(breakdown, [("T4", 8.0)])
+    over_end = over.segments[-1].x + over.segments[-1].width
+    assert over.markers[0].x < over_end < over.width - 16
+
+
+def _plan_out(recs: list[dict[str, object]], rejections: list[dict[str, object]]) -> SimpleNamespace:
+    return SimpleNamespace(
+        id="p2",
+        status="done",
+        request={"model": {"name": "m"}, "method": "full"},
+        estimate={
+            "memory": {
+                "breakdown": {"weights": 10.0},
+                "peak_allocated_gib": 9.0,
+                "peak_reserved_gib": 9.5,
+                "peak_device_gib": 10.0,
+                "peak_moment": "optimizer_step",
+            }
+        },
+        recommendations=recs,
+        rejections=rejections,
+        warnings=[],
+        error=None,
+    )
+
+
+def test_the_memory_chart_marks_only_cards_up_to_the_recommended_one() -> None:
+    recs = [_rec("A40", 1, 3, 2, memory=45.0), _rec("RTX 4090", 1, 3, 3, memory=24.0), _rec("B200", 1, 1, 9, 179.0)]
+    page = views.plan_page(_plan_out(recs, []), recs)
+    assert page.memory is not None
+    assert [m.label for m in page.memory.markers] == ["RTX 4090: 24 GiB", "A40: 45 GiB"]
+    assert "axis ends at the memory of the recommended card" in page.memory_caption
+
+
+def test_rejections_are_grouped_and_say_their_fix_once() -> None:
+    fix = "fits with micro-batch 1 and gradient checkpointing"
+    rejections = [
+        {"gpu": "T4", "provider": None, "kind": "memory", "reason": f"needs 150 GiB; {fix}", "suggestion": fix},
+        {"gpu": "L4", "provider": None, "kind": "memory", "reason": "needs 150 GiB", "fix": "use 8 x H100"},
+        {"gpu": "H100", "provider": "p", "kind": "budget", "reason": "costs $900, over the $100 budget"},
+        {"gpu": "A100", "provider": "p", "kind": "budget_and_deadline", "reason": "no setup meets both"},
+        {"gpu": "B200", "provider": "p", "kind": "region", "reason": "only in us-east"},
+    ]
+    page = views.plan_page(_plan_out([], rejections), [])
+    assert [r.gpu for r in page.rejections] == ["T4", "L4"]
+    assert [r.gpu for r in page.budget_rejections] == ["H100", "A100"]
+    assert [r.gpu for r in page.constraint_rejections] == ["B200"]
+    assert page.rejections[0].suggestion is None  # already the end of its reason
+    assert page.rejections[1].suggestion == "use 8 x H100"
+    assert page.memory is not None and "no card is recommended" in page.memory_caption
+
+
+def test_setups_the_planner_lists_on_demand_and_on_spot_are_drawn_once() -> None:
+    on_demand = {**_rec("A", 1, 3, 4), "pricing": "on_demand", "spot_cost_usd": 2.0}
+    on_spot = {**on_demand, "pricing": "spot"}
+    spot_only = {**_rec("B", 2, 1, 9), "pricing": "spot", "spot_cost_usd": 5.0}
+    points = views.cost_time_points([on_spot, on_demand, spot_only])
+    assert [(p.series, p.count) for p in points] == [("A", 1), ("B", 1)]
+    row = views.recommendation_row(0, on_spot)
+    assert row.pricing == "spot" and row.cost == "$4.00" and row.spot_cost == "$2.00"
+
+
+def test_quote_options_are_one_per_setup_and_know_their_spot_price() -> None:
+    spot = {**_rec("A", 1, 3, 4), "spot_price_usd_per_hour": 0.5, "spot_cost_usd": 2.5}
+    spot_entry = {**spot, "pricing": "spot"}
+    options = views.quote_options([spot, spot_entry, _rec("B", 2, 2, 5)])
+    assert [(o.value, o.spot) for o in options] == [("A|1|p", True), ("B|2|p", False)]
+    assert options[0].label.endswith("spot available") and "spot" not in options[1].label
+
+
 def test_plan_page_view_model() -> None:
     out = SimpleNamespace(
         id="p1",
@@ -202,10 +335,10 @@ def test_plan_page_view_model() -> None:
     assert page.recommendations[0].setup == "1 x A100 80GB"
     assert page.recommendations[0].fill_pct == pytest.approx(37.5)
     assert page.rejections[0].provider == "every provider"
-    assert page.default_quote == "A100 80GB|4|p"  # a multi-GPU setup is offered first
+    assert page.default_quote == "A100 80GB|1|p"  # the cheapest setup, as the table's first row
     assert page.cost_time is not None and len(page.cost_time.points) == 2
     assert not page.live
-    assert views.parse_quote_value(page.default_quote) == ("A100 80GB", 4, "p")
+    assert views.parse_quote_value(page.default_quote) == ("A100 80GB", 1, "p")
     for bad in ("", "a|b|c", "a|1", "|1|p"):
         assert views.parse_quote_value(bad) is None
 

@@ -41,7 +41,8 @@ def test_nf4_weights_include_quantization_constants() -> None:
     recipe = resolve_recipe(plan)
     q = quantized_params(ARCH, recipe)
     assert q == L * (2 * H * H + 2 * H * 1024 + 3 * H * INTER)  # every block linear, not the head
-    expected = q * NF4_BNB_BYTES + (TOTAL - q) * 2
+    # The Trainer's QLoRA recipe runs PEFT's prepare_model_for_kbit_training: what is not 4-bit is fp32.
+    expected = q * NF4_BNB_BYTES + (TOTAL - q) * 4
     assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(expected)
     torchtune = make_plan(method="qlora", lora={"rank": 8}, framework="torchtune")
     assert weight_bytes(torchtune, ARCH, resolve_recipe(torchtune))[0] == pytest.approx(
@@ -54,7 +55,7 @@ def test_int8_weights_are_one_byte() -> None:
     plan = make_plan(method="qlora", quantization="int8", lora={"rank": 8})
     recipe = resolve_recipe(plan)
     q = quantized_params(ARCH, recipe)
-    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + (TOTAL - q) * 2)
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + (TOTAL - q) * 4)
 
 
 def test_lora_adapter_parameters_for_rank_and_targets() -> None:
@@ -122,14 +123,22 @@ def test_optimizer_in_backward_keeps_one_gradient_at_a_time() -> None:
 def test_zero_stages_shard_what_they_should() -> None:
     base = make_plan(gpus=4, precision="bf16-mixed")
     s0 = model_states(base, ARCH, resolve_recipe(base))
+    assert s0.ddp_buckets == TOTAL * 4  # DDP without sharding keeps bucket copies of the gradients
+    # DeepSpeed casts a -mixed model to bf16 and keeps the fp32 copy as master weights in its optimizer
+    # (engine.py _configure_distributed_model), so every stage holds 16-bit weights.
     z1 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero1")
     z2 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero2")
     z3 = make_plan(gpus=4, precision="bf16-mixed", sharding="zero3")
     s1, s2, s3 = (model_states(p, ARCH, resolve_recipe(p)) for p in (z1, z2, z3))
-    assert s1.optimizer_states == s0.optimizer_states / 4 and s1.gradients == s0.gradients
-    assert s2.gradients == s0.gradients / 4 and s2.weights == s0.weights
-    assert s3.weights == s0.weights / 4
-    assert s0.ddp_buckets == TOTAL * 4  # DDP without sharding keeps bucket copies of the gradients
+    for s in (s1, s2, s3):
+        assert s.optimizer_states == TOTAL * 8 / 4 and s.master_weights == TOTAL * 4 / 4
+        assert s.optimizer_temporaries < TOTAL * 4 / 4 / 10  # FusedAdam: no whole-model temporary
+    assert s1.weights == s2.weights == TOTAL * 2 and s3.weights == TOTAL * 2 / 4
+    assert s1.gradients == TOTAL * (2 + 4)  # stage 1 shards only optimizer states
+    assert s2.gradients == TOTAL * (2 + 4) / 4
+    # Stage 3 frees the 16-bit gradients bucket by bucket: 18 bytes per parameter / GPUs in all.
+    assert s3.gradients == TOTAL * 4 / 4
+    assert s3.weights + s3.master_weights + s3.gradients + s3.optimizer_states == TOTAL * 18 / 4
 
 
 def test_deepspeed_bf16_keeps_fp32_master_weights() -> None:

@@ -27,7 +27,10 @@ def bundle_for(fmt: str, method: str = "qlora", **kwargs: Any) -> Any:
 def test_every_file_states_the_peak_the_headroom_and_the_command(fmt: str) -> None:
     bundle = bundle_for(fmt, peak_gib_per_gpu=41.5, gpu_memory_gib=80.0, gpu="H100 SXM")
     assert bundle.format == fmt
+    assert {"requirements.txt", "check_versions.py"} <= set(bundle.files)
     for name, text in bundle.files.items():
+        if name in ("requirements.txt", "check_versions.py"):
+            continue  # the package pins and the version check, not a setting of the run
         header = "\n".join(json.loads(text)["_comment"]) if name.endswith(".json") else text
         assert "41.50 GiB per GPU of 80.00 GiB" in header, name
         assert "38.50 GiB headroom" in header, name
@@ -83,7 +86,7 @@ def test_the_script_compiles_and_its_arguments_match_the_json(fmt: str, method: 
         assert "BitsAndBytesConfig" not in calls
     assert model == args["model"]
     assert calls.get("LoraConfig") == args["lora_config"]
-    assert f"MAX_SEQ_LENGTH = {args['data']['max_seq_length']}" in script
+    assert f"MAX_SEQ_LENGTH = {args['data']['max_length']}" in script
 
 
 def test_checkpoint_steps_are_the_interval_over_the_step_time_rounded_down() -> None:

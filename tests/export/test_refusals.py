@@ -75,7 +75,7 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("torchtune", "lora", {"adapter_dtype": "fp32"}, "adapter_dtype"),
         ("torchtune", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
         ("torchtune", "lora", {"lora": {"rank": 8, "targets": ["q", "v", "up"]}}, "lora.targets"),
-        ("torchtune", "lora", {"model": {"name": "Qwen/Qwen2.5-7B"}}, "model.name"),
+        ("torchtune", "lora", {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}}, "model.name"),
         (
             "torchtune",
             "lora",

@@ -197,3 +197,13 @@ def test_phi3_fused_qkv_targets_round_trip_as_one_module() -> None:
     bundle = export(plan, "hf-trainer")
     assert "'qkv_proj'" in bundle.files["train.py"]
     check_round_trip(plan, "hf-trainer")
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("kind", ["chat", "alpaca"])
+def test_qwen25_torchtune_round_trips_with_any_data_format(method: str, kind: str) -> None:
+    from services.export.dataset import data_format
+
+    plan = llama_plan("torchtune", method, model={"name": "Qwen/Qwen2.5-7B"})
+    back = check_round_trip(plan, "torchtune", data=data_format(kind, "test"))
+    assert back.method == method

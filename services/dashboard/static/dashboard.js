@@ -38,6 +38,21 @@
     window.setTimeout(tick, 500);
   }
 
+  // The quote form: the spot checkbox only for a setup whose offer has a spot price.
+  var setup = document.getElementById("setup");
+  var spotField = document.getElementById("spot-field");
+  if (setup && spotField) {
+    var syncSpot = function () {
+      var option = setup.options[setup.selectedIndex];
+      var available = !!option && option.getAttribute("data-spot") === "yes";
+      spotField.hidden = !available;
+      var box = document.getElementById("spot");
+      if (box) { box.disabled = !available; if (!available) box.checked = false; }
+    };
+    setup.addEventListener("change", syncSpot);
+    syncSpot();
+  }
+
   document.querySelectorAll("[data-print]").forEach(function (el) {
     el.addEventListener("click", function () { window.print(); });
   });

@@ -1,0 +1,155 @@
+"""Re-planning for the format asked for, instead of refusing a plan sized for another framework or sharding.
+
+A format runs one framework (target.FORMAT_FRAMEWORK) and only some sharding modes; the framework's
+defaults (loss chunking, adapter dtype, accumulation) and the sharding change the memory. So an export to
+another format is sized again:
+
+1. :func:`retarget_plan`: the plan with the format's framework (and, for the deepspeed export, a ZeRO
+   stage: ZeRO-2 for an unsharded plan, ZeRO-3 for FSDP, which shards the same states).
+2. The caller's planner runs on that plan (:func:`setup_for_format` takes it as a function, so the API
+   plans over the live catalog and the CLI over the bundled price lists).
+3. :func:`fit_setup`: a setup whose sharding the format cannot run is moved to the nearest one it can
+   (deepspeed: none -> zero2, fsdp -> zero3; torchtune: 1 GPU unsharded, several GPUs FSDP), its memory
+   estimated again on the same card and checked against the usable memory.
+
+Every step says what it changed; the notes head the exported files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.catalog.gpus import find_gpu
+from services.estimator.estimate import estimate
+from services.estimator.plan import Plan, Sharding
+from services.export.errors import ExportError
+from services.export.models import Format
+from services.export.target import FORMAT_FRAMEWORK, apply_setup, check_format, rebuild
+from services.planner.models import Recommendation
+
+_ZERO = ("zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class Retargeted:
+    """The plan and setup to export, and what re-planning changed (empty: nothing)."""
+
+    plan: Plan
+    setup: Recommendation
+    notes: tuple[str, ...]
+
+
+def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
+    """The sharding ``fmt`` runs in place of ``sharding`` on ``gpus`` GPUs (None: keep it)."""
+    if fmt == "deepspeed" and sharding not in _ZERO:
+        return "zero3" if sharding == "fsdp" else "zero2"
+    if fmt == "torchtune":
+        wanted: Sharding = "none" if gpus == 1 else "fsdp"
+        return wanted if sharding != wanted else None
+    return None
+
+
+def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
+    """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences."""
+    known = check_format(fmt)
+    changes: list[str] = []
+    fields: dict[str, object] = {}
+    framework = FORMAT_FRAMEWORK[known]
+    if plan.framework != framework:
+        fields["framework"] = framework
+        changes.append(
+            f"re-planned for {known}: the plan was sized with {plan.framework}'s defaults, the {known} export runs "
+            f"{framework} (its loss, adapter dtype and accumulation defaults)"
+        )
+    sharding = format_sharding(known, plan.sharding, plan.gpus)
+    if sharding is not None:
+        fields["sharding"] = sharding
+        changes.append(f"re-planned for {known}: sharding {plan.sharding} -> {sharding} (what {known} runs)")
+    if not fields:
+        return plan, []
+    return rebuild(plan, fields, field="framework"), changes
+
+
+def fit_setup(plan: Plan, setup: Recommendation, fmt: str) -> tuple[Recommendation, list[str]]:
+    """``setup`` with a sharding ``fmt`` runs; its memory estimated again on the same card and checked.
+
+    Raises ExportError when the moved setup no longer fits the card's usable memory. Time and cost stay
+    the planner's (the note says so): the sharding change moves memory, the step time only a little.
+    """
+    known = check_format(fmt)
+    sharding = format_sharding(known, setup.sharding, setup.gpus)
+    if sharding is None:
+        return setup, []
+    if known == "torchtune" and setup.gpus == 1 and setup.cpu_offload:
+        raise ExportError(
+            "cpu_offload", "torchtune's single-device recipes do not offload to the CPU; plan with more GPUs"
+        )
+    if known == "deepspeed" and setup.cpu_offload and plan.optimizer != "adamw":
+        # The writer refuses it too (ZeRO-Offload steps with DeepSpeed's CPU Adam): skip to the next setup.
+        raise ExportError(
+            "optimizer", f"{plan.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw'"
+        )
+    moved = setup.model_copy(update={"sharding": sharding})
+    applied = apply_setup(plan, moved)
+    peak_gib = estimate(applied, find_gpu(setup.gpu)).memory.peak_device_gib
+    if peak_gib > setup.usable_gib:
+        raise ExportError(
+            "sharding",
+            f"{setup.gpus} x {setup.gpu} with {sharding} (what {known} runs in place of {setup.sharding}) needs "
+            f"{peak_gib:.2f} GiB per GPU, more than the {setup.usable_gib:.2f} GiB usable",
+        )
+    note = (
+        f"setup {setup.gpus} x {setup.gpu}: sharding {setup.sharding} -> {sharding} for {known}; peak "
+        f"{setup.peak_gib_per_gpu:.2f} -> {peak_gib:.2f} GiB per GPU (time and cost are the planner's for "
+        f"{setup.sharding})"
+    )
+    updated = moved.model_copy(update={"peak_gib_per_gpu": peak_gib, "headroom_gib": setup.gpu_memory_gib - peak_gib})
+    return updated, [note]
+
+
+def describe_setup(setup: Recommendation) -> str:
+    """'1 x A40, zero2, micro-batch 4, checkpointing, 22.3 GiB of 45 GiB': the line the CLI prints."""
+    checkpointing = ", checkpointing" if setup.gradient_checkpointing else ""
+    offload = ", CPU offload" if setup.cpu_offload else ""
+    return (
+        f"{setup.gpus} x {setup.gpu}, {setup.sharding}{offload}, micro-batch {setup.micro_batch_size}{checkpointing}, "
+        f"{setup.peak_gib_per_gpu:.1f} GiB of {setup.gpu_memory_gib:.0f} GiB"
+    )
+
+
+def setup_for_format(
+    plan: Plan,
+    fmt: str,
+    planned: Sequence[Recommendation],
+    replan: Callable[[Plan], Sequence[Recommendation]],
+    index: int = 0,
+) -> Retargeted:
+    """The setup to export in ``fmt``: recommendation ``index`` of ``planned``, or of ``replan(plan')``
+    when ``fmt`` needs another framework; the first one from there on that the format can run."""
+    target_plan, notes = retarget_plan(plan, fmt)
+    framework_changed = target_plan.framework != plan.framework
+    recs = list(replan(target_plan)) if framework_changed else list(planned)
+    if index >= len(recs):
+        raise ExportError(
+            "recommendation",
+            f"the plan has {len(recs)} recommendation(s) for {fmt}; use 0..{max(len(recs) - 1, 0)}",
+        )
+    reasons: list[str] = []
+    for rank, rec in enumerate(recs[index:], start=index):
+        try:
+            fitted, fit_notes = fit_setup(target_plan, rec, fmt)
+        except ExportError as exc:
+            reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
+            continue
+        if framework_changed and index < len(planned):
+            was, now = describe_setup(planned[index]), describe_setup(fitted)
+            fit_notes.insert(0, f"setup for {fmt}: {now} (" + ("unchanged)" if now == was else f"was {was})"))
+        elif rank != index:
+            fit_notes.insert(
+                0, f"recommendation #{index} cannot run as {fmt}; exported #{rank}: {describe_setup(fitted)}"
+            )
+        # The plan's own sharding note is superseded by the setup's.
+        kept = [n for n in notes if "sharding" not in n]
+        return Retargeted(target_plan, fitted, (*kept, *fit_notes))
+    raise ExportError("sharding", f"no recommended setup can run as {fmt}: {'; '.join(reasons)}")
