@@ -1,8 +1,10 @@
 """The Celery application, configured from gpuplan's settings.
 
-Tasks are acknowledged after they finish (acks_late) and a task whose worker dies is redelivered
-(reject_on_worker_lost; with Redis, after the visibility timeout). Arguments are ids and plain values;
-each task opens its own session and treats "already done" as success, so a redelivery is harmless.
+Tasks are acknowledged after they finish (acks_late). Every task holds a lease row in the database,
+renewed while it runs; beat's lease sweep sends again a task whose lease expired (its worker died),
+within task_lease_s + lease_sweep_interval_s, long before Redis's visibility timeout would redeliver
+it. Arguments are ids and plain values; each task opens its own session and treats "already done" as
+success, so a redelivery is harmless.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ TASK_QUEUES = {
     "gpuplan.plans.estimate": "estimate",
     "gpuplan.plans.trace": "trace",
     "gpuplan.plans.resume_unfinished": "maintenance",
+    "gpuplan.tasks.sweep_leases": "maintenance",
     "gpuplan.nodes.sweep_idle": "maintenance",
     "gpuplan.datasets.check": "datacheck",
     "gpuplan.catalog.refresh_feeds": "maintenance",
@@ -63,6 +66,11 @@ def make_celery(settings: Settings) -> Celery:
             "resume-unfinished-plans": {
                 "task": "gpuplan.plans.resume_unfinished",
                 "schedule": timedelta(minutes=5),
+            },
+            "sweep-task-leases": {
+                "task": "gpuplan.tasks.sweep_leases",
+                "schedule": timedelta(seconds=settings.lease_sweep_interval_s),
+                "options": {"expires": settings.lease_sweep_interval_s},
             },
             "sweep-idle-nodes": {
                 "task": "gpuplan.nodes.sweep_idle",

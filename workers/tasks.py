@@ -1,24 +1,40 @@
-"""Thin Celery tasks over the services the API uses; each opens its own session."""
+"""Thin Celery tasks over the services the API uses; each opens its own session and runs holding its
+lease (services/core/leases.py), which beat's lease sweep watches."""
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import make_engine, make_sessionmaker
+from services.core.leases import run_leased
 from services.core.settings import get_settings
-from services.core.tasks import PendingTasks
+from services.core.tasks import CeleryRunner, PendingTasks, sweep_leases
+from services.datasets import service as datasets_service
 from services.datasets.service import CHECK_TASK, run_check
 from services.nodes.lifecycle import SWEEP_TASK, run_sweep
+from services.plans import service as plans_service
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, resume_unfinished, run_plan, run_trace
 from workers.celery_app import app
+
+LEASE_SWEEP_TASK = "gpuplan.tasks.sweep_leases"
 
 
 @functools.cache
 def _sessions() -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(get_settings().sqlalchemy_url))
+
+
+@functools.cache
+def _runner() -> CeleryRunner:
+    return CeleryRunner(get_settings())
+
+
+def _leased(name: str, subject: str, fn: Any) -> None:
+    run_leased(_sessions(), name, (subject,), fn, get_settings().task_lease_s)
 
 
 @app.task(
@@ -31,19 +47,23 @@ def _sessions() -> sessionmaker[Session]:
 def estimate_plan(plan_id: str) -> None:
     """Estimate a stored plan and store its recommendations (a finished plan is left as it is)."""
     settings = get_settings()
-    run_plan(
-        _sessions(),
+    _leased(
+        ESTIMATE_TASK,
         plan_id,
-        settings.safety_margin,
-        settings.task_debug_delay_s,
-        cpu_budget_s=settings.plan_cpu_budget_s,
+        lambda pid: run_plan(
+            _sessions(),
+            pid,
+            settings.safety_margin,
+            settings.task_debug_delay_s,
+            cpu_budget_s=settings.plan_cpu_budget_s,
+        ),
     )
 
 
 @app.task(name=TRACE_TASK, soft_time_limit=900, time_limit=960)
 def trace_plan(plan_id: str) -> None:
     """Run the precise trace of a stored plan (needs the trace extra on this worker)."""
-    run_trace(_sessions(), plan_id)
+    _leased(TRACE_TASK, plan_id, lambda pid: run_trace(_sessions(), pid))
 
 
 @app.task(
@@ -55,12 +75,26 @@ def trace_plan(plan_id: str) -> None:
 )
 def check_dataset(dataset_id: str) -> None:
     """Check an uploaded data set, streamed from object storage (a finished check is left as it is)."""
-    run_check(_sessions(), get_settings(), dataset_id)
+    _leased(CHECK_TASK, dataset_id, lambda did: run_check(_sessions(), get_settings(), did))
+
+
+@app.task(name=LEASE_SWEEP_TASK)
+def sweep_task_leases() -> int:
+    """Beat: send again every task whose lease expired (a dead worker, a message the broker lost or never
+    got); a task that killed its worker task_max_deliveries times is recorded as failed. Returns resends."""
+    factory = _sessions()
+    hooks = (
+        functools.partial(plans_service.give_up_abandoned, factory),
+        functools.partial(datasets_service.give_up_abandoned, factory),
+    )
+    decisions = sweep_leases(factory, _runner(), get_settings(), hooks)
+    return sum(1 for d in decisions if d.action == "resend")
 
 
 @app.task(name="gpuplan.plans.resume_unfinished")
 def resume_stale_plans() -> int:
-    """Beat: re-enqueue plans that are still queued or running (a lost message, a dead worker)."""
+    """Beat: re-enqueue plans still queued or running after stale_plan_after_s (a fallback for plans
+    that hold no lease row, e.g. submitted before leases existed)."""
     pending = PendingTasks()
     count = resume_unfinished(_sessions(), pending, get_settings().stale_plan_after_s)
     for name, args in pending.items:

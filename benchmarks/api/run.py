@@ -1,14 +1,25 @@
-"""API load benchmark: POST /v1/estimate against a real server process on loopback.
+"""API load benchmark against a real `gpuplan serve` on loopback (bounded in time, 127.0.0.1 only).
 
-Starts `gpuplan serve` (embedded SQLite, in a temporary directory) on a free port, then sends a fixed
-number of requests from several client threads and reports requests/s and latency percentiles.
-Bounded in count and time; only 127.0.0.1 is contacted. Run: ``python -m benchmarks.api.run``.
+1. ``POST /v1/estimate`` at 8 concurrent clients for a fixed duration: requests/s and latency
+   percentiles (target: >= 500 requests/s with p99 < 50 ms on Postgres on 2 cores).
+2. ``GET /v1/plans`` (a 50-plan page, first page and a deep page by cursor) with 1,000 and then
+   10,000 stored plans: the latency should not grow with the plan count (keyset pages on an index).
+
+The load comes from ``wrk`` (a C load generator, `apt-get install wrk`) when it is installed, so the
+client costs little of the CPU the server needs; otherwise from Python threads (much heavier on the
+client, so the figures are lower bounds). The server runs on Postgres (a fresh database on
+GPUPLAN_BENCH_POSTGRES_URL's server, dropped afterwards) or, with ``--sqlite``, on a SQLite file.
+
+Run: ``python -m benchmarks.api.run [--sqlite] [--workers N] [--duration-s S]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -16,13 +27,20 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-REQUESTS = 2000
-THREADS = int(os.environ.get("GPUPLAN_BENCH_THREADS", "4"))
+POSTGRES_ADMIN_URL = os.environ.get(
+    "GPUPLAN_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+CLIENTS = 8
 BODY = {
     "model": {"name": "meta-llama/Llama-3.1-8B"},
     "method": "qlora",
@@ -31,6 +49,7 @@ BODY = {
     "seq_len": 2048,
     "gradient_checkpointing": True,
 }
+MAX_DURATION_S = 60
 
 
 def _free_port() -> int:
@@ -39,70 +58,281 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main() -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="gpuplan-bench-"))
+@contextmanager
+def _database(sqlite: bool, workdir: Path) -> Iterator[str]:
+    if sqlite:
+        yield f"sqlite:///{workdir / 'gpuplan.db'}"
+        return
+    from sqlalchemy import create_engine, text
+
+    name = f"gpuplan_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _setup(url: str) -> tuple[str, str]:
+    """Migrate, and make an organization with a key; returns (key, organization id)."""
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.core.migrate import upgrade
+    from services.orgs.service import create_key, create_organization
+
+    upgrade(url)
+    engine = make_engine(url)
+    with unit_of_work(make_sessionmaker(engine)) as session:
+        org = create_organization(session, "bench")
+        key = create_key(session, "bench")
+        org_id = org.id
+    engine.dispose()
+    return key, org_id
+
+
+def _store_plans(url: str, organization_id: str, count: int) -> None:
+    """Insert ``count`` finished plans straight into the table (what the list reads)."""
+    from sqlalchemy import insert, text
+
+    from services.core.db import make_engine, new_id, utcnow
+    from services.plans.tables import PlanRow
+
+    engine = make_engine(url)
+    start = utcnow() - timedelta(days=30)
+    cheapest = {"gpu": "L4", "gpus": 1, "total_usd": 12.5, "hours": 3.1}
+    rows = [
+        {
+            "id": new_id(),
+            "organization_id": organization_id,
+            "status": "done",
+            "request": BODY,
+            "model_name": "meta-llama/Llama-3.1-8B",
+            "method": "qlora",
+            "recommendations": [cheapest] * 20,
+            "cheapest": cheapest,
+            "attempts": 1,
+            "created_at": start + timedelta(seconds=i),
+        }
+        for i in range(count)
+    ]
+    with engine.begin() as conn:
+        for i in range(0, len(rows), 1000):
+            conn.execute(insert(PlanRow), rows[i : i + 1000])
+    with engine.begin() as conn:  # fresh statistics, as autovacuum would gather after such a load
+        conn.execute(text("ANALYZE plans"))
+    engine.dispose()
+
+
+def _list_query(url: str, organization_id: str, repeats: int = 200) -> dict[str, Any]:
+    """The list query alone, in this process (less sensitive to a busy machine than HTTP load): the
+    median time of the first page and of page 21, and whether the plan uses the keyset index."""
+    from sqlalchemy import text
+
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.plans.repository import PlanRepository
+
+    engine = make_engine(url)
+    factory = make_sessionmaker(engine)
+    out: dict[str, Any] = {}
+    with unit_of_work(factory) as session:
+        repo = PlanRepository(session)
+        cursor = None
+        for _ in range(20):
+            cursor = repo.list_for_org(organization_id, 50, cursor)[-1].id
+        for label, before in (("first_page", None), ("page_21", cursor)):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                repo.list_for_org(organization_id, 50, before)
+                times.append(time.perf_counter() - start)
+            out[f"{label}_median_ms"] = round(statistics.median(times) * 1e3, 3)
+        if engine.dialect.name == "postgresql":
+            plan = session.execute(
+                text(
+                    "EXPLAIN SELECT id FROM plans WHERE organization_id = :org "
+                    "ORDER BY created_at DESC, id DESC LIMIT 50"
+                ),
+                {"org": organization_id},
+            ).scalars()
+            out["uses_index"] = any("ix_plans_org_created_id" in line for line in plan)
+    engine.dispose()
+    return out
+
+
+def _wrk(url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int) -> dict[str, Any]:
+    script = Path(tempfile.mkdtemp(prefix="gpuplan-wrk-")) / "request.lua"
+    lines = [f'wrk.method = "{method}"', f'wrk.headers["Authorization"] = "Bearer {key}"']
+    if body is not None:
+        lines += ['wrk.headers["Content-Type"] = "application/json"', f"wrk.body = [[{json.dumps(body)}]]"]
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = subprocess.run(
+        ["wrk", "-t", "2", "-c", str(CLIENTS), "-d", f"{duration_s}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        timeout=duration_s + 30,
+        check=True,
+    ).stdout
+    shutil.rmtree(script.parent, ignore_errors=True)
+
+    def ms(label: str) -> float:
+        found = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if found is None:
+            raise RuntimeError(f"wrk output without the {label}% latency:\n{out}")
+        value, unit = float(found.group(1)), found.group(2)
+        return round(value / 1000 if unit == "us" else value * 1000 if unit == "s" else value, 2)
+
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    done = re.search(r"(\d+) requests in", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "tool": "wrk",
+        "requests": int(done.group(1)) if done else 0,
+        "requests_per_s": float(rate.group(1)) if rate else 0.0,
+        "p50_ms": ms("50"),
+        "p90_ms": ms("90"),
+        "p99_ms": ms("99"),
+        "errors": (int(bad.group(1)) if bad else 0) + (sum(int(g) for g in errors.groups()) if errors else 0),
+    }
+
+
+def _threads(url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    stop_at = time.monotonic() + duration_s
+
+    def client() -> None:
+        nonlocal errors
+        with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=10) as http:
+            while time.monotonic() < stop_at:
+                start = time.perf_counter()
+                response = http.request(method, url, json=body)
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+                    errors += response.status_code >= 300
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return round(latencies[int(q * (len(latencies) - 1))] * 1e3, 2)
+
+    return {
+        "tool": "python-threads",
+        "requests": len(latencies),
+        "requests_per_s": round(len(latencies) / wall, 1),
+        "p50_ms": round(statistics.median(latencies) * 1e3, 2),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "errors": errors,
+    }
+
+
+def _load(url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int) -> dict[str, Any]:
+    if shutil.which("wrk"):
+        return _wrk(url, key, method, body, duration_s)
+    return _threads(url, key, method, body, duration_s)
+
+
+@contextmanager
+def _server(db_url: str, workers: int, workdir: Path) -> Iterator[str]:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(
+        GPUPLAN_DATABASE_URL=db_url,
+        # The limiter runs on every request but never bites here (8 clients, one key).
+        GPUPLAN_RATE_LIMIT_PER_MINUTE="10000000",
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    log = open(workdir / "serve.log", "wb")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--port", str(port)],
+        [sys.executable, "-m", "services.cli.main", "serve", "--port", str(port), "--workers", str(workers)],
         cwd=workdir,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 90
+        while True:
             try:
                 if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.2)
-        key = (workdir / ".gpuplan" / "local-key").read_text().strip()
-        headers = {"Authorization": f"Bearer {key}"}
-        latencies: list[float] = []
-        errors = 0
-        lock = threading.Lock()
-
-        def worker(n: int) -> None:
-            nonlocal errors
-            with httpx.Client(base_url=base, headers=headers, timeout=10) as client:
-                for _ in range(n):
-                    start = time.perf_counter()
-                    response = client.post("/v1/estimate", json=BODY)
-                    elapsed = time.perf_counter() - start
-                    with lock:
-                        latencies.append(elapsed)
-                        errors += response.status_code != 200
-
-        for _ in range(50):  # warm-up
-            httpx.post(f"{base}/v1/estimate", json=BODY, headers=headers)
-        threads = [threading.Thread(target=worker, args=(REQUESTS // THREADS,)) for _ in range(THREADS)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("server did not start:\n" + (workdir / "serve.log").read_text()[-2000:])
+            time.sleep(0.2)
+        yield base
     finally:
-        server.terminate()
-        server.wait(timeout=10)
-    latencies.sort()
-    result = {
-        "requests": len(latencies),
-        "client_threads": THREADS,
-        "errors": errors,
-        "requests_per_s": round(len(latencies) / wall, 1),
-        "p50_ms": round(statistics.median(latencies) * 1e3, 2),
-        "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1e3, 2),
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sqlite", action="store_true", help="a SQLite file instead of Postgres")
+    parser.add_argument("--workers", type=int, default=2, help="API processes (default 2: one per core)")
+    parser.add_argument("--duration-s", type=int, default=10, help="seconds of load per measurement (max 60)")
+    args = parser.parse_args(argv)
+    duration_s = max(1, min(args.duration_s, MAX_DURATION_S))
+    workdir = Path(tempfile.mkdtemp(prefix="gpuplan-bench-"))
+    result: dict[str, Any] = {
+        "database": "sqlite" if args.sqlite else "postgres",
+        "api_processes": args.workers,
+        "clients": CLIENTS,
+        "duration_s": duration_s,
         "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
+    with _database(args.sqlite, workdir) as db_url:
+        key, org_id = _setup(db_url)
+        with _server(db_url, args.workers, workdir) as base:
+            headers = {"Authorization": f"Bearer {key}"}
+            for _ in range(100):  # warm-up: connections, caches, the model resolution
+                httpx.post(f"{base}/v1/estimate", json=BODY, headers=headers, timeout=10)
+            result["estimate"] = _load(f"{base}/v1/estimate", key, "POST", BODY, duration_s)
+            stored = 0
+            result["list"] = {}
+            for count in (1_000, 10_000):
+                _store_plans(db_url, org_id, count - stored)
+                stored = count
+                first = httpx.get(f"{base}/v1/plans", params={"limit": 50}, headers=headers, timeout=10).json()
+                # A deep page: 20 pages in, by cursor.
+                cursor = first["next_cursor"]
+                for _ in range(19):
+                    page = httpx.get(
+                        f"{base}/v1/plans", params={"limit": 50, "before": cursor}, headers=headers, timeout=10
+                    )
+                    cursor = page.json()["next_cursor"]
+                result["list"][str(count)] = {
+                    "query": _list_query(db_url, org_id),
+                    "first_page": _load(f"{base}/v1/plans?limit=50", key, "GET", None, max(3, duration_s // 2)),
+                    "page_21": _load(
+                        f"{base}/v1/plans?limit=50&before={cursor}", key, "GET", None, max(3, duration_s // 2)
+                    ),
+                }
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    shutil.rmtree(workdir, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "api.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return 0 if errors == 0 else 1
+    name = "api-sqlite.json" if args.sqlite else "api.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=1))
+    return 0 if result["estimate"]["errors"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,19 +15,28 @@ from sqlalchemy import text
 
 from services.api.deps import Database
 from services.api.errors import ErrorBody, install_error_handlers
+from services.api.metrics import install as install_metrics
 from services.api.middleware import BodyLimit, RequestLimits
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
-from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.core.tasks import CeleryRunner, InProcessRunner, LeaseSweeper, PendingTasks
 from services.dashboard.routes import install as install_dashboard
 from services.datasets import service as datasets_service
 from services.datasets.endpoints import router as datasets_router
 from services.nodes.endpoints import router as nodes_router
 from services.nodes.lifecycle import EmbeddedSweeper
+from services.orgs.endpoints import router as keys_router
 from services.plans.endpoints import router as plans_router
-from services.plans.service import ESTIMATE_TASK, TRACE_TASK, estimate_task, resume_unfinished, trace_task
+from services.plans.service import (
+    ESTIMATE_TASK,
+    TRACE_TASK,
+    estimate_task,
+    resume_unfinished,
+    trace_task,
+)
+from services.plans.service import give_up_abandoned as plans_give_up
 from services.quotes.endpoints import router as quotes_router
 from services.runs.endpoints import router as runs_router
 
@@ -42,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 TRACE_TASK: trace_task(factory),
                 datasets_service.CHECK_TASK: datasets_service.check_task(factory, settings),
             },
+            factory=factory,
+            lease_s=settings.task_lease_s,
         )
     else:
         runner = CeleryRunner(settings)
@@ -49,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = None
+        lease_sweeper = None
         if settings.in_process_tasks:
             pending = PendingTasks()
             resume_unfinished(factory, pending)
@@ -56,7 +71,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pending.flush(runner)
             sweeper = EmbeddedSweeper(factory, settings)  # with Celery, beat runs the sweep
             sweeper.start()
+            hooks = (
+                functools.partial(plans_give_up, factory),
+                functools.partial(datasets_service.give_up_abandoned, factory),
+            )
+            lease_sweeper = LeaseSweeper(factory, runner, settings, hooks)
+            lease_sweeper.start()
         yield
+        if lease_sweeper is not None:
+            lease_sweeper.shutdown()
         if sweeper is not None:
             sweeper.shutdown()
         runner.shutdown()
@@ -69,10 +92,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.db = Database(factory, runner)
+    app.state.db = Database(factory, runner, settings)
     app.state.engine = engine
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes, exceptions=upload_limits())
+    # Added last, so outermost: it also times, counts and logs the requests the body limit refuses.
+    install_metrics(app, app.state.db, settings)
     app.include_router(plans_router)
     app.include_router(catalog_router)
     app.include_router(quotes_router)
@@ -80,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs_router)
     install_dashboard(app)
     app.include_router(datasets_router)
+    app.include_router(keys_router)
 
     @app.get("/healthz", operation_id="health-check", tags=["health"])
     def healthz() -> dict[str, Any]:
@@ -89,10 +115,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "status": "ok",
             "database": engine.dialect.name,
             "tasks": "in-process" if settings.in_process_tasks else "celery",
+            "process_id": os.getpid(),
         }
 
     document_error_responses(app)
     return app
+
+
+def create_served_app(settings: Settings | None = None) -> FastAPI:
+    """The app as `gpuplan serve` runs it (also uvicorn's factory in each worker process): with the
+    access log written to stderr when GPUPLAN_ACCESS_LOG is on."""
+    settings = settings or get_settings()
+    access = logging.getLogger("gpuplan.access")
+    if settings.access_log and not access.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d access %(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+    return create_app(settings)
 
 
 def upload_limits() -> tuple[BodyLimit, ...]:
@@ -118,6 +159,7 @@ _ERROR_RESPONSES: dict[int, str] = {
     409: "conflicts with the resource's state",
     413: "request body over GPUPLAN_MAX_REQUEST_BYTES (or the route's own limit)",
     422: "invalid input: the message names the field and what is allowed",
+    429: "over a rate limit or quota: Retry-After gives the seconds to wait",
     503: "a setting or service the request needs is not configured",
 }
 

@@ -1,5 +1,5 @@
-"""Request-scoped plumbing: the database handle, the caller, and transactions that send their
-tasks only after they commit."""
+"""Request-scoped plumbing: the database handle, the caller (authenticated, its scope checked against
+the route), and transactions that record their tasks in the outbox and send them after they commit."""
 
 from __future__ import annotations
 
@@ -11,24 +11,43 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.api.limits import QUOTA_ROUTES, check_rate, check_route_quota, make_counters
 from services.core.db import unit_of_work
+from services.core.errors import Forbidden
+from services.core.leases import record_outbox
 from services.core.settings import Settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
+from services.orgs.binding import check_agent_request
+from services.orgs.scopes import allowed_scopes
 from services.orgs.service import Principal, authenticate
 
 
 class Database:
-    def __init__(self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner) -> None:
+    def __init__(
+        self, factory: sessionmaker[Session], runner: InProcessRunner | CeleryRunner, settings: Settings | None = None
+    ) -> None:
         self.factory = factory
         self.runner = runner
+        self.settings = settings or Settings(database_url="sqlite://")
+        self.lease_s = self.settings.task_lease_s
+        self.key_cache_s = self.settings.key_cache_s
+        self.counters = make_counters(self.settings)
         self.principals: dict[str, tuple[float, Principal]] = {}
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Session, PendingTasks]]:
+        """A unit of work whose enqueued tasks are written to the outbox (their lease rows) before it
+        commits and sent after; a send that fails is sent again by the lease sweep."""
         pending = PendingTasks()
         with unit_of_work(self.factory) as session:
             yield session, pending
+            if pending.items:
+                record_outbox(session, pending.items, self.lease_s)
         pending.flush(self.runner)
+
+    def forget_keys(self) -> None:
+        """Drop cached callers (a key was revoked or rotated in this process)."""
+        self.principals.clear()
 
 
 def get_db(request: Request) -> Database:
@@ -41,24 +60,48 @@ def get_settings_dep(request: Request) -> Settings:
     return settings
 
 
-# Authenticated keys are remembered briefly so a busy client does not cost a database read per call;
-# a revoked key stops working within this many seconds.
-PRINCIPAL_CACHE_SECONDS = 10.0
-
-
-def get_principal(
-    db: Annotated[Database, Depends(get_db)],
-    authorization: Annotated[str | None, Header()] = None,
-) -> Principal:
+def _caller(db: Database, authorization: str | None) -> Principal:
+    """The key's principal; cached for GPUPLAN_KEY_CACHE_S seconds when that is set (0, the default,
+    reads the key on every request, so a revocation holds from the next request on)."""
+    if db.key_cache_s <= 0:
+        with unit_of_work(db.factory) as session:
+            return authenticate(session, authorization)
     now = time.monotonic()
     cached = db.principals.get(authorization or "")
-    if cached is not None and now - cached[0] < PRINCIPAL_CACHE_SECONDS:
+    if cached is not None and now - cached[0] < db.key_cache_s:
         return cached[1]
     with unit_of_work(db.factory) as session:
         principal = authenticate(session, authorization)
     if len(db.principals) > 10_000:
         db.principals.clear()
     db.principals[authorization or ""] = (now, principal)
+    return principal
+
+
+def get_principal(
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    """The authenticated caller, refused (403) when its key's scopes do not cover this route."""
+    principal = _caller(db, authorization)
+    route = request.scope.get("route")
+    template = getattr(route, "path", request.url.path)
+    allowed = allowed_scopes(request.method, template)
+    if not principal.scopes & allowed:
+        raise Forbidden(
+            f"this key's scopes ({', '.join(sorted(principal.scopes))}) do not allow {request.method} {template}; "
+            f"it needs one of: {', '.join(sorted(allowed))}",
+            field="authorization",
+        )
+    check_rate(db.counters, principal.key_id or principal.organization_id, db.settings.rate_limit_per_minute)
+    if "agent" in principal.scopes:
+        with unit_of_work(db.factory) as session:
+            check_agent_request(session, principal, request.path_params)
+    if request.method == "POST" and template in QUOTA_ROUTES:
+        with unit_of_work(db.factory) as session:
+            check_route_quota(session, principal.organization_id, request.method, template, db.settings)
+    request.state.principal = principal
     return principal
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from services.core.errors import GpuplanError
+from services.core.errors import GpuplanError, TooManyRequests
 from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import describe_error_list, describe_errors
 
@@ -88,6 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GpuplanError)
     async def _gpuplan(_request: Request, exc: GpuplanError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)

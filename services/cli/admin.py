@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from services.cli.common import CliError, Parser, Subparsers
+from services.cli.common import CliError, Parser, Subparsers, int_arg
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -22,14 +22,33 @@ def register(sub: Subparsers) -> None:
     create_key = admin_sub.add_parser("create-key", help="create an API key; prints the key alone")
     create_key.add_argument("--org", required=True, help="organization name")
     create_key.add_argument(
-        "--admin", action="store_true", help="administers its organization (imports the organization's own prices)"
+        "--admin", action="store_true", help="adds the admin scope (its keys, audit log and own prices)"
     )
     create_key.add_argument(
         "--platform-admin",
         action="store_true",
         help="may change the public catalog every organization plans on (POST /v1/platform/catalog/offers)",
     )
+    create_key.add_argument(
+        "--scope", action="append", metavar="SCOPE", help="read, plan, agent or admin; repeat (default: read, plan)"
+    )
+    create_key.add_argument("--name", help="what the key is for")
+    create_key.add_argument("--expires-in", type=int_arg("--expires-in"), metavar="S", help="seconds until it expires")
+    create_key.add_argument("--node", metavar="ID", help="agent keys: the node it acts for")
+    create_key.add_argument("--run", metavar="ID", help="agent keys: the run it acts for")
     create_key.set_defaults(handler=cmd_create_key)
+    list_keys = admin_sub.add_parser("list-keys", help="the keys of an organization (never the keys themselves)")
+    list_keys.add_argument("--org", required=True, help="organization name")
+    list_keys.add_argument("--all", action="store_true", help="also revoked keys")
+    list_keys.add_argument("--json", action="store_true", help="one JSON object")
+    list_keys.set_defaults(handler=cmd_list_keys)
+    revoke = admin_sub.add_parser("revoke-key", help="revoke a key by id or prefix (refused from the next request)")
+    revoke.add_argument("key", help="the key's id or its prefix (gp_xxxxxxx, from list-keys)")
+    revoke.set_defaults(handler=cmd_revoke_key)
+    rotate = admin_sub.add_parser("rotate-key", help="replace a key; prints the new key alone")
+    rotate.add_argument("key", help="the key's id or its prefix")
+    rotate.add_argument("--grace", type=int_arg("--grace"), default=0, metavar="S", help="old key works S more seconds")
+    rotate.set_defaults(handler=cmd_rotate_key)
     import_offers = admin_sub.add_parser(
         "import-offers",
         help="upsert a CSV/JSON price list into the public catalog (all or nothing; other providers are kept)",
@@ -75,11 +94,103 @@ def cmd_create_org(args: argparse.Namespace) -> int:
 
 
 def cmd_create_key(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from services.core.db import unit_of_work, utcnow
+    from services.orgs import audit
+    from services.orgs.binding import check_binding_target
+    from services.orgs.repository import OrganizationRepository
+    from services.orgs.service import issue_key
+
+    if args.expires_in is not None and not 60 <= args.expires_in <= 5 * 366 * 86_400:
+        raise CliError("--expires-in: 60 to 158112000 seconds (5 years)")
+    with unit_of_work(_session_factory()) as session:
+        org = OrganizationRepository(session).by_name(args.org)
+        if org is None:
+            raise CliError(f"--org: no organization named {args.org!r}")
+        check_binding_target(session, org.id, args.node, args.run)
+        expires_at = utcnow() + timedelta(seconds=args.expires_in) if args.expires_in else None
+        key, row = issue_key(
+            session,
+            org.id,
+            scopes=args.scope,
+            admin=args.admin,
+            name=args.name,
+            expires_at=expires_at,
+            node_id=args.node,
+            run_id=args.run,
+            platform_admin=args.platform_admin,
+        )
+        detail = {"scopes": row.scopes, "platform_admin": row.platform_admin}
+        audit.record(session, org.id, "admin-cli", "key.create", f"key:{row.prefix}", "local", detail)
+        print(key)
+    return 0
+
+
+def cmd_list_keys(args: argparse.Namespace) -> int:
+    import json
+
     from services.core.db import unit_of_work
-    from services.orgs.service import create_key
+    from services.orgs.repository import OrganizationRepository
+    from services.orgs.service import list_keys
 
     with unit_of_work(_session_factory()) as session:
-        print(create_key(session, args.org, admin=args.admin, platform_admin=args.platform_admin))
+        org = OrganizationRepository(session).by_name(args.org)
+        if org is None:
+            raise CliError(f"--org: no organization named {args.org!r}")
+        rows: list[dict[str, Any]] = [
+            {
+                "id": r.id,
+                "prefix": r.prefix,
+                "name": r.name,
+                "scopes": r.scopes.split(","),
+                "created_at": r.created_at.isoformat(),
+                "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+                "node_id": r.node_id,
+                "run_id": r.run_id,
+            }
+            for r in list_keys(session, org.id, include_revoked=args.all)
+        ]
+    if args.json:
+        print(json.dumps({"items": rows}, indent=2))
+        return 0
+    print(f"{'ID':32}  {'PREFIX':10}  {'SCOPES':18}  {'EXPIRES':20}  {'REVOKED':20}  NAME")
+    for r in rows:
+        print(
+            f"{r['id']:32}  {r['prefix']:10}  {','.join(r['scopes']):18}  {(r['expires_at'] or '-')[:19]:20}  "
+            f"{(r['revoked_at'] or '-')[:19]:20}  {r['name'] or ''}"
+        )
+    return 0
+
+
+def cmd_revoke_key(args: argparse.Namespace) -> int:
+    from services.core.db import unit_of_work
+    from services.orgs import audit
+    from services.orgs.service import find_key, revoke_key
+
+    with unit_of_work(_session_factory()) as session:
+        found = find_key(session, args.key)
+        row = revoke_key(session, found.organization_id, found.id)
+        audit.record(session, row.organization_id, "admin-cli", "key.revoke", f"key:{row.prefix}", "local")
+        print(f"revoked key {row.prefix} ({row.id}); it is refused from the next request on", file=sys.stderr)
+    return 0
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from services.core.db import unit_of_work
+    from services.orgs import audit
+    from services.orgs.service import find_key, rotate_key
+
+    if not 0 <= args.grace <= 7 * 86_400:
+        raise CliError("--grace: 0 to 604800 seconds (7 days)")
+    with unit_of_work(_session_factory()) as session:
+        old = find_key(session, args.key)
+        key, row = rotate_key(session, old.organization_id, old.id, args.grace, server_cli=True)
+        audit.record(
+            session, row.organization_id, "admin-cli", "key.rotate", f"key:{row.prefix}", "local", {"replaced": old.id}
+        )
+        print(key)
     return 0
 
 

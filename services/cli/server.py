@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import Subparsers, int_arg
+from services.cli.common import CliError, Subparsers, int_arg
 
 if TYPE_CHECKING:
     from services.core.settings import Settings
@@ -21,6 +22,9 @@ def register(sub: Subparsers) -> None:
     serve = sub.add_parser("serve", help="run the planning service (migrates the database first)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
     serve.add_argument("--port", type=int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
+    serve.add_argument(
+        "--workers", type=int_arg("--workers"), help="API processes (default 1, or GPUPLAN_API_WORKERS); 1-64"
+    )
     serve.set_defaults(handler=cmd_serve)
     sub.add_parser("migrate", help="apply the database migrations and exit").set_defaults(handler=cmd_migrate)
     worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
@@ -83,7 +87,7 @@ def _local_key(settings: Settings) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from services.api.app import create_app
+    from services.api.app import create_served_app
 
     settings = load_settings()
     host = args.host or settings.host
@@ -98,8 +102,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(f"gpuplan: the 'local' organization's API key is in {LOCAL_KEY_FILE}")
         print(f'gpuplan: try  curl -H "Authorization: Bearer $(cat {LOCAL_KEY_FILE})" {url}/v1/plans')
+    workers = args.workers or settings.api_workers
+    if not 1 <= workers <= 64:
+        raise CliError(f"--workers: 1 to 64 API processes (got {workers})")
     print(f"gpuplan: serving on {url}  (dashboard: {url}/dashboard, API docs: {url}/docs)", flush=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    if workers == 1:
+        uvicorn.run(create_served_app(settings), host=host, port=port, log_level="warning")
+        return 0
+    # Several processes share the dashboard's cookie secret and one metrics directory; each builds its
+    # app from the environment (uvicorn starts them fresh).
+    os.environ.setdefault("GPUPLAN_SESSION_SECRET", settings.session_secret.get_secret_value())
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpuplan-metrics-")
+    print(f"gpuplan: {workers} API processes", flush=True)
+    uvicorn.run(
+        "services.api.app:create_served_app", factory=True, host=host, port=port, workers=workers, log_level="warning"
+    )
     return 0
 
 
@@ -115,6 +133,13 @@ def cmd_celery(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"gpuplan: error: {args.command} needs GPUPLAN_REDIS_URL (the embedded default runs tasks in process)"
         )
+    if args.command == "worker" and settings.worker_metrics_port:
+        # Before prometheus_client is first imported: the pool's processes write their samples here.
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpuplan-worker-metrics-")
+        from services.core.metrics import serve_multiprocess_metrics
+
+        serve_multiprocess_metrics(settings.host, settings.worker_metrics_port)
     migrate_database(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
     from workers.celery_app import QUEUES, app

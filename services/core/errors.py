@@ -67,3 +67,14 @@ class PayloadTooLarge(GpuplanError):
 
     status_code = 413
     code = "too_large"
+
+
+class TooManyRequests(GpuplanError):
+    """A rate limit or quota: 429 with ``Retry-After`` (seconds) so clients know when to come back."""
+
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field, details={"retry_after_s": retry_after_s})
+        self.retry_after_s = max(1, int(retry_after_s))

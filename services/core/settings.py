@@ -34,6 +34,31 @@ class Settings(BaseSettings):
     # Failure injection for the worker tests: sleep this long between computing and storing a result.
     task_debug_delay_s: float = Field(default=0.0, ge=0.0, le=600.0)
     stale_plan_after_s: int = Field(default=3900, ge=0, description="beat re-enqueues plans unfinished this long")
+    # Task leases (services/core/leases.py): a running task renews its lease every third of this; a task
+    # whose lease expired is sent again by the lease sweep, so a dead worker's task resumes within
+    # task_lease_s + lease_sweep_interval_s (80 s by default), whatever the broker's visibility timeout.
+    task_lease_s: float = Field(default=60.0, ge=1.0, le=3600.0, description="lease of a queued or running task")
+    lease_sweep_interval_s: float = Field(default=20.0, ge=0.5, le=3600.0, description="how often leases are swept")
+    task_max_deliveries: int = Field(
+        default=5, ge=1, le=100, description="a task delivered this often without finishing is abandoned"
+    )
+    # API keys: 0 reads the key on every request, so a revocation holds from the next request on; a
+    # few seconds saves that read on busy clients, and a revoked key then works that much longer in
+    # the other processes (the process that revoked it forgets it at once).
+    key_cache_s: float = Field(default=0.0, ge=0.0, le=300.0, description="how long a checked key is trusted")
+    # Abuse limits (services/api/limits.py); 0 turns one off.
+    rate_limit_per_minute: int = Field(default=6000, ge=0, le=10_000_000, description="requests per key per minute")
+    quota_plans_per_hour: int = Field(default=3000, ge=0, le=10_000_000, description="plans per organization per hour")
+    quota_datasets: int = Field(default=200, ge=0, le=1_000_000, description="stored data sets per organization")
+    quota_dataset_bytes: int = Field(default=2 * 2**40, ge=0, description="stored data set bytes per organization")
+    quota_nodes: int = Field(default=200, ge=0, le=1_000_000, description="nodes (not stopped) per organization")
+    api_workers: int = Field(default=1, ge=1, le=64, description="API processes `gpuplan serve` starts")
+    access_log: bool = Field(default=True, description="one line per API request on stderr (gpuplan serve)")
+    worker_metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="a Celery worker serves its task metrics here (0: off)"
+    )
+    # GET /metrics: open (keep it on the internal network) unless a token is set.
+    metrics_token: SecretStr | None = Field(default=None, description="Bearer token /metrics asks for")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
     # SecretStr so that it never appears in a repr, a log line or an API response.
     s3_endpoint_url: str | None = Field(default=None, description="unset = AWS S3; e.g. http://127.0.0.1:9000")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def import_all_tables() -> None:
     import services.catalog.tables
+    import services.core.leases
     import services.datasets.tables
     import services.hub.tables
     import services.nodes.tables

@@ -18,8 +18,7 @@ from services.estimator.errors import EstimatorError
 from services.hub.service import stored_request
 from services.nodes.calibration import calibrated_utilisation
 from services.nodes.tables import NodeEventRow, NodeRow
-from services.orgs.repository import ApiKeyRepository, OrganizationRepository
-from services.orgs.service import Principal
+from services.orgs.service import Principal, principal_for_hash
 from services.plans.recommend import recommend
 from services.plans.schemas import PlanRequest
 from services.plans.tables import PlanRow
@@ -32,14 +31,8 @@ MAX_CANDIDATES = 500
 
 
 def principal_for_key_hash(session: Session, key_hash: str) -> Principal | None:
-    """The organization behind a signed-in session's key hash; None once the key is revoked."""
-    found = ApiKeyRepository(session).by_hash(key_hash)
-    if found is None:
-        return None
-    org = OrganizationRepository(session).by_id(found.organization_id)
-    if org is None:
-        return None
-    return Principal(organization_id=org.id, organization_name=org.name, admin=found.admin)
+    """The organization behind a key's hash; None once the key is revoked or expired."""
+    return principal_for_hash(session, key_hash)
 
 
 def candidate_setups(session: Session, row: PlanRow, safety_margin: float) -> list[dict[str, Any]]:

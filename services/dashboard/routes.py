@@ -24,7 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from services.api.deps import Database, get_db
 from services.catalog.models import catalog_models
-from services.core.errors import GpuplanError, NotFound, Unprocessable
+from services.core.errors import Forbidden, GpuplanError, NotFound, Unprocessable
 from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
 from services.estimator.errors import EstimatorError
@@ -32,7 +32,7 @@ from services.estimator.estimate import estimate
 from services.hub.service import FactoryCache, with_model_config
 from services.nodes import service as nodes_service
 from services.nodes.schemas import BenchmarkOut, NodeOut
-from services.orgs.service import Principal, hash_key
+from services.orgs.service import Principal, end_session, hash_key, session_principal, start_session
 from services.plans import service as plans_service
 from services.plans.schemas import PlanRequest
 from services.quotes import service as quotes_service
@@ -181,12 +181,14 @@ def _safe_next(target: str | None) -> str:
 
 def get_viewer(request: Request, db: Annotated[Database, Depends(get_db)]) -> Viewer:
     data = _read_session(request)
-    if data is None or data.key_hash is None:
+    if data is None or data.session_id is None:
         raise SignInRequired
     with db.transaction() as (s, _pending):
-        principal = loaders.principal_for_key_hash(s, data.key_hash)
-    if principal is None:
+        principal = session_principal(s, data.session_id)
+    if principal is None or "read" not in principal.scopes:
         raise SignInRequired
+    if request.method not in ("GET", "HEAD") and "plan" not in principal.scopes:
+        raise Forbidden("this key may only read: planning and quoting need a key with the 'plan' scope")
     viewer = Viewer(principal=principal, session=data)
     request.state.dashboard_viewer = viewer
     return viewer
@@ -231,7 +233,8 @@ async def login(request: Request, db: DbDep) -> Response:
         if not key:
             return None
         with db.transaction() as (s, _pending):
-            return loaders.principal_for_key_hash(s, hash_key(key))
+            found = loaders.principal_for_key_hash(s, hash_key(key))
+            return found if found is not None and "read" in found.scopes else None
 
     principal = await run_in_threadpool(lookup)
     if principal is None:
@@ -243,15 +246,30 @@ async def login(request: Request, db: DbDep) -> Response:
             status_code=401,
             anonymous=data or session.new_session(time.time()),
         )
+
+    def sign_in() -> str:
+        with db.transaction() as (s, _pending):
+            return start_session(s, hash_key(key), _settings(request).session_max_age_s)
+
+    session_id = await run_in_threadpool(sign_in)
     response = RedirectResponse(target, status_code=303)
-    _set_cookie(response, request, session.new_session(time.time(), key_hash=hash_key(key)))
+    _set_cookie(response, request, session.new_session(time.time(), session_id=session_id))
     return response
 
 
 @router.post("/logout")
-async def logout(request: Request) -> Response:
+async def logout(request: Request, db: DbDep) -> Response:
     form = await request.form()
-    _check_csrf(_read_session(request), form.get(session.CSRF_FIELD))
+    data = _read_session(request)
+    _check_csrf(data, form.get(session.CSRF_FIELD))
+    if data is not None and data.session_id is not None:
+        session_id = data.session_id
+
+        def sign_out() -> None:
+            with db.transaction() as (s, _pending):
+                end_session(s, session_id)
+
+        await run_in_threadpool(sign_out)
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     _set_cookie(response, request, session.new_session(time.time()))
     return response

@@ -1,11 +1,12 @@
 """The dashboard's session cookie and CSRF tokens (pure: stdlib hmac, no web framework).
 
 The cookie holds a small JSON payload signed with HMAC-SHA256 under the server's session secret
-(``GPUPLAN_SESSION_SECRET``): the SHA-256 hash of the organization API key that signed in (never the
-key itself), the session's CSRF token and when it was issued. It is readable by whoever holds it but
-cannot be forged or altered without the secret; the key hash is looked up on every request, so a
-revoked key ends its sessions. An anonymous session (no key hash) carries only a CSRF token, so the
-sign-in form is protected too.
+(``GPUPLAN_SESSION_SECRET``): the id of the server-side session (services/orgs/service.py, a row
+that names the key that signed in, never the key itself), the session's CSRF token and when it was
+issued. It is readable by whoever holds it but cannot be forged or altered without the secret; the
+session row is looked up on every request, so signing out (which ends the row) or revoking the key
+ends the session everywhere, including in copies of the cookie. An anonymous session (no session
+id) carries only a CSRF token, so the sign-in form is protected too.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ CSRF_FIELD = "csrf_token"
 class SessionData:
     csrf_token: str
     issued_at_s: float
-    key_hash: str | None = None
+    session_id: str | None = None
 
     @property
     def signed_in(self) -> bool:
-        return self.key_hash is not None
+        return self.session_id is not None
 
 
-def new_session(now_s: float, key_hash: str | None = None) -> SessionData:
+def new_session(now_s: float, session_id: str | None = None) -> SessionData:
     """A fresh session with a new CSRF token (signing in or out always rotates the token)."""
-    return SessionData(csrf_token=secrets.token_urlsafe(24), issued_at_s=now_s, key_hash=key_hash)
+    return SessionData(csrf_token=secrets.token_urlsafe(24), issued_at_s=now_s, session_id=session_id)
 
 
 def _b64(data: bytes) -> str:
@@ -51,7 +52,7 @@ def _mac(secret: str, payload: str) -> str:
 
 def encode(session: SessionData, secret: str) -> str:
     """The cookie value: ``base64(json).base64(hmac)``."""
-    body = {"c": session.csrf_token, "t": session.issued_at_s, "k": session.key_hash}
+    body = {"c": session.csrf_token, "t": session.issued_at_s, "s": session.session_id}
     payload = _b64(json.dumps(body, separators=(",", ":")).encode())
     return f"{payload}.{_mac(secret, payload)}"
 
@@ -65,14 +66,14 @@ def decode(value: str | None, secret: str, now_s: float, max_age_s: float) -> Se
         return None
     try:
         body = json.loads(_unb64(payload))
-        csrf, issued, key_hash = str(body["c"]), float(body["t"]), body["k"]
+        csrf, issued, session_id = str(body["c"]), float(body["t"]), body["s"]
     except (ValueError, KeyError, TypeError):
         return None
-    if not csrf or (key_hash is not None and not isinstance(key_hash, str)):
+    if not csrf or (session_id is not None and not isinstance(session_id, str)):
         return None
     if not 0 <= now_s - issued <= max_age_s:
         return None
-    return SessionData(csrf_token=csrf, issued_at_s=issued, key_hash=key_hash)
+    return SessionData(csrf_token=csrf, issued_at_s=issued, session_id=session_id)
 
 
 def csrf_ok(session: SessionData | None, submitted: str | None) -> bool:

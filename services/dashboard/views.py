@@ -128,7 +128,7 @@ class RejectionRow:
 
 # Rejection kinds by the heading they are listed under: the card cannot hold the job, or setups fit
 # but break the budget or the deadline, or the plan's region/provider constraints left the offer out.
-FIT_KINDS = ("memory", "gpu_count", "unknown_gpu")
+FIT_KINDS = ("memory", "precision", "gpu_count", "unknown_gpu")
 BUDGET_KINDS = ("budget", "deadline", "budget_and_deadline")
 
 

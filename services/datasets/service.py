@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
+from services.core.leases import SweepDecision
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
@@ -388,6 +389,16 @@ def _finish(
             row.error = error
             row.status = "failed"
         row.finished_at = utcnow()
+
+
+def give_up_abandoned(factory: sessionmaker[Session], decision: SweepDecision) -> None:
+    """A lease sweep hook: a check delivered too often without finishing is recorded as failed."""
+    if decision.action == "abandon" and decision.task_name == CHECK_TASK:
+        _finish(
+            factory,
+            decision.subject_id,
+            error=f"the worker died {decision.deliveries} times while checking this data set; gave up",
+        )
 
 
 def check_task(factory: sessionmaker[Session], settings: Settings) -> Callable[[str], None]:

@@ -85,6 +85,11 @@ def fit_setup(plan: Plan, setup: Recommendation, fmt: str) -> tuple[Recommendati
         raise ExportError(
             "cpu_offload", "torchtune's single-device recipes do not offload to the CPU; plan with more GPUs"
         )
+    if known == "deepspeed" and setup.cpu_offload and plan.optimizer != "adamw":
+        # The writer refuses it too (ZeRO-Offload steps with DeepSpeed's CPU Adam): skip to the next setup.
+        raise ExportError(
+            "optimizer", f"{plan.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw'"
+        )
     moved = setup.model_copy(update={"sharding": sharding})
     applied = apply_setup(plan, moved)
     peak_gib = estimate(applied, find_gpu(setup.gpu)).memory.peak_device_gib

@@ -21,10 +21,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work, utcnow
+from services.core.metrics import SWEEP_DECISIONS
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, NodeTarget, ProviderDriver, make_driver
 from services.nodes.idle import Decision, IdlePolicy, Signals, decide, next_idle_since
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
+from services.orgs import audit
 
 log = logging.getLogger("gpuplan.lifecycle")
 
@@ -178,7 +180,23 @@ def run_sweep(factory: sessionmaker[Session], settings: Settings) -> SweepSummar
     """One sweep in its own transaction (the beat task and the embedded loop call this)."""
     driver = make_driver(settings)
     with unit_of_work(factory) as session:
-        return sweep(session, utcnow(), driver, settings.node_lost_after_s)
+        summary = sweep(session, utcnow(), driver, settings.node_lost_after_s)
+        for node_id in summary.stopped:  # a shutdown is an audited action (by the system)
+            node = session.get(NodeRow, node_id)
+            if node is not None:
+                audit.record(
+                    session,
+                    node.organization_id,
+                    "system:idle-sweep",
+                    "node.stop",
+                    f"node:{node_id}",
+                    detail={"driver": driver.name, "reason": node.last_reason},
+                )
+    kept = summary.decided - len(summary.stopped) - len(summary.lost)
+    for decision, count in (("keep", kept), ("stop", len(summary.stopped)), ("lost", len(summary.lost))):
+        if count:
+            SWEEP_DECISIONS.labels("idle", decision).inc(count)
+    return summary
 
 
 class EmbeddedSweeper:

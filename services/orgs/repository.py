@@ -3,6 +3,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.core.db import utcnow
 from services.orgs.tables import ApiKey, Organization
 
 
@@ -27,7 +28,13 @@ class ApiKeyRepository:
         self.session = session
 
     def by_hash(self, key_hash: str) -> ApiKey | None:
-        return self.session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
+        """A key that is neither revoked nor expired."""
+        found = self.session.scalar(select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
+        if found is None:
+            return None
+        if found.expires_at is not None and found.expires_at <= utcnow():
+            return None
+        return found
 
     def add(self, key: ApiKey) -> ApiKey:
         self.session.add(key)

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PricingMode = Literal["on_demand", "spot"]
 RejectionKind = Literal[
-    "memory", "gpu_count", "budget", "deadline", "budget_and_deadline", "region", "provider", "unknown_gpu"
+    "memory", "precision", "gpu_count", "budget", "deadline", "budget_and_deadline", "region", "provider", "unknown_gpu"
 ]
 
 

@@ -46,6 +46,7 @@ DEFAULT_TOP_N = 10
 STALE_AFTER_HOURS = 24.0
 _REJECTION_ORDER = (
     "memory",
+    "precision",
     "gpu_count",
     "budget",
     "deadline",

@@ -19,7 +19,7 @@ from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
 from services.planner.costs import download_seconds, startup_seconds
 from services.planner.models import PricingMode, Rejection
-from services.planner.rejections import filter_rejection
+from services.planner.rejections import filter_rejection, precision_rejection
 from services.planner.search import (
     NARROW_SEARCH,
     Candidate,
@@ -74,6 +74,10 @@ def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpe
                 Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
             )
             scan.warnings.append(f"offer {offer.provider} / {offer.gpu}: {spec.message}")
+            continue
+        unsupported = precision_rejection(ctx.plan, spec, offer)
+        if unsupported is not None:
+            scan.rejections.append(unsupported)
             continue
         scan.cards.setdefault(spec.name, (spec, []))[1].append(offer)
         setups = shape_setups(ctx, offer, spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.memory import GIB
-from services.estimator.plan import Method, Optimizer, Sharding
+from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
 from services.planner.evaluator import Evaluator
@@ -237,3 +237,20 @@ def filter_rejection(constraints: Constraints, offer: Offer) -> Rejection | None
             reason=f"region {where} is not among the allowed regions or countries ({allowed})",
         )
     return None
+
+
+def precision_rejection(plan: Plan, spec: GpuSpec, offer: Offer) -> Rejection | None:
+    """A card that cannot run the plan's precision at all: bf16 needs compute capability 8.0 (Ampere) or
+    newer. Turing (T4) and Volta (V100) have no bf16 tensor cores, and the HF Trainer refuses ``bf16=True``
+    on them ("Your setup doesn't support bf16/gpu"); the spec marks them with no bf16 rate."""
+    if not plan.precision.startswith("bf16") or spec.bf16_tflops:
+        return None
+    return Rejection(
+        gpu=spec.name,
+        provider=offer.provider,
+        kind="precision",
+        reason=f"{spec.name} has no bf16 support (bf16 needs an Ampere or newer GPU); the plan's precision is "
+        f"{plan.precision}",
+        fix="submit the plan with precision fp16-mixed to consider this card",
+        suggestion="precision fp16-mixed",
+    )

@@ -1,12 +1,36 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from services.plans.tables import PlanRow
+
+
+@dataclass(frozen=True)
+class PlanListRow:
+    """What a list page shows of a plan (the full plan is GET /v1/plans/{id})."""
+
+    id: str
+    status: str
+    model_name: str
+    method: str
+    created_at: datetime
+    cheapest: dict[str, Any] | None
+
+
+_SUMMARY_COLUMNS = (
+    PlanRow.id,
+    PlanRow.status,
+    PlanRow.model_name,
+    PlanRow.method,
+    PlanRow.created_at,
+    PlanRow.cheapest,
+)
 
 
 class PlanRepository:
@@ -26,16 +50,22 @@ class PlanRepository:
             select(PlanRow).where(PlanRow.organization_id == organization_id, PlanRow.idempotency_key == key)
         )
 
-    def list_for_org(self, organization_id: str, limit: int, before: str | None = None) -> Sequence[PlanRow]:
-        query = select(PlanRow).where(PlanRow.organization_id == organization_id)
+    def list_for_org(self, organization_id: str, limit: int, before: str | None = None) -> list[PlanListRow]:
+        """A page of the organization's plans, newest first, as summary rows: a keyset page on the
+        (organization_id, created_at, id) index after the plan ``before``, so the cost of a page does
+        not grow with the number of plans (no OFFSET, no full rows)."""
+        query = select(*_SUMMARY_COLUMNS).where(PlanRow.organization_id == organization_id)
         if before is not None:
-            anchor = self.get_for_org(organization_id, before)
-            if anchor is not None:
-                query = query.where(
-                    (PlanRow.created_at < anchor.created_at)
-                    | ((PlanRow.created_at == anchor.created_at) & (PlanRow.id < anchor.id))
+            anchor = self.session.execute(
+                select(PlanRow.created_at, PlanRow.id).where(
+                    PlanRow.id == before, PlanRow.organization_id == organization_id
                 )
-        return self.session.scalars(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit)).all()
+            ).first()
+            if anchor is not None:
+                # A row-value comparison, which Postgres and SQLite both read as one range on the index.
+                query = query.where(tuple_(PlanRow.created_at, PlanRow.id) < tuple_(anchor[0], anchor[1]))
+        rows = self.session.execute(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit))
+        return [PlanListRow(*r) for r in rows]
 
     def unfinished_ids(self, older_than: datetime | None = None) -> Sequence[str]:
         """Plans still queued or running; with ``older_than``, only those queued or started before it."""

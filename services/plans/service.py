@@ -17,6 +17,7 @@ from services.api.errors import with_api_hint
 from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
+from services.core.leases import SweepDecision
 from services.core.tasks import PendingTasks
 from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
@@ -32,7 +33,7 @@ from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
-from services.plans.repository import PlanRepository
+from services.plans.repository import PlanListRow, PlanRepository
 from services.plans.schemas import PlanCreated, PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
 
@@ -155,7 +156,7 @@ def get_plan(session: Session, principal: Principal, plan_id: str) -> PlanRow:
     return row
 
 
-def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanRow]:
+def list_plans(session: Session, principal: Principal, limit: int, before: str | None) -> list[PlanListRow]:
     return list(PlanRepository(session).list_for_org(principal.organization_id, limit, before))
 
 
@@ -298,15 +299,15 @@ def to_out(row: PlanRow) -> PlanOut:
     )
 
 
-def to_summary(row: PlanRow) -> PlanSummary:
-    cheapest = (row.recommendations or [None])[0]
+def to_summary(row: PlanRow | PlanListRow) -> PlanSummary:
+    """A list entry: a stored plan or a summary row (PlanRepository.list_for_org)."""
     return PlanSummary(
         id=row.id,
         status=row.status,
         model=row.model_name,
         method=row.method,
         created_at=row.created_at,
-        cheapest=cheapest,
+        cheapest=row.cheapest,
     )
 
 
@@ -424,6 +425,7 @@ def _finish(
         if result is not None:
             row.estimate = result["estimate"]
             row.recommendations = result["recommendations"]
+            row.cheapest = (result["recommendations"] or [None])[0]
             row.rejections = result["rejections"]
             row.warnings = result["warnings"]
             row.status = "done"
@@ -431,3 +433,19 @@ def _finish(
             row.error = error
             row.status = "failed"
         row.finished_at = utcnow()
+
+
+def give_up_abandoned(factory: sessionmaker[Session], decision: SweepDecision) -> None:
+    """A lease sweep hook: a plan task delivered too often without finishing (each delivery killed its
+    worker) is recorded as failed, so the plan does not stay running forever."""
+    if decision.action != "abandon":
+        return
+    reason = f"the worker died {decision.deliveries} times while running this task; gave up"
+    if decision.task_name == ESTIMATE_TASK:
+        _finish(factory, decision.subject_id, error=reason)
+    elif decision.task_name == TRACE_TASK:
+        with unit_of_work(factory) as session:
+            row = PlanRepository(session).get(decision.subject_id)
+            if row is None or row.trace_status not in ("queued", "running"):
+                return
+        _store_trace(factory, decision.subject_id, None, reason)

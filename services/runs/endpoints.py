@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.core.errors import Forbidden
 from services.nodes.endpoints import NODE_AUTH, NodeTokenDep
 from services.runs import service
 from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunJoin, RunOut
@@ -39,6 +40,8 @@ def get_run(run_id: str, db: DbDep, principal: PrincipalDep) -> RunOut:
 def join_run(run_id: str, body: RunJoin, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None) -> RunOut:
     """A node joins the run (its agent started with ``--run``, with the node token); its idle policy becomes
     the run's."""
+    if "agent" in principal.scopes and body.node_id != principal.node_id:
+        raise Forbidden(f"this agent key acts for node {principal.node_id} only", field="node_id")
     with db.transaction() as (session, _pending):
         return service.to_out(session, service.join_run(session, principal, run_id, body.node_id, token))
 

@@ -74,7 +74,7 @@ def test_budget_rejections_are_their_own_kind(api: Api) -> None:
     body = _plan(api, {**QLORA_PLAN, "constraints": {"budget_usd": 0.01}})
     assert body["recommendations"] == []
     kinds = {r["kind"] for r in body["rejections"]}
-    assert kinds == {"budget"}
+    assert kinds - {"precision"} == {"budget"}  # the T4 cannot run bf16 at all
 
 
 def test_a_100_example_job_pays_at_least_its_billing_minimum_and_its_start_up(api: Api) -> None:

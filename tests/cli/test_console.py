@@ -50,6 +50,9 @@ DRIVEN = {
     "admin create-org": "test_admin",
     "admin create-key": "test_admin",
     "admin import-offers": "test_admin",
+    "admin list-keys": "test_admin_keys",
+    "admin rotate-key": "test_admin_keys",
+    "admin revoke-key": "test_admin_keys",
     "admin remove-provider": "tests/cli/test_catalog_cli.py::test_remove_provider",
     "catalog refresh": "tests/cli/test_catalog_cli.py::test_catalog_refresh_from_a_feed_and_a_failed_one",
 }
@@ -247,6 +250,49 @@ def test_admin(tmp_path: Path) -> None:
     imported = gpuplan("admin", "import-offers", str(prices), cwd=tmp_path)
     assert imported.returncode == 0 and "into the public catalog: 1 added" in imported.stderr
     _one_error_line(gpuplan("admin", "create-org", "acme", cwd=tmp_path), "already exists")
+
+
+def test_admin_keys(tmp_path: Path) -> None:
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.core.errors import Unauthorized
+    from services.orgs.service import authenticate
+
+    assert gpuplan("admin", "create-org", "acme", cwd=tmp_path).returncode == 0
+    args = ("--scope", "read", "--name", "grafana", "--expires-in", "3600")
+    made = gpuplan("admin", "create-key", "--org", "acme", *args, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    factory = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'gpuplan.db'}"))
+    with unit_of_work(factory) as session:
+        assert authenticate(session, f"Bearer {key}").scopes == {"read"}
+
+    listed = gpuplan("admin", "list-keys", "--org", "acme", "--json", cwd=tmp_path)
+    items = json.loads(listed.stdout)["items"]
+    assert [(i["name"], i["scopes"], i["prefix"]) for i in items] == [("grafana", ["read"], key[:10])]
+    assert items[0]["expires_at"] is not None and key not in listed.stdout
+
+    rotated = gpuplan("admin", "rotate-key", key[:10], cwd=tmp_path)
+    assert rotated.returncode == 0, rotated.stderr
+    new_key = rotated.stdout.strip()
+    assert new_key.startswith("gp_") and new_key != key
+    revoked = gpuplan("admin", "revoke-key", new_key[:10], cwd=tmp_path)
+    assert revoked.returncode == 0 and "refused from the next request" in revoked.stderr
+    with unit_of_work(factory) as session:
+        for old in (key, new_key):
+            with pytest.raises(Unauthorized):
+                authenticate(session, f"Bearer {old}")
+    table = gpuplan("admin", "list-keys", "--org", "acme", "--all", cwd=tmp_path)
+    assert table.returncode == 0 and table.stdout.count("grafana") == 2
+
+    for bad, message in (
+        (("create-key", "--org", "acme", "--scope", "root"), "unknown scope 'root'"),
+        (("create-key", "--org", "acme", "--scope", "agent"), "node_id"),
+        (("create-key", "--org", "nobody"), "no organization named 'nobody'"),
+        (("create-key", "--org", "acme", "--expires-in", "5"), "--expires-in"),
+        (("revoke-key", "gp_nothing"), "no single key"),
+        (("rotate-key", key[:10]), "revoked"),
+    ):
+        _one_error_line(gpuplan("admin", *bad, cwd=tmp_path), message)
 
 
 # --- commands against a running service -----------------------------------------------------------

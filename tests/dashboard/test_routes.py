@@ -366,7 +366,7 @@ def test_budget_rejections_have_their_own_heading_and_a_fix_is_said_once(api: Ap
             "gradient_checkpointing": True,
         },
     )
-    memory = [r for r in big["rejections"] if r["kind"] == "memory"]
+    memory = [r for r in big["rejections"] if r["kind"] in ("memory", "precision")]
     assert memory and all(r.get("suggestion") or r.get("fix") for r in memory)
     html = alpha.get(f"/dashboard/plans/{big['id']}").text
     for r in memory:

@@ -20,7 +20,7 @@ SECRET = "s" * 16 + "0123456789abcdefghij"
 
 
 def test_session_round_trip_and_rejections() -> None:
-    data = session.new_session(1000.0, key_hash="ab" * 32)
+    data = session.new_session(1000.0, session_id="ab" * 32)
     value = session.encode(data, SECRET)
     assert session.decode(value, SECRET, 1500.0, 3600) == data
     assert session.decode(value, SECRET, 1000.0 + 3601, 3600) is None  # expired
@@ -28,7 +28,7 @@ def test_session_round_trip_and_rejections() -> None:
     assert session.decode(value, "another secret of enough length 12345", 1500.0, 3600) is None
     payload, mac = value.split(".")
     forged = json.loads(session._unb64(payload))
-    forged["k"] = "cd" * 32
+    forged["s"] = "cd" * 32
     forged_payload = session._b64(json.dumps(forged).encode())
     assert session.decode(f"{forged_payload}.{mac}", SECRET, 1500.0, 3600) is None
     for junk in (None, "", "abc", "a.b.c", "!!.??", "x" * 5000):
@@ -36,7 +36,7 @@ def test_session_round_trip_and_rejections() -> None:
 
 
 def test_new_sessions_rotate_the_csrf_token_and_hold_no_key() -> None:
-    a, b = session.new_session(0.0), session.new_session(0.0, key_hash="h")
+    a, b = session.new_session(0.0), session.new_session(0.0, session_id="h")
     assert a.csrf_token != b.csrf_token
     assert not a.signed_in and b.signed_in
     assert "gp_" not in session.encode(b, SECRET)

@@ -56,7 +56,8 @@ def everything(plan: Any, offers: Any = None, **constraints: Any) -> PlannerResu
 def test_cheapest_first_by_total_cost_not_hourly_price() -> None:
     # The H100 costs 6x the T4 per hour but trains QLoRA ~18x faster, so its whole job is cheaper.
     offers = [offer("T4", 0.50, provider="slow"), offer("H100 SXM", 3.00, provider="fast")]
-    result = everything(plan_for("qlora"), offers, max_gpus=1)
+    # fp16: the T4 has no bf16 (a bf16 plan rejects it for precision).
+    result = everything(plan_for("qlora", precision="fp16-mixed"), offers, max_gpus=1)
     first, second = result.recommendations
     assert (first.gpu, second.gpu) == ("H100 SXM", "T4")
     assert first.price_usd_per_hour > second.price_usd_per_hour
@@ -155,7 +156,9 @@ def test_offload_is_searched_when_nothing_else_fits_and_names_its_host_ram() -> 
 
 
 def test_a_card_too_small_for_everything_says_so() -> None:
-    plan = make_plan(model={"name": "meta-llama/Llama-3.1-70B"}, method="full", seq_len=4096, data=DATA)
+    plan = make_plan(
+        model={"name": "meta-llama/Llama-3.1-70B"}, method="full", seq_len=4096, data=DATA, precision="fp16-mixed"
+    )
     result = everything(plan, [offer("T4", 0.5, inter_node_gbit_per_s=100)], allow_cpu_offload=False)
     (rejection,) = result.rejections
     assert rejection.kind == "memory"
@@ -180,7 +183,9 @@ def test_qlora_8b_on_the_worked_example_gets_a_cheap_fitting_recommendation() ->
 
 
 def _smallest_single_gpu_card(method: str) -> float:
-    recs = everything(plan_for(method), allow_cpu_offload=False).recommendations
+    # QLoRA in fp16, so that the smallest card (the 15 GiB T4, which has no bf16) is a candidate.
+    precision = "fp16-mixed" if method == "qlora" else "bf16"
+    recs = everything(plan_for(method, precision=precision), allow_cpu_offload=False).recommendations
     return min(r.gpu_memory_gib for r in recs if r.gpus == 1)
 
 
@@ -308,7 +313,9 @@ def test_a_budget_below_every_setup_rejects_every_offer_with_the_cost() -> None:
     result = everything(plan_for("qlora"), budget_usd=0.01, spot_allowed=False)
     assert result.recommendations == [] and result.best_per_gpu == []
     budget = [r for r in result.rejections if r.kind == "budget"]
-    assert len(budget) == 14
+    # Every offer but the T4's, which cannot run the plan's bf16 at all.
+    assert len(budget) == 13
+    assert [(r.kind, r.gpu) for r in result.rejections if r.kind != "budget"] == [("precision", "T4")]
     assert all("over the $0.01 budget" in r.reason and r.cost_usd is not None for r in budget)
     assert any("no setup fits and meets the constraints" in w for w in result.warnings)
 

@@ -23,6 +23,7 @@ from tests.api.conftest import QLORA_PLAN
 from tests.conftest import require_service
 
 REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+LEASE_S = 3.0
 
 
 def _redis_available() -> bool:
@@ -48,7 +49,14 @@ class Stack:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
-        env.update(GPUPLAN_DATABASE_URL=self.db_url, GPUPLAN_REDIS_URL=REDIS_URL, GPUPLAN_TASK_VISIBILITY_TIMEOUT_S="3")
+        # The broker's visibility timeout stays at its default (over an hour): a dead worker's task must
+        # come back through its lease, within the short lease and sweep interval set here.
+        env.update(
+            GPUPLAN_DATABASE_URL=self.db_url,
+            GPUPLAN_REDIS_URL=REDIS_URL,
+            GPUPLAN_TASK_LEASE_S=str(LEASE_S),
+            GPUPLAN_LEASE_SWEEP_INTERVAL_S="1",
+        )
         env.update(extra)
         return env
 
@@ -66,6 +74,19 @@ class Stack:
                 "1",
             ],
             env=self.env(**extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        log = open(self.logs / "beat.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli.main", "beat"],
+            env={**self.env(), "PYTHONPATH": os.getcwd()},
+            cwd=self.logs,  # beat keeps its schedule file in its working directory
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -101,37 +122,60 @@ def _wait(client: TestClient, key: str, plan_id: str, statuses: tuple[str, ...],
 
 @pytest.mark.slow
 def test_a_celery_worker_estimates_a_submitted_plan(stack: Stack) -> None:
-    stack.start_worker()
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    stack.start_worker(GPUPLAN_WORKER_METRICS_PORT=str(metrics_port))
     app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
     with TestClient(app) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         body = _wait(client, stack.key, plan_id, ("done", "failed"), 90)
+        queue_metrics = client.get("/metrics").text
     assert body["status"] == "done", body
     assert body["recommendations"] and body["attempts"] == 1
+    assert 'gpuplan_queue_depth{queue="estimate"}' in queue_metrics  # read from Redis at scrape time
+    # The worker's own /metrics: the task ran in its pool process and was timed there.
+    worker_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    assert 'gpuplan_task_duration_seconds_count{outcome="ok",task="gpuplan.plans.estimate"} 1.0' in worker_metrics
 
 
 @pytest.mark.slow
-def test_a_killed_worker_task_is_redelivered_and_stored_once(stack: Stack) -> None:
-    first = stack.start_worker(GPUPLAN_TASK_DEBUG_DELAY_S="30")
-    app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
-    with TestClient(app) as client:
+def test_a_sigkilled_worker_s_task_is_resumed_through_its_lease_and_stored_once(stack: Stack) -> None:
+    first = stack.start_worker(GPUPLAN_TASK_DEBUG_DELAY_S="60")
+    stack.start_beat()
+    settings = Settings(database_url=stack.db_url, redis_url=REDIS_URL, task_lease_s=LEASE_S)
+    with TestClient(create_app(settings)) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         running = _wait(client, stack.key, plan_id, ("running",), 90)
         assert running["status"] == "running", running
+        stack.start_worker()  # a healthy worker, idle until the task comes back
+        time.sleep(3 * LEASE_S)  # the first worker keeps renewing: nothing is handed over while it lives
+        still = client.get(f"/v1/plans/{plan_id}", headers=headers).json()
+        assert still["status"] == "running" and still["attempts"] == 1, still
         os.killpg(first.pid, signal.SIGKILL)  # mid-task: computed, not yet stored
         first.wait(timeout=30)
-        stack.start_worker()
+        killed_at = time.monotonic()
         body = _wait(client, stack.key, plan_id, ("done", "failed"), 120)
-    assert body["status"] == "done", body
+        resumed_s = time.monotonic() - killed_at
+    logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted(stack.logs.glob("*.log")))
+    assert body["status"] == "done", (body, logs)
+    # Lease (3 s) + sweep interval (1 s) + the new delivery's work, far below the broker's 3900 s.
+    assert resumed_s < 30, (resumed_s, logs)
     assert body["attempts"] == 2  # delivered twice ...
     with unit_of_work(make_sessionmaker(make_engine(stack.db_url))) as session:
         from sqlalchemy import func, select
 
+        from services.core.leases import TaskLease
         from services.plans.tables import PlanRow
 
         assert session.scalar(select(func.count()).select_from(PlanRow)) == 1  # ... one stored result
+        assert session.scalar(select(func.count()).select_from(TaskLease)) == 0  # and the lease released
 
 
 @pytest.mark.slow
