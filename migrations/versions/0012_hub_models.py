@@ -1,7 +1,7 @@
 """hub model config cache
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-12-01 01:40:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
