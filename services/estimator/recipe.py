@@ -131,7 +131,12 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         grads_persist=True,
         expands_kv=False,
         recasts_kbit_for_flash=True,
-        note="axolotl (Trainer-based; flash attention, gradient accumulation)",
+        # axolotl's FSDP configs use fsdp_version: 2 (fully_shard). An FSDP2 module has no no_sync()
+        # method, and accelerate's Accelerator.no_sync falls back to a null context when the model lacks
+        # one (getattr(model, "no_sync", nullcontext)), so every micro-batch reduce-scatters its gradients
+        # and only the sharded ones accumulate.
+        fsdp_accumulates_unsharded=False,
+        note="axolotl (Trainer-based; flash attention, gradient accumulation, FSDP2)",
     ),
     "torchtune": FrameworkDefaults(
         attention="sdpa",
