@@ -42,7 +42,9 @@ def test_trace_agrees_with_the_analytic_estimate(fields: dict[str, object]) -> N
     assert abs(result.disagreement_pct) <= 15, result
     # Every plan's breakdown adds up to its peak; QLoRA's analytic 4-bit difference is its own entry.
     assert sum(result.breakdown.values()) == pytest.approx(result.peak_allocated_gib, rel=0.05, abs=0.01)
-    assert (result.breakdown.get("analytic_difference", 0.0) < 0) == (fields["method"] == "qlora")
+    # Its sign depends on the model: 4-bit weights save memory, while PEFT's k-bit preparation upcasts
+    # embeddings, norms and the head to fp32 (which dominates on a tiny model).
+    assert ("analytic_difference" in result.breakdown) == (fields["method"] == "qlora")
 
 
 def test_layer_extension_matches_a_full_trace() -> None:
