@@ -14,7 +14,7 @@ from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
 from services.export import FORMATS, ExportBundle, export_setup
 from services.export.dataset import DATA_KINDS, DEFAULT_DATA, DataFormat, data_format
-from services.export.replan import describe_setup, retarget_plan, setup_for_format
+from services.export.replan import describe_setup, export_retargeted, retarget_plan, setup_for_format
 from services.planner.models import Recommendation
 
 
@@ -81,18 +81,8 @@ def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]
     if not planned:
         raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
     chosen = setup_for_format(plan, fmt, planned, replan)
-    rec = chosen.setup
-    bundle = export_setup(
-        chosen.plan,
-        rec,
-        fmt,
-        peak_gib_per_gpu=rec.peak_gib_per_gpu,
-        gpu_memory_gib=rec.gpu_memory_gib,
-        gpu=rec.gpu,
-        data=data,
-        replan_notes=chosen.notes,
-    )
-    return bundle, f"the planner's cheapest setup: {describe_setup(rec)}"
+    bundle = export_retargeted(chosen, fmt, data)
+    return bundle, f"the planner's cheapest setup: {describe_setup(chosen.setup)}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.estimator.plan import Plan, Sharding
+from services.export.dataset import DataFormat
 from services.export.errors import ExportError
-from services.export.models import Format
+from services.export.export import export_setup
+from services.export.models import ExportBundle, Format
 from services.export.target import FORMAT_FRAMEWORK, apply_setup, check_format, rebuild
 from services.planner.models import Recommendation
 
@@ -153,3 +155,18 @@ def setup_for_format(
         kept = [n for n in notes if "sharding" not in n]
         return Retargeted(target_plan, fitted, (*kept, *fit_notes))
     raise ExportError("sharding", f"no recommended setup can run as {fmt}: {'; '.join(reasons)}")
+
+
+def export_retargeted(chosen: Retargeted, fmt: str, data: DataFormat | None = None) -> ExportBundle:
+    """The files of the setup :func:`setup_for_format` chose, headed by what re-planning changed."""
+    rec = chosen.setup
+    return export_setup(
+        chosen.plan,
+        rec,
+        fmt,
+        peak_gib_per_gpu=rec.peak_gib_per_gpu,
+        gpu_memory_gib=rec.gpu_memory_gib,
+        gpu=rec.gpu,
+        data=data,
+        replan_notes=chosen.notes,
+    )

@@ -25,9 +25,9 @@ from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import Estimate, estimate, resolve_architecture
 from services.estimator.plan import Plan
-from services.export import ExportBundle, export_setup
+from services.export import ExportBundle
 from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_format_of_report
-from services.export.replan import setup_for_format
+from services.export.replan import export_retargeted, setup_for_format
 from services.hub.service import DbCache, ResolvedModel, checkpoint_note, with_model_config
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
@@ -188,18 +188,7 @@ def export(
 
     try:
         data = _export_data_format(session, principal.organization_id, request, data_format)
-        chosen = setup_for_format(plan, fmt, recs, replan, index)
-        rec = chosen.setup
-        return export_setup(
-            chosen.plan,
-            rec,
-            fmt,
-            peak_gib_per_gpu=rec.peak_gib_per_gpu,
-            gpu_memory_gib=rec.gpu_memory_gib,
-            gpu=rec.gpu,
-            data=data,
-            replan_notes=chosen.notes,
-        )
+        return export_retargeted(setup_for_format(plan, fmt, recs, replan, index), fmt, data)
     except EstimatorError as exc:
         raise Unprocessable(exc.message, field=exc.field) from None
 
