@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -91,6 +92,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, TooManyRequests):
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(DBAPIError)
+    async def _database(_request: Request, exc: DBAPIError) -> JSONResponse:
+        if not exc.connection_invalidated:
+            raise exc
+        # The database dropped the connection (a restart, a failover): the pool is invalidated and the
+        # next request connects afresh, so this one is worth retrying.
+        body = {"error": "unavailable", "message": "the database connection was lost; retry the request"}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
