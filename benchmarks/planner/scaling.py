@@ -101,6 +101,18 @@ HF_NVLINK = (
     "huggingface/transformers docs perf_hardware.md 'NVlink' benchmark: GPT-2 (124M) run_clm on wikitext, "
     "2 x TITAN RTX, DDP, 200 steps: 101 s with NVLink (NV2), 131 s with NCCL_P2P_DISABLE=1 (PCIe)"
 )
+EXXACT = (
+    "Exxact, 'LoRA Fine Tuning Benchmark on NVIDIA RTX PRO GPUs' (2026-06-04): Llama-3.1-8B-Instruct LoRA, "
+    "HF Transformers DDP (torchrun), per-step tokens/s averaged over steps 1-60; PCIe Gen5 cards, no NVLink. "
+    "The page gives no LoRA rank or micro-batch: r=16 on every linear (41.9M fp32 adapter parameters, PEFT "
+    "keeps adapters in fp32) and 4,096 tokens per micro-batch are assumed; over ranks 8-16 and micro-batches "
+    "of 512-16,384 tokens the predicted ratio spans 0.957-0.968 (two GPUs) and 0.949-0.959 (four)"
+)
+
+
+def _pcie5(gpus: int) -> Links:
+    return Links(gpus, 1, "PCIe", 64.0)
+
 
 CASES: tuple[Case, ...] = (
     Case(
@@ -200,6 +212,39 @@ CASES: tuple[Case, ...] = (
         # The case behind hides_communication(): without P2P nothing of the all-reduce is hidden (the model
         # predicted 0.988, +28%, while it overlapped the all-reduce with the backward pass).
         0.06,
+    ),
+    # The two cases behind DATA_PARALLEL_SYNC_OVERHEAD (in-sample: the prior is their mean residual).
+    Case(
+        "Llama-3.1-8B LoRA DDP, 1 -> 2 x RTX PRO 6000 (PCIe)",
+        EXXACT + "; 4,962 tokens/s on one GPU, 9,541 on two",
+        "none",
+        8.03e9,
+        41.9e6,
+        32,
+        2.0,
+        4.0,
+        0.45,
+        1,
+        4096,
+        Scale(_pcie5(1), 4962),
+        Scale(_pcie5(2), 9541 / 2),
+        0.03,
+    ),
+    Case(
+        "Llama-3.1-8B LoRA DDP, 1 -> 4 x RTX PRO 4500 (PCIe)",
+        EXXACT + "; 2,777 tokens/s per GPU on one GPU, 2,679 per GPU on four",
+        "none",
+        8.03e9,
+        41.9e6,
+        32,
+        2.0,
+        4.0,
+        0.45,
+        1,
+        4096,
+        Scale(_pcie5(1), 2777),
+        Scale(_pcie5(4), 2679),
+        0.03,
     ),
 )
 

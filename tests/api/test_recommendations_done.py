@@ -47,8 +47,8 @@ def test_multi_gpu_scaling_comes_from_the_links_and_ties_go_to_fewer_gpus(api: A
     for rec in multi:
         assert 0 < rec["scaling_efficiency"] < 1.0 and rec["nodes"] >= 1 and rec["links"]
         if "PCIe" in rec["links"]:
-            # PCIe never scales as well as one GPU per GPU; from 4 GPUs on it stays below 98%.
-            assert rec["scaling_efficiency"] < (0.99 if rec["gpus"] == 2 else 0.98), rec
+            # No multi-GPU PCIe setup scales at 98% or better (issue 12).
+            assert rec["scaling_efficiency"] < 0.98, rec
     for a, b in itertools.pairwise(recs):
         if a["expected_cost_usd"] == b["expected_cost_usd"]:
             assert (a["gpus"], a["nodes"]) <= (b["gpus"], b["nodes"]), (a, b)
