@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -146,6 +147,8 @@ def estimate(
     name, arch = resolve_architecture(plan)
     recipe = resolve_recipe(plan)
     mem = peak_memory(plan, arch, recipe)
+    if target is not None:
+        mem = cap_cache_to_card(mem, target)
     states = model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
     warnings = _warnings(plan, arch, recipe, mem, target)
@@ -244,6 +247,16 @@ def _memory_report(mem: MemoryBreakdown, paged: float, plan: Plan, low_confidenc
         optimizer_states_paged_gib=_gib(paged),
         reclaimable_cache_gib=_gib(mem.cached_reclaimable),
     )
+
+
+def cap_cache_to_card(mem: MemoryBreakdown, spec: GpuSpec) -> MemoryBreakdown:
+    """The free cached blocks that can exist beside the device peak on ``spec``: a cudaMalloc that finds
+    the card full makes the caching allocator release its free cached segments and retry
+    (CUDACachingAllocator, release_cached_blocks), so the cache never holds more than the card has left."""
+    room = max(0.0, spec.memory_gib * GIB - mem.peak_device)
+    if mem.cached_reclaimable <= room:
+        return mem
+    return replace(mem, cached_reclaimable=room)
 
 
 def _fit(spec: GpuSpec, device_bytes: float) -> FitReport:
