@@ -109,7 +109,8 @@ class MemoryBreakdown:
     activations_per_layer_per_token: dict[str, float]
     # Cached blocks beyond the peak that the counters and nvidia-smi show when memory is plentiful but
     # that the caching allocator frees and retries with before it reports out-of-memory
-    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc). Not part of the peaks.
+    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc): FSDP1's stream pools and
+    # the segments batches of other lengths left. Not part of the peaks.
     cached_reclaimable: float = 0.0
 
 
