@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -46,8 +47,9 @@ class MemoryReport(_Out):
     moments_gib: dict[str, float]  # allocated GiB at each moment of the step
     activations_per_layer_per_token_bytes: dict[str, float]
     optimizer_states_paged_gib: float
-    # Free cached blocks (FSDP1's stream pools) that max_memory_reserved and nvidia-smi also show when
-    # memory is plentiful; the allocator frees them before failing, so fits do not count them.
+    # Free cached blocks (FSDP1's stream pools, the segments of other batch lengths) that
+    # max_memory_reserved and nvidia-smi also show when memory is plentiful; the allocator frees them
+    # before failing, so fits do not count them, and on a known card they are at most what it has left.
     reclaimable_cache_gib: float
     # [p10, p90] of the device peak (the figure fits are checked against): 80% of measured peaks of the
     # plan's category fell inside such a band (services/estimator/uncertainty.py).
@@ -146,6 +148,8 @@ def estimate(
     name, arch = resolve_architecture(plan)
     recipe = resolve_recipe(plan)
     mem = peak_memory(plan, arch, recipe)
+    if target is not None:
+        mem = cap_cache_to_card(mem, target)
     states = model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
     warnings = _warnings(plan, arch, recipe, mem, target)
@@ -244,6 +248,16 @@ def _memory_report(mem: MemoryBreakdown, paged: float, plan: Plan, low_confidenc
         optimizer_states_paged_gib=_gib(paged),
         reclaimable_cache_gib=_gib(mem.cached_reclaimable),
     )
+
+
+def cap_cache_to_card(mem: MemoryBreakdown, spec: GpuSpec) -> MemoryBreakdown:
+    """The free cached blocks that can exist beside the device peak on ``spec``: a cudaMalloc that finds
+    the card full makes the caching allocator release its free cached segments and retry
+    (CUDACachingAllocator, release_cached_blocks), so the cache never holds more than the card has left."""
+    room = max(0.0, spec.memory_gib * GIB - mem.peak_device)
+    if mem.cached_reclaimable <= room:
+        return mem
+    return replace(mem, cached_reclaimable=room)
 
 
 def _fit(spec: GpuSpec, device_bytes: float) -> FitReport:

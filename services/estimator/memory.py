@@ -19,6 +19,7 @@ Main sources:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from services.estimator.architecture import Architecture, Block, Linear, parameter_counts
@@ -37,11 +38,25 @@ NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 INT8_BYTES = 1.0
 # bitsandbytes blockwise 8-bit optimizer states: 1 byte + fp32 absmax per 2048-element block, per state.
 ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
-# The caching allocator's extra reservation over the live tensors, as a share of the memory that is
-# allocated and freed within a step (activations, gradients in backward, temporaries). Runs that log
-# both counters show reserved 10-20% above allocated (shared/reference/memory_estimators.md); we take
-# the midpoint for the churning part and leave long-lived model states packed.
+# The caching allocator's extra reservation over the live tensors *within* a step of fixed shapes, as a
+# share of the memory that is allocated and freed within the step (activations, gradients in backward,
+# temporaries): blocks freed between kept ones leave holes that the next, differently sized request
+# cannot use. Runs that log both counters show reserved 10-20% above allocated
+# (shared/reference/memory_estimators.md), and GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156,
+# abstract) measured 15% fragmentation on average (up to 33%) over eight LLMs fine-tuned on A100-80GB
+# with recomputation, LoRA and ZeRO; we take 15% of the churning part and leave long-lived model
+# states packed. Steps of changing shape add the cross-step cache of varying_length_cache_bytes.
 FRAGMENTATION_OF_DYNAMIC = 0.15
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every request is rounded up to
+# kMinBlockSize (512 bytes); requests up to kSmallSize (1 MiB) are carved from 2 MiB segments
+# (kSmallBuffer); requests below kMinLargeAlloc (10 MiB) share 20 MiB segments (kLargeBuffer); larger
+# ones get a segment of their own, rounded up to kRoundLarge (2 MiB) (get_allocation_size).
+ALLOCATOR_MIN_BLOCK_BYTES = 512
+ALLOCATOR_SMALL_SIZE_BYTES = 1 << 20
+ALLOCATOR_SMALL_BUFFER_BYTES = 2 << 20
+ALLOCATOR_MIN_LARGE_ALLOC_BYTES = 10 << 20
+ALLOCATOR_LARGE_BUFFER_BYTES = 20 << 20
+ALLOCATOR_ROUND_LARGE_BYTES = 2 << 20
 # CUDA context of a PyTorch process as nvidia-smi shows it. pytorch/pytorch PR #86509 (which made
 # CUDA_MODULE_LOADING=LAZY the default in PyTorch 1.13) measured 287,047,680 bytes after CUDA init with
 # lazy loading and 666,632,192 bytes with every kernel module loaded eagerly. A training step loads
@@ -94,7 +109,8 @@ class MemoryBreakdown:
     activations_per_layer_per_token: dict[str, float]
     # Cached blocks beyond the peak that the counters and nvidia-smi show when memory is plentiful but
     # that the caching allocator frees and retries with before it reports out-of-memory
-    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc). Not part of the peaks.
+    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc): FSDP1's stream pools and
+    # the segments batches of other lengths left. Not part of the peaks.
     cached_reclaimable: float = 0.0
 
 
@@ -737,6 +753,85 @@ def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
+# The caching allocator
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return -(-math.ceil(value) // multiple) * multiple
+
+
+def allocator_block_bytes(request: float) -> int:
+    """Bytes of the block the caching allocator hands out for a request: rounded up to 512 bytes
+    (round_size, kMinBlockSize)."""
+    return max(ALLOCATOR_MIN_BLOCK_BYTES, _round_up(request, ALLOCATOR_MIN_BLOCK_BYTES))
+
+
+def allocator_segment_bytes(request: float) -> int:
+    """Bytes the caching allocator obtains from cudaMalloc when no cached block fits the request
+    (get_allocation_size): a 2 MiB segment for small requests (up to 1 MiB), a 20 MiB segment for
+    requests below 10 MiB, otherwise the request rounded up to 2 MiB."""
+    if request <= ALLOCATOR_SMALL_SIZE_BYTES:
+        return ALLOCATOR_SMALL_BUFFER_BYTES
+    if request < ALLOCATOR_MIN_LARGE_ALLOC_BYTES:
+        return ALLOCATOR_LARGE_BUFFER_BYTES
+    return _round_up(request, ALLOCATOR_ROUND_LARGE_BYTES)
+
+
+def segment_tail_bytes(request: float) -> int:
+    """Reserved bytes a tensor of 10 MiB or more leaves unused at the end of its own segment.
+
+    The segment is the request rounded up to 2 MiB, the block the request rounded up to 512 bytes; the
+    tail is split off as a free block only when it exceeds 1 MiB (should_split: remaining > kSmallSize
+    in the large pool), and then only a 1-2 MiB request could use it, which training rarely makes.
+    Smaller tensors share 2 or 20 MiB segments with others, so their rounding is amortised: 0 here.
+    """
+    if request < ALLOCATOR_MIN_LARGE_ALLOC_BYTES:
+        return 0
+    return allocator_segment_bytes(request) - allocator_block_bytes(request)
+
+
+def activation_rounding_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Segment tails of the activations kept for backward, which are alive at the peak of a step.
+
+    Each layer's saved tensors are taken one per kind (Activations.per_layer_per_token keys, or the block
+    input alone under checkpointing): an approximation that undercounts tensors of a kind, whose tails
+    are each under 2 MiB. LLM widths are multiples of large powers of two, so the tails are often zero.
+    """
+    if not plan.is_training:
+        return 0.0
+    tokens = plan.tokens_per_micro_batch
+    total = 0.0
+    for block in arch.blocks:
+        if plan.gradient_checkpointing:
+            kinds = [_checkpointed_block_bytes_per_token(block, arch, plan, recipe)]
+        else:
+            kinds = list(block_saved_bytes_per_token(block, arch, plan, recipe, plan.seq_len).values())
+        total += block.count * sum(segment_tail_bytes(per_token * tokens) for per_token in kinds)
+    return total
+
+
+def varying_length_cache_bytes(recipe: Recipe, length_dependent: float) -> float:
+    """Free segments that batches of other lengths leave in the cache beyond the longest batch's peak.
+
+    Without packing, batch shapes change from step to step (Plan.padding 'longest'). The allocator
+    keeps every segment it obtained and serves a request from the smallest cached block that is large
+    enough, so a batch longer than any before cannot reuse the segments made for the shorter ones and
+    obtains new ones; the old ones stay cached ("if it runs at size N + 1, then it will have to make new
+    allocations that are slightly larger", PyTorch CUDA semantics, expandable_segments; the pattern
+    repeats per layer). The bound, taken as the default, is one more step's length-dependent memory
+    (activations, logits and backward temporaries) at the longest length, the memory of a batch just
+    shorter than the longest: how much of it later batches reuse depends on the order of lengths, which
+    the plan does not know, and the uncertainty band carries the rest. Those segments are free and
+    unsplit when a cudaMalloc fails, so the allocator releases them and retries (release_cached_blocks)
+    before it reports out-of-memory: they show in max_memory_reserved and nvidia-smi, not in the fit.
+    Fixed shapes (packing, padding to max length) reuse their own segments every step: 0.
+    """
+    if recipe.padding != "longest":
+        return 0.0
+    return length_dependent
+
+
+# --------------------------------------------------------------------------------------------------
 # Putting it together
 
 
@@ -746,8 +841,12 @@ def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tupl
     MatMul4Bit runs F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t()) in forward and the
     same dequantization for the input gradient in backward (bitsandbytes/autograd/_functions.py): the
     whole weight exists in 16-bit while the matmul runs, plus a second copy when the dequantized dtype
-    is not the compute dtype. Only 4-bit bitsandbytes layers do this; torchao's NF4 and int8 paths
-    are not modelled here.
+    (quant_state.dtype, the dtype the weight was quantized from) is not the compute dtype. The copy is a
+    temporary of the one matmul, never saved for backward: forward keeps ctx.tensors = (A, B) or
+    (None, B), B being the packed 4-bit weight, and backward dequantizes again. So one layer's copy
+    exists at a time, in forward and in backward alike; under gradient checkpointing the recomputed
+    forward's copy is freed before that block's backward makes its own. Only 4-bit bitsandbytes layers
+    do this; torchao's NF4 and int8 paths are not modelled here.
     """
     if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
         return 0.0, 0.0
@@ -867,6 +966,12 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "quantization_temporaries": quantization_load_bytes(plan, arch, recipe),
         },
     }
+    # What a batch's length scales: the activations and logits of the longest moment of the step.
+    length_dependent = max(
+        acts.saved + logit_fwd,
+        acts.saved + logit_bwd,
+        acts.saved + acts.recompute + acts.backward_transient + acts.refetched,
+    )
     return _finish(
         plan,
         moments,
@@ -874,6 +979,8 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         acts.per_layer_per_token,
         grads_long_lived=bool(persistent_grads),
         stream_pools=fsdp1_stream_pool_bytes(plan, arch, recipe),
+        rounding=activation_rounding_bytes(plan, arch, recipe),
+        other_lengths_cache=varying_length_cache_bytes(recipe, length_dependent),
     )
 
 
@@ -954,7 +1061,14 @@ def _finish(
     per_layer: dict[str, float],
     grads_long_lived: bool = False,
     stream_pools: float = 0.0,
+    rounding: float = 0.0,
+    other_lengths_cache: float = 0.0,
 ) -> MemoryBreakdown:
+    """The peaks from the moments: allocated at the largest moment; reserved adds what the caching
+    allocator holds beyond the live tensors then (fragmentation of the churning memory, segment tails
+    of the kept activations); device adds the CUDA context and NCCL. Free cached blocks the allocator
+    gives back before failing (FSDP1 stream pools, segments of other batch lengths) are reported apart.
+    """
     totals = {name: sum(parts.values()) for name, parts in moments.items()}
     peak_name = max(totals, key=lambda name: totals[name])
     components = {k: v for k, v in moments[peak_name].items() if v}
@@ -966,10 +1080,17 @@ def _finish(
         keys.append("gradients")
     long_lived = sum(components.get(k, 0.0) for k in keys)
     fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
+    if components.get("activations"):
+        fragmentation += rounding  # the kept activations' segment tails, while they are alive
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
     # blocks, so they show in the counters but do not make a run fail.
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
     reserved = allocated + fragmentation
+    if other_lengths_cache:
+        # The segments of other batch lengths sit beside the training step's moments, not the model load.
+        step_peak = max(total for name, total in totals.items() if name != "model_load")
+        step_reserved = step_peak + FRAGMENTATION_OF_DYNAMIC * max(0.0, step_peak - long_lived)
+        pools_extra += max(0.0, step_reserved + other_lengths_cache - reserved)
     context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
     components["allocator_reserve"] = fragmentation
     components["cuda_context"] = float(context)

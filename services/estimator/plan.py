@@ -25,6 +25,7 @@ Loss = Literal["standard", "chunked", "fused"]
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 CheckpointGranularity = Literal["block", "selective"]
 AdapterDtype = Literal["fp32", "bf16", "fp16"]
+Padding = Literal["packed", "max-length", "longest"]
 
 ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -154,6 +155,12 @@ class Plan(_Strict):
         default=None,
         description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
         "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
+    )
+    padding: Padding | None = Field(
+        default=None,
+        description="how training batches get their length: 'packed' (samples packed into rows of seq_len), "
+        "'max-length' (every sample padded to seq_len) or 'longest' (each batch padded to its longest sample, or "
+        "unpadded at batch 1, so batch shapes vary from step to step); None: the framework's default",
     )
     data: DataSpec | None = None
 

@@ -17,6 +17,7 @@ from services.estimator.plan import (
     LoraRole,
     Loss,
     OptimizerImpl,
+    Padding,
     Plan,
 )
 
@@ -85,6 +86,20 @@ class FrameworkDefaults:
     # and norms compute in 16-bit and the residual stream is 16-bit, not autocast's fp32. Lightning's
     # FSDPPrecision keeps param_dtype fp32 for "bf16-mixed" and runs autocast instead.
     fsdp_params_16bit: bool = True
+    # How the framework's data pipeline shapes a batch when the plan does not say (Plan.padding):
+    # - hf-trainer / unsloth: the Trainer's default collator, DataCollatorWithPadding (padding=True, "pad to
+    #   the longest sequence in the batch", transformers data/data_collator.py); TRL's SFTConfig has
+    #   packing=False by default and its collator pads to the longest sample too. ms-swift (1.x-3.x) runs
+    #   the Trainer on unpacked data by default (its --packing is off unless asked for).
+    # - torchtune: datasets default to packed=False and the recipes' padded_collate_sft pads each batch to
+    #   its longest sample (torchtune/data/_collate.py).
+    # - litgpt: the SFT data modules pad each batch to its longest sample (litgpt/data/base.py,
+    #   get_sft_collate_fn).
+    # - torchtitan: pre-training on a token stream cut into rows of exactly seq_len (HuggingFaceDataset).
+    # - axolotl: the project's axolotl defaults follow its example configs, which set sample_packing: true.
+    # - pytorch: a hand-written loop's batching is its author's; we assume fixed shapes, the smaller
+    #   reserve, and leave varying shapes to an explicit padding: longest.
+    padding: Padding = "longest"
 
 
 # Sources, per framework:
@@ -124,7 +139,9 @@ _HF = FrameworkDefaults(
 )
 _DEFAULTS: dict[Framework, FrameworkDefaults] = {
     "hf-trainer": _HF,
-    "pytorch": replace(_HF, note="a plain PyTorch loop over a transformers model", autocast=False),
+    "pytorch": replace(
+        _HF, note="a plain PyTorch loop over a transformers model", autocast=False, padding="max-length"
+    ),
     "axolotl": replace(
         _HF,
         attention="flash",
@@ -136,6 +153,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         # one (getattr(model, "no_sync", nullcontext)), so every micro-batch reduce-scatters its gradients
         # and only the sharded ones accumulate.
         fsdp_accumulates_unsharded=False,
+        padding="packed",
         note="axolotl (Trainer-based; flash attention, gradient accumulation, FSDP2)",
     ),
     "torchtune": FrameworkDefaults(
@@ -195,6 +213,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         fsdp_accumulates_unsharded=False,
         compiles_loss=False,
         fsdp1=False,
+        padding="packed",
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -253,6 +272,7 @@ class Recipe:
     fsdp_compute_params_16bit: bool = False  # FSDP MixedPrecision gathers 16-bit params over fp32 shards
     kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
     unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
+    padding: Padding = "longest"  # how batches get their length; "longest" makes batch shapes vary
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -375,6 +395,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         fsdp_compute_params_16bit=fsdp_16bit,
         kbit_fp32_upcast=kbit_upcast,
         unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
+        padding=plan.padding or d.padding,
     )
 
 

@@ -128,6 +128,12 @@ def check_trainer_plan(target: Target) -> None:
     require_default(target, "compile", "the generated script does not compile the model (torch_compile)")
     require_default(target, "activation_offloading", "the Trainer has no activation offloading")
     require_default(target, "nf4_quantization", "bitsandbytes quantizes NF4 with a CUDA kernel, not whole-tensor")
+    if plan.padding == "longest":
+        raise ExportError(
+            "padding",
+            "'longest': train.py packs the samples into rows of seq_len, so every batch has one shape; "
+            "use 'packed' or leave it null",
+        )
 
 
 def hf_optim(target: Target) -> HfOptim:

@@ -147,6 +147,12 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
     require_default(target, "checkpoint_granularity", "torchtune's activation checkpointing wraps whole layers")
     require_default(target, "adapter_dtype", "torchtune keeps the adapters in the model dtype")
     require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
+    if plan.padding == "longest":
+        raise ExportError(
+            "padding",
+            "'longest': the config packs the data set into rows of seq_len, so every batch has one shape; "
+            "use 'packed' or leave it null",
+        )
 
 
 # Warm-up steps written when the plan has no data size (torchtune's scheduler takes steps, not a ratio);

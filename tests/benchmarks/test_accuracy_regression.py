@@ -17,8 +17,8 @@ from benchmarks.accuracy.run import Summary, evaluate_case, load_cases, publishe
 MARGIN_PCT = 1.0
 # Medium + high confidence cases, as published in docs/accuracy.md (memory: absolute % error of the peak).
 PUBLISHED = {
-    "project copy": {"median": 8.2, "p90": 31.3},
-    "as published in shared/": {"median": 4.7, "p90": 15.4},
+    "project copy": {"median": 7.1, "p90": 19.7},
+    "as published in shared/": {"median": 4.9, "p90": 14.8},
 }
 
 

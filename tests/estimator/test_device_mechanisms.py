@@ -124,7 +124,9 @@ def test_nccl_buffers_per_rank() -> None:
 
 
 def test_fsdp1_stream_pools_are_cached_but_not_needed() -> None:
-    plan = make_plan(method="full", gpus=4, sharding="fsdp", precision="bf16-mixed", gradient_checkpointing=True)
+    plan = make_plan(
+        method="full", gpus=4, sharding="fsdp", precision="bf16-mixed", gradient_checkpointing=True, padding="packed"
+    )
     recipe = resolve_recipe(plan)
     unit = ARCH.largest_block_params * 2
     root = (ARCH.embedding_params + ARCH.lm_head_params) * 2

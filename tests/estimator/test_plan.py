@@ -29,6 +29,12 @@ def test_bad_enum_names_field_value_and_allowed() -> None:
     assert "'lorra'" in line and "'full'" in line and "'qlora'" in line
 
 
+def test_padding_names_its_allowed_values() -> None:
+    (line,) = _problems({"model": {"name": "x"}, "padding": "dynamic"})
+    assert line.startswith("padding:")
+    assert "'packed'" in line and "'max-length'" in line and "'longest'" in line
+
+
 def test_range_and_unknown_field() -> None:
     lines = _problems({"model": {"name": "x"}, "micro_batch_size": 0, "batch": 4})
     assert any(line.startswith("micro_batch_size:") and "greater than or equal to 1" in line for line in lines)

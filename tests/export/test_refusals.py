@@ -53,6 +53,7 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("hf-trainer", "lora", {"compile": True}, "compile"),
         ("axolotl", "lora", {"activation_offloading": True}, "activation_offloading"),
         ("accelerate", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
+        ("hf-trainer", "lora", {"padding": "longest"}, "padding"),
         ("axolotl", "lora", {"precision": "bf16-mixed"}, "precision"),
         ("axolotl", "lora", {"gradient_accumulation_steps": None}, "gradient_accumulation_steps"),
         # torchtune.
@@ -74,6 +75,7 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("torchtune", "lora", {"attention": "flash"}, "attention"),
         ("torchtune", "lora", {"adapter_dtype": "fp32"}, "adapter_dtype"),
         ("torchtune", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
+        ("torchtune", "lora", {"padding": "longest"}, "padding"),
         ("torchtune", "lora", {"lora": {"rank": 8, "targets": ["q", "v", "up"]}}, "lora.targets"),
         ("torchtune", "lora", {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}}, "model.name"),
         (
