@@ -82,9 +82,7 @@ class OfferRow(BaseModel):
     startup_s: float | None = Field(default=None, ge=0, le=86_400)
     download_gbit_per_s: float | None = Field(default=None, gt=0, le=10_000)
     preemption_per_hour: float | None = Field(default=None, ge=0, le=100)
-    host_ram_gib_per_node: float | None = Field(
-        default=None, gt=0, le=MAX_HOST_RAM_GIB_PER_NODE, allow_inf_nan=False
-    )
+    host_ram_gib_per_node: float | None = Field(default=None, gt=0, le=MAX_HOST_RAM_GIB_PER_NODE, allow_inf_nan=False)
 
     @field_validator("fetched_at")
     @classmethod

@@ -15,6 +15,9 @@ Pruning, each step justified by the model it prunes:
 - Jobs on several nodes are tried only when no single node of the offer fits, or none meets the
   deadline; node counts then grow until one fits (and meets the deadline): more nodes of the same card
   only add communication per GPU, so they cost more.
+- A setup with CPU offload fits only where the node's host RAM (when the offer gives it) holds the
+  offloaded states; one that does not is dropped (and kept aside to explain the offer's rejection), so the
+  search moves on to more GPUs or nodes as if it did not fit. Unknown host RAM is not a limit.
 
 What fits and how fast depends on the card and the offer's node shape, not on its price: the fitting
 setups are computed once per shape and priced per offer (a catalog of thousands of offers has few shapes).
@@ -42,7 +45,9 @@ from services.planner.models import PricingMode
 # Optimizers the planner may switch AdamW to when the user allows it, least change first.
 EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw-8bit", "paged-adamw-8bit")
 
-ShapeKey = tuple[str, int, bool, str, float | None]
+# (card, gpus_per_node, whole_nodes_only, intra-node link kind, host RAM GiB per node, inter-node Gbit/s:
+# None in a single-node key).
+ShapeKey = tuple[str, int, bool, str, float | None, float | None]
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Setups that fit the GPUs but not the host RAM of the shape's nodes (see host_ram_fits).
+    _ram_blocked: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
 
@@ -242,6 +249,34 @@ def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> fl
     return per_gpu * layout.gpus_per_node
 
 
+def host_ram_available_bytes(offer: Offer, layout: Layout) -> float | None:
+    """Host RAM of one node of ``layout`` on ``offer``; None when the offer does not say.
+
+    ``host_ram_gib_per_node`` is the RAM of a node of ``gpus_per_node`` GPUs; a setup renting k of them is
+    credited k / gpus_per_node of it, the share AWS's smaller sizes keep per GPU (g4dn.12xlarge 4 x T4 192 GiB
+    of g4dn.metal's 8 x T4 384 GiB; g5.24xlarge 4 x A10G 384 GiB of g5.48xlarge's 768 GiB:
+    aws.amazon.com/ec2/instance-types, accelerated computing)."""
+    if offer.host_ram_gib_per_node is None:
+        return None
+    share = min(1.0, layout.gpus_per_node / max(1, offer.gpus_per_node))
+    return offer.host_ram_gib_per_node * GIB * share
+
+
+def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
+    """The host RAM per node an offload setup may fill: the node's RAM less the same safety margin the GPUs keep
+    (the OS, the training process and its data loaders live there too); None when unknown."""
+    available = host_ram_available_bytes(offer, layout)
+    return None if available is None else available * (1.0 - ctx.constraints.safety_margin)
+
+
+def host_ram_fits(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
+    """Whether the node's host RAM holds what the setup offloads (True when the offer does not say)."""
+    if setup.host_ram_bytes_per_node <= 0:
+        return True
+    usable = usable_host_ram_bytes(ctx, offer, setup.layout)
+    return usable is None or setup.host_ram_bytes_per_node <= usable
+
+
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
     tp = ctx.evaluator.throughput(cfg, spec, links)
     return Setup(
@@ -313,8 +348,10 @@ NARROW_SEARCH = (
 
 
 def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
-    """What the search depends on besides the price: the card, the node shape and the link kind it really is."""
-    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
+    """What the search depends on besides the price: the card, the node shape, the link kind it really is and
+    the node's host RAM (which offload setups need)."""
+    kind = intra_node_kind(spec, offer.interconnect)
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, kind, offer.host_ram_gib_per_node, None)
 
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
@@ -337,29 +374,45 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     if single is None:
         layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
         found: list[Setup] = []
+        blocked: list[Setup] = []
         for layout in layouts:
-            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
+            for s in layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)):
+                (found if host_ram_fits(ctx, offer, s) else blocked).append(s)
         single = (found, _fastest_per_count(found), _enough(ctx, found))
         ctx._single[base] = single
+        ctx._ram_blocked[base] = blocked
     found, fastest, enough = single
     if enough or offer.inter_node_gbit_per_s is None:
         return fastest
-    key = (*base[:4], offer.inter_node_gbit_per_s)
+    key = (*base[:5], offer.inter_node_gbit_per_s)
     cached = ctx._shapes.get(key)
     if cached is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         grown = list(found)
+        blocked = []
         # More nodes are searched to do without offload; offload on several nodes only where no node fits.
         offload = not found
         for layout in multi:
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload)
+            more: list[Setup] = []
+            for s in layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload):
+                (more if host_ram_fits(ctx, offer, s) else blocked).append(s)
             grown.extend(more)
             if _enough(ctx, more):
                 break
         cached = _fastest_per_count(grown)
         ctx._shapes[key] = cached
+        ctx._ram_blocked[key] = blocked
     return cached
+
+
+def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
+    """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
+    base = shape_key(spec, offer)
+    blocked = list(ctx._ram_blocked.get(base, ()))
+    if offer.inter_node_gbit_per_s is not None:
+        blocked.extend(ctx._ram_blocked.get((*base[:5], offer.inter_node_gbit_per_s), ()))
+    return blocked
 
 
 def _enough(ctx: PlanContext, found: list[Setup]) -> bool:

@@ -223,7 +223,10 @@ def test_aws_refresh_through_boto3_against_moto_and_a_price_list_fake(
     # its JSON 1.1 protocol (X-Amz-Target: AWSPriceListService.GetProducts).
     fake.routes[("AWS", "price-list")] = (
         200,
-        [aws_product("p5.48xlarge", "us-east-1", 98.32, memory="2048 GiB"), aws_product("g5.xlarge", "us-east-1", 1.006)],
+        [
+            aws_product("p5.48xlarge", "us-east-1", 98.32, memory="2048 GiB"),
+            aws_product("g5.xlarge", "us-east-1", 1.006),
+        ],
     )
     for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(name, raising=False)

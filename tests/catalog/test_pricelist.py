@@ -111,7 +111,8 @@ def test_host_ram_is_read_and_empty_is_unknown() -> None:
     text = "provider,gpu,on_demand_usd_per_hour,host_ram_gib_per_node\nacme,H100,3.0,2048\nacme,L4,0.5,\n"
     big, small = parse_price_list(text, "csv")
     assert (big.host_ram_gib_per_node, small.host_ram_gib_per_node) == (2048.0, None)
-    (offer,) = parse_price_list('[{"provider": "acme", "gpu": "A10G", "on_demand_usd_per_hour": 1.0, '
-                                '"host_ram_gib_per_node": 16}]', "json")
+    (offer,) = parse_price_list(
+        '[{"provider": "acme", "gpu": "A10G", "on_demand_usd_per_hour": 1.0, "host_ram_gib_per_node": 16}]', "json"
+    )
     assert offer.host_ram_gib_per_node == 16.0
     assert "host_ram_gib_per_node" in export_csv([big]).splitlines()[0].split(",")
