@@ -39,7 +39,7 @@ from services.planner.evaluator import Config, Evaluator
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
-from services.planner.search import Candidate, Entry, PlanContext, RunSizes, Setup, host_ram_available_bytes
+from services.planner.search import Candidate, Entry, PlanContext, RamBlocked, RunSizes, host_ram_available_bytes
 from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
 
 DEFAULT_TOP_N = 10
@@ -166,8 +166,8 @@ def plan_setups(
 
 def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     """A memory rejection per card with no fitting setup (saying so where host RAM was the limit), and one per
-    offer of a fitting card whose nodes' host RAM cannot hold its only fitting (offload) setups."""
-    blocked: dict[str, list[tuple[Offer, list[Setup]]]] = {}
+    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups."""
+    blocked: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
     for index, setups in scan.ram_blocked.items():
         blocked.setdefault(setups[0].spec.name, []).append((scan.offers[index], setups))
     out = []
@@ -175,7 +175,10 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         if card not in scan.fitting_cards:
             out.append(memory_rejection(ctx, spec, offers, blocked.get(card, [])))
         else:
-            out.extend(host_ram_rejection(ctx, spec, offer, setups) for offer, setups in blocked.get(card, []))
+            by_provider: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
+            for offer, setups in blocked.get(card, []):
+                by_provider.setdefault(offer.provider, []).append((offer, setups))
+            out.extend(host_ram_rejection(ctx, spec, of_provider) for of_provider in by_provider.values())
     return out
 
 

@@ -25,6 +25,7 @@ from services.planner.search import (
     Candidate,
     Entry,
     PlanContext,
+    RamBlocked,
     Setup,
     price_setup,
     qualifies,
@@ -49,7 +50,7 @@ class Scan:
     fitting_cards: set[str] = field(default_factory=set)
     setups_of: dict[int, list[Setup]] = field(default_factory=dict)
     # Offers with no setup because their nodes' host RAM cannot hold the offloaded states: index -> those setups.
-    ram_blocked: dict[int, list[Setup]] = field(default_factory=dict)
+    ram_blocked: dict[int, list[RamBlocked]] = field(default_factory=dict)
     bounds: list[Bound] = field(default_factory=list)
 
 

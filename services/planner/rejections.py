@@ -16,7 +16,7 @@ from services.planner.models import Rejection, RejectionKind
 from services.planner.search import (
     Candidate,
     PlanContext,
-    Setup,
+    RamBlocked,
     config_for,
     host_ram_available_bytes,
     host_ram_bytes_per_node,
@@ -131,7 +131,7 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
-def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[Setup]) -> tuple[str, float, float, int]:
+def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]) -> tuple[str, float, float, int]:
     """Why the offer's offload setups do not fit its nodes' host RAM: the leanest one's need against the node's
     RAM, in words, with (needed GiB, node GiB, GPUs)."""
     s = min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
@@ -146,10 +146,13 @@ def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[Setup]) -> 
     return text, s.host_ram_bytes_per_node / GIB, available / GIB, s.layout.gpus
 
 
-def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, offer: Offer, setups: list[Setup]) -> Rejection:
-    """An offer of a card that fits elsewhere, left out because its nodes' host RAM cannot hold what its only
-    fitting setups (CPU offload) put there."""
-    text, needed, available, gpus = _host_ram_shortfall(ctx, offer, setups)
+def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> Rejection:
+    """One provider's offers of a card that fits elsewhere, left out because their nodes' host RAM cannot hold
+    what their only fitting setups (CPU offload) put there; the numbers are those of the offer that comes
+    closest."""
+    shortfalls = [(_host_ram_shortfall(ctx, offer, setups), offer) for offer, setups in blocked]
+    (text, needed, available, gpus), offer = min(shortfalls, key=lambda x: x[0][1] - x[0][2])
+    more = f" (and {len(blocked) - 1} more offers of {offer.provider} like it)" if len(blocked) > 1 else ""
     fix = (
         f"a node with at least {needed / (1.0 - ctx.constraints.safety_margin):,.0f} GiB of host RAM, or another "
         f"offer of the {spec.name} (see the recommendations)"
@@ -158,7 +161,7 @@ def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, offer: Offer, setups: li
         gpu=spec.name,
         provider=offer.provider,
         kind="memory",
-        reason=f"host RAM: {text}; nothing else fits this offer",
+        reason=f"host RAM: {text}{more}; nothing else fits this offer",
         gpu_memory_gib=spec.memory_gib,
         gpus=gpus,
         fix=fix,
@@ -169,7 +172,7 @@ def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, offer: Offer, setups: li
 
 
 def memory_rejection(
-    ctx: PlanContext, spec: GpuSpec, offers: list[Offer], ram_blocked: Sequence[tuple[Offer, list[Setup]]] = ()
+    ctx: PlanContext, spec: GpuSpec, offers: list[Offer], ram_blocked: Sequence[tuple[Offer, list[RamBlocked]]] = ()
 ) -> Rejection:
     """A card on which no setup fits, with what the leanest setups need against what it has, and the fix.
 
