@@ -77,7 +77,6 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
-    # Setups that fit the GPUs but not the host RAM of the shape's nodes (see host_ram_fits).
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
     _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
     _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
