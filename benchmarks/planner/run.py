@@ -5,7 +5,9 @@ Plans Llama-3.1-8B with QLoRA, LoRA and full fine-tuning (and a 70B full fine-tu
 from scratch each time (architecture, search, pricing, rejections and their fixes), and reports the
 median of several rounds. The generated catalog is deterministic (seeded): 60 providers, every bundled
 GPU, node sizes 1-8, whole-node and per-GPU offers, networks from none to 3200 Gbit/s, per-second to
-hourly billing, half of them with spot prices.
+hourly billing, half of them with spot prices, and host RAM unknown on a third of them, else 16 to 256 GiB
+per GPU (the span of AWS GPU instances: g5.xlarge 16 GiB for one A10G, p5.48xlarge 2048 GiB for 8 H100),
+fixed by the card and node size as an instance type fixes it.
 Run: ``python -m benchmarks.planner.run`` (writes benchmarks/results/planner.json).
 """
 
@@ -30,6 +32,7 @@ TARGET_MS = 150.0
 REPEAT = 10
 ROUNDS = 5
 GENERATED_OFFERS = 5000
+HOST_RAM_GIB_PER_GPU = (16.0, 32.0, 64.0, 128.0, 256.0)
 
 
 def generated_catalog(n: int = GENERATED_OFFERS, seed: int = 7) -> tuple[Offer, ...]:
@@ -41,11 +44,18 @@ def generated_catalog(n: int = GENERATED_OFFERS, seed: int = 7) -> tuple[Offer, 
         spec = rnd.choice(specs)
         price = round(rnd.uniform(0.2, 12.0), 2)
         spot = round(price * rnd.uniform(0.25, 0.6), 2) if rnd.random() < 0.5 else None
+        gpus_per_node = rnd.choice((1, 2, 4, 8))
+        # Host RAM from the index and the shape, not the seeded generator, so the rest of the catalog is as it was.
+        ram_per_gpu = (
+            None
+            if i % 3 == 0
+            else HOST_RAM_GIB_PER_GPU[(specs.index(spec) + gpus_per_node) % len(HOST_RAM_GIB_PER_GPU)]
+        )
         offers.append(
             Offer(
                 provider=f"provider-{i % 60}",
                 gpu=spec.name,
-                gpus_per_node=rnd.choice((1, 2, 4, 8)),
+                gpus_per_node=gpus_per_node,
                 on_demand_usd_per_hour=price,
                 spot_usd_per_hour=spot,
                 currency="USD",
@@ -58,6 +68,7 @@ def generated_catalog(n: int = GENERATED_OFFERS, seed: int = 7) -> tuple[Offer, 
                 inter_node_gbit_per_s=rnd.choice((None, 100.0, 400.0, 3200.0)),
                 billing_increment_s=rnd.choice((1, 60, 3600)),
                 billing_minimum_s=rnd.choice((0, 60, 600)),
+                host_ram_gib_per_node=None if ram_per_gpu is None else ram_per_gpu * gpus_per_node,
             )
         )
     return tuple(offers)

@@ -62,7 +62,7 @@ def upgrade() -> None:
 def _reseed_bundled_offers() -> None:
     """A database still on the bundled price list gets it again with the v2 columns (billing, nodes,
     network...), as a new version; an imported or fed catalog is left alone."""
-    from services.catalog.service import OFFER_COLUMNS, seed_bundled_offers
+    from services.catalog.service import seed_bundled_offers
 
     bind = op.get_bind()
     versions = sa.table(
@@ -81,7 +81,31 @@ def _reseed_bundled_offers() -> None:
     if len(active) != 1 or active[0].source != BUNDLED_SOURCE:
         return
     bind.execute(sa.update(versions).where(versions.c.id == active[0].id).values(active=False))
-    seed_bundled_offers(bind, OFFER_COLUMNS, BUNDLED_SOURCE)
+    seed_bundled_offers(bind, V2_OFFER_COLUMNS, BUNDLED_SOURCE)
+
+
+# The gpu_offers columns at this revision (later revisions add more; the seed writes only these).
+V2_OFFER_COLUMNS = (
+    "provider",
+    "gpu",
+    "gpu_memory_gib",
+    "gpus_per_node",
+    "on_demand_usd_per_hour",
+    "spot_usd_per_hour",
+    "currency",
+    "region",
+    "country",
+    "interconnect",
+    "fetched_at",
+    "source",
+    "whole_nodes_only",
+    "inter_node_gbit_per_s",
+    "billing_increment_s",
+    "billing_minimum_s",
+    "startup_s",
+    "download_gbit_per_s",
+    "preemption_per_hour",
+)
 
 
 def downgrade() -> None:

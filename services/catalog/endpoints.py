@@ -38,6 +38,7 @@ def _offer_json(row: GpuOfferRow, own_version_id: str | None) -> dict[str, Any]:
         "startup_s": row.startup_s,
         "download_gbit_per_s": row.download_gbit_per_s,
         "preemption_per_hour": row.preemption_per_hour,
+        "host_ram_gib_per_node": row.host_ram_gib_per_node,
         # "organization": the caller's own negotiated price, seen by its organization alone.
         "catalog": "organization" if own_version_id is not None and row.version_id == own_version_id else "public",
     }

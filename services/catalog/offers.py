@@ -3,8 +3,11 @@
 Schema version 2 (the shared Offer contract): besides the price, an offer says how its GPUs are sold
 (``gpus_per_node``: the most GPUs one node has; ``whole_nodes_only``), whether the provider links nodes
 (``inter_node_gbit_per_s``), how it bills (``billing_increment_s``, ``billing_minimum_s``), and what a
-run pays before training starts (``startup_s``, ``download_gbit_per_s``) and on spot
-(``preemption_per_hour``). Empty optional columns mean "the planner's sourced default".
+run pays before training starts (``startup_s``, ``download_gbit_per_s``), on spot
+(``preemption_per_hour``), and the host RAM of one node (``host_ram_gib_per_node``: the CPU memory of a node
+of ``gpus_per_node`` GPUs, which CPU-offload setups need). Empty optional columns mean "the planner's
+sourced default" (for host RAM: unknown, so an offload setup is recommended with a note that its RAM is
+unverified).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Offer:
     startup_s: float | None = None
     download_gbit_per_s: float | None = None
     preemption_per_hour: float | None = None
+    host_ram_gib_per_node: float | None = None
 
 
 class OfferParseError(ValueError):
@@ -115,6 +119,7 @@ def parse_offers(text: str) -> tuple[Offer, ...]:
                 startup_s=_optional_float(row, "startup_s", index),
                 download_gbit_per_s=_optional_float(row, "download_gbit_per_s", index),
                 preemption_per_hour=_optional_float(row, "preemption_per_hour", index),
+                host_ram_gib_per_node=_optional_float(row, "host_ram_gib_per_node", index),
             )
         )
     return tuple(offers)

@@ -35,7 +35,13 @@ _OPTIONAL_COLUMNS = (
     "gpus_per_node",
     "currency",
     "fetched_at",
+    "host_ram_gib_per_node",
 )
+
+# The largest host RAM a row may give per node: 64 TiB, twice the largest single server EC2 rents
+# (u7inh-32tb.480xlarge, 32 TiB: aws.amazon.com/ec2/instance-types/high-memory); a larger value is a typo
+# (MB or bytes for GiB).
+MAX_HOST_RAM_GIB_PER_NODE = 65_536.0
 
 
 def _today() -> str:
@@ -76,6 +82,7 @@ class OfferRow(BaseModel):
     startup_s: float | None = Field(default=None, ge=0, le=86_400)
     download_gbit_per_s: float | None = Field(default=None, gt=0, le=10_000)
     preemption_per_hour: float | None = Field(default=None, ge=0, le=100)
+    host_ram_gib_per_node: float | None = Field(default=None, gt=0, le=MAX_HOST_RAM_GIB_PER_NODE, allow_inf_nan=False)
 
     @field_validator("fetched_at")
     @classmethod
@@ -160,6 +167,7 @@ def offer_from_row(row: OfferRow, spec: GpuSpec) -> Offer:
         startup_s=row.startup_s,
         download_gbit_per_s=row.download_gbit_per_s,
         preemption_per_hour=row.preemption_per_hour,
+        host_ram_gib_per_node=row.host_ram_gib_per_node,
     )
 
 

@@ -50,6 +50,7 @@ OFFER_COLUMNS = (
     "startup_s",
     "download_gbit_per_s",
     "preemption_per_hour",
+    "host_ram_gib_per_node",
 )
 
 
@@ -168,6 +169,7 @@ def _row_offer(r: GpuOfferRow) -> Offer:
         startup_s=r.startup_s,
         download_gbit_per_s=r.download_gbit_per_s,
         preemption_per_hour=r.preemption_per_hour,
+        host_ram_gib_per_node=r.host_ram_gib_per_node,
     )
 
 

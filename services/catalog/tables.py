@@ -56,6 +56,8 @@ class GpuOfferRow(IdMixin, Base):
     startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     download_gbit_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     preemption_per_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Host RAM of one node of gpus_per_node GPUs (GiB); None: unknown.
+    host_ram_gib_per_node: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class GpuSpecRow(IdMixin, Base):

@@ -107,6 +107,12 @@ class Rejection(_Out):
     cost_usd: float | None = None
     hours: float | None = None
     suggestion: str | None = None
+    host_ram_needed_gib_per_node: float | None = Field(
+        default=None, description="host RAM per node the leanest CPU-offload setup needs (when host RAM was the limit)"
+    )
+    host_ram_gib_per_node: float | None = Field(
+        default=None, description="host RAM per node the offer has for that setup (when host RAM was the limit)"
+    )
 
 
 class PlannerResult(_Out):

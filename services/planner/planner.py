@@ -37,9 +37,9 @@ from services.planner.costs import (
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
 from services.planner.models import PlannerResult, Recommendation, Rejection
-from services.planner.ranking import Pricer, rank_entries, scan_offers, unqualified_offers
-from services.planner.rejections import constraint_rejection, gpus_label, memory_rejection
-from services.planner.search import Candidate, Entry, PlanContext, RunSizes
+from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
+from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
+from services.planner.search import Candidate, Entry, PlanContext, RamBlocked, RunSizes, host_ram_available_bytes
 from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
 
 DEFAULT_TOP_N = 10
@@ -134,7 +134,7 @@ def plan_setups(
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan.offers)
     entries, qualified = rank_entries(ctx, scan, pricer, top_n)
-    rejections = [*scan.rejections, *_rejections(ctx, scan.cards, scan.fitting_cards)]
+    rejections = [*scan.rejections, *_rejections(ctx, scan)]
     for setups in unqualified_offers(ctx, scan, pricer, qualified):
         rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
     if scan.cards and not entries:
@@ -164,11 +164,22 @@ def plan_setups(
     )
 
 
-def _rejections(
-    ctx: PlanContext, cards: dict[str, tuple[GpuSpec, list[Offer]]], fitting_cards: set[str]
-) -> list[Rejection]:
-    """A memory rejection per card with no fitting setup."""
-    return [memory_rejection(ctx, spec, offers) for card, (spec, offers) in cards.items() if card not in fitting_cards]
+def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
+    """A memory rejection per card with no fitting setup (saying so where host RAM was the limit), and one per
+    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups."""
+    blocked: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
+    for index, setups in scan.ram_blocked.items():
+        blocked.setdefault(setups[0].spec.name, []).append((scan.offers[index], setups))
+    out = []
+    for card, (spec, offers) in scan.cards.items():
+        if card not in scan.fitting_cards:
+            out.append(memory_rejection(ctx, spec, offers, blocked.get(card, [])))
+        else:
+            by_provider: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
+            for offer, setups in blocked.get(card, []):
+                by_provider.setdefault(offer.provider, []).append((offer, setups))
+            out.extend(host_ram_rejection(ctx, spec, of_provider) for of_provider in by_provider.values())
+    return out
 
 
 def scaling_efficiency(ctx: PlanContext, c: Candidate) -> float:
@@ -276,6 +287,19 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
             f"CPU memory to fit: about {c.setup.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; "
             f"the optimizer step runs on the CPU ({c.throughput.seconds['optimizer']:.2f} s per micro-batch)"
         )
+    if cfg.cpu_offload:
+        available = host_ram_available_bytes(c.offer, layout)
+        host_gib = c.setup.host_ram_bytes_per_node / GIB
+        if available is None:
+            notes.append(
+                f"host RAM unverified: {c.offer.provider} does not say how much CPU memory its nodes have; check "
+                f"a node has at least {host_gib / (1 - ctx.constraints.safety_margin):,.0f} GiB (the offloaded "
+                f"states need about {host_gib:,.0f} GiB)"
+            )
+        else:
+            notes.append(
+                f"host RAM: the offloaded states take {host_gib:,.0f} GiB of the node's {available / GIB:,.0f} GiB"
+            )
     if cfg.optimizer is not None and cfg.optimizer != plan.optimizer:
         notes.append(f"optimizer switched to {cfg.optimizer} to fit (allowed by constraints.allow_optimizer_change)")
     effective = cfg.micro_batch_size * cfg.accumulation_steps * layout.gpus

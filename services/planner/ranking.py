@@ -25,9 +25,11 @@ from services.planner.search import (
     Candidate,
     Entry,
     PlanContext,
+    RamBlocked,
     Setup,
     price_setup,
     qualifies,
+    ram_blocked_setups,
     shape_setups,
 )
 
@@ -47,6 +49,8 @@ class Scan:
     cards: dict[str, tuple[GpuSpec, list[Offer]]] = field(default_factory=dict)
     fitting_cards: set[str] = field(default_factory=set)
     setups_of: dict[int, list[Setup]] = field(default_factory=dict)
+    # Offers with no setup because their nodes' host RAM cannot hold the offloaded states: index -> those setups.
+    ram_blocked: dict[int, list[RamBlocked]] = field(default_factory=dict)
     bounds: list[Bound] = field(default_factory=list)
 
 
@@ -82,6 +86,9 @@ def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpe
         scan.cards.setdefault(spec.name, (spec, []))[1].append(offer)
         setups = shape_setups(ctx, offer, spec)
         if not setups:
+            blocked = ram_blocked_setups(ctx, offer, spec) if offer.host_ram_gib_per_node is not None else []
+            if blocked:
+                scan.ram_blocked[index] = blocked
             continue
         scan.fitting_cards.add(spec.name)
         scan.setups_of[index] = setups

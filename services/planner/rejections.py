@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.memory import GIB
@@ -11,7 +13,15 @@ from services.planner.constraints import Constraints
 from services.planner.evaluator import Evaluator
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import Rejection, RejectionKind
-from services.planner.search import Candidate, PlanContext, config_for, host_ram_bytes_per_node
+from services.planner.search import (
+    Candidate,
+    PlanContext,
+    RamBlocked,
+    config_for,
+    host_ram_available_bytes,
+    host_ram_bytes_per_node,
+    usable_host_ram_bytes,
+)
 
 # Cheaper fine-tuning methods to suggest, least change first.
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
@@ -55,9 +65,19 @@ def _where(n: int, per_node: int) -> str:
     return gpus_label(n) + (f" in {nodes} nodes of {per_node}" if nodes > 1 else "")
 
 
+def _host_ram_limit_bytes(ctx: PlanContext, offers: list[Offer], gpus_per_node: int) -> float | None:
+    """The most usable host RAM a node of ``gpus_per_node`` GPUs has over the offers; None when one of them
+    does not say (then host RAM rules nothing out)."""
+    usable = [usable_host_ram_bytes(ctx, o, Layout(min(gpus_per_node, max(1, o.gpus_per_node)), 1)) for o in offers]
+    if not usable or any(u is None for u in usable):
+        return None
+    return max(u for u in usable if u is not None)
+
+
 def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offers: list[Offer] | None = None) -> str:
-    """The cheapest changes that fit a card, least change first: CPU offload (same training, needs host RAM),
-    more GPUs or nodes (same training, more money per hour), an 8-bit optimizer, then a cheaper method."""
+    """The cheapest changes that fit a card, least change first: CPU offload (same training, needs host RAM;
+    left out where every offer's nodes are known to have too little), more GPUs or nodes (same training, more
+    money per hour), an 8-bit optimizer, then a cheaper method."""
     per_node = max((o.gpus_per_node for o in offers or ()), default=8)
     networked = any(o.inter_node_gbit_per_s is not None for o in offers or ())
     largest_node = min(per_node, ctx.constraints.max_gpus)
@@ -66,8 +86,9 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     e = ctx.effective_batch_size
     parts: list[str] = []
     need, sharding = leanest_need(ctx.evaluator, e, largest_node, offload=True)
-    if not ctx.plan.cpu_offload and need <= usable_bytes:
-        host = _offload_host_gib(ctx, largest_node, per_node, sharding)
+    host = _offload_host_gib(ctx, largest_node, per_node, sharding)
+    ram_limit = _host_ram_limit_bytes(ctx, list(offers or ()), largest_node)
+    if not ctx.plan.cpu_offload and need <= usable_bytes and (ram_limit is None or host * GIB <= ram_limit):
         setting = "" if ctx.constraints.allow_cpu_offload else " (set constraints.allow_cpu_offload)"
         parts.append(
             f"with optimizer offload to CPU on {gpus_label(largest_node)} ({sharding}; about {host:,.0f} GiB of "
@@ -110,8 +131,53 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
-def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Rejection:
-    """A card on which no setup fits, with what the leanest setups need against what it has, and the fix."""
+def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]) -> tuple[str, float, float, int]:
+    """Why the offer's offload setups do not fit its nodes' host RAM: the leanest one's need against the node's
+    RAM, in words, with (needed GiB, node GiB, GPUs)."""
+    s = min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
+    available = host_ram_available_bytes(offer, s.layout) or 0.0
+    usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
+    margin = ctx.constraints.safety_margin
+    text = (
+        f"with CPU offload it fits {_where(s.layout.gpus, s.layout.gpus_per_node)} ({s.cfg.sharding}) but needs "
+        f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; {offer.provider}'s node has "
+        f"{available / GIB:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
+    )
+    return text, s.host_ram_bytes_per_node / GIB, available / GIB, s.layout.gpus
+
+
+def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> Rejection:
+    """One provider's offers of a card that fits elsewhere, left out because their nodes' host RAM cannot hold
+    what their only fitting setups (CPU offload) put there; the numbers are those of the offer that comes
+    closest."""
+    shortfalls = [(_host_ram_shortfall(ctx, offer, setups), offer) for offer, setups in blocked]
+    (text, needed, available, gpus), offer = min(shortfalls, key=lambda x: x[0][1] - x[0][2])
+    more = f" (and {len(blocked) - 1} more offers of {offer.provider} like it)" if len(blocked) > 1 else ""
+    fix = (
+        f"a node with at least {needed / (1.0 - ctx.constraints.safety_margin):,.0f} GiB of host RAM, or another "
+        f"offer of the {spec.name} (see the recommendations)"
+    )
+    return Rejection(
+        gpu=spec.name,
+        provider=offer.provider,
+        kind="memory",
+        reason=f"host RAM: {text}{more}; nothing else fits this offer",
+        gpu_memory_gib=spec.memory_gib,
+        gpus=gpus,
+        fix=fix,
+        suggestion=fix,
+        host_ram_needed_gib_per_node=round(needed, 1),
+        host_ram_gib_per_node=round(available, 1),
+    )
+
+
+def memory_rejection(
+    ctx: PlanContext, spec: GpuSpec, offers: list[Offer], ram_blocked: Sequence[tuple[Offer, list[RamBlocked]]] = ()
+) -> Rejection:
+    """A card on which no setup fits, with what the leanest setups need against what it has, and the fix.
+
+    ``ram_blocked``: offers whose CPU-offload setups fit the GPUs but not the nodes' host RAM; the reason then
+    says so in numbers (the offer whose nodes come closest), and the fix goes on to more GPUs or nodes."""
     counts = sorted(
         {layout.gpus for offer in offers for group in gpu_layouts(offer, ctx.constraints.max_gpus) for layout in group}
     )
@@ -141,10 +207,17 @@ def memory_rejection(ctx: PlanContext, spec: GpuSpec, offers: list[Offer]) -> Re
         reason += f"; {with_mode} still need {need_most / GIB:.1f} GiB per GPU"
         need, fewest = need_most, most
     suggestion = fit_suggestion(ctx, usable, fewest, offers)
+    host_needed = host_available = None
+    if ram_blocked:
+        shortfalls = [_host_ram_shortfall(ctx, offer, setups) for offer, setups in ram_blocked]
+        text, host_needed, host_available, _ = min(shortfalls, key=lambda x: x[1] - x[2])
+        reason += f"; {text}"
     return Rejection(
         gpu=spec.name,
         kind="memory",
         reason=f"{reason}; {suggestion}",
+        host_ram_needed_gib_per_node=None if host_needed is None else round(host_needed, 1),
+        host_ram_gib_per_node=None if host_available is None else round(host_available, 1),
         needed_gib_per_gpu=round(need / GIB, 2),
         gpu_memory_gib=spec.memory_gib,
         usable_gib=round(usable / GIB, 2),

@@ -15,6 +15,9 @@ Pruning, each step justified by the model it prunes:
 - Jobs on several nodes are tried only when no single node of the offer fits, or none meets the
   deadline; node counts then grow until one fits (and meets the deadline): more nodes of the same card
   only add communication per GPU, so they cost more.
+- A setup with CPU offload fits only where the node's host RAM (when the offer gives it) holds the
+  offloaded states; one that does not is dropped (and kept aside to explain the offer's rejection), so the
+  search moves on to more GPUs or nodes as if it did not fit. Unknown host RAM is not a limit.
 
 What fits and how fast depends on the card and the offer's node shape, not on its price: the fitting
 setups are computed once per shape and priced per offer (a catalog of thousands of offers has few shapes).
@@ -42,7 +45,11 @@ from services.planner.models import PricingMode
 # Optimizers the planner may switch AdamW to when the user allows it, least change first.
 EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw-8bit", "paged-adamw-8bit")
 
+# (card, gpus_per_node, whole_nodes_only, intra-node link kind, inter-node Gbit/s: None in a single-node key).
 ShapeKey = tuple[str, int, bool, str, float | None]
+# (shape key of one node, inter-node Gbit/s, which single-node setups the host RAM holds, and where offload
+# first fits it on more nodes: see _ram_key).
+RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,9 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
+    _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+    _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
     _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
 
@@ -84,6 +94,8 @@ class PlanContext:
         return found
 
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
+    _needs: dict[tuple[str, Layout, bool], tuple[float, ...]] = field(default_factory=dict)
+    _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
         """An evaluator for the plan with another fine-tuning method (for suggestions)."""
@@ -242,6 +254,48 @@ def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> fl
     return per_gpu * layout.gpus_per_node
 
 
+def host_ram_available_bytes(offer: Offer, layout: Layout) -> float | None:
+    """Host RAM of one node of ``layout`` on ``offer``; None when the offer does not say.
+
+    ``host_ram_gib_per_node`` is the RAM of a node of ``gpus_per_node`` GPUs; a setup renting k of them is
+    credited k / gpus_per_node of it, the share AWS's smaller sizes keep per GPU (g4dn.12xlarge 4 x T4 192 GiB
+    of g4dn.metal's 8 x T4 384 GiB; g5.24xlarge 4 x A10G 384 GiB of g5.48xlarge's 768 GiB:
+    aws.amazon.com/ec2/instance-types, accelerated computing)."""
+    if offer.host_ram_gib_per_node is None:
+        return None
+    share = min(1.0, layout.gpus_per_node / max(1, offer.gpus_per_node))
+    return offer.host_ram_gib_per_node * GIB * share
+
+
+def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
+    """The host RAM per node an offload setup may fill: the node's RAM less the same safety margin the GPUs keep
+    (the OS, the training process and its data loaders live there too); None when unknown."""
+    available = host_ram_available_bytes(offer, layout)
+    return None if available is None else available * (1.0 - ctx.constraints.safety_margin)
+
+
+@dataclass(frozen=True)
+class RamBlocked:
+    """A configuration that fits the GPUs of a layout but not its nodes' host RAM (what it offloads is more)."""
+
+    spec: GpuSpec
+    layout: Layout
+    cfg: Config
+    host_ram_bytes_per_node: float
+
+
+def _blocked(s: Setup) -> RamBlocked:
+    return RamBlocked(s.spec, s.layout, s.cfg, s.host_ram_bytes_per_node)
+
+
+def host_ram_fits(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
+    """Whether the node's host RAM holds what the setup offloads (True when the offer does not say)."""
+    if setup.host_ram_bytes_per_node <= 0:
+        return True
+    usable = usable_host_ram_bytes(ctx, offer, setup.layout)
+    return usable is None or setup.host_ram_bytes_per_node <= usable
+
+
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
     tp = ctx.evaluator.throughput(cfg, spec, links)
     return Setup(
@@ -313,7 +367,8 @@ NARROW_SEARCH = (
 
 
 def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
-    """What the search depends on besides the price: the card, the node shape and the link kind it really is."""
+    """What the search depends on besides the price and the host RAM: the card, the node shape and the link
+    kind it really is."""
     return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
 
 
@@ -330,18 +385,14 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning).
 
     Cached per shape. What fits on one node does not depend on the network, so the network enters the key
-    only when the search has to go beyond one node.
+    only when the search has to go beyond one node. Where the offer gives its host RAM and the search meets
+    offload, the setups the RAM cannot hold are dropped (``_ram_search``).
     """
     base = shape_key(spec, offer)
-    single = ctx._single.get(base)
-    if single is None:
-        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
-        found: list[Setup] = []
-        for layout in layouts:
-            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
-        single = (found, _fastest_per_count(found), _enough(ctx, found))
-        ctx._single[base] = single
-    found, fastest, enough = single
+    found, fastest, enough = _single_node(ctx, offer, spec, base)
+    ram_key = _ram_key(ctx, offer, spec, base, found)
+    if ram_key is not None:
+        return _ram_search(ctx, offer, spec, ram_key, found)[0]
     if enough or offer.inter_node_gbit_per_s is None:
         return fastest
     key = (*base[:4], offer.inter_node_gbit_per_s)
@@ -360,6 +411,159 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
         cached = _fastest_per_count(grown)
         ctx._shapes[key] = cached
     return cached
+
+
+def _single_node(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
+) -> tuple[list[Setup], list[Setup], bool]:
+    """The setups on one node of the shape (all, the fastest per GPU count, and whether they are enough)."""
+    single = ctx._single.get(base)
+    if single is None:
+        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
+        found: list[Setup] = []
+        for layout in layouts:
+            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
+        single = (found, _fastest_per_count(found), _enough(ctx, found))
+        ctx._single[base] = single
+    return single
+
+
+def _ram_search(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, key: RamKey, found_anywhere: list[Setup]
+) -> tuple[list[Setup], list[RamBlocked]]:
+    """The search of ``shape_setups`` under the offer's host RAM: (setups kept, configurations the RAM cannot
+    hold).
+
+    A setup that offloads more than a node's RAM holds is dropped as if it did not fit, so the search goes
+    on to more nodes: offload on the fewest nodes whose RAM holds it, then more nodes only to do without it
+    (which no RAM limits, so that part is the shape's search without offload)."""
+    cached = ctx._ram_shapes.get(key)
+    if cached is not None:
+        return cached
+    found = [s for s in found_anywhere if host_ram_fits(ctx, offer, s)]
+    blocked = [_blocked(s) for s in found_anywhere if not host_ram_fits(ctx, offer, s)]
+    grown = list(found)
+    if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        offload = not found
+        for index, layout in enumerate(multi):
+            if not offload and not ctx.plan.cpu_offload:
+                grown.extend(s for step in _plain_walk(ctx, offer, spec)[index:] for s in step)
+                break
+            ctx.budget.check("constraints", NARROW_SEARCH)
+            more = _ram_layout_setups(ctx, offer, spec, layout, offload, blocked)
+            grown.extend(more)
+            if _enough(ctx, more):
+                break
+            if offload and any(s.cfg.cpu_offload for s in more):
+                offload = False
+    cached = (_fastest_per_count(grown), blocked)
+    ctx._ram_shapes[key] = cached
+    return cached
+
+
+def _ram_layout_setups(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, layout: Layout, offload: bool, blocked: list[RamBlocked]
+) -> list[Setup]:
+    """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
+    holds none of them, no setup's speed is computed."""
+    configs, needs = _config_needs(ctx, spec, layout, offload)
+    usable = usable_host_ram_bytes(ctx, offer, layout)
+    if usable is not None and all(need > usable for need in needs):
+        blocked.extend(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
+        return []
+    kept = []
+    for s in layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload):
+        if host_ram_fits(ctx, offer, s):
+            kept.append(s)
+        else:
+            blocked.append(_blocked(s))
+    return kept
+
+
+def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
+    """The setups without offload on the offer's multi-node layouts, growing until they are enough (then
+    empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
+    key = (*shape_key(spec, offer)[:4], offer.inter_node_gbit_per_s)
+    walk = ctx._plain_walks.get(key)
+    if walk is None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        walk = []
+        done = False
+        for layout in multi:
+            if done:
+                walk.append([])
+                continue
+            ctx.budget.check("constraints", NARROW_SEARCH)
+            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), False)
+            walk.append(more)
+            done = _enough(ctx, more)
+        ctx._plain_walks[key] = walk
+    return walk
+
+
+def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
+    """Where the offer's host RAM changes the search, the key of the search under it; None where it does not
+    (RAM unknown, no offload met, or the RAM holds every single-node setup: then the search is the one without
+    a limit).
+
+    Offers of many RAM sizes share a key: it holds only what the RAM decides, which single-node setups it holds
+    and, when none does, the first node count on which offload fits it and which setups there (a node's
+    offloaded states shrink as nodes are added, so beyond it the search does without offload)."""
+    if offer.host_ram_gib_per_node is None:
+        return None
+    if not ctx.plan.cpu_offload and found and not any(s.cfg.cpu_offload for s in found):
+        return None
+    memo = (base, offer.inter_node_gbit_per_s, offer.host_ram_gib_per_node)
+    if memo in ctx._ram_keys:
+        return ctx._ram_keys[memo]
+    key = _ram_key_of(ctx, offer, spec, base, found)
+    ctx._ram_keys[memo] = key
+    return key
+
+
+def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
+    """``_ram_key`` for a shape, network and RAM size not met before."""
+    holds = tuple(host_ram_fits(ctx, offer, s) for s in found)
+    inter = offer.inter_node_gbit_per_s
+    if ctx.plan.cpu_offload:
+        return (base, inter, holds, offer.host_ram_gib_per_node)
+    if all(holds) and found:
+        return None
+    beyond: object = ()
+    if inter is not None and not any(holds):
+        beyond = None
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        for index, layout in enumerate(multi):
+            configs, needs = _config_needs(ctx, spec, layout, True)
+            usable = usable_host_ram_bytes(ctx, offer, layout)
+            fits = tuple(usable is None or need <= usable for need in needs)
+            plain = any(not cfg.cpu_offload for cfg in configs)
+            if plain or any(ok and cfg.cpu_offload for cfg, ok in zip(configs, fits, strict=True)):
+                beyond = (index, fits)
+                break
+    return (base, inter, holds, beyond)
+
+
+def _config_needs(
+    ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
+) -> tuple[tuple[Config, ...], tuple[float, ...]]:
+    """The fitting configurations of a layout and the host RAM per node each needs (0 without offload)."""
+    configs = fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus, offload)
+    key = (spec.name, layout, offload)
+    needs = ctx._needs.get(key)
+    if needs is None:
+        needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
+        ctx._needs[key] = needs
+    return configs, needs
+
+
+def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[RamBlocked]:
+    """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
+    base = shape_key(spec, offer)
+    key = _ram_key(ctx, offer, spec, base, _single_node(ctx, offer, spec, base)[0])
+    found = None if key is None else ctx._ram_shapes.get(key)
+    return [] if found is None else found[1]
 
 
 def _enough(ctx: PlanContext, found: list[Setup]) -> bool:

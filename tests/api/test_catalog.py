@@ -43,6 +43,9 @@ def test_offers_are_seeded_from_both_price_lists(api: Api) -> None:
     assert a40["on_demand_usd_per_hour"] == 0.74 and a40["gpu_memory_gib"] > 40
     assert {i["catalog"] for i in items} == {"public"}
     assert all(i["billing_increment_s"] >= 1 and i["billing_minimum_s"] >= 0 for i in items)
+    # Host RAM per node: the AWS-shaped example-cloud nodes have it (p5.48xlarge: 2048 GiB); cloudrux's is unknown.
+    ram = {(i["provider"], i["gpu"]): i["host_ram_gib_per_node"] for i in items}
+    assert ram[("example-cloud", "H100 SXM")] == 2048 and ram[("cloudrux", "H100 SXM")] is None
 
 
 def test_offer_filters(api: Api) -> None:
@@ -93,6 +96,33 @@ def test_import_rejects_the_whole_file_naming_row_and_field(api: Api) -> None:
         return sorted(items, key=lambda i: (i["provider"], i["gpu"], i["region"]))
 
     assert by_key(_offers(api)) == by_key(before)
+
+
+def test_host_ram_imports_and_a_bad_value_rejects_the_whole_file(api: Api) -> None:
+    before = _offers(api)
+    bad = (
+        "provider,gpu,on_demand_usd_per_hour,host_ram_gib_per_node\n"
+        "newco,H100,3.5,2048\n"  # row 1: fine
+        "newco,L4,0.5,-64\n"  # row 2: not positive
+        "newco,A40,0.7,=64*2\n"  # row 3: a formula
+        "newco,L40S,1.2,1e9\n"  # row 4: more than any server
+    )
+    response = api.client.post("/v1/admin/catalog/offers", content=bad, headers=_bearer(api.keys["admin"]))
+    assert response.status_code == 422, response.text
+    details = response.json()["details"]
+    assert any(d.startswith("row 2: host_ram_gib_per_node: input should be greater than 0") for d in details)
+    assert any(d.startswith("row 3: host_ram_gib_per_node: looks like a spreadsheet formula") for d in details)
+    assert any(d.startswith("row 4: host_ram_gib_per_node: input should be less than or equal to") for d in details)
+    assert not any(d.startswith("row 1") for d in details)
+    assert len(_offers(api)) == len(before)  # nothing half-imported
+
+    good = "provider,gpu,on_demand_usd_per_hour,host_ram_gib_per_node\nnewco,H100,3.5,2048\nnewco,L4,0.5,\n"
+    response = api.client.post("/v1/admin/catalog/offers", content=good, headers=_bearer(api.keys["admin"]))
+    assert response.status_code == 201, response.text
+    ram = {i["gpu"]: i["host_ram_gib_per_node"] for i in _offers(api, query="?provider=newco")}
+    assert ram == {"H100 SXM": 2048.0, "L4": None}
+    exported = api.client.get("/v1/catalog/offers?format=csv&provider=newco", headers=api.headers()).text
+    assert exported.splitlines()[0].endswith(",host_ram_gib_per_node")
 
 
 def test_public_import_is_additive_and_replace_provider_is_explicit(api: Api) -> None:

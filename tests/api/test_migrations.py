@@ -72,3 +72,36 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     with unit_of_work(factory) as session:
         assert OrganizationRepository(session).by_name("kept") is not None
     command.check(alembic_config(database_url))
+
+
+def _bundled_host_ram(url: str) -> dict[tuple[str, str], float | None]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT o.provider, o.gpu, o.host_ram_gib_per_node FROM gpu_offers o "
+                    "JOIN catalog_versions v ON v.id = o.version_id WHERE v.active = :yes AND v.kind = 'offers'"
+                ),
+                {"yes": True},
+            ).all()
+        return {(p, g): r for p, g, r in rows}
+    finally:
+        engine.dispose()
+
+
+def test_0013_adds_host_ram_and_reseeds_the_bundled_list_and_downgrades(database_url: str) -> None:
+    config = alembic_config(database_url)
+    command.upgrade(config, "0012")
+    columns = {c["name"] for c in inspect(create_engine(database_url)).get_columns("gpu_offers")}
+    assert "host_ram_gib_per_node" not in columns
+    command.upgrade(config, "head")
+    ram = _bundled_host_ram(database_url)
+    # Still on the bundled list: it comes back with the host RAM of its AWS-shaped nodes; cloudrux's is unknown.
+    assert ram[("example-cloud", "H100 SXM")] == 2048.0 and ram[("example-cloud", "A10G")] == 768.0
+    assert ram[("cloudrux", "H100 SXM")] is None
+    command.downgrade(config, "0012")
+    columns = {c["name"] for c in inspect(create_engine(database_url)).get_columns("gpu_offers")}
+    assert "host_ram_gib_per_node" not in columns
+    command.upgrade(config, "head")
+    command.check(config)

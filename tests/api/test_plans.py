@@ -290,3 +290,35 @@ def test_an_unknown_family_from_the_hub_is_estimated_with_low_confidence(api: Ap
     fake_hub.add_model("acme/sizeless", {"model_type": "acme_lm", "vocab_size": 10})
     refused = api.client.post("/v1/estimate", json={"model": {"name": "acme/sizeless"}}, headers=api.headers())
     assert refused.status_code == 422 and "hidden_size" in refused.json()["message"]
+
+
+def test_offload_is_checked_against_each_offers_host_ram(api: Api) -> None:
+    """Through the API: an organization's own RTX 4090 offers with too little, enough and unknown host RAM."""
+    price_list = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,host_ram_gib_per_node\n"
+        "tinyram,RTX 4090,1,0.20,16\n"
+        "bigram,RTX 4090,1,0.30,256\n"
+        "noram,RTX 4090,1,0.40,\n"
+    )
+    imported = api.client.post(
+        "/v1/admin/catalog/offers", content=price_list, headers={"Authorization": f"Bearer {api.keys['admin']}"}
+    )
+    assert imported.status_code == 201, imported.text
+    plan = {
+        **QLORA_PLAN,
+        "method": "full",
+        "lora": None,
+        "constraints": {"providers": ["tinyram", "bigram", "noram"], "max_gpus": 1},
+    }
+    plan_id = api.client.post("/v1/plans", json=plan, headers=api.headers()).json()["id"]
+    body = api.wait_for_plan(plan_id)
+    assert body["status"] == "done", body.get("error")
+    recs = {r["provider"]: r for r in body["recommendations"]}
+    # The cheapest node (16 GiB) cannot hold the offloaded states: not recommended, and explained.
+    assert set(recs) == {"bigram", "noram"}
+    assert all(r["cpu_offload"] and r["host_ram_gib_per_node"] > 40 for r in recs.values())
+    assert any("of the node's 256 GiB" in n for n in recs["bigram"]["notes"])
+    assert any(n.startswith("host RAM unverified") for n in recs["noram"]["notes"])
+    (tiny,) = [r for r in body["rejections"] if r.get("provider") == "tinyram" and r["kind"] == "memory"]
+    assert tiny["host_ram_gib_per_node"] == 16.0 and tiny["host_ram_needed_gib_per_node"] > 40
+    assert "host RAM per node; tinyram's node has 16 GiB" in tiny["reason"]

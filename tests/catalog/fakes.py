@@ -85,7 +85,9 @@ def fake_providers() -> Iterator[FakeProviders]:
         server.server_close()
 
 
-def aws_product(instance_type: str, region: str, usd_per_hour: float, os: str = "Linux") -> dict[str, Any]:
+def aws_product(
+    instance_type: str, region: str, usd_per_hour: float, os: str = "Linux", memory: str | None = None
+) -> dict[str, Any]:
     """One Price List entry as the AWS Price List API documents it (product attributes + OnDemand terms)."""
     sku = f"SKU{abs(hash((instance_type, region, os))) % 10**8:08d}"
     return {
@@ -99,6 +101,7 @@ def aws_product(instance_type: str, region: str, usd_per_hour: float, os: str = 
                 "preInstalledSw": "NA",
                 "capacitystatus": "Used",
                 "instanceFamily": "GPU instance",
+                **({"memory": memory} if memory is not None else {}),
             },
             "sku": sku,
         },

@@ -58,6 +58,8 @@ def test_lambda_rows_are_per_gpu_whole_instances_billed_per_minute() -> None:
     assert h100["billing_increment_s"] == 60 and h100["interconnect"] == "NVSwitch"
     assert "capacity now in us-east-1" in h100["source"]
     assert rows[("A100 40GB", 1)]["on_demand_usd_per_hour"] == 1.29  # two instance types, one offer key
+    # specs.memory_gib is the instance's host RAM.
+    assert (h100["host_ram_gib_per_node"], rows[("A10", 1)]["host_ram_gib_per_node"]) == (1800.0, 200.0)
     assert out.skipped == {"gpu_1x_rtx6000"}
 
 
@@ -76,14 +78,17 @@ def test_vast_keeps_the_cheapest_per_card_count_and_country() -> None:
     h100 = rows[("H100 SXM", 8, "SE")]
     assert (h100["on_demand_usd_per_hour"], h100["spot_usd_per_hour"], h100["interconnect"]) == (2.2, 1.2, "NVLink")
     assert rows[("A100 40GB", 2, "CA")]["spot_usd_per_hour"] is None
+    # cpu_ram is MB (read as 10^6 bytes); 0 or absent is unknown, not a failed refresh.
+    assert us["host_ram_gib_per_node"] == 120.0 and h100["host_ram_gib_per_node"] == 1922.2
+    assert rows[("A100 80GB", 1, "")]["host_ram_gib_per_node"] is None
     assert out.skipped == {"GTX 1070"}
 
 
 def test_aws_rows_join_on_demand_and_spot_per_instance_type() -> None:
     products = [
-        aws_product("p5.48xlarge", "us-east-1", 98.32),
+        aws_product("p5.48xlarge", "us-east-1", 98.32, memory="2048 GiB"),
         aws_product("p5.48xlarge", "us-east-1", 120.0, os="Windows"),
-        aws_product("g5.xlarge", "us-east-1", 1.006),
+        aws_product("g5.xlarge", "us-east-1", 1.006, memory="not listed"),
         aws_product("g5.2xlarge", "us-east-1", 1.212),  # also one A10G, not in the table: ignored
         aws_product("m7i.large", "us-east-1", 0.1),
     ]
@@ -104,6 +109,17 @@ def test_aws_rows_join_on_demand_and_spot_per_instance_type() -> None:
     assert (p5["whole_nodes_only"], p5["inter_node_gbit_per_s"], p5["billing_minimum_s"]) == (True, 3200, 60)
     assert (p5["region"], p5["country"]) == ("us-east-1", "US")
     assert rows["A10G"]["spot_usd_per_hour"] is None
+    # The product's memory attribute is the instance's host RAM; a value that is no "N GiB" is unknown.
+    assert (p5["host_ram_gib_per_node"], rows["A10G"]["host_ram_gib_per_node"]) == (2048.0, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "gib"),
+    [("2048 GiB", 2048.0), ("1,152 GiB", 1152.0), ("0.5 GiB", 0.5), ("16 GB", None), ("0 GiB", None), ("", None)],
+)
+def test_aws_memory_attribute(value: str, gib: float | None) -> None:
+    out = aws.parse_prices([aws_product("p5.48xlarge", "us-east-1", 98.32, memory=value)], {}, WHEN)
+    assert out.rows[0]["host_ram_gib_per_node"] == gib
 
 
 # --- refresh end to end -------------------------------------------------------------------------------
@@ -207,7 +223,10 @@ def test_aws_refresh_through_boto3_against_moto_and_a_price_list_fake(
     # its JSON 1.1 protocol (X-Amz-Target: AWSPriceListService.GetProducts).
     fake.routes[("AWS", "price-list")] = (
         200,
-        [aws_product("p5.48xlarge", "us-east-1", 98.32), aws_product("g5.xlarge", "us-east-1", 1.006)],
+        [
+            aws_product("p5.48xlarge", "us-east-1", 98.32, memory="2048 GiB"),
+            aws_product("g5.xlarge", "us-east-1", 1.006),
+        ],
     )
     for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -227,6 +246,7 @@ def test_aws_refresh_through_boto3_against_moto_and_a_price_list_fake(
     # moto answers every spot price as 0.00001 USD per instance-hour.
     assert p5.spot_usd_per_hour == pytest.approx(0.00001 / 8)
     assert p5.billing_minimum_s == 60 and p5.inter_node_gbit_per_s == 3200
+    assert p5.host_ram_gib_per_node == 2048.0 and offers["A10G"].host_ram_gib_per_node is None
     target = next(c for c in fake.calls if c.headers.get("X-Amz-Target"))
     filters = {f["Field"]: f["Value"] for f in target.body["Filters"]}
     assert target.body["ServiceCode"] == "AmazonEC2" and filters["regionCode"] == "us-east-1"

@@ -87,6 +87,14 @@ def test_v2_columns_are_read_and_empty_cells_keep_defaults() -> None:
         ("whole_nodes_only", "maybe"),
         ("fetched_at", "2026-11-30T10:00:00"),
         ("fetched_at", "yesterday"),
+        ("host_ram_gib_per_node", "0"),
+        ("host_ram_gib_per_node", "-16"),
+        ("host_ram_gib_per_node", "nan"),
+        ("host_ram_gib_per_node", "inf"),
+        ("host_ram_gib_per_node", "lots"),
+        ("host_ram_gib_per_node", "2097152"),  # 2 TiB written in MiB: more than any server
+        ("host_ram_gib_per_node", "=2048"),
+        ("host_ram_gib_per_node", "@SUM(A1)"),
     ],
 )
 def test_bad_v2_values_name_the_column(column: str, value: str) -> None:
@@ -97,3 +105,14 @@ def test_bad_v2_values_name_the_column(column: str, value: str) -> None:
 def test_export_reads_back_unchanged() -> None:
     offers = list(bundled_offers())
     assert parse_price_list(export_csv(offers), "csv") == offers
+
+
+def test_host_ram_is_read_and_empty_is_unknown() -> None:
+    text = "provider,gpu,on_demand_usd_per_hour,host_ram_gib_per_node\nacme,H100,3.0,2048\nacme,L4,0.5,\n"
+    big, small = parse_price_list(text, "csv")
+    assert (big.host_ram_gib_per_node, small.host_ram_gib_per_node) == (2048.0, None)
+    (offer,) = parse_price_list(
+        '[{"provider": "acme", "gpu": "A10G", "on_demand_usd_per_hour": 1.0, "host_ram_gib_per_node": 16}]', "json"
+    )
+    assert offer.host_ram_gib_per_node == 16.0
+    assert "host_ram_gib_per_node" in export_csv([big]).splitlines()[0].split(",")

@@ -3,7 +3,8 @@ code AmazonEC2, endpoint in us-east-1) and spot prices from ``ec2.describe_spot_
 
 Only the GPU instance types in feeds/data/names.csv are kept (each is a whole node of a known card
 count, with its EFA/ENA bandwidth between nodes). The Price List answer is a list of JSON strings with
-``product.attributes`` (instanceType, regionCode, operatingSystem...) and
+``product.attributes`` (instanceType, regionCode, operatingSystem, memory: the instance's RAM as
+"2048 GiB"...) and
 ``terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD`` per instance-hour
 (https://docs.aws.amazon.com/aws-cost-management/latest/APIReference/API_pricing_GetProducts.html). The
 spot price is the lowest current one over the region's availability zones
@@ -16,21 +17,37 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from services.catalog.feeds.base import FeedError, FeedOffers, cheapest_per_key, known_gpu, name_mappings, scrub
+from services.catalog.feeds.base import (
+    FeedError,
+    FeedOffers,
+    cheapest_per_key,
+    host_ram_gib,
+    known_gpu,
+    name_mappings,
+    scrub,
+)
 
 PROVIDER = "aws"
 PRICING_REGION = "us-east-1"
 BILLING_MINIMUM_S = 60
+_MEMORY = re.compile(r"^\s*([0-9][0-9,]*(?:\.[0-9]+)?)\s*GiB\s*$")
 _COUNTRY_BY_PREFIX = {"us": "US", "ca": "CA", "sa": "BR"}  # multi-country prefixes (eu, ap) stay unknown
 
 
 def instance_types() -> dict[str, Any]:
     """The GPU instance types the feed knows, by name."""
     return {m.name: m for (provider, _), m in name_mappings().items() if provider == PROVIDER}
+
+
+def _memory_gib(attributes: dict[str, Any]) -> float | None:
+    """The instance's RAM from the Price List attribute ``memory`` ("2048 GiB", "1,152 GiB"); None otherwise."""
+    match = _MEMORY.match(str(attributes.get("memory", "")))
+    return host_ram_gib(float(match.group(1).replace(",", "")), float(2**30)) if match else None
 
 
 def _hourly_usd(product: dict[str, Any]) -> float | None:
@@ -93,6 +110,7 @@ def parse_prices(
                 "inter_node_gbit_per_s": mapping.inter_node_gbit_per_s,
                 "billing_increment_s": 1,
                 "billing_minimum_s": BILLING_MINIMUM_S,
+                "host_ram_gib_per_node": _memory_gib(attributes),
             }
         )
     out.rows = cheapest_per_key(rows)

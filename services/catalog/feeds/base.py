@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.catalog.pricelist import MAX_HOST_RAM_GIB_PER_NODE
 from services.estimator.errors import EstimatorError
 
 # A provider's whole offer list is a few MB at most (Vast's marketplace is the largest); more is refused.
@@ -89,6 +91,15 @@ def cheapest_per_key(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if key not in best or row["on_demand_usd_per_hour"] < best[key]["on_demand_usd_per_hour"]:
             best[key] = row
     return list(best.values())
+
+
+def host_ram_gib(value: Any, bytes_per_unit: float) -> float | None:
+    """A node's host RAM in GiB from a provider's number in its own unit (None when absent, not a positive
+    finite number, or beyond what a price list accepts: an unknown RAM, never a failed refresh)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    gib = value * bytes_per_unit / 2**30
+    return round(gib, 1) if gib <= MAX_HOST_RAM_GIB_PER_NODE else None
 
 
 def scrub(text: str, secrets: Iterable[str | None]) -> str:

@@ -2,7 +2,8 @@
 Bearer KEY``; docs.lambda.ai/api/cloud).
 
 The answer maps each instance type name (``gpu_8x_h100_sxm5``: GPUs x card) to its
-``price_cents_per_hour`` for the whole instance, ``specs.gpus`` and the regions with capacity now. On-demand
+``price_cents_per_hour`` for the whole instance, ``specs.gpus``, ``specs.memory_gib`` (the instance's
+RAM) and the regions with capacity now. On-demand
 instances are billed in one-minute increments (https://docs.lambda.ai/public-cloud/billing). There is no
 spot market, and an on-demand instance is one node (1-Click Clusters are reserved, not on demand).
 """
@@ -13,7 +14,15 @@ import math
 import re
 from typing import Any
 
-from services.catalog.feeds.base import FeedError, FeedOffers, cheapest_per_key, fetch_json, known_gpu, mapping_for
+from services.catalog.feeds.base import (
+    FeedError,
+    FeedOffers,
+    cheapest_per_key,
+    fetch_json,
+    host_ram_gib,
+    known_gpu,
+    mapping_for,
+)
 
 PROVIDER = "lambda"
 DEFAULT_URL = "https://cloud.lambdalabs.com/api/v1"
@@ -64,6 +73,9 @@ def parse_instance_types(payload: Any, fetched_at: str) -> FeedOffers:
                 "source": f"Lambda instance-types API: {name}{capacity}"[:500],
                 "whole_nodes_only": True,
                 "billing_increment_s": 60,
+                "host_ram_gib_per_node": host_ram_gib(
+                    specs.get("memory_gib") if isinstance(specs, dict) else None, float(2**30)
+                ),
             }
         )
     out.rows = cheapest_per_key(rows)

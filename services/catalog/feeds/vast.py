@@ -3,7 +3,10 @@ as a JSON body, as the official CLI's ``vastai search offers`` sends it; ``Autho
 
 Each offer is one host's machine: ``gpu_name``, ``num_gpus``, ``gpu_ram`` (MB), ``dph_total`` (USD per
 hour for the whole offer), ``min_bid`` (the interruptible price for it), ``geolocation`` ("Texas, US"),
-``inet_down`` (Mbit/s) and ``bw_nvlink``. The feed keeps the cheapest offer per card, GPU count and
+``inet_down`` (Mbit/s), ``bw_nvlink`` and ``cpu_ram``, the system RAM of the offer in MB (the
+official CLI shows it divided by 1000 as GB: vast-ai/vast-cli, vast.py, the search offers' "RAM" column;
+read as 10^6 bytes, the smaller of the two readings of MB, so a borderline offload setup is not
+recommended on RAM the node may not have). The feed keeps the cheapest offer per card, GPU count and
 country. Vast bills per second (https://vast.ai/pricing); a rental is one machine, so no multi-node.
 """
 
@@ -13,7 +16,15 @@ import math
 import re
 from typing import Any
 
-from services.catalog.feeds.base import FeedError, FeedOffers, cheapest_per_key, fetch_json, known_gpu, mapping_for
+from services.catalog.feeds.base import (
+    FeedError,
+    FeedOffers,
+    cheapest_per_key,
+    fetch_json,
+    host_ram_gib,
+    known_gpu,
+    mapping_for,
+)
 
 PROVIDER = "vast"
 DEFAULT_URL = "https://console.vast.ai/api/v0"
@@ -29,6 +40,7 @@ QUERY: dict[str, Any] = {
 }
 _COUNTRY = re.compile(r"(?:^|,\s*)([A-Z]{2})$")
 A100_80GB_MIN_MB = 60_000  # gpu_ram below this is the 40 GB A100
+BYTES_PER_MB = 1e6
 
 
 def _number(value: Any) -> float | None:
@@ -82,6 +94,7 @@ def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
                 "whole_nodes_only": True,
                 "billing_increment_s": 1,
                 "download_gbit_per_s": round(down_mbit / 1000, 3) if down_mbit and down_mbit > 0 else None,
+                "host_ram_gib_per_node": host_ram_gib(item.get("cpu_ram"), BYTES_PER_MB),
             }
         )
     out.rows = cheapest_per_key(rows)
