@@ -21,7 +21,7 @@ from services.estimator.communication import (
     step_communication,
     total_parameters,
 )
-from services.estimator.memory import ModelStates, adapter_params, quantized_params
+from services.estimator.memory import ModelStates, adapter_params, lora_roles_of, quantized_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
@@ -93,6 +93,9 @@ UTILISATION_PRIOR: dict[str, float] = {cls: prior for cls, (prior, _) in UTILISA
 # - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
 # Eager PyTorch issues roughly this many kernels per transformer block per forward; backward ~2x.
 KERNELS_PER_BLOCK_FORWARD = 40
+# Backward kernels per forward kernel, from the same count (73 / 40 rounded up to 2: autograd adds
+# accumulation and dtype-cast kernels the TorchDispatchMode count of one layer difference can miss).
+BACKWARD_KERNELS_PER_FORWARD = 2
 # CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
 DISPATCH_SECONDS_PER_KERNEL = 12e-6
 GPUS_PER_NODE = 8
@@ -100,6 +103,142 @@ INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
 # reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
 CPU_ADAM_PARAMS_PER_S = 1.0e9
+
+
+def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
+    """Roofline time of one (m x k) @ (k x n) GEMM: the larger of its math time and its memory time.
+
+    NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background" (sections "Math and
+    Memory Bounds" and "Dimension Quantization Effects"): a GEMM does 2mkn FLOPs and moves at least
+    (mk + kn + mn) elements, so its arithmetic intensity falls with a small m (tokens per micro-batch)
+    and it becomes bandwidth-bound below the card's FLOPs:bytes ratio. ``flops_per_s`` is the
+    large-GEMM rate (peak x utilisation prior).
+    """
+    math = 2.0 * m * k * n / flops_per_s
+    memory = (m * k + k * n + m * n) * element_bytes / bytes_per_s
+    return max(math, memory)
+
+
+def block_linear_gemms(
+    plan: Plan, arch: Architecture, recipe: Recipe, flops_per_s: float, bytes_per_s: float
+) -> tuple[float, float]:
+    """(FLOPs, roofline seconds) of every block linear's GEMMs in one micro-batch.
+
+    The GEMMs of a linear (Narayanan et al. 2021, arXiv 2104.04473, section 5.1: forward, the
+    input-gradient and the weight-gradient matmul, each 2mkn): forward at m = tokens, the input
+    gradient (m x n @ n x k), the weight gradient (k x m @ m x n) only for trained weights, and the
+    forward again under activation checkpointing (half of it for selective). Expert linears of a
+    mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
+    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
+    """
+    tokens = float(plan.tokens_per_micro_batch)
+    width = recipe.compute_bytes
+    replay = 0.0
+    if plan.is_training and plan.gradient_checkpointing:
+        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    flops = 0.0
+    seconds = 0.0
+    for b in arch.blocks:
+        for lin in b.linears:
+            k, n = float(lin.in_features), float(lin.out_features)
+            copies = lin.copies
+            m = tokens * b.experts_per_token / copies if copies > 1 else tokens
+            fwd = gemm_seconds(m, k, n, flops_per_s, bytes_per_s, width)
+            f_fwd = 2.0 * m * k * n
+            t, f = fwd, f_fwd
+            if plan.is_training:
+                t += gemm_seconds(m, n, k, flops_per_s, bytes_per_s, width) + replay * fwd
+                f += f_fwd * (1.0 + replay)
+                if plan.method == "full":
+                    t += gemm_seconds(k, m, n, flops_per_s, bytes_per_s, width)
+                    f += f_fwd
+            flops += b.count * copies * f
+            seconds += b.count * copies * t
+    return flops, seconds
+
+
+def lora_unfused_bytes_per_token(
+    in_features: int, out_features: int, compute_bytes: int, adapter_input_bytes: int, dropout: bool
+) -> tuple[float, float]:
+    """(forward, backward) bytes one token moves through one PEFT-style LoRA linear besides its GEMMs.
+
+    PEFT's ``lora.Linear.forward`` (peft/tuners/lora/layer.py) runs, after the base layer:
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, ``result = result + lora_B(lora_A(dropout(x)))
+    * scaling`` and ``result.to(torch_result_dtype)``; each is a separate memory-bound kernel over a
+    full activation (LoRAFusion, Zhu et al. 2025, arXiv 2510.00206, section 3: redundant memory traffic
+    of unfused LoRA on large activation tensors). Counted per token, with ``a`` the adapter's input
+    width (``adapter_input_bytes``, or the compute width when it shares the input) and ``c`` the compute
+    width: forward = cast (read c, write a per input feature) + dropout (read a, write a + a 1-byte mask)
+    + lora_A reading its input (a) + lora_B writing its output (a per output feature) + the scaling
+    (read a, write a) + the add (read c and a, write a) + the cast back (read a, write c, when a != c).
+    Backward = the cast back's gradient (c, a) + the scaling (a, a) + lora_B's two GEMMs reading the
+    output gradient (2a) + lora_A's weight gradient reading the saved input (a) and its input gradient
+    written (a) + dropout (read a + mask, write a) + the cast (a, c) + accumulating into the base
+    layer's input gradient (read 2c, write c). The rank-wide intermediates are negligible.
+    """
+    c = float(compute_bytes)
+    a = float(adapter_input_bytes or compute_bytes)
+    d_in, d_out = float(in_features), float(out_features)
+    cast = a != c
+    fwd = d_in * a + d_out * a  # lora_A reads its input, lora_B writes its output
+    fwd += d_out * 2 * a  # * scaling
+    fwd += d_out * (c + 2 * a)  # result + ...
+    bwd = d_out * 2 * a + d_out * 2 * a  # scaling backward, lora_B dX and dW read the gradient
+    bwd += d_in * 2 * a  # lora_A weight gradient reads the input, its input gradient is written
+    bwd += d_in * 3 * c  # accumulate into the base layer's input gradient
+    if cast:
+        fwd += d_in * (c + a) + d_out * (a + c)
+        bwd += d_out * (c + a) + d_in * (a + c)
+    if dropout:
+        fwd += d_in * (2 * a + 1)
+        bwd += d_in * (2 * a + 1)
+    return fwd, bwd
+
+
+def lora_unfused_kernels_per_linear(adapter_input_bytes: int, compute_bytes: int, dropout: bool) -> int:
+    """Forward kernels PEFT's ``lora.Linear.forward`` adds per adapted linear (see above).
+
+    lora_A, lora_B, the scaling multiply and the add, plus the input cast and the cast back when the
+    adapter runs in another dtype, plus dropout when its probability is not 0 (``nn.Identity`` then).
+    """
+    cast = 2 if adapter_input_bytes and adapter_input_bytes != compute_bytes else 0
+    return 4 + cast + (1 if dropout else 0)
+
+
+def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, int]:
+    """(bytes per token over all passes, forward kernels per layer) of the plan's unfused LoRA adapters.
+
+    Zero for full fine-tuning, for unsloth, whose LoRA MLP/QKV/O autograd functions fuse the adapter
+    into the base matmul's kernels (unslothai/unsloth unsloth/kernels/fast_lora.py), and for compiled
+    blocks, where TorchInductor fuses the casts, dropout, scaling and add into the neighbouring kernels
+    (Ansel et al. 2024, "PyTorch 2", ASPLOS, section 4: pointwise fusion).
+    Checkpointing replays the forward (half of it for selective checkpointing, as in ``flops_per_token``).
+    """
+    if plan.method == "full" or plan.framework == "unsloth" or recipe.compiled or not plan.is_training:
+        return 0.0, 0
+    dropout = recipe.lora_dropout > 0.0
+    replay = 0.0
+    if plan.gradient_checkpointing:
+        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    total = 0.0
+    kernels = 0
+    layers = max(1, arch.num_layers)
+    for b in arch.blocks:
+        for lin in b.linears:
+            roles = lora_roles_of(lin, recipe)
+            if not roles:
+                continue
+            d_out = lin.out_features * len(roles) // len(lin.roles)
+            fwd, bwd = lora_unfused_bytes_per_token(
+                lin.in_features, d_out, recipe.compute_bytes, recipe.adapter_input_bytes, dropout
+            )
+            # Expert copies each see their share of the tokens: per token the traffic is experts_per_token x.
+            share = b.experts_per_token if lin.copies > 1 else 1
+            total += b.count * share * (fwd * (1.0 + replay) + bwd)
+            kernels += b.count * lin.copies * lora_unfused_kernels_per_linear(
+                recipe.adapter_input_bytes, recipe.compute_bytes, dropout
+            )
+    return total, -(-kernels // layers)
 
 
 @dataclass(frozen=True)
@@ -241,16 +380,26 @@ def estimate_throughput(
     tokens = plan.tokens_per_micro_batch
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 
-    compute = fpt.hardware * tokens / (peak * util)
+    # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
+    # own FLOPs) at the large-GEMM rate.
+    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth)
+    compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
+    # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
+    lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
+    compute += lora_bytes * tokens / bandwidth
     # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
     dispatch = (
         arch.num_layers
-        * KERNELS_PER_BLOCK_FORWARD
+        * (KERNELS_PER_BLOCK_FORWARD + lora_kernels)
         * DISPATCH_SECONDS_PER_KERNEL
-        * (1 + (2 if plan.is_training else 0) + (1 if plan.gradient_checkpointing else 0))
+        * (
+            1
+            + (BACKWARD_KERNELS_PER_FORWARD if plan.is_training else 0)
+            + (1 if plan.is_training and plan.gradient_checkpointing else 0)
+        )
     )
     compute = max(compute, dispatch)
 
