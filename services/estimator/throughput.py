@@ -9,7 +9,9 @@ values when a calibration benchmark exists for the GPU and method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
@@ -104,6 +106,25 @@ INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 
+# GPU-independent work of the last plans, keyed by the identity of their (frozen) architecture and
+# recipe objects: the estimate and the planner evaluate one plan on every card, and hashing or comparing
+# the nested dataclasses would cost more than recomputing.
+_BY_IDENTITY: dict[tuple[object, ...], tuple[object, object, object]] = {}
+_BY_IDENTITY_MAX = 256
+T = TypeVar("T")
+
+
+def _cached(kind: str, arch: Architecture, recipe: Recipe, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    k = (kind, id(arch), id(recipe), *key)
+    hit = _BY_IDENTITY.get(k)
+    if hit is not None and hit[0] is arch and hit[1] is recipe:
+        return hit[2]  # type: ignore[return-value]
+    value = compute()
+    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[k] = (arch, recipe, value)
+    return value
+
 
 def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
     """Roofline time of one (m x k) @ (k x n) GEMM: the larger of its math time and its memory time.
@@ -131,30 +152,49 @@ def block_linear_gemms(
     mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
     ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
     """
-    tokens = float(plan.tokens_per_micro_batch)
-    width = recipe.compute_bytes
     replay = 0.0
     if plan.is_training and plan.gradient_checkpointing:
         replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
-    flops = 0.0
-    seconds = 0.0
+    tokens, training, full = plan.tokens_per_micro_batch, plan.is_training, plan.method == "full"
+    width = recipe.compute_bytes
+    total, least_intensity, gemms = _cached(
+        "gemms",
+        arch,
+        recipe,
+        (tokens, training, full, replay, width),
+        lambda: _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width),
+    )
+    if flops_per_s / bytes_per_s <= least_intensity:  # every GEMM is math-bound on this card
+        return total, total / flops_per_s
+    return total, sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
+
+
+def _gemm_work(
+    shapes: tuple[tuple[float, float, float, float], ...], width: int
+) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """(total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of the shapes: ``gemm_seconds``'s terms."""
+    gemms = tuple((t * 2.0 * m * k * n, t * (m * k + k * n + m * n) * width) for m, k, n, t in shapes)
+    total = sum(f for f, _ in gemms)
+    least = min((f / nbytes for f, nbytes in gemms if nbytes > 0), default=float("inf"))
+    return total, least, gemms
+
+
+def _linear_gemm_shapes(
+    arch: Architecture, tokens: int, training: bool, weight_grads: bool, replay: float
+) -> tuple[tuple[float, float, float, float], ...]:
+    """(m, k, n, how many) of each block-linear GEMM of a micro-batch; cached, as the planner asks per card."""
+    out: list[tuple[float, float, float, float]] = []
     for b in arch.blocks:
         for lin in b.linears:
             k, n = float(lin.in_features), float(lin.out_features)
-            copies = lin.copies
-            m = tokens * b.experts_per_token / copies if copies > 1 else tokens
-            fwd = gemm_seconds(m, k, n, flops_per_s, bytes_per_s, width)
-            f_fwd = 2.0 * m * k * n
-            t, f = fwd, f_fwd
-            if plan.is_training:
-                t += gemm_seconds(m, n, k, flops_per_s, bytes_per_s, width) + replay * fwd
-                f += f_fwd * (1.0 + replay)
-                if plan.method == "full":
-                    t += gemm_seconds(k, m, n, flops_per_s, bytes_per_s, width)
-                    f += f_fwd
-            flops += b.count * copies * f
-            seconds += b.count * copies * t
-    return flops, seconds
+            m = tokens * b.experts_per_token / lin.copies if lin.copies > 1 else float(tokens)
+            times = float(b.count * lin.copies)
+            out.append((m, k, n, times * (1.0 + (replay if training else 0.0))))
+            if training:
+                out.append((m, n, k, times))
+                if weight_grads:
+                    out.append((k, m, n, times))
+    return tuple(out)
 
 
 def lora_unfused_bytes_per_token(
@@ -216,10 +256,15 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
     """
     if plan.method == "full" or plan.framework == "unsloth" or recipe.compiled or not plan.is_training:
         return 0.0, 0
-    dropout = recipe.lora_dropout > 0.0
     replay = 0.0
     if plan.gradient_checkpointing:
         replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
+
+
+def _lora_unfused_work(arch: Architecture, recipe: Recipe, replay: float) -> tuple[float, int]:
+    """``lora_unfused_work`` for a trained LoRA plan; cached, as the planner asks once per card."""
+    dropout = recipe.lora_dropout > 0.0
     total = 0.0
     kernels = 0
     layers = max(1, arch.num_layers)
@@ -235,8 +280,10 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
             # Expert copies each see their share of the tokens: per token the traffic is experts_per_token x.
             share = b.experts_per_token if lin.copies > 1 else 1
             total += b.count * share * (fwd * (1.0 + replay) + bwd)
-            kernels += b.count * lin.copies * lora_unfused_kernels_per_linear(
-                recipe.adapter_input_bytes, recipe.compute_bytes, dropout
+            kernels += (
+                b.count
+                * lin.copies
+                * lora_unfused_kernels_per_linear(recipe.adapter_input_bytes, recipe.compute_bytes, dropout)
             )
     return total, -(-kernels // layers)
 
