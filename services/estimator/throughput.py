@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
 from typing import TypeVar
 
 from services.catalog.gpus import GpuSpec
@@ -43,19 +44,24 @@ PUBLISHED_MFU: dict[str, float] = {"hopper": 0.464, "ampere-dc": 0.642}
 # mamf-finder (stas00/ml-engineering compute/accelerator/README.md: A100 SXM 86.9%, H100 SXM 80.3%,
 # B200 77.6%; mag-/gpu_benchmark README, the same finder: RTX 4090 178.5 TFLOPS against 165.2 dense
 # with FP32 accumulate, because GeForce cards boost above their rated clock).
+# The ada class: mag-/gpu_benchmark README "Stats" table (mamf-finder with an Optuna shape search) measured
+# all four Ada datacenter/workstation cards of the catalog: L4 91.4 TFLOPS (dense bf16 121), L40 170.3 (181),
+# L40S 252.0 (362), RTX 6000 Ada 278.5 (364.2); the class gets the median of their shares.
+ADA_MATMUL_SHARES = (91.4 / 121.0, 170.3 / 181.0, 252.0 / 362.0, 278.5 / 364.2)
 MATMUL_SHARE: dict[str, float] = {
     "ampere-dc": 0.869,
     "hopper": 0.803,
     "blackwell": 0.776,
     "consumer": 178.5 / 165.2,
+    "ada": median(ADA_MATMUL_SHARES),
 }
 END_TO_END_OVER_MATMUL = (
     PUBLISHED_MFU["ampere-dc"] / MATMUL_SHARE["ampere-dc"] + PUBLISHED_MFU["hopper"] / MATMUL_SHARE["hopper"]
 ) / 2
-# No published sustained-matmul or training-MFU figure was found for these classes (L4/L40S are
-# power-capped at 72/350 W, T4 at 70 W, so the real figure may well be lower): they get the mean matmul
-# share of the measured datacenter classes, and their utilisation_source says so.
-UNMEASURED_CLASSES = ("ada", "ampere-pro", "turing", "blackwell-pro")
+# No published sustained-matmul or training-MFU figure was found for these classes (T4 is power-capped
+# at 70 W, so the real figure may well be lower): they get the mean matmul share of the measured
+# datacenter classes, and their utilisation_source says so.
+UNMEASURED_CLASSES = ("ampere-pro", "turing", "blackwell-pro")
 TYPICAL_MATMUL_SHARE = (MATMUL_SHARE["ampere-dc"] + MATMUL_SHARE["hopper"] + MATMUL_SHARE["blackwell"]) / 3
 
 
@@ -65,7 +71,7 @@ def _utilisation_priors() -> dict[str, tuple[float, str]]:
         cls: (mfu, f"published training utilisation for {cls} GPUs (llm-foundry MPT-7B)")
         for cls, mfu in PUBLISHED_MFU.items()
     }
-    for cls in ("blackwell", "consumer"):
+    for cls in ("blackwell", "consumer", "ada"):
         out[cls] = (
             round(END_TO_END_OVER_MATMUL * MATMUL_SHARE[cls], 3),
             f"measured matmul share {MATMUL_SHARE[cls]:.2f} for {cls} GPUs x end-to-end/matmul "

@@ -182,3 +182,12 @@ def test_unfused_lora_slows_a_short_sequence_more_than_a_fused_one() -> None:
     peft = _tp(make_plan(method="lora", lora=lora, seq_len=512), "A100 80GB")
     fused = _tp(make_plan(method="lora", lora=lora, seq_len=512, framework="unsloth"), "A100 80GB")
     assert peft.tokens_per_s < fused.tokens_per_s
+
+
+def test_ada_prior_rests_on_the_measured_matmul_shares_of_its_cards() -> None:
+    from services.estimator.throughput import ADA_MATMUL_SHARES, END_TO_END_OVER_MATMUL, UTILISATION_PRIORS
+
+    prior, source = UTILISATION_PRIORS["ada"]
+    shares = sorted(ADA_MATMUL_SHARES)
+    assert prior == pytest.approx(END_TO_END_OVER_MATMUL * (shares[1] + shares[2]) / 2, abs=5e-4)
+    assert "measured matmul share" in source
