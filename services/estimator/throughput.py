@@ -1,9 +1,11 @@
 """Training throughput: FLOPs per token, achievable utilisation, communication, time and cost.
 
-Step time per GPU = compute (hardware FLOPs / (peak x utilisation), at least the weight-read time)
-+ QLoRA dequantisation + the exposed part of communication + the optimizer step, amortised over the
-micro-batches of an optimizer step. Sources are named where each term is computed; the utilisation
-priors come from shared/reference/orchestration_lessons.md section 3.2 and are replaced by calibrated
+Step time per GPU = compute (hardware FLOPs / (peak x utilisation), the block linears on a per-GEMM
+roofline at the real tokens per micro-batch, plus the memory passes of unfused LoRA adapters; at least
+the weight-read time and the kernel-dispatch time) + QLoRA dequantisation + the exposed part of
+communication + the optimizer step, amortised over the micro-batches of an optimizer step. Sources are
+named where each term is computed; the utilisation priors (the large-GEMM rate of a training step per
+GPU class) come from published measurements cited below and are replaced by calibrated
 values when a calibration benchmark exists for the GPU and method.
 """
 
