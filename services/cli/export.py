@@ -14,7 +14,6 @@ from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
 from services.export import FORMATS, ExportBundle, export_setup
 from services.export.dataset import DATA_KINDS, DEFAULT_DATA, DataFormat, data_format
-from services.export.errors import ExportError
 from services.export.replan import describe_setup, export_retargeted, retarget_plan, setup_for_format
 from services.planner.models import Recommendation
 
@@ -81,28 +80,9 @@ def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]
     planned = replan(plan)
     if not planned:
         raise CliError("no setup in the catalog fits this plan; see `gpuplan estimate` for its memory")
-    # A setup the format's own checks refuse (e.g. a bitsandbytes optimizer under torchtune's FSDP2 on
-    # several GPUs) moves the export on to the next recommendation, as a setup that does not fit does.
-    refused: dict[str, str] = {}
-    for index in range(len(planned)):
-        try:
-            chosen = setup_for_format(plan, fmt, planned, replan, index)
-        except ExportError:
-            break
-        try:
-            bundle = export_retargeted(chosen, fmt, data)
-        except ExportError as exc:
-            refused.setdefault(describe_setup(chosen.setup), exc.message)
-            continue
-        if refused:
-            skipped = "; ".join(f"{setup}: {why}" for setup, why in refused.items())
-            bundle = bundle.model_copy(update={"notes": [f"cheaper setups {fmt} refuses: {skipped}", *bundle.notes]})
-        return bundle, f"the planner's cheapest setup: {describe_setup(chosen.setup)}"
-    if refused:
-        raise ExportError("sharding", f"no recommended setup can run as {fmt}: " + "; ".join(refused.values()))
-    # No recommendation the format can run at all: setup_for_format says why.
-    setup_for_format(plan, fmt, planned, replan)
-    raise CliError(f"no recommended setup can run as {fmt}")
+    chosen = setup_for_format(plan, fmt, planned, replan)
+    bundle = export_retargeted(chosen, fmt, data)
+    return bundle, f"the planner's cheapest setup: {describe_setup(chosen.setup)}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
