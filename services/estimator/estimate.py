@@ -16,7 +16,7 @@ from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe, framework_note, resolve_recipe
-from services.estimator.throughput import Throughput, estimate_throughput, run_cost
+from services.estimator.throughput import Throughput, estimate_throughput, flops_per_token, run_cost
 from services.estimator.uncertainty import memory_band
 
 # Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few
@@ -160,10 +160,19 @@ def estimate(
 
     fits = [_fit(spec, mem.peak_device) for spec in catalog]
     throughput: ThroughputReport | None = None
+    fpt = flops_per_token(plan, arch, recipe)  # the same on every card: computed once
     if target is not None:
         throughput = _throughput_report(
             estimate_throughput(
-                plan, arch, recipe, states, target, utilisation, utilisation_source, peak_device_bytes=mem.peak_device
+                plan,
+                arch,
+                recipe,
+                states,
+                target,
+                utilisation,
+                utilisation_source,
+                peak_device_bytes=mem.peak_device,
+                flops=fpt,
             ),
             target,
             plan,
@@ -178,7 +187,7 @@ def estimate(
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue
-        tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device)
+        tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, flops=fpt)
         costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
     costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
 

@@ -1,15 +1,20 @@
 """Training throughput: FLOPs per token, achievable utilisation, communication, time and cost.
 
-Step time per GPU = compute (hardware FLOPs / (peak x utilisation), at least the weight-read time)
-+ QLoRA dequantisation + the exposed part of communication + the optimizer step, amortised over the
-micro-batches of an optimizer step. Sources are named where each term is computed; the utilisation
-priors come from shared/reference/orchestration_lessons.md section 3.2 and are replaced by calibrated
+Step time per GPU = compute (hardware FLOPs / (peak x utilisation), the block linears on a per-GEMM
+roofline at the real tokens per micro-batch, plus the memory passes of unfused LoRA adapters; at least
+the weight-read time and the kernel-dispatch time) + QLoRA dequantisation + the exposed part of
+communication + the optimizer step, amortised over the micro-batches of an optimizer step. Sources are
+named where each term is computed; the utilisation priors (the large-GEMM rate of a training step per
+GPU class) come from published measurements cited below and are replaced by calibrated
 values when a calibration benchmark exists for the GPU and method.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
+from typing import TypeVar
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
@@ -21,7 +26,7 @@ from services.estimator.communication import (
     step_communication,
     total_parameters,
 )
-from services.estimator.memory import ModelStates, adapter_params, quantized_params
+from services.estimator.memory import ModelStates, adapter_params, lora_roles_of, quantized_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
@@ -41,19 +46,24 @@ PUBLISHED_MFU: dict[str, float] = {"hopper": 0.464, "ampere-dc": 0.642}
 # mamf-finder (stas00/ml-engineering compute/accelerator/README.md: A100 SXM 86.9%, H100 SXM 80.3%,
 # B200 77.6%; mag-/gpu_benchmark README, the same finder: RTX 4090 178.5 TFLOPS against 165.2 dense
 # with FP32 accumulate, because GeForce cards boost above their rated clock).
+# The ada class: mag-/gpu_benchmark README "Stats" table (mamf-finder with an Optuna shape search) measured
+# all four Ada datacenter/workstation cards of the catalog: L4 91.4 TFLOPS (dense bf16 121), L40 170.3 (181),
+# L40S 252.0 (362), RTX 6000 Ada 278.5 (364.2); the class gets the median of their shares.
+ADA_MATMUL_SHARES = (91.4 / 121.0, 170.3 / 181.0, 252.0 / 362.0, 278.5 / 364.2)
 MATMUL_SHARE: dict[str, float] = {
     "ampere-dc": 0.869,
     "hopper": 0.803,
     "blackwell": 0.776,
     "consumer": 178.5 / 165.2,
+    "ada": median(ADA_MATMUL_SHARES),
 }
 END_TO_END_OVER_MATMUL = (
     PUBLISHED_MFU["ampere-dc"] / MATMUL_SHARE["ampere-dc"] + PUBLISHED_MFU["hopper"] / MATMUL_SHARE["hopper"]
 ) / 2
-# No published sustained-matmul or training-MFU figure was found for these classes (L4/L40S are
-# power-capped at 72/350 W, T4 at 70 W, so the real figure may well be lower): they get the mean matmul
-# share of the measured datacenter classes, and their utilisation_source says so.
-UNMEASURED_CLASSES = ("ada", "ampere-pro", "turing", "blackwell-pro")
+# No published sustained-matmul or training-MFU figure was found for these classes (T4 is power-capped
+# at 70 W, so the real figure may well be lower): they get the mean matmul share of the measured
+# datacenter classes, and their utilisation_source says so.
+UNMEASURED_CLASSES = ("ampere-pro", "turing", "blackwell-pro")
 TYPICAL_MATMUL_SHARE = (MATMUL_SHARE["ampere-dc"] + MATMUL_SHARE["hopper"] + MATMUL_SHARE["blackwell"]) / 3
 
 
@@ -63,7 +73,7 @@ def _utilisation_priors() -> dict[str, tuple[float, str]]:
         cls: (mfu, f"published training utilisation for {cls} GPUs (llm-foundry MPT-7B)")
         for cls, mfu in PUBLISHED_MFU.items()
     }
-    for cls in ("blackwell", "consumer"):
+    for cls in ("blackwell", "consumer", "ada"):
         out[cls] = (
             round(END_TO_END_OVER_MATMUL * MATMUL_SHARE[cls], 3),
             f"measured matmul share {MATMUL_SHARE[cls]:.2f} for {cls} GPUs x end-to-end/matmul "
@@ -93,6 +103,9 @@ UTILISATION_PRIOR: dict[str, float] = {cls: prior for cls, (prior, _) in UTILISA
 # - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
 # Eager PyTorch issues roughly this many kernels per transformer block per forward; backward ~2x.
 KERNELS_PER_BLOCK_FORWARD = 40
+# Backward kernels per forward kernel, from the same count (73 / 40 rounded up to 2: autograd adds
+# accumulation and dtype-cast kernels the TorchDispatchMode count of one layer difference can miss).
+BACKWARD_KERNELS_PER_FORWARD = 2
 # CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
 DISPATCH_SECONDS_PER_KERNEL = 12e-6
 GPUS_PER_NODE = 8
@@ -100,6 +113,187 @@ INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
 # reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
 CPU_ADAM_PARAMS_PER_S = 1.0e9
+
+# GPU-independent work of the last plans, keyed by the identity of their (frozen) architecture and
+# recipe objects: the estimate and the planner evaluate one plan on every card, and hashing or comparing
+# the nested dataclasses would cost more than recomputing.
+_BY_IDENTITY: dict[tuple[object, ...], tuple[object, object, object]] = {}
+_BY_IDENTITY_MAX = 256
+T = TypeVar("T")
+
+
+def _cached(kind: str, arch: Architecture, recipe: Recipe, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    k = (kind, id(arch), id(recipe), *key)
+    hit = _BY_IDENTITY.get(k)
+    if hit is not None and hit[0] is arch and hit[1] is recipe:
+        return hit[2]  # type: ignore[return-value]
+    value = compute()
+    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[k] = (arch, recipe, value)
+    return value
+
+
+def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
+    """Roofline time of one (m x k) @ (k x n) GEMM: the larger of its math time and its memory time.
+
+    NVIDIA Deep Learning Performance guide, "Matrix Multiplication Background" (sections "Math and
+    Memory Bounds" and "Dimension Quantization Effects"): a GEMM does 2mkn FLOPs and moves at least
+    (mk + kn + mn) elements, so its arithmetic intensity falls with a small m (tokens per micro-batch)
+    and it becomes bandwidth-bound below the card's FLOPs:bytes ratio. ``flops_per_s`` is the
+    large-GEMM rate (peak x utilisation prior).
+    """
+    math = 2.0 * m * k * n / flops_per_s
+    memory = (m * k + k * n + m * n) * element_bytes / bytes_per_s
+    return max(math, memory)
+
+
+def block_linear_gemms(
+    plan: Plan, arch: Architecture, recipe: Recipe, flops_per_s: float, bytes_per_s: float
+) -> tuple[float, float]:
+    """(FLOPs, roofline seconds) of every block linear's GEMMs in one micro-batch.
+
+    The GEMMs of a linear (Narayanan et al. 2021, arXiv 2104.04473, section 5.1: forward, the
+    input-gradient and the weight-gradient matmul, each 2mkn): forward at m = tokens, the input
+    gradient (m x n @ n x k), the weight gradient (k x m @ m x n) only for trained weights, and the
+    forward again under activation checkpointing (half of it for selective). Expert linears of a
+    mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
+    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
+    """
+    replay = 0.0
+    if plan.is_training and plan.gradient_checkpointing:
+        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    tokens, training, full = plan.tokens_per_micro_batch, plan.is_training, plan.method == "full"
+    width = recipe.compute_bytes
+    total, least_intensity, gemms = _cached(
+        "gemms",
+        arch,
+        recipe,
+        (tokens, training, full, replay, width),
+        lambda: _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width),
+    )
+    if flops_per_s / bytes_per_s <= least_intensity:  # every GEMM is math-bound on this card
+        return total, total / flops_per_s
+    return total, sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
+
+
+def _gemm_work(
+    shapes: tuple[tuple[float, float, float, float], ...], width: int
+) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """(total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of the shapes: ``gemm_seconds``'s terms."""
+    gemms = tuple((t * 2.0 * m * k * n, t * (m * k + k * n + m * n) * width) for m, k, n, t in shapes)
+    total = sum(f for f, _ in gemms)
+    least = min((f / nbytes for f, nbytes in gemms if nbytes > 0), default=float("inf"))
+    return total, least, gemms
+
+
+def _linear_gemm_shapes(
+    arch: Architecture, tokens: int, training: bool, weight_grads: bool, replay: float
+) -> tuple[tuple[float, float, float, float], ...]:
+    """(m, k, n, how many) of each block-linear GEMM of a micro-batch; cached, as the planner asks per card."""
+    out: list[tuple[float, float, float, float]] = []
+    for b in arch.blocks:
+        for lin in b.linears:
+            k, n = float(lin.in_features), float(lin.out_features)
+            m = tokens * b.experts_per_token / lin.copies if lin.copies > 1 else float(tokens)
+            times = float(b.count * lin.copies)
+            out.append((m, k, n, times * (1.0 + (replay if training else 0.0))))
+            if training:
+                out.append((m, n, k, times))
+                if weight_grads:
+                    out.append((k, m, n, times))
+    return tuple(out)
+
+
+def lora_unfused_bytes_per_token(
+    in_features: int, out_features: int, compute_bytes: int, adapter_input_bytes: int, dropout: bool
+) -> tuple[float, float]:
+    """(forward, backward) bytes one token moves through one PEFT-style LoRA linear besides its GEMMs.
+
+    PEFT's ``lora.Linear.forward`` (peft/tuners/lora/layer.py) runs, after the base layer:
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, ``result = result + lora_B(lora_A(dropout(x)))
+    * scaling`` and ``result.to(torch_result_dtype)``; each is a separate memory-bound kernel over a
+    full activation (LoRAFusion, Zhu et al. 2025, arXiv 2510.00206, section 3: redundant memory traffic
+    of unfused LoRA on large activation tensors). Counted per token, with ``a`` the adapter's input
+    width (``adapter_input_bytes``, or the compute width when it shares the input) and ``c`` the compute
+    width: forward = cast (read c, write a per input feature) + dropout (read a, write a + a 1-byte mask)
+    + lora_A reading its input (a) + lora_B writing its output (a per output feature) + the scaling
+    (read a, write a) + the add (read c and a, write a) + the cast back (read a, write c, when a != c).
+    Backward = the cast back's gradient (c, a) + the scaling (a, a) + lora_B's two GEMMs reading the
+    output gradient (2a) + lora_A's weight gradient reading the saved input (a) and its input gradient
+    written (a) + dropout (read a + mask, write a) + the cast (a, c) + accumulating into the base
+    layer's input gradient (read 2c, write c). The rank-wide intermediates are negligible.
+    """
+    c = float(compute_bytes)
+    a = float(adapter_input_bytes or compute_bytes)
+    d_in, d_out = float(in_features), float(out_features)
+    cast = a != c
+    fwd = d_in * a + d_out * a  # lora_A reads its input, lora_B writes its output
+    fwd += d_out * 2 * a  # * scaling
+    fwd += d_out * (c + 2 * a)  # result + ...
+    bwd = d_out * 2 * a + d_out * 2 * a  # scaling backward, lora_B dX and dW read the gradient
+    bwd += d_in * 2 * a  # lora_A weight gradient reads the input, its input gradient is written
+    bwd += d_in * 3 * c  # accumulate into the base layer's input gradient
+    if cast:
+        fwd += d_in * (c + a) + d_out * (a + c)
+        bwd += d_out * (c + a) + d_in * (a + c)
+    if dropout:
+        fwd += d_in * (2 * a + 1)
+        bwd += d_in * (2 * a + 1)
+    return fwd, bwd
+
+
+def lora_unfused_kernels_per_linear(adapter_input_bytes: int, compute_bytes: int, dropout: bool) -> int:
+    """Forward kernels PEFT's ``lora.Linear.forward`` adds per adapted linear (see above).
+
+    lora_A, lora_B, the scaling multiply and the add, plus the input cast and the cast back when the
+    adapter runs in another dtype, plus dropout when its probability is not 0 (``nn.Identity`` then).
+    """
+    cast = 2 if adapter_input_bytes and adapter_input_bytes != compute_bytes else 0
+    return 4 + cast + (1 if dropout else 0)
+
+
+def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, int]:
+    """(bytes per token over all passes, forward kernels per layer) of the plan's unfused LoRA adapters.
+
+    Zero for full fine-tuning, for unsloth, whose LoRA MLP/QKV/O autograd functions fuse the adapter
+    into the base matmul's kernels (unslothai/unsloth unsloth/kernels/fast_lora.py), and for compiled
+    blocks, where TorchInductor fuses the casts, dropout, scaling and add into the neighbouring kernels
+    (Ansel et al. 2024, "PyTorch 2", ASPLOS, section 4: pointwise fusion).
+    Checkpointing replays the forward (half of it for selective checkpointing, as in ``flops_per_token``).
+    """
+    if plan.method == "full" or plan.framework == "unsloth" or recipe.compiled or not plan.is_training:
+        return 0.0, 0
+    replay = 0.0
+    if plan.gradient_checkpointing:
+        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
+
+
+def _lora_unfused_work(arch: Architecture, recipe: Recipe, replay: float) -> tuple[float, int]:
+    """``lora_unfused_work`` for a trained LoRA plan; cached, as the planner asks once per card."""
+    dropout = recipe.lora_dropout > 0.0
+    total = 0.0
+    kernels = 0
+    layers = max(1, arch.num_layers)
+    for b in arch.blocks:
+        for lin in b.linears:
+            roles = lora_roles_of(lin, recipe)
+            if not roles:
+                continue
+            d_out = lin.out_features * len(roles) // len(lin.roles)
+            fwd, bwd = lora_unfused_bytes_per_token(
+                lin.in_features, d_out, recipe.compute_bytes, recipe.adapter_input_bytes, dropout
+            )
+            # Expert copies each see their share of the tokens: per token the traffic is experts_per_token x.
+            share = b.experts_per_token if lin.copies > 1 else 1
+            total += b.count * share * (fwd * (1.0 + replay) + bwd)
+            kernels += (
+                b.count
+                * lin.copies
+                * lora_unfused_kernels_per_linear(recipe.adapter_input_bytes, recipe.compute_bytes, dropout)
+            )
+    return total, -(-kernels // layers)
 
 
 @dataclass(frozen=True)
@@ -241,16 +435,26 @@ def estimate_throughput(
     tokens = plan.tokens_per_micro_batch
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 
-    compute = fpt.hardware * tokens / (peak * util)
+    # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
+    # own FLOPs) at the large-GEMM rate.
+    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth)
+    compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
+    # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
+    lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
+    compute += lora_bytes * tokens / bandwidth
     # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
     dispatch = (
         arch.num_layers
-        * KERNELS_PER_BLOCK_FORWARD
+        * (KERNELS_PER_BLOCK_FORWARD + lora_kernels)
         * DISPATCH_SECONDS_PER_KERNEL
-        * (1 + (2 if plan.is_training else 0) + (1 if plan.gradient_checkpointing else 0))
+        * (
+            1
+            + (BACKWARD_KERNELS_PER_FORWARD if plan.is_training else 0)
+            + (1 if plan.is_training and plan.gradient_checkpointing else 0)
+        )
     )
     compute = max(compute, dispatch)
 

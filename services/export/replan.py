@@ -141,6 +141,9 @@ def setup_for_format(
     for rank, rec in enumerate(recs[index:], start=index):
         try:
             fitted, fit_notes = fit_setup(target_plan, rec, fmt)
+            # The format's own checks (e.g. no bitsandbytes optimizer under torchtune's FSDP2 on several
+            # GPUs) refuse a setup as surely as memory does: the next recommendation is tried.
+            export_retargeted(Retargeted(target_plan, fitted, ()), fmt)
         except ExportError as exc:
             reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
             continue

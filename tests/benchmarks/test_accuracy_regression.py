@@ -15,10 +15,11 @@ import pytest
 from benchmarks.accuracy.run import Summary, evaluate_case, load_cases, published_cases_path, summarize
 
 MARGIN_PCT = 1.0
-# Medium + high confidence cases, as published in docs/accuracy.md (memory: absolute % error of the peak).
+# Medium + high confidence cases, as published in docs/accuracy.md (memory: absolute % error of the peak;
+# tokens/s: median absolute % error over the cases with a comparable measured throughput).
 PUBLISHED = {
-    "project copy": {"median": 7.1, "p90": 19.7},
-    "as published in shared/": {"median": 4.9, "p90": 14.8},
+    "project copy": {"median": 7.1, "p90": 19.7, "tokens_median": 23.7},
+    "as published in shared/": {"median": 4.9, "p90": 14.8, "tokens_median": 12.5},
 }
 
 
@@ -41,6 +42,8 @@ def test_medium_and_high_confidence_cases_hold_the_published_numbers(which: str)
     assert headline.memory_cases >= 60
     assert headline.median_abs_error_pct <= bars["median"] + MARGIN_PCT, headline
     assert headline.p90_abs_error_pct <= bars["p90"] + MARGIN_PCT, headline
+    assert headline.tokens_cases >= 20
+    assert headline.tokens_median_abs_error_pct <= bars["tokens_median"] + MARGIN_PCT, headline
     # Every measured out-of-memory the estimator estimates is predicted not to fit, and nothing that ran
     # is predicted to run out of memory.
     assert headline.ooms_flagged == headline.ooms

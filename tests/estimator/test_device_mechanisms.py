@@ -169,7 +169,9 @@ def test_utilisation_priors_come_from_published_figures() -> None:
     # The RTX 4090 measured 178.5 TFLOPS on matmuls against a 165.2 datasheet peak.
     assert UTILISATION_PRIOR["consumer"] == pytest.approx(END_TO_END_OVER_MATMUL * 178.5 / 165.2, abs=1e-3)
     assert MATMUL_SHARE["consumer"] > 1
-    for cls in ("ada", "turing", "ampere-pro"):
+    # The Ada cards (L4, L40, L40S, RTX 6000 Ada) have measured matmul shares; these classes do not.
+    assert "measured matmul share" in UTILISATION_PRIORS["ada"][1]
+    for cls in ("turing", "ampere-pro"):
         assert "no published measurement" in UTILISATION_PRIORS[cls][1]
     report = estimate(make_plan(), "L40S")
     assert report.throughput is not None and report.throughput.utilisation_assumed == UTILISATION_PRIOR["ada"]

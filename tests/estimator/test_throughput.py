@@ -115,3 +115,79 @@ def test_run_cost_seeds_worked_example() -> None:
     assert cost.hours == pytest.approx(4.2667, rel=1e-3)
     assert cost.on_demand_usd == pytest.approx(17.07, rel=1e-3)
     assert cost.spot_usd == pytest.approx(5.12, rel=1e-3)
+
+
+def test_gemm_roofline_is_math_bound_for_long_rows_and_memory_bound_for_few() -> None:
+    from services.estimator.throughput import gemm_seconds
+
+    flops, bw = 200e12, 2e12
+    # 4096 rows: 2*4096*4096*4096 FLOPs at 200 TFLOPS beats (3 x 4096^2 x 2 B) at 2 TB/s.
+    assert gemm_seconds(4096, 4096, 4096, flops, bw, 2) == pytest.approx(2 * 4096**3 / flops)
+    # 8 rows: the weight read (4096^2 x 2 B) dominates.
+    assert gemm_seconds(8, 4096, 4096, flops, bw, 2) == pytest.approx((8 * 4096 * 2 + 4096**2) * 2 / bw)
+
+
+def test_block_linear_gemms_match_flop_accounting_at_large_m_and_slow_down_at_small_m() -> None:
+    from services.estimator.throughput import block_linear_gemms
+
+    big = make_plan(seq_len=4096, micro_batch_size=2)
+    flops, seconds = block_linear_gemms(big, ARCH, resolve_recipe(big), 200e12, 2e12)
+    linear = L * (2 * H * H + 2 * H * 1024 + 3 * H * 14336)
+    assert flops == pytest.approx(3 * 2 * linear * 8192)  # forward, input and weight gradients
+    assert seconds == pytest.approx(flops / 200e12)
+    small = make_plan(seq_len=16, micro_batch_size=1)
+    flops_s, seconds_s = block_linear_gemms(small, ARCH, resolve_recipe(small), 200e12, 2e12)
+    assert seconds_s > 5 * flops_s / 200e12
+
+
+def test_lora_unfused_bytes_count_peft_forward_passes() -> None:
+    from services.estimator.throughput import lora_unfused_bytes_per_token, lora_unfused_kernels_per_linear
+
+    fwd, bwd = lora_unfused_bytes_per_token(100, 10, 2, 0, dropout=False)
+    # lora_A reads x, lora_B writes, scale (read+write), add (read 2, write 1): 2 B each.
+    assert fwd == pytest.approx(2 * (100 + 10 + 2 * 10 + 3 * 10))
+    assert bwd == pytest.approx(2 * (4 * 10 + 2 * 100 + 3 * 100))
+    fwd_d, _ = lora_unfused_bytes_per_token(100, 10, 2, 0, dropout=True)
+    assert fwd_d - fwd == pytest.approx(100 * (2 * 2 + 1))
+    fwd_c, _ = lora_unfused_bytes_per_token(100, 10, 2, 4, dropout=False)
+    assert fwd_c > 2 * fwd
+    assert lora_unfused_kernels_per_linear(0, 2, dropout=False) == 4
+    assert lora_unfused_kernels_per_linear(4, 2, dropout=True) == 7
+
+
+def test_lora_unfused_work_is_zero_for_full_unsloth_and_compiled() -> None:
+    from services.estimator.throughput import lora_unfused_work
+
+    lora = {"rank": 8, "targets": ["q", "v"]}
+    peft = make_plan(method="lora", lora=lora)
+    nbytes, kernels = lora_unfused_work(peft, ARCH, resolve_recipe(peft))
+    assert nbytes > 0 and kernels == 2 * lora_kernels_for(peft)
+    for plan in (
+        make_plan(),
+        make_plan(method="lora", lora=lora, framework="unsloth"),
+        make_plan(method="lora", lora=lora, compile=True),
+    ):
+        assert lora_unfused_work(plan, ARCH, resolve_recipe(plan)) == (0.0, 0)
+
+
+def lora_kernels_for(plan):  # type: ignore[no-untyped-def]
+    from services.estimator.throughput import lora_unfused_kernels_per_linear
+
+    r = resolve_recipe(plan)
+    return lora_unfused_kernels_per_linear(r.adapter_input_bytes, r.compute_bytes, r.lora_dropout > 0)
+
+
+def test_unfused_lora_slows_a_short_sequence_more_than_a_fused_one() -> None:
+    lora = {"rank": 64, "targets": "all-linear"}
+    peft = _tp(make_plan(method="lora", lora=lora, seq_len=512), "A100 80GB")
+    fused = _tp(make_plan(method="lora", lora=lora, seq_len=512, framework="unsloth"), "A100 80GB")
+    assert peft.tokens_per_s < fused.tokens_per_s
+
+
+def test_ada_prior_rests_on_the_measured_matmul_shares_of_its_cards() -> None:
+    from services.estimator.throughput import ADA_MATMUL_SHARES, END_TO_END_OVER_MATMUL, UTILISATION_PRIORS
+
+    prior, source = UTILISATION_PRIORS["ada"]
+    shares = sorted(ADA_MATMUL_SHARES)
+    assert prior == pytest.approx(END_TO_END_OVER_MATMUL * (shares[1] + shares[2]) / 2, abs=5e-4)
+    assert "measured matmul share" in source
