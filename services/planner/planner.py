@@ -21,6 +21,7 @@ from services.catalog.gpus import GpuSpec, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget, unlimited
+from services.estimator.communication import synchronisation_fraction
 from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB, adapter_params
 from services.estimator.plan import Plan
@@ -198,7 +199,11 @@ def scaling_efficiency(ctx: PlanContext, c: Candidate) -> float:
         optimizer=cfg.optimizer,
     )
     single = ctx.evaluator.throughput(one, c.spec, spill=False)
-    return min(1.0, c.throughput.tokens_per_s / (c.layout.gpus * single.tokens_per_s))
+    ratio = c.throughput.tokens_per_s / (c.layout.gpus * single.tokens_per_s)
+    # With CPU offload one GPU streams the whole model over its own host link while n GPUs stream a shard
+    # each, so the ratio can pass 1; the synchronisation every multi-GPU step waits for still bounds it.
+    waiting = synchronisation_fraction(c.layout.gpus) * c.throughput.seconds["compute"] / c.throughput.step_seconds
+    return min(ratio, 1.0 - waiting)
 
 
 def price_age_hours(fetched_at: str, now: datetime | None) -> float | None:
