@@ -134,6 +134,14 @@ def _cached(kind: str, arch: Architecture, recipe: Recipe, key: tuple[object, ..
     return value
 
 
+def forward_replay_share(plan: Plan, recipe: Recipe) -> float:
+    """Share of the block forward that activation checkpointing replays in backward: all of it, half for
+    selective checkpointing (llm-foundry HFU accounting), none without checkpointing or outside training."""
+    if not (plan.is_training and plan.gradient_checkpointing):
+        return 0.0
+    return 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+
+
 def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
     """Roofline time of one (m x k) @ (k x n) GEMM: the larger of its math time and its memory time.
 
@@ -160,9 +168,7 @@ def block_linear_gemms(
     mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
     ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
     """
-    replay = 0.0
-    if plan.is_training and plan.gradient_checkpointing:
-        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    replay = forward_replay_share(plan, recipe)
     tokens, training, full = plan.tokens_per_micro_batch, plan.is_training, plan.method == "full"
     width = recipe.compute_bytes
     total, least_intensity, gemms = _cached(
@@ -264,9 +270,7 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
     """
     if plan.method == "full" or plan.framework == "unsloth" or recipe.compiled or not plan.is_training:
         return 0.0, 0
-    replay = 0.0
-    if plan.gradient_checkpointing:
-        replay = 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+    replay = forward_replay_share(plan, recipe)
     return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
 
 
@@ -351,7 +355,7 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     recompute = 0.0
     if plan.gradient_checkpointing:
         block_fwd = 2 * layer_matmul + attn_fwd
-        recompute = block_fwd * (0.5 if recipe.checkpoint_granularity == "selective" else 1.0)
+        recompute = block_fwd * forward_replay_share(plan, recipe)
         if recipe.checkpoint_granularity == "selective":
             recompute -= attn_fwd * 0.5  # SDPA outputs are saved, not recomputed
     n_active = parameter_counts(arch).active
