@@ -37,6 +37,7 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--grad-accum", "gradient_accumulation_steps", {"type": int, "metavar": "N"}),
     ("--mode", "mode", {"choices": ["train", "inference"]}),
     ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
+    ("--padding", "padding", {"choices": ["packed", "max-length", "longest"]}),
 ]
 
 

@@ -87,6 +87,8 @@ def render_estimate(e: Estimate) -> str:
             f"({t.tokens_per_s_per_gpu:,.0f} per GPU, MFU {t.mfu:.0%}; utilisation {t.utilisation_assumed:.0%}, "
             f"{t.utilisation_source})",
         ]
+        if t.data_tokens_per_s < t.tokens_per_s * 0.995:
+            out.append(f"  of which data tokens: {t.data_tokens_per_s:,.0f}/s (the rest is padding; see assumptions)")
     if e.costs:
         head = "Cost" + (
             f" for {e.total_tokens / 1e6:,.1f}M tokens" if e.total_tokens else " (give --dataset-tokens for totals)"
@@ -97,7 +99,7 @@ def render_estimate(e: Estimate) -> str:
                 c.provider,
                 f"{c.gpus} x {c.gpu}",
                 "yes" if c.fits else "no",
-                f"{c.tokens_per_s:,.0f}",
+                f"{c.data_tokens_per_s:,.0f}",
                 f"{c.on_demand_usd_per_hour:.2f}",
                 f"{c.usd_per_million_tokens:.3f}",
                 _hours(c.hours),
@@ -112,7 +114,7 @@ def render_estimate(e: Estimate) -> str:
                     "provider",
                     "setup",
                     "fits",
-                    "tokens/s",
+                    "data tok/s",
                     "$/h",
                     "$/M tokens",
                     "time",

@@ -14,6 +14,7 @@ from services.estimator.architecture import Architecture, architecture_from_conf
 from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
+from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe, framework_note, resolve_recipe
 from services.estimator.throughput import Throughput, estimate_throughput, flops_per_token, run_cost
@@ -69,8 +70,11 @@ class FitReport(_Out):
 class ThroughputReport(_Out):
     gpu: str
     gpus: int
-    tokens_per_s: float
+    tokens_per_s: float  # tokens processed per second over all GPUs, pad tokens included
     tokens_per_s_per_gpu: float
+    # Tokens of the data set consumed per second (equal to tokens_per_s for packed rows or when the plan
+    # gives no mean example length); the run's time and cost follow it.
+    data_tokens_per_s: float
     mfu: float
     utilisation_assumed: float
     utilisation_source: str
@@ -84,7 +88,8 @@ class CostReport(_Out):
     gpu: str
     gpus: int
     fits: bool
-    tokens_per_s: float
+    tokens_per_s: float  # processed, pad tokens included
+    data_tokens_per_s: float  # the data set's tokens per second: usd_per_million_tokens and hours use it
     on_demand_usd_per_hour: float  # for all GPUs of the plan
     spot_usd_per_hour: float | None
     usd_per_million_tokens: float
@@ -286,6 +291,7 @@ def _throughput_report(tp: Throughput, spec: GpuSpec, plan: Plan) -> ThroughputR
         gpus=plan.gpus,
         tokens_per_s=round(tp.tokens_per_s, 1),
         tokens_per_s_per_gpu=round(tp.tokens_per_s_per_gpu, 1),
+        data_tokens_per_s=round(tp.data_tokens_per_s, 1),
         mfu=round(tp.mfu, 4),
         utilisation_assumed=tp.utilisation_assumed,
         utilisation_source=tp.utilisation_source,
@@ -300,10 +306,11 @@ def _cost(
 ) -> CostReport:
     per_hour = offer.on_demand_usd_per_hour * plan.gpus
     spot_per_hour = offer.spot_usd_per_hour * plan.gpus if offer.spot_usd_per_hour is not None else None
-    per_million = per_hour / (tp.tokens_per_s * 3600.0) * 1e6
+    # Per token of the data set: pad tokens cost GPU time but are not what the run is sized by.
+    per_million = per_hour / (tp.data_tokens_per_s * 3600.0) * 1e6
     hours = on_demand = spot = None
     if total_tokens is not None:
-        cost = run_cost(total_tokens, tp.tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour)
+        cost = run_cost(total_tokens, tp.data_tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour)
         hours, on_demand, spot = round(cost.hours, 3), cost.on_demand_usd, cost.spot_usd
     return CostReport(
         provider=offer.provider,
@@ -311,6 +318,7 @@ def _cost(
         gpus=plan.gpus,
         fits=fits,
         tokens_per_s=round(tp.tokens_per_s, 1),
+        data_tokens_per_s=round(tp.data_tokens_per_s, 1),
         on_demand_usd_per_hour=round(per_hour, 4),
         spot_usd_per_hour=None if spot_per_hour is None else round(spot_per_hour, 4),
         usd_per_million_tokens=round(per_million, 4),
@@ -367,6 +375,9 @@ def _assumptions(plan: Plan, recipe: Recipe) -> list[str]:
         )
     if plan.quantized is not None:
         out.append(f"quantized base: {plan.quantized} via {recipe.quant_backend}")
+    padding = padding_note(plan, recipe)
+    if padding is not None:
+        out.append(padding)
     return out
 
 

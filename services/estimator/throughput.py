@@ -27,6 +27,7 @@ from services.estimator.communication import (
     total_parameters,
 )
 from services.estimator.memory import ModelStates, adapter_params, lora_roles_of, quantized_params
+from services.estimator.padding import batch_row_tokens, data_tokens_per_processed_token
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
@@ -142,6 +143,12 @@ def forward_replay_share(plan: Plan, recipe: Recipe) -> float:
     return 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
 
 
+def micro_batch_tokens(plan: Plan, recipe: Recipe) -> float:
+    """Tokens one micro-batch processes, pad tokens included: its rows x their length, which under padding
+    to the longest sample is that sample's expected length, not ``seq_len`` (services.estimator.padding)."""
+    return plan.micro_batch_size * batch_row_tokens(plan, recipe)
+
+
 def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
     """Roofline time of one (m x k) @ (k x n) GEMM: the larger of its math time and its memory time.
 
@@ -169,7 +176,7 @@ def block_linear_gemms(
     ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
     """
     replay = forward_replay_share(plan, recipe)
-    tokens, training, full = plan.tokens_per_micro_batch, plan.is_training, plan.method == "full"
+    tokens, training, full = micro_batch_tokens(plan, recipe), plan.is_training, plan.method == "full"
     width = recipe.compute_bytes
     total, least_intensity, gemms = _cached(
         "gemms",
@@ -194,14 +201,14 @@ def _gemm_work(
 
 
 def _linear_gemm_shapes(
-    arch: Architecture, tokens: int, training: bool, weight_grads: bool, replay: float
+    arch: Architecture, tokens: float, training: bool, weight_grads: bool, replay: float
 ) -> tuple[tuple[float, float, float, float], ...]:
     """(m, k, n, how many) of each block-linear GEMM of a micro-batch; cached, as the planner asks per card."""
     out: list[tuple[float, float, float, float]] = []
     for b in arch.blocks:
         for lin in b.linears:
             k, n = float(lin.in_features), float(lin.out_features)
-            m = tokens * b.experts_per_token / lin.copies if lin.copies > 1 else float(tokens)
+            m = tokens * b.experts_per_token / lin.copies if lin.copies > 1 else tokens
             times = float(b.count * lin.copies)
             out.append((m, k, n, times * (1.0 + (replay if training else 0.0))))
             if training:
@@ -314,8 +321,9 @@ class FlopsPerToken:
 
 @dataclass(frozen=True)
 class Throughput:
-    tokens_per_s: float  # over all GPUs of the plan
+    tokens_per_s: float  # over all GPUs of the plan; tokens processed, pad tokens included
     tokens_per_s_per_gpu: float
+    data_tokens_per_s: float  # the data set's tokens consumed per second over all GPUs (time and cost use it)
     step_seconds: float  # one micro-batch on every GPU, optimizer and communication amortised
     mfu: float
     utilisation_assumed: float
@@ -436,7 +444,7 @@ def estimate_throughput(
     util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
     fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
-    tokens = plan.tokens_per_micro_batch
+    tokens = micro_batch_tokens(plan, recipe)
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 
     # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
@@ -504,6 +512,7 @@ def estimate_throughput(
     return Throughput(
         tokens_per_s=total,
         tokens_per_s_per_gpu=per_gpu,
+        data_tokens_per_s=total * data_tokens_per_processed_token(plan, recipe),
         step_seconds=step,
         mfu=mfu,
         utilisation_assumed=util,

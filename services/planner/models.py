@@ -48,8 +48,12 @@ class Recommendation(_Out):
     gpu_memory_gib: float
     usable_gib: float = Field(description="the card's memory less the safety margin")
     headroom_gib: float = Field(description="gpu_memory_gib - peak_gib_per_gpu")
-    tokens_per_s: float = Field(description="all GPUs together")
+    tokens_per_s: float = Field(description="all GPUs together, pad tokens included")
     tokens_per_s_per_gpu: float
+    data_tokens_per_s: float = Field(
+        description="the data set's tokens consumed per second, all GPUs together: tokens_per_s less the padding "
+        "(equal for packed rows); hours and cost follow it"
+    )
     mfu: float
     scaling_efficiency: float = Field(
         description="tokens/s on these GPUs / (gpus x tokens/s of one GPU of the card at the same micro-batch)"

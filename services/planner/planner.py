@@ -257,6 +257,7 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
         headroom_gib=round(c.spec.memory_gib - peak_gib, 2),
         tokens_per_s=round(c.throughput.tokens_per_s, 1),
         tokens_per_s_per_gpu=round(c.throughput.tokens_per_s_per_gpu, 1),
+        data_tokens_per_s=round(c.throughput.data_tokens_per_s, 1),
         mfu=round(c.throughput.mfu, 4),
         scaling_efficiency=round(scaling_efficiency(ctx, c), 3),
         hours=round(c.on_demand.hours, 3),

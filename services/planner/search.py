@@ -305,7 +305,7 @@ def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: C
         cfg=cfg,
         peak_device_bytes=ctx.evaluator.memory(cfg).peak_device,
         throughput=tp,
-        training_s=ctx.total_tokens / tp.tokens_per_s,
+        training_s=ctx.total_tokens / tp.data_tokens_per_s,
         host_ram_bytes_per_node=host_ram_bytes_per_node(ctx, cfg, layout),
     )
 
