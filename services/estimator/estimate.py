@@ -310,7 +310,9 @@ def _cost(
     per_million = per_hour / (tp.data_tokens_per_s * 3600.0) * 1e6
     hours = on_demand = spot = None
     if total_tokens is not None:
-        cost = run_cost(total_tokens, tp.data_tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour)
+        cost = run_cost(
+            total_tokens, tp.data_tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour
+        )
         hours, on_demand, spot = round(cost.hours, 3), cost.on_demand_usd, cost.spot_usd
     return CostReport(
         provider=offer.provider,

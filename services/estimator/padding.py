@@ -77,7 +77,8 @@ def expected_longest(mean: float, cap: int, batch: int) -> float:
     if rate > 0:
         # F(x) = (1 - e^-rx) / (1 - e^-rL). Beyond (ln B + 40) / r the integrand 1 - F^B is below B e^-40.
         upper = min(length, (math.log(batch) + 40.0) / rate)
-        return min(length, _simpson(lambda x: 1.0 - (math.expm1(-rate * x) / math.expm1(-rate * length)) ** batch, 0.0, upper))
+        tail = math.expm1(-rate * length)
+        return min(length, _simpson(lambda x: 1.0 - (math.expm1(-rate * x) / tail) ** batch, 0.0, upper))
     # A negative rate (mean above cap / 2): F(x) = e^{m(x - L)} (1 - e^-mx) / (1 - e^-mL) with m = -rate, so
     # E[max] = L - integral of F^B, and F^B is below e^-40 more than 40 / (B m) under the cap.
     m = -rate
@@ -118,6 +119,12 @@ def processed_tokens_per_example(plan: Plan, recipe: Recipe) -> float | None:
     if recipe.padding == "max-length":
         return float(plan.seq_len)
     return expected_longest(round(mean, 3), plan.seq_len, plan.micro_batch_size)
+
+
+def pads_to_longest_of_known_mean(plan: Plan, recipe: Recipe) -> bool:
+    """Whether a micro-batch's rows depend on its size: padding to the longest sample of a data set whose
+    mean example length the plan gives (more samples per micro-batch, a longer longest one)."""
+    return recipe.padding == "longest" and plan.is_training and mean_example_tokens(plan) is not None
 
 
 def batch_row_tokens(plan: Plan, recipe: Recipe) -> float:

@@ -93,22 +93,30 @@ UTILISATION_PRIORS = _utilisation_priors()
 UTILISATION_PRIOR: dict[str, float] = {cls: prior for cls, (prior, _) in UTILISATION_PRIORS.items()}
 
 # Sources of the constants below (docs/accuracy.md, "Other throughput constants"):
-# - KERNELS_PER_BLOCK_FORWARD: counted, 40 non-view aten ops per transformers LlamaDecoderLayer forward
-#   and 73 in its backward (TorchDispatchMode over a 2-layer minus a 1-layer bf16 SDPA model).
-# - DISPATCH_SECONDS_PER_KERNEL: an estimate, not a measured sum: PyTorch's dispatcher (2.6 us per aten
-#   op, measured on this project's CI machine), the CUDA launch itself (a few us, the overhead CUDA
-#   Graphs exist to remove) and nn.Module call overhead; it only matters for tiny models and batches.
-# - OVERLAP_SHARDED / OVERLAP_DDP: assumptions. FSDP/ZeRO-3 prefetch the next unit's all-gather during
-#   the current unit's compute (Zhao et al. 2023, arXiv 2304.11277, section 3.3); DDP overlaps each
-#   bucket's all-reduce with the rest of the backward pass only (Li et al. 2020, arXiv 2006.15704).
+# - KERNELS_PER_BLOCK_FORWARD / BACKWARD_KERNELS_PER_FORWARD and HOST_SECONDS_PER_OP: measured by
+#   ``python -m benchmarks.mechanisms.dispatch`` (benchmarks/results/dispatch.json) on transformers'
+#   LlamaDecoderLayer (SDPA): 41-45 non-view aten ops per layer forward and 69-73 backward (fp32 / bf16:
+#   bf16 adds RMSNorm's dtype casts; 9 more in a backward that accumulates into existing gradients),
+#   counted with TorchDispatchMode over a 9-layer minus a 1-layer stack;
+#   and 7.8-9.2 us of host time per op on 4-token fp32 tensors in the quietest runs (the fastest of 40
+#   rounds, single-threaded, on the project's shared 2-core CI machine; up to 14 us while it is busy):
+#   Python module calls, the dispatcher, autograd recording and a CPU kernel too small to matter; we take
+#   8.5 us. bf16 reads 13-14 us there because CPU bf16 kernels are slow, not the host.
+# - CUDA_LAUNCH_SECONDS: on a GPU the kernel runs asynchronously and its launch is host work on top:
+#   cudaLaunchKernel costs 4-6 us per kernel (pegainfer's launch-overhead measurements on CUDA 13,
+#   susun-blog.com "From Launch Overhead to CUDA Graph"); we take the middle, 5 us.
 # - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
-# Eager PyTorch issues roughly this many kernels per transformer block per forward; backward ~2x.
-KERNELS_PER_BLOCK_FORWARD = 40
-# Backward kernels per forward kernel, from the same count (73 / 40 rounded up to 2: autograd adds
-# accumulation and dtype-cast kernels the TorchDispatchMode count of one layer difference can miss).
-BACKWARD_KERNELS_PER_FORWARD = 2
-# CPU-side dispatch cost per kernel in eager mode (a GPU step cannot be shorter than its launches).
-DISPATCH_SECONDS_PER_KERNEL = 12e-6
+# - Overlap of communication with compute: services/estimator/communication.py, per collective over the
+#   real links (FSDP's prefetch, DDP's bucketed all-reduce during backward) with its sources.
+# Eager PyTorch issues this many kernels per transformer block per forward (the two dtypes' mean), and its
+# backward 1.7 times as many (73 / 43; 69 / 41 in fp32).
+KERNELS_PER_BLOCK_FORWARD = 43
+BACKWARD_KERNELS_PER_FORWARD = 1.7
+# Host-side cost per kernel in eager mode (a GPU step cannot be shorter than its launches): the framework's
+# host time per op plus the CUDA launch.
+HOST_SECONDS_PER_OP = 8.5e-6
+CUDA_LAUNCH_SECONDS = 5e-6
+DISPATCH_SECONDS_PER_KERNEL = HOST_SECONDS_PER_OP + CUDA_LAUNCH_SECONDS
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
@@ -147,6 +155,25 @@ def micro_batch_tokens(plan: Plan, recipe: Recipe) -> float:
     """Tokens one micro-batch processes, pad tokens included: its rows x their length, which under padding
     to the longest sample is that sample's expected length, not ``seq_len`` (services.estimator.padding)."""
     return plan.micro_batch_size * batch_row_tokens(plan, recipe)
+
+
+def dispatch_seconds(plan: Plan, arch: Architecture, lora_kernels_per_layer: int) -> float:
+    """Host time to issue one micro-batch's kernels in eager mode: layers x (block + unfused-LoRA kernels)
+    x the dispatch cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay."""
+    passes = 1.0
+    if plan.is_training:
+        passes += BACKWARD_KERNELS_PER_FORWARD + (1 if plan.gradient_checkpointing else 0)
+    return arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL * passes
+
+
+def utilisation_or_prior(gpu: GpuSpec, utilisation: float | None) -> float:
+    """The calibrated utilisation where one is given, else the card's class prior."""
+    return utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
+
+
+def large_gemm_flops_per_s(plan: Plan, gpu: GpuSpec, utilisation: float | None) -> float:
+    """The card's large-GEMM rate for the plan's precision: dense peak x the utilisation (or its class prior)."""
+    return gpu.dense_tflops(plan.precision) * 1e12 * utilisation_or_prior(gpu, utilisation)
 
 
 def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
@@ -439,9 +466,8 @@ def estimate_throughput(
     (default: one node of up to 8 on the card's own link, nodes of 8 over the assumed fabric beyond).
     ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU).
     """
-    precision = plan.precision
-    peak = gpu.dense_tflops(precision) * 1e12
-    util = utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
+    peak = gpu.dense_tflops(plan.precision) * 1e12
+    util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
     fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
     tokens = micro_batch_tokens(plan, recipe)
@@ -458,17 +484,7 @@ def estimate_throughput(
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
-    dispatch = (
-        arch.num_layers
-        * (KERNELS_PER_BLOCK_FORWARD + lora_kernels)
-        * DISPATCH_SECONDS_PER_KERNEL
-        * (
-            1
-            + (BACKWARD_KERNELS_PER_FORWARD if plan.is_training else 0)
-            + (1 if plan.is_training and plan.gradient_checkpointing else 0)
-        )
-    )
-    compute = max(compute, dispatch)
+    compute = max(compute, dispatch_seconds(plan, arch, lora_kernels))
 
     # QLoRA dequantises every 4-bit weight to 16-bit before each matmul (read 0.5 B + constants,
     # write 2 B, read 2 B back): bandwidth-bound work on top of the matmuls.

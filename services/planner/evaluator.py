@@ -13,9 +13,19 @@ from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
 from services.estimator.communication import Links
 from services.estimator.memory import GIB, MemoryBreakdown, ModelStates, model_states, peak_memory
+from services.estimator.padding import pads_to_longest_of_known_mean
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
-from services.estimator.throughput import FlopsPerToken, Throughput, estimate_throughput, flops_per_token
+from services.estimator.throughput import (
+    FlopsPerToken,
+    Throughput,
+    dispatch_seconds,
+    estimate_throughput,
+    flops_per_token,
+    large_gemm_flops_per_s,
+    lora_unfused_work,
+    micro_batch_tokens,
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,10 @@ class Evaluator:
         self._states: dict[tuple[int, Sharding, bool, bool, Optimizer | None], ModelStates] = {}
         self._memory: dict[Config, MemoryBreakdown] = {}
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
-        self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None], FlopsPerToken] = {}
+        self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
+        # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
+        # set of known mean length): then a smaller micro-batch can be the faster one.
+        self.padding_varies = pads_to_longest_of_known_mean(base, resolve_recipe(base))
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:
@@ -111,8 +124,16 @@ class Evaluator:
         return sizing_bytes(self.memory(cfg)) <= usable_bytes
 
     def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
-        # FLOPs per token depend on the recipe and on checkpointing, not on the GPU or the micro-batch.
-        key = (cfg.checkpointing, cfg.sharding, cfg.accumulation_steps > 1, cfg.cpu_offload, cfg.optimizer)
+        # FLOPs per token depend on the recipe and on checkpointing, not on the GPU; on the micro-batch only
+        # through the row length that padding to the longest sample gives it (services.estimator.padding).
+        key = (
+            cfg.checkpointing,
+            cfg.sharding,
+            cfg.accumulation_steps > 1,
+            cfg.cpu_offload,
+            cfg.optimizer,
+            cfg.micro_batch_size if self.padding_varies else 0,
+        )
         found = self._flops.get(key)
         if found is None:
             found = flops_per_token(self.plan(cfg), self.arch, self._recipe(cfg))
@@ -145,3 +166,13 @@ class Evaluator:
             )
             self._throughput[key] = found
         return found
+
+    def sample_seconds_floor(self, cfg: Config, spec: GpuSpec) -> float:
+        """Seconds one sample costs on ``spec`` by the step's two floors, the kernel dispatch and its processed
+        tokens at the large-GEMM rate, over the samples of the micro-batch: what decides the micro-batch
+        under padding to the longest sample (more samples amortise the dispatch but pad to a longer row)."""
+        plan, recipe = self.plan(cfg), self._recipe(cfg)
+        rate = large_gemm_flops_per_s(plan, spec, self.utilisation.get(spec.name, (None, None))[0])
+        _, lora_kernels = lora_unfused_work(plan, self.arch, recipe)
+        compute = micro_batch_tokens(plan, recipe) * self._flops_per_token(cfg).hardware / rate
+        return max(dispatch_seconds(plan, self.arch, lora_kernels), compute) / cfg.micro_batch_size

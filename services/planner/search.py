@@ -81,6 +81,7 @@ class PlanContext:
     _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
     _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
     _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
+    _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
 
     def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
@@ -311,14 +312,42 @@ def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: C
 
 
 def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool = True) -> list[Setup]:
-    """The fitting setups on one layout: per sharding and checkpointing, the largest micro-batch; an 8-bit
+    """The fitting setups on one layout: per sharding and checkpointing, the largest micro-batch (under padding
+    to the longest sample, the fitting one that consumes the data fastest, ``card_configs``); an 8-bit
     optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
     key = (spec.name, layout, links, offload)
     cached = ctx._layouts.get(key)
     if cached is None:
-        configs = fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus, offload)
+        configs = card_configs(ctx, spec, layout.gpus, offload)
         cached = [_setup(ctx, spec, layout, links, cfg) for cfg in configs]
         ctx._layouts[key] = cached
+    return cached
+
+
+def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = True) -> tuple[Config, ...]:
+    """``fitting_configs`` on ``spec``; under padding to the longest sample of a data set of known mean length,
+    each with the fitting micro-batch (a divisor no larger than the largest that fits) that costs a sample the
+    least on this card by ``Evaluator.sample_seconds_floor``: every extra sample pads the others to a longer
+    longest one, so a smaller micro-batch with more accumulation can consume the data faster."""
+    configs = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
+    if not ctx.evaluator.padding_varies:
+        return configs
+    key = (spec.name, gpus, offload)
+    cached = ctx._card_configs.get(key)
+    if cached is None:
+        split = batch_split(ctx.effective_batch_size, gpus)
+        chosen = []
+        for cfg in configs:
+            options = [
+                config_for(split, cfg.sharding, m, cfg.checkpointing, cfg.cpu_offload, cfg.optimizer)
+                for m in split.micro_batch_sizes
+                if m < cfg.micro_batch_size
+            ]
+            if options:
+                options.append(cfg)
+                cfg = min(options, key=lambda c: ctx.evaluator.sample_seconds_floor(c, spec))
+            chosen.append(cfg)
+        cached = ctx._card_configs[key] = tuple(dict.fromkeys(chosen))
     return cached
 
 
@@ -549,7 +578,7 @@ def _config_needs(
     ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
 ) -> tuple[tuple[Config, ...], tuple[float, ...]]:
     """The fitting configurations of a layout and the host RAM per node each needs (0 without offload)."""
-    configs = fitting_configs(ctx, ctx.usable_bytes(spec), layout.gpus, offload)
+    configs = card_configs(ctx, spec, layout.gpus, offload)
     key = (spec.name, layout, offload)
     needs = ctx._needs.get(key)
     if needs is None:

@@ -25,7 +25,12 @@ def _config(hf_id: str, **change: Any) -> dict[str, Any]:
 
 
 def _lines_executed(run: Callable[[], object]) -> int:
-    """Lines of gpuplan's own code executed by ``run``: a deterministic measure of its work."""
+    """Lines of gpuplan's own code executed by ``run``: a deterministic measure of its work (from empty
+    per-plan caches, so what earlier tests left in them does not change the count)."""
+    from services.estimator import communication, throughput
+
+    throughput._BY_IDENTITY.clear()
+    communication._TOTALS.clear()
     count = 0
 
     def tracer(frame: FrameType, event: str, _arg: object) -> Any:

@@ -78,7 +78,8 @@ def test_time_and_cost_count_the_padding() -> None:
     assert padded.throughput.data_tokens_per_s == pytest.approx(padded.throughput.tokens_per_s * 400 / 2048, rel=1e-3)
     # Shorter rows: the step is shorter, the data rate lies between the two.
     assert longest.throughput.step_seconds < padded.throughput.step_seconds
-    assert padded.throughput.data_tokens_per_s < longest.throughput.data_tokens_per_s < packed.throughput.data_tokens_per_s
+    rates = [e.throughput.data_tokens_per_s for e in (padded, longest, packed)]
+    assert rates == sorted(rates) and len(set(rates)) == 3
     for e in (packed, padded, longest):
         cost = next(c for c in e.costs if c.gpu == "A100 80GB")
         assert cost.hours == pytest.approx(4_000_000 / cost.data_tokens_per_s / 3600, abs=1e-3)  # hours: 3 decimals
@@ -112,3 +113,19 @@ def test_cli_padding_flag_and_data_rate(tmp_path: Path) -> None:
     assert "of which data tokens" in run.stdout and "padding: every sample padded to seq_len 2048" in run.stdout
     bad = subprocess.run([*command, "estimate", *args[:-1], "unpadded"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "--padding" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_planner_picks_a_smaller_micro_batch_when_padding_makes_it_faster() -> None:
+    from services.planner.planner import plan_setups
+
+    fields = {"method": "qlora", "lora": {"rank": 16}, "seq_len": 4096, "gradient_checkpointing": True}
+    data = {"examples": 10_000, "avg_tokens_per_example": 300}
+    plan = make_plan(micro_batch_size=8, data=data, **fields)  # hf-trainer: padded to the longest sample
+    singles = [r for r in plan_setups(plan, top_n=30).recommendations if r.gpus == 1]
+    assert singles and all(r.micro_batch_size * r.gradient_accumulation_steps == 8 for r in singles)
+    assert any(r.micro_batch_size < 8 for r in singles)
+    for r in singles:
+        # The micro-batch the planner kept consumes the data at least as fast as the largest one would.
+        largest = estimate(make_plan(micro_batch_size=8, data=data, **fields), r.gpu).throughput
+        assert largest is not None
+        assert r.data_tokens_per_s >= 0.98 * largest.data_tokens_per_s
