@@ -42,10 +42,13 @@ ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
 # share of the memory that is allocated and freed within the step (activations, gradients in backward,
 # temporaries): blocks freed between kept ones leave holes that the next, differently sized request
 # cannot use. Runs that log both counters show reserved 10-20% above allocated
-# (shared/reference/memory_estimators.md), and GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156,
-# abstract) measured 15% fragmentation on average (up to 33%) over eight LLMs fine-tuned on A100-80GB
-# with recomputation, LoRA and ZeRO; we take 15% of the churning part and leave long-lived model
-# states packed. Steps of changing shape add the cross-step cache of varying_length_cache_bytes.
+# (shared/reference/memory_estimators.md). GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract)
+# reports that its virtual-memory stitching cuts the fragmentation of PyTorch's caching allocator by 15%
+# on average (up to 33%) over eight LLMs fine-tuned on A100-80GB with recomputation, LoRA and ZeRO, so
+# PyTorch's own fragmentation there is at least that. We take 15% of the churning part and leave
+# long-lived model states packed: a lower bound, and the public cases that log max_memory_reserved still
+# read 8-11% above this estimate (docs/accuracy.md). Steps of changing shape add the cross-step cache of
+# varying_length_cache_bytes.
 FRAGMENTATION_OF_DYNAMIC = 0.15
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every request is rounded up to
 # kMinBlockSize (512 bytes); requests up to kSmallSize (1 MiB) are carved from 2 MiB segments
