@@ -326,9 +326,9 @@ def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links,
 
 def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = True) -> tuple[Config, ...]:
     """``fitting_configs`` on ``spec``; under padding to the longest sample of a data set of known mean length,
-    each with the fitting micro-batch (a divisor no larger than the largest that fits) that costs a sample the
-    least on this card by ``Evaluator.sample_seconds_floor``: every extra sample pads the others to a longer
-    longest one, so a smaller micro-batch with more accumulation can consume the data faster."""
+    each with the fitting micro-batch (a divisor no larger than the largest that fits) that consumes the data
+    fastest on this card (``_faster_padded_micro_batch``): every extra sample pads the others to a longer
+    longest one, so a smaller micro-batch with more accumulation can be the faster."""
     configs = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
     if not ctx.evaluator.padding_varies:
         return configs
@@ -338,17 +338,30 @@ def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = Tru
         split = batch_split(ctx.effective_batch_size, gpus)
         chosen = []
         for cfg in configs:
-            options = [
-                config_for(split, cfg.sharding, m, cfg.checkpointing, cfg.cpu_offload, cfg.optimizer)
-                for m in split.micro_batch_sizes
-                if m < cfg.micro_batch_size
-            ]
-            if options:
-                options.append(cfg)
-                cfg = min(options, key=lambda c: ctx.evaluator.sample_seconds_floor(c, spec))
-            chosen.append(cfg)
+            chosen.append(_faster_padded_micro_batch(ctx, spec, split, cfg))
         cached = ctx._card_configs[key] = tuple(dict.fromkeys(chosen))
     return cached
+
+
+def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSplit, largest: Config) -> Config:
+    """``largest`` or the smaller micro-batch whose per-sample floors are clearly lower (by more than 1%,
+    ties to the larger), whichever the full throughput estimate on ``spec`` finds consumes the data faster:
+    the floors leave out per-micro-batch costs (weight reads, dequantisation, small GEMMs) that favour the
+    larger one, so they only propose."""
+    ev = ctx.evaluator
+    smaller = [
+        config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
+        for m in split.micro_batch_sizes
+        if m < largest.micro_batch_size
+    ]
+    if not smaller:
+        return largest
+    floor = ev.sample_seconds_floor(largest, spec)
+    proposal = min(smaller, key=lambda c: (ev.sample_seconds_floor(c, spec), -c.micro_batch_size))
+    if ev.sample_seconds_floor(proposal, spec) >= floor * 0.99:
+        return largest
+    faster = ev.throughput(proposal, spec).data_tokens_per_s > ev.throughput(largest, spec).data_tokens_per_s
+    return proposal if faster else largest
 
 
 def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = True) -> tuple[Config, ...]:
