@@ -153,7 +153,12 @@ def padding_note(plan: Plan, recipe: Recipe) -> str | None:
     processed = processed_tokens_per_example(plan, recipe)
     if mean is None or processed is None or recipe.padding == "packed":
         return None
-    share = min(1.0, mean / processed)
+    if mean >= plan.seq_len:
+        return (
+            f"padding: the data set's mean example ({mean:,.0f} tokens) is longer than seq_len {plan.seq_len}, so "
+            f"examples are cut to it and the time counts {processed:,.0f} tokens per example"
+        )
+    share = mean / processed
     if recipe.padding == "max-length":
         how = f"every sample padded to seq_len {plan.seq_len}"
     elif plan.micro_batch_size == 1:

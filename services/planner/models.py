@@ -19,6 +19,15 @@ class _Out(BaseModel):
 class Recommendation(_Out):
     """One setup that fits with the margin: where, how many GPUs, how configured, how fast, what it costs."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_padding(cls, data: Any) -> Any:
+        # Recommendations stored before padding was counted have no data_tokens_per_s: their hours and cost
+        # were computed at tokens_per_s, so that is the rate they stand for.
+        if isinstance(data, dict) and "data_tokens_per_s" not in data and "tokens_per_s" in data:
+            return {**data, "data_tokens_per_s": data["tokens_per_s"]}
+        return data
+
     provider: str
     gpu: str
     region: str

@@ -129,3 +129,22 @@ def test_planner_picks_a_smaller_micro_batch_when_padding_makes_it_faster() -> N
         largest = estimate(make_plan(micro_batch_size=8, data=data, **fields), r.gpu).throughput
         assert largest is not None
         assert r.data_tokens_per_s >= 0.98 * largest.data_tokens_per_s
+
+
+def test_examples_longer_than_seq_len_are_cut_not_padded() -> None:
+    e = estimate(make_plan(seq_len=1024, padding="max-length", data={"examples": 1000, "avg_tokens_per_example": 3000}))
+    assert any("longer than seq_len 1024" in a for a in e.assumptions)
+    plan = make_plan(seq_len=1024, padding="max-length", data={"examples": 1000, "avg_tokens_per_example": 3000})
+    # Every example costs seq_len tokens of compute: the data (3000 tokens each) is consumed 3000/1024 faster.
+    assert data_tokens_per_processed_token(plan, resolve_recipe(plan)) == pytest.approx(3000 / 1024)
+
+
+def test_a_recommendation_stored_before_padding_was_counted_still_loads() -> None:
+    from services.planner.models import Recommendation
+    from services.planner.planner import plan_setups
+
+    plan = make_plan(method="qlora", lora={"rank": 16}, seq_len=1024, data=DATA)
+    stored = plan_setups(plan, top_n=1).recommendations[0].model_dump()
+    del stored["data_tokens_per_s"]  # a plan result written by an earlier version
+    loaded = Recommendation.model_validate(stored)
+    assert loaded.data_tokens_per_s == loaded.tokens_per_s
