@@ -322,12 +322,14 @@ def submit_result(
 
 def measured_plan(plan: Plan, gpus: int) -> Plan:
     """The plan as the calibration ran it: on ``gpus`` GPUs (the agent runs one, unsharded), so that the
-    measured tokens/s, per GPU, meet the prediction for the same setup rather than the plan's N-GPU total."""
-    if gpus == plan.gpus:
-        return plan
-    if gpus == 1:
-        return plan.model_copy(update={"gpus": 1, "sharding": "none", "cpu_offload": False})
-    return plan.model_copy(update={"gpus": gpus})
+    measured tokens/s, per GPU, meet the prediction for the same setup rather than the plan's N-GPU total;
+    and on rows of exactly seq_len (the agent's synthetic batches), not the padded rows of the plan's data."""
+    update: dict[str, object] = {"padding": "packed"}
+    if gpus == 1 and plan.gpus != 1:
+        update.update(gpus=1, sharding="none", cpu_offload=False)
+    elif gpus != plan.gpus:
+        update["gpus"] = gpus
+    return plan.model_copy(update=update)
 
 
 def fail_calibration(

@@ -153,3 +153,14 @@ def test_a_multi_gpu_plan_is_compared_per_gpu_not_divided_by_its_gpu_count(api: 
     assert four["mfu"] == pytest.approx(one["mfu"]) and four["measured_gpus"] == 1
     # ...and it is compared with the one-GPU prediction, not the plan's four-GPU total.
     assert four["predicted_tokens_per_s"] == pytest.approx(one["predicted_tokens_per_s"])
+
+
+def test_calibration_of_a_padded_plan_is_compared_on_full_rows(api: Api) -> None:
+    """The agent times synthetic rows of exactly seq_len: a plan whose data set pads its batches to the
+    longest sample is compared with the prediction for full rows, not for its shorter padded ones."""
+    full_rows = _measured(api, TINY_PLAN, 5000.0)
+    padded = {**TINY_PLAN, "padding": "longest"}
+    padded["dataset"] = {"examples": 10_000, "avg_tokens": 16}
+    short_rows = _measured(api, padded, 5000.0)
+    assert short_rows["hardware_utilisation"] == pytest.approx(full_rows["hardware_utilisation"], rel=0.05)
+    assert short_rows["predicted_tokens_per_s"] == pytest.approx(full_rows["predicted_tokens_per_s"], rel=0.05)
