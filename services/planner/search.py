@@ -336,10 +336,8 @@ def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = Tru
     cached = ctx._card_configs.get(key)
     if cached is None:
         split = batch_split(ctx.effective_batch_size, gpus)
-        chosen = []
-        for cfg in configs:
-            chosen.append(_faster_padded_micro_batch(ctx, spec, split, cfg))
-        cached = ctx._card_configs[key] = tuple(dict.fromkeys(chosen))
+        chosen = (_faster_padded_micro_batch(ctx, spec, split, cfg) for cfg in configs)
+        cached = ctx._card_configs[key] = tuple(dict.fromkeys(chosen))  # two may settle on one micro-batch
     return cached
 
 
