@@ -214,9 +214,19 @@ def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
         hours=duration(rec.get("hours")),
         cost=usd(rec.get("cost_usd")),
         spot_cost=usd(rec.get("spot_cost_usd")),
-        tokens_per_s=f"{rec['tokens_per_s']:,.0f}",
+        tokens_per_s=_tokens_per_s(rec),
         pricing=str(rec.get("pricing", "on_demand")).replace("_", " "),
     )
+
+
+def _tokens_per_s(rec: Mapping[str, Any]) -> str:
+    """The data set's tokens per second, and beside it the processed rate where padding makes them differ
+    (a recommendation stored before padding was counted has only the processed rate)."""
+    processed = float(rec["tokens_per_s"])
+    data = float(rec.get("data_tokens_per_s") or processed)
+    if data >= processed * 0.995:
+        return f"{data:,.0f}"
+    return f"{data:,.0f} ({processed:,.0f} with padding)"
 
 
 def quote_value(rec: Mapping[str, Any]) -> str:

@@ -460,3 +460,10 @@ def test_plan_page_while_estimating_and_after_failing() -> None:
     assert page.model == "custom llama (config.json)"
     failed = views.plan_page(SimpleNamespace(**{**vars(out), "status": "failed", "error": "boom"}), [])
     assert not failed.live and failed.error == "boom"
+
+
+def test_the_recommendation_row_shows_the_data_rate_and_the_padded_one_beside_it() -> None:
+    assert views._tokens_per_s(_rec("A", 1, 1, 1)) == "1,234"  # stored before padding was counted
+    assert views._tokens_per_s({**_rec("A", 1, 1, 1), "data_tokens_per_s": 1234.0}) == "1,234"
+    padded = {**_rec("A", 1, 1, 1), "data_tokens_per_s": 617.0}
+    assert views._tokens_per_s(padded) == "617 (1,234 with padding)"
