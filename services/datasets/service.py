@@ -492,10 +492,20 @@ class PlanData:
     dataset_id: str
     examples: int
     avg_tokens: float
+    # The 50th, 90th and 99th percentile and the longest row, in tokens (the check's counting method).
+    length_percentiles: tuple[int, int, int, int]
     recommended_seq_len: int
     warnings: tuple[str, ...]
     pii_kinds: tuple[str, ...]
     data_country: str | None
+
+
+def _length_percentiles(tokens: dict[str, Any]) -> tuple[int, int, int, int]:
+    """p50, p90, p99 and the maximum of the rows' token counts (at least 1 token each, never decreasing)."""
+    out: list[int] = []
+    for key in ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens"):
+        out.append(max(1, int(tokens[key]), *out))
+    return out[0], out[1], out[2], out[3]
 
 
 def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanData:
@@ -542,6 +552,7 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
         dataset_id=row.id,
         examples=examples,
         avg_tokens=round(avg_tokens, 2),
+        length_percentiles=_length_percentiles(tokens),
         recommended_seq_len=int(tokens["recommended_seq_len_tokens"]),
         warnings=tuple(warnings),
         pii_kinds=kinds,

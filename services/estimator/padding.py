@@ -9,8 +9,10 @@ tokens. How far the two differ depends on how batches get their length (``Recipe
   with padding=True; torchtune's padded_collate_sft; litgpt's SFT collate), so a step processes
   ``micro_batch_size`` x the expected longest of that many samples. At micro-batch 1 nothing is padded.
 
-The expected longest sample needs the distribution of sample lengths. A plan gives at most their mean
-(``data.avg_tokens_per_example``) and the cap (``seq_len``), so we take the distribution of largest
+The expected longest sample needs the distribution of sample lengths. A checked data set gives its
+percentiles (``data.p50_tokens_per_example`` ... ``max_tokens_per_example``), and the CDF is taken as
+linear between them. Otherwise a plan gives at most their mean (``data.avg_tokens_per_example``) and the
+cap (``seq_len``), so we take the distribution of largest
 entropy with that mean on [0, seq_len] (Jaynes 1957, "Information Theory and Statistical Mechanics",
 Phys. Rev. 106: with only the mean of a bounded positive quantity known, the least-committal density is
 exponential in the value, here truncated at the cap; its rate follows from the mean). Its expected
@@ -21,6 +23,7 @@ so explicitly.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from functools import lru_cache
@@ -100,6 +103,26 @@ def _simpson(f: Callable[[float], float], a: float, b: float) -> float:
     return total * step / 3.0
 
 
+@lru_cache(maxsize=1024)
+def expected_longest_from_percentiles(points: tuple[tuple[float, int], ...], cap: int, batch: int) -> float:
+    """Expected longest of ``batch`` samples (each cut to ``cap``) whose length distribution has the given
+    ((share, tokens), ...) percentiles, the last being the maximum (share 1): the CDF linear between them
+    and from 0 tokens to the first, so E[max] is the integral of 1 - F(x)^B up to the cap or the maximum."""
+    knots = [(0.0, 0.0), *((float(tokens), share) for share, tokens in points)]
+    end = min(float(cap), knots[-1][0])
+    total = 0.0
+    for (x0, f0), (x1, f1) in itertools.pairwise(knots):
+        if x1 <= x0 or x0 >= end:
+            continue
+        total += _simpson(_linear_segment_tail(x0, f0, (f1 - f0) / (x1 - x0), batch), x0, min(x1, end))
+    return total
+
+
+def _linear_segment_tail(x0: float, f0: float, slope: float, batch: int) -> Callable[[float], float]:
+    """x -> 1 - F(x)^B on one segment where the CDF rises linearly from f0 at x0."""
+    return lambda x: 1.0 - (f0 + slope * (x - x0)) ** batch
+
+
 def mean_example_tokens(plan: Plan) -> float | None:
     """The data set's mean tokens per example, where the plan gives it."""
     data = plan.data
@@ -118,6 +141,9 @@ def processed_tokens_per_example(plan: Plan, recipe: Recipe) -> float | None:
         return mean
     if recipe.padding == "max-length":
         return float(plan.seq_len)
+    percentiles = plan.data.length_percentiles() if plan.data is not None else None
+    if percentiles is not None:
+        return expected_longest_from_percentiles(percentiles, plan.seq_len, plan.micro_batch_size)
     return expected_longest(round(mean, 3), plan.seq_len, plan.micro_batch_size)
 
 
@@ -164,10 +190,15 @@ def padding_note(plan: Plan, recipe: Recipe) -> str | None:
     elif plan.micro_batch_size == 1:
         return None  # one sample per micro-batch: nothing to pad
     else:
+        known = plan.data is not None and plan.data.length_percentiles() is not None
+        basis = (
+            "from the data set's length percentiles"
+            if known
+            else f"largest-entropy length distribution under seq_len {plan.seq_len}"
+        )
         how = (
             f"each micro-batch padded to its longest sample: expected {processed:,.0f} tokens per row for a "
-            f"mean of {mean:,.0f} (largest-entropy length distribution under seq_len {plan.seq_len}; bucketing "
-            "samples by length pads less)"
+            f"mean of {mean:,.0f} ({basis}; bucketing samples by length pads less)"
         )
     return (
         f"padding: {how}; data tokens are {share:.0%} of the tokens processed, and the time and cost count "

@@ -6,6 +6,7 @@ and defaults to "what the chosen framework does", so every published case stays 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -94,6 +95,14 @@ class LoraSpec(_Strict):
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
 
 
+LENGTH_PERCENTILE_FIELDS = (
+    "p50_tokens_per_example",
+    "p90_tokens_per_example",
+    "p99_tokens_per_example",
+    "max_tokens_per_example",
+)
+
+
 class DataSpec(_Strict):
     """The data set: total tokens, or examples times their average length."""
 
@@ -101,12 +110,33 @@ class DataSpec(_Strict):
     examples: int | None = Field(default=None, gt=0)
     avg_tokens_per_example: float | None = Field(default=None, gt=0)
     epochs: float = Field(default=1.0, gt=0, le=1000)
+    # The length distribution where it is known (a checked data set gives it): padding to the longest sample
+    # of a micro-batch is then computed from it instead of from the mean alone.
+    p50_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
+    p90_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
+    p99_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
+    max_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
 
     @model_validator(mode="after")
     def _size_given(self) -> DataSpec:
         if self.tokens is None and (self.examples is None or self.avg_tokens_per_example is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens_per_example'")
+        given = [(name, getattr(self, name)) for name in LENGTH_PERCENTILE_FIELDS]
+        if any(v is not None for _, v in given):
+            missing = [name for name, v in given if v is None]
+            if missing:
+                raise ValueError(f"{missing[0]}: give all of {', '.join(LENGTH_PERCENTILE_FIELDS)} or none")
+            for (low_name, low), (high_name, high) in itertools.pairwise(given):
+                if high < low:
+                    raise ValueError(f"{high_name}: {high} is below {low_name} {low}; percentiles cannot decrease")
         return self
+
+    def length_percentiles(self) -> tuple[tuple[float, int], ...] | None:
+        """((share of examples, tokens), ...) at the 50th, 90th, 99th percentile and the maximum, if given."""
+        values = [getattr(self, name) for name in LENGTH_PERCENTILE_FIELDS]
+        if any(v is None for v in values):
+            return None
+        return tuple(zip((0.5, 0.9, 0.99, 1.0), values, strict=True))
 
     def total_tokens(self) -> float:
         per_epoch = self.tokens if self.tokens is not None else self.examples * self.avg_tokens_per_example  # type: ignore[operator]

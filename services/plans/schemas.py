@@ -19,6 +19,11 @@ class Dataset(BaseModel):
     examples: int | None = Field(default=None, gt=0, le=10**12)
     avg_tokens: float | None = Field(default=None, gt=0, le=10**7)
     tokens: int | None = Field(default=None, gt=0, le=10**15)
+    # Length percentiles of the examples (a checked data set fills them): padding is computed from them.
+    p50_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
+    p90_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
+    p99_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
+    max_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
 
     @model_validator(mode="after")
     def _size_given(self) -> Dataset:
@@ -48,11 +53,16 @@ class PlanRequest(Plan):
     def to_plan(self) -> Plan:
         fields = self.model_dump(exclude={"dataset", "dataset_id", "epochs", "constraints"})
         if self.dataset is not None:
+            d = self.dataset
             fields["data"] = DataSpec(
-                tokens=self.dataset.tokens,
-                examples=self.dataset.examples,
-                avg_tokens_per_example=self.dataset.avg_tokens,
+                tokens=d.tokens,
+                examples=d.examples,
+                avg_tokens_per_example=d.avg_tokens,
                 epochs=self.epochs or 1.0,
+                p50_tokens_per_example=d.p50_tokens,
+                p90_tokens_per_example=d.p90_tokens,
+                p99_tokens_per_example=d.p99_tokens,
+                max_tokens_per_example=d.max_tokens,
             ).model_dump()
         elif self.data is not None and self.epochs is not None:
             fields["data"] = {**self.data.model_dump(), "epochs": self.epochs}

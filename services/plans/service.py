@@ -143,7 +143,15 @@ def with_dataset(session: Session, organization_id: str, request: PlanRequest) -
         )
     data = plan_data(session, organization_id, str(request.dataset_id))
     fields = request.model_dump(mode="json", exclude_unset=True)
-    fields["dataset"] = {"examples": data.examples, "avg_tokens": data.avg_tokens}
+    p50, p90, p99, longest = data.length_percentiles
+    fields["dataset"] = {
+        "examples": data.examples,
+        "avg_tokens": data.avg_tokens,
+        "p50_tokens": p50,
+        "p90_tokens": p90,
+        "p99_tokens": p99,
+        "max_tokens": longest,
+    }
     if "seq_len" not in request.model_fields_set:
         fields["seq_len"] = data.recommended_seq_len
     return PlanRequest.model_validate(fields)

@@ -240,7 +240,9 @@ def test_plan_sized_from_the_checked_data_set_with_a_kvkk_warning(
     assert plan["status"] == "done", plan["error"]
     examples = report["rows_kept"] - report["validation_split"]["rows"]
     avg = round(report["tokens"]["tokens_per_epoch_packed"] / report["tokens"]["rows_counted"], 2)
-    assert plan["request"]["dataset"] == {"examples": examples, "avg_tokens": avg}
+    t = report["tokens"]
+    percentiles = {k: t[k] for k in ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")}
+    assert plan["request"]["dataset"] == {"examples": examples, "avg_tokens": avg, **percentiles}
     assert plan["request"]["seq_len"] == report["tokens"]["recommended_seq_len_tokens"] == 512
     assert plan["request"]["dataset_id"] == checked["id"]
     warnings = "\n".join(plan["warnings"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import shutil
@@ -148,3 +149,59 @@ def test_a_recommendation_stored_before_padding_was_counted_still_loads() -> Non
     del stored["data_tokens_per_s"]  # a plan result written by an earlier version
     loaded = Recommendation.model_validate(stored)
     assert loaded.data_tokens_per_s == loaded.tokens_per_s
+
+
+PERCENTILES = {
+    "p50_tokens_per_example": 200,
+    "p90_tokens_per_example": 600,
+    "p99_tokens_per_example": 1200,
+    "max_tokens_per_example": 3000,
+}
+
+
+def test_the_longest_sample_from_a_data_sets_percentiles_matches_sampling() -> None:
+    from services.estimator.padding import expected_longest_from_percentiles
+
+    points = ((0.5, 200), (0.9, 600), (0.99, 1200), (1.0, 3000))
+    knots = [(0.0, 0.0), *((float(t), q) for q, t in points)]
+    rng = random.Random(3)
+
+    def draw() -> float:  # inverse of the CDF linear between the knots, cut to the cap
+        u = rng.random()
+        for (x0, f0), (x1, f1) in itertools.pairwise(knots):
+            if u <= f1:
+                return min(2048.0, x0 + (u - f0) / (f1 - f0) * (x1 - x0))
+        return 2048.0
+
+    sampled = sum(max(draw() for _ in range(4)) for _ in range(40_000)) / 40_000
+    assert expected_longest_from_percentiles(points, 2048, 4) == pytest.approx(sampled, rel=0.02)
+
+
+def test_a_plan_with_length_percentiles_pads_by_them() -> None:
+    data = {**DATA, **PERCENTILES}
+    plan = make_plan(seq_len=2048, micro_batch_size=4, padding="longest", data=data)
+    from services.estimator.padding import expected_longest_from_percentiles
+
+    points = ((0.5, 200), (0.9, 600), (0.99, 1200), (1.0, 3000))
+    assert processed_tokens_per_example(plan, resolve_recipe(plan)) == pytest.approx(
+        expected_longest_from_percentiles(points, 2048, 4)
+    )
+    e = estimate(plan)
+    assert any("from the data set's length percentiles" in a for a in e.assumptions)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"p90_tokens_per_example": None}, "p90_tokens_per_example"),
+        ({"p99_tokens_per_example": 100}, "p99_tokens_per_example"),
+    ],
+)
+def test_length_percentiles_are_all_given_and_never_decrease(change: dict[str, object], field: str) -> None:
+    from services.estimator.validation import PlanError, parse_plan
+
+    data = {**DATA, **PERCENTILES, **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(PlanError) as err:
+        parse_plan({"model": {"name": "meta-llama/Llama-3.1-8B"}, "data": data})
+    assert field in str(err.value)
