@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.estimator.estimate import Estimate
+from services.estimator.padding import padding_shows
 
 _LABELS = {
     "weights": "weights",
@@ -87,7 +88,7 @@ def render_estimate(e: Estimate) -> str:
             f"({t.tokens_per_s_per_gpu:,.0f} per GPU, MFU {t.mfu:.0%}; utilisation {t.utilisation_assumed:.0%}, "
             f"{t.utilisation_source})",
         ]
-        if t.data_tokens_per_s < t.tokens_per_s * 0.995:
+        if padding_shows(t.tokens_per_s, t.data_tokens_per_s):
             out.append(f"  of which data tokens: {t.data_tokens_per_s:,.0f}/s (the rest is padding; see assumptions)")
     if e.costs:
         head = "Cost" + (

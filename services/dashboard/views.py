@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
+from services.estimator.padding import padding_shows
 
 LIVE_STATUSES = ("queued", "running")
 # Charts are also drawn this wide for phones (the page shows one or the other by screen width), so
@@ -224,7 +225,7 @@ def _tokens_per_s(rec: Mapping[str, Any]) -> str:
     (a recommendation stored before padding was counted has only the processed rate)."""
     processed = float(rec["tokens_per_s"])
     data = float(rec.get("data_tokens_per_s") or processed)
-    if data >= processed * 0.995:
+    if not padding_shows(processed, data):
         return f"{data:,.0f}"
     return f"{data:,.0f} ({processed:,.0f} with padding)"
 

@@ -204,3 +204,8 @@ def padding_note(plan: Plan, recipe: Recipe) -> str | None:
         f"padding: {how}; data tokens are {share:.0%} of the tokens processed, and the time and cost count "
         "the padding (padding 'packed' avoids it)"
     )
+
+
+def padding_shows(processed_tokens_per_s: float, data_tokens_per_s: float) -> bool:
+    """Whether padding costs enough (0.5%) to show the data rate beside the processed one."""
+    return data_tokens_per_s < processed_tokens_per_s * 0.995

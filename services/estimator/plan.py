@@ -103,6 +103,19 @@ LENGTH_PERCENTILE_FIELDS = (
 )
 
 
+def check_length_percentiles(given: list[tuple[str, int | None]]) -> None:
+    """Length percentiles come all together or not at all, and never decrease (ValueError names the field)."""
+    if all(v is None for _, v in given):
+        return
+    names = [name for name, _ in given]
+    missing = [name for name, v in given if v is None]
+    if missing:
+        raise ValueError(f"{missing[0]}: give all of {', '.join(names)} or none")
+    for (low_name, low), (high_name, high) in itertools.pairwise(given):
+        if high is not None and low is not None and high < low:
+            raise ValueError(f"{high_name}: {high} is below {low_name} {low}; percentiles cannot decrease")
+
+
 class DataSpec(_Strict):
     """The data set: total tokens, or examples times their average length."""
 
@@ -121,14 +134,7 @@ class DataSpec(_Strict):
     def _size_given(self) -> DataSpec:
         if self.tokens is None and (self.examples is None or self.avg_tokens_per_example is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens_per_example'")
-        given = [(name, getattr(self, name)) for name in LENGTH_PERCENTILE_FIELDS]
-        if any(v is not None for _, v in given):
-            missing = [name for name, v in given if v is None]
-            if missing:
-                raise ValueError(f"{missing[0]}: give all of {', '.join(LENGTH_PERCENTILE_FIELDS)} or none")
-            for (low_name, low), (high_name, high) in itertools.pairwise(given):
-                if high < low:
-                    raise ValueError(f"{high_name}: {high} is below {low_name} {low}; percentiles cannot decrease")
+        check_length_percentiles([(name, getattr(self, name)) for name in LENGTH_PERCENTILE_FIELDS])
         return self
 
     def length_percentiles(self) -> tuple[tuple[float, int], ...] | None:

@@ -191,7 +191,12 @@ def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: 
 
 
 def block_linear_gemms(
-    plan: Plan, arch: Architecture, recipe: Recipe, flops_per_s: float, bytes_per_s: float
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    flops_per_s: float,
+    bytes_per_s: float,
+    tokens: float | None = None,
 ) -> tuple[float, float]:
     """(FLOPs, roofline seconds) of every block linear's GEMMs in one micro-batch.
 
@@ -200,10 +205,12 @@ def block_linear_gemms(
     gradient (m x n @ n x k), the weight gradient (k x m @ m x n) only for trained weights, and the
     forward again under activation checkpointing (half of it for selective). Expert linears of a
     mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
-    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``.
+    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``. ``tokens``: the micro-batch's
+    tokens when the caller has them (``micro_batch_tokens``).
     """
     replay = forward_replay_share(plan, recipe)
-    tokens, training, full = micro_batch_tokens(plan, recipe), plan.is_training, plan.method == "full"
+    tokens = micro_batch_tokens(plan, recipe) if tokens is None else tokens
+    training, full = plan.is_training, plan.method == "full"
     width = recipe.compute_bytes
     total, least_intensity, gemms = _cached(
         "gemms",
@@ -475,7 +482,7 @@ def estimate_throughput(
 
     # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
     # own FLOPs) at the large-GEMM rate.
-    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth)
+    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth, tokens)
     compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
     # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
     lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)

@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.estimator.plan import DataSpec, Plan
+from services.estimator.plan import DataSpec, Plan, check_length_percentiles
 from services.planner.constraints import Constraints
+
+LENGTH_PERCENTILE_KEYS = ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")
 
 
 class Dataset(BaseModel):
@@ -29,6 +31,7 @@ class Dataset(BaseModel):
     def _size_given(self) -> Dataset:
         if self.tokens is None and (self.examples is None or self.avg_tokens is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens'")
+        check_length_percentiles([(f"dataset.{n}", getattr(self, n)) for n in LENGTH_PERCENTILE_KEYS])
         return self
 
 

@@ -34,7 +34,7 @@ from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
 from services.plans.repository import PlanListRow, PlanRepository
-from services.plans.schemas import PlanCreated, PlanOut, PlanRequest, PlanSummary
+from services.plans.schemas import LENGTH_PERCENTILE_KEYS, PlanCreated, PlanOut, PlanRequest, PlanSummary
 from services.plans.tables import PlanRow
 
 log = logging.getLogger("gpuplan.plans")
@@ -143,14 +143,10 @@ def with_dataset(session: Session, organization_id: str, request: PlanRequest) -
         )
     data = plan_data(session, organization_id, str(request.dataset_id))
     fields = request.model_dump(mode="json", exclude_unset=True)
-    p50, p90, p99, longest = data.length_percentiles
     fields["dataset"] = {
         "examples": data.examples,
         "avg_tokens": data.avg_tokens,
-        "p50_tokens": p50,
-        "p90_tokens": p90,
-        "p99_tokens": p99,
-        "max_tokens": longest,
+        **dict(zip(LENGTH_PERCENTILE_KEYS, data.length_percentiles, strict=True)),
     }
     if "seq_len" not in request.model_fields_set:
         fields["seq_len"] = data.recommended_seq_len

@@ -322,3 +322,12 @@ def test_offload_is_checked_against_each_offers_host_ram(api: Api) -> None:
     (tiny,) = [r for r in body["rejections"] if r.get("provider") == "tinyram" and r["kind"] == "memory"]
     assert tiny["host_ram_gib_per_node"] == 16.0 and tiny["host_ram_needed_gib_per_node"] > 40
     assert "host RAM per node; tinyram's node has 16 GiB" in tiny["reason"]
+
+
+def test_partial_or_decreasing_length_percentiles_are_a_422_naming_the_field(api: Api) -> None:
+    dataset = {"examples": 1000, "avg_tokens": 300, "p50_tokens": 200}
+    partial = api.client.post("/v1/plans", json={**QLORA_PLAN, "dataset": dataset}, headers=api.headers())
+    assert partial.status_code == 422 and "dataset.p90_tokens" in partial.json()["message"]
+    falling = {**dataset, "p90_tokens": 150, "p99_tokens": 900, "max_tokens": 2000}
+    answer = api.client.post("/v1/plans", json={**QLORA_PLAN, "dataset": falling}, headers=api.headers())
+    assert answer.status_code == 422 and "dataset.p90_tokens: 150 is below" in answer.json()["message"]
