@@ -264,13 +264,41 @@ def sweep_expired(
     return decisions
 
 
-def live_lease_subjects(session: Session, name: str) -> set[str]:
-    """Subjects of task ``name`` that hold a lease now (queued or running, not expired)."""
-    rows = session.scalars(
-        select(TaskLease.subject_id).where(
-            TaskLease.task_name == name,
-            TaskLease.status.in_((QUEUED, RUNNING)),
-            TaskLease.lease_expires_at >= utcnow(),
+def held_subjects(session: Session, name: str) -> set[str]:
+    """Subjects of task ``name`` a worker may be running now: a running lease, not expired, whose
+    holder is not known to be dead. That is another process's work in flight, so a process starting
+    up does not resume it (the sweep does, if its holder dies). A holder on this host whose process is
+    gone, or that has this process's id (this process is just starting, so it is an earlier one's, the
+    usual case in a container), is dead: its lease is handed back (queued, no owner) so the work
+    resumes at once rather than when the lease runs out."""
+    rows = session.execute(
+        select(TaskLease.id, TaskLease.subject_id, TaskLease.owner).where(
+            TaskLease.task_name == name, TaskLease.status == RUNNING, TaskLease.lease_expires_at >= utcnow()
         )
-    )
-    return set(rows)
+    ).all()
+    dead = [(lease_id, owner) for lease_id, _, owner in rows if _holder_is_dead(owner)]
+    for lease_id, owner in dead:
+        session.execute(
+            update(TaskLease)
+            .where(TaskLease.id == lease_id, TaskLease.owner == owner)
+            .values(status=QUEUED, owner=None)
+            .execution_options(synchronize_session=False)
+        )
+    dead_ids = {lease_id for lease_id, _ in dead}
+    return {subject for lease_id, subject, _ in rows if lease_id not in dead_ids}
+
+
+def _holder_is_dead(owner: str | None) -> bool:
+    host, _, rest = (owner or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's (or unknown): only its lease's expiry can tell
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from services.datasets.tables import DatasetPartRow, DatasetRow
@@ -29,6 +29,16 @@ class DatasetRepository:
     def unfinished_ids(self) -> Sequence[str]:
         """Checks queued or running (in-process tasks die with the process; these resume at start)."""
         return self.session.scalars(select(DatasetRow.id).where(DatasetRow.status.in_(("queued", "running")))).all()
+
+    def requeue_running(self, ids: Sequence[str]) -> None:
+        """Show checks about to be resumed as queued, in one conditional update (see PlanRepository's)."""
+        if ids:
+            self.session.execute(
+                update(DatasetRow)
+                .where(DatasetRow.id.in_(ids), DatasetRow.status == "running")
+                .values(status="queued")
+                .execution_options(synchronize_session=False)
+            )
 
     def add(self, row: DatasetRow) -> DatasetRow:
         self.session.add(row)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
-from services.core.leases import SweepDecision
+from services.core.leases import SweepDecision, held_subjects
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
@@ -411,14 +411,13 @@ def check_task(factory: sessionmaker[Session], settings: Settings) -> Callable[[
 
 
 def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> int:
-    """Re-enqueue checks left queued or running by a stopped process (in-process tasks die with it)."""
+    """Re-enqueue checks left queued or running by a stopped process (in-process tasks die with it);
+    a check a live worker holds the lease of is left to it."""
     with unit_of_work(factory) as session:
+        held = held_subjects(session, CHECK_TASK)
         repo = DatasetRepository(session)
-        ids = list(repo.unfinished_ids())
-        for dataset_id in ids:
-            row = repo.get(dataset_id)
-            if row is not None and row.status == "running":
-                row.status = "queued"
+        ids = [dataset_id for dataset_id in repo.unfinished_ids() if dataset_id not in held]
+        repo.requeue_running(ids)
     for dataset_id in ids:
         pending.enqueue(CHECK_TASK, dataset_id)
     return len(ids)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
 
 from services.plans.tables import PlanRow
@@ -76,6 +76,17 @@ class PlanRepository:
                 | ((PlanRow.status == "running") & (PlanRow.started_at < older_than))
             )
         return self.session.scalars(query).all()
+
+    def requeue_running(self, ids: Sequence[str]) -> None:
+        """Show plans about to be resumed as queued: one conditional update, so a plan another process
+        has just finished keeps its status (an ORM read-then-write would put it back to queued)."""
+        if ids:
+            self.session.execute(
+                update(PlanRow)
+                .where(PlanRow.id.in_(ids), PlanRow.status == "running")
+                .values(status="queued")
+                .execution_options(synchronize_session=False)
+            )
 
     def add(self, row: PlanRow) -> PlanRow:
         self.session.add(row)

@@ -17,7 +17,7 @@ from services.api.errors import with_api_hint
 from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
-from services.core.leases import SweepDecision
+from services.core.leases import SweepDecision, held_subjects
 from services.core.tasks import PendingTasks
 from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
@@ -358,14 +358,15 @@ def estimate_task(
 
 def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks, stale_after_s: float = 0.0) -> int:
     """Re-enqueue plans left queued or running: at start in process (in-process tasks die with it), or
-    by the beat for plans unfinished longer than ``stale_after_s`` (a lost message, a dead worker)."""
+    by the beat for plans unfinished longer than ``stale_after_s`` (a lost message, a dead worker).
+    A plan a live worker holds the lease of is left to it: with several API processes, one starting
+    must not resume another's work in flight."""
     with unit_of_work(factory) as session:
         older_than = utcnow() - timedelta(seconds=stale_after_s) if stale_after_s else None
-        ids = list(PlanRepository(session).unfinished_ids(older_than))
-        for plan_id in ids:
-            row = PlanRepository(session).get(plan_id)
-            if row is not None and row.status == "running":
-                row.status = "queued"
+        held = held_subjects(session, ESTIMATE_TASK)
+        repo = PlanRepository(session)
+        ids = [plan_id for plan_id in repo.unfinished_ids(older_than) if plan_id not in held]
+        repo.requeue_running(ids)
     for plan_id in ids:
         pending.enqueue(ESTIMATE_TASK, plan_id)
     return len(ids)

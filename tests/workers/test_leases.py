@@ -187,3 +187,72 @@ def test_a_plan_submitted_while_the_broker_is_down_is_finished_by_the_lease_swee
         row = session.get(PlanRow, plan_id)
         assert row is not None and row.status == "done" and row.attempts == 1
     assert _lease(factory, ESTIMATE_TASK, plan_id) is None
+
+
+def test_a_process_starting_resumes_only_work_no_live_worker_holds(factory: sessionmaker[Session]) -> None:
+    """`serve --workers 2`: the second process starts while the first is estimating. It must not put
+    the first one's plans back to queued nor run them again; a dead holder's plan resumes at once."""
+    import os
+    import socket
+    import subprocess
+
+    from services.core.tasks import PendingTasks
+    from services.plans.service import resume_unfinished
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid on this host with no process behind it
+    host = socket.gethostname()
+    owners = {
+        "other-host": "another-host:1:1",
+        "live-sibling": f"{host}:{os.getppid()}:7",
+        "dead-sibling": f"{host}:{gone.pid}:7",
+        "this-pid": f"{host}:{os.getpid()}:7",  # an earlier process that had this pid (a container restart)
+    }
+    with unit_of_work(factory) as session:
+        create_organization(session, "acme")
+        org = OrganizationRepository(session).by_name("acme")
+        assert org is not None
+        ids = {}
+        for label in [*owners, "queued-no-lease"]:
+            row = PlanRow(
+                organization_id=org.id,
+                status="queued" if label == "queued-no-lease" else "running",
+                request=QLORA_PLAN,
+                model_name="m",
+                method="qlora",
+                attempts=0 if label == "queued-no-lease" else 1,
+            )
+            session.add(row)
+            session.flush()
+            ids[label] = row.id
+    for label, owner in owners.items():
+        assert claim(factory, ESTIMATE_TASK, ids[label], owner, 60)
+    pending = PendingTasks()
+    assert resume_unfinished(factory, pending) == 3
+    assert {args[0] for _, args in pending.items} == {ids["dead-sibling"], ids["this-pid"], ids["queued-no-lease"]}
+    with unit_of_work(factory) as session:
+        status = {label: session.get(PlanRow, plan_id).status for label, plan_id in ids.items()}  # type: ignore[union-attr]
+    assert status == {
+        "other-host": "running",
+        "live-sibling": "running",
+        "dead-sibling": "queued",
+        "this-pid": "queued",
+        "queued-no-lease": "queued",
+    }
+    # A plan finished by its holder between the listing and the update stays done.
+    with unit_of_work(factory) as session:
+        from services.plans.repository import PlanRepository
+
+        session.get(PlanRow, ids["dead-sibling"]).status = "done"  # type: ignore[union-attr]
+        session.flush()
+        PlanRepository(session).requeue_running([ids["dead-sibling"]])
+    with unit_of_work(factory) as session:
+        assert session.get(PlanRow, ids["dead-sibling"]).status == "done"  # type: ignore[union-attr]
+    # The resumed deliveries run each plan once.
+    runner = InProcessRunner(2, {ESTIMATE_TASK: estimate_task(factory, 0.1)}, factory=factory, lease_s=60)
+    pending.flush(runner)
+    runner.shutdown()
+    with unit_of_work(factory) as session:
+        finished = {label: session.get(PlanRow, ids[label]) for label in ("this-pid", "queued-no-lease")}
+        assert all(r is not None and r.status == "done" for r in finished.values())
+        assert [r.attempts for r in finished.values()] == [2, 1]  # type: ignore[union-attr]
