@@ -117,6 +117,23 @@ BACKWARD_KERNELS_PER_FORWARD = 1.7
 HOST_SECONDS_PER_OP = 8.5e-6
 CUDA_LAUNCH_SECONDS = 5e-6
 DISPATCH_SECONDS_PER_KERNEL = HOST_SECONDS_PER_OP + CUDA_LAUNCH_SECONDS
+# DeepSpeed ZeRO's host hooks, in eager host ops (HOST_SECONDS_PER_OP each), measured by
+# ``python -m benchmarks.mechanisms.zero_hooks`` (benchmarks/results/zero_hooks.json; DeepSpeed 0.19.8 on
+# transformers' LlamaDecoderLayer, medians of three runs rounded): ZeRO-3 gathers and frees each module's
+# parameters around every call of the module (17-28 ops per module per forward, the forward replayed under
+# checkpointing included; 7-12 per module in the backward), and ZeRO-2/3 move every trained tensor's
+# gradient into the reduce bucket in a backward hook (ZeRO-3 9-12 ops per tensor, ZeRO-2 6-9). Host work
+# every micro-batch, on any number of GPUs; ZeRO-1 adds under one op per tensor and is left out.
+ZERO3_HOST_OPS_PER_MODULE_FORWARD = 20
+ZERO3_HOST_OPS_PER_MODULE_BACKWARD = 9
+ZERO3_HOST_OPS_PER_TRAINED_TENSOR = 10
+ZERO2_HOST_OPS_PER_TRAINED_TENSOR = 7
+# Modules a block calls besides its linears and norms: the block, its attention and MLP and the activation
+# module (transformers' Llama layer calls 13 with 7 linears and 2 norms; the benchmark counts them). PEFT's
+# lora.Linear calls 4 more than the linear it wraps, which becomes its base_layer: itself, its dropout (an
+# nn.Identity at p = 0), lora_A and lora_B (peft/tuners/lora/layer.py; tests/benchmarks/test_mechanisms.py).
+BLOCK_CONTAINER_MODULES = 4
+PEFT_MODULES_PER_ADAPTED_LINEAR = 4
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
@@ -157,13 +174,50 @@ def micro_batch_tokens(plan: Plan, recipe: Recipe) -> float:
     return plan.micro_batch_size * batch_row_tokens(plan, recipe)
 
 
-def dispatch_seconds(plan: Plan, arch: Architecture, lora_kernels_per_layer: int) -> float:
-    """Host time to issue one micro-batch's kernels in eager mode: layers x (block + unfused-LoRA kernels)
-    x the dispatch cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay."""
+def dispatch_seconds(plan: Plan, arch: Architecture, recipe: Recipe, lora_kernels_per_layer: int) -> float:
+    """Host time to issue one micro-batch in eager mode: layers x (block + unfused-LoRA kernels) x the dispatch
+    cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay, plus the
+    hooks of DeepSpeed ZeRO-2/3 (``zero_hook_seconds``)."""
     passes = 1.0
     if plan.is_training:
         passes += BACKWARD_KERNELS_PER_FORWARD + (1 if plan.gradient_checkpointing else 0)
-    return arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL * passes
+    kernels = arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL
+    return kernels * passes + zero_hook_seconds(plan, arch, recipe)
+
+
+def zero_hook_seconds(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Host seconds DeepSpeed ZeRO's hooks take per micro-batch (constants above): under ZeRO-3 every module
+    call gathers and frees its parameters in the forward, its replay under checkpointing and the backward;
+    under ZeRO-2 and ZeRO-3 every trained tensor's gradient is bucketed by a backward hook."""
+    if not plan.is_training or plan.sharding not in ("zero2", "zero3"):
+        return 0.0
+    replay = forward_replay_share(plan, recipe)
+    modules, tensors = _cached("zero", arch, recipe, (plan.method == "full",), lambda: _hooked(arch, recipe, plan))
+    ops = float(tensors) * (
+        ZERO3_HOST_OPS_PER_TRAINED_TENSOR if plan.sharding == "zero3" else ZERO2_HOST_OPS_PER_TRAINED_TENSOR
+    )
+    if plan.sharding == "zero3":
+        ops += modules * (ZERO3_HOST_OPS_PER_MODULE_FORWARD * (1.0 + replay) + ZERO3_HOST_OPS_PER_MODULE_BACKWARD)
+    return ops * HOST_SECONDS_PER_OP
+
+
+def _hooked(arch: Architecture, recipe: Recipe, plan: Plan) -> tuple[int, int]:
+    """(modules called, trained tensors) over the blocks: a linear is one module and one weight (+ a bias), a
+    mixture-of-experts linear one module holding every expert's weights (transformers' grouped experts), a
+    norm one module of one tensor (two for LayerNorm); a LoRA adapter adds PEFT's modules and its A and B."""
+    full = plan.method == "full"
+    norm_tensors = 2 if arch.norm == "layer" else (0 if arch.norm == "nonparam" else 1)
+    modules = tensors = 0
+    for b in arch.blocks:
+        adapted = 0 if full else sum(1 for lin in b.linears if lora_roles_of(lin, recipe))
+        modules += b.count * (
+            BLOCK_CONTAINER_MODULES + len(b.linears) + b.norm_count + PEFT_MODULES_PER_ADAPTED_LINEAR * adapted
+        )
+        if full:
+            tensors += b.count * (sum(1 + lin.bias for lin in b.linears) + b.norm_count * norm_tensors)
+        else:
+            tensors += b.count * 2 * adapted
+    return modules, tensors
 
 
 def utilisation_or_prior(gpu: GpuSpec, utilisation: float | None) -> float:
@@ -491,7 +545,7 @@ def estimate_throughput(
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
-    compute = max(compute, dispatch_seconds(plan, arch, lora_kernels))
+    compute = max(compute, dispatch_seconds(plan, arch, recipe, lora_kernels))
 
     # QLoRA dequantises every 4-bit weight to 16-bit before each matmul (read 0.5 B + constants,
     # write 2 B, read 2 B back): bandwidth-bound work on top of the matmuls.

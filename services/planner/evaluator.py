@@ -175,4 +175,4 @@ class Evaluator:
         rate = large_gemm_flops_per_s(plan, spec, self.utilisation.get(spec.name, (None, None))[0])
         _, lora_kernels = lora_unfused_work(plan, self.arch, recipe)
         compute = micro_batch_tokens(plan, recipe) * self._flops_per_token(cfg).hardware / rate
-        return max(dispatch_seconds(plan, self.arch, lora_kernels), compute) / cfg.micro_batch_size
+        return max(dispatch_seconds(plan, self.arch, recipe, lora_kernels), compute) / cfg.micro_batch_size

@@ -28,3 +28,45 @@ def test_kernels_per_block_match_a_transformers_llama_layer() -> None:
         forward, backward = kernels_per_layer(dtype)
         assert forward == pytest.approx(KERNELS_PER_BLOCK_FORWARD, rel=0.1), (dtype, forward)
         assert backward / forward == pytest.approx(BACKWARD_KERNELS_PER_FORWARD, rel=0.1), (dtype, backward)
+
+
+def test_zero_hook_counts_match_transformers_and_peft_modules() -> None:
+    """ZeRO-3 runs its hooks around every module call: the estimator's count of modules a block calls, and
+    of those PEFT's LoRA adds, against a transformers Llama layer with and without adapters (the host time
+    per hook is a benchmark, python -m benchmarks.mechanisms.zero_hooks)."""
+    require_trace_extra()
+    from benchmarks.mechanisms.zero_hooks import modules_called_per_layer, trained_tensors_per_layer
+    from services.estimator.architecture import architecture_from_config
+    from services.estimator.plan import Plan
+    from services.estimator.recipe import resolve_recipe
+    from services.estimator.throughput import (
+        BLOCK_CONTAINER_MODULES,
+        PEFT_MODULES_PER_ADAPTED_LINEAR,
+        _hooked,
+    )
+
+    plain = modules_called_per_layer()
+    assert plain == BLOCK_CONTAINER_MODULES + 7 + 2
+    assert (modules_called_per_layer(lora=True) - plain) / 7 == PEFT_MODULES_PER_ADAPTED_LINEAR
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 3,
+        "vocab_size": 100,
+    }
+    arch = architecture_from_config(config)
+    for method, modules, tensors in (("full", plain, trained_tensors_per_layer()), ("lora", plain + 28, 14)):
+        plan = Plan.model_validate(
+            {
+                "model": {"name": "tiny", "config": config},
+                "method": method,
+                "framework": "hf-trainer",
+                "sharding": "zero3",
+                "gpus": 2,
+                "lora": {"rank": 8, "targets": "all-linear"} if method == "lora" else None,
+            }
+        )
+        assert _hooked(arch, resolve_recipe(plan), plan) == (3 * modules, 3 * tensors), method

@@ -191,3 +191,52 @@ def test_ada_prior_rests_on_the_measured_matmul_shares_of_its_cards() -> None:
     shares = sorted(ADA_MATMUL_SHARES)
     assert prior == pytest.approx(END_TO_END_OVER_MATMUL * (shares[1] + shares[2]) / 2, abs=5e-4)
     assert "measured matmul share" in source
+
+
+def test_deepspeed_zero_hooks_are_host_time_per_module_call_and_trained_tensor() -> None:
+    """ZeRO-3 gathers and frees around every module call (forward, checkpoint replay, backward), ZeRO-2/3
+    bucket every trained tensor's gradient; FSDP, ZeRO-1 and single-GPU plans pay neither."""
+    from services.estimator.throughput import (
+        BLOCK_CONTAINER_MODULES,
+        HOST_SECONDS_PER_OP,
+        PEFT_MODULES_PER_ADAPTED_LINEAR,
+        ZERO2_HOST_OPS_PER_TRAINED_TENSOR,
+        ZERO3_HOST_OPS_PER_MODULE_BACKWARD,
+        ZERO3_HOST_OPS_PER_MODULE_FORWARD,
+        ZERO3_HOST_OPS_PER_TRAINED_TENSOR,
+        zero_hook_seconds,
+    )
+
+    def hooks(**fields: object) -> float:
+        plan = make_plan(seq_len=512, gpus=2, **fields)
+        return zero_hook_seconds(plan, ARCH, resolve_recipe(plan))
+
+    modules = L * (BLOCK_CONTAINER_MODULES + 7 + 2)  # Llama: 7 linears, 2 RMSNorms per layer
+    tensors = L * (7 + 2)
+    per_call = ZERO3_HOST_OPS_PER_MODULE_FORWARD
+    zero3 = modules * (per_call + ZERO3_HOST_OPS_PER_MODULE_BACKWARD) + tensors * ZERO3_HOST_OPS_PER_TRAINED_TENSOR
+    assert hooks(sharding="zero3") == pytest.approx(zero3 * HOST_SECONDS_PER_OP)
+    replayed = hooks(sharding="zero3", gradient_checkpointing=True)
+    assert replayed == pytest.approx((zero3 + modules * per_call) * HOST_SECONDS_PER_OP)
+    assert hooks(sharding="zero2") == pytest.approx(tensors * ZERO2_HOST_OPS_PER_TRAINED_TENSOR * HOST_SECONDS_PER_OP)
+    assert hooks(sharding="fsdp") == hooks(sharding="zero1") == 0.0
+    # LoRA on q and v: PEFT's modules around two linears per layer, and two adapter tensors each.
+    lora = hooks(sharding="zero3", method="lora", lora={"rank": 8, "targets": ["q", "v"]})
+    lora_modules = modules + L * 2 * PEFT_MODULES_PER_ADAPTED_LINEAR
+    expected = (
+        lora_modules * (per_call + ZERO3_HOST_OPS_PER_MODULE_BACKWARD) + L * 4 * ZERO3_HOST_OPS_PER_TRAINED_TENSOR
+    )
+    assert lora == pytest.approx(expected * HOST_SECONDS_PER_OP)
+
+
+def test_zero3_hooks_set_the_pace_of_short_micro_batches_only() -> None:
+    """On short micro-batches the hooks' host time exceeds the GPU work, so ZeRO-3 is slower than FSDP's
+    per-layer units; on long ones the GPU work hides them."""
+
+    def rate(seq_len: int, sharding: str) -> float:
+        return _tp(
+            make_plan(seq_len=seq_len, gpus=2, sharding=sharding, gradient_checkpointing=True), "H100 SXM"
+        ).tokens_per_s
+
+    assert rate(256, "zero3") < 0.8 * rate(256, "fsdp")
+    assert rate(8192, "zero3") == pytest.approx(rate(8192, "fsdp"), rel=0.1)
