@@ -268,9 +268,9 @@ def held_subjects(session: Session, name: str) -> set[str]:
     """Subjects of task ``name`` a worker may be running now: a running lease, not expired, whose
     holder is not known to be dead. That is another process's work in flight, so a process starting
     up does not resume it (the sweep does, if its holder dies). A holder on this host whose process is
-    gone, or that has this process's id (this process is just starting, so it is an earlier one's, the
-    usual case in a container), is dead: its lease is handed back (queued, no owner) so the work
-    resumes at once rather than when the lease runs out."""
+    gone, or that has this process's id but none of its threads (an earlier process's, the usual case
+    after a container restart), is dead: its lease is handed back (queued, no owner) so the work resumes
+    at once rather than when the lease runs out."""
     rows = session.execute(
         select(TaskLease.id, TaskLease.subject_id, TaskLease.owner).where(
             TaskLease.task_name == name, TaskLease.status == RUNNING, TaskLease.lease_expires_at >= utcnow()
@@ -290,11 +290,13 @@ def held_subjects(session: Session, name: str) -> set[str]:
 
 def _holder_is_dead(owner: str | None) -> bool:
     host, _, rest = (owner or "").partition(":")
-    pid = rest.partition(":")[0]
+    pid, _, thread = rest.partition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False  # another host's (or unknown): only its lease's expiry can tell
     if int(pid) == os.getpid():
-        return True
+        # This process's id: an earlier process's lease unless one of this process's threads holds it
+        # (several apps in one process, as in tests).
+        return not any(str(t.ident) == thread for t in threading.enumerate())
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

@@ -119,11 +119,12 @@ CUDA_LAUNCH_SECONDS = 5e-6
 DISPATCH_SECONDS_PER_KERNEL = HOST_SECONDS_PER_OP + CUDA_LAUNCH_SECONDS
 # DeepSpeed ZeRO's host hooks, in eager host ops (HOST_SECONDS_PER_OP each), measured by
 # ``python -m benchmarks.mechanisms.zero_hooks`` (benchmarks/results/zero_hooks.json; DeepSpeed 0.19.8 on
-# transformers' LlamaDecoderLayer, medians of three runs rounded): ZeRO-3 gathers and frees each module's
-# parameters around every call of the module (17-28 ops per module per forward, the forward replayed under
-# checkpointing included; 7-12 per module in the backward), and ZeRO-2/3 move every trained tensor's
-# gradient into the reduce bucket in a backward hook (ZeRO-3 9-12 ops per tensor, ZeRO-2 6-9). Host work
-# every micro-batch, on any number of GPUs; ZeRO-1 adds under one op per tensor and is left out.
+# transformers' LlamaDecoderLayer; rounded medians of six runs, the last three in that file): ZeRO-3
+# gathers and frees each module's parameters around every call of the module (17-28 ops per module per
+# forward, the forward replayed under checkpointing included; 7-12 per module in the backward), and
+# ZeRO-2/3 move every trained tensor's gradient into the reduce bucket in a backward hook (ZeRO-3 9-12 ops
+# per tensor, ZeRO-2 6-9). Host work every micro-batch, on any number of GPUs; ZeRO-1 adds under one op
+# per tensor and is left out.
 ZERO3_HOST_OPS_PER_MODULE_FORWARD = 20
 ZERO3_HOST_OPS_PER_MODULE_BACKWARD = 9
 ZERO3_HOST_OPS_PER_TRAINED_TENSOR = 10
