@@ -207,6 +207,7 @@ def test_a_process_starting_resumes_only_work_no_live_worker_holds(factory: sess
         "live-sibling": f"{host}:{os.getppid()}:7",
         "dead-sibling": f"{host}:{gone.pid}:7",
         "this-pid": f"{host}:{os.getpid()}:7",  # an earlier process that had this pid (a container restart)
+        "this-thread": f"{host}:{os.getpid()}:{threading.get_ident()}",  # another app in this very process
     }
     with unit_of_work(factory) as session:
         create_organization(session, "acme")
@@ -235,6 +236,7 @@ def test_a_process_starting_resumes_only_work_no_live_worker_holds(factory: sess
     assert status == {
         "other-host": "running",
         "live-sibling": "running",
+        "this-thread": "running",
         "dead-sibling": "queued",
         "this-pid": "queued",
         "queued-no-lease": "queued",
