@@ -36,6 +36,10 @@ NF4_BNB_BYTES = 0.5 + 4 / 64
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 # LLM.int8(): int8 weights + one fp32 scale per output row (approximated per element as negligible).
 INT8_BYTES = 1.0
+# GPTQ 4-bit (auto-gptq's QuantLinear): 4-bit codes in int32 words, and per group of 128 input rows an
+# fp16 scale and a 4-bit zero point per output column (the group size of the common checkpoints; g_idx,
+# one int32 per input row, is negligible).
+GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
 # bitsandbytes blockwise 8-bit optimizer states: 1 byte + fp32 absmax per 2048-element block, per state.
 ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
 # The caching allocator's extra reservation over the live tensors *within* a step of fixed shapes, as a
@@ -161,7 +165,7 @@ def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
         return float(total * recipe.weight_bytes), 0
     q = quantized_params(arch, recipe)
     if quant == "nf4":
-        per = NF4_DOUBLE_QUANT_BYTES if recipe.quant_backend == "torchao" else NF4_BNB_BYTES
+        per = {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
     else:
         per = INT8_BYTES
     # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype, or fp32 after
@@ -859,6 +863,36 @@ def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tupl
     return float(head * per), float(block * per)
 
 
+def gptq_dequantized_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward, during backward) bytes of the 16-bit weights auto-gptq's QuantLinear dequantizes.
+
+    For the row counts of training (at least ``kernel_switch_threshold``, 128) and with exllama off, as
+    training needs, ``QuantLinear.forward`` (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py) unpacks the
+    weight with PyTorch ops, shift to int32, cast to int8, mask, subtract the zeros, multiply by the scales
+    into a 16-bit weight, and runs ``torch.matmul(x, weight)``. Autograd saves that weight for the input
+    gradient (the matmul's other operand needs none), so it lives until the layer's backward, and the
+    backward does not dequantize again. Without checkpointing every block linear's copy is saved through
+    the forward; with it, a block's replay saves the copies of its own linears for its backward, and its
+    largest linear's unpacking peaks 3 bytes per element above its copy (the int32 and int8 stages).
+    """
+    if plan.quantized is None or recipe.quant_backend != "auto-gptq" or not plan.is_training:
+        return 0.0, 0.0
+    copy = 2.0  # the 16-bit weight
+    if not plan.gradient_checkpointing:
+        saved = copy * quantized_params(arch, recipe)
+        return saved, saved
+    block = max(sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) for b in arch.blocks)
+    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    return 0.0, copy * block + 3.0 * largest
+
+
+def dequantized_weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward and start of backward, during backward) bytes of dequantized weight copies."""
+    if recipe.quant_backend == "auto-gptq":
+        return gptq_dequantized_bytes(plan, arch, recipe)
+    return bnb_dequantize_bytes(plan, arch, recipe)
+
+
 # torchao's NF4 quantization before pytorch/ao PR #196 (merged 2024-05-01, first in torchao 0.2): for a
 # 16-bit weight of N elements, quantize_tensor_nearest computes (value - nf4).abs() over all 16 NF4 levels
 # at once, two N x 16 16-bit tensors, besides the scaled copy and the int64 indices. pytorch/ao PR #315
@@ -871,8 +905,9 @@ NF4_QUANTIZE_CHUNK_ELEMENTS = 1024**2
 
 def quantization_load_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
     """Temporaries of quantizing the largest NF4 weight while the model loads: its 16-bit copy on the
-    GPU plus the quantizer's working set (whole-tensor in torchao 0.1, chunked since)."""
-    if plan.quantized != "nf4":
+    GPU plus the quantizer's working set (whole-tensor in torchao 0.1, chunked since). A GPTQ checkpoint
+    is stored quantized: nothing is quantized while it loads."""
+    if plan.quantized != "nf4" or recipe.quant_backend == "auto-gptq":
         return 0.0
     largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
     if recipe.quantize_lm_head and not arch.tie_word_embeddings:
@@ -913,8 +948,9 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         )
 
     casts = autocast_weight_copy_bytes(arch, recipe)
-    # The head's matmul runs last in forward and first in backward; block linears run during backward.
-    dequant_head, dequant_block = bnb_dequantize_bytes(plan, arch, recipe)
+    # bitsandbytes: the head's matmul runs last in forward and first in backward; block linears run during
+    # backward. GPTQ: the copies autograd saves (gptq_dequantized_bytes).
+    dequant_head, dequant_block = dequantized_weight_bytes(plan, arch, recipe)
     static = {
         "weights": states.weights,
         "adapters": states.adapters,

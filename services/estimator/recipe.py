@@ -21,7 +21,8 @@ from services.estimator.plan import (
     Plan,
 )
 
-QuantBackend = Literal["bitsandbytes", "torchao"]
+# auto-gptq: a GPTQ checkpoint (config.json quantization_config.quant_method "gptq"), whatever the framework.
+QuantBackend = Literal["bitsandbytes", "torchao", "auto-gptq"]
 
 
 @dataclass(frozen=True)
@@ -366,8 +367,10 @@ def resolve_recipe(plan: Plan) -> Recipe:
         lora_dropout=(lora.dropout if lora is not None and lora.dropout is not None else d.lora_dropout),
         lora_targets=targets,
         lora_rank=rank,
-        quant_backend=d.quant_backend,
-        quantize_lm_head=d.quantize_lm_head,
+        # A GPTQ checkpoint brings its own layers (auto-gptq's QuantLinear on the block linears, the head
+        # left in 16-bit) whatever the framework would quantize with.
+        quant_backend="auto-gptq" if _gptq_checkpoint(plan) else d.quant_backend,
+        quantize_lm_head=d.quantize_lm_head and not _gptq_checkpoint(plan),
         model_dropout=d.model_dropout,
         grads_persist=grads_persist,
         # flash-attention 2 takes grouped K/V as they are; SDPA paths repeat them first.

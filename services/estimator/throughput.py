@@ -135,6 +135,13 @@ ZERO2_HOST_OPS_PER_TRAINED_TENSOR = 7
 # nn.Identity at p = 0), lora_A and lora_B (peft/tuners/lora/layer.py; tests/benchmarks/test_mechanisms.py).
 BLOCK_CONTAINER_MODULES = 4
 PEFT_MODULES_PER_ADAPTED_LINEAR = 4
+# auto-gptq's PyTorch dequantization of a 4-bit GPTQ weight (QuantLinear.forward for 128 rows or more, exllama
+# off; auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py), bytes per weight element: the shift of the
+# packed int32 words (read 0.5, write 4), the cast to int8 (4, 1), the mask (1, 1), minus the zeros (1, 1),
+# times the scales into 16-bit (1, 2), and the matmul reading the copy (2) -- against bitsandbytes' 4.6.
+# Its kernels: those five on the weight and four on the zero points.
+GPTQ_DEQUANT_BYTES = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2) + 2
+GPTQ_DEQUANT_KERNELS_PER_LINEAR = 9
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
 # DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
@@ -177,13 +184,30 @@ def micro_batch_tokens(plan: Plan, recipe: Recipe) -> float:
 
 def dispatch_seconds(plan: Plan, arch: Architecture, recipe: Recipe, lora_kernels_per_layer: int) -> float:
     """Host time to issue one micro-batch in eager mode: layers x (block + unfused-LoRA kernels) x the dispatch
-    cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay, plus the
-    hooks of DeepSpeed ZeRO-2/3 (``zero_hook_seconds``)."""
+    cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay, plus a GPTQ
+    checkpoint's dequantization kernels and the hooks of DeepSpeed ZeRO-2/3 (``zero_hook_seconds``)."""
     passes = 1.0
     if plan.is_training:
         passes += BACKWARD_KERNELS_PER_FORWARD + (1 if plan.gradient_checkpointing else 0)
     kernels = arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL
-    return kernels * passes + zero_hook_seconds(plan, arch, recipe)
+    return (
+        kernels * passes
+        + gptq_dequant_passes(plan, recipe) * _gptq_dequant_kernel_seconds(arch)
+        + zero_hook_seconds(plan, arch, recipe)
+    )
+
+
+def gptq_dequant_passes(plan: Plan, recipe: Recipe) -> float:
+    """Times a GPTQ checkpoint's weights are dequantized per micro-batch: the forward and its replay under
+    checkpointing; the backward uses the copy autograd saved (services.estimator.memory.gptq_dequantized_bytes)."""
+    if plan.quantized is None or recipe.quant_backend != "auto-gptq":
+        return 0.0
+    return 1.0 + (forward_replay_share(plan, recipe) if plan.is_training else 0.0)
+
+
+def _gptq_dequant_kernel_seconds(arch: Architecture) -> float:
+    linears = sum(b.count * len(b.linears) for b in arch.blocks)
+    return linears * GPTQ_DEQUANT_KERNELS_PER_LINEAR * DISPATCH_SECONDS_PER_KERNEL
 
 
 def zero_hook_seconds(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
@@ -554,7 +578,10 @@ def estimate_throughput(
     if plan.quantized is not None:
         # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
         q = quantized_params(arch, recipe)
-        dequant = passes * q * 4.6 / bandwidth
+        if recipe.quant_backend == "auto-gptq":
+            dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES / bandwidth
+        else:
+            dequant = passes * q * 4.6 / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
     comm = data_parallel_communication(plan, arch, states, gpu, fpt, compute, links)

@@ -8,12 +8,14 @@ from services.estimator.architecture import architecture_from_config, parameter_
 from services.estimator.memory import (
     ADAM8BIT_STATE_BYTES,
     GIB,
+    GPTQ_BYTES,
     NF4_BNB_BYTES,
     NF4_DOUBLE_QUANT_BYTES,
     activation_bytes,
     adapter_params,
     block_saved_bytes_per_token,
     bnb_dequantize_bytes,
+    gptq_dequantized_bytes,
     logits_bytes,
     model_states,
     peak_memory,
@@ -427,3 +429,29 @@ def test_whole_tensor_nf4_quantization_peaks_at_load() -> None:
     assert make_plan().nf4_quantization is None
     with pytest.raises(ValueError, match="nf4_quantization"):
         make_plan(nf4_quantization="chunked")  # a 16-bit base is not quantized
+
+
+def test_a_gptq_checkpoint_keeps_the_copies_autograd_saves() -> None:
+    """GPTQ: a block's 16-bit copies live through its backward under checkpointing (every block's without),
+    the checkpoint loads quantized (no quantization temporaries) and stores 4.16 bits per weight."""
+    gptq_config = {**LLAMA_8B, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    fields = {"method": "qlora", "quantization": "nf4", "lora": {"rank": 8}, "seq_len": 1024}
+    arch = architecture_from_config(gptq_config)
+    ckpt = make_plan(model={"name": "m", "config": gptq_config}, gradient_checkpointing=True, **fields)
+    plain = make_plan(model={"name": "m", "config": gptq_config}, **fields)
+    recipe = resolve_recipe(ckpt)
+    h, f, kv = 4096, 14336, 1024
+    block = 2 * h * h + 2 * h * kv + 3 * h * f
+    assert gptq_dequantized_bytes(ckpt, arch, recipe) == (0.0, 2 * block + 3 * h * f)
+    q = quantized_params(arch, recipe)
+    assert q == 32 * block  # the head stays 16-bit
+    assert gptq_dequantized_bytes(plain, arch, resolve_recipe(plain)) == (2 * q, 2 * q)
+    assert bnb_dequantize_bytes(ckpt, arch, recipe) == (0.0, 0.0)
+    assert quantization_load_bytes(ckpt, arch, recipe) == 0.0
+    stored, _ = weight_bytes(ckpt, arch, recipe)
+    assert stored == pytest.approx(
+        q * GPTQ_BYTES + (parameter_counts(arch).total - q) * recipe.unquantized_weight_bytes
+    )
+    no_ckpt = peak_memory(plain, arch, resolve_recipe(plain))
+    with_ckpt = peak_memory(ckpt, arch, recipe)
+    assert no_ckpt.peak_allocated - with_ckpt.peak_allocated > 0.9 * 2 * q  # every copy saved without it

@@ -240,3 +240,28 @@ def test_zero3_hooks_set_the_pace_of_short_micro_batches_only() -> None:
 
     assert rate(256, "zero3") < 0.8 * rate(256, "fsdp")
     assert rate(8192, "zero3") == pytest.approx(rate(8192, "fsdp"), rel=0.1)
+
+
+GPTQ_8B = {**LLAMA_8B, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}}
+
+
+def test_a_gptq_checkpoint_dequantizes_with_pytorch_ops_in_forward_and_replay_only() -> None:
+    """auto-gptq's PyTorch unpacking moves 18.5 bytes per weight element, in the forward and its replay;
+    the backward reuses the copy autograd saved. bitsandbytes moves 4.6, in every pass."""
+    from services.estimator.memory import quantized_params
+    from services.estimator.throughput import GPTQ_DEQUANT_BYTES
+
+    fields = {"method": "qlora", "quantization": "nf4", "lora": {"rank": 8}, "seq_len": 1024}
+    gptq = make_plan(model={"name": "llama-8b-gptq", "config": GPTQ_8B}, gradient_checkpointing=True, **fields)
+    recipe = resolve_recipe(gptq)
+    assert recipe.quant_backend == "auto-gptq" and not recipe.quantize_lm_head
+    assert pytest.approx(18.5) == GPTQ_DEQUANT_BYTES
+    tp = _tp(gptq, "A100 80GB")
+    bandwidth = find_gpu("A100 80GB").hbm_bandwidth_gb_per_s * 1e9
+    q = quantized_params(ARCH, recipe)
+    assert tp.seconds["dequantization"] == pytest.approx(2 * q * 18.5 / bandwidth)  # forward + replay
+    no_replay = _tp(make_plan(model={"name": "llama-8b-gptq", "config": GPTQ_8B}, **fields), "A100 80GB")
+    assert no_replay.seconds["dequantization"] == pytest.approx(q * 18.5 / bandwidth)
+    bnb = _tp(make_plan(gradient_checkpointing=True, **fields), "A100 80GB")
+    assert bnb.seconds["dequantization"] == pytest.approx(3 * q * 4.6 / bandwidth)
+    assert tp.tokens_per_s < bnb.tokens_per_s
