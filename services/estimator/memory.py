@@ -440,6 +440,45 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
     return q + k + v + a * heads * hd + 4 * heads
 
 
+UNSLOTH_FUSED_ROLES = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
+
+
+def unsloth_fused_block(block: Block, plan: Plan, recipe: Recipe) -> bool:
+    """Whether Unsloth runs the block through its own autograd functions: a dense gated-MLP block whose
+    seven projections all carry LoRA adapters without dropout (unsloth/kernels/fast_lora.py: LoRA_QKV,
+    LoRA_W, LoRA_MLP; Unsloth patches a layer with them only for dropout 0 and no bias, else it keeps
+    PEFT's modules)."""
+    if recipe.framework != "unsloth" or plan.method == "full" or recipe.lora_dropout > 0:
+        return False
+    if not block.mlp_gated or block.num_experts > 1 or block.kind != "decoder":
+        return False
+    adapted = {role for lin in block.linears for role in lora_roles_of(lin, recipe)}
+    return adapted >= UNSLOTH_FUSED_ROLES
+
+
+def unsloth_block_saved_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe) -> dict[str, float]:
+    """What Unsloth's kernels keep for backward in one block, per token (unsloth/kernels).
+
+    Fast_RMS_Layernorm keeps its input and the fp32 inverse RMS per row (rms_layernorm.py); LoRA_QKV keeps
+    only its input X (q, k, v are recomputed from nothing: their gradients come from the attention);
+    the RoPE kernel rotates q and k in place and keeps the cos/sin tables; flash attention keeps q, k, v,
+    its output and the log-sum-exp; LoRA_W (the output projection) keeps its input, which is that
+    output; LoRA_MLP keeps X and the gate and up outputs e and g, and rebuilds silu(e) * g in its
+    backward in place (``ctx.save_for_backward(..., X, e, g)``). The adapters' rank-wide products are
+    recomputed.
+    """
+    a = recipe.compute_bytes
+    h = arch.hidden_size
+    heads, kv_heads, hd = block.num_heads, block.num_kv_heads, block.head_dim
+    return {
+        "norms": block.norm_count * (recipe.residual_bytes * h + 4),
+        "attention_input": a * h,
+        "attention_qkv_out": a * hd * (2 * heads + 2 * kv_heads) + 4 * heads,
+        "mlp_input": a * h,
+        "mlp_hidden": 2 * a * block.intermediate_size,
+    }
+
+
 def block_saved_bytes_per_token(
     block: Block, arch: Architecture, plan: Plan, recipe: Recipe, seq_len: int
 ) -> dict[str, float]:
@@ -449,6 +488,8 @@ def block_saved_bytes_per_token(
     it is a bitsandbytes 4/8-bit layer (MatMul4Bit/MatMul8bitLt keep the input in ctx); inputs shared by
     several layers are kept once. Norms keep their input (RMSNorm upcasts to fp32 first).
     """
+    if unsloth_fused_block(block, plan, recipe):
+        return unsloth_block_saved_bytes_per_token(block, arch, recipe)
     a = recipe.compute_bytes
     res = recipe.residual_bytes
     h = arch.hidden_size
@@ -598,11 +639,16 @@ def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: 
     return kept
 
 
-def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe) -> float:
+def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe, plan: Plan) -> float:
     """Gradients alive while one block's backward runs: the MLP hidden gradients (gate, up and their
-    product) and two residual-stream gradients, in the compute dtype."""
+    product) and two residual-stream gradients, in the compute dtype. Unsloth's LoRA_MLP backward makes one
+    hidden-wide gradient and turns it, e and g into the three it needs in place (swiglu_DWf_DW_dfg_kernel)."""
     a = recipe.compute_bytes
-    return block.experts_per_token * 2 * a * block.intermediate_size + 2 * recipe.residual_bytes * arch.hidden_size
+    hidden_grads = 1 if unsloth_fused_block(block, plan, recipe) else 2
+    return (
+        block.experts_per_token * hidden_grads * a * block.intermediate_size
+        + 2 * recipe.residual_bytes * arch.hidden_size
+    )
 
 
 @dataclass(frozen=True)
@@ -616,14 +662,18 @@ class Activations:
 
 
 # torchtune's OffloadActivations keeps up to max_fwd_stash_size (default 5) offloaded tensors alive on the
-# GPU until their device-to-host copy finishes (torchtune/training/_activation_offloading.py).
+# GPU until their device-to-host copy finishes (torchtune/training/_activation_offloading.py). Unsloth's
+# offloaded checkpointing copies each block's input to the host with a non-blocking copy as the block runs
+# (unsloth_zoo gradient_checkpointing.py, Unsloth_Offloaded_Gradient_Checkpointer): one in flight.
 OFFLOAD_FORWARD_STASH_TENSORS = 5
+UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS = 1
 
 
-def offload_stash_bytes(largest_tensor: float, offloaded: float) -> float:
+def offload_stash_bytes(largest_tensor: float, offloaded: float, recipe: Recipe) -> float:
     """GPU bytes still held by activation offloading at the end of the forward pass: the last few
     offloaded tensors, whose copies to the host may still be in flight."""
-    return min(offloaded, OFFLOAD_FORWARD_STASH_TENSORS * largest_tensor)
+    in_flight = UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS if recipe.framework == "unsloth" else OFFLOAD_FORWARD_STASH_TENSORS
+    return min(offloaded, in_flight * largest_tensor)
 
 
 def _largest_saved_tensor_bytes(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:
@@ -660,7 +710,7 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
         saved += block.count * kept * tokens
         biggest_kept = max(biggest_kept, kept * tokens)
         biggest_tensor = max(biggest_tensor, _largest_saved_tensor_bytes(block, arch, plan, recipe))
-        transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe) * tokens)
+        transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe, plan) * tokens)
 
     # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
     # embedding dropout mask.
@@ -684,7 +734,7 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
         # its backward runs ("all activations will either be recomputed later in the backward or
         # brought back from the CPU": torchtune docs, memory_optimizations.rst).
         offloaded = saved + norm_and_masks
-        kept_on_gpu = offload_stash_bytes(biggest_tensor, offloaded) + head_input
+        kept_on_gpu = offload_stash_bytes(biggest_tensor, offloaded, recipe) + head_input
         return Activations(kept_on_gpu, recompute, transient, biggest_breakdown, offloaded, biggest_kept)
     return Activations(saved + norm_and_masks + head_input, recompute, transient, biggest_breakdown)
 
@@ -700,15 +750,15 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     cross-entropy whose log_softmax output is kept; its backward holds the kept output, the incoming
     gradient and the input gradient (3 fp32 tensors of tokens x vocab). Chunked loss (torchtune
     CEWithChunkedOutputLoss, LitGPT chunked_cross_entropy) keeps the same log-probabilities but
-    materialises the fp32 temporaries one chunk at a time. A fused kernel (Unsloth, Liger) never holds
-    more than the 16-bit logits and their gradient.
+    materialises the fp32 temporaries one chunk at a time. A fused linear cross-entropy never
+    materialises the logits of the whole micro-batch (``fused_linear_cross_entropy_bytes``).
     """
     tokens = plan.tokens_per_micro_batch
     v = arch.vocab_size
     a = recipe.compute_bytes
     up = 4 if recipe.logits_fp32 else a
     if recipe.loss == "fused":
-        return float(tokens * v * a), float(tokens * v * a)
+        return fused_linear_cross_entropy_bytes(tokens, arch.hidden_size, a)
     if recipe.compiled_loss:
         return compiled_loss_bytes(plan, arch, recipe)
     if recipe.loss == "chunked":
@@ -722,6 +772,23 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     fwd = tokens * v * (a + 2 * up)  # logits, upcast copy, kept log-probabilities
     bwd = tokens * v * 3 * up
     return float(fwd), float(bwd)
+
+
+def fused_linear_cross_entropy_bytes(tokens: float, hidden: int, compute_bytes: int) -> tuple[float, float]:
+    """(end of forward, start of backward) bytes of a fused linear cross-entropy: the head's matmul and the
+    loss run chunk by chunk, so the logits of the whole micro-batch never exist.
+
+    Liger's FusedLinearCrossEntropy (linkedin/Liger-Kernel ops/fused_linear_cross_entropy.py) computes
+    the input gradient during the forward into ``grad_input = zeros_like(input)`` (tokens x hidden, kept
+    for backward) and sizes its chunks so that one chunk's logits hold as many elements as the hidden
+    states (``inc_factor = cdiv(V, H)``, ``chunk_size = next_power_of_2(cdiv(BT, inc_factor))``), plus an
+    fp32 loss per token. Unsloth's ``unsloth_fused_ce_loss`` (unsloth_zoo fused_losses: the same chunked
+    scheme, its chunk sized to the memory left) and Cut Cross-Entropy (Wijmans et al. 2024, arXiv
+    2411.09009: logits only in on-chip memory, axolotl's CCE plugin) hold no more.
+    """
+    hidden_bytes = tokens * hidden * compute_bytes
+    per_token_loss = 4.0 * tokens
+    return 2.0 * hidden_bytes + per_token_loss, hidden_bytes + per_token_loss
 
 
 def compiled_loss_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:

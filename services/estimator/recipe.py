@@ -117,8 +117,8 @@ class FrameworkDefaults:
 # - torchtitan: FSDP2 pre-training loop, per-op selective activation checkpointing, fused AdamW,
 #   cross_entropy on logits upcast to fp32.
 # - axolotl: Hugging Face Trainer underneath (same as hf-trainer), sample packing to seq_len.
-# - unsloth: its fused cross-entropy kernel (no fp32 logits copy), bf16 adapters, and its own
-#   offloaded gradient checkpointing (not modelled: treated as block checkpointing).
+# - unsloth: its fused linear cross-entropy (logits never whole), bf16 adapters, its LoRA kernels
+#   (memory.unsloth_fused_block) and, where a plan sets activation_offloading, its offloaded checkpointing.
 # - pytorch: a plain loop over an HF model (HF loss with fp32 upcast, torch AdamW foreach).
 _HF = FrameworkDefaults(
     attention="sdpa",

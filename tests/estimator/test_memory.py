@@ -232,8 +232,11 @@ def test_logits_standard_loss_is_three_fp32_copies_in_backward() -> None:
     assert bwd == 1000 * V * 12
     chunked = make_plan(micro_batch_size=1, seq_len=1000, loss="chunked")
     assert logits_bytes(chunked, ARCH, resolve_recipe(chunked))[1] < bwd
+    # A fused linear cross-entropy never holds the whole micro-batch's logits: the input gradient it
+    # computes in forward, one chunk of logits as large as the hidden states, an fp32 loss per token.
     fused = make_plan(micro_batch_size=1, seq_len=1000, loss="fused")
-    assert logits_bytes(fused, ARCH, resolve_recipe(fused)) == (1000 * V * 2, 1000 * V * 2)
+    hidden = 1000 * 4096 * 2
+    assert logits_bytes(fused, ARCH, resolve_recipe(fused)) == (2 * hidden + 4000, hidden + 4000)
 
 
 def test_inference_kv_cache() -> None:
@@ -455,3 +458,43 @@ def test_a_gptq_checkpoint_keeps_the_copies_autograd_saves() -> None:
     no_ckpt = peak_memory(plain, arch, resolve_recipe(plain))
     with_ckpt = peak_memory(ckpt, arch, recipe)
     assert no_ckpt.peak_allocated - with_ckpt.peak_allocated > 0.9 * 2 * q  # every copy saved without it
+
+
+def test_unsloth_fused_blocks_keep_what_its_kernels_save() -> None:
+    """Unsloth's LoRA_QKV / LoRA_W / LoRA_MLP and fast RMSNorm keep far less than PEFT's modules: X for
+    the projections, e and g of the MLP, the norms' inputs and inverse RMS; flash attention its usual."""
+    from services.estimator.memory import unsloth_block_saved_bytes_per_token, unsloth_fused_block
+
+    lora = {"rank": 16, "targets": "all-linear", "dropout": 0.0}
+    plan = make_plan(framework="unsloth", method="qlora", quantization="nf4", lora=lora, seq_len=4096)
+    recipe = resolve_recipe(plan)
+    block = ARCH.blocks[0]
+    assert unsloth_fused_block(block, plan, recipe)
+    saved = block_saved_bytes_per_token(block, ARCH, plan, recipe, 4096)
+    assert saved == unsloth_block_saved_bytes_per_token(block, ARCH, recipe)
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    assert sum(saved.values()) == 2 * (2 * h + 4) + 2 * h + 2 * (2 * q + 2 * kv) + 4 * 32 + 2 * h + 2 * 2 * f
+    hf = make_plan(method="qlora", quantization="nf4", lora=lora, seq_len=4096)
+    assert sum(saved.values()) < 0.5 * sum(
+        block_saved_bytes_per_token(block, ARCH, hf, resolve_recipe(hf), 4096).values()
+    )
+    # Unsloth keeps PEFT's modules where its kernels do not apply: dropout, some projections only, full.
+    for fields in (
+        {"lora": {**lora, "dropout": 0.05}},
+        {"lora": {**lora, "targets": ["q", "v"]}},
+        {"method": "full", "quantization": None, "lora": None},
+    ):
+        other = make_plan(
+            **{**{"framework": "unsloth", "method": "qlora", "quantization": "nf4", "lora": lora}, **fields}
+        )
+        assert not unsloth_fused_block(block, other, resolve_recipe(other)), fields
+
+
+def test_offloading_keeps_one_block_input_in_flight_under_unsloth_and_five_under_torchtune() -> None:
+    from services.estimator.memory import offload_stash_bytes
+
+    unsloth = resolve_recipe(make_plan(framework="unsloth", method="lora", lora={"rank": 8}))
+    torchtune = resolve_recipe(make_plan(framework="torchtune", method="lora", lora={"rank": 8}))
+    assert offload_stash_bytes(1.0, 100.0, unsloth) == 1.0
+    assert offload_stash_bytes(1.0, 100.0, torchtune) == 5.0
+    assert offload_stash_bytes(1.0, 3.0, torchtune) == 3.0  # never more than what was offloaded
