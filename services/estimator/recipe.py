@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from services.estimator.errors import EstimatorError
 from services.estimator.plan import (
     ALL_LINEAR_ROLES,
     Attention,
@@ -303,6 +304,7 @@ def deepspeed_precision(plan: Plan) -> str:
 
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
+    check_gptq_checkpoint(plan)
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
     kbit_upcast = kbit_fp32_upcast(plan, d) and not (
@@ -417,6 +419,31 @@ def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
         and plan.sharding not in ("fsdp", "zero3")
         and not _gptq_checkpoint(plan)
     )
+
+
+def check_gptq_checkpoint(plan: Plan) -> None:
+    """A GPTQ checkpoint loads 4-bit whatever the plan says, so a training plan over one must be QLoRA
+    over 4 bits: its packed integer weights take no gradient (transformers refuses to fine-tune a purely
+    quantized model), and a 16-bit or int8 base does not describe it."""
+    if not plan.is_training or not _gptq_checkpoint(plan):
+        return
+    config = plan.model.config or {}
+    bits = config["quantization_config"].get("bits", 4)
+    if bits != 4:
+        raise EstimatorError(
+            "model.config.quantization_config.bits", f"only 4-bit GPTQ checkpoints are modelled, got {bits!r}"
+        )
+    if plan.method != "qlora":
+        raise EstimatorError(
+            "method",
+            f"the checkpoint is GPTQ 4-bit (quantization_config.quant_method 'gptq'), so {plan.method!r} "
+            "does not apply: adapters train over its 4-bit weights; use method 'qlora' (quantization 'nf4' "
+            "stands for a 4-bit base), or a 16-bit checkpoint for 'full' or 'lora'",
+        )
+    if plan.quantized != "nf4":
+        raise EstimatorError(
+            "quantization", "the checkpoint is GPTQ 4-bit: use quantization 'nf4' (a 4-bit base) or leave it unset"
+        )
 
 
 def _gptq_checkpoint(plan: Plan) -> bool:

@@ -152,6 +152,27 @@ def test_estimate_is_synchronous_and_stores_nothing(api: Api) -> None:
     assert bad.status_code == 422 and bad.json()["field"] == "gpu"
 
 
+def test_a_gptq_checkpoint_is_estimated_as_qlora_only(api: Api) -> None:
+    """A GPTQ checkpoint loads 4-bit: QLoRA over it is estimated with auto-gptq's dequantization; LoRA or
+    full fine-tuning of it is a 422 naming the field to change."""
+    body = {k: v for k, v in QLORA_PLAN.items() if k not in ("dataset", "epochs")}
+    gptq = {**TINY_CONFIG, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    model = {"name": "someone/tiny-GPTQ", "config": gptq}
+    ok = api.client.post("/v1/estimate?gpu=A100%2080GB", json={**body, "model": model}, headers=api.headers())
+    assert ok.status_code == 200, ok.text
+    assert "quantized base: nf4 via auto-gptq" in ok.json()["assumptions"]
+    for change, field in (
+        ({"method": "lora"}, "method"),
+        ({"method": "full", "lora": None}, "method"),
+        ({"quantization": "int8"}, "quantization"),
+    ):
+        bad = api.client.post(
+            "/v1/estimate?gpu=A100%2080GB", json={**body, "model": model, **change}, headers=api.headers()
+        )
+        assert bad.status_code == 422 and bad.json()["field"] == field, (change, bad.text)
+        assert "GPTQ" in bad.text
+
+
 def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) -> None:
     from fastapi.testclient import TestClient
     from sqlalchemy import update

@@ -265,3 +265,15 @@ def test_a_gptq_checkpoint_dequantizes_with_pytorch_ops_in_forward_and_replay_on
     bnb = _tp(make_plan(gradient_checkpointing=True, **fields), "A100 80GB")
     assert bnb.seconds["dequantization"] == pytest.approx(3 * q * 4.6 / bandwidth)
     assert tp.tokens_per_s < bnb.tokens_per_s
+
+
+def test_only_4_bit_gptq_checkpoints_are_estimated() -> None:
+    from services.estimator.errors import EstimatorError
+
+    eight_bit = {**GPTQ_8B, "quantization_config": {**GPTQ_8B["quantization_config"], "bits": 8}}
+    plan = make_plan(model={"name": "m", "config": eight_bit}, method="qlora", lora={"rank": 8})
+    with pytest.raises(EstimatorError) as err:
+        resolve_recipe(plan)
+    assert err.value.field == "model.config.quantization_config.bits"
+    # Inference over a GPTQ checkpoint trains nothing: not refused.
+    resolve_recipe(make_plan(model={"name": "m", "config": GPTQ_8B}, mode="inference"))
