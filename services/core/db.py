@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, MetaData, String, create_engine, event
+from sqlalchemy import DateTime, MetaData, String, create_engine, event, update
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -100,3 +100,16 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def requeue_running(session: Session, table: type[Base], ids: Sequence[str]) -> None:
+    """Put rows of a status-tracked table (``id``, ``status``) that are about to be resumed back to queued,
+    in one conditional update: a row another process has just finished keeps its status, which an ORM
+    read-then-write would overwrite."""
+    if ids:
+        session.execute(
+            update(table)
+            .where(table.id.in_(ids), table.status == "running")  # type: ignore[attr-defined]
+            .values(status="queued")
+            .execution_options(synchronize_session=False)
+        )

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.core.db import requeue_running
 from services.datasets.tables import DatasetPartRow, DatasetRow
 
 
@@ -31,14 +32,8 @@ class DatasetRepository:
         return self.session.scalars(select(DatasetRow.id).where(DatasetRow.status.in_(("queued", "running")))).all()
 
     def requeue_running(self, ids: Sequence[str]) -> None:
-        """Show checks about to be resumed as queued, in one conditional update (see PlanRepository's)."""
-        if ids:
-            self.session.execute(
-                update(DatasetRow)
-                .where(DatasetRow.id.in_(ids), DatasetRow.status == "running")
-                .values(status="queued")
-                .execution_options(synchronize_session=False)
-            )
+        """Show checks about to be resumed as queued (services.core.db.requeue_running)."""
+        requeue_running(self.session, DatasetRow, ids)
 
     def add(self, row: DatasetRow) -> DatasetRow:
         self.session.add(row)

@@ -5,9 +5,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
+from services.core.db import requeue_running
 from services.plans.tables import PlanRow
 
 
@@ -78,15 +79,8 @@ class PlanRepository:
         return self.session.scalars(query).all()
 
     def requeue_running(self, ids: Sequence[str]) -> None:
-        """Show plans about to be resumed as queued: one conditional update, so a plan another process
-        has just finished keeps its status (an ORM read-then-write would put it back to queued)."""
-        if ids:
-            self.session.execute(
-                update(PlanRow)
-                .where(PlanRow.id.in_(ids), PlanRow.status == "running")
-                .values(status="queued")
-                .execution_options(synchronize_session=False)
-            )
+        """Show plans about to be resumed as queued (services.core.db.requeue_running)."""
+        requeue_running(self.session, PlanRow, ids)
 
     def add(self, row: PlanRow) -> PlanRow:
         self.session.add(row)
