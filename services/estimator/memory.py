@@ -157,6 +157,13 @@ def quantized_params(arch: Architecture, recipe: Recipe) -> int:
 # Model states
 
 
+def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
+    """Bytes a quantized weight element is stored in, its quantization constants included."""
+    if plan.quantized == "int8":
+        return INT8_BYTES
+    return {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
+
+
 def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, int]:
     """Frozen or trained base weights as stored (quantized linears plus 16-bit everything else)."""
     total = parameter_counts(arch).total
@@ -164,10 +171,7 @@ def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     if quant is None:
         return float(total * recipe.weight_bytes), 0
     q = quantized_params(arch, recipe)
-    if quant == "nf4":
-        per = {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
-    else:
-        per = INT8_BYTES
+    per = quantized_bytes_per_weight(plan, recipe)
     # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype, or fp32 after
     # PEFT's prepare_model_for_kbit_training (recipe.kbit_fp32_upcast).
     return q * per + (total - q) * recipe.unquantized_weight_bytes, q
@@ -366,9 +370,8 @@ def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tup
     """
     if plan.sharding not in ("zero3", "fsdp") or (plan.gpus == 1 and not plan.cpu_offload):
         return 0.0, 0.0
-    quant = plan.quantized
-    if quant is not None:
-        per = NF4_BNB_BYTES if quant == "nf4" else INT8_BYTES
+    if plan.quantized is not None:
+        per = quantized_bytes_per_weight(plan, recipe)
         block = max(
             sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) * per
             + (b.params - sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears))
