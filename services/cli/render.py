@@ -17,6 +17,8 @@ _LABELS = {
     "logits_and_loss": "logits and loss",
     "temporaries": "backward/optimizer temporaries",
     "sharding_buffers": "gathered shards (FSDP/ZeRO-3)",
+    "dequantized_weights": "dequantized 16-bit weights (4-bit base)",
+    "quantization_temporaries": "quantizing at load",
     "kv_cache": "KV cache",
     "allocator_reserve": "allocator reserve (fragmentation)",
     "cuda_context": "CUDA context + NCCL",
@@ -50,9 +52,9 @@ def render_estimate(e: Estimate) -> str:
         + (f", {p.active / 1e9:.2f}B active" if p.active != p.total else "")
         + f"; trainable {p.trainable / 1e6:,.1f}M; {e.mode})",
         "",
-        f"Peak memory per GPU (at {e.memory.peak_moment.replace('_', ' ')}):",
+        f"Peak memory per GPU (peak moment: {e.memory.peak_moment.replace('_', ' ')}):",
     ]
-    rows = [[_LABELS.get(k, k), f"{v:.2f}"] for k, v in e.memory.breakdown.items()]
+    rows = [[_LABELS.get(k, k.replace("_", " ")), f"{v:.2f}"] for k, v in e.memory.breakdown.items()]
     out.append(table(["component", "GiB"], rows, right={1}))
     out += [
         "",
