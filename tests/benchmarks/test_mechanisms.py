@@ -70,3 +70,35 @@ def test_zero_hook_counts_match_transformers_and_peft_modules() -> None:
             }
         )
         assert _hooked(arch, resolve_recipe(plan), plan) == (3 * modules, 3 * tensors), method
+
+
+def test_the_allocator_model_follows_the_caching_allocator_rules() -> None:
+    """Segments of 20 MiB for requests under 10 MiB, their own (rounded to 2 MiB) above; best fit; split
+    when more than 1 MiB is left (large pool) or 512 bytes (small pool); neighbours merged on free."""
+    from benchmarks.mechanisms.allocator import CachingAllocator
+
+    mib = 1 << 20
+    a = CachingAllocator()
+    a.malloc(1, 3 * mib)
+    a.malloc(2, 5 * mib)  # carved from the same 20 MiB segment
+    assert (a.reserved, a.allocated) == (20 * mib, 8 * mib)
+    a.free(1)
+    a.malloc(3, int(12.5 * mib))  # no cached block is large enough: its own 14 MiB segment
+    assert a.reserved == 34 * mib and a.segments == 2
+    a.free(2)  # merges with the free 3 MiB before it and the 12 MiB after it
+    a.malloc(4, 20 * mib)
+    assert a.reserved == 34 * mib  # the whole first segment, merged again, serves it
+    a.malloc(5, 100)  # the small pool: a 2 MiB segment, 512 bytes taken
+    assert (a.reserved, a.allocated) == (36 * mib, int(12.5 * mib) + 20 * mib + 512)
+
+
+def test_a_full_fine_tuning_step_replayed_on_meta_peaks_where_the_estimator_says() -> None:
+    """The real transformers step (meta tensors, two steps so AdamW's states exist) reaches the estimator's
+    allocated peak; python -m benchmarks.mechanisms.allocator compares the reserved gaps too."""
+    require_trace_extra()
+    from benchmarks.mechanisms.allocator import estimator_peaks_gib, replay_training_steps
+
+    replayed = replay_training_steps("full", True, 2048, layers=2)
+    allocated, _ = estimator_peaks_gib("full", True, 2048, layers=2)
+    assert replayed["peak_allocated_gib"] == pytest.approx(allocated, rel=0.02)
+    assert replayed["peak_reserved_gib"] >= replayed["peak_allocated_gib"]
