@@ -67,7 +67,8 @@ def render_estimate(e: Estimate) -> str:
     if e.memory.reclaimable_cache_gib:
         out.append(
             f"  + {e.memory.reclaimable_cache_gib:.2f} GiB of free cached blocks the counters may also show "
-            "(FSDP1 stream pools, segments of other batch lengths; freed before an out-of-memory)"
+            "(FSDP1 stream pools, segments of other batch lengths, blocks checkpointed rebuilds left; "
+            "freed before an out-of-memory)"
         )
     if e.memory.optimizer_states_paged_gib:
         out.append(f"  + {e.memory.optimizer_states_paged_gib:.2f} GiB of paged optimizer states (unified memory)")

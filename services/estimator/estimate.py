@@ -48,9 +48,10 @@ class MemoryReport(_Out):
     moments_gib: dict[str, float]  # allocated GiB at each moment of the step
     activations_per_layer_per_token_bytes: dict[str, float]
     optimizer_states_paged_gib: float
-    # Free cached blocks (FSDP1's stream pools, the segments of other batch lengths) that
-    # max_memory_reserved and nvidia-smi also show when memory is plentiful; the allocator frees them
-    # before failing, so fits do not count them, and on a known card they are at most what it has left.
+    # Free cached blocks (FSDP1's stream pools, the segments of other batch lengths, what checkpointed
+    # rebuilds leave cached) that max_memory_reserved and nvidia-smi also show when memory is plentiful;
+    # the allocator frees them before failing, so fits do not count them, and on a known card they are at
+    # most what it has left.
     reclaimable_cache_gib: float
     # [p10, p90] of the device peak (the figure fits are checked against): 80% of measured peaks of the
     # plan's category fell inside such a band (services/estimator/uncertainty.py).
