@@ -143,25 +143,25 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
+    @staticmethod
+    def _absorb(first: _Block, second: _Block) -> _Block:
+        """Merge the free ``second`` into ``first``, the block before it in their segment."""
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        return first
+
     def free(self, key: int) -> None:
         block, small = self._live.pop(key)
         self.allocated -= block.size
         block.free = True
         if block.next is not None and block.next.free:
-            after = block.next
-            self._take_free(small, after)
-            block.size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
+            self._take_free(small, block.next)
+            block = self._absorb(block, block.next)
         if block.prev is not None and block.prev.free:
-            before = block.prev
-            self._take_free(small, before)
-            before.size += block.size
-            before.next = block.next
-            if block.next is not None:
-                block.next.prev = before
-            block = before
+            self._take_free(small, block.prev)
+            block = self._absorb(block.prev, block)
         self._add_free(small, block)
 
     def replay(self, events: list[tuple[str, int, int]]) -> CachingAllocator:
@@ -239,28 +239,35 @@ def _register_fused_attention() -> str:
 LLAMA_3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8}
 
 
-def record_training_steps(
-    method: str,
-    checkpointing: bool,
-    tokens: int,
-    batch: int = 1,
-    layers: int = 8,
-    steps: int = 2,
-    shape: dict[str, int] | None = None,
-) -> list[tuple[str, int, int]]:
-    """The storages ``steps`` training steps of a Llama-3-8B-shaped model cut to ``layers`` layers allocate
-    and free (bf16, AdamW), in order."""
+@dataclass(frozen=True)
+class Step:
+    """A training step to replay: LoRA (rank 16 on every projection) or full fine-tuning of a Llama-shaped
+    model (``shape``: its widths, Llama-3-8B's by default) cut to ``layers`` layers, bf16, AdamW."""
+
+    method: str
+    checkpointing: bool
+    tokens: int
+    batch: int = 1
+    layers: int = 8
+    shape: tuple[tuple[str, int], ...] = tuple(LLAMA_3_8B.items())
+
+    def config(self) -> dict[str, Any]:
+        widths = dict(self.shape)
+        return {**widths, "num_hidden_layers": self.layers, "vocab_size": 128256, "tie_word_embeddings": False}
+
+
+def record_training_steps(step: Step, steps: int = 2) -> list[tuple[str, int, int]]:
+    """The storages ``steps`` training steps allocate and free, in order."""
     import torch
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
-    fields: dict[str, Any] = {**(shape or LLAMA_3_8B), "num_hidden_layers": layers, "vocab_size": 128256}
-    config = LlamaConfig(**fields, tie_word_embeddings=False)
+    config = LlamaConfig(**step.config())
     config._attn_implementation = _register_fused_attention()
     with torch.device("meta"):
         model: Any = LlamaForCausalLM(config)
     model = model.to(torch.bfloat16)
-    if method == "lora":
+    if step.method == "lora":
         from peft import LoraConfig, inject_adapter_in_model
 
         model.requires_grad_(False)
@@ -269,16 +276,16 @@ def record_training_steps(
         for name, param in model.named_parameters():  # get_peft_model's autocast_adapter_dtype: fp32 adapters
             if "lora_" in name:
                 param.data = param.data.float()
-    if checkpointing:
+    if step.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if method == "lora":
+        if step.method == "lora":
             model.enable_input_require_grads()
     model.train()
     recorder = _recorder()
     for tensor in [*model.parameters(), *model.buffers()]:
         recorder.track(tensor)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-    ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
+    ids = torch.zeros(step.batch, step.tokens, dtype=torch.long, device="meta")
     with recorder:
         for _ in range(steps):
             model(input_ids=ids, labels=ids).loss.backward()
@@ -301,26 +308,18 @@ def smallest_card(events: list[tuple[str, int, int]], low: int, high: int, step:
     return high
 
 
-def replay_training_steps(
-    method: str,
-    checkpointing: bool,
-    tokens: int,
-    batch: int = 1,
-    layers: int = 8,
-    steps: int = 2,
-    shape: dict[str, int] | None = None,
-) -> dict[str, Any]:
+def replay_training_steps(step: Step, steps: int = 2) -> dict[str, Any]:
     """Peaks of the recorded steps replayed without a memory limit, and the smallest card they fit."""
-    events = record_training_steps(method, checkpointing, tokens, batch, layers, steps, shape)
+    events = record_training_steps(step, steps)
     allocator = CachingAllocator().replay(events)
     fits_in = smallest_card(events, allocator.peak_allocated, allocator.peak_reserved + (32 << 20))
     gib = 2**30
     return {
-        "method": method,
-        "checkpointing": checkpointing,
-        "tokens": tokens,
-        "batch": batch,
-        "layers": layers,
+        "method": step.method,
+        "checkpointing": step.checkpointing,
+        "tokens": step.tokens,
+        "batch": step.batch,
+        "layers": step.layers,
         "peak_allocated_gib": round(allocator.peak_allocated / gib, 3),
         "peak_reserved_gib": round(allocator.peak_reserved / gib, 3),
         "gap_gib": round((allocator.peak_reserved - allocator.peak_allocated) / gib, 3),
@@ -330,14 +329,7 @@ def replay_training_steps(
     }
 
 
-def estimator_step(
-    method: str,
-    checkpointing: bool,
-    tokens: int,
-    batch: int = 1,
-    layers: int = 8,
-    shape: dict[str, int] | None = None,
-) -> dict[str, float]:
+def estimator_step(step: Step) -> dict[str, float]:
     """The estimator's allocated and reserved peaks (GiB) and one rebuilt block (GiB) for the same step
     (a plain PyTorch loop over the transformers model, flash attention, packed rows)."""
     from services.estimator.architecture import architecture_from_config
@@ -345,23 +337,17 @@ def estimator_step(
     from services.estimator.plan import Plan
     from services.estimator.recipe import resolve_recipe
 
-    config = {
-        "model_type": "llama",
-        **(shape or LLAMA_3_8B),
-        "num_hidden_layers": layers,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-    }
+    config = {"model_type": "llama", **step.config()}
     plan = Plan.model_validate(
         {
             "model": {"name": "llama-cut", "config": config},
-            "method": method,
-            "lora": {"rank": 16, "targets": "all-linear", "dropout": 0.0} if method == "lora" else None,
+            "method": step.method,
+            "lora": {"rank": 16, "targets": "all-linear", "dropout": 0.0} if step.method == "lora" else None,
             "framework": "pytorch",
             "precision": "bf16",
-            "seq_len": tokens,
-            "micro_batch_size": batch,
-            "gradient_checkpointing": checkpointing,
+            "seq_len": step.tokens,
+            "micro_batch_size": step.batch,
+            "gradient_checkpointing": step.checkpointing,
             "attention": "flash",
             "padding": "packed",
         }
@@ -403,11 +389,16 @@ SCENARIOS = (
 )
 
 
+def shaped(shape: str, method: str, checkpointing: bool, tokens: int, batch: int = 1) -> Step:
+    return Step(method, checkpointing, tokens, batch, shape=tuple(SHAPES[shape].items()))
+
+
 def main() -> int:
     rows = []
     for shape, method, checkpointing, tokens, batch in SCENARIOS:
-        row = {"shape": shape, **replay_training_steps(method, checkpointing, tokens, batch, shape=SHAPES[shape])}
-        est = estimator_step(method, checkpointing, tokens, batch, shape=SHAPES[shape])
+        step = shaped(shape, method, checkpointing, tokens, batch)
+        row = {"shape": shape, **replay_training_steps(step)}
+        est = estimator_step(step)
         row.update(
             estimator_allocated_gib=est["allocated_gib"],
             estimator_gap_gib=round(est["reserved_gib"] - est["allocated_gib"], 3),

@@ -97,15 +97,14 @@ def test_replayed_steps_peak_where_the_estimator_says_and_cache_at_least_the_reb
     allocated peak, and under checkpointing the allocator caches at least REBUILT_BLOCK_CACHE rebuilt blocks
     beyond it (python -m benchmarks.mechanisms.allocator runs every shape and method)."""
     require_trace_extra()
-    from benchmarks.mechanisms.allocator import SHAPES, estimator_step, replay_training_steps
+    from benchmarks.mechanisms.allocator import Step, estimator_step, replay_training_steps, shaped
     from services.estimator.memory import REBUILT_BLOCK_CACHE
 
-    full = replay_training_steps("full", True, 2048, layers=2)
-    assert full["peak_allocated_gib"] == pytest.approx(
-        estimator_step("full", True, 2048, layers=2)["allocated_gib"], rel=0.02
-    )
-    shape = SHAPES["llama-3.2-1b"]
-    lora = replay_training_steps("lora", True, 2048, shape=shape)
-    est = estimator_step("lora", True, 2048, shape=shape)
+    two_layers = Step("full", True, 2048, layers=2)
+    full = replay_training_steps(two_layers)
+    assert full["peak_allocated_gib"] == pytest.approx(estimator_step(two_layers)["allocated_gib"], rel=0.02)
+    step = shaped("llama-3.2-1b", "lora", True, 2048)
+    lora = replay_training_steps(step)
+    est = estimator_step(step)
     assert lora["peak_allocated_gib"] == pytest.approx(est["allocated_gib"], rel=0.02)
     assert lora["gap_gib"] >= REBUILT_BLOCK_CACHE * est["rebuilt_block_gib"]
