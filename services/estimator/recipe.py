@@ -305,6 +305,7 @@ def deepspeed_precision(plan: Plan) -> str:
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     check_gptq_checkpoint(plan)
+    gptq = _gptq_checkpoint(plan)
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
     kbit_upcast = kbit_fp32_upcast(plan, d) and not (
@@ -371,8 +372,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
         lora_rank=rank,
         # A GPTQ checkpoint brings its own layers (auto-gptq's QuantLinear on the block linears, the head
         # left in 16-bit) whatever the framework would quantize with.
-        quant_backend="auto-gptq" if _gptq_checkpoint(plan) else d.quant_backend,
-        quantize_lm_head=d.quantize_lm_head and not _gptq_checkpoint(plan),
+        quant_backend="auto-gptq" if gptq else d.quant_backend,
+        quantize_lm_head=d.quantize_lm_head and not gptq,
         model_dropout=d.model_dropout,
         grads_persist=grads_persist,
         # flash-attention 2 takes grouped K/V as they are; SDPA paths repeat them first.

@@ -141,6 +141,9 @@ PEFT_MODULES_PER_ADAPTED_LINEAR = 4
 # times the scales into 16-bit (1, 2), and the matmul reading the copy (2) -- against bitsandbytes' 4.6.
 # Its kernels: those five on the weight and four on the zero points.
 GPTQ_DEQUANT_BYTES = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2) + 2
+# bitsandbytes dequantises a 4-bit weight to 16-bit before each matmul: read 0.5 B and the constants,
+# write 2 B, and the matmul reads the 2 B back.
+BNB_DEQUANT_BYTES = 4.6
 GPTQ_DEQUANT_KERNELS_PER_LINEAR = 9
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
@@ -572,8 +575,8 @@ def estimate_throughput(
     compute = max(compute, weight_read)
     compute = max(compute, dispatch_seconds(plan, arch, recipe, lora_kernels))
 
-    # QLoRA dequantises every 4-bit weight to 16-bit before each matmul (read 0.5 B + constants,
-    # write 2 B, read 2 B back): bandwidth-bound work on top of the matmuls.
+    # QLoRA dequantises every 4-bit weight to 16-bit before its matmuls (BNB_DEQUANT_BYTES or, for a GPTQ
+    # checkpoint, GPTQ_DEQUANT_BYTES per weight): bandwidth-bound work on top of the matmuls.
     dequant = 0.0
     if plan.quantized is not None:
         # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
@@ -581,7 +584,7 @@ def estimate_throughput(
         if recipe.quant_backend == "auto-gptq":
             dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES / bandwidth
         else:
-            dequant = passes * q * 4.6 / bandwidth
+            dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
     comm = data_parallel_communication(plan, arch, states, gpu, fpt, compute, links)

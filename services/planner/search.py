@@ -354,9 +354,9 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
     ]
     if not smaller:
         return largest
-    floor = ev.sample_seconds_floor(largest, spec)
-    proposal = min(smaller, key=lambda c: (ev.sample_seconds_floor(c, spec), -c.micro_batch_size))
-    if ev.sample_seconds_floor(proposal, spec) >= floor * 0.99:
+    floors = {c: ev.sample_seconds_floor(c, spec) for c in (largest, *smaller)}
+    proposal = min(smaller, key=lambda c: (floors[c], -c.micro_batch_size))
+    if floors[proposal] >= floors[largest] * 0.99:
         return largest
     faster = ev.throughput(proposal, spec).data_tokens_per_s > ev.throughput(largest, spec).data_tokens_per_s
     return proposal if faster else largest
