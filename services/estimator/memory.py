@@ -1200,16 +1200,25 @@ def _finish(
     keys = ["weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache"]
     if grads_long_lived:
         keys.append("gradients")
-    long_lived = sum(components.get(k, 0.0) for k in keys)
-    fragmentation = FRAGMENTATION_OF_DYNAMIC * (allocated - long_lived)
-    if components.get("activations"):
-        fragmentation += rounding  # the kept activations' segment tails, while they are alive
+
+    def cache_beyond(parts: dict[str, float], total: float) -> float:
+        long_lived = sum(parts.get(k, 0.0) for k in keys)
+        extra = FRAGMENTATION_OF_DYNAMIC * (total - long_lived)
+        if parts.get("activations"):
+            extra += rounding  # the kept activations' segment tails, while they are alive
+        return extra
+
+    # The reserved peak is the largest moment's live tensors plus its cache, which may be another moment than
+    # the allocated peak's (a load-time spike of temporaries beside a step with more kept tensors); what it
+    # holds beyond the allocated peak is the allocator's reserve.
+    reserved = max(totals[name] + cache_beyond(parts, totals[name]) for name, parts in moments.items())
+    fragmentation = reserved - allocated
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
     # blocks, so they show in the counters but do not make a run fail.
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
-    reserved = allocated + fragmentation
     if other_lengths_cache:
         # The segments of other batch lengths sit beside the training step's moments, not the model load.
+        long_lived = sum(components.get(k, 0.0) for k in keys)
         step_peak = max(total for name, total in totals.items() if name != "model_load")
         step_reserved = step_peak + FRAGMENTATION_OF_DYNAMIC * max(0.0, step_peak - long_lived)
         pools_extra += max(0.0, step_reserved + other_lengths_cache - reserved)
