@@ -30,6 +30,39 @@ def test_kernels_per_block_match_a_transformers_llama_layer() -> None:
         assert backward / forward == pytest.approx(BACKWARD_KERNELS_PER_FORWARD, rel=0.1), (dtype, backward)
 
 
+def test_elementwise_bytes_per_width_match_a_transformers_llama_layer() -> None:
+    """The estimator's element-wise bytes per token per unit of width are the counts of the real LlamaDecoderLayer's
+    non-matmul aten ops (and of ForCausalLMLoss), in each precision, and they are linear in the widths."""
+    require_trace_extra()
+    from benchmarks.mechanisms.elementwise import (
+        coefficients,
+        loss_bytes_per_vocab_entry,
+        per_token_per_layer,
+        predicted,
+    )
+    from services.estimator.elementwise import EAGER_BLOCK_BYTES, EAGER_LOSS_BYTES_PER_VOCAB_ENTRY
+
+    for precision, table in EAGER_BLOCK_BYTES.items():
+        measured = coefficients(precision)
+        assert measured["hidden/layer/trained"] == measured["hidden/layer/frozen"]
+        expected = {
+            "hidden/rms/trained": measured["hidden/rms/trained"],
+            "hidden/rms/frozen": measured["hidden/rms/frozen"],
+            "hidden/layer": measured["hidden/layer/trained"],
+            "intermediate": measured["intermediate"],
+            "rotary": measured["query"],
+            "eager_scores": measured["eager_scores"],
+        }
+        assert measured["key_value"] == measured["query"], precision
+        for key, value in expected.items():
+            assert table[key] == pytest.approx(value), (precision, key)
+        # A shape off the measured axes: within the cos/sin reads left out (560 B per token at head_dim 64, 1.1%
+        # of this 384-wide block, 0.3% of a 2048-wide one).
+        off_axis = (384, 768, 6, 3)
+        assert per_token_per_layer(off_axis, precision, True) == pytest.approx(predicted(measured, off_axis), rel=0.02)
+    assert loss_bytes_per_vocab_entry() == pytest.approx(EAGER_LOSS_BYTES_PER_VOCAB_ENTRY)
+
+
 def test_zero_hook_counts_match_transformers_and_peft_modules() -> None:
     """ZeRO-3 runs its hooks around every module call: the estimator's count of modules a block calls, and
     of those PEFT's LoRA adds, against a transformers Llama layer with and without adapters (the host time

@@ -156,16 +156,21 @@ def test_fsdp_mixed_precision_computes_in_16bit_under_accelerate_not_lightning()
 def test_utilisation_priors_come_from_published_figures() -> None:
     from services.estimator.throughput import (
         END_TO_END_OVER_MATMUL,
+        GEMM_RATE,
         MATMUL_SHARE,
         PUBLISHED_MFU,
         UTILISATION_PRIOR,
         UTILISATION_PRIORS,
     )
 
-    assert UTILISATION_PRIOR["hopper"] == PUBLISHED_MFU["hopper"]
-    assert UTILISATION_PRIOR["ampere-dc"] == PUBLISHED_MFU["ampere-dc"]
-    # A training step keeps ~66% of the best matmul rate on A100 (0.642 / 0.869) and H100 (0.464 / 0.803).
-    assert pytest.approx((0.642 / 0.869 + 0.464 / 0.803) / 2) == END_TO_END_OVER_MATMUL
+    # The published MPT-7B figures, less MPT's own element-wise time and with attention counted as causal flash
+    # attention does it: within 2% of the published HFU (MPT-7B is wide and its LayerNorm one kernel).
+    for cls in ("hopper", "ampere-dc"):
+        assert UTILISATION_PRIOR[cls] == GEMM_RATE[cls]
+        assert UTILISATION_PRIOR[cls] == pytest.approx(PUBLISHED_MFU[cls], rel=0.02)
+    assert GEMM_RATE["hopper"] > PUBLISHED_MFU["hopper"]  # H100's FLOPs per byte are higher: more to take out
+    # A training step keeps ~66% of the best matmul rate on A100 (0.641 / 0.869) and H100 (0.470 / 0.803).
+    assert pytest.approx((GEMM_RATE["ampere-dc"] / 0.869 + GEMM_RATE["hopper"] / 0.803) / 2) == END_TO_END_OVER_MATMUL
     # The RTX 4090 measured 178.5 TFLOPS on matmuls against a 165.2 datasheet peak.
     assert UTILISATION_PRIOR["consumer"] == pytest.approx(END_TO_END_OVER_MATMUL * 178.5 / 165.2, abs=1e-3)
     assert MATMUL_SHARE["consumer"] > 1
