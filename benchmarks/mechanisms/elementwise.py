@@ -16,6 +16,7 @@ bytes at the card's memory bandwidth (services/estimator/elementwise.py). This s
 - in three precisions: 16-bit weights and activations, fp32, and fp32 weights under bf16 autocast (the
   Trainer's usual LoRA recipe: fp32 residual stream and norms, bf16 matmul outputs), and with the block's
   weights trained (full fine-tuning: norm weight gradients) or frozen (a LoRA base);
+- transformers' ``NewGELUActivation`` (``gelu_new``), per element;
 - transformers' ``ForCausalLMLoss`` on 16-bit logits, per vocabulary entry per token.
 
 Needs the ``trace`` extra (torch, transformers). Run: ``python -m benchmarks.mechanisms.elementwise``
@@ -199,6 +200,28 @@ def predicted(coef: dict[str, tuple[float, float]], widths: tuple[int, int, int,
     )
 
 
+def gelu_new_bytes_per_element(precision: str) -> tuple[float, float]:
+    """(forward, backward) bytes transformers' NewGELUActivation (``gelu_new``, a chain of Python tensor ops) moves
+    per element; under autocast it runs on the 16-bit output of the linear before it."""
+    import torch
+    from transformers.activations import NewGELUActivation
+
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    counts = {}
+    for n in (4096, 8192):
+        x = torch.randn(n, dtype=dtype, requires_grad=True)
+        mode = _bytes_mode()
+        forward = mode()
+        with forward:
+            y = NewGELUActivation()(x)
+        grad = torch.ones_like(y)
+        backward = mode()
+        with backward:
+            y.backward(grad)
+        counts[n] = (forward.bytes, backward.bytes)
+    return (counts[8192][0] - counts[4096][0]) / 4096, (counts[8192][1] - counts[4096][1]) / 4096
+
+
 def loss_bytes_per_vocab_entry() -> tuple[float, float]:
     """(forward, backward) bytes transformers' ForCausalLMLoss moves per token per vocabulary entry on bf16 logits."""
     import torch
@@ -239,6 +262,7 @@ def main() -> int:
                 "off_axis_shape": off_axis,
                 "off_axis_counted": per_token_per_layer(off_axis, precision, True),
                 "off_axis_from_coefficients": predicted(coef, off_axis),
+                "gelu_new_bytes_per_element": gelu_new_bytes_per_element(precision),
             }
         )
     loss = loss_bytes_per_vocab_entry()
@@ -249,6 +273,7 @@ def main() -> int:
         "estimator": {
             "eager_block_bytes": estimator.EAGER_BLOCK_BYTES,
             "eager_loss_bytes_per_vocab_entry": estimator.EAGER_LOSS_BYTES_PER_VOCAB_ENTRY,
+            "python_gelu_bytes": estimator.PYTHON_GELU_BYTES,
         },
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

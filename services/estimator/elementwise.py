@@ -68,6 +68,10 @@ EAGER_BLOCK_BYTES: dict[str, dict[str, Pair]] = {
 # forward (silu: read 2, write 2; product: read 4, write 2) 4 stay, of its 18 backward (silu_backward 6, the
 # product's two gradient multiplies 12) 6 stay.
 UNGATED_SHARE: Pair = (4.0 / 10.0, 6.0 / 18.0)
+# transformers' NewGELUActivation (``gelu_new``: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as eight Python
+# tensor ops) per element of the MLP's intermediate width, measured likewise: nine times torch's GELU kernel.
+# Under autocast it runs on the 16-bit output of the linear before it.
+PYTHON_GELU_BYTES: dict[str, Pair] = {"16-bit": (36.0, 56.0), "fp32": (72.0, 112.0), "autocast": (36.0, 56.0)}
 # transformers' ForCausalLMLoss on 16-bit logits, bytes per token per vocabulary entry (measured likewise): the
 # fp32 upcast, log_softmax and nll forward; their gradients and the cast back in the backward.
 EAGER_LOSS_BYTES_PER_VOCAB_ENTRY: Pair = (18.0, 26.0)
@@ -90,8 +94,9 @@ def mlp_width(block: Block) -> float:
     return width or float(block.intermediate_size)
 
 
-def eager_block_bytes(arch: Architecture, block: Block, precision: str, trained: bool) -> Pair:
-    """(forward, backward) bytes one token moves through one eager block's element-wise kernels."""
+def eager_block_bytes(arch: Architecture, block: Block, precision: str, trained: bool, python_gelu: bool) -> Pair:
+    """(forward, backward) bytes one token moves through one eager block's element-wise kernels; ``python_gelu``:
+    the MLP's activation is transformers' gelu_new chain of Python ops."""
     table = EAGER_BLOCK_BYTES[precision]
     if arch.norm == "rms":
         hidden = table["hidden/rms/trained" if trained else "hidden/rms/frozen"]
@@ -99,12 +104,16 @@ def eager_block_bytes(arch: Architecture, block: Block, precision: str, trained:
         hidden = table["hidden/layer"]
     norms = max(block.norm_count, 1) / 2  # measured on two norms per block (Gemma 2/3 have four)
     mlp = mlp_width(block)
-    gate = (1.0, 1.0) if block.mlp_gated else UNGATED_SHARE
+    if python_gelu and not block.mlp_gated:
+        activation = PYTHON_GELU_BYTES[precision]
+    else:
+        gate = (1.0, 1.0) if block.mlp_gated else UNGATED_SHARE
+        activation = (table["intermediate"][0] * gate[0], table["intermediate"][1] * gate[1])
     q = float(block.num_heads * block.head_dim)
     kv = float(block.num_kv_heads * block.head_dim)
     out = []
     for i in range(2):
-        b = hidden[i] * norms * arch.hidden_size + table["intermediate"][i] * gate[i] * mlp
+        b = hidden[i] * norms * arch.hidden_size + activation[i] * mlp
         if arch.rotary:
             b += table["rotary"][i] * (q + kv)
         out.append(b)
@@ -137,12 +146,13 @@ def blocks_bytes_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> Pa
     fused = recipe.compiled or plan.framework == "unsloth"
     precision = precision_of(recipe)
     trained = plan.method == "full"
+    python_gelu = recipe.python_gelu and arch.activation == "gelu_new"
     fwd = bwd = 0.0
     for block in arch.blocks:
         if fused:
             f, b = fused_block_bytes(arch, block, recipe)
         else:
-            f, b = eager_block_bytes(arch, block, precision, trained)
+            f, b = eager_block_bytes(arch, block, precision, trained, python_gelu)
         if recipe.attention == "eager":
             sf, sb = eager_scores_bytes(block, precision, plan.seq_len)
             f, b = f + sf, b + sb

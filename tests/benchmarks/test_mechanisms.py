@@ -36,11 +36,16 @@ def test_elementwise_bytes_per_width_match_a_transformers_llama_layer() -> None:
     require_trace_extra()
     from benchmarks.mechanisms.elementwise import (
         coefficients,
+        gelu_new_bytes_per_element,
         loss_bytes_per_vocab_entry,
         per_token_per_layer,
         predicted,
     )
-    from services.estimator.elementwise import EAGER_BLOCK_BYTES, EAGER_LOSS_BYTES_PER_VOCAB_ENTRY
+    from services.estimator.elementwise import (
+        EAGER_BLOCK_BYTES,
+        EAGER_LOSS_BYTES_PER_VOCAB_ENTRY,
+        PYTHON_GELU_BYTES,
+    )
 
     for precision, table in EAGER_BLOCK_BYTES.items():
         measured = coefficients(precision)
@@ -60,6 +65,7 @@ def test_elementwise_bytes_per_width_match_a_transformers_llama_layer() -> None:
         # of this 384-wide block, 0.3% of a 2048-wide one).
         off_axis = (384, 768, 6, 3)
         assert per_token_per_layer(off_axis, precision, True) == pytest.approx(predicted(measured, off_axis), rel=0.02)
+        assert gelu_new_bytes_per_element(precision) == pytest.approx(PYTHON_GELU_BYTES[precision]), precision
     assert loss_bytes_per_vocab_entry() == pytest.approx(EAGER_LOSS_BYTES_PER_VOCAB_ENTRY)
 
 

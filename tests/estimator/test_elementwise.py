@@ -10,6 +10,7 @@ from services.estimator.architecture import architecture_from_config
 from services.estimator.elementwise import (
     EAGER_BLOCK_BYTES,
     EAGER_LOSS_BYTES_PER_VOCAB_ENTRY,
+    PYTHON_GELU_BYTES,
     UNGATED_SHARE,
     blocks_bytes_per_token,
     elementwise_bytes_per_token,
@@ -77,9 +78,16 @@ def test_ungated_layer_norm_and_expert_blocks() -> None:
     t = EAGER_BLOCK_BYTES["16-bit"]
     # Phi-2's attention and MLP share one LayerNorm (the count was measured on two per block).
     assert block.norm_count == 1
-    fwd = t["hidden/layer"][0] * phi.hidden_size / 2 + t["intermediate"][0] * UNGATED_SHARE[0] * 10240
-    fwd += t["rotary"][0] * (block.num_heads + block.num_kv_heads) * block.head_dim
+    # Its gelu_new runs as transformers' chain of Python ops under the Trainer, torch's one GELU kernel compiled.
+    assert phi.activation == "gelu_new" and recipe.python_gelu
+    rest = t["hidden/layer"][0] * phi.hidden_size / 2
+    rest += t["rotary"][0] * (block.num_heads + block.num_kv_heads) * block.head_dim
+    fwd = rest + PYTHON_GELU_BYTES["16-bit"][0] * 10240
     assert blocks_bytes_per_token(plan, phi, recipe)[0] == pytest.approx(block.count * fwd)
+    torchtune = make_plan(model={"name": "microsoft/phi-2"}, method="lora", framework="torchtune")
+    assert not resolve_recipe(torchtune).python_gelu
+    fwd = rest + t["intermediate"][0] * UNGATED_SHARE[0] * 10240
+    assert blocks_bytes_per_token(torchtune, phi, resolve_recipe(torchtune))[0] == pytest.approx(block.count * fwd)
     # Mixtral: each token passes through 2 of the 8 experts' SwiGLU.
     mixtral = architecture_from_config(find_model("mistralai/Mixtral-8x7B-v0.1").config)
     assert mlp_width(mixtral.blocks[0]) == 2 * 14336
