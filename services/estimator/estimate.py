@@ -221,6 +221,51 @@ def estimate(
     )
 
 
+# The search range of a calibrated large-GEMM utilisation (share of the dense peak: down to what a CPU standing
+# in for a GPU reaches) and its relative precision.
+UTILISATION_SEARCH = (1e-6, 1.0)
+UTILISATION_TOLERANCE = 1e-4
+
+
+def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: float) -> tuple[float, bool] | None:
+    """(utilisation, met): the large-GEMM utilisation at which this estimate of ``plan`` on ``gpu`` gives the
+    measured per-GPU rate, and whether it does.
+
+    A calibration measures a whole step; the estimate charges the GEMMs and attention at peak x utilisation and
+    the rest (element-wise bytes, unfused adapters, dequantisation, communication, the optimizer, the host floor)
+    on its own terms, so the utilisation that replaces the class prior is the one that makes the same estimate
+    meet the measurement, not the measured hardware FLOPs utilisation (which would charge the other terms
+    twice). Step time falls monotonically as the utilisation rises, so bisection finds it. Where even a
+    utilisation of 1 is slower than the measurement (the floors alone exceed it) the answer is 1, not met.
+    None for a generic model."""
+    if plan.model.generic is not None or tokens_per_s_per_gpu <= 0:
+        return None
+    _, arch = resolve_architecture(plan)
+    recipe = resolve_recipe(plan)
+    mem = cap_cache_to_card(peak_memory(plan, arch, recipe), gpu)
+    states = model_states(plan, arch, recipe)
+    fpt = flops_per_token(plan, arch, recipe)
+
+    def rate(utilisation: float) -> float:
+        tp = estimate_throughput(
+            plan, arch, recipe, states, gpu, utilisation, peak_device_bytes=mem.peak_device, flops=fpt
+        )
+        return tp.tokens_per_s_per_gpu
+
+    low, high = UTILISATION_SEARCH
+    if rate(high) < tokens_per_s_per_gpu:
+        return high, False
+    if rate(low) >= tokens_per_s_per_gpu:
+        return low, rate(low) <= tokens_per_s_per_gpu * (1 + UTILISATION_TOLERANCE)
+    while high - low > UTILISATION_TOLERANCE * low:
+        middle = (low * high) ** 0.5  # geometric: the answer may lie anywhere from 1e-6 to 1
+        if rate(middle) < tokens_per_s_per_gpu:
+            low = middle
+        else:
+            high = middle
+    return high, True
+
+
 def _low_confidence(arch: Architecture) -> bool:
     """An architecture built from generic config keys carries confidence 'low' (when the model has it)."""
     return getattr(arch, "confidence", None) == "low"

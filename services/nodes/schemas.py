@@ -147,6 +147,7 @@ class BenchmarkOut(BaseModel):
     peak_reserved_gib: float | None
     mfu: float | None
     hardware_utilisation: float | None
+    gemm_utilisation: float | None  # the utilisation that replaces the class prior (calibration rule)
     predicted_peak_allocated_gib: float | None
     predicted_tokens_per_s: float | None
     device: str

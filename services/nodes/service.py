@@ -19,7 +19,7 @@ from services.catalog.gpus import find_gpu
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unauthorized, Unprocessable
 from services.estimator.errors import EstimatorError
-from services.estimator.estimate import estimate, resolve_architecture
+from services.estimator.estimate import UTILISATION_SEARCH, estimate, resolve_architecture, utilisation_reproducing
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
@@ -280,7 +280,8 @@ def submit_result(
     request = stored_request(session, PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request))
     plan = request.to_plan()
     name, arch = resolve_architecture(plan)
-    predicted_mem = predicted_tps = mfu = utilisation = None
+    predicted_mem = predicted_tps = mfu = utilisation = gemm_utilisation = None
+    notes = list(body.notes)
     if node.gpu != "cpu" and body.comparable:
         spec = find_gpu(node.gpu)
         measured = measured_plan(plan, body.gpus)
@@ -292,6 +293,16 @@ def submit_result(
         peak = spec.dense_tflops(measured.precision) * 1e12
         mfu = fpt.model_flops * per_gpu / peak
         utilisation = fpt.hardware * per_gpu / peak
+        reproduced = utilisation_reproducing(measured, spec, per_gpu)
+        if reproduced is not None:
+            gemm_utilisation, met = reproduced
+            if not met:
+                side = "above" if gemm_utilisation >= UTILISATION_SEARCH[1] else "below"
+                notes.append(
+                    f"measured {per_gpu:.0f} tokens/s per GPU is {side} what the estimate gives at any GEMM "
+                    f"utilisation from {UTILISATION_SEARCH[0]} to {UTILISATION_SEARCH[1]} (its other terms and "
+                    f"floors bind); calibrated at {gemm_utilisation}"
+                )
     bench = BenchmarkRow(
         organization_id=principal.organization_id,
         node_id=node.id,
@@ -305,12 +316,13 @@ def submit_result(
         tokens_per_s=body.tokens_per_s,
         mfu=mfu,
         hardware_utilisation=utilisation,
+        gemm_utilisation=gemm_utilisation,
         predicted_peak_allocated_gib=predicted_mem,
         predicted_tokens_per_s=predicted_tps,
         device=body.device,
         measured_gpus=body.gpus,
         comparable=body.comparable,
-        notes=list(body.notes),
+        notes=notes,
     )
     session.add(bench)
     session.flush()

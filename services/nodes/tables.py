@@ -119,6 +119,9 @@ class BenchmarkRow(IdMixin, TimestampMixin, Base):
     tokens_per_s: Mapped[float] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
     hardware_utilisation: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The large-GEMM utilisation at which the estimate of the measured plan meets the measured tokens/s (its
+    # other terms charged as estimates charge them): what replaces the class prior (services/nodes/calibration.py).
+    gemm_utilisation: Mapped[float | None] = mapped_column(Float, nullable=True)
     predicted_peak_allocated_gib: Mapped[float | None] = mapped_column(Float, nullable=True)
     predicted_tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     device: Mapped[str] = mapped_column(String(200))

@@ -84,10 +84,11 @@ def test_cpu_calibration_stores_a_benchmark_that_changes_the_next_estimate(api: 
     assert len(benchmarks) == 1
     bench = benchmarks[0]
     assert bench["tokens_per_s"] > 0 and bench["hardware_utilisation"] is not None
+    assert bench["gemm_utilisation"] is not None
     assert bench["predicted_tokens_per_s"] > 0 and bench["device"] == "cpu"
     after = _t4_estimate(api)
     assert after["utilisation_source"].startswith("calibrated")
-    assert after["utilisation_assumed"] == bench["hardware_utilisation"]
+    assert after["utilisation_assumed"] == bench["gemm_utilisation"]
     assert after["tokens_per_s"] != before["tokens_per_s"]
     assert api.client.get("/v1/benchmarks", headers=api.headers("beta")).json()["items"] == []
 
@@ -145,11 +146,45 @@ def _measured(api: Api, plan: dict[str, Any], tokens_per_s: float) -> dict[str, 
     return dict(answer.json())
 
 
+def test_the_calibrated_estimate_of_the_measured_plan_meets_the_measurement(api: Api) -> None:
+    """The utilisation that replaces the prior is the one at which the estimate reproduces the measured rate,
+    its element-wise, adapter and floor terms charged as every estimate charges them; the measured hardware
+    FLOPs utilisation would charge them twice and predict less than was measured."""
+    bench = _measured(api, TINY_PLAN, 300.0)
+    assert bench["notes"] == [] and 0 < bench["gemm_utilisation"] < 1
+    after = _t4_estimate(api)
+    assert after["utilisation_assumed"] == bench["gemm_utilisation"]
+    assert after["tokens_per_s_per_gpu"] == pytest.approx(300.0, rel=1e-3)
+    assert bench["gemm_utilisation"] > bench["hardware_utilisation"]
+    # A rate no utilisation reaches (the estimate's host floor alone is slower) calibrates at 1 and says so.
+    fast = _measured(api, {**TINY_PLAN, "seq_len": 32}, 5e7)
+    assert fast["gemm_utilisation"] == 1.0
+    assert any("above what the estimate gives" in n for n in fast["notes"]), fast["notes"]
+
+
+def test_results_stored_before_the_calibrated_column_count_with_their_hardware_utilisation(api: Api) -> None:
+    from sqlalchemy import create_engine, update
+
+    from services.nodes.tables import BenchmarkRow
+
+    bench = _measured(api, TINY_PLAN, 300.0)
+    engine = create_engine(api.url)
+    try:
+        with engine.begin() as connection:  # as migration 0014 leaves a row measured before it
+            connection.execute(update(BenchmarkRow).where(BenchmarkRow.id == bench["id"]).values(gemm_utilisation=None))
+    finally:
+        engine.dispose()
+    after = _t4_estimate(api)
+    assert after["utilisation_source"].startswith("calibrated")
+    assert after["utilisation_assumed"] == pytest.approx(bench["hardware_utilisation"])
+
+
 def test_a_multi_gpu_plan_is_compared_per_gpu_not_divided_by_its_gpu_count(api: Api) -> None:
     one = _measured(api, TINY_PLAN, 5000.0)
     four = _measured(api, {**TINY_PLAN, "gpus": 4, "sharding": "fsdp"}, 5000.0)
     # The same one-GPU measurement means the same utilisation, whatever GPU count the plan has...
     assert four["hardware_utilisation"] == pytest.approx(one["hardware_utilisation"])
+    assert four["gemm_utilisation"] == pytest.approx(one["gemm_utilisation"])
     assert four["mfu"] == pytest.approx(one["mfu"]) and four["measured_gpus"] == 1
     # ...and it is compared with the one-GPU prediction, not the plan's four-GPU total.
     assert four["predicted_tokens_per_s"] == pytest.approx(one["predicted_tokens_per_s"])

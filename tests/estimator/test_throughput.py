@@ -285,3 +285,23 @@ def test_only_4_bit_gptq_checkpoints_are_estimated() -> None:
     assert err.value.field == "model.config.quantization_config.bits"
     # Inference over a GPTQ checkpoint trains nothing: not refused.
     resolve_recipe(make_plan(model={"name": "m", "config": GPTQ_8B}, mode="inference"))
+
+
+def test_the_calibrated_utilisation_is_the_one_at_which_the_estimate_meets_the_measurement() -> None:
+    from services.estimator.estimate import UTILISATION_SEARCH, estimate, utilisation_reproducing
+
+    plan = make_plan(method="lora", seq_len=2048, micro_batch_size=2)
+    gpu = find_gpu("A100 80GB")
+    for measured in (1000.0, 3000.0, 6000.0):
+        found = utilisation_reproducing(plan, gpu, measured)
+        assert found is not None and found[1]
+        report = estimate(plan, gpu, utilisation=found[0])
+        assert report.throughput is not None
+        assert report.throughput.tokens_per_s_per_gpu == pytest.approx(measured, rel=1e-3)
+        # Above the hardware FLOPs utilisation of the same measurement: the step's element-wise bytes, adapter
+        # passes and optimizer are charged beside the GEMMs, not folded into their rate.
+        hfu = report.throughput.hardware_flops_per_token * measured / (gpu.dense_tflops("bf16") * 1e12)
+        assert found[0] > hfu
+    # Faster than the estimate can go at any utilisation: the upper end, not met.
+    assert utilisation_reproducing(plan, gpu, 1e7) == (UTILISATION_SEARCH[1], False)
+    assert utilisation_reproducing(plan, gpu, 0.0) is None
