@@ -428,7 +428,7 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
     return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
 
 
-def block_elementwise_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+def step_elementwise_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
     """Bytes per token of the step's element-wise kernels (services.estimator.elementwise); cached per plan shape."""
     replay = forward_replay_share(plan, recipe)
     key = (plan.is_training, plan.method == "full", plan.framework, plan.seq_len, replay)
@@ -608,7 +608,7 @@ def estimate_throughput(
     lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
     compute += lora_bytes * tokens / bandwidth
     # Norms, rotary, activations, residual adds and the loss: memory-bound kernels of their own in eager mode.
-    compute += block_elementwise_bytes(plan, arch, recipe) * tokens / bandwidth
+    compute += step_elementwise_bytes(plan, arch, recipe) * tokens / bandwidth
     # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
     passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
     weight_read = passes * (states.weights + states.adapters) / bandwidth

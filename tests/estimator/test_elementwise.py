@@ -20,7 +20,7 @@ from services.estimator.elementwise import (
 )
 from services.estimator.memory import model_states
 from services.estimator.recipe import resolve_recipe
-from services.estimator.throughput import block_elementwise_bytes, estimate_throughput
+from services.estimator.throughput import estimate_throughput, step_elementwise_bytes
 from tests.conftest import LLAMA_8B, make_plan
 
 ARCH = architecture_from_config(LLAMA_8B)
@@ -39,7 +39,7 @@ def test_an_eager_llama_block_moves_its_measured_bytes_per_width() -> None:
     assert elementwise_bytes_per_token(plan, ARCH, recipe, 0.0) == pytest.approx(32 * (fwd + bwd) + loss)
     # Checkpointing replays the forward's kernels once more.
     ckpt = make_plan(method="lora", gradient_checkpointing=True)
-    assert block_elementwise_bytes(ckpt, ARCH, resolve_recipe(ckpt)) == pytest.approx(32 * (2 * fwd + bwd) + loss)
+    assert step_elementwise_bytes(ckpt, ARCH, resolve_recipe(ckpt)) == pytest.approx(32 * (2 * fwd + bwd) + loss)
     # Full fine-tuning adds the norm weights' gradients to the backward.
     full = make_plan(method="full", gradient_checkpointing=False)
     assert blocks_bytes_per_token(full, ARCH, resolve_recipe(full))[1] > 32 * bwd
@@ -56,9 +56,9 @@ def test_fused_kernels_move_only_the_unavoidable_traffic() -> None:
     eager = make_plan(method="lora")
     compiled = make_plan(method="lora", compile=True)
     unsloth = make_plan(method="lora", framework="unsloth")
-    e = block_elementwise_bytes(eager, ARCH, resolve_recipe(eager))
-    c = block_elementwise_bytes(compiled, ARCH, resolve_recipe(compiled))
-    u = block_elementwise_bytes(unsloth, ARCH, resolve_recipe(unsloth))
+    e = step_elementwise_bytes(eager, ARCH, resolve_recipe(eager))
+    c = step_elementwise_bytes(compiled, ARCH, resolve_recipe(compiled))
+    u = step_elementwise_bytes(unsloth, ARCH, resolve_recipe(unsloth))
     assert c < e / 3 and u < e / 3
     # A compiled 16-bit block: two norm+residual kernels (read and write 2 + 2 bytes per hidden unit), SwiGLU
     # (read 4, write 2 per intermediate unit), rotary (read and write q and k); backward twice that.
@@ -104,7 +104,7 @@ def test_element_wise_time_weighs_most_on_cards_with_few_bytes_per_flop() -> Non
     plan = make_plan(method="lora", seq_len=2048, micro_batch_size=2)
     recipe = resolve_recipe(plan)
     states = model_states(plan, ARCH, recipe)
-    moved = block_elementwise_bytes(plan, ARCH, recipe) * 2 * 2048
+    moved = step_elementwise_bytes(plan, ARCH, recipe) * 2 * 2048
     shares = {}
     for name in ("L40S", "A100 80GB"):
         gpu = find_gpu(name)

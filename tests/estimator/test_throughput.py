@@ -10,10 +10,10 @@ from services.estimator.memory import model_states
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import (
     UTILISATION_PRIOR,
-    block_elementwise_bytes,
     estimate_throughput,
     flops_per_token,
     run_cost,
+    step_elementwise_bytes,
 )
 from tests.conftest import LLAMA_8B, make_plan
 
@@ -51,7 +51,7 @@ def test_tokens_per_second_from_peak_and_utilisation() -> None:
     gpu = find_gpu("H100 SXM")
     tp = estimate_throughput(plan, ARCH, recipe, model_states(plan, ARCH, recipe), gpu)
     compute = tp.flops_per_token.hardware * 8 * 2048 / (989e12 * UTILISATION_PRIOR["hopper"])
-    elementwise = block_elementwise_bytes(plan, ARCH, recipe) * 8 * 2048 / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+    elementwise = step_elementwise_bytes(plan, ARCH, recipe) * 8 * 2048 / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     assert tp.seconds["compute"] == pytest.approx(compute + elementwise)
     assert 0.1 < elementwise / compute < 0.3  # an eager 8B block's norms, rotary and SwiGLU on an H100
     assert tp.tokens_per_s == pytest.approx(8 * 2048 / tp.step_seconds)
