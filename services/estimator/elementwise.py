@@ -134,7 +134,7 @@ def fused_block_bytes(arch: Architecture, block: Block, recipe: Recipe) -> Pair:
     inputs and the incoming gradient and writes the gradient, twice the forward's traffic."""
     r, c = float(recipe.residual_bytes), float(recipe.compute_bytes)
     norms = max(block.norm_count, 1)
-    fwd = norms * (r + c) * arch.hidden_size
+    fwd = norms * 2 * (r + c) * arch.hidden_size
     fwd += (3 * c if block.mlp_gated else 2 * c) * mlp_width(block)
     if arch.rotary:
         fwd += 2 * c * (block.num_heads + block.num_kv_heads) * block.head_dim
@@ -143,7 +143,7 @@ def fused_block_bytes(arch: Architecture, block: Block, recipe: Recipe) -> Pair:
 
 def blocks_bytes_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> Pair:
     """(forward, backward) element-wise bytes one token moves through all the blocks."""
-    fused = recipe.compiled or plan.framework == "unsloth"
+    fused = recipe.compiled or recipe.framework == "unsloth"
     precision = precision_of(recipe)
     trained = plan.method == "full"
     python_gelu = recipe.python_gelu and arch.activation == "gelu_new"

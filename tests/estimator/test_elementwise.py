@@ -60,9 +60,10 @@ def test_fused_kernels_move_only_the_unavoidable_traffic() -> None:
     c = step_elementwise_bytes(compiled, ARCH, resolve_recipe(compiled))
     u = step_elementwise_bytes(unsloth, ARCH, resolve_recipe(unsloth))
     assert c < e / 3 and u < e / 3
-    # A compiled 16-bit block: two norm+residual kernels (read and write 2 + 2 bytes per hidden unit), SwiGLU
-    # (read 4, write 2 per intermediate unit), rotary (read and write q and k); backward twice that.
-    fwd = 2 * 4 * 4096 + 6 * 14336 + 4 * (4096 + 1024)
+    # A compiled 16-bit block: two add+norm kernels, each reading the residual and the branch output (2 + 2 bytes
+    # per hidden unit) and writing the new residual and the normed activation (2 + 2); SwiGLU (read 4, write 2 per
+    # intermediate unit), rotary (read and write q and k); backward twice that.
+    fwd = 2 * 8 * 4096 + 6 * 14336 + 4 * (4096 + 1024)
     c_fwd, c_bwd = blocks_bytes_per_token(compiled, ARCH, resolve_recipe(compiled))
     assert (c_fwd, c_bwd) == pytest.approx((32 * fwd, 32 * 2 * fwd))
     # Unsloth's and a compiled loss read the 16-bit logits and write their gradient.
