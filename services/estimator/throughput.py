@@ -27,7 +27,13 @@ from services.estimator.communication import (
     total_parameters,
 )
 from services.estimator.elementwise import elementwise_bytes_per_token, mpt_elementwise_bytes_per_token
-from services.estimator.memory import ModelStates, adapter_params, lora_roles_of, quantized_params
+from services.estimator.memory import (
+    ModelStates,
+    adapter_params,
+    lora_roles_of,
+    quantized_bytes_per_weight,
+    quantized_params,
+)
 from services.estimator.padding import batch_row_tokens, data_tokens_per_processed_token
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -527,6 +533,11 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     return FlopsPerToken(fwd, bwd, recompute, model)
 
 
+def compute_width(plan: Plan) -> float:
+    """Bytes per element of the weights a GPU gathers and the gradients it reduces: fp32 or 16-bit."""
+    return 4.0 if plan.precision == "fp32" else 2.0
+
+
 def default_links(gpus: int, gpu: GpuSpec) -> Links:
     """One node of up to ``GPUS_PER_NODE`` GPUs on the card's own link; beyond, nodes of 8 over the fabric."""
     if gpus <= GPUS_PER_NODE:
@@ -538,6 +549,7 @@ def default_links(gpus: int, gpu: GpuSpec) -> Links:
 def data_parallel_communication(
     plan: Plan,
     arch: Architecture,
+    recipe: Recipe,
     states: ModelStates,
     gpu: GpuSpec,
     fpt: FlopsPerToken,
@@ -558,8 +570,9 @@ def data_parallel_communication(
             accumulation=1,
         )
     links = links if links is not None else default_links(plan.gpus, gpu)
-    grad_width = 4.0 if plan.precision == "fp32" else 2.0  # gradients are reduced in the compute dtype
-    weight_width = 0.56 if plan.quantized else grad_width  # NF4 + quantisation constants per weight
+    grad_width = compute_width(plan)  # gradients are reduced in the compute dtype
+    # A quantized base is gathered as stored: its codes and quantisation constants per weight.
+    weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else grad_width
     forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
     return step_communication(
         plan.sharding,
@@ -627,10 +640,10 @@ def estimate_throughput(
             dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
-    comm = data_parallel_communication(plan, arch, states, gpu, fpt, compute, links)
+    comm = data_parallel_communication(plan, arch, recipe, states, gpu, fpt, compute, links)
     exposed_comm = comm.exposed_seconds + comm.straggler_seconds
     if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
-        weight_width = 0.56 if plan.quantized else (4.0 if plan.precision == "fp32" else 2.0)
+        weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
         shard = total_parameters(arch) * weight_width / plan.gpus
         exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
