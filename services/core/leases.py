@@ -264,13 +264,13 @@ def sweep_expired(
     return decisions
 
 
-def held_subjects(session: Session, name: str) -> set[str]:
-    """Subjects of task ``name`` a worker may be running now: a running lease, not expired, whose
-    holder is not known to be dead. That is another process's work in flight, so a process starting
-    up does not resume it (the sweep does, if its holder dies). A holder on this host whose process is
-    gone, or that has this process's id but none of its threads (an earlier process's, the usual case
-    after a container restart), is dead: its lease is handed back (queued, no owner) so the work resumes
-    at once rather than when the lease runs out."""
+def held_after_releasing_dead(session: Session, name: str) -> set[str]:
+    """Hands back the leases of task ``name`` whose holder is dead, and returns the subjects a worker may
+    be running now: a running lease, not expired, whose holder is not known to be dead. That is another
+    process's work in flight, so a process starting up does not resume it (the sweep does, if its holder
+    dies). A holder on this host whose process is gone, or that has this process's id but none of its
+    threads (an earlier process's, the usual case after a container restart), is dead: its lease is
+    handed back (queued, no owner) so the work resumes at once rather than when the lease runs out."""
     rows = session.execute(
         select(TaskLease.id, TaskLease.subject_id, TaskLease.owner).where(
             TaskLease.task_name == name, TaskLease.status == RUNNING, TaskLease.lease_expires_at >= utcnow()

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
-from services.core.leases import SweepDecision, held_subjects
+from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
@@ -414,7 +414,7 @@ def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks) -> 
     """Re-enqueue checks left queued or running by a stopped process (in-process tasks die with it);
     a check a live worker holds the lease of is left to it."""
     with unit_of_work(factory) as session:
-        held = held_subjects(session, CHECK_TASK)
+        held = held_after_releasing_dead(session, CHECK_TASK)
         repo = DatasetRepository(session)
         ids = [dataset_id for dataset_id in repo.unfinished_ids() if dataset_id not in held]
         repo.requeue_running(ids)

@@ -17,7 +17,7 @@ from services.api.errors import with_api_hint
 from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
-from services.core.leases import SweepDecision, held_subjects
+from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.tasks import PendingTasks
 from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
@@ -363,7 +363,7 @@ def resume_unfinished(factory: sessionmaker[Session], pending: PendingTasks, sta
     must not resume another's work in flight."""
     with unit_of_work(factory) as session:
         older_than = utcnow() - timedelta(seconds=stale_after_s) if stale_after_s else None
-        held = held_subjects(session, ESTIMATE_TASK)
+        held = held_after_releasing_dead(session, ESTIMATE_TASK)
         repo = PlanRepository(session)
         ids = [plan_id for plan_id in repo.unfinished_ids(older_than) if plan_id not in held]
         repo.requeue_running(ids)
