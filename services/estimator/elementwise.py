@@ -141,9 +141,20 @@ def fused_block_bytes(arch: Architecture, block: Block, recipe: Recipe) -> Pair:
     return fwd, 2 * fwd
 
 
+def fuses_block_kernels(recipe: Recipe) -> bool:
+    """Whether the blocks' norms, rotary and activation run as fused kernels: compiled blocks (Inductor), Unsloth
+    (its Triton kernels), and the Trainer with a fused loss, which it gets from Liger alone: TrainingArguments'
+    use_liger_kernel patches the model with Liger's defaults, RMSNorm, RoPE and SwiGLU kernels beside the fused
+    linear cross-entropy (linkedin/Liger-Kernel liger_kernel/transformers/monkey_patch.py,
+    apply_liger_kernel_to_llama: rope, rms_norm, swiglu and fused_linear_cross_entropy default to True)."""
+    if recipe.compiled or recipe.framework == "unsloth":
+        return True
+    return recipe.framework == "hf-trainer" and recipe.loss == "fused"
+
+
 def blocks_bytes_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> Pair:
     """(forward, backward) element-wise bytes one token moves through all the blocks."""
-    fused = recipe.compiled or recipe.framework == "unsloth"
+    fused = fuses_block_kernels(recipe)
     precision = precision_of(recipe)
     trained = plan.method == "full"
     python_gelu = recipe.python_gelu and arch.activation == "gelu_new"

@@ -60,6 +60,15 @@ def test_fused_kernels_move_only_the_unavoidable_traffic() -> None:
     c = step_elementwise_bytes(compiled, ARCH, resolve_recipe(compiled))
     u = step_elementwise_bytes(unsloth, ARCH, resolve_recipe(unsloth))
     assert c < e / 3 and u < e / 3
+    # The Trainer gets a fused loss from Liger only, which patches the norms, rotary and SwiGLU as well.
+    liger = make_plan(method="lora", loss="fused")
+    other = make_plan(method="lora", loss="fused", framework="pytorch")
+    assert blocks_bytes_per_token(liger, ARCH, resolve_recipe(liger)) == pytest.approx(
+        blocks_bytes_per_token(compiled, ARCH, resolve_recipe(compiled))
+    )
+    assert blocks_bytes_per_token(other, ARCH, resolve_recipe(other)) == pytest.approx(
+        blocks_bytes_per_token(eager, ARCH, resolve_recipe(eager))
+    )
     # A compiled 16-bit block: two add+norm kernels, each reading the residual and the branch output (2 + 2 bytes
     # per hidden unit) and writing the new residual and the normed activation (2 + 2); SwiGLU (read 4, write 2 per
     # intermediate unit), rotary (read and write q and k); backward twice that.
