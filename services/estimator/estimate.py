@@ -384,6 +384,15 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
         out.append(f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}")
     if gpu is not None and plan.precision.startswith("bf16") and not gpu.bf16_tflops:
         out.append(f"{gpu.name} has no bf16 tensor cores: use fp16 (throughput assumes the fp16 rate)")
+    if gpu is not None and plan.precision == "fp32":
+        # throughput.py times fp32 matmuls at the TF32 tensor rate (GpuSpec.dense_tflops); PyTorch runs them in
+        # full fp32 on the CUDA cores unless TF32 is allowed (torch.backends.cuda.matmul.allow_tf32 defaults to
+        # False since PyTorch 1.12; PyTorch docs, CUDA semantics, "TensorFloat-32 (TF32) on Ampere devices").
+        out.append(
+            "fp32: throughput assumes TF32 tensor cores (torch.set_float32_matmul_precision('high'), or tf32=True "
+            "in TrainingArguments); PyTorch's default runs fp32 matmuls on the CUDA cores, several times slower "
+            "on datacenter GPUs"
+        )
     if plan.optimizer.startswith("paged"):
         out.append(
             "paged optimizer states live in CUDA unified memory: not counted in allocated/reserved; they page "

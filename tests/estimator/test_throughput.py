@@ -305,3 +305,11 @@ def test_the_calibrated_utilisation_is_the_one_at_which_the_estimate_meets_the_m
     # Faster than the estimate can go at any utilisation: the upper end, not met.
     assert utilisation_reproducing(plan, gpu, 1e7) == (UTILISATION_SEARCH[1], False)
     assert utilisation_reproducing(plan, gpu, 0.0) is None
+
+
+def test_an_fp32_plan_says_its_throughput_assumes_tf32() -> None:
+    from services.estimator.estimate import estimate
+
+    fp32 = estimate(make_plan(precision="fp32"), "A100 80GB")
+    assert any("TF32" in w and "set_float32_matmul_precision" in w for w in fp32.warnings)
+    assert not any("TF32" in w for w in estimate(make_plan(precision="bf16"), "A100 80GB").warnings)
