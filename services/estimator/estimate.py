@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +18,13 @@ from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_m
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe, framework_note, resolve_recipe
-from services.estimator.throughput import Throughput, estimate_throughput, flops_per_token, run_cost
+from services.estimator.throughput import (
+    Throughput,
+    estimate_throughput,
+    flops_per_token,
+    run_cost,
+    utilisation_or_prior,
+)
 from services.estimator.uncertainty import memory_band
 
 # Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few
@@ -222,9 +229,10 @@ def estimate(
 
 
 # The search range of a calibrated large-GEMM utilisation (share of the dense peak: down to what a CPU standing
-# in for a GPU reaches) and its relative precision.
+# in for a GPU reaches), its relative precision, and how near the measured rate an estimate must come.
 UTILISATION_SEARCH = (1e-6, 1.0)
 UTILISATION_TOLERANCE = 1e-4
+RATE_TOLERANCE = 1e-3
 
 
 def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: float) -> tuple[float, bool] | None:
@@ -235,9 +243,11 @@ def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: floa
     the rest (element-wise bytes, unfused adapters, dequantisation, communication, the optimizer, the host floor)
     on its own terms, so the utilisation that replaces the class prior is the one that makes the same estimate
     meet the measurement, not the measured hardware FLOPs utilisation (which would charge the other terms
-    twice). Step time falls monotonically as the utilisation rises, so bisection finds it. Where even a
-    utilisation of 1 is slower than the measurement (the floors alone exceed it) the answer is 1, not met.
-    None for a generic model."""
+    twice). Step time falls monotonically as the utilisation rises, so bisection finds the utilisations that
+    meet the rate (within ``RATE_TOLERANCE``). Where a floor binds they are a whole range, and the measurement
+    says only that the rate lies in it: the class prior is kept when it does, else the crossing is taken.
+    Where no utilisation up to 1 is fast enough the answer is 1, and where even 1e-6 is too fast it is 1e-6,
+    not met. None for a generic model."""
     if plan.model.generic is not None or tokens_per_s_per_gpu <= 0:
         return None
     _, arch = resolve_architecture(plan)
@@ -252,18 +262,31 @@ def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: floa
         )
         return tp.tokens_per_s_per_gpu
 
-    low, high = UTILISATION_SEARCH
-    if rate(high) < tokens_per_s_per_gpu:
-        return high, False
-    if rate(low) >= tokens_per_s_per_gpu:
-        return low, rate(low) <= tokens_per_s_per_gpu * (1 + UTILISATION_TOLERANCE)
-    while high - low > UTILISATION_TOLERANCE * low:
-        middle = (low * high) ** 0.5  # geometric: the answer may lie anywhere from 1e-6 to 1
-        if rate(middle) < tokens_per_s_per_gpu:
-            low = middle
-        else:
-            high = middle
-    return high, True
+    def boundary(at_or_above: Callable[[float], bool]) -> float:
+        """The smallest utilisation where ``at_or_above`` turns true (it is false at the low end, true at the high)."""
+        low, high = UTILISATION_SEARCH
+        while high - low > UTILISATION_TOLERANCE * low:
+            middle = (low * high) ** 0.5  # geometric: the answer may lie anywhere from 1e-6 to 1
+            if at_or_above(middle):
+                high = middle
+            else:
+                low = middle
+        return high
+
+    slow, fast = tokens_per_s_per_gpu * (1 - RATE_TOLERANCE), tokens_per_s_per_gpu * (1 + RATE_TOLERANCE)
+    lowest, highest = UTILISATION_SEARCH
+    if rate(highest) < slow:
+        return highest, False
+    if rate(lowest) > fast:
+        return lowest, False
+    first = lowest if rate(lowest) >= slow else boundary(lambda u: rate(u) >= slow)
+    last = highest if rate(highest) <= fast else boundary(lambda u: rate(u) > fast)
+    prior = utilisation_or_prior(gpu, None)
+    if first <= prior <= last:
+        return prior, True
+    if rate(lowest) >= tokens_per_s_per_gpu:
+        return lowest, True
+    return boundary(lambda u: rate(u) >= tokens_per_s_per_gpu), True
 
 
 def _low_confidence(arch: Architecture) -> bool:

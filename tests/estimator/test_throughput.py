@@ -302,6 +302,16 @@ def test_the_calibrated_utilisation_is_the_one_at_which_the_estimate_meets_the_m
         # passes and optimizer are charged beside the GEMMs, not folded into their rate.
         hfu = report.throughput.hardware_flops_per_token * measured / (gpu.dense_tflops("bf16") * 1e12)
         assert found[0] > hfu
+    # Where a floor binds, every utilisation above some value gives the same rate: the measurement does not say
+    # which, so the class prior stays (TinyLlama QLoRA at 1024 tokens is bound by its kernel dispatch).
+    tiny = make_plan(
+        model={"name": "TinyLlama/TinyLlama-1.1B-Chat-v1.0"}, method="qlora", quantization="nf4", seq_len=1024
+    )
+    at_prior = estimate(tiny, gpu).throughput
+    assert at_prior is not None
+    assert estimate(tiny, gpu, utilisation=0.9).throughput.tokens_per_s_per_gpu == at_prior.tokens_per_s_per_gpu  # type: ignore[union-attr]
+    found = utilisation_reproducing(tiny, gpu, at_prior.tokens_per_s_per_gpu)
+    assert found == (UTILISATION_PRIOR["ampere-dc"], True)
     # Faster than the estimate can go at any utilisation: the upper end, not met.
     assert utilisation_reproducing(plan, gpu, 1e7) == (UTILISATION_SEARCH[1], False)
     assert utilisation_reproducing(plan, gpu, 0.0) is None
