@@ -15,7 +15,9 @@ bytes at the card's memory bandwidth (services/estimator/elementwise.py). This s
   (heads x head_dim) and the key/value width (kv heads x head_dim), each varied alone;
 - in three precisions: 16-bit weights and activations, fp32, and fp32 weights under bf16 autocast (the
   Trainer's usual LoRA recipe: fp32 residual stream and norms, bf16 matmul outputs), and with the block's
-  weights trained (full fine-tuning: norm weight gradients) or frozen (a LoRA base);
+  weights trained (full fine-tuning: norm weight gradients) or frozen (a LoRA base), with torch's LayerNorm
+  in place of the RMSNorms, and with transformers' eager attention (its score-matrix kernels, per head per
+  key position);
 - transformers' ``NewGELUActivation`` (``gelu_new``), per element;
 - transformers' ``ForCausalLMLoss`` on 16-bit logits, per vocabulary entry per token.
 
