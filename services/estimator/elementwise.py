@@ -4,9 +4,9 @@ In eager PyTorch every RMSNorm (transformers' LlamaRMSNorm: upcast, square, mean
 weight), rotary embedding, SwiGLU product, residual add, the loss's upcast and log-softmax, and each of their
 backward formulas is a kernel of its own that reads its inputs from device memory and writes its outputs back.
 Their FLOPs are negligible, their bytes are not: Ivanov et al. 2021 ("Data Movement Is All You Need", MLSys)
-found normalisation and element-wise operators 0.2% of BERT's training FLOPs and over a third of its runtime. They cost most where a card's FLOPs-per-byte ratio is high (an L40S has 864 GB/s beside 362 dense
-TFLOPS, an A100 2,039 GB/s beside 312) and on narrow models (the GEMMs grow with width squared, these bytes with
-width).
+found normalisation and element-wise operators 0.2% of BERT's training FLOPs and over a third of its runtime.
+They cost most where a card's FLOPs-per-byte ratio is high (an L40S has 864 GB/s beside 362 dense TFLOPS, an
+A100 2,039 GB/s beside 312) and on narrow models (the GEMMs grow with width squared, these bytes with width).
 
 The bytes per token per layer per unit of each width are counted on the real code by
 ``python -m benchmarks.mechanisms.elementwise`` (benchmarks/results/elementwise.json): every non-view aten op of
