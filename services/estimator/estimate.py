@@ -256,11 +256,15 @@ def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: floa
     states = model_states(plan, arch, recipe)
     fpt = flops_per_token(plan, arch, recipe)
 
+    rates: dict[float, float] = {}
+
     def rate(utilisation: float) -> float:
-        tp = estimate_throughput(
-            plan, arch, recipe, states, gpu, utilisation, peak_device_bytes=mem.peak_device, flops=fpt
-        )
-        return tp.tokens_per_s_per_gpu
+        if utilisation not in rates:
+            tp = estimate_throughput(
+                plan, arch, recipe, states, gpu, utilisation, peak_device_bytes=mem.peak_device, flops=fpt
+            )
+            rates[utilisation] = tp.tokens_per_s_per_gpu
+        return rates[utilisation]
 
     def boundary(at_or_above: Callable[[float], bool]) -> float:
         """The smallest utilisation where ``at_or_above`` turns true (it is false at the low end, true at the high)."""

@@ -304,8 +304,8 @@ def deepspeed_precision(plan: Plan) -> str:
 
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
-    check_gptq_checkpoint(plan)
     gptq = _gptq_checkpoint(plan)
+    check_gptq_checkpoint(plan, gptq)
     d = _DEFAULTS[plan.framework]
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
     kbit_upcast = kbit_fp32_upcast(plan, d) and not (
@@ -422,11 +422,11 @@ def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
     )
 
 
-def check_gptq_checkpoint(plan: Plan) -> None:
+def check_gptq_checkpoint(plan: Plan, gptq: bool) -> None:
     """A GPTQ checkpoint loads 4-bit whatever the plan says, so a training plan over one must be QLoRA
     over 4 bits: its packed integer weights take no gradient (transformers refuses to fine-tune a purely
     quantized model), and a 16-bit or int8 base does not describe it."""
-    if not plan.is_training or not _gptq_checkpoint(plan):
+    if not plan.is_training or not gptq:
         return
     config = plan.model.config or {}
     bits = config["quantization_config"].get("bits", 4)

@@ -437,7 +437,7 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
 def step_elementwise_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
     """Bytes per token of the step's element-wise kernels (services.estimator.elementwise); cached per plan shape."""
     replay = forward_replay_share(plan, recipe)
-    key = (plan.is_training, plan.method == "full", plan.framework, plan.seq_len, replay)
+    key = (plan.is_training, plan.method == "full", plan.seq_len, replay)  # the recipe holds the framework
     return _cached("elementwise", arch, recipe, key, lambda: elementwise_bytes_per_token(plan, arch, recipe, replay))
 
 
