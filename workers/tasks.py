@@ -56,6 +56,7 @@ def estimate_plan(plan_id: str) -> None:
             settings.safety_margin,
             settings.task_debug_delay_s,
             cpu_budget_s=settings.plan_cpu_budget_s,
+            retries=settings.retry_policy(),
         ),
     )
 
@@ -63,7 +64,7 @@ def estimate_plan(plan_id: str) -> None:
 @app.task(name=TRACE_TASK, soft_time_limit=900, time_limit=960)
 def trace_plan(plan_id: str) -> None:
     """Run the precise trace of a stored plan (needs the trace extra on this worker)."""
-    _leased(TRACE_TASK, plan_id, lambda pid: run_trace(_sessions(), pid))
+    _leased(TRACE_TASK, plan_id, lambda pid: run_trace(_sessions(), pid, get_settings().retry_policy()))
 
 
 @app.task(

@@ -50,8 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runner = InProcessRunner(
             settings.background_workers,
             {
-                ESTIMATE_TASK: estimate_task(factory, settings.safety_margin, settings.plan_cpu_budget_s),
-                TRACE_TASK: trace_task(factory),
+                ESTIMATE_TASK: estimate_task(
+                    factory, settings.safety_margin, settings.plan_cpu_budget_s, settings.retry_policy()
+                ),
+                TRACE_TASK: trace_task(factory, settings.retry_policy()),
                 datasets_service.CHECK_TASK: datasets_service.check_task(factory, settings),
             },
             factory=factory,

@@ -6,10 +6,13 @@ import functools
 import re
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from services.core.retry import RetryPolicy
 
 DEFAULT_SQLITE_FILE = "gpuplan.db"
 
@@ -132,6 +135,17 @@ class Settings(BaseSettings):
     # busy machine does not make requests fail); typical costs are about 1 ms and 10-150 ms.
     estimate_cpu_budget_s: float = Field(default=2.0, gt=0, le=600, description="CPU seconds per estimate")
     plan_cpu_budget_s: float = Field(default=10.0, gt=0, le=3600, description="CPU seconds per planning run")
+    # A dropped database connection, a serialization failure or a Redis disconnect during an estimate,
+    # a trace or a data check: the work is run again this many times in all, with exponential backoff.
+    transient_retry_attempts: int = Field(
+        default=5, ge=1, le=20, description="attempts at a task meeting a transient fault"
+    )
+    transient_retry_base_s: float = Field(default=0.5, ge=0.0, le=60.0, description="first backoff; doubles per retry")
+
+    def retry_policy(self) -> RetryPolicy:
+        from services.core.retry import RetryPolicy
+
+        return RetryPolicy(attempts=self.transient_retry_attempts, base_s=self.transient_retry_base_s)
 
     # Models named by their Hugging Face Hub id (services/hub): HF_TOKEN and HF_ENDPOINT are read as
     # huggingface_hub reads them; these bound each request and each file fetched.

@@ -18,6 +18,7 @@ from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
 from services.core.leases import SweepDecision, held_after_releasing_dead
+from services.core.retry import DEFAULT_RETRIES, RetryPolicy, describe, is_transient
 from services.core.tasks import PendingTasks
 from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
@@ -221,8 +222,20 @@ def request_trace(session: Session, principal: Principal, plan_id: str, pending:
     return row
 
 
-def run_trace(factory: sessionmaker[Session], plan_id: str) -> None:
-    """Trace a plan and store the result beside its analytic estimate."""
+def run_trace(factory: sessionmaker[Session], plan_id: str, retries: RetryPolicy = DEFAULT_RETRIES) -> None:
+    """Trace a plan and store the result beside its analytic estimate; a transient database fault is
+    retried with backoff, and the trace fails only after ``retries.attempts``."""
+    try:
+        retries.run(lambda: _run_trace_once(factory, plan_id))
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        _store_trace(
+            factory, plan_id, None, f"the database failed {retries.attempts} times; last error: {describe(exc)}"
+        )
+
+
+def _run_trace_once(factory: sessionmaker[Session], plan_id: str) -> None:
     with unit_of_work(factory) as session:
         row = PlanRepository(session).get(plan_id)
         if row is None or row.trace_status not in ("queued", "running"):
@@ -247,6 +260,8 @@ def run_trace(factory: sessionmaker[Session], plan_id: str) -> None:
         _store_trace(factory, plan_id, None, str(exc))
         return
     except Exception as exc:
+        if is_transient(exc):
+            raise
         log.exception("trace of plan %s failed", plan_id)
         _store_trace(factory, plan_id, None, f"internal error while tracing: {type(exc).__name__}")
         return
@@ -266,9 +281,9 @@ def _store_trace(factory: sessionmaker[Session], plan_id: str, data: dict[str, A
         row.trace_status = "done" if data is not None else "failed"
 
 
-def trace_task(factory: sessionmaker[Session]) -> Callable[[str], None]:
+def trace_task(factory: sessionmaker[Session], retries: RetryPolicy = DEFAULT_RETRIES) -> Callable[[str], None]:
     def run(plan_id: str) -> None:
-        run_trace(factory, plan_id)
+        run_trace(factory, plan_id, retries)
 
     return run
 
@@ -346,12 +361,15 @@ def _result(
 
 
 def estimate_task(
-    factory: sessionmaker[Session], safety_margin: float, cpu_budget_s: float | None = None
+    factory: sessionmaker[Session],
+    safety_margin: float,
+    cpu_budget_s: float | None = None,
+    retries: RetryPolicy = DEFAULT_RETRIES,
 ) -> Callable[[str], None]:
     """The estimation task bound to this process's session factory."""
 
     def run(plan_id: str) -> None:
-        run_plan(factory, plan_id, safety_margin, cpu_budget_s=cpu_budget_s)
+        run_plan(factory, plan_id, safety_margin, cpu_budget_s=cpu_budget_s, retries=retries)
 
     return run
 
@@ -379,9 +397,33 @@ def run_plan(
     debug_delay_s: float = 0.0,
     *,
     cpu_budget_s: float | None = None,
+    retries: RetryPolicy = DEFAULT_RETRIES,
 ) -> None:
     """queued -> running -> done/failed. A retried or duplicated delivery of a finished plan does nothing.
-    A plan whose search needs more than ``cpu_budget_s`` of CPU fails with a message naming what to narrow."""
+    A plan whose search needs more than ``cpu_budget_s`` of CPU fails with a message naming what to narrow.
+    A transient database fault is retried with backoff; the plan fails only after ``retries.attempts``."""
+    try:
+        retries.run(
+            lambda: _run_plan_once(factory, plan_id, safety_margin, debug_delay_s, cpu_budget_s),
+            on_retry=lambda attempt, exc: _note_retry(factory, plan_id, attempt, retries.attempts, exc),
+        )
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        _finish(
+            factory,
+            plan_id,
+            error=f"the database failed {retries.attempts} times while estimating; last error: {describe(exc)}",
+        )
+
+
+def _run_plan_once(
+    factory: sessionmaker[Session],
+    plan_id: str,
+    safety_margin: float,
+    debug_delay_s: float,
+    cpu_budget_s: float | None,
+) -> None:
     with unit_of_work(factory) as session:
         row = PlanRepository(session).get(plan_id)
         if row is None or row.status in ("done", "failed"):
@@ -401,12 +443,22 @@ def run_plan(
         _finish(factory, plan_id, error=exc.message)
         return
     except Exception as exc:
+        if is_transient(exc):
+            raise  # retried by run_plan
         log.exception("plan %s failed", plan_id)
         _finish(factory, plan_id, error=f"internal error while estimating: {type(exc).__name__}")
         return
     if debug_delay_s:
         time.sleep(debug_delay_s)
     _finish(factory, plan_id, result=result)
+
+
+def _note_retry(factory: sessionmaker[Session], plan_id: str, attempt: int, attempts: int, exc: BaseException) -> None:
+    """Show why a running plan is taking longer: the fault of the attempt that is retried."""
+    with unit_of_work(factory) as session:
+        row = PlanRepository(session).get(plan_id)
+        if row is not None and row.status == "running":
+            row.error = f"attempt {attempt} of {attempts} met a transient fault, retrying: {describe(exc)}"
 
 
 def _finish(
