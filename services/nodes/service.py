@@ -247,6 +247,16 @@ def request_calibration(
     return row
 
 
+def list_calibrations(session: Session, principal: Principal, limit: int = 20) -> Sequence[CalibrationRow]:
+    """The organization's latest calibration jobs, newest first."""
+    return session.scalars(
+        select(CalibrationRow)
+        .where(CalibrationRow.organization_id == principal.organization_id)
+        .order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc())
+        .limit(limit)
+    ).all()
+
+
 def claim_next(
     session: Session, principal: Principal, node_id: str, token: str | None
 ) -> tuple[CalibrationRow, dict[str, object]] | None:
