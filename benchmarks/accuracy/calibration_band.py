@@ -48,11 +48,7 @@ def build(cases: list[dict[str, Any]]) -> dict[str, Any]:
     ratios: list[dict[str, Any]] = []
     for case in cases:
         result = evaluate_case(case)
-        if (
-            result.confidence in ("medium", "high")
-            and result.measured_tokens_per_s
-            and result.predicted_tokens_per_s
-        ):
+        if result.confidence in ("medium", "high") and result.measured_tokens_per_s and result.predicted_tokens_per_s:
             residuals.append(math.log(result.measured_tokens_per_s / result.predicted_tokens_per_s))
         try:
             plan = Plan.model_validate(case["plan"])
@@ -64,7 +60,9 @@ def build(cases: list[dict[str, Any]]) -> dict[str, Any]:
         if reproduced is None or not reproduced[1]:
             continue  # no utilisation up to 1 meets it: says nothing about how slow a real run can be
         prior = UTILISATION_PRIOR[spec.gpu_class]
-        ratios.append({"id": case["id"], "gpu_class": spec.gpu_class, "ratio_to_prior": round(reproduced[0] / prior, 4)})
+        ratios.append(
+            {"id": case["id"], "gpu_class": spec.gpu_class, "ratio_to_prior": round(reproduced[0] / prior, 4)}
+        )
     ratios.sort(key=lambda r: float(r["ratio_to_prior"]))
     return {
         "schema_version": 1,

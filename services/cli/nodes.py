@@ -21,7 +21,9 @@ def register(sub: Subparsers) -> None:
     agent.add_argument(
         "--key-file", metavar="PATH", help=f"a file holding the organization's API key (default: ${KEY_ENV})"
     )
-    agent.add_argument("--key", help=f"the API key itself: visible in ps to every user; prefer --key-file or ${KEY_ENV}")
+    agent.add_argument(
+        "--key", help=f"the API key itself: visible in ps to every user; prefer --key-file or ${KEY_ENV}"
+    )
     agent.add_argument("--name", help="node name (default: the host name)")
     agent.add_argument(
         "--gpu",

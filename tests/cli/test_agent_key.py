@@ -49,7 +49,9 @@ def test_the_agent_takes_its_key_from_a_file_or_the_environment_never_needing_an
         assert key not in " ".join(from_file.args)
         from_env = agent("--name", "from-env", extra_env={"GPUPLAN_API_KEY": key})
         assert from_env.returncode == 0, from_env.stderr
-        names = {n["name"] for n in httpx.get(f"{api}/v1/nodes", headers={"Authorization": f"Bearer {key}"}).json()["items"]}
+        names = {
+            n["name"] for n in httpx.get(f"{api}/v1/nodes", headers={"Authorization": f"Bearer {key}"}).json()["items"]
+        }
         assert {"from-file", "from-env"} <= names
         # --key still works, and says why not to use it.
         argv = agent("--key", key, "--name", "from-argv")

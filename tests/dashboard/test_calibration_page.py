@@ -27,7 +27,7 @@ def test_the_table_shows_device_gpu_count_and_why_a_result_is_not_used(api: Api,
     assert "CPU measurement never calibrates a GPU" in cpu_row
     slow_row = next(r for r in rows if "implausible" in r)
     assert implausible["unused_reason"].split(" (")[0] in slow_row  # the API's reason, as the API gives it
-    assert f"<td>{A100_NVML} <span class=\"badge\">NVML verified</span>" in slow_row
+    assert f'<td>{A100_NVML} <span class="badge">NVML verified</span>' in slow_row
     assert sum(1 for r in rows if '<td class="used">yes</td>' in r) == 1 and used["used"] is True
 
 
