@@ -7,6 +7,10 @@ Registration returns the node's token once; the agent keeps it in memory and sen
 ``X-Node-Token`` on every heartbeat and report (a restarted agent registers again and gets a new one),
 with its own pid, which the server accepts for the ``local`` driver only when it can see the request
 came from that process.
+
+The GPU it registers is the one NVML reports, sent as ``nvml_gpu`` too; a GPU named by hand (``--gpu``)
+counts only where NVML cannot tell, and the server then uses none of the node's calibrations
+(services/nodes/calibration.py).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import httpx
 
 from services.agent.node import NodeGuard, RunSync, Syncer, local_signals, read_progress, stop_machine
 from services.agent.signals import DEFAULT_JOB_PATTERN
+from services.catalog.gpus import find_gpu
 from services.catalog.models import find_model
+from services.estimator.errors import EstimatorError
 from services.estimator.plan import Plan
 from services.runs.sync import BucketOnly
 
@@ -74,6 +80,14 @@ def gpu_status() -> list[dict[str, Any]]:
         return []
 
 
+def same_gpu(a: str, b: str) -> bool:
+    """Whether two GPU names are the same catalog card (names the catalog does not know compare as text)."""
+    try:
+        return find_gpu(a).name == find_gpu(b).name
+    except EstimatorError:
+        return a.strip().lower() == b.strip().lower()
+
+
 class Agent:
     def __init__(
         self,
@@ -103,13 +117,22 @@ class Agent:
         return response
 
     def register(self, **overrides: Any) -> str:
+        detected = detect_gpus()
+        named = overrides.pop("gpu", None)
         info = {
             "name": socket.gethostname()[:100],
             "hostname": socket.gethostname()[:255],
             "agent_pid": os.getpid(),
-            **detect_gpus(),
+            **detected,
             **{k: v for k, v in overrides.items() if v is not None},
         }
+        if detected["gpu"] != "cpu":  # NVML tells: what it reports is the node's GPU
+            info["nvml_gpu"] = detected["gpu"]
+            if named is not None and not same_gpu(named, detected["gpu"]):
+                log.warning("--gpu %r ignored: NVML reports %r", named, detected["gpu"])
+        elif named is not None:
+            info["gpu"] = named  # NVML cannot tell: registered as named, its calibrations unverified
+            log.warning("NVML reports no GPU; registering as %r (unverified: its calibrations stay unused)", named)
         self.node_token = ""
         answer = self._post("/v1/nodes", info).json()
         self.node_id, self.node_token = str(answer["id"]), str(answer["node_token"])

@@ -31,7 +31,8 @@ from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
 from services.hub.service import FactoryCache, with_model_config
 from services.nodes import service as nodes_service
-from services.nodes.schemas import BenchmarkOut, NodeOut
+from services.nodes.calibration import calibrated_utilisation
+from services.nodes.schemas import BenchmarkOut, CalibrationOut, CalibrationRequest, NodeOut
 from services.orgs.service import Principal, end_session, hash_key, session_principal, start_session
 from services.plans import service as plans_service
 from services.plans.schemas import PlanRequest
@@ -448,12 +449,32 @@ def nodes_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
     return render(request, "nodes.html", {"nodes": rows}, viewer=viewer)
 
 
-@router.get("/benchmarks")
-def benchmarks_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+def _benchmarks_page(
+    request: Request, viewer: Viewer, db: Database, problem: str | None = None, status_code: int = 200
+) -> HTMLResponse:
     with db.transaction() as (s, _pending):
         results = [
             BenchmarkOut.model_validate(b, from_attributes=True)
             for b in nodes_service.list_benchmarks(s, viewer.principal, None, None, None)
+        ]
+        org = viewer.principal.organization_id
+        # What the estimates use now, per card and method (services/nodes/calibration.py).
+        in_use = [
+            (gpu, method, value, source)
+            for method in sorted({b.method for b in results if b.used})
+            for gpu, (value, source) in sorted(calibrated_utilisation(s, org, method).items())
+        ]
+        nodes = [n for n in nodes_service.list_nodes(s, viewer.principal) if n.status == "active"]
+        node_choices = [(n.id, f"{n.name} ({n.gpu_count} x {n.gpu})") for n in nodes]
+        names = {n.id: n.name for n in nodes_service.list_nodes(s, viewer.principal)}
+        plan_choices = [
+            (p.id, f"{p.model_name} {p.method} ({p.id[:8]})")
+            for p in plans_service.list_plans(s, viewer.principal, 50, None)
+            if p.status == "done"
+        ]
+        jobs = [
+            (CalibrationOut.model_validate(c, from_attributes=True), names.get(c.node_id, c.node_id[:8]))
+            for c in nodes_service.list_calibrations(s, viewer.principal)
         ]
     public = loaders.public_accuracy()
     summary = public["summary"]["medium_high"]
@@ -463,7 +484,52 @@ def benchmarks_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLRespo
         f"{summary['median_abs_error_pct']:.1f}%. From {public['generated_from']}."
     )
     page = views.benchmark_page(results, public["cases"], caption)
-    return render(request, "benchmarks.html", {"page": page, "results": results}, viewer=viewer)
+    context = {
+        "page": page,
+        "results": results,
+        "in_use": in_use,
+        "node_choices": node_choices,
+        "plan_choices": plan_choices,
+        "jobs": jobs,
+        "problem": problem,
+    }
+    return render(request, "benchmarks.html", context, status_code=status_code, viewer=viewer)
+
+
+@router.get("/benchmarks")
+def benchmarks_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
+    return _benchmarks_page(request, viewer, db)
+
+
+@router.post("/calibrations")
+async def start_calibration(request: Request, viewer: ViewerDep, db: DbDep) -> Response:
+    """Queue a calibration on a node: what POST /v1/nodes/{id}/calibrations does (its agent claims it)."""
+    form = await request.form()
+    _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
+    fields = {k: str(form.get(k) or "") for k in ("node_id", "plan_id", "warmup_steps", "timed_steps")}
+
+    def create() -> str | None:
+        if not fields["node_id"]:
+            return "Pick a node to calibrate on."
+        try:
+            body = CalibrationRequest(
+                plan_id=fields["plan_id"],
+                warmup_steps=int(fields["warmup_steps"] or 2),
+                timed_steps=int(fields["timed_steps"] or 5),
+            )
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return f"Check the plan and the step counts (warm-up 0-100, timed 1-1000): {str(exc).splitlines()[0]}"
+        try:
+            with db.transaction() as (s, _pending):
+                nodes_service.request_calibration(s, viewer.principal, fields["node_id"], body)
+        except NotFound as exc:
+            return exc.message
+        return None
+
+    problem = await run_in_threadpool(create)
+    if problem is not None:
+        return await run_in_threadpool(_benchmarks_page, request, viewer, db, problem, 422)
+    return RedirectResponse(f"{PREFIX}/benchmarks#bm-jobs-h", status_code=303)
 
 
 @router.get("/{rest:path}")

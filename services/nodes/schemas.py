@@ -22,6 +22,12 @@ class NodeRegistration(_In):
     instance_id: str = Field(default="", max_length=200, description="the provider's id of this machine")
     hostname: str = Field(default="", max_length=255)
     agent_pid: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    nvml_gpu: str = Field(
+        default="",
+        max_length=100,
+        description="the GPU name NVML reports ('' when it cannot tell); calibrations are trusted only when it "
+        "names the node's GPU",
+    )
 
 
 class GpuStatus(_In):
@@ -104,6 +110,7 @@ class NodeOut(BaseModel):
     last_decision_at: datetime | None
     stopped_at: datetime | None
     agent_verified_at: datetime | None = None
+    gpu_nvml: str = Field(default="", description="the GPU NVML reported at registration ('' : named by --gpu)")
     commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")
 
 
@@ -154,4 +161,8 @@ class BenchmarkOut(BaseModel):
     measured_gpus: int = 1
     comparable: bool = True
     notes: list[str] = Field(default_factory=list)
+    gpu_count: int = Field(default=0, description="the node's GPUs at registration (0: a CPU host)")
+    verified: bool = Field(default=False, description="the measured device is the GPU NVML reported for the node")
+    used: bool = Field(default=False, description="the organization's estimates use this result")
+    unused_reason: str | None = Field(default=None, description="why they do not, when they do not")
     created_at: datetime

@@ -24,6 +24,7 @@ from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
 from services.hub.service import request_data_with_config, stored_request
+from services.nodes.calibration import CALIBRATION_WINDOW, catalog_name, device_check, screen, used_values
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
 from services.nodes.lifecycle import add_event, after_heartbeat
 from services.nodes.processes import connection_is_from, start_ticks
@@ -90,6 +91,13 @@ def register_node(
             gpu = find_gpu(body.gpu).name
         except EstimatorError as exc:
             raise Unprocessable(exc.message, field="gpu") from None
+    nvml = catalog_name(body.nvml_gpu)
+    if nvml is not None and gpu != nvml:
+        # --gpu names a GPU NVML cannot tell; where NVML tells, the two must agree (issue 25).
+        raise Unprocessable(
+            f"gpu: NVML reports {body.nvml_gpu!r} ({nvml}), not {body.gpu!r}; name the GPU only where NVML cannot",
+            field="gpu",
+        )
     now = utcnow()
     if body.instance_id:
         _claim_instance(session, principal, body, driver, instance_id_pattern)
@@ -123,6 +131,7 @@ def register_node(
         job_running=False,
         commands=[],
         token_hash=hash_token(token),
+        gpu_nvml=body.nvml_gpu.strip(),
     )
     session.add(node)
     session.flush()
@@ -238,6 +247,16 @@ def request_calibration(
     return row
 
 
+def list_calibrations(session: Session, principal: Principal, limit: int = 20) -> Sequence[CalibrationRow]:
+    """The organization's latest calibration jobs, newest first."""
+    return session.scalars(
+        select(CalibrationRow)
+        .where(CalibrationRow.organization_id == principal.organization_id)
+        .order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc())
+        .limit(limit)
+    ).all()
+
+
 def claim_next(
     session: Session, principal: Principal, node_id: str, token: str | None
 ) -> tuple[CalibrationRow, dict[str, object]] | None:
@@ -281,6 +300,7 @@ def submit_result(
     plan = request.to_plan()
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = gemm_utilisation = None
+    met = True
     notes = list(body.notes)
     if node.gpu != "cpu" and body.comparable:
         spec = find_gpu(node.gpu)
@@ -303,6 +323,12 @@ def submit_result(
                     f"utilisation from {UTILISATION_SEARCH[0]} to {UTILISATION_SEARCH[1]} (its other terms and "
                     f"floors bind); calibrated at {gemm_utilisation}"
                 )
+    verified, reason = device_check(node.gpu, node.gpu_count, node.gpu_nvml, body.device, body.gpus)
+    if reason is None and not body.comparable:
+        reason = "not comparable: the node could not run the plan as planned (see the notes)"
+    if reason is None:
+        others = used_values(session, principal.organization_id, plan.method, node.gpu).get(node.gpu, [])
+        reason = screen(find_gpu(node.gpu), gemm_utilisation, met, others[:CALIBRATION_WINDOW])
     bench = BenchmarkRow(
         organization_id=principal.organization_id,
         node_id=node.id,
@@ -323,6 +349,10 @@ def submit_result(
         measured_gpus=body.gpus,
         comparable=body.comparable,
         notes=notes,
+        gpu_count=node.gpu_count,
+        verified=verified,
+        used=reason is None,
+        unused_reason=reason,
     )
     session.add(bench)
     session.flush()

@@ -58,6 +58,11 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     verified_pid: Mapped[int | None] = mapped_column(Integer, default=None)
     verified_pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
+    # --- calibration (services/nodes/calibration.py) ---
+    # The GPU NVML reported at registration ("" when it could not tell and the GPU was named by --gpu): a
+    # calibration is trusted only when the device it measured is this GPU.
+    gpu_nvml: Mapped[str] = mapped_column(String(100), default="", server_default="")
+
 
 class NodeInstanceRow(IdMixin, TimestampMixin, Base):
     """Which organization a provider instance belongs to: the first to register it.
@@ -130,3 +135,10 @@ class BenchmarkRow(IdMixin, TimestampMixin, Base):
     # False: the node could not run the plan as planned (QLoRA without bitsandbytes); never calibrates.
     comparable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
     notes: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    # The node's GPU count at registration (0: a CPU host), whether the measured device is the GPU NVML
+    # reported, and whether the organization's estimates use the result, with the reason when they do not
+    # (services/nodes/calibration.py screen and device_check).
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    verified: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    used: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    unused_reason: Mapped[str | None] = mapped_column(Text, default=None)
