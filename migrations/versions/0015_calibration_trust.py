@@ -1,9 +1,9 @@
 """calibration that cannot poison: the GPU NVML reported per node; per result the GPU count, whether the
 measured device was verified, whether the result is used and why not
 
-Revision ID: 0015_calib
+Revision ID: 0015
 Revises: 0014
-Create Date: 2027-01-10 10:00:00.000000
+Create Date: 2026-12-01 23:50:00.000000
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015_calib"
+revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
