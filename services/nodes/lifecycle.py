@@ -382,7 +382,9 @@ def record_stop(
     claim = result.claim
     node = session.scalar(select(NodeRow).where(NodeRow.id == claim.node_id).with_for_update())
     if node is None or node.status != "stopping" or node.stop_lease_owner != claim.owner:
-        log.warning("node %s: the answer to stop attempt %d came after its lease was lost", claim.node_id, claim.attempt)
+        log.warning(
+            "node %s: the answer to stop attempt %d came after its lease was lost", claim.node_id, claim.attempt
+        )
         return
     NODE_STOP_ATTEMPTS.labels(driver_name, "ok" if result.ok else "error").inc()
     audit.record(
@@ -451,7 +453,14 @@ def run_sweep(
     timeout_s, concurrency = settings.node_stop_timeout_s, settings.node_stop_concurrency
     with unit_of_work(factory) as session:
         summary, claims = decide_all(
-            session, now or utcnow(), driver, settings.node_lost_after_s, stops, worker_identity(), timeout_s, concurrency
+            session,
+            now or utcnow(),
+            driver,
+            settings.node_lost_after_s,
+            stops,
+            worker_identity(),
+            timeout_s,
+            concurrency,
         )
     for result in call_stops(driver, claims, timeout_s, concurrency):
         with unit_of_work(factory) as session:
