@@ -30,8 +30,20 @@ LEASE_EXPIRIES = Counter(
 )
 SWEEP_DECISIONS = Counter(
     "gpuplan_sweep_decisions_total",
-    "decisions of the lease sweep (resend, abandon) and the idle sweep (keep, stop, lost)",
+    "decisions of the lease sweep (resend, abandon) and the idle sweep (keep, stop, stop_failed, lost)",
     ["sweep", "decision"],
+)
+NODE_STOP_ATTEMPTS = Counter(
+    "gpuplan_node_stop_attempts_total",
+    "provider stop calls by driver and outcome (ok: the provider confirmed; error: it refused, failed or timed out)",
+    ["driver", "outcome"],
+)
+NODE_STOPS_INEFFECTIVE = Counter(
+    "gpuplan_node_stops_ineffective_total",
+    "stops the provider confirmed after which the node kept heartbeating past the grace period",
+)
+NODE_STOPS_GIVEN_UP = Counter(
+    "gpuplan_node_stop_failed_total", "nodes marked stop_failed: every stop attempt failed or changed nothing"
 )
 RATE_LIMITED = Counter("gpuplan_rate_limited_total", "requests answered 429, by limit", ["limit"])
 

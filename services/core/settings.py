@@ -73,6 +73,18 @@ class Settings(BaseSettings):
     # Idle shutdown (services/nodes/lifecycle.py) and the provider driver that stops nodes.
     idle_sweep_interval_s: float = Field(default=60.0, ge=1.0, le=3600.0)
     node_lost_after_s: float = Field(default=300.0, ge=30.0, le=86_400.0, description="no heartbeat this long: lost")
+    # A stop (services/nodes/lifecycle.py): each provider call is bounded by node_stop_timeout_s and made
+    # outside any transaction; a failed attempt is retried after node_stop_backoff_s, doubled per attempt
+    # up to node_stop_backoff_max_s; after node_stop_max_attempts the node is marked stop_failed. A stop
+    # the provider confirmed counts as failed when the node still heartbeats node_stop_grace_s later.
+    node_stop_timeout_s: float = Field(default=30.0, ge=0.1, le=600.0, description="one provider stop call")
+    node_stop_max_attempts: int = Field(default=5, ge=1, le=100, description="stop attempts before stop_failed")
+    node_stop_backoff_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="wait after a failed stop")
+    node_stop_backoff_max_s: float = Field(default=3600.0, ge=0.0, le=86_400.0, description="longest such wait")
+    node_stop_grace_s: float = Field(
+        default=300.0, ge=0.0, le=86_400.0, description="heartbeats this long after a confirmed stop are tolerated"
+    )
+    node_stop_concurrency: int = Field(default=8, ge=1, le=64, description="provider stop calls in flight at once")
     provider_driver: Literal["none", "local", "http", "aws", "runpod", "lambda", "vast"] = "none"
     provider_stop_url: str | None = Field(
         default=None, description="e.g. https://api.example/v1/instances/{instance_id}/stop"

@@ -78,8 +78,8 @@ def node_lifecycle(session: Session, organization_id: str, node_id: str) -> Node
         current = f"{run.id[:8]}" + (f" · step {run.progress_step}" if run.progress_step is not None else "")
         durable = f"step {run.last_durable_step}" if run.last_durable_step is not None else "none yet"
     idle: str | None
-    if node.status in ("stopped", "lost"):
-        idle = node.status
+    if node.status != "active":
+        idle = None  # a stopped, lost or replaced node has no running idle timer; its status says what it is
     elif node.idle_since is not None:
         minutes = (datetime.now(UTC) - node.idle_since).total_seconds() / 60
         idle = f"idle {minutes:.0f} of {node.idle_minutes:g} min"

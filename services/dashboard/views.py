@@ -589,10 +589,37 @@ class NodeRowView:
     provider: str
     price: str
     lifecycle: NodeLifecycle
+    status: str = "active"
+    status_warn: bool = False  # lost, or a stop that was given up: someone should look
+    stop: str | None = None  # the stop in progress or its outcome, with the provider's answer
 
 
 # A node that has not sent a heartbeat for this long is shown as silent.
 STALE_HEARTBEAT_S = 300.0
+
+_STATUS_LABELS = {
+    "active": "active",
+    "stopping": "stopping (waiting for the provider)",
+    "stopped": "stopped",
+    "stop_failed": "stop failed",
+    "lost": "lost",
+    "replaced": "replaced",
+}
+
+
+def node_stop(node: Any, now: datetime) -> str | None:
+    """The stop state in one line: attempts, when the next is due, and what the provider answered."""
+    answer = node.last_stop_answer or "no answer recorded"
+    attempts = node.stop_attempts
+    if node.status == "stop_failed":
+        return f"given up after {attempts} attempt(s); last answer: {answer}"
+    if node.status == "stopping":
+        return f"attempt {attempts} sent {ago(node.last_stop_at, now)}"
+    if node.status == "stopped":
+        return f"stopped {ago(node.stopped_at, now)} (attempt {attempts}): {answer}"
+    if attempts and node.next_stop_at is not None:
+        return f"attempt {attempts} failed: {answer}; next attempt after {node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC"
+    return None
 
 
 def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
@@ -614,11 +641,16 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         gpus=gpus,
         mean_utilisation_pct=round(sum(g.utilisation_pct for g in gpus) / len(gpus), 1) if gpus else None,
         last_heartbeat=ago(beat, now),
-        stale=beat is None or (now - beat).total_seconds() > STALE_HEARTBEAT_S,
+        # Only a node meant to be running is "silent" when it stops reporting.
+        stale=node.status in ("active", "stopping")
+        and (beat is None or (now - beat).total_seconds() > STALE_HEARTBEAT_S),
         job_running=node.job_running,
         provider=node.provider or "—",
         price=f"{usd(node.usd_per_hour)}/h" if node.usd_per_hour is not None else "—",
         lifecycle=lifecycle,
+        status=_STATUS_LABELS.get(node.status, node.status),
+        status_warn=node.status in ("stop_failed", "lost"),
+        stop=node_stop(node, now),
     )
 
 

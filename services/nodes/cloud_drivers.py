@@ -146,6 +146,7 @@ class Ec2Driver:
         endpoint_url: str | None = None,
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
+        timeout_s: float = 30.0,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -158,7 +159,13 @@ class Ec2Driver:
             endpoint_url=endpoint_url,
             aws_access_key_id=access_key_id,
             aws_secret_access_key=secret_access_key,
-            config=Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30),
+            # One try per attempt: the sweep retries a failed stop with its own backoff, and a call stays
+            # within the sweep's bound (services/nodes/lifecycle.py).
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                connect_timeout=min(timeout_s, 10.0),
+                read_timeout=timeout_s,
+            ),
         )
 
     def _call(self, operation: str, node: NodeTarget) -> Any:

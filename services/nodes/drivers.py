@@ -79,6 +79,8 @@ class HttpDriver:
     ) -> None:
         self._stop_url, self._start_url, self._method = stop_url, start_url, method.upper()
         self._headers = {auth_header: auth_value} if auth_value else {}
+        # httpx applies the timeout to each phase (connect, write, read, pool): a provider that hangs
+        # fails the attempt instead of holding the sweep (services/nodes/lifecycle.py bounds the total).
         self._client = httpx.Client(timeout=timeout_s, transport=transport)
         self._id_pattern = instance_id_pattern
 
@@ -176,8 +178,9 @@ class LocalDriver:
 
 def make_driver(settings: Settings) -> ProviderDriver:
     """The one driver the settings name (the cloud drivers are in services/nodes/cloud_drivers.py)."""
+    timeout_s = settings.node_stop_timeout_s
     if settings.provider_driver == "local":
-        return LocalDriver()
+        return LocalDriver(wait_s=timeout_s)
     if settings.provider_driver in ("runpod", "lambda", "vast"):
         from services.nodes.cloud_drivers import LambdaDriver, RunPodDriver, VastDriver
 
@@ -187,7 +190,7 @@ def make_driver(settings: Settings) -> ProviderDriver:
             "vast": VastDriver,
         }[settings.provider_driver]
         key = settings.provider_api_key.get_secret_value() if settings.provider_api_key else ""
-        return rest(key, settings.provider_stop_action, base_url=settings.provider_api_url)
+        return rest(key, settings.provider_stop_action, base_url=settings.provider_api_url, timeout_s=timeout_s)
     if settings.provider_driver == "aws":
         from services.nodes.cloud_drivers import Ec2Driver
 
@@ -198,6 +201,7 @@ def make_driver(settings: Settings) -> ProviderDriver:
             endpoint_url=settings.provider_api_url,
             access_key_id=settings.provider_aws_access_key_id,
             secret_access_key=secret.get_secret_value() if secret else None,
+            timeout_s=timeout_s,
         )
     if settings.provider_driver == "http":
         if not settings.provider_stop_url:
@@ -209,6 +213,7 @@ def make_driver(settings: Settings) -> ProviderDriver:
             settings.provider_http_method,
             settings.provider_auth_header,
             token,
+            timeout_s=timeout_s,
             instance_id_pattern=settings.provider_instance_id_pattern,
         )
     return NoDriver()

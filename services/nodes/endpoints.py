@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.nodes import service
-from services.nodes.lifecycle import list_events
+from services.nodes.lifecycle import list_events, stop_policy
 from services.nodes.schemas import (
     BenchmarkOut,
     CalibrationFailure,
@@ -96,7 +96,14 @@ def heartbeat(
     """The agent's report (with its node token); the answer carries the commands waiting for it (e.g. ``sync``)."""
     with db.transaction() as (session, _pending):
         node, commands = service.heartbeat(
-            session, principal, node_id, body, settings.node_lost_after_s, token=token, peer=_peer(request)
+            session,
+            principal,
+            node_id,
+            body,
+            settings.node_lost_after_s,
+            token=token,
+            peer=_peer(request),
+            stops=stop_policy(settings),
         )
         return _node(node).model_copy(update={"commands": commands})
 

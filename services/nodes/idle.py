@@ -88,3 +88,20 @@ def decide(
     if idle_min < policy.idle_minutes:
         return Decision("keep", "idle", f"idle {idle_min:.0f} of {policy.idle_minutes:g} min")
     return Decision("stop", "idle-past-threshold", f"idle {idle_min:.0f} min >= {policy.idle_minutes:g} min")
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """How a stop is retried (the GPUPLAN_NODE_STOP_* settings)."""
+
+    max_attempts: int = 5
+    backoff_s: float = 60.0
+    backoff_max_s: float = 3600.0
+    grace_s: float = 300.0  # heartbeats this long after a confirmed stop are the machine shutting down
+
+
+def stop_backoff_s(attempt: int, policy: StopPolicy) -> float:
+    """The wait after failed attempt ``attempt`` (1-based): doubled per attempt, capped. Capped exponential
+    backoff as in AWS's "Exponential Backoff and Jitter" (Brooker, 2015); one sweep per node sends, so
+    no jitter is needed to spread many clients."""
+    return float(min(policy.backoff_s * 2.0 ** max(attempt - 1, 0), policy.backoff_max_s))

@@ -8,33 +8,76 @@ heartbeat reported nothing unsynced; while checkpoints are waiting, the agent is
 A stop is sent only for a node whose agent proved itself with the node's token and, when it names a
 provider instance, for an instance its own organization registered; anything else is refused and the
 refusal is an event with its reason.
+
+A stop runs in three steps, so that no lock or connection is held while a provider answers (a slow
+provider would otherwise stall every other organization's heartbeats and, on SQLite, every write):
+the sweep commits its decision with a lease on the node (status ``stopping``), calls the provider with
+a timeout outside any transaction, and records the answer in a new short transaction. Each attempt is
+one audit row. A failed attempt, or a confirmed stop after which the node still heartbeats past a grace
+period, is retried with capped exponential backoff; after the last attempt the node is ``stop_failed``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work, utcnow
-from services.core.metrics import SWEEP_DECISIONS
+from services.core.leases import worker_identity
+from services.core.metrics import NODE_STOP_ATTEMPTS, NODE_STOPS_GIVEN_UP, NODE_STOPS_INEFFECTIVE, SWEEP_DECISIONS
 from services.core.settings import Settings
-from services.nodes.drivers import DriverError, NodeTarget, ProviderDriver, make_driver
-from services.nodes.idle import Decision, IdlePolicy, Signals, decide, next_idle_since
+from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver, make_driver
+from services.nodes.idle import (
+    Decision,
+    IdlePolicy,
+    Signals,
+    StopPolicy,
+    busy_reasons,
+    decide,
+    next_idle_since,
+    stop_backoff_s,
+)
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs import audit
 
 log = logging.getLogger("gpuplan.lifecycle")
 
 SWEEP_TASK = "gpuplan.nodes.sweep_idle"
+SWEEP_ACTOR = "system:idle-sweep"
 
 
 def policy_of(node: NodeRow, lost_after_s: float) -> IdlePolicy:
     return IdlePolicy(idle_minutes=node.idle_minutes, gpu_busy_pct=node.gpu_busy_pct, lost_after_s=lost_after_s)
+
+
+def stop_policy(settings: Settings) -> StopPolicy:
+    return StopPolicy(
+        max_attempts=settings.node_stop_max_attempts,
+        backoff_s=settings.node_stop_backoff_s,
+        backoff_max_s=settings.node_stop_backoff_max_s,
+        grace_s=settings.node_stop_grace_s,
+    )
+
+
+def call_bound_s(timeout_s: float) -> float:
+    """The longest one stop call may take: the driver's timeout bounds each phase (connect, read), so
+    twice it, plus a little."""
+    return 2 * timeout_s + 5.0
+
+
+def stop_lease_s(timeout_s: float, position: int, concurrency: int) -> float:
+    """How long a sweep holds the stop of its ``position``-th claim (0-based): until its call, queued behind
+    ``position // concurrency`` rounds of calls, is bounded, plus slack to record the answer. A sweep that
+    dies mid-call loses the lease, and the next sweep counts the attempt as failed."""
+    return (position // concurrency + 1) * call_bound_s(timeout_s) + 30.0
 
 
 def signals_of(node: NodeRow) -> Signals:
@@ -64,13 +107,37 @@ def add_event(
     return event
 
 
-def after_heartbeat(session: Session, node: NodeRow, at: datetime, lost_after_s: float) -> None:
-    """Update the idle timer from the signals just stored; a lost or stopped node that reports is back."""
-    if node.status in ("lost", "stopped"):
+def _reset_stop(node: NodeRow) -> None:
+    """The node is busy (or back) again: a later stop starts a new streak of attempts."""
+    node.stop_attempts = 0
+    node.next_stop_at = None
+
+
+def after_heartbeat(
+    session: Session, node: NodeRow, at: datetime, lost_after_s: float, stops: StopPolicy | None = None
+) -> None:
+    """Update the idle timer from the signals just stored; a lost or stopped node that reports is back.
+
+    A node the provider confirmed stopped may still report while it shuts down (``grace_s``). Past that,
+    an idle report means the stop changed nothing: a failed attempt, retried after its backoff. A busy
+    report means someone started the machine for work again: it is back, with a fresh streak."""
+    stops = stops or StopPolicy()
+    idle = not busy_reasons(signals_of(node), policy_of(node, lost_after_s))
+    if node.status == "stopped" and idle:
+        since_s = (at - node.stopped_at).total_seconds() if node.stopped_at is not None else stops.grace_s + 1
+        if since_s > stops.grace_s:
+            NODE_STOPS_INEFFECTIVE.inc()
+            answer = (
+                f"the provider confirmed the stop ({node.last_stop_answer or 'no detail'}) but the node still "
+                f"heartbeats {since_s:.0f} s later (grace {stops.grace_s:g} s)"
+            )
+            record_failed_attempt(session, node, answer, at, stops, "stop_ineffective", "stop-ineffective")
+    elif node.status in ("lost", "stopped") or (node.status == "stop_failed" and not idle):
         add_event(session, node, "back", f"heartbeat received while {node.status}", at)
         node.status = "active"
         node.last_decision = None
         node.stopped_at = None
+        _reset_stop(node)
     node.last_heartbeat_at = at
     node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy_of(node, lost_after_s), at)
 
@@ -80,7 +147,28 @@ class SweepSummary:
     decided: int = 0
     stopped: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # stop attempts that failed (each retried or given up)
+    given_up: list[str] = field(default_factory=list)  # nodes marked stop_failed
     events: int = 0
+
+
+@dataclass(frozen=True)
+class StopClaim:
+    """A stop the sweep committed to send: the node's lease is ``owner``'s until the answer is recorded."""
+
+    node_id: str
+    target: NodeTarget
+    attempt: int
+    reason: str  # the idle decision's
+    code: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class StopResult:
+    claim: StopClaim
+    ok: bool
+    answer: str  # the driver's detail, or why it failed
 
 
 def _record(
@@ -88,7 +176,7 @@ def _record(
     node: NodeRow,
     decision: Decision,
     at: datetime,
-    summary: SweepSummary,
+    summary: SweepSummary | None,
     kind: str | None = None,
     details: dict[str, object] | None = None,
 ) -> None:
@@ -101,7 +189,8 @@ def _record(
         add_event(
             session, node, kind or decision.action, decision.reason, at, {"code": decision.code, **(details or {})}
         )
-        summary.events += 1
+        if summary is not None:
+            summary.events += 1
 
 
 def target_of(node: NodeRow) -> NodeTarget:
@@ -113,7 +202,7 @@ def target_of(node: NodeRow) -> NodeTarget:
 
 def _check_ownership(session: Session, node: NodeRow) -> None:
     """Refuse a stop the organization has not earned: no agent proved itself with the node token, or the
-    instance is not the organization's (DriverError, recorded by the sweep as a failed stop)."""
+    instance is not the organization's (DriverError, recorded by the sweep as a refused stop)."""
     if node.token_hash is None or node.agent_verified_at is None:
         raise DriverError("refused: no agent of this node has proved itself with the node token")
     if node.instance_id:
@@ -122,12 +211,91 @@ def _check_ownership(session: Session, node: NodeRow) -> None:
             raise DriverError(f"refused: instance {node.instance_id!r} is not registered to this organization")
 
 
-def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s: float) -> SweepSummary:
-    """One sweep over every active node of every organization (the beat task; also the embedded loop)."""
+def record_failed_attempt(
+    session: Session, node: NodeRow, answer: str, at: datetime, stops: StopPolicy, kind: str, code: str
+) -> bool:
+    """A stop attempt that failed (or changed nothing): back to active with the next attempt after its
+    backoff, or, after the last attempt, ``stop_failed`` with an audit row and the metric. True: given up."""
+    attempt = max(node.stop_attempts, 1)
+    node.last_stop_answer = answer[:2000]
+    node.stop_lease_owner = node.stop_lease_expires_at = None
+    node.last_decision, node.last_decision_at = code, at
+    details: dict[str, object] = {"code": code, "attempt": attempt, "max_attempts": stops.max_attempts}
+    if attempt >= stops.max_attempts:
+        node.status = "stop_failed"
+        node.next_stop_at = None
+        node.last_reason = f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; stop given up"
+        add_event(session, node, kind, node.last_reason, at, {**details, "gave_up": True})
+        audit.record(
+            session,
+            node.organization_id,
+            SWEEP_ACTOR,
+            "node.stop_failed",
+            f"node:{node.id}",
+            detail={"attempts": attempt, "answer": node.last_stop_answer},
+        )
+        NODE_STOPS_GIVEN_UP.inc()
+        log.warning("node %s: stop given up after %d attempts: %s", node.id, attempt, answer)
+        return True
+    wait_s = stop_backoff_s(attempt, stops)
+    node.status = "active"
+    node.next_stop_at = at + timedelta(seconds=wait_s)
+    node.last_reason = (
+        f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; next attempt after "
+        f"{node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    add_event(session, node, kind, node.last_reason, at, {**details, "next_stop_at": node.next_stop_at.isoformat()})
+    log.warning("node %s: stop attempt %d failed: %s", node.id, attempt, answer)
+    return False
+
+
+def _claim_stop(session: Session, node: NodeRow, now: datetime, owner: str, lease_s: float) -> bool:
+    """Take the node's stop lease: a compare-and-set from active, so of two sweeps (or beat processes)
+    deciding the same node, one sends the stop."""
+    result = session.execute(
+        update(NodeRow)
+        .where(NodeRow.id == node.id, NodeRow.status == "active")
+        .values(
+            status="stopping",
+            stop_lease_owner=owner,
+            stop_lease_expires_at=now + timedelta(seconds=lease_s),
+            stop_attempts=NodeRow.stop_attempts + 1,
+            last_stop_at=now,
+            next_stop_at=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(node)
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def decide_all(
+    session: Session,
+    now: datetime,
+    driver: ProviderDriver,
+    lost_after_s: float,
+    stops: StopPolicy,
+    owner: str,
+    timeout_s: float,
+    concurrency: int,
+) -> tuple[SweepSummary, list[StopClaim]]:
+    """The sweep's decisions over every active node, in the caller's (short) transaction; returns the stops
+    to send once it commits. Stops whose sweep died before recording an answer count as failed first."""
     summary = SweepSummary()
+    orphans = session.scalars(
+        select(NodeRow)
+        .where(NodeRow.status == "stopping", NodeRow.stop_lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for node in orphans:
+        answer = "no answer recorded: the sweep that sent the stop did not finish (its lease expired)"
+        summary.failed.append(node.id)
+        if record_failed_attempt(session, node, answer, now, stops, "stop_failed", f"stop-failed:{driver.name}"):
+            summary.given_up.append(node.id)
     nodes = session.scalars(
         select(NodeRow).where(NodeRow.status == "active").order_by(NodeRow.id).with_for_update(skip_locked=True)
     ).all()
+    claims: list[StopClaim] = []
     for node in nodes:
         summary.decided += 1
         policy = policy_of(node, lost_after_s)
@@ -139,6 +307,8 @@ def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s:
             summary.lost.append(node.id)
             continue
         if decision.action == "keep":
+            if decision.code.startswith("busy") and node.stop_attempts:
+                _reset_stop(node)
             _record(session, node, decision, now, summary)
             only_unsynced = decision.code == "busy:unsynced"
             if only_unsynced and "sync" not in (node.commands or []):
@@ -149,19 +319,112 @@ def sweep(session: Session, now: datetime, driver: ProviderDriver, lost_after_s:
                 add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", later)
                 summary.events += 1
             continue
-        target = target_of(node)
+        if node.next_stop_at is not None and now < node.next_stop_at:
+            continue  # backing off after a failed attempt; its event said when the next one is due
         try:
             _check_ownership(session, node)
-            detail = driver.stop(target)
+            if isinstance(driver, NoDriver):
+                driver.stop(target_of(node))  # raises at once: the decision is recorded, nothing is stopped
         except DriverError as exc:
-            failed = Decision("keep", f"stop-failed:{driver.name}", f"{decision.reason}; stop failed: {exc}")
-            _record(session, node, failed, now, summary, kind="stop_failed")
-            log.warning("node %s: stop failed: %s", node.id, exc)
+            refused = Decision("keep", f"stop-failed:{driver.name}", f"{decision.reason}; stop failed: {exc}")
+            _record(session, node, refused, now, summary, kind="stop_failed")
+            log.warning("node %s: stop not sent: %s", node.id, exc)
             continue
-        node.status = "stopped"
-        node.stopped_at = now
-        _record(session, node, decision, now, summary, details={"driver": driver.name, "result": detail})
-        summary.stopped.append(node.id)
+        if _claim_stop(session, node, now, owner, stop_lease_s(timeout_s, len(claims), concurrency)):
+            claims.append(
+                StopClaim(node.id, target_of(node), node.stop_attempts, decision.reason, decision.code, owner)
+            )
+    return summary, claims
+
+
+def _stop_one(driver: ProviderDriver, claim: StopClaim) -> StopResult:
+    try:
+        return StopResult(claim, True, driver.stop(claim.target))
+    except DriverError as exc:
+        return StopResult(claim, False, str(exc))
+    except Exception as exc:  # a driver bug must not lose the lease's answer: recorded as a failed attempt
+        log.exception("node %s: the %s driver raised", claim.node_id, driver.name)
+        return StopResult(claim, False, f"the {driver.name} driver raised {type(exc).__name__}")
+
+
+def call_stops(
+    driver: ProviderDriver, claims: Sequence[StopClaim], timeout_s: float, concurrency: int
+) -> Iterator[StopResult]:
+    """Send the claimed stops, ``concurrency`` at once, yielding each answer as it comes (no session is
+    open here). The drivers bound each call with ``timeout_s``; a call still running past twice that is
+    answered as timed out, and whatever it returns later is dropped."""
+    if not claims:
+        return
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(claims)), thread_name_prefix="gpuplan-stop")
+    try:
+        pending: dict[Future[StopResult], StopClaim] = {pool.submit(_stop_one, driver, c): c for c in claims}
+        # Within the leases decide_all took: the last round of calls ends by its bound.
+        rounds = -(-len(claims) // concurrency)
+        deadline = time.monotonic() + rounds * call_bound_s(timeout_s)
+        while pending:
+            done, _ = wait(pending, timeout=max(deadline - time.monotonic(), 0.0), return_when=FIRST_COMPLETED)
+            if not done:
+                bound_s = call_bound_s(timeout_s)
+                for claim in pending.values():
+                    yield StopResult(claim, False, f"no answer from the provider within {bound_s:.0f} s")
+                return
+            for future in done:
+                pending.pop(future)
+                yield future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def record_stop(
+    session: Session, result: StopResult, at: datetime, stops: StopPolicy, driver_name: str, summary: SweepSummary
+) -> None:
+    """Store one provider answer, if the node's lease is still this sweep's (an audit row per attempt)."""
+    claim = result.claim
+    node = session.scalar(select(NodeRow).where(NodeRow.id == claim.node_id).with_for_update())
+    if node is None or node.status != "stopping" or node.stop_lease_owner != claim.owner:
+        log.warning(
+            "node %s: the answer to stop attempt %d came after its lease was lost", claim.node_id, claim.attempt
+        )
+        return
+    NODE_STOP_ATTEMPTS.labels(driver_name, "ok" if result.ok else "error").inc()
+    audit.record(
+        session,
+        node.organization_id,
+        SWEEP_ACTOR,
+        "node.stop",
+        f"node:{node.id}",
+        detail={
+            "driver": driver_name,
+            "attempt": claim.attempt,
+            "ok": result.ok,
+            "answer": result.answer[:500],
+            "reason": claim.reason,
+        },
+    )
+    if not result.ok:
+        summary.failed.append(node.id)
+        if record_failed_attempt(session, node, result.answer, at, stops, "stop_failed", f"stop-failed:{driver_name}"):
+            summary.given_up.append(node.id)
+        return
+    node.status = "stopped"
+    node.stopped_at = at
+    node.last_stop_answer = result.answer[:2000]
+    node.stop_lease_owner = node.stop_lease_expires_at = None
+    details: dict[str, object] = {"driver": driver_name, "result": result.answer, "attempt": claim.attempt}
+    _record(session, node, Decision("stop", claim.code, claim.reason), at, summary, details=details)
+    summary.stopped.append(node.id)
+
+
+def sweep(
+    session: Session, now: datetime, driver: ProviderDriver, lost_after_s: float, stops: StopPolicy | None = None
+) -> SweepSummary:
+    """One sweep in the caller's transaction, provider calls included: for tests and in-process drivers
+    only. The beat task and the embedded loop use ``run_sweep``, which holds no transaction during a call."""
+    stops = stops or StopPolicy()
+    summary, claims = decide_all(session, now, driver, lost_after_s, stops, worker_identity(), 600.0, 1)
+    session.flush()
+    for result in call_stops(driver, claims, timeout_s=600.0, concurrency=1):
+        record_stop(session, result, now, stops, driver.name, summary)
     return summary
 
 
@@ -176,24 +439,35 @@ def list_events(session: Session, node: NodeRow, limit: int) -> list[NodeEventRo
     )
 
 
-def run_sweep(factory: sessionmaker[Session], settings: Settings) -> SweepSummary:
-    """One sweep in its own transaction (the beat task and the embedded loop call this)."""
-    driver = make_driver(settings)
+def run_sweep(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    now: datetime | None = None,
+    driver: ProviderDriver | None = None,
+) -> SweepSummary:
+    """One sweep (the beat task and the embedded loop): the decisions and stop leases commit first, the
+    provider calls run with no session open, and each answer is recorded in its own short transaction.
+    ``now`` fixes the clock of both transactions (tests); unset, each reads the time when it runs."""
+    driver = driver or make_driver(settings)
+    stops = stop_policy(settings)
+    timeout_s, concurrency = settings.node_stop_timeout_s, settings.node_stop_concurrency
     with unit_of_work(factory) as session:
-        summary = sweep(session, utcnow(), driver, settings.node_lost_after_s)
-        for node_id in summary.stopped:  # a shutdown is an audited action (by the system)
-            node = session.get(NodeRow, node_id)
-            if node is not None:
-                audit.record(
-                    session,
-                    node.organization_id,
-                    "system:idle-sweep",
-                    "node.stop",
-                    f"node:{node_id}",
-                    detail={"driver": driver.name, "reason": node.last_reason},
-                )
-    kept = summary.decided - len(summary.stopped) - len(summary.lost)
-    for decision, count in (("keep", kept), ("stop", len(summary.stopped)), ("lost", len(summary.lost))):
+        summary, claims = decide_all(
+            session,
+            now or utcnow(),
+            driver,
+            settings.node_lost_after_s,
+            stops,
+            worker_identity(),
+            timeout_s,
+            concurrency,
+        )
+    for result in call_stops(driver, claims, timeout_s, concurrency):
+        with unit_of_work(factory) as session:
+            record_stop(session, result, now or utcnow(), stops, driver.name, summary)
+    kept = summary.decided - len(claims) - len(summary.lost)
+    counts = (("keep", kept), ("stop", len(summary.stopped)), ("stop_failed", len(summary.failed)))
+    for decision, count in (*counts, ("lost", len(summary.lost))):
         if count:
             SWEEP_DECISIONS.labels("idle", decision).inc(count)
     return summary

@@ -109,6 +109,11 @@ class NodeOut(BaseModel):
     last_reason: str | None
     last_decision_at: datetime | None
     stopped_at: datetime | None
+    # The stop in progress (status stopping, or active and backing off, or stop_failed once given up).
+    stop_attempts: int = Field(default=0, description="stop attempts of the current streak (reset when busy again)")
+    next_stop_at: datetime | None = Field(default=None, description="a failed stop is not retried before this")
+    last_stop_at: datetime | None = Field(default=None, description="when the last stop was sent")
+    last_stop_answer: str | None = Field(default=None, description="what the provider (or the sweep) last answered")
     agent_verified_at: datetime | None = None
     gpu_nvml: str = Field(default="", description="the GPU NVML reported at registration ('' : named by --gpu)")
     commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")

@@ -25,6 +25,7 @@ from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
 from services.hub.service import request_data_with_config, stored_request
 from services.nodes.calibration import CALIBRATION_WINDOW, catalog_name, device_check, screen, used_values
+from services.nodes.idle import StopPolicy
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
 from services.nodes.lifecycle import add_event, after_heartbeat
 from services.nodes.processes import connection_is_from, start_ticks
@@ -105,7 +106,7 @@ def register_node(
             select(NodeRow).where(
                 NodeRow.organization_id == principal.organization_id,
                 NodeRow.instance_id == body.instance_id,
-                NodeRow.status.in_(("active", "lost")),
+                NodeRow.status.in_(("active", "lost", "stop_failed")),
             )
         ).all()
         for previous in older:
@@ -203,9 +204,11 @@ def heartbeat(
     *,
     token: str | None,
     peer: Peer | None = None,
+    stops: StopPolicy | None = None,
 ) -> tuple[NodeRow, list[str]]:
     """Store what the node's agent reports (with the node token), move its idle timer, record run
-    progress; returns the node and the commands waiting for its agent (each delivered once)."""
+    progress; returns the node and the commands waiting for its agent (each delivered once). ``stops``
+    says how long a stopped node may still report before its stop counts as failed (the settings')."""
     from services.runs.service import get_run, record_progress
 
     node = authenticate_node(session, principal, node_id, token)
@@ -224,7 +227,7 @@ def heartbeat(
         if node.id not in run.node_ids:
             raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
         record_progress(run, body.progress.step, body.progress.loss)
-    after_heartbeat(session, node, at, lost_after_s)
+    after_heartbeat(session, node, at, lost_after_s, stops)
     commands, node.commands = list(node.commands or []), []
     return node, commands
 

@@ -28,7 +28,8 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     gpus: Mapped[list[Any]] = mapped_column(JSON, default=list)  # per-GPU utilisation and memory
     job_running: Mapped[bool] = mapped_column(Boolean, default=False)
-    # Lifecycle (services/nodes/lifecycle.py): active, stopping, stopped, lost.
+    # Lifecycle (services/nodes/lifecycle.py): active, stopping (a stop is with the provider), stopped,
+    # stop_failed (the stop was given up after its retries), lost, replaced.
     status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
     instance_id: Mapped[str] = mapped_column(String(200), default="", server_default="")  # the provider's id
     hostname: Mapped[str] = mapped_column(String(255), default="", server_default="")
@@ -47,6 +48,15 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     last_reason: Mapped[str | None] = mapped_column(Text, default=None)
     last_decision_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     stopped_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    # The stop in progress (services/nodes/lifecycle.py): attempts of the current streak (reset when the
+    # node is busy again), when the next may be sent (exponential backoff), what the provider last
+    # answered, and the lease of the sweep that holds the stop while the provider is called.
+    stop_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_stop_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    last_stop_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    last_stop_answer: Mapped[str | None] = mapped_column(Text, default=None)
+    stop_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    stop_lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     commands: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")  # for the agent, e.g. ["sync"]
     # The node's agent token (issued once at registration, stored as its SHA-256) and when an agent
     # last proved it holds it. Nodes registered before tokens existed have none and must re-register.

@@ -1,10 +1,11 @@
 """A loopback HTTP server standing in for a provider's API: it records every request it gets (method,
-raw path, headers, body) and answers with a canned status and JSON body."""
+raw path, headers, body) and answers with a canned status and JSON body, after ``delay_s`` if set."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +27,7 @@ class FakeProvider:
     status: int = 200
     answer: Any = field(default_factory=dict)
     echo_auth: bool = False  # a careless provider that repeats the credential in its error
+    delay_s: float = 0.0  # a slow provider: it sleeps this long before it answers
 
 
 def serve(provider_holder: list[FakeProvider]) -> type[BaseHTTPRequestHandler]:
@@ -40,6 +42,8 @@ def serve(provider_holder: list[FakeProvider]) -> type[BaseHTTPRequestHandler]:
                 body = raw.decode(errors="replace")
             headers = {k.lower(): v for k, v in self.headers.items()}
             provider.calls.append(Call(self.command, self.path, headers, body))
+            if provider.delay_s:
+                time.sleep(provider.delay_s)
             answer = provider.answer
             if provider.echo_auth:
                 answer = {"error": f"bad credential {headers.get('authorization', '')}"}

@@ -1,0 +1,143 @@
+"""The stop's lease and retry streak on a real (SQLite) database: a sweep that died mid-call, a node that
+gets busy between attempts, the default ``none`` driver, and the backoff's cap."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
+from services.nodes.drivers import DriverError, NodeTarget, NoDriver
+from services.nodes.idle import StopPolicy, stop_backoff_s
+from services.nodes.lifecycle import run_sweep, stop_lease_s, stop_policy
+from services.nodes.schemas import Heartbeat, NodeRegistration
+from services.nodes.service import heartbeat, register_node
+from services.nodes.tables import NodeEventRow, NodeRow
+from services.orgs.service import Principal, create_organization
+from services.orgs.tables import AuditEvent
+
+T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+SETTINGS = Settings(
+    node_lost_after_s=86_400, node_stop_max_attempts=3, node_stop_backoff_s=10, node_stop_backoff_max_s=15
+)
+
+
+class Refusing:
+    """A driver whose provider refuses every stop (as an HTTP 500 would)."""
+
+    name = "refusing"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def stop(self, node: NodeTarget) -> str:
+        self.calls += 1
+        raise DriverError("the provider answered stop with HTTP 500")
+
+    def start(self, node: NodeTarget) -> str:
+        return "started"
+
+
+Db = tuple[sessionmaker[Session], Principal, str, str]  # the factory, the organization, a node and its token
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Db:
+    url = f"sqlite:///{tmp_path / 'stops.db'}"
+    upgrade(url)
+    factory = make_sessionmaker(make_engine(url))
+    with unit_of_work(factory) as session:
+        org = create_organization(session, "stops")
+        principal = Principal(org.id, org.name, False)
+        node, token = register_node(session, principal, NodeRegistration(name="n", gpu="A100 80GB"))
+    beat(factory, principal, node.id, token, T0)
+    return factory, principal, node.id, token
+
+
+def beat(
+    factory: sessionmaker[Session], principal: Principal, node_id: str, token: str, at: datetime, **signals: object
+) -> None:
+    with unit_of_work(factory) as session:
+        heartbeat(
+            session,
+            principal,
+            node_id,
+            Heartbeat.model_validate(signals),
+            SETTINGS.node_lost_after_s,
+            at,
+            token=token,
+            stops=stop_policy(SETTINGS),
+        )
+
+
+def node(factory: sessionmaker[Session], node_id: str) -> NodeRow:
+    with unit_of_work(factory) as session:
+        row = session.get(NodeRow, node_id)
+        assert row is not None
+        session.expunge(row)
+        return row
+
+
+def test_backoff_doubles_per_attempt_up_to_its_cap() -> None:
+    policy = StopPolicy(backoff_s=60, backoff_max_s=300)
+    assert [stop_backoff_s(k, policy) for k in (1, 2, 3, 4, 5)] == [60, 120, 240, 300, 300]
+
+
+def test_the_lease_covers_calls_queued_behind_others() -> None:
+    # Concurrency 2 and a 10 s timeout (each call bounded by 25 s): claims 0-1 in the first round, 2-3 next.
+    assert [stop_lease_s(10, i, 2) for i in (0, 1, 2, 3)] == [55, 55, 80, 80]
+
+
+def test_a_stop_whose_sweep_died_counts_as_a_failed_attempt_after_its_lease(db: Db) -> None:
+    factory, _, node_id, _ = db
+    with unit_of_work(factory) as session:  # as a sweep leaves it when it dies during the provider call
+        row = session.get(NodeRow, node_id)
+        assert row is not None
+        row.status, row.stop_attempts = "stopping", 1
+        row.stop_lease_owner, row.stop_lease_expires_at = "elsewhere:1:1", T0 + timedelta(minutes=1)
+    driver = Refusing()
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(seconds=30), driver=driver)  # lease still held
+    assert node(factory, node_id).status == "stopping" and driver.calls == 0
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=2), driver=driver)
+    row = node(factory, node_id)
+    assert row.status == "active" and row.stop_lease_owner is None
+    assert row.next_stop_at == T0 + timedelta(minutes=2, seconds=10)
+    assert "its lease expired" in (row.last_stop_answer or "")
+
+
+def test_a_node_busy_again_starts_a_fresh_streak(db: Db) -> None:
+    factory, principal, node_id, token = db
+    driver = Refusing()
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20), driver=driver)
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20, seconds=11), driver=driver)
+    assert node(factory, node_id).stop_attempts == 2
+    beat(factory, principal, node_id, token, T0 + timedelta(minutes=21), job_running=True)
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=21, seconds=30), driver=driver)
+    row = node(factory, node_id)
+    assert row.stop_attempts == 0 and row.next_stop_at is None and row.status == "active"
+    # Idle again past the threshold: attempt 1 of a new streak, not the third (and last) of the old one.
+    beat(factory, principal, node_id, token, T0 + timedelta(minutes=22))
+    run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=40), driver=driver)
+    row = node(factory, node_id)
+    assert row.stop_attempts == 1 and row.status == "active" and driver.calls == 3
+    with unit_of_work(factory) as session:
+        audits = session.scalars(select(AuditEvent.action).where(AuditEvent.target == f"node:{node_id}")).all()
+    assert audits == ["node.stop"] * 3
+
+
+def test_the_default_none_driver_records_the_decision_and_counts_no_attempt(db: Db) -> None:
+    factory, _, node_id, _ = db
+    for minutes in (20, 21, 60, 120):
+        run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=minutes), driver=NoDriver())
+    row = node(factory, node_id)
+    assert row.status == "active" and row.stop_attempts == 0
+    with unit_of_work(factory) as session:
+        kinds = session.scalars(select(NodeEventRow.kind).where(NodeEventRow.node_id == node_id)).all()
+        audits = session.scalars(select(AuditEvent.action)).all()
+    assert kinds.count("stop_failed") == 1 and audits == []  # one event for the unchanged decision, no audit
