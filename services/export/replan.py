@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.estimator.plan import Plan, Sharding
+from services.estimator.recipe import resolve_recipe
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.export import export_setup
 from services.export.models import ExportBundle, Format
-from services.export.target import FORMAT_FRAMEWORK, apply_setup, check_format, rebuild
+from services.export.target import FORMAT_FRAMEWORK, accumulation_for, apply_setup, check_format, rebuild
+from services.planner.batching import effective_batch_size
 from services.planner.models import Recommendation
 
 _ZERO = ("zero1", "zero2", "zero3")
@@ -68,6 +70,15 @@ def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
     if sharding is not None:
         fields["sharding"] = sharding
         changes.append(f"re-planned for {known}: sharding {plan.sharding} -> {sharding} (what {known} runs)")
+    if plan.gradient_accumulation_steps is None and resolve_recipe(plan.model_copy(update=fields)).grads_persist:
+        # Null is the framework's default, which accumulates (the estimate keeps the gradients through the
+        # step); the files need a number, so the plan takes the one that keeps its effective batch.
+        steps = accumulation_for(plan)
+        fields["gradient_accumulation_steps"] = steps
+        changes.append(
+            f"gradient_accumulation_steps null -> {steps}: the {known} files need a number; {steps} keeps the "
+            f"effective batch of {effective_batch_size(plan)} on {plan.gpus} GPU(s)"
+        )
     if not fields:
         return plan, []
     return rebuild(plan, fields, field="framework"), changes

@@ -51,6 +51,7 @@ from services.export.render import (
     validated,
     yaml_text,
 )
+from services.export.resume import CHECKPOINT_COMMENT, checkpoint_dir_line
 from services.export.target import Target, require_accumulation
 from services.export.zero import ds_config, read_zero, zero_assumptions
 
@@ -66,7 +67,7 @@ def _trainer_files(target: Target, command: str, sharding_args: Mapping[str, Any
     files = {
         SCRIPT_FILE: train_script(header, sections, target.data),
         ARGS_FILE: json_text(header, sections),
-        LAUNCH_FILE: launch_text(header, command, prelude),
+        LAUNCH_FILE: launch_text(header, command, [*prelude, CHECKPOINT_COMMENT], [checkpoint_dir_line()]),
     }
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))
