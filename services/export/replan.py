@@ -54,8 +54,12 @@ def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
     return None
 
 
-def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
-    """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences."""
+def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> tuple[Plan, list[str]]:
+    """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences.
+
+    ``effective_batch`` (default: the plan's) is the batch a derived accumulation keeps, for a caller that
+    moved the plan to another GPU count.
+    """
     known = check_format(fmt)
     changes: list[str] = []
     fields: dict[str, object] = {}
@@ -73,11 +77,14 @@ def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
     if plan.gradient_accumulation_steps is None and resolve_recipe(plan.model_copy(update=fields)).grads_persist:
         # Null is the framework's default, which accumulates (the estimate keeps the gradients through the
         # step); the files need a number, so the plan takes the one that keeps its effective batch.
-        steps = accumulation_for(plan)
+        steps = accumulation_for(plan, effective_batch)
         fields["gradient_accumulation_steps"] = steps
+        kept = steps * plan.micro_batch_size * plan.gpus
+        wanted = effective_batch if effective_batch is not None else effective_batch_size(plan)
         changes.append(
-            f"gradient_accumulation_steps null -> {steps}: the {known} files need a number; {steps} keeps the "
-            f"effective batch of {effective_batch_size(plan)} on {plan.gpus} GPU(s)"
+            f"gradient_accumulation_steps null -> {steps}: the {known} files need a number; micro-batch "
+            f"{plan.micro_batch_size} x {steps} x {plan.gpus} GPU(s) = {kept} samples per step"
+            + ("" if kept == wanted else f" (the smallest above the plan's {wanted} these GPUs reach)")
         )
     if not fields:
         return plan, []

@@ -93,7 +93,8 @@ def torchtune_resume(folder, full):
             weights = sorted(p.name for p in files if re.fullmatch(r"model-\\d+-of-\\d+\\.(safetensors|bin)", p.name))
             if weights:
                 listed = ",".join(path.name + "/" + name for name in weights)
-                return resume + ["checkpointer.checkpoint_files=[" + listed + "]"]
+                # ~ drops the config's list or filename_format form first (torchtune merges neither into the other).
+                return resume + ["~checkpointer.checkpoint_files", "checkpointer.checkpoint_files=[" + listed + "]"]
         elif (path / "adapter_model.pt").is_file():
             return resume + ["checkpointer.adapter_checkpoint=" + path.name + "/adapter_model.pt"]
     return []

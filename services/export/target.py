@@ -267,14 +267,15 @@ def require_default(target: Target, field: str, why: str) -> None:
         )
 
 
-def accumulation_for(plan: Plan) -> int:
-    """Micro-batches per optimizer step that keep the plan's effective batch on its GPUs.
+def accumulation_for(plan: Plan, effective_batch: int | None = None) -> int:
+    """Micro-batches per optimizer step that keep an effective batch (default: the plan's) on the plan's GPUs.
 
     The effective batch over micro-batch x GPUs, rounded up as the planner rounds (services/planner/
     batching.py: an uneven split takes the smallest larger batch); a plan without accumulation counts one
-    there (``effective_batch_size``).
+    there (``effective_batch_size``). ``effective_batch`` is for a caller that changed the GPU count.
     """
-    per_gpu = samples_per_gpu(effective_batch_size(plan), plan.gpus)
+    effective = effective_batch if effective_batch is not None else effective_batch_size(plan)
+    per_gpu = samples_per_gpu(effective, plan.gpus)
     return max(1, -(-per_gpu // plan.micro_batch_size))
 
 
