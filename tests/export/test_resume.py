@@ -243,9 +243,10 @@ def test_launch_sh_names_the_checkpoint_folder_and_keeps_a_given_one(fmt: str, t
     setup = [line for line in launch.splitlines() if line.startswith(("export ", "mapfile "))]
     # The setup lines as bash runs them: the default, a value the caller set, and resume.py's arguments.
     script = "\n".join([*setup, 'printf "%s|" "$GPUPLAN_CHECKPOINT_DIR" ${RESUME[@]+"${RESUME[@]}"}'])
-    run = lambda env: subprocess.run(  # noqa: E731
-        ["bash", "-c", script], cwd=files, env=env, capture_output=True, text=True, timeout=60
-    )
+
+    def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", script], cwd=files, env=env, capture_output=True, text=True, timeout=60)
+
     base = {k: v for k, v in os.environ.items() if k != "GPUPLAN_CHECKPOINT_DIR"}
     default = run(base)
     assert default.returncode == 0, default.stderr
