@@ -62,10 +62,11 @@ def json_text(header: list[str], data: Mapping[str, Any]) -> str:
 
 def launch_text(header: list[str], command: str, prelude: list[str] | None = None, setup: Sequence[str] = ()) -> str:
     """A bash script that starts training (``prelude`` lines are comments printed before the command;
-    ``setup`` lines, ``export`` or ``mapfile`` only, run between the version check and the command)."""
+    ``setup`` lines, ``export`` or ``mapfile`` only, run before the version check and the command)."""
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header)]
     lines += [f"# {line}" for line in prelude or []]
-    lines += ["set -euo pipefail", CHECK_COMMAND, *setup, command]
+    # The version check right before the command: the setup lines only name a folder and run resume.py (stdlib).
+    lines += ["set -euo pipefail", *setup, CHECK_COMMAND, command]
     return "\n".join(lines) + "\n"
 
 
