@@ -5,8 +5,8 @@ names, no optimizer in backward, no sgd, int8 not sharded, ZeRO-Offload with ada
 
 - axolotl loads the model in the training dtype (``bf16: true`` loads bf16 weights), so the precisions are
   bf16, fp16 (adapters, or full under ZeRO) and fp32; bf16-mixed and fp16-mixed are refused.
-- gradient accumulation: the estimate's axolotl default accumulates, so a plan without
-  ``gradient_accumulation_steps`` is refused (there is no number to write).
+- gradient accumulation: a plan without ``gradient_accumulation_steps`` gets the steps that keep its
+  effective batch on its GPUs (services/export/target.py ``accumulation_for``).
 - NF4 without double quantization (``bnb_config_kwargs``), like the estimate's bitsandbytes NF4; sample
   packing to ``sequence_len`` (every micro-batch is micro_batch_size x sequence_len tokens).
 - sharding: FSDP2 (``fsdp_version: 2``) with ``offload_params`` for cpu_offload, or ``deepspeed:
@@ -48,6 +48,13 @@ from services.export.render import (
     load_yaml,
     validated,
     yaml_text,
+)
+from services.export.resume import (
+    CHECKPOINT_COMMENT,
+    CHECKPOINT_ENV,
+    DEFAULT_CHECKPOINT_DIR,
+    checkpoint_dir_line,
+    resume_line,
 )
 from services.export.target import Target, require_accumulation
 from services.export.zero import ds_config, read_zero, zero_assumptions
@@ -140,7 +147,10 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
         config["save_steps"] = target.save_steps
     config.update(_sharding(target))
     config["datasets"] = [axolotl_dataset(target.data)]
-    config["output_dir"] = "./outputs"
+    # launch.sh passes the run's folder ($GPUPLAN_CHECKPOINT_DIR) and the checkpoint to resume from
+    # (resume.py: the newest complete one); run by hand, axolotl resumes from its newest checkpoint-N.
+    config["output_dir"] = f"./{DEFAULT_CHECKPOINT_DIR}"
+    config["auto_resume_from_checkpoints"] = True
     return config
 
 
@@ -200,9 +210,12 @@ def export_axolotl(target: Target) -> Built:
         *zero_assumptions(target),
     ]
     header = header_lines(target, command, assumed)
+    resumed = f'{command} --output_dir="${CHECKPOINT_ENV}" "${{RESUME[@]}}"'
     files = {
         CONFIG_FILE: yaml_text(header, axolotl_config(target, accumulation)),
-        LAUNCH_FILE: launch_text(header, command),
+        LAUNCH_FILE: launch_text(
+            header, resumed, [CHECKPOINT_COMMENT], [checkpoint_dir_line(), resume_line("axolotl")]
+        ),
     }
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))

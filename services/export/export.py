@@ -19,6 +19,7 @@ from services.estimator.plan import Plan
 from services.export.axolotl import export_axolotl, read_axolotl
 from services.export.dataset import DataFormat
 from services.export.models import Built, ExportBundle, Format
+from services.export.resume import RESUME_FILE, resume_script
 from services.export.target import Target, check_format, rebuild, resolve_target
 from services.export.torchtune import export_torchtune, read_torchtune
 from services.export.trainer_formats import (
@@ -81,7 +82,12 @@ def export_setup(
         replan_notes=tuple(replan_notes),
     )
     built = _EXPORTERS[target.fmt](target)
-    files = {**built.files, REQUIREMENTS_FILE: requirements_text(target), CHECK_FILE: check_script(target)}
+    files = {
+        **built.files,
+        REQUIREMENTS_FILE: requirements_text(target),
+        CHECK_FILE: check_script(target),
+        RESUME_FILE: resume_script(),
+    }
     notes = [*replan_notes, target.data.describe(), *built.notes]
     return ExportBundle(format=target.fmt, files=files, command=built.command, notes=notes)
 

@@ -37,10 +37,12 @@ from services.export.errors import ExportError
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
 from services.export.policy import WARMUP_RATIO, policy
 from services.export.render import load_json, validated
+from services.export.resume import DEFAULT_CHECKPOINT_DIR, RESUME_FILE
 from services.export.target import Target, require_default
 
 ARGS_FILE = "hf_args.json"
 SCRIPT_FILE = "train.py"
+VALIDATION_FILE = "validation.jsonl"
 DS_FILE = "ds_config.json"
 ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 
@@ -198,7 +200,8 @@ def training_args(target: Target, accumulation: int, sharding_args: Mapping[str,
     _, bf16, fp16 = precision_flags(plan.precision)
     rules = policy(plan, accumulation)
     args: dict[str, Any] = {
-        "output_dir": "outputs",
+        # The default checkpoint folder; train.py takes $GPUPLAN_CHECKPOINT_DIR first (services/export/resume.py).
+        "output_dir": DEFAULT_CHECKPOINT_DIR,
         "per_device_train_batch_size": plan.micro_batch_size,
         # Evaluation at the training micro-batch keeps it inside the memory the setup was sized for.
         "per_device_eval_batch_size": plan.micro_batch_size,
@@ -278,13 +281,16 @@ def hf_sections(target: Target, accumulation: int, sharding_args: Mapping[str, A
 def trainer_notes(target: Target) -> list[str]:
     plan = target.plan
     notes = [
-        "train.py reads DATA_FILES (train.jsonl) and packs the rows into blocks of max_length tokens, the "
+        "train.py reads train.jsonl and packs the rows into blocks of max_length tokens, the "
         "micro-batch shape the estimate assumed",
+        "train.py saves to $GPUPLAN_CHECKPOINT_DIR (default outputs) and resumes from the newest complete "
+        "checkpoint-N there (one with trainer_state.json)",
     ]
     if target.save_steps is not None and target.checkpoint_interval_s is not None:
         notes.append(
             f"checkpoints and evaluation every {target.save_steps} optimizer steps "
-            f"(~{target.checkpoint_interval_s / 60:.0f} min); evaluation reads the 'validation' file"
+            f"(~{target.checkpoint_interval_s / 60:.0f} min); evaluation reads {VALIDATION_FILE} when it exists "
+            "(without it evaluation is off)"
         )
     notes += lora_notes(plan)
     if plan.sharding == "fsdp" and plan.optimizer in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit"):
@@ -362,23 +368,32 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
     lora = sections["lora_config"]
     args = sections["training_args"]
     seq = sections["data"]["max_length"]
-    data_files = {"train": "train.jsonl"}
-    if "eval_steps" in args:
-        data_files["validation"] = "validation.jsonl"
-    imports = ["AutoModelForCausalLM", "AutoTokenizer", "Trainer", "TrainingArguments", "default_data_collator"]
+    evaluates = args.get("eval_strategy", "no") != "no"
+    imports = [
+        "AutoModelForCausalLM",
+        "AutoTokenizer",
+        "HfArgumentParser",
+        "Trainer",
+        "TrainingArguments",
+        "default_data_collator",
+    ]
     if quant is not None:
         imports.insert(2, "BitsAndBytesConfig")
     out = "".join(f"# {line}\n" for line in header)
     name = model["pretrained_model_name_or_path"]
     out += f'"""Fine-tune {name} with the Hugging Face Trainer (the values of {ARGS_FILE})."""\n\n'
     out += "from check_versions import check_versions\n\ncheck_versions()  # before the libraries load\n\n"
-    out += "from itertools import chain  # noqa: E402\n\nfrom datasets import load_dataset  # noqa: E402\n"
+    out += "import os  # noqa: E402\nimport sys  # noqa: E402\nfrom itertools import chain  # noqa: E402\n\n"
+    out += "from datasets import load_dataset  # noqa: E402\n"
     if lora is not None:
         out += "from peft import LoraConfig, get_peft_model  # noqa: E402\n"
-    out += f"from transformers import {', '.join(imports)}  # noqa: E402\n\n"
+    out += f"from transformers import {', '.join(imports)}  # noqa: E402\n"
+    out += f"from {RESUME_FILE.removesuffix('.py')} import checkpoint_dir, last_hf_checkpoint  # noqa: E402\n\n"
     out += f"MAX_SEQ_LENGTH = {seq!r}\n"
     out += f"# {data.describe()}.\n"
-    out += f"DATA_FILES = {data_files!r}\n"
+    out += 'TRAIN_FILE = "train.jsonl"\n'
+    out += f"# Optional: {VALIDATION_FILE} beside it is evaluated every eval_steps; without it evaluation is off.\n"
+    out += f"VALIDATION_FILE = {VALIDATION_FILE!r}\n"
     out += f"ADD_SPECIAL_TOKENS = {not data.chat!r}  # a chat template writes its own begin-of-text token\n\n\n"
     out += _segments_code(data) + "\n\n"
     out += (
@@ -406,7 +421,29 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
         "def main():\n"
     )
     # TrainingArguments first: under ZeRO-3 it makes from_pretrained load the weights already partitioned.
-    out += f"    args = TrainingArguments(\n{_kwargs(args, '        ')}    )\n"
+    # The values of hf_args.json are the defaults; TrainingArguments flags on the command line override them
+    # (python train.py --max_steps 10). output_dir is the run's checkpoint folder (resume.py).
+    values = {key: value for key, value in args.items() if key != "output_dir"}
+    out += (
+        "    parser = HfArgumentParser(TrainingArguments)\n"
+        "    parser.set_defaults(\n"
+        "        output_dir=checkpoint_dir(),\n"
+        f"{_kwargs(values, '        ')}    )\n"
+        '    data_files = {"train": TRAIN_FILE}\n'
+        "    if os.path.exists(VALIDATION_FILE):\n"
+        '        data_files["validation"] = VALIDATION_FILE\n'
+    )
+    if evaluates:
+        # The Trainer refuses eval steps without eval data.
+        out += "    else:\n        parser.set_defaults(eval_strategy='no')\n"
+    out += (
+        "    (args,) = parser.parse_args_into_dataclasses()\n"
+        "    # The newest checkpoint-N with trainer_state.json (written last): a save cut short is skipped.\n"
+        "    resume = last_hf_checkpoint(args.output_dir)\n"
+        '    if int(os.environ.get("RANK", "0")) == 0:\n'
+        "        where = f'resuming from {resume}' if resume else 'no complete checkpoint: training from the start'\n"
+        "        print(f'train.py: checkpoints in {args.output_dir}; {where}', file=sys.stderr, flush=True)\n"
+    )
     model_kwargs = dict(model)
     if quant is not None:
         out += f"    quantization_config = BitsAndBytesConfig(\n{_kwargs(quant, '        ')}    )\n"
@@ -418,7 +455,7 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
         out += f"    model = get_peft_model(model, LoraConfig(\n{_kwargs(lora, '        ')}    ))\n"
     out += (
         f"    tokenizer = AutoTokenizer.from_pretrained({name!r})\n"
-        '    raw = load_dataset("json", data_files=DATA_FILES)\n'
+        '    raw = load_dataset("json", data_files=data_files)\n'
         '    columns = raw["train"].column_names\n'
         "    tokenized = raw.map(lambda row: encode(row, tokenizer), remove_columns=columns)\n"
         '    data = tokenized.map(pack, batched=True, remove_columns=tokenized["train"].column_names)\n'
@@ -429,7 +466,7 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
         '        eval_dataset=data.get("validation"),\n'
         "        data_collator=default_data_collator,\n"
         "    )\n"
-        "    trainer.train()\n\n\n"
+        "    trainer.train(resume_from_checkpoint=resume)\n\n\n"
         'if __name__ == "__main__":\n'
         "    main()\n"
     )

@@ -22,6 +22,8 @@ MASTER_PORT = 29500  # rendezvous port of multi-node launches
 # launch.sh checks the installed versions before it starts training (services/export/versions.py).
 CHECK_COMMAND = "python check_versions.py"
 M = TypeVar("M", bound=BaseModel)
+# launch.sh lines before the command: the checkpoint folder and resume.py's arguments (services/export/resume.py).
+_SETUP_PREFIXES = ("export ", "mapfile ")
 
 
 def header_lines(target: Target, command: str, assumed: Sequence[str] = ()) -> list[str]:
@@ -58,11 +60,13 @@ def json_text(header: list[str], data: Mapping[str, Any]) -> str:
     return json.dumps({"_comment": header, **data}, indent=2) + "\n"
 
 
-def launch_text(header: list[str], command: str, prelude: list[str] | None = None) -> str:
-    """A bash script that starts training (``prelude`` lines are comments printed before the command)."""
+def launch_text(header: list[str], command: str, prelude: list[str] | None = None, setup: Sequence[str] = ()) -> str:
+    """A bash script that starts training (``prelude`` lines are comments printed before the command;
+    ``setup`` lines, ``export`` or ``mapfile`` only, run before the version check and the command)."""
     lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header)]
     lines += [f"# {line}" for line in prelude or []]
-    lines += ["set -euo pipefail", CHECK_COMMAND, command]
+    # The version check right before the command: the setup lines only name a folder and run resume.py (stdlib).
+    lines += ["set -euo pipefail", *setup, CHECK_COMMAND, command]
     return "\n".join(lines) + "\n"
 
 
@@ -110,7 +114,9 @@ def launch_argv(files: Mapping[str, str]) -> list[str]:
     commands = [
         line.strip()
         for line in text.splitlines()
-        if line.strip() and not line.lstrip().startswith(("#", "set ")) and line.strip() != CHECK_COMMAND
+        if line.strip()
+        and not line.lstrip().startswith(("#", "set ", *_SETUP_PREFIXES))
+        and line.strip() != CHECK_COMMAND
     ]
     if len(commands) != 1:
         raise ExportError(LAUNCH_FILE, f"expected one command, found {len(commands)}")

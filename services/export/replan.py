@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.estimator.plan import Plan, Sharding
+from services.estimator.recipe import resolve_recipe
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.export import export_setup
 from services.export.models import ExportBundle, Format
-from services.export.target import FORMAT_FRAMEWORK, apply_setup, check_format, rebuild
+from services.export.target import FORMAT_FRAMEWORK, accumulation_for, apply_setup, check_format, rebuild
+from services.planner.batching import effective_batch_size
 from services.planner.models import Recommendation
 
 _ZERO = ("zero1", "zero2", "zero3")
@@ -52,8 +54,12 @@ def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
     return None
 
 
-def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
-    """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences."""
+def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> tuple[Plan, list[str]]:
+    """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences.
+
+    ``effective_batch`` (default: the plan's) is the batch a derived accumulation keeps, for a caller that
+    moved the plan to another GPU count.
+    """
     known = check_format(fmt)
     changes: list[str] = []
     fields: dict[str, object] = {}
@@ -68,6 +74,18 @@ def retarget_plan(plan: Plan, fmt: str) -> tuple[Plan, list[str]]:
     if sharding is not None:
         fields["sharding"] = sharding
         changes.append(f"re-planned for {known}: sharding {plan.sharding} -> {sharding} (what {known} runs)")
+    if plan.gradient_accumulation_steps is None and resolve_recipe(plan.model_copy(update=fields)).grads_persist:
+        # Null is the framework's default, which accumulates (the estimate keeps the gradients through the
+        # step); the files need a number, so the plan takes the one that keeps its effective batch.
+        steps = accumulation_for(plan, effective_batch)
+        fields["gradient_accumulation_steps"] = steps
+        kept = steps * plan.micro_batch_size * plan.gpus
+        wanted = effective_batch if effective_batch is not None else effective_batch_size(plan)
+        changes.append(
+            f"gradient_accumulation_steps null -> {steps}: the {known} files need a number; micro-batch "
+            f"{plan.micro_batch_size} x {steps} x {plan.gpus} GPU(s) = {kept} samples per step"
+            + ("" if kept == wanted else f" (the smallest above the plan's {wanted} these GPUs reach)")
+        )
     if not fields:
         return plan, []
     return rebuild(plan, fields, field="framework"), changes

@@ -31,6 +31,7 @@ from services.estimator.throughput import GPUS_PER_NODE
 from services.export.dataset import DEFAULT_DATA, DataFormat
 from services.export.errors import ExportError
 from services.export.models import FORMATS, Format
+from services.planner.batching import effective_batch_size, samples_per_gpu
 from services.planner.models import Recommendation
 
 FORMAT_FRAMEWORK: dict[Format, Framework] = {
@@ -266,15 +267,19 @@ def require_default(target: Target, field: str, why: str) -> None:
         )
 
 
+def accumulation_for(plan: Plan, effective_batch: int | None = None) -> int:
+    """Micro-batches per optimizer step that keep an effective batch (default: the plan's) on the plan's GPUs.
+
+    The effective batch over micro-batch x GPUs, rounded up as the planner rounds (services/planner/
+    batching.py: an uneven split takes the smallest larger batch); a plan without accumulation counts one
+    there (``effective_batch_size``). ``effective_batch`` is for a caller that changed the GPU count.
+    """
+    effective = effective_batch if effective_batch is not None else effective_batch_size(plan)
+    per_gpu = samples_per_gpu(effective, plan.gpus)
+    return max(1, -(-per_gpu // plan.micro_batch_size))
+
+
 def require_accumulation(target: Target) -> int:
-    """The accumulation steps to write: the plan's, or 1 where 1 is what the framework does by default."""
+    """The accumulation steps to write: the plan's, else the ones that keep its effective batch."""
     steps = target.plan.gradient_accumulation_steps
-    if steps is not None:
-        return steps
-    if resolve_recipe(target.plan).grads_persist:
-        raise ExportError(
-            "gradient_accumulation_steps",
-            f"null means {target.plan.framework}'s default, which accumulates gradients (the estimate keeps them "
-            "through the step); give the number of micro-batches per optimizer step",
-        )
-    return 1
+    return steps if steps is not None else accumulation_for(target.plan)

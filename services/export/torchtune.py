@@ -49,6 +49,14 @@ from services.export.render import (
     validated,
     yaml_text,
 )
+from services.export.resume import (
+    CHECKPOINT_COMMENT,
+    CHECKPOINT_ENV,
+    DEFAULT_CHECKPOINT_DIR,
+    ResumeKind,
+    checkpoint_dir_line,
+    resume_line,
+)
 from services.export.target import Target, require_accumulation, require_default
 
 CONFIG_FILE = "config.yaml"
@@ -256,7 +264,9 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
     ckpt = checkpoint_dir(entry)
     epochs = math.ceil(plan.data.epochs) if plan.data is not None else 1
     config: dict[str, Any] = {
-        "output_dir": f"/tmp/torchtune/{entry.builder}_{recipe_name(target)}",
+        # launch.sh passes the run's folder ($GPUPLAN_CHECKPOINT_DIR) and, when a complete checkpoint is there,
+        # the overrides that resume from it (resume.py); resume_from_checkpoint stays false for a fresh start.
+        "output_dir": DEFAULT_CHECKPOINT_DIR,
         "model": _model(target, entry),
         "tokenizer": {
             "_component_": entry.tokenizer,
@@ -356,9 +366,13 @@ def export_torchtune(target: Target) -> Built:
     prelude = [f"Download first: {download}"]
     if target.nodes > 1:
         prelude.append(f"Run on each of the {target.nodes} nodes with MASTER_ADDR set to node 0's address.")
+    kind: ResumeKind = "torchtune-full" if target.plan.method == "full" else "torchtune-lora"
+    resumed = f'{command} output_dir="${CHECKPOINT_ENV}" "${{RESUME[@]}}"'
     files = {
         CONFIG_FILE: yaml_text(header, tune_config(target, entry, accumulation)),
-        LAUNCH_FILE: launch_text(header, command, prelude),
+        LAUNCH_FILE: launch_text(
+            header, resumed, [*prelude, CHECKPOINT_COMMENT], [checkpoint_dir_line(), resume_line(kind)]
+        ),
     }
     return Built(files, command, notes)
 

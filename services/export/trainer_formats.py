@@ -51,10 +51,15 @@ from services.export.render import (
     validated,
     yaml_text,
 )
+from services.export.resume import CHECKPOINT_COMMENT, checkpoint_dir_line
 from services.export.target import Target, require_accumulation
 from services.export.zero import ds_config, read_zero, zero_assumptions
 
 ACCELERATE_FILE = "accelerate.yaml"
+TRAIN_FLAGS_COMMENT = (
+    "Arguments go to train.py as TrainingArguments flags over hf_args.json's values, e.g. --save_steps N "
+    "(the run's interval_steps) or --max_steps N."
+)
 
 
 def _trainer_files(target: Target, command: str, sharding_args: Mapping[str, Any], prelude: list[str]) -> Built:
@@ -66,7 +71,10 @@ def _trainer_files(target: Target, command: str, sharding_args: Mapping[str, Any
     files = {
         SCRIPT_FILE: train_script(header, sections, target.data),
         ARGS_FILE: json_text(header, sections),
-        LAUNCH_FILE: launch_text(header, command, prelude),
+        # Arguments of launch.sh reach train.py: TrainingArguments flags (bash launch.sh --save_steps 120).
+        LAUNCH_FILE: launch_text(
+            header, f'{command} "$@"', [*prelude, CHECKPOINT_COMMENT, TRAIN_FLAGS_COMMENT], [checkpoint_dir_line()]
+        ),
     }
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))

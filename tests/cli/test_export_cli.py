@@ -92,7 +92,9 @@ def test_the_version_check_runs_first(tmp_path: Path) -> None:
     assert gpuplan("export", "--plan", str(EXAMPLE), "--format", "axolotl", "--out", str(out)).returncode == 0
     launch = (out / "launch.sh").read_text().splitlines()
     assert launch[-2] == "python check_versions.py"
-    assert re.fullmatch(r"accelerate launch --num_processes \d+ -m axolotl.cli.train axolotl.yaml", launch[-1])
+    # The run's checkpoint folder and resume.py's choice follow the command (services/export/resume.py).
+    resume = r' --output_dir="\$GPUPLAN_CHECKPOINT_DIR" "\$\{RESUME\[@\]\}"'
+    assert re.fullmatch(r"accelerate launch --num_processes \d+ -m axolotl.cli.train axolotl.yaml" + resume, launch[-1])
 
 
 @pytest.mark.parametrize(

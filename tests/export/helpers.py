@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from services.estimator.estimate import resolve_architecture
@@ -69,3 +70,11 @@ def settings(plan: Plan) -> dict[str, Any]:
         "lora_dropout": recipe.lora_dropout,
         "lora_targets": set(recipe.lora_targets),
     }
+
+
+def write_files(files: dict[str, str], where: Path) -> Path:
+    """The exported files written into ``where`` (made if missing), as `gpuplan export --out` writes them."""
+    where.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (where / name).write_text(text, encoding="utf-8")
+    return where

@@ -27,16 +27,18 @@ def bundle_for(fmt: str, method: str = "qlora", **kwargs: Any) -> Any:
 def test_every_file_states_the_peak_the_headroom_and_the_command(fmt: str) -> None:
     bundle = bundle_for(fmt, peak_gib_per_gpu=41.5, gpu_memory_gib=80.0, gpu="H100 SXM")
     assert bundle.format == fmt
-    assert {"requirements.txt", "check_versions.py"} <= set(bundle.files)
+    assert {"requirements.txt", "check_versions.py", "resume.py"} <= set(bundle.files)
     for name, text in bundle.files.items():
-        if name in ("requirements.txt", "check_versions.py"):
-            continue  # the package pins and the version check, not a setting of the run
+        if name in ("requirements.txt", "check_versions.py", "resume.py"):
+            continue  # the package pins, the version check and the resume helper: not settings of the run
         header = "\n".join(json.loads(text)["_comment"]) if name.endswith(".json") else text
         assert "41.50 GiB per GPU of 80.00 GiB" in header, name
         assert "38.50 GiB headroom" in header, name
         assert f"Start training: {bundle.command}" in header, name
         assert "H100 SXM" in header, name
-    assert bundle.files["launch.sh"].rstrip().endswith(bundle.command)
+    # The command, then (torchtune, axolotl) the run's checkpoint folder and resume.py's arguments.
+    last = bundle.files["launch.sh"].rstrip().splitlines()[-1]
+    assert last.startswith(bundle.command), last
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -77,7 +79,15 @@ def test_the_script_compiles_and_its_arguments_match_the_json(fmt: str, method: 
     compile(script, "train.py", "exec")
     args = json.loads(bundle.files["hf_args.json"])
     calls = _calls(tree)
-    assert calls["TrainingArguments"] == args["training_args"]
+    # hf_args.json's values are the parser's defaults; output_dir is the run's checkpoint folder.
+    defaults = next(
+        _calls(ast.Module(body=[ast.Expr(node)], type_ignores=[]))["parser.set_defaults"]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "parser.set_defaults" and len(node.keywords) > 1
+    )
+    assert defaults.pop("output_dir") == "checkpoint_dir()"
+    assert defaults == {k: v for k, v in args["training_args"].items() if k != "output_dir"}
+    assert args["training_args"]["output_dir"] == "outputs"  # resume.py's default folder
     model = dict(calls["AutoModelForCausalLM.from_pretrained"])
     if args["quantization_config"] is not None:
         assert model.pop("quantization_config") == "quantization_config"

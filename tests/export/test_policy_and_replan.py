@@ -14,6 +14,7 @@ from services.export.dataset import data_format, data_format_of_report
 from services.export.policy import policy
 from services.export.replan import fit_setup, retarget_plan, setup_for_format
 from services.planner import plan_setups
+from services.planner.batching import batch_split
 from services.planner.models import Recommendation
 from tests.export.helpers import export, llama_plan
 
@@ -173,3 +174,19 @@ def test_data_formats_name_their_field() -> None:
     with pytest.raises(ExportError) as err:
         data_format_of_report({"detected_format": None}, "d.jsonl")
     assert err.value.field == "dataset_id" and "give data_format" in err.value.message
+
+
+def test_axolotl_without_accumulation_keeps_the_effective_batch_as_the_planner_rounds_it() -> None:
+    plan = llama_plan("hf-trainer", "lora", gpus=4, sharding="fsdp", gradient_accumulation_steps=None)
+    target, notes = retarget_plan(plan, "axolotl")
+    assert target.gradient_accumulation_steps == 1  # null counts one: 4 x 1 x 4 GPUs, the plan's 16
+    assert any("gradient_accumulation_steps null -> 1" in note for note in notes)
+    # A caller that moved the plan to 4 GPUs keeps the batch it had: 32 -> 2 steps; 30 -> the planner's
+    # smallest larger batch on 4 GPUs (8 per GPU, 32 in all), which micro-batch 4 reaches in 2 steps.
+    for effective, steps in ((32, 2), (30, 2), (4, 1), (64, 4)):
+        moved, notes = retarget_plan(plan, "axolotl", effective_batch=effective)
+        assert moved.gradient_accumulation_steps == steps, effective
+        assert batch_split(effective, 4).samples_per_gpu <= steps * plan.micro_batch_size
+    assert any("the smallest above the plan's 30" in n for n in retarget_plan(plan, "axolotl", effective_batch=30)[1])
+    # The hf-trainer default does not accumulate: nothing to derive, null stays.
+    assert retarget_plan(plan, "hf-trainer")[0].gradient_accumulation_steps is None

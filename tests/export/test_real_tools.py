@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -288,3 +289,143 @@ def test_axolotl_validates_every_config() -> None:
         assert outcome["ok"], (method, kind, outcome.get("error"))
         if method != "full":
             assert outcome["kernels"] == [False, False, False], (method, kind)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resuming: the arguments launch.sh hands the tools, read by the tools
+
+
+def _launched_argv(files: Path, launcher: str, checkpoints: Path) -> list[str]:
+    """The argv launch.sh gives ``launcher`` (a shell function that prints it), with resume.py run for real."""
+    launch = (files / "launch.sh").read_text().splitlines()
+    setup = [line for line in launch if line.startswith(("export ", "mapfile "))]
+    script = "\n".join([f"{launcher}() {{ printf '%s\\n' \"$@\"; }}", *setup, launch[-1]])
+    env = {
+        **os.environ,
+        "GPUPLAN_CHECKPOINT_DIR": str(checkpoints),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    result = subprocess.run(["bash", "-c", script], cwd=files, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def _touch(path: Path, seconds_ago: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    then = time.time() - seconds_ago
+    os.utime(path, (then, then))
+
+
+_TUNE_RESUME = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from torchtune import config
+    from torchtune.config._parse import TuneRecipeArgumentParser
+    from torchtune.config._utils import _merge_yaml_and_cli_args
+    from torchtune.training.checkpointing._utils import (
+        get_adapter_checkpoint_path, get_model_checkpoint_path, get_recipe_checkpoint_path)
+    out = []
+    for case in json.load(sys.stdin):
+        # What `tune run <recipe> --config config.yaml k=v ...` builds before the recipe starts.
+        yaml_args, cli_args = TuneRecipeArgumentParser().parse_known_args(case["argv"])
+        cfg = _merge_yaml_and_cli_args(yaml_args, cli_args)
+        config.validate(cfg)
+        ck = cfg.checkpointer
+        resume = bool(cfg.resume_from_checkpoint)
+        found = {"resume": resume, "output_dir": str(ck.output_dir)}
+        if resume:  # the files the checkpointer loads when the recipe sets should_load_recipe_state
+            where = Path(ck.output_dir)
+            found["recipe"] = str(get_recipe_checkpoint_path(where, ck.recipe_checkpoint, True))
+            adapter = get_adapter_checkpoint_path(where, ck.get("adapter_checkpoint"), True)
+            found["adapter"] = str(adapter) if adapter else None
+            if adapter is None:
+                found["weights"] = [str(p) for p in get_model_checkpoint_path(
+                    list(ck.checkpoint_files), ck.checkpoint_dir, where, True, False)]
+        out.append(found)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_torchtune_resumes_from_the_restored_folder_and_starts_fresh_without_one(tmp_path: Path) -> None:
+    if importlib.util.find_spec("torchtune") is None:
+        pytest.skip("torchtune is not installed (the exportcheck extra)")
+    torchao = _unpacked("torchao")
+    cases, expected = [], []
+    for method in ("lora", "full"):
+        files = _write(export(llama_plan("torchtune", method), "torchtune"), tmp_path / method)
+        fresh, cut, done = (tmp_path / f"{method}-{name}" for name in ("fresh", "cut", "done"))
+        # cut: epoch_1 was written after the recipe state, so its save did not finish; epoch_0 is complete.
+        for root in (cut, done):
+            names = (
+                ["adapter_model.pt"] if method == "lora" else [f"model-0000{i}-of-00004.safetensors" for i in (1, 2)]
+            )
+            for name in names:
+                _touch(root / "epoch_0" / name, 300)
+            _touch(root / "recipe_state" / "recipe_state.pt", 200)
+        for name in ["adapter_model.pt"] if method == "lora" else ["model-00001-of-00004.safetensors"]:
+            _touch(cut / "epoch_1" / name, 100)
+        for root in (fresh, cut, done):
+            argv = _launched_argv(files, "tune", root)
+            assert argv[:2] == ["run", f"{method}_finetune_single_device"]
+            cases.append({"argv": [a.replace("config.yaml", str(files / "config.yaml")) for a in argv[2:]]})
+            expected.append((method, root))
+    found = _in_subprocess(_TUNE_RESUME, cases, torchao)
+    for (method, root), outcome in zip(expected, found, strict=True):
+        assert outcome["output_dir"] == str(root)
+        if root.name.endswith("fresh"):
+            assert outcome["resume"] is False
+            continue
+        assert outcome["resume"] is True
+        assert outcome["recipe"] == str(root / "recipe_state" / "recipe_state.pt")
+        if method == "lora":
+            assert outcome["adapter"] == str(root / "epoch_0" / "adapter_model.pt")
+        else:
+            assert outcome["weights"] == [str(root / "epoch_0" / f"model-0000{i}-of-00004.safetensors") for i in (1, 2)]
+
+
+_AXOLOTL_RESUME = textwrap.dedent(
+    """
+    import json, sys
+    from axolotl.utils.schemas.config import AxolotlConfigWCapabilities
+    out = []
+    for case in json.load(sys.stdin):
+        # axolotl.cli.train applies `--key=value` flags over the YAML (axolotl/cli/config.py load_cfg).
+        overrides = dict(arg[2:].split("=", 1) for arg in case["args"])
+        cfg = AxolotlConfigWCapabilities(
+            **{**case["config"], **overrides},
+            capabilities={"bf16": True, "fp8": False, "n_gpu": case["gpus"], "n_node": 1,
+                          "compute_capability": "sm_90"},
+            env_capabilities={"torch_version": "2.13.0"},
+        ).model_dump()
+        out.append({k: cfg.get(k) for k in ("output_dir", "resume_from_checkpoint", "auto_resume_from_checkpoints",
+                                            "gradient_accumulation_steps")})
+    print(json.dumps(out))
+    """
+)
+
+
+def test_axolotl_resumes_from_the_newest_complete_checkpoint_only(tmp_path: Path) -> None:
+    axolotl = _unpacked("axolotl")
+    # 4 GPUs without gradient_accumulation_steps: exported (the steps that keep the effective batch), not refused.
+    plan = llama_plan("axolotl", "lora", gpus=4, sharding="fsdp", gradient_accumulation_steps=None)
+    bundle = export(plan, "axolotl")
+    files = _write(bundle, tmp_path / "files")
+    config = yaml.safe_load(bundle.files["axolotl.yaml"])
+    assert config["gradient_accumulation_steps"] == 1 and config["auto_resume_from_checkpoints"] is True
+    both, cut_only = tmp_path / "both", tmp_path / "cut"
+    for root in (both, cut_only):
+        _touch(root / "checkpoint-9" / "adapter_model.safetensors", 10)  # a save cut before trainer_state.json
+    _touch(both / "checkpoint-8" / "trainer_state.json", 20)
+    cases = []
+    for root in (both, cut_only):
+        argv = _launched_argv(files, "accelerate", root)
+        assert argv[:5] == ["launch", "--num_processes", "4", "-m", "axolotl.cli.train"]
+        cases.append({"config": config, "gpus": 4, "args": argv[6:]})
+    resumed, fresh = _in_subprocess(_AXOLOTL_RESUME, cases, axolotl)
+    assert resumed["output_dir"] == str(both) and resumed["resume_from_checkpoint"] == str(both / "checkpoint-8")
+    assert resumed["gradient_accumulation_steps"] == 1
+    # Only a cut save: axolotl's own auto-resume (on in the YAML, for runs without launch.sh) is switched off.
+    assert fresh["resume_from_checkpoint"] is None and fresh["auto_resume_from_checkpoints"] is False

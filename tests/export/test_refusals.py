@@ -55,7 +55,6 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("accelerate", "qlora", {"nf4_quantization": "whole-tensor"}, "nf4_quantization"),
         ("hf-trainer", "lora", {"padding": "longest"}, "padding"),
         ("axolotl", "lora", {"precision": "bf16-mixed"}, "precision"),
-        ("axolotl", "lora", {"gradient_accumulation_steps": None}, "gradient_accumulation_steps"),
         # torchtune.
         ("torchtune", "lora", {"precision": "fp16"}, "precision"),
         ("torchtune", "full", {"precision": "bf16-mixed"}, "precision"),
