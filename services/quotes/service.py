@@ -13,8 +13,10 @@ from services.catalog.service import catalog_offers
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.estimator.errors import EstimatorError
+from services.estimator.estimate import resolve_architecture
 from services.hub.service import stored_request
 from services.orgs.service import Principal
+from services.planner.spot import checkpoint_bytes
 from services.plans.recommend import recommend
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
@@ -104,7 +106,7 @@ def create_quote(
             amount_usd=round(gpu_hours * per_gpu_hour, 2),
         )
     ]
-    checkpoint_gb = _checkpoint_gb(plan_row.estimate or {}, plan_request)
+    checkpoint_gb = _checkpoint_gb(plan_request)
     if request.checkpoint_storage_months > 0 and checkpoint_gb > 0:
         gb_months = checkpoint_gb * request.checkpoint_storage_months
         items.append(
@@ -175,14 +177,12 @@ def create_quote(
     return row
 
 
-def _checkpoint_gb(estimate: dict[str, Any], request: PlanRequest) -> float:
-    """The last checkpoint kept: the adapter for LoRA/QLoRA (16-bit), weights + AdamW states for full."""
-    params = estimate.get("parameters") or {}
-    trainable = float(params.get("trainable") or 0)
-    total = float(params.get("total") or 0)
-    if request.method == "full":
-        return total * (2 + 8) / 1e9
-    return trainable * 2 / 1e9
+def _checkpoint_gb(request: PlanRequest) -> float:
+    """The last checkpoint kept, in GB (10^9 bytes, as storage is billed): the bytes the planner charges a
+    checkpoint write with (services/planner/spot.py), so the quote and the planner agree."""
+    plan = request.to_plan()
+    _, arch = resolve_architecture(plan)
+    return checkpoint_bytes(plan, arch) / 1e9
 
 
 def get_quote(session: Session, principal: Principal, quote_id: str) -> QuoteRow:

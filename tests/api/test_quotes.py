@@ -60,3 +60,29 @@ def test_bad_quote_requests(api: Api) -> None:
     assert response.status_code == 422 and "no offer" in response.json()["message"]
     response = api.client.post(url, json={"gpu": "T4", "gpus": 1, "provider": "cloudrux"}, headers=api.headers())
     assert response.status_code == 422 and response.json()["field"] == "gpu"
+
+
+def test_the_checkpoint_storage_line_is_the_checkpoint_the_planner_writes(api: Api) -> None:
+    # Llama-3.1-70B has 70,553,706,496 parameters (its safetensors index); full fine-tuning in bf16 with
+    # torch's AdamW saves the bf16 weights and two bf16 moments (AdamW keeps them in the parameter's
+    # dtype): 6 bytes per parameter, 423.3 GB, as docs/runs.md says (the quote said 705.5).
+    plan = _done_plan(
+        api,
+        {
+            "model": {"name": "meta-llama/Llama-3.1-70B"},
+            "method": "full",
+            "precision": "bf16",
+            "micro_batch_size": 1,
+            "seq_len": 2048,
+            "gradient_checkpointing": True,
+            "dataset": {"examples": 1000, "avg_tokens": 1024},
+            "epochs": 1,
+        },
+    )
+    setup = plan["recommendations"][0]
+    response = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes", json={"best_for_gpus": setup["gpus"]}, headers=api.headers()
+    )
+    assert response.status_code == 201, response.text
+    storage = [i for i in response.json()["line_items"] if i["unit"] == "GB-month"]
+    assert len(storage) == 1 and abs(storage[0]["quantity"] - 70_553_706_496 * 6 / 1e9) < 0.5, storage
