@@ -13,13 +13,18 @@ never uploaded as durable, never the latest, and counted as unsynced. The rules,
   was finished before the newer save began.
 - torchtune (``FullModelHFCheckpointer.save_checkpoint``, 0.6): ``epoch_N/`` gets the shards, their
   index, the adapter and the copied config files; an intermediate epoch then gets
-  ``recipe_state/recipe_state.pt`` beside it. The last epoch has no marker after it: it counts when
-  every weight file is whole (a safetensors header gives the file's exact length; the index names
-  every shard) and the directory settled. ``dist_epoch_N/`` (its DCP saver) is done when ``.metadata``
-  (written last by torch.distributed.checkpoint) exists.
-- LitGPT (``litgpt/finetune/*.py``, ``pretrain.py``): ``step-N/lit_model.pth`` or
-  ``lit_model.pth.lora``, then the config files, ``hyperparameters.yaml`` and ``model_config.yaml``
-  (the order differs between scripts; both come after the weights), ``prompt_style.yaml`` at the end.
+  ``recipe_state/recipe_state.pt`` beside it (with ``epochs_run`` and ``total_epochs``). An epoch is
+  complete when that file was written after it, or a later epoch was begun. The run's last epoch
+  (``total_epochs - 1`` by the recipe state before it, or a run with no recipe state at all: a
+  single epoch) has no marker after it: it counts when its index names only shards that are there,
+  every weight file is whole (a safetensors header gives the file's exact length), an adapter has its
+  adapter_config.json, and the directory settled (the config files copied last). ``dist_epoch_N/``
+  (its DCP saver) is done when ``.metadata`` (written last by torch.distributed.checkpoint) exists.
+- LitGPT (``litgpt/finetune/*.py``, ``pretrain.py``): ``step-N/lit_model.pth`` (or ``.lora``,
+  ``.adapter``, ``.adapter_v2``), then the config files, ``hyperparameters.yaml`` and
+  ``model_config.yaml`` (the order differs between scripts; both come after the weights). The
+  finetune scripts end with ``prompt_style.yaml``; it is required with the LoRA and adapter weights,
+  which only they save (a full-weights ``lit_model.pth`` may come from pretrain.py, which writes none).
 - Anything else (a user's own loop): write an empty ``.complete`` file into the directory after the
   last file. It also overrides the rules above for a framework directory.
 
@@ -30,7 +35,9 @@ write behind a marker that did reach the disk is caught there.
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import re
 import struct
 import zipfile
@@ -41,7 +48,7 @@ COMPLETE_MARKER = ".complete"
 HF_STATE = "trainer_state.json"
 DEEPSPEED_LATEST = "latest"
 TORCHTUNE_RECIPE_STATE = Path("recipe_state") / "recipe_state.pt"
-LITGPT_WEIGHTS = ("lit_model.pth", "lit_model.pth.lora")
+LITGPT_WEIGHTS = ("lit_model.pth", "lit_model.pth.lora", "lit_model.pth.adapter", "lit_model.pth.adapter_v2")
 LITGPT_LAST = ("hyperparameters.yaml", "model_config.yaml")
 LITGPT_AFTER = ("prompt_style.yaml",)
 DCP_METADATA = ".metadata"
@@ -162,14 +169,60 @@ def _deepspeed(directory: Path, step: int) -> Completeness:
     return Completeness(True, "deepspeed", f"'{DEEPSPEED_LATEST}' names it and was written after its shards")
 
 
+class _Stub:
+    """Whatever a torch pickle builds (tensors, devices): not needed to read two integers."""
+
+    def __new__(cls, *_args: object, **_kwargs: object) -> _Stub:
+        return object.__new__(cls)
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+    def __setstate__(self, _state: object) -> None:
+        pass
+
+
+class _NoCodeUnpickler(pickle.Unpickler):
+    """Reads a torch.save archive's pickle without torch and without running any of its code: every
+    global but an OrderedDict becomes a stub, every tensor storage None."""
+
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) == ("collections", "OrderedDict"):
+            import collections
+
+            return collections.OrderedDict
+        return _Stub
+
+    def persistent_load(self, pid: object) -> None:
+        return None
+
+
+def recipe_epochs(path: Path) -> tuple[int, int] | None:
+    """(epochs_run, total_epochs) from torchtune's recipe_state.pt; None if unreadable."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
+            state = _NoCodeUnpickler(io.BytesIO(archive.read(name))).load()
+        return int(state["epochs_run"]), int(state["total_epochs"])
+    except Exception:  # noqa: BLE001 - a file that is not torchtune's recipe state: any error means "cannot tell"
+        return None
+
+
 def _torchtune(directory: Path, step: int) -> Completeness:
     later = [p for p in directory.parent.iterdir() if p.is_dir() and (m := _EPOCH.match(p.name)) and int(m[1]) > step]
     if later:
         return Completeness(True, "torchtune", f"a later epoch ({later[0].name}) was started after it")
     recipe = directory.parent / TORCHTUNE_RECIPE_STATE
-    if recipe.is_file() and whole_file_problem(recipe) is None:
+    if recipe.is_file():
+        if whole_file_problem(recipe) is not None:
+            return Completeness(False, "torchtune", f"{TORCHTUNE_RECIPE_STATE.as_posix()} being written")
         if _written_last(directory, [recipe]) is None:
             return Completeness(True, "torchtune", f"{TORCHTUNE_RECIPE_STATE.as_posix()} written after it")
+        epochs = recipe_epochs(recipe)
+        if epochs is None or step < epochs[1] - 1:
+            return Completeness(
+                False, "torchtune", f"waits for {TORCHTUNE_RECIPE_STATE.as_posix()} (an intermediate epoch)"
+            )
     # The run's last epoch: torchtune writes no recipe state after it. Complete when every weight file
     # is whole and the index (full weights) names only files that are there; the settle time guards
     # the config files it copies last.
@@ -192,9 +245,13 @@ def _torchtune(directory: Path, step: int) -> Completeness:
 
 
 def _litgpt(directory: Path) -> Completeness:
-    missing = [n for n in LITGPT_LAST if not (directory / n).is_file()]
+    finetuned = any((directory / n).exists() for n in LITGPT_WEIGHTS[1:])
+    required = [*LITGPT_LAST, *(LITGPT_AFTER if finetuned else ())]
+    missing = [n for n in required if not (directory / n).is_file()]
     if missing:
         return Completeness(False, "litgpt", f"{', '.join(missing)} not written yet (they follow the weights)")
+    if finetuned:
+        return _marker_rule(directory, list(LITGPT_AFTER), "litgpt")
     for name in LITGPT_WEIGHTS:
         sharded = directory / name
         if sharded.is_dir() and not (sharded / DCP_METADATA).is_file():  # FSDP's sharded save

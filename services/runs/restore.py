@@ -52,9 +52,10 @@ def _download(s3: Any, bucket: str, key: str, target: Path, size: int) -> int:
     if have > size:
         target.unlink()
         have = 0
-    if have == size:
-        return 0
     target.parent.mkdir(parents=True, exist_ok=True)
+    if have == size:
+        target.touch()  # an empty file (a `.complete` marker) has nothing to fetch but must exist
+        return 0
     extra = {"Range": f"bytes={have}-"} if have else {}
     body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
     fetched = 0
