@@ -131,7 +131,9 @@ def _latest_tag(directory: Path) -> str | None:
         return None
 
 
-def _marker_rule(directory: Path, names: list[str], framework: str, allowed_after: tuple[str, ...] = ()) -> Completeness:
+def _marker_rule(
+    directory: Path, names: list[str], framework: str, allowed_after: tuple[str, ...] = ()
+) -> Completeness:
     newer = _written_last(directory, [directory / n for n in names], allowed_after)
     if newer is not None:
         return Completeness(False, framework, f"{newer} is newer than {' / '.join(names)}: being rewritten")
@@ -204,7 +206,7 @@ def recipe_epochs(path: Path) -> tuple[int, int] | None:
             name = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
             state = _NoCodeUnpickler(io.BytesIO(archive.read(name))).load()
         return int(state["epochs_run"]), int(state["total_epochs"])
-    except Exception:  # noqa: BLE001 - a file that is not torchtune's recipe state: any error means "cannot tell"
+    except Exception:  # a file that is not torchtune's recipe state: any error means "cannot tell"
         return None
 
 
@@ -237,9 +239,10 @@ def _torchtune(directory: Path, step: int) -> Completeness:
             return Completeness(False, "torchtune", f"shards its index names are missing: {missing[:3]}")
     elif not any(p.name.startswith("adapter_model.") for p in directory.iterdir()):
         return Completeness(False, "torchtune", "neither a weights index nor an adapter yet")
-    if any(p.name.startswith("adapter_model.") for p in directory.iterdir()) and not (
-        directory / "adapter_config.json"
-    ).is_file():
+    if (
+        any(p.name.startswith("adapter_model.") for p in directory.iterdir())
+        and not (directory / "adapter_config.json").is_file()
+    ):
         return Completeness(False, "torchtune", "adapter_config.json (written after the adapter) missing")
     return Completeness(True, "torchtune", "last epoch: every weight file whole", needs_settle=True)
 
