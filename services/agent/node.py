@@ -21,7 +21,15 @@ from typing import Any
 from services.agent.signals import interactive_idle_s, job_running
 from services.nodes.idle import IdlePolicy, Signals, next_idle_since
 from services.runs.client import RunApi, RunApiError
-from services.runs.sync import BucketOnly, ControlPlane, SyncOptions, checkpoint_dirs, pending_steps, sync_pass
+from services.runs.sync import (
+    BucketOnly,
+    ControlPlane,
+    SyncOptions,
+    SyncResult,
+    checkpoint_dirs,
+    pending_steps,
+    sync_pass,
+)
 
 log = logging.getLogger("gpuplan.agent")
 
@@ -40,8 +48,10 @@ class RunSync:
     durable: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
     last_error: str | None = None
+    in_progress: dict[int, str] = field(default_factory=dict)  # from the last pass: not complete yet
+    changed: dict[int, list[str]] = field(default_factory=dict)  # durable steps whose local files changed
 
-    def pass_once(self, control: ControlPlane, final: bool = False) -> None:
+    def pass_once(self, control: ControlPlane, final: bool = False) -> SyncResult:
         result = sync_pass(
             self.s3, self.bucket, self.prefix, self.api.run_id, self.checkpoint_dir, control, self.options, final=final
         )
@@ -49,8 +59,19 @@ class RunSync:
         self.durable.update(result.already_durable)
         self.deleted.update(result.deleted)
         self.durable.difference_update(result.deleted)
+        # The agent log says when a checkpoint starts or stops waiting, and when a durable one's local
+        # files changed: once per change, not every pass.
+        for step, reason in result.in_progress.items():
+            if self.in_progress.get(step) != reason:
+                log.info("checkpoint step %d in progress (kept unsynced): %s", step, reason)
+        for step, files in result.changed.items():
+            if self.changed.get(step) != files:
+                log.warning("checkpoint step %d changed locally after it was made durable: %s", step, files)
+        self.in_progress, self.changed = dict(result.in_progress), dict(result.changed)
+        return result
 
     def unsynced(self) -> int:
+        """Local checkpoints not durable yet, in progress ones included: the node is kept while any."""
         return len(pending_steps(self.checkpoint_dir, self.durable, self.deleted))
 
 

@@ -55,7 +55,7 @@ def register(sub: Subparsers) -> None:
         type=_positive("--settle-s"),
         default=60.0,
         metavar="S",
-        help="skip checkpoints changed in the last S seconds (still being written)",
+        help="also wait until a complete checkpoint has been quiet for S seconds",
     )
     sync.add_argument("--part-mib", type=_positive("--part-mib", int), default=64, metavar="MIB")
     sync.add_argument("--json", action="store_true")
@@ -146,6 +146,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
                     "uploaded": uploaded,
                     "already_durable": result.already_durable,
                     "unsettled": result.unsettled,
+                    "in_progress": {str(k): v for k, v in result.in_progress.items()},
+                    "changed": {str(k): v for k, v in result.changed.items()},
                     "superseded": result.superseded,
                     "deleted": result.deleted,
                 }
@@ -158,8 +160,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
                 f"step {upload.manifest.step}: durable ({len(upload.files)} files, "
                 f"{upload.manifest.total_bytes / MiB:.1f} MiB, {sent:.1f} MiB sent, {upload.seconds:.1f} s)"
             )
+        for step, reason in result.in_progress.items():
+            print(f"step {step}: in progress, not complete yet ({reason})")
         if result.unsettled:
             print(f"still being written (next pass): steps {result.unsettled}")
+        for step, files in result.changed.items():
+            print(f"step {step}: local files changed after it was made durable ({', '.join(files[:5])}); "
+                  "the bucket keeps the verified upload")  # fmt: skip
         if result.deleted:
             print(f"retention deleted from the bucket: steps {result.deleted}")
         if not uploaded:

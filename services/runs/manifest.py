@@ -20,12 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-# Directory names trainers give their checkpoints: checkpoint-500 (transformers), step-500 / step_500,
-# epoch_2 (torchtune), or a bare number.
+# Directory names trainers give their checkpoints: checkpoint-500 (transformers), step-500 / step_500
+# (LitGPT: step-000500), global_step500 (DeepSpeed's tag), epoch_2 / dist_epoch_2 (torchtune), or a bare
+# number. services/runs/complete.py decides when each is complete.
 _STEP_PATTERNS = (
     re.compile(r"^checkpoint[-_](\d+)$"),
     re.compile(r"^step[-_]?(\d+)$"),
-    re.compile(r"^epoch[-_](\d+)$"),
+    re.compile(r"^global_step(\d+)$"),
+    re.compile(r"^(?:dist_)?epoch[-_](\d+)$"),
     re.compile(r"^(\d+)$"),
 )
 

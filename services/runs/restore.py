@@ -3,16 +3,22 @@
 Files are downloaded into ``<to>/<dir name>.partial`` (an interrupted download resumes with a ranged
 GET from where it stopped), each verified against the manifest's size and SHA-256, and the directory
 is renamed to its final name only when every file is verified: a restore never leaves a directory that
-looks complete but is not.
+looks complete but is not. Every restored file gets the same mtime, so the framework's last-written
+file (services/runs/complete.py) is not older than the others and the copy reads as complete; a
+DeepSpeed tag directory (``global_stepN``) gets a ``latest`` beside it naming it, as the engine wrote.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.runs.complete import DEEPSPEED_LATEST
 from services.runs.manifest import Manifest, step_prefix
 from services.runs.sync import read_manifest
 
@@ -46,9 +52,10 @@ def _download(s3: Any, bucket: str, key: str, target: Path, size: int) -> int:
     if have > size:
         target.unlink()
         have = 0
-    if have == size:
-        return 0
     target.parent.mkdir(parents=True, exist_ok=True)
+    if have == size:
+        target.touch()  # an empty file (a `.complete` marker) has nothing to fetch but must exist
+        return 0
     extra = {"Range": f"bytes={have}-"} if have else {}
     body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
     fetched = 0
@@ -82,5 +89,12 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
             target.unlink()  # corrupt or changed: fetch it once more from the start
             if attempt == 2:
                 raise RestoreError(f"{entry.path}: checksum mismatch after two downloads; nothing was restored")
+    stamp = time.time()
+    for path in [*partial.rglob("*"), partial]:
+        os.utime(path, (stamp, stamp))
     partial.rename(final)
+    if re.fullmatch(r"global_step\d+", stored.dir_name):
+        latest = to / f"{DEEPSPEED_LATEST}.partial"
+        latest.write_text(stored.dir_name)
+        latest.replace(to / DEEPSPEED_LATEST)
     return RestoreResult(stored.step, final, len(stored.files), stored.total_bytes, downloaded)

@@ -1,6 +1,10 @@
 """Checkpoint sync to S3-compatible storage: the node side (boto3 and the local disk).
 
-A sync pass uploads every settled checkpoint directory that is not durable yet, oldest first:
+A sync pass uploads every complete checkpoint directory that is not durable yet, oldest first. Complete
+means its framework says so (services/runs/complete.py: trainer_state.json, DeepSpeed's ``latest``,
+torchtune's recipe state, LitGPT's yaml files, or a ``.complete`` marker), never that it went quiet;
+the settle time is an extra guard on top. Until then the checkpoint is in progress: not uploaded as
+durable, not reported, and counted by ``pending_steps`` (the heartbeat's unsynced count). Then:
 
 1. each file: hashed once (SHA-256 for the manifest, MD5 per part for the store's own check), then
    sent whole (small files) or as a multipart upload (large ones), each request carrying Content-MD5
@@ -13,6 +17,16 @@ Resumption needs no local state: the bucket is the truth. A file already in the 
 size and SHA-256 is skipped; an interrupted multipart upload is found with ListMultipartUploads and its
 finished parts (ListParts, checked against the local part MD5s) are not sent again. Nothing local is
 ever deleted. boto3 retries 5xx and connection errors with backoff (services/storage/s3.py).
+
+The manifest is written only if no file of the directory changed (size, mtime) while it was being
+uploaded and it is still complete: a trainer rewriting the directory mid-upload would otherwise give a
+manifest mixing two saves. A durable step whose local files change later (found cheaply: the file
+set, sizes, and mtimes after the manifest's ``created_at``, then a re-hash) is reported in
+``SyncResult.changed`` and logged, and never uploaded again: its objects are not overwritten. The
+bucket holds a copy verified complete against its manifest; overwriting it would leave the bucket
+disagreeing with that manifest while it happens, the control plane refuses other files at a durable
+step (409), and if the change is damage (a crashed rewrite, a bad disk) it would replace the good copy
+with a broken one. The next complete checkpoint carries training on.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from services.runs.complete import completeness
 from services.runs.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -114,6 +129,12 @@ class SyncResult:
     superseded: list[int] = field(default_factory=list)  # older than a durable one, never uploaded
     unsettled: list[int] = field(default_factory=list)
     deleted: list[int] = field(default_factory=list)
+    in_progress: dict[int, str] = field(default_factory=dict)  # not complete yet: step -> what it waits for
+    changed: dict[int, list[str]] = field(default_factory=dict)  # durable, but these local files changed since
+
+
+class CheckpointChanged(Exception):
+    """A directory changed (or stopped being complete) while it was uploaded: no manifest was written."""
 
 
 class SyncError(Exception):
@@ -134,6 +155,15 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
 
 def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file, by relative path: what "unchanged" is checked against."""
+    out = {}
+    for path in _files(directory):
+        stat = path.stat()
+        out[path.relative_to(directory).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return out
 
 
 def settled(directory: Path, settle_s: float, now: float | None = None) -> bool:
@@ -319,6 +349,7 @@ def upload_checkpoint(
     started = time.monotonic()
     base = step_prefix(run_prefix, step)
     uploads = []
+    before = _snapshot(directory)  # taken before any file is hashed
     for path in _files(directory):
         relative = path.relative_to(directory).as_posix()
         if relative == MANIFEST_NAME:
@@ -338,7 +369,14 @@ def upload_checkpoint(
         created_at=datetime.now(UTC),
     )
     if before_manifest is not None:
-        before_manifest()  # failure injection: a crash between the data and the manifest
+        before_manifest()  # failure injection: a crash (or a write) between the data and the manifest
+    after = _snapshot(directory)
+    if after != before:
+        moved = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        raise CheckpointChanged(f"changed while it was uploaded ({', '.join(moved[:5])}); not made durable")
+    state = completeness(directory, step)
+    if not state.complete:
+        raise CheckpointChanged(f"no longer complete after the upload ({state.reason}); not made durable")
     write_manifest(s3, bucket, run_prefix, manifest)
     return CheckpointUpload(manifest=manifest, files=uploads, seconds=time.monotonic() - started)
 
@@ -362,6 +400,55 @@ def read_manifest(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest 
             return None
         raise
     return Manifest.model_validate_json(body)
+
+
+# The manifests of durable steps this process compared local files with (they do not change but for
+# the final flag), and the SHA-256 of files whose mtime made them suspect, by (path, size, mtime).
+_MANIFESTS: dict[tuple[str, str, int], Manifest] = {}
+_SHAS: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _HASHES_LOCK:
+        if key in _SHAS:
+            return _SHAS[key]
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 * MiB):
+            digest.update(chunk)
+    with _HASHES_LOCK:
+        if len(_SHAS) > 100_000:
+            _SHAS.clear()
+        _SHAS[key] = digest.hexdigest()
+    return _SHAS[key]
+
+
+def local_changes(directory: Path, manifest: Manifest) -> list[str]:
+    """Files of a durable checkpoint that differ from its manifest: added, removed, another size, or
+    (only for files modified after the manifest was made, so a pass costs a stat per file) another
+    SHA-256."""
+    recorded = {f.path: f for f in manifest.files}
+    local = {p.relative_to(directory).as_posix(): p for p in _files(directory)}
+    changed = sorted(set(local) ^ set(recorded))
+    made_ns = int(manifest.created_at.timestamp() * 1e9)
+    for relative in sorted(set(local) & set(recorded)):
+        path, entry = local[relative], recorded[relative]
+        stat = path.stat()
+        if stat.st_size != entry.size or (stat.st_mtime_ns > made_ns and _sha256(path) != entry.sha256):
+            changed.append(relative)
+    return sorted(changed)
+
+
+def _manifest_for(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
+    key = (bucket, run_prefix, step)
+    if key not in _MANIFESTS:
+        manifest = read_manifest(s3, bucket, run_prefix, step)
+        if manifest is None:
+            return None
+        _MANIFESTS[key] = manifest
+    return _MANIFESTS[key]
 
 
 def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
@@ -401,7 +488,7 @@ def sync_pass(
     now: float | None = None,
     before_manifest: Callable[[], None] | None = None,
 ) -> SyncResult:
-    """One pass: make every settled checkpoint durable, report it, apply retention. ``final`` marks the
+    """One pass: make every complete checkpoint durable, report it, apply retention. ``final`` marks the
     newest checkpoint as the run's final one (kept by retention)."""
     result = SyncResult()
     durable, deleted = control.done_steps()
@@ -414,40 +501,69 @@ def sync_pass(
             control.report_deleted(old)
             result.deleted.append(old)
 
+    def note_changes(step: int, directory: Path, manifest: Manifest | None) -> None:
+        changed = local_changes(directory, manifest) if manifest is not None else []
+        if changed:
+            result.changed[step] = changed
+            log.warning(
+                "step %d: local files changed after it was made durable (%s); the bucket keeps the verified "
+                "upload and it is not uploaded again",
+                step,
+                ", ".join(changed[:5]),
+            )
+
     for step, directory in local:
         if step in durable or step in deleted:
+            if step in durable:
+                note_changes(step, directory, _manifest_for(s3, bucket, run_prefix, step))
             if final and step == newest_local and step in durable:
                 # Already durable: marking it final rewrites only its manifest.
                 stored = read_manifest(s3, bucket, run_prefix, step)
                 if stored is not None and not stored.final:
                     marked = stored.model_copy(update={"final": True})
                     write_manifest(s3, bucket, run_prefix, marked)
+                    _MANIFESTS[(bucket, run_prefix, step)] = marked
                     apply_retention(control.report_durable(marked, None))
             result.already_durable.append(step)
             continue
         if durable and step < max(durable):
             result.superseded.append(step)
             continue
+        state = completeness(directory, step)
+        if not state.complete:
+            result.in_progress[step] = state.reason
+            log.info("step %d: in progress, not uploaded: %s", step, state.reason)
+            continue
         if not settled(directory, options.settle_s, now):
             result.unsettled.append(step)
             continue
         is_final = final and step == newest_local
         existing = read_manifest(s3, bucket, run_prefix, step)
-        if existing is not None and existing.final == is_final:
-            # Durable in the bucket, but the control plane was not told (it was unreachable last time).
+        if existing is not None:
+            # Durable in the bucket, but the control plane was not told (it was unreachable last time):
+            # reported as it is (its objects are never sent again), marked final if asked.
+            note_changes(step, directory, existing)
+            if is_final and not existing.final:
+                existing = existing.model_copy(update={"final": True})
+                write_manifest(s3, bucket, run_prefix, existing)
             to_delete = control.report_durable(existing, None)
         else:
-            upload = upload_checkpoint(
-                s3,
-                bucket,
-                run_prefix,
-                run_id,
-                directory,
-                step,
-                options,
-                final=is_final,
-                before_manifest=before_manifest,
-            )
+            try:
+                upload = upload_checkpoint(
+                    s3,
+                    bucket,
+                    run_prefix,
+                    run_id,
+                    directory,
+                    step,
+                    options,
+                    final=is_final,
+                    before_manifest=before_manifest,
+                )
+            except CheckpointChanged as exc:
+                result.in_progress[step] = str(exc)
+                log.warning("step %d: %s; the next pass tries again", step, exc)
+                continue
             result.uploaded.append(upload)
             rate = upload.bytes_sent / upload.seconds if upload.bytes_sent and upload.seconds > 0 else None
             to_delete = control.report_durable(upload.manifest, rate)
@@ -464,7 +580,8 @@ def sync_pass(
 
 
 def pending_steps(checkpoint_dir: Path, durable: set[int], deleted: set[int]) -> list[int]:
-    """Local checkpoints a sync pass would still upload (what a heartbeat reports as unsynced)."""
+    """Local checkpoints not durable yet, in progress ones included (what a heartbeat reports as
+    unsynced, so the idle sweep keeps the node): everything newer than the newest durable step."""
     try:
         local = checkpoint_dirs(checkpoint_dir)
     except SyncError:

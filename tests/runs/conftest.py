@@ -77,20 +77,28 @@ def run_env(tmp_path: Path, s3_settings: Settings) -> Iterator[RunEnv]:
 
 
 def make_checkpoint(root: Path, step: int, big_bytes: int, seed: int, settled: bool = True) -> Path:
-    """A trainer-like checkpoint: a large sparse weights file with random blocks, an optimizer state
-    file, and small JSON files. Old mtimes make it settled."""
+    """An HF-Trainer-like checkpoint: a large sparse safetensors weights file with random blocks (a valid
+    header: services/runs/complete.py checks its length), an optimizer state file, a nested file, and
+    ``trainer_state.json`` written last (what makes it complete). Old mtimes make it settled."""
     rng = random.Random(seed)
     directory = root / f"checkpoint-{step}"
     directory.mkdir(parents=True)
     with (directory / "model.safetensors").open("wb") as fh:
+        header = b'{"w":{"dtype":"U8","shape":[N],"data_offsets":[0,N]}}'
+        data_bytes = big_bytes - 8 - len(header) - 16  # room for the digits, padded below
+        header = header.replace(b"N", str(data_bytes).encode())
+        header += b" " * (big_bytes - 8 - len(header) - data_bytes)
+        fh.write(len(header).to_bytes(8, "little") + header)
         fh.truncate(big_bytes)
+        start = 8 + len(header)
         for _ in range(max(4, big_bytes // (8 * 2**20))):
-            fh.seek(rng.randrange(0, max(1, big_bytes - 65536)))
+            fh.seek(rng.randrange(start, max(start + 1, big_bytes - 65536)))
             fh.write(rng.randbytes(65536))
+        fh.truncate(big_bytes)
     (directory / "optimizer.pt").write_bytes(rng.randbytes(300_000))
-    (directory / "config.json").write_text(f'{{"step": {step}}}')
     (directory / "nested").mkdir()
     (directory / "nested" / "rng_state.bin").write_bytes(rng.randbytes(1000))
+    (directory / "trainer_state.json").write_text(f'{{"global_step": {step}, "log_history": []}}')
     if settled:
         old = time.time() - 3600
         for path in [*directory.rglob("*"), directory]:

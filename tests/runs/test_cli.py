@@ -45,7 +45,8 @@ def test_sync_then_restore_best_and_latest(
     restored = tmp_path / "best" / "checkpoint-100" / "model.safetensors"
     assert _sha(restored) == _sha(out / "checkpoint-100" / "model.safetensors")
     assert main(["restore", *connect, "--to", str(tmp_path / "latest")]) == 0
-    assert (tmp_path / "latest" / "checkpoint-200" / "config.json").read_text() == '{"step": 200}'
+    state = (tmp_path / "latest" / "checkpoint-200" / "trainer_state.json").read_text()
+    assert state == '{"global_step": 200, "log_history": []}'
     assert main(["restore", *connect, "--to", str(tmp_path / "bucket"), "--from-bucket", "--step", "100"]) == 0
     run = run_env.run()
     assert run["last_durable_step"] == 200 and run["checkpoints"][-1]["final"] is True
