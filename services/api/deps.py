@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.limits import QUOTA_ROUTES, check_rate, check_route_quota, make_counters
+from services.api.limits import check_rate, make_counters
 from services.core.db import unit_of_work
 from services.core.errors import Forbidden
 from services.core.leases import record_outbox
@@ -98,9 +98,6 @@ def get_principal(
     if "agent" in principal.scopes:
         with unit_of_work(db.factory) as session:
             check_agent_request(session, principal, request.path_params)
-    if request.method == "POST" and template in QUOTA_ROUTES:
-        with unit_of_work(db.factory) as session:
-            check_route_quota(session, principal.organization_id, request.method, template, db.settings)
     request.state.principal = principal
     return principal
 

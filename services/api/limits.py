@@ -6,9 +6,9 @@
   pattern, redis.io/docs/latest/commands/incr/#pattern-rate-limiter), and in this process otherwise.
   Should Redis fail, the request is let through and the failure logged: a limiter outage must not
   take the API down with it.
-- Quotas are counted from the stored rows themselves, so they hold across processes and restarts and
-  a replayed or refused request costs nothing: plans created in the last hour, data sets stored and
-  their bytes, nodes not stopped.
+- Quotas live with the rows they count (plans/service.py, datasets/service.py, nodes/service.py): each
+  is checked in the transaction that creates the row, under the organization's row lock, so concurrent
+  requests cannot all pass the same check (the API and the dashboard share them).
 """
 
 from __future__ import annotations
@@ -17,24 +17,14 @@ import logging
 import math
 import threading
 import time
-from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
-from services.core.db import utcnow
 from services.core.errors import TooManyRequests
 from services.core.settings import Settings
-from services.datasets.tables import DatasetRow
-from services.nodes.tables import NodeRow
-from services.plans.tables import PlanRow
 
 log = logging.getLogger("gpuplan.limits")
 
 WINDOW_S = 60
-# The routes whose POST uses a quota (route templates).
-QUOTA_ROUTES = frozenset({"/v1/plans", "/v1/datasets", "/v1/nodes"})
 
 
 class CounterStore(Protocol):
@@ -101,75 +91,3 @@ def check_rate(counters: CounterStore, key_id: str, limit_per_minute: int, now_s
             retry_after_s=retry,
             field="authorization",
         )
-
-
-def check_plans_per_hour(session: Session, organization_id: str, quota: int) -> None:
-    """429 when the organization created ``quota`` plans in the last hour; Retry-After is when the
-    oldest of them leaves the hour."""
-    if quota <= 0:
-        return
-    since = utcnow() - timedelta(hours=1)
-    recent = (
-        select(PlanRow.created_at)
-        .where(PlanRow.organization_id == organization_id, PlanRow.created_at >= since)
-        .order_by(PlanRow.created_at.desc())
-        .limit(quota)
-        .subquery()
-    )
-    count, oldest = session.execute(select(func.count(), func.min(recent.c.created_at)).select_from(recent)).one()
-    if count >= quota:
-        retry = 1 if oldest is None else math.ceil((oldest + timedelta(hours=1) - utcnow()).total_seconds())
-        raise TooManyRequests(
-            f"quota: {quota} plans per hour per organization; retry in {max(retry, 1)} s",
-            retry_after_s=retry,
-            field="plans_per_hour",
-        )
-
-
-def check_dataset_quota(session: Session, organization_id: str, settings: Settings, new_bytes: int = 0) -> None:
-    """429 when the organization stores its quota of data sets, or ``new_bytes`` more would pass its byte quota."""
-    count, stored = session.execute(
-        select(func.count(), func.coalesce(func.sum(DatasetRow.size_bytes), 0)).where(
-            DatasetRow.organization_id == organization_id
-        )
-    ).one()
-    if settings.quota_datasets and count >= settings.quota_datasets:
-        raise TooManyRequests(
-            f"quota: {settings.quota_datasets} stored data sets per organization; delete one first",
-            retry_after_s=3600,
-            field="datasets",
-        )
-    if settings.quota_dataset_bytes and int(stored) + new_bytes > settings.quota_dataset_bytes:
-        raise TooManyRequests(
-            f"quota: {settings.quota_dataset_bytes:,} stored data set bytes per organization "
-            f"({int(stored):,} stored, {new_bytes:,} asked)",
-            retry_after_s=3600,
-            field="size_bytes",
-        )
-
-
-def check_node_quota(session: Session, organization_id: str, quota: int) -> None:
-    """429 when the organization has ``quota`` nodes that are not stopped."""
-    if quota <= 0:
-        return
-    count = session.scalar(
-        select(func.count()).where(
-            NodeRow.organization_id == organization_id, NodeRow.status.not_in(("stopped", "replaced"))
-        )
-    )
-    if (count or 0) >= quota:
-        raise TooManyRequests(
-            f"quota: {quota} nodes per organization; stop one first", retry_after_s=3600, field="nodes"
-        )
-
-
-def check_route_quota(session: Session, organization_id: str, method: str, route: str, settings: Settings) -> None:
-    """The quota a request would use, by its route: creating plans, data sets or nodes."""
-    if method != "POST":
-        return
-    if route == "/v1/plans":
-        check_plans_per_hour(session, organization_id, settings.quota_plans_per_hour)
-    elif route == "/v1/datasets":
-        check_dataset_quota(session, organization_id, settings)
-    elif route == "/v1/nodes":
-        check_node_quota(session, organization_id, settings.quota_nodes)

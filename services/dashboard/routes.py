@@ -24,7 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from services.api.deps import Database, get_db
 from services.catalog.models import catalog_models
-from services.core.errors import Forbidden, GpuplanError, NotFound, Unprocessable
+from services.core.errors import Forbidden, GpuplanError, NotFound, TooManyRequests, Unprocessable
 from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
 from services.estimator.errors import EstimatorError
@@ -328,9 +328,11 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
             # A model named by its Hub id is fetched (and cached) before the plan's transaction opens.
             with_model_config(plan_request.to_plan(), FactoryCache(db.factory))
             with db.transaction() as (s, pending):
-                row, _created = plans_service.submit(s, viewer.principal, plan_request, None, pending)
+                row, _created = plans_service.submit(
+                    s, viewer.principal, plan_request, None, pending, db.settings.quota_plans_per_hour
+                )
                 return row.id
-        except Unprocessable as exc:
+        except (Unprocessable, TooManyRequests) as exc:
             form.add(forms.input_for(exc.field, form.values), exc.message)
             return None
         except EstimatorError as exc:

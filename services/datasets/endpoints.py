@@ -6,7 +6,6 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
-from services.api.limits import check_dataset_quota
 from services.core.errors import PayloadTooLarge, Unprocessable
 from services.datasets import service
 from services.datasets.schemas import DatasetCreate, DatasetList, DatasetOut
@@ -36,7 +35,6 @@ def create_dataset(
 ) -> DatasetOut:
     """Open a resumable upload: then PUT each part's raw bytes to upload.part_url and POST complete_url."""
     with db.transaction() as (session, _pending):
-        check_dataset_quota(session, principal.organization_id, settings, body.size_bytes)
         out = service.to_out(session, service.create(session, principal, body, settings))
     response.headers["Location"] = f"/v1/datasets/{out.id}"
     return out

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import new_id, unit_of_work, utcnow
-from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, Unprocessable
+from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, TooManyRequests, Unprocessable
 from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
@@ -39,6 +40,7 @@ from services.datasets.schemas import (
 )
 from services.datasets.storage import S3RowSource, object_sha256, s3_client
 from services.datasets.tables import DatasetPartRow, DatasetRow
+from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.storage.s3 import default_location
 
@@ -83,6 +85,7 @@ def _format_of(body: DatasetCreate) -> tuple[str, bool]:
 
 def create(session: Session, principal: Principal, body: DatasetCreate, settings: Settings) -> DatasetRow:
     """Open an upload session: a multipart upload in the bucket and the row that tracks its parts."""
+    OrganizationRepository(session).lock(principal.organization_id)
     fmt, gzipped = _format_of(body)
     if body.size_bytes > settings.dataset_max_bytes:
         raise PayloadTooLarge(
@@ -97,6 +100,7 @@ def create(session: Session, principal: Principal, body: DatasetCreate, settings
             f"the largest upload with this part size (GPUPLAN_DATASET_PART_BYTES) is {S3_MAX_PARTS * part:,} bytes",
             field="size_bytes",
         )
+    check_dataset_quota(session, principal.organization_id, settings, body.size_bytes)
     location = default_location(settings, "datasets")
     dataset_id = new_id()
     key = location.key(principal.organization_id, dataset_id, f"data.{fmt}" + (".gz" if gzipped else ""))
@@ -121,6 +125,29 @@ def create(session: Session, principal: Principal, body: DatasetCreate, settings
             part_size_bytes=part,
         )
     )
+
+
+def check_dataset_quota(session: Session, organization_id: str, settings: Settings, new_bytes: int = 0) -> None:
+    """429 when the organization stores its quota of data sets, or ``new_bytes`` more would pass its byte
+    quota (call under the organization's lock: :meth:`OrganizationRepository.lock`)."""
+    count, stored = session.execute(
+        select(func.count(), func.coalesce(func.sum(DatasetRow.size_bytes), 0)).where(
+            DatasetRow.organization_id == organization_id
+        )
+    ).one()
+    if settings.quota_datasets and count >= settings.quota_datasets:
+        raise TooManyRequests(
+            f"quota: {settings.quota_datasets} stored data sets per organization; delete one first",
+            retry_after_s=3600,
+            field="datasets",
+        )
+    if settings.quota_dataset_bytes and int(stored) + new_bytes > settings.quota_dataset_bytes:
+        raise TooManyRequests(
+            f"quota: {settings.quota_dataset_bytes:,} stored data set bytes per organization "
+            f"({int(stored):,} stored, {new_bytes:,} asked)",
+            retry_after_s=3600,
+            field="size_bytes",
+        )
 
 
 def get(session: Session, principal: Principal, dataset_id: str) -> DatasetRow:

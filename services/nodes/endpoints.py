@@ -67,6 +67,7 @@ def register(body: NodeRegistration, db: DbDep, principal: PrincipalDep, setting
             body,
             driver=settings.provider_driver,
             instance_id_pattern=settings.provider_instance_id_pattern,
+            quota=settings.quota_nodes,
         )
         return NodeRegistered(**_node(node).model_dump(), node_token=token)
 

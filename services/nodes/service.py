@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
 from services.core.db import utcnow
-from services.core.errors import Conflict, NotFound, Unauthorized, Unprocessable
+from services.core.errors import Conflict, NotFound, TooManyRequests, Unauthorized, Unprocessable
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import UTILISATION_SEARCH, estimate, resolve_architecture, utilisation_reproducing
 from services.estimator.plan import Plan
@@ -31,6 +31,7 @@ from services.nodes.lifecycle import add_event, after_heartbeat
 from services.nodes.processes import connection_is_from, start_ticks
 from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
+from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
@@ -81,11 +82,14 @@ def register_node(
     *,
     driver: str = "none",
     instance_id_pattern: str | None = None,
+    quota: int = 0,
 ) -> tuple[NodeRow, str]:
     """Store the node and issue its agent token (returned here once; only its hash is kept).
 
     A provider instance belongs to the first organization that registers it; the same organization
-    registering it again (an agent restarted) replaces its older nodes of that instance."""
+    registering it again (an agent restarted) replaces its older nodes of that instance. A new node counts
+    against the organization's ``quota`` of nodes not stopped (0: none), checked under its row lock."""
+    OrganizationRepository(session).lock(principal.organization_id)
     gpu = "cpu"
     if body.gpu.strip().lower() != "cpu":
         try:
@@ -113,6 +117,7 @@ def register_node(
             previous.status = "replaced"
             previous.token_hash = None
             add_event(session, previous, "replaced", "the instance registered again (a new agent)", now)
+    check_node_quota(session, principal.organization_id, quota)
     token = secrets.token_urlsafe(32)
     node = NodeRow(
         organization_id=principal.organization_id,
@@ -137,6 +142,22 @@ def register_node(
     session.add(node)
     session.flush()
     return node, token
+
+
+def check_node_quota(session: Session, organization_id: str, quota: int) -> None:
+    """429 when the organization has ``quota`` nodes that are not stopped (under its row lock)."""
+    if quota <= 0:
+        return
+    session.flush()  # nodes this registration replaced no longer count
+    count = session.scalar(
+        select(func.count()).where(
+            NodeRow.organization_id == organization_id, NodeRow.status.not_in(("stopped", "replaced"))
+        )
+    )
+    if (count or 0) >= quota:
+        raise TooManyRequests(
+            f"quota: {quota} nodes per organization; stop one first", retry_after_s=3600, field="nodes"
+        )
 
 
 def authenticate_node(session: Session, principal: Principal, node_id: str, token: str | None) -> NodeRow:

@@ -61,7 +61,9 @@ def create_plan(
 ) -> PlanCreated:
     # A model named by its Hub id is fetched (and cached) before the plan's transaction opens.
     with_model_config(body.to_plan(), FactoryCache(db.factory))
-    result, created = service.submit_idempotent(db.transaction, principal, body, idempotency_key)
+    result, created = service.submit_idempotent(
+        db.transaction, principal, body, idempotency_key, db.settings.quota_plans_per_hour
+    )
     response.headers["Location"] = f"/v1/plans/{result.id}"
     if not created:
         response.status_code = 200

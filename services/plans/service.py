@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.errors import with_api_hint
 from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
-from services.core.errors import Conflict, GpuplanError, NotFound, Unprocessable
+from services.core.errors import Conflict, GpuplanError, NotFound, TooManyRequests, Unprocessable
 from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.retry import DEFAULT_RETRIES, RetryPolicy, describe, is_transient
 from services.core.tasks import PendingTasks
@@ -31,6 +33,7 @@ from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_
 from services.export.replan import export_retargeted, setup_for_format
 from services.hub.service import DbCache, ResolvedModel, checkpoint_note, with_model_config
 from services.nodes.calibration import calibrated_utilisation
+from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
 from services.plans.recommend import recommend
@@ -73,10 +76,17 @@ def _check_plannable(session: Session, request: PlanRequest) -> str:
 
 
 def submit(
-    session: Session, principal: Principal, request: PlanRequest, idempotency_key: str | None, pending: PendingTasks
+    session: Session,
+    principal: Principal,
+    request: PlanRequest,
+    idempotency_key: str | None,
+    pending: PendingTasks,
+    plans_per_hour: int = 0,
 ) -> tuple[PlanRow, bool]:
     """Store a plan and enqueue its estimation; returns (row, created). A repeated Idempotency-Key with
-    the same body returns the first plan; with a different body it is a conflict."""
+    the same body returns the first plan; with a different body it is a conflict. A new plan counts
+    against the organization's ``plans_per_hour`` quota (0: none), checked under its row lock."""
+    OrganizationRepository(session).lock(principal.organization_id)
     if request.dataset_id is not None:
         request = with_dataset(session, principal.organization_id, request)
     if request.dataset is None and request.data is None:
@@ -95,6 +105,7 @@ def submit(
             if existing.request != body:
                 raise Conflict("Idempotency-Key was already used with a different plan body", field="Idempotency-Key")
             return existing, False
+    check_plans_per_hour(session, principal.organization_id, plans_per_hour)
     name = _check_plannable(session, request)
     row = repo.add(
         PlanRow(
@@ -115,6 +126,7 @@ def submit_idempotent(
     principal: Principal,
     request: PlanRequest,
     idempotency_key: str | None,
+    plans_per_hour: int = 0,
 ) -> tuple[PlanCreated, bool]:
     """:func:`submit` in its own transaction, safe under concurrent requests with one Idempotency-Key.
 
@@ -125,14 +137,37 @@ def submit_idempotent(
     """
     try:
         with transaction() as (session, pending):
-            row, created = submit(session, principal, request, idempotency_key, pending)
+            row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour)
             return PlanCreated(id=row.id, status=row.status), created
     except IntegrityError:
         if idempotency_key is None:
             raise
     with transaction() as (session, pending):
-        row, created = submit(session, principal, request, idempotency_key, pending)
+        row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour)
         return PlanCreated(id=row.id, status=row.status), created
+
+
+def check_plans_per_hour(session: Session, organization_id: str, quota: int) -> None:
+    """429 when the organization created ``quota`` plans in the last hour; Retry-After is when the
+    oldest of them leaves the hour."""
+    if quota <= 0:
+        return
+    since = utcnow() - timedelta(hours=1)
+    recent = (
+        select(PlanRow.created_at)
+        .where(PlanRow.organization_id == organization_id, PlanRow.created_at >= since)
+        .order_by(PlanRow.created_at.desc())
+        .limit(quota)
+        .subquery()
+    )
+    count, oldest = session.execute(select(func.count(), func.min(recent.c.created_at)).select_from(recent)).one()
+    if count >= quota:
+        retry = 1 if oldest is None else math.ceil((oldest + timedelta(hours=1) - utcnow()).total_seconds())
+        raise TooManyRequests(
+            f"quota: {quota} plans per hour per organization; retry in {max(retry, 1)} s",
+            retry_after_s=retry,
+            field="plans_per_hour",
+        )
 
 
 def with_dataset(session: Session, organization_id: str, request: PlanRequest) -> PlanRequest:
