@@ -15,7 +15,9 @@ from celery import Celery
 
 from services.core.settings import Settings, get_settings
 
-QUEUES = ("estimate", "trace", "calibrate", "sync", "maintenance", "datacheck")
+# Only queues that carry a task: calibration runs and checkpoint syncs happen on the GPU nodes (their
+# agent claims calibrations over the API and syncs to S3 itself), not in a Celery worker.
+QUEUES = ("estimate", "trace", "maintenance", "datacheck")
 # Stable task names (the API sends by name) and the queue each runs on.
 TASK_QUEUES = {
     "gpuplan.plans.estimate": "estimate",
@@ -61,6 +63,8 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": settings.task_visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # Beat writes its schedule file after every task it sends: `gpuplan beat --check` reads its age.
+        beat_sync_every=1,
         beat_schedule={
             **_feed_schedule(settings),
             "resume-unfinished-plans": {

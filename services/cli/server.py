@@ -1,5 +1,5 @@
-"""The service commands: serve, migrate, worker and beat. The database and web stack are imported
-inside the handlers, so `gpuplan estimate` stays free of them."""
+"""The service commands: serve, migrate, worker and beat (and their --check health probes). The database
+and web stack are imported inside the handlers, so `gpuplan estimate` stays free of them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 from services.cli.common import CliError, Subparsers, int_arg
 
 if TYPE_CHECKING:
+    from celery import Celery
+    from fastapi import FastAPI
+
     from services.core.settings import Settings
 
 LOCAL_ORG = "local"
@@ -28,12 +31,29 @@ def register(sub: Subparsers) -> None:
     serve.set_defaults(handler=cmd_serve)
     sub.add_parser("migrate", help="apply the database migrations and exit").set_defaults(handler=cmd_migrate)
     worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
-    worker.add_argument("--queues", default="estimate,trace,calibrate,sync,maintenance,datacheck", help="comma list")
+    worker.add_argument("--queues", help="comma list (default: every queue)")
     worker.add_argument("--concurrency", type=int_arg("--concurrency"), default=2)
-    worker.set_defaults(handler=cmd_celery)
-    sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)").set_defaults(
-        handler=cmd_celery
+    worker.add_argument(
+        "--check", action="store_true", help="health probe: exit 0 when this host's worker answers a ping"
     )
+    worker.set_defaults(handler=cmd_celery)
+    beat = sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
+    beat.add_argument(
+        "--schedule",
+        metavar="FILE",
+        help="beat's record of when each entry last ran (default: $XDG_STATE_HOME/gpuplan/celerybeat-schedule)",
+    )
+    beat.add_argument(
+        "--check", action="store_true", help="health probe: exit 0 when beat has written its schedule lately"
+    )
+    beat.set_defaults(handler=cmd_celery)
+
+
+def default_beat_schedule() -> Path:
+    """Beat's schedule file in the user's state directory (XDG base directories), never the working
+    directory: that is a checkout's work tree, or the image's /app, which its user cannot write."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "gpuplan" / "celerybeat-schedule"
 
 
 def load_settings() -> Settings:
@@ -87,8 +107,6 @@ def _local_key(settings: Settings) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from services.api.app import create_served_app
-
     settings = load_settings()
     host = args.host or settings.host
     port = args.port or settings.port
@@ -105,10 +123,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.api_workers
     if not 1 <= workers <= 64:
         raise CliError(f"--workers: 1 to 64 API processes (got {workers})")
+    # Built here also when worker processes will build their own: a factory that fails (a missing
+    # package, say workers/ for GPUPLAN_REDIS_URL) then stops this command, where uvicorn would restart
+    # each crashing worker process for ever and /healthz would never answer.
+    app = _build_app(settings)
     print(f"gpuplan: serving on {url}  (dashboard: {url}/dashboard, API docs: {url}/docs)", flush=True)
     if workers == 1:
-        uvicorn.run(create_served_app(settings), host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning")
         return 0
+    app.state.engine.dispose()
+    del app
     # Several processes share the dashboard's cookie secret and one metrics directory; each builds its
     # app from the environment (uvicorn starts them fresh).
     os.environ.setdefault("GPUPLAN_SESSION_SECRET", settings.session_secret.get_secret_value())
@@ -119,6 +143,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "services.api.app:create_served_app", factory=True, host=host, port=port, workers=workers, log_level="warning"
     )
     return 0
+
+
+def _build_app(settings: Settings) -> FastAPI:
+    """The served app, or one line saying which module is missing."""
+    from services.api.app import create_served_app
+
+    try:
+        return create_served_app(settings)
+    except ImportError as exc:
+        hint = " (GPUPLAN_REDIS_URL is set: the workers package must be installed)" if exc.name == "workers" else ""
+        raise SystemExit(f"gpuplan: error: the API cannot start: {exc}{hint}") from None
 
 
 def cmd_migrate(_args: argparse.Namespace) -> int:
@@ -133,6 +168,10 @@ def cmd_celery(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"gpuplan: error: {args.command} needs GPUPLAN_REDIS_URL (the embedded default runs tasks in process)"
         )
+    if args.check:
+        from workers.celery_app import app as celery_app
+
+        return _check_worker(celery_app) if args.command == "worker" else _check_beat(celery_app, args.schedule)
     if args.command == "worker" and settings.worker_metrics_port:
         # Before prometheus_client is first imported: the pool's processes write their samples here.
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -145,13 +184,51 @@ def cmd_celery(args: argparse.Namespace) -> int:
     from workers.celery_app import QUEUES, app
 
     if args.command == "beat":
-        app.start(["beat", "--loglevel", "INFO"])
+        schedule = Path(args.schedule) if args.schedule else default_beat_schedule()
+        schedule.parent.mkdir(parents=True, exist_ok=True)
+        app.start(["beat", "--loglevel", "INFO", "--schedule", str(schedule)])
         return 0
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else list(QUEUES)
     unknown = sorted(set(queues) - set(QUEUES))
     if unknown:
         raise SystemExit(f"gpuplan: error: --queues: unknown {', '.join(unknown)}; allowed: {', '.join(QUEUES)}")
     app.worker_main(
         ["worker", "--loglevel", "INFO", "--queues", ",".join(queues), "--concurrency", str(args.concurrency)]
     )
+    return 0
+
+
+def _check_worker(app: Celery) -> int:
+    """The worker of this host (Celery's default node name, celery@hostname) answers a ping over the broker."""
+    from celery.utils.nodenames import default_nodename
+
+    node = default_nodename(None)
+    replies = app.control.ping(destination=[node], timeout=5.0)
+    if not replies:
+        raise SystemExit(f"gpuplan: error: worker {node} did not answer a ping within 5 s")
+    print(f"gpuplan: worker {node} answers")
+    return 0
+
+
+def _check_beat(app: Celery, schedule_arg: str | None) -> int:
+    """Beat writes its schedule file after every task it sends (beat_sync_every=1), so the file is never
+    older than the shortest entry's interval while beat runs; three intervals (plus 30 s) is stale."""
+    import time
+    from datetime import timedelta
+
+    schedule = Path(schedule_arg) if schedule_arg else default_beat_schedule()
+    # The dbm behind shelve decides the names: FILE (gdbm, ndbm: FILE.db) or FILE.dat/.dir/.bak (dumb).
+    files = [p for p in (schedule, *schedule.parent.glob(schedule.name + ".*")) if p.is_file()]
+    if not files:
+        raise SystemExit(f"gpuplan: error: beat has not written {schedule} yet")
+    intervals = [
+        e["schedule"].total_seconds() for e in app.conf.beat_schedule.values() if isinstance(e["schedule"], timedelta)
+    ]
+    max_age_s = 3 * min(intervals, default=60.0) + 30
+    age_s = time.time() - max(p.stat().st_mtime for p in files)
+    if age_s > max_age_s:
+        raise SystemExit(
+            f"gpuplan: error: beat last wrote {schedule} {age_s:.0f} s ago (stale after {max_age_s:.0f} s)"
+        )
+    print(f"gpuplan: beat wrote its schedule {age_s:.0f} s ago")
     return 0

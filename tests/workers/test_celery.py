@@ -85,8 +85,9 @@ class Stack:
         log = open(self.logs / "beat.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli.main", "beat"],
-            env={**self.env(), "PYTHONPATH": os.getcwd()},
-            cwd=self.logs,  # beat keeps its schedule file in its working directory
+            # Beat keeps its schedule file in $XDG_STATE_HOME/gpuplan: this test's own, not the user's.
+            env={**self.env(), "PYTHONPATH": os.getcwd(), "XDG_STATE_HOME": str(self.logs)},
+            cwd=self.logs,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
