@@ -428,7 +428,7 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
     (Ansel et al. 2024, "PyTorch 2", ASPLOS, section 4: pointwise fusion).
     Checkpointing replays the forward (half of it for selective checkpointing, as in ``flops_per_token``).
     """
-    if plan.method == "full" or plan.framework == "unsloth" or recipe.compiled or not plan.is_training:
+    if plan.method == "full" or recipe.fused_lora_kernels or recipe.compiled or not plan.is_training:
         return 0.0, 0
     replay = forward_replay_share(plan, recipe)
     return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))

@@ -6,9 +6,7 @@ quantization, the caching allocator, device overheads, and the peak that puts th
 """
 
 from services.estimator.memory.activations import (
-    OFFLOAD_FORWARD_STASH_TENSORS,
     UNSLOTH_FUSED_ROLES,
-    UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS,
     Activations,
     activation_bytes,
     backward_transient_bytes_per_token,
@@ -44,7 +42,12 @@ from services.estimator.memory.device import (
     fsdp1_stream_pool_bytes,
     nccl_buffer_bytes,
 )
-from services.estimator.memory.loss import compiled_loss_bytes, fused_linear_cross_entropy_bytes, logits_bytes
+from services.estimator.memory.loss import (
+    chunked_loss_tokens,
+    compiled_loss_bytes,
+    fused_linear_cross_entropy_bytes,
+    logits_bytes,
+)
 from services.estimator.memory.peak import GIB, MemoryBreakdown, peak_memory
 from services.estimator.memory.quantization import (
     GPTQ_BYTES,
@@ -98,10 +101,8 @@ __all__ = [
     "NF4_DOUBLE_QUANT_BYTES",
     "NF4_QUANTIZE_CHUNK_ELEMENTS",
     "NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT",
-    "OFFLOAD_FORWARD_STASH_TENSORS",
     "REBUILT_BLOCK_CACHE",
     "UNSLOTH_FUSED_ROLES",
-    "UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS",
     "Activations",
     "MemoryBreakdown",
     "ModelStates",
@@ -115,6 +116,7 @@ __all__ = [
     "backward_transient_bytes_per_token",
     "block_saved_bytes_per_token",
     "bnb_dequantize_bytes",
+    "chunked_loss_tokens",
     "compiled_loss_bytes",
     "compiled_rms_norm_bytes_per_token",
     "dequantized_weight_bytes",

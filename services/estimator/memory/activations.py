@@ -51,7 +51,7 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
     kv_copied = kv_heads_copied(block, arch, recipe)
     kv_width = heads if kv_copied else kv_heads
     q, k, v = a * heads * hd, a * kv_width * hd, a * kv_width * hd
-    fused = recipe.framework == "litgpt" or arch.model_type == "gpt_bigcode"
+    fused = recipe.fused_qkv or arch.model_type == "gpt_bigcode"
     if fused and not kv_copied:
         fused_bytes = a * hd * (heads + 2 * kv_heads)
         if arch.rotary:
@@ -69,7 +69,7 @@ def unsloth_fused_block(block: Block, plan: Plan, recipe: Recipe) -> bool:
     seven projections all carry LoRA adapters without dropout (unsloth/kernels/fast_lora.py: LoRA_QKV,
     LoRA_W, LoRA_MLP; Unsloth patches a layer with them only for dropout 0 and no bias, else it keeps
     PEFT's modules)."""
-    if recipe.framework != "unsloth" or plan.method == "full" or recipe.lora_dropout > 0:
+    if not recipe.fused_lora_kernels or plan.method == "full" or recipe.lora_dropout > 0:
         return False
     if not block.mlp_gated or block.num_experts > 1 or block.kind != "decoder":
         return False
@@ -214,7 +214,7 @@ def block_saved_bytes_per_token(
             continue
         copies = k if lin.copies > 1 else 1
         add("lora", copies * recipe.lora_rank * len(roles) * rank_bytes)
-        if recipe.framework == "litgpt" and set(lin.roles) <= {"q", "k", "v"}:
+        if recipe.fused_qkv and set(lin.roles) <= {"q", "k", "v"}:
             # LitGPT fuses q, k and v into one LoRA layer (LoRAQKVLinear): one input for the three,
             # and when only some are adapted, zero_pad index-copies B's output into the fused width;
             # index_copy keeps that source for backward.
@@ -282,19 +282,10 @@ class Activations:
     refetched: float = 0.0  # offloaded bytes back on the GPU while one block's backward runs
 
 
-# torchtune's OffloadActivations keeps up to max_fwd_stash_size (default 5) offloaded tensors alive on the
-# GPU until their device-to-host copy finishes (torchtune/training/_activation_offloading.py). Unsloth's
-# offloaded checkpointing copies each block's input to the host with a non-blocking copy as the block runs
-# (unsloth_zoo gradient_checkpointing.py, Unsloth_Offloaded_Gradient_Checkpointer): one in flight.
-OFFLOAD_FORWARD_STASH_TENSORS = 5
-UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS = 1
-
-
 def offload_stash_bytes(largest_tensor: float, offloaded: float, recipe: Recipe) -> float:
     """GPU bytes still held by activation offloading at the end of the forward pass: the last few
     offloaded tensors, whose copies to the host may still be in flight."""
-    in_flight = UNSLOTH_OFFLOAD_IN_FLIGHT_TENSORS if recipe.framework == "unsloth" else OFFLOAD_FORWARD_STASH_TENSORS
-    return min(offloaded, in_flight * largest_tensor)
+    return min(offloaded, recipe.offload_in_flight_tensors * largest_tensor)
 
 
 def _largest_saved_tensor_bytes(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:

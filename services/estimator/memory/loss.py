@@ -7,6 +7,14 @@ from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
 
+def chunked_loss_tokens(plan: Plan, recipe: Recipe) -> float:
+    """Tokens per chunk of a chunked cross-entropy: a share of the micro-batch (torchtune), or 128
+    positions of every sequence (LitGPT's head)."""
+    if recipe.loss_chunks:
+        return plan.tokens_per_micro_batch / recipe.loss_chunks
+    return plan.micro_batch_size * min(plan.seq_len, 128)
+
+
 def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     """(end of forward, start of backward) bytes of logits, log-probabilities and their gradients.
 
@@ -26,11 +34,10 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     if recipe.compiled_loss:
         return compiled_loss_bytes(plan, arch, recipe)
     if recipe.loss == "chunked":
-        # torchtune splits the logits into 8 chunks; LitGPT's head emits 128-position chunks.
-        chunk = tokens / 8 if recipe.framework == "torchtune" else plan.micro_batch_size * min(plan.seq_len, 128)
+        chunk = chunked_loss_tokens(plan, recipe)
         fwd = tokens * v * (a + up) + chunk * v * up
         bwd = tokens * v * up + chunk * v * 2 * up
-        if recipe.framework == "litgpt":
+        if recipe.loss_keeps_chunks:
             bwd += tokens * v * a  # LitGPT keeps the logits chunks referenced through backward
         return float(fwd), float(bwd)
     fwd = tokens * v * (a + 2 * up)  # logits, upcast copy, kept log-probabilities
@@ -71,6 +78,6 @@ def compiled_loss_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple
     a = recipe.compute_bytes
     up = 4 if recipe.logits_fp32 else a
     if recipe.loss == "chunked":
-        chunk = tokens / 8 if recipe.framework == "torchtune" else plan.micro_batch_size * min(plan.seq_len, 128)
+        chunk = chunked_loss_tokens(plan, recipe)
         return float(tokens * v * a), float(tokens * v * a + chunk * v * a)
     return float(tokens * v * (a + up)), float(tokens * v * 2 * up)

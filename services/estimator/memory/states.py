@@ -272,9 +272,9 @@ def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tup
         # FSDP mixed precision gathers in param_dtype (16-bit) even when the shards are fp32.
         block = arch.largest_block_params * recipe.compute_bytes
     root = (
-        0.0
-        if recipe.framework == "torchtitan"
-        else float((arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes)
+        float((arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes)
+        if recipe.fsdp_root_gathered
+        else 0.0
     )
     fwd = 2 * block + root
     grad_block = 0.0
