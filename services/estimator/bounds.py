@@ -5,24 +5,21 @@ An estimate's work must not grow with a number the caller types (issue 15.3: a p
 bound is refused with the field's name, the bound and the largest real value it is based on. The
 margins are 6x to 25x, so a model larger than any published one still passes.
 
-Two checks, both pure and cheap:
+Two checks, both pure and cheap (the second lives with the architecture, which it reads):
 
 - :func:`check_config_sizes` reads the raw config.json (and its nested ``text_config`` /
   ``vision_config``) before any parsing, naming the field as the user wrote it;
-- :func:`check_architecture_sizes` checks the parsed :class:`Architecture`, so a family parser that
-  reads other field names (or derives a size) is covered too.
+- ``architecture.sizes.check_architecture_sizes`` checks the parsed architecture against the same
+  bounds, so a family parser that reads other field names (or derives a size) is covered too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.estimator.errors import EstimatorError
-
-if TYPE_CHECKING:  # architecture.py calls these checks
-    from services.estimator.architecture import Architecture
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ POSITIVE_FIELDS = frozenset(
 )
 
 
-def _over(field: str, value: Any, bound: Bound) -> EstimatorError:
+def over_bound(field: str, value: Any, bound: Bound) -> EstimatorError:
     return EstimatorError(
         field,
         f"{value!r} is larger than any real model: at most {bound.limit:,} (largest published: {bound.largest_real})",
@@ -111,43 +108,6 @@ def check_config_sizes(config: Mapping[str, Any], field: str = "model.config") -
             if bound is None or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if value > bound.limit:
-                raise _over(f"{path}.{key}", value, bound)
+                raise over_bound(f"{path}.{key}", value, bound)
             if key in POSITIVE_FIELDS and value < 1:
                 raise EstimatorError(f"{path}.{key}", f"must be a positive integer, got {value!r}")
-
-
-def check_architecture_sizes(arch: Architecture) -> None:
-    """Refuse a parsed architecture with any size over its bound (whatever config field it came from)."""
-    prefix = "model.config."
-    if arch.num_layers > LAYERS.limit:
-        raise _over(prefix + "num_hidden_layers", arch.num_layers, LAYERS)
-    if arch.hidden_size > HIDDEN.limit:
-        raise _over(prefix + "hidden_size", arch.hidden_size, HIDDEN)
-    if arch.vocab_size > VOCAB.limit:
-        raise _over(prefix + "vocab_size", arch.vocab_size, VOCAB)
-    if arch.max_position_embeddings is not None and arch.max_position_embeddings > POSITIONS.limit:
-        raise _over(prefix + "max_position_embeddings", arch.max_position_embeddings, POSITIONS)
-    for block in arch.blocks:
-        if block.num_heads > HEADS.limit:
-            raise _over(prefix + "num_attention_heads", block.num_heads, HEADS)
-        if block.head_dim > HEAD_DIM.limit:
-            raise _over(prefix + "head_dim", block.head_dim, HEAD_DIM)
-        if block.intermediate_size > INTERMEDIATE.limit:
-            raise _over(prefix + "intermediate_size", block.intermediate_size, INTERMEDIATE)
-        if block.num_experts > EXPERTS.limit:
-            raise _over(prefix + "num_experts", block.num_experts, EXPERTS)
-        if block.experts_per_token > EXPERTS_PER_TOKEN.limit:
-            raise _over(prefix + "num_experts_per_tok", block.experts_per_token, EXPERTS_PER_TOKEN)
-        if block.num_experts > 1 and block.experts_per_token > block.num_experts:
-            raise EstimatorError(
-                prefix + "num_experts_per_tok",
-                f"{block.experts_per_token} is more than the {block.num_experts} experts of the layer",
-            )
-        widest = HIDDEN.limit * HEADS.limit  # a projection wider than this has no real counterpart
-        for lin in block.linears:
-            if lin.in_features > widest or lin.out_features > widest or lin.copies > EXPERTS.limit:
-                raise EstimatorError(
-                    prefix.rstrip("."),
-                    f"layer {lin.name} is {lin.in_features:,} x {lin.out_features:,}"
-                    f"{f' x {lin.copies:,} experts' if lin.copies > 1 else ''}: larger than any real model",
-                )

@@ -146,9 +146,7 @@ def fuses_block_kernels(recipe: Recipe) -> bool:
     use_liger_kernel patches the model with Liger's defaults, RMSNorm, RoPE and SwiGLU kernels beside the fused
     linear cross-entropy (linkedin/Liger-Kernel liger_kernel/transformers/monkey_patch.py,
     apply_liger_kernel_to_llama: rope, rms_norm, swiglu and fused_linear_cross_entropy default to True)."""
-    if recipe.compiled or recipe.framework == "unsloth":
-        return True
-    return recipe.framework == "hf-trainer" and recipe.loss == "fused"
+    return recipe.fused_block_kernels
 
 
 def blocks_bytes_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> Pair:

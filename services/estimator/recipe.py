@@ -102,6 +102,31 @@ class FrameworkDefaults:
     # - pytorch: a hand-written loop's batching is its author's; we assume fixed shapes, the smaller
     #   reserve, and leave varying shapes to an explicit padding: longest.
     padding: Padding = "longest"
+    # LitGPT's CausalSelfAttention projects q, k and v with one linear (litgpt/model.py, ``qkv``) and LoRA
+    # with one LoRAQKVLinear (litgpt/lora.py): SDPA gets views of the fused output.
+    fused_qkv: bool = False
+    # Unsloth's LoRA autograd functions fuse the adapters into the base matmuls (unsloth/kernels/fast_lora.py:
+    # LoRA_QKV, LoRA_W, LoRA_MLP) and its Triton kernels run the norms, rotary and activation.
+    fused_lora_kernels: bool = False
+    # The Trainer's use_liger_kernel (the route to a fused loss there) patches RMSNorm, RoPE and SwiGLU with
+    # Liger's kernels too (liger_kernel/transformers/monkey_patch.py, apply_liger_kernel_to_llama).
+    liger_kernels_with_fused_loss: bool = False
+    # torchtune's chunked cross-entropy splits the logits into 8 chunks (CEWithChunkedOutputLoss); 0 means
+    # 128-position chunks, as LitGPT's head emits them (lm_head_chunk_size=128).
+    loss_chunks: int = 0
+    # LitGPT keeps the logits chunks referenced through backward (chunked_cross_entropy over the list).
+    loss_keeps_chunks: bool = False
+    # FSDP's root unit (embeddings, final norm, head) stays gathered in HF and torchtune wrapping; torchtitan
+    # shards the embedding and the head as units of their own (torchtitan parallelize_llama, fully_shard).
+    fsdp_root_gathered: bool = True
+    # Mixed precision by torch.autocast (cast per matmul, casts kept for backward); torchtitan uses FSDP2's
+    # MixedPrecisionPolicy instead.
+    mixed_precision_by_autocast: bool = True
+    # Offloaded activations still on the GPU at the end of the forward: torchtune's OffloadActivations keeps up
+    # to max_fwd_stash_size (default 5) alive until their device-to-host copy finishes
+    # (torchtune/training/_activation_offloading.py); Unsloth's offloaded checkpointing copies each block's
+    # input non-blocking as the block runs (unsloth_zoo gradient_checkpointing.py): one in flight.
+    offload_in_flight_tensors: int = 5
 
 
 # Sources, per framework:
@@ -138,11 +163,16 @@ _HF = FrameworkDefaults(
     note="Hugging Face Trainer + PEFT defaults",
     autocast=True,
     prepares_kbit=True,
+    liger_kernels_with_fused_loss=True,
 )
 _DEFAULTS: dict[Framework, FrameworkDefaults] = {
     "hf-trainer": _HF,
     "pytorch": replace(
-        _HF, note="a plain PyTorch loop over a transformers model", autocast=False, padding="max-length"
+        _HF,
+        note="a plain PyTorch loop over a transformers model",
+        autocast=False,
+        padding="max-length",
+        liger_kernels_with_fused_loss=False,
     ),
     "axolotl": replace(
         _HF,
@@ -157,6 +187,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         fsdp_accumulates_unsharded=False,
         padding="packed",
         note="axolotl (Trainer-based; flash attention, gradient accumulation, FSDP2)",
+        liger_kernels_with_fused_loss=False,
     ),
     "torchtune": FrameworkDefaults(
         attention="sdpa",
@@ -175,6 +206,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         note="torchtune recipe defaults",
         fsdp_accumulates_unsharded=False,
         fsdp1=False,
+        loss_chunks=8,
     ),
     "litgpt": FrameworkDefaults(
         attention="sdpa",
@@ -196,6 +228,8 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
         unties_embeddings=True,
         bnb_dequantizes_to_fp16=True,
+        fused_qkv=True,
+        loss_keeps_chunks=True,
     ),
     "torchtitan": FrameworkDefaults(
         attention="sdpa",
@@ -216,6 +250,8 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         compiles_loss=False,
         fsdp1=False,
         padding="packed",
+        fsdp_root_gathered=False,
+        mixed_precision_by_autocast=False,
     ),
     "unsloth": FrameworkDefaults(
         attention="flash",
@@ -232,6 +268,8 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         expands_kv=False,
         python_gelu=False,
         note="Unsloth defaults",
+        fused_lora_kernels=True,
+        offload_in_flight_tensors=1,
     ),
 }
 
@@ -275,6 +313,14 @@ class Recipe:
     kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
     unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
     padding: Padding = "longest"  # how batches get their length; "longest" makes batch shapes vary
+    # What the framework's code does, from FrameworkDefaults (its sources are given there).
+    fused_qkv: bool = False
+    fused_lora_kernels: bool = False
+    fused_block_kernels: bool = False  # norms, rotary and activation run as fused kernels
+    loss_chunks: int = 0
+    loss_keeps_chunks: bool = False
+    fsdp_root_gathered: bool = True
+    offload_in_flight_tensors: int = 5
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -351,6 +397,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
     attention = plan.attention or d.attention
     compiled = (d.compile if plan.compile is None else plan.compile) and plan.is_training
     offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
+    loss = plan.loss or d.loss
     return Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
@@ -358,7 +405,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         residual_bytes=residual_bytes,
         master_weights=master,
         attention=attention,
-        loss=plan.loss or d.loss,
+        loss=loss,
         logits_fp32=d.logits_fp32 if plan.logits_fp32 is None else plan.logits_fp32,
         # DeepSpeed builds its own FusedAdam when its config names the optimizer, as the HF DeepSpeed
         # integration's example configs do (deepspeed/ops/adam/fused_adam.py): no foreach temporaries.
@@ -387,7 +434,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         autocast_weight_copies=(
             weight_bytes != compute_bytes
             and plan.sharding not in ("zero3", "fsdp")
-            and plan.framework != "torchtitan"
+            and d.mixed_precision_by_autocast
             and plan.is_training
         ),
         compiled=compiled,
@@ -402,6 +449,13 @@ def resolve_recipe(plan: Plan) -> Recipe:
         kbit_fp32_upcast=kbit_upcast,
         unquantized_weight_bytes=4 if kbit_upcast else compute_bytes,
         padding=plan.padding or d.padding,
+        fused_qkv=d.fused_qkv,
+        fused_lora_kernels=d.fused_lora_kernels,
+        fused_block_kernels=compiled or d.fused_lora_kernels or (d.liger_kernels_with_fused_loss and loss == "fused"),
+        loss_chunks=d.loss_chunks,
+        loss_keeps_chunks=d.loss_keeps_chunks,
+        fsdp_root_gathered=d.fsdp_root_gathered,
+        offload_in_flight_tensors=d.offload_in_flight_tensors,
     )
 
 

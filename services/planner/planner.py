@@ -28,6 +28,7 @@ from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.planner.batching import effective_batch_size
 from services.planner.constraints import Constraints
+from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, RunSizes
 from services.planner.costs import (
     DEFAULT_DOWNLOAD_GBIT_PER_S,
     DEFAULT_PREEMPTION_PER_NODE_HOUR,
@@ -37,10 +38,10 @@ from services.planner.costs import (
 )
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
+from services.planner.host_ram import host_ram_available_bytes
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
-from services.planner.search import Candidate, Entry, PlanContext, RamBlocked, RunSizes, host_ram_available_bytes
 from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
 
 DEFAULT_TOP_N = 10

@@ -17,16 +17,12 @@ from dataclasses import dataclass, field
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
+from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, Setup
 from services.planner.costs import download_seconds, startup_seconds
 from services.planner.models import PricingMode, Rejection
 from services.planner.rejections import filter_rejection, precision_rejection
 from services.planner.search import (
     NARROW_SEARCH,
-    Candidate,
-    Entry,
-    PlanContext,
-    RamBlocked,
-    Setup,
     price_setup,
     qualifies,
     ram_blocked_setups,

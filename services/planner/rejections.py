@@ -10,18 +10,12 @@ from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
+from services.planner.context import Candidate, PlanContext, RamBlocked
 from services.planner.evaluator import Evaluator
+from services.planner.host_ram import host_ram_available_bytes, host_ram_bytes_per_node, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import Rejection, RejectionKind
-from services.planner.search import (
-    Candidate,
-    PlanContext,
-    RamBlocked,
-    config_for,
-    host_ram_available_bytes,
-    host_ram_bytes_per_node,
-    usable_host_ram_bytes,
-)
+from services.planner.search import config_for
 
 # Cheaper fine-tuning methods to suggest, least change first.
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}

@@ -25,166 +25,18 @@ setups are computed once per shape and priced per offer (a catalog of thousands 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
-from services.estimator.architecture import Architecture
-from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links, intra_node_kind
-from services.estimator.memory import GIB
-from services.estimator.plan import Method, Optimizer, Plan, Sharding
-from services.estimator.throughput import Throughput
+from services.estimator.plan import Optimizer, Sharding
 from services.planner.batching import BatchSplit, batch_split
 from services.planner.constraints import Constraints
+from services.planner.context import EIGHT_BIT_OPTIMIZERS, Candidate, PlanContext, RamBlocked, RamKey, Setup, ShapeKey
 from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config, Evaluator
-from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, offer_links, sharding_options
+from services.planner.host_ram import _blocked, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
+from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import PricingMode
-
-# Optimizers the planner may switch AdamW to when the user allows it, least change first.
-EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw-8bit", "paged-adamw-8bit")
-
-# (card, gpus_per_node, whole_nodes_only, intra-node link kind, inter-node Gbit/s: None in a single-node key).
-ShapeKey = tuple[str, int, bool, str, float | None]
-# (shape key of one node, inter-node Gbit/s, which single-node setups the host RAM holds, and where offload
-# first fits it on more nodes: see _ram_key).
-RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
-
-
-@dataclass(frozen=True)
-class RunSizes:
-    """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
-
-    model_download_bytes: float
-    checkpoint_bytes: float
-    final_upload_bytes: float
-    checkpoint_write_s: float
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    """What every step of one planning call shares: the plan, its numbers, and the memoised estimators."""
-
-    plan: Plan
-    arch: Architecture
-    constraints: Constraints
-    total_tokens: float
-    effective_batch_size: int
-    sizes: RunSizes
-    evaluator: Evaluator
-    budget: CpuBudget = field(default_factory=unlimited)
-    _variants: dict[Method, Evaluator] = field(default_factory=dict)
-    _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
-    _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
-    # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
-    _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
-    _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
-    _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
-    _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
-    _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
-
-    def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
-        """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""
-        inter = offer.inter_node_gbit_per_s if layout.nodes > 1 else None
-        key = (spec.name, offer.interconnect, layout, inter)
-        found = self._links.get(key)
-        if found is None:
-            found = offer_links(spec, offer, layout)
-            self._links[key] = found
-        return found
-
-    _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    _needs: dict[tuple[str, Layout, bool], tuple[float, ...]] = field(default_factory=dict)
-    _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
-
-    def variant(self, method: Method) -> Evaluator:
-        """An evaluator for the plan with another fine-tuning method (for suggestions)."""
-        if method == self.plan.method:
-            return self.evaluator
-        found = self._variants.get(method)
-        if found is None:
-            found = Evaluator(self.plan.model_copy(update={"method": method}), self.arch)
-            self._variants[method] = found
-        return found
-
-    def usable_bytes(self, spec: GpuSpec) -> float:
-        """Memory per GPU a setup may use: the card's memory less the safety margin."""
-        return spec.memory_gib * (1.0 - self.constraints.safety_margin) * GIB
-
-
-@dataclass(frozen=True)
-class Setup:
-    """A configuration that fits a card on a layout, with its speed (independent of any price)."""
-
-    spec: GpuSpec
-    layout: Layout
-    links: Links
-    cfg: Config
-    peak_device_bytes: float
-    throughput: Throughput
-    training_s: float
-    host_ram_bytes_per_node: float  # offloaded states in CPU memory (0 without offload)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A setup on one offer, priced on demand and (where the offer has spot and spot is allowed) on spot."""
-
-    offer: Offer
-    offer_index: int
-    setup: Setup
-    on_demand: RunCost
-    spot: RunCost | None
-    qualifies_with: PricingMode | None  # None: breaks the budget or the deadline under every pricing
-
-    @property
-    def spec(self) -> GpuSpec:
-        return self.setup.spec
-
-    @property
-    def layout(self) -> Layout:
-        return self.setup.layout
-
-    @property
-    def cfg(self) -> Config:
-        return self.setup.cfg
-
-    @property
-    def peak_device_bytes(self) -> float:
-        return self.setup.peak_device_bytes
-
-    @property
-    def throughput(self) -> Throughput:
-        return self.setup.throughput
-
-    @property
-    def hours(self) -> float:
-        return self.on_demand.hours
-
-    @property
-    def cost_usd(self) -> float:
-        return self.on_demand.expected_cost_usd
-
-    @property
-    def spot_cost_usd(self) -> float | None:
-        return None if self.spot is None else self.spot.expected_cost_usd
-
-    def pricings(self) -> tuple[RunCost, ...]:
-        return (self.on_demand,) if self.spot is None else (self.on_demand, self.spot)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One line of the ranking: a candidate under one pricing."""
-
-    candidate: Candidate
-    cost: RunCost
-
-    def rank_key(self) -> tuple[float, int, int, float, int]:
-        """Expected cost; ties (to the cent) go to fewer GPUs, then fewer nodes, then shorter time."""
-        c = self.candidate
-        return (round(self.cost.expected_cost_usd, 2), c.layout.gpus, c.layout.nodes, self.cost.hours, c.offer_index)
 
 
 def config_for(
@@ -236,65 +88,6 @@ def largest_fitting_micro_batch(
         else:
             hi = mid
     return sizes[lo]
-
-
-def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> float:
-    """CPU memory the offloaded states of one node take (ZeRO-Offload, arXiv 2101.06840: fp32 master weights,
-    optimizer states and the gradient partition live in host memory; FSDP/ZeRO-3 offload the parameter
-    shards too): what the same setup would keep per GPU without offload, with gradients sharded."""
-    if not cfg.cpu_offload:
-        return 0.0
-    kept = ctx.evaluator.model_states(
-        Config(cfg.gpus, cfg.sharding, cfg.micro_batch_size, cfg.accumulation_steps, cfg.checkpointing, False, None)
-    )
-    grad_width = 4.0 if ctx.plan.precision == "fp32" else 2.0
-    per_gpu = kept.master_weights + kept.optimizer_states + kept.optimizer_states_paged
-    per_gpu += kept.trainable_params * grad_width / cfg.gpus
-    if cfg.sharding in ("zero3", "fsdp"):
-        per_gpu += kept.weights + kept.adapters
-    return per_gpu * layout.gpus_per_node
-
-
-def host_ram_available_bytes(offer: Offer, layout: Layout) -> float | None:
-    """Host RAM of one node of ``layout`` on ``offer``; None when the offer does not say.
-
-    ``host_ram_gib_per_node`` is the RAM of a node of ``gpus_per_node`` GPUs; a setup renting k of them is
-    credited k / gpus_per_node of it, the share AWS's smaller sizes keep per GPU (g4dn.12xlarge 4 x T4 192 GiB
-    of g4dn.metal's 8 x T4 384 GiB; g5.24xlarge 4 x A10G 384 GiB of g5.48xlarge's 768 GiB:
-    aws.amazon.com/ec2/instance-types, accelerated computing)."""
-    if offer.host_ram_gib_per_node is None:
-        return None
-    share = min(1.0, layout.gpus_per_node / max(1, offer.gpus_per_node))
-    return offer.host_ram_gib_per_node * GIB * share
-
-
-def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
-    """The host RAM per node an offload setup may fill: the node's RAM less the same safety margin the GPUs keep
-    (the OS, the training process and its data loaders live there too); None when unknown."""
-    available = host_ram_available_bytes(offer, layout)
-    return None if available is None else available * (1.0 - ctx.constraints.safety_margin)
-
-
-@dataclass(frozen=True)
-class RamBlocked:
-    """A configuration that fits the GPUs of a layout but not its nodes' host RAM (what it offloads is more)."""
-
-    spec: GpuSpec
-    layout: Layout
-    cfg: Config
-    host_ram_bytes_per_node: float
-
-
-def _blocked(s: Setup) -> RamBlocked:
-    return RamBlocked(s.spec, s.layout, s.cfg, s.host_ram_bytes_per_node)
-
-
-def host_ram_fits(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
-    """Whether the node's host RAM holds what the setup offloads (True when the offer does not say)."""
-    if setup.host_ram_bytes_per_node <= 0:
-        return True
-    usable = usable_host_ram_bytes(ctx, offer, setup.layout)
-    return usable is None or setup.host_ram_bytes_per_node <= usable
 
 
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:

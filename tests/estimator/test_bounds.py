@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from services.catalog.models import find_model
-from services.estimator.architecture import _sparse_layer_count, architecture_from_config
+from services.estimator.architecture import architecture_from_config
+from services.estimator.architecture.config import sparse_layer_count
 from services.estimator.bounds import CONFIG_FIELDS, EXPERTS, HIDDEN, LAYERS, VOCAB
 from services.estimator.budget import CpuBudget, WorkBudgetExceeded
 from services.estimator.errors import EstimatorError
@@ -71,9 +72,9 @@ def test_an_estimate_for_126_layers_does_the_same_work_as_for_32(hf_id: str, lay
 def test_qwen_moe_sparse_layers_are_counted_without_a_loop_over_layers() -> None:
     for layers, step, dense in [(48, 1, ()), (48, 2, (1, 3, 4)), (24, 3, (2, 5, 100)), (7, 4, (3, 3)), (5, 0, ())]:
         naive = sum(1 for i in range(layers) if i not in set(dense) and step > 0 and (i + 1) % step == 0)
-        assert _sparse_layer_count(layers, step, dense) == naive
+        assert sparse_layer_count(layers, step, dense) == naive
     started = time.perf_counter()
-    assert _sparse_layer_count(10**12, 1, (0,)) == 10**12 - 1
+    assert sparse_layer_count(10**12, 1, (0,)) == 10**12 - 1
     assert time.perf_counter() - started < 0.1
 
 

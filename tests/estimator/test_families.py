@@ -266,15 +266,15 @@ def test_layer_counts_are_arithmetic_not_a_loop_over_layers() -> None:
     equal to counting layer by layer, and instant for any count."""
     import time
 
-    from services.estimator.architecture import _moe_layer_count
+    from services.estimator.architecture.moe import moe_layer_count
 
     for layers in range(0, 12):
         for first in range(0, 6):
             for every in range(0, 4):
                 by_layer = sum(1 for i in range(layers) if i >= first and every > 0 and i % every == 0)
-                assert _moe_layer_count(layers, first, every) == by_layer
+                assert moe_layer_count(layers, first, every) == by_layer
     start = time.perf_counter()
-    assert _moe_layer_count(10**12, 3, 1) == 10**12 - 3
+    assert moe_layer_count(10**12, 3, 1) == 10**12 - 3
     assert time.perf_counter() - start < 0.01
     scout = dict(find_model("meta-llama/Llama-4-Scout-17B-16E").config)
     l4 = architecture_from_config(

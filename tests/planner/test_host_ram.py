@@ -5,8 +5,8 @@ rejection says so in numbers and the fix moves on to more GPUs or nodes."""
 from __future__ import annotations
 
 from services.estimator.memory import GIB
+from services.planner.host_ram import host_ram_available_bytes
 from services.planner.layouts import Layout
-from services.planner.search import host_ram_available_bytes
 from tests.planner.test_planner import everything, offer, plan_for
 
 # A full fine-tune of the 8B model fits one RTX 4090 (24 GiB) only with its states offloaded to host RAM

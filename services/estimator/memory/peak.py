@@ -1,0 +1,253 @@
+"""The peak of a step: the memory in use at each moment of it, and the largest.
+
+The peak is the largest of the memory in use at the moments of a step (end of forward, start of,
+during and end of backward, optimizer step), because activations are freed while gradients are
+created, and at model load, because PyTorch's peak counters run from process start. Sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.estimator.architecture import Architecture
+from services.estimator.memory.activations import activation_bytes
+from services.estimator.memory.allocator import (
+    FRAGMENTATION_OF_DYNAMIC,
+    REBUILT_BLOCK_CACHE,
+    activation_rounding_bytes,
+    varying_length_cache_bytes,
+)
+from services.estimator.memory.device import CUDA_CONTEXT_BYTES, fsdp1_stream_pool_bytes, nccl_buffer_bytes
+from services.estimator.memory.loss import logits_bytes
+from services.estimator.memory.quantization import dequantized_weight_bytes, quantization_load_bytes
+from services.estimator.memory.states import (
+    ModelStates,
+    autocast_weight_copy_bytes,
+    held_architecture,
+    model_states,
+    sharded_working_bytes,
+)
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU of each component at the peak moment, and the three peaks."""
+
+    components: dict[str, float]
+    peak_allocated: float
+    peak_reserved: float
+    peak_device: float
+    peak_moment: str
+    moments: dict[str, float]
+    trainable_params: int
+    activations_per_layer_per_token: dict[str, float]
+    # Cached blocks beyond the peak that the counters and nvidia-smi show when memory is plentiful but
+    # that the caching allocator frees and retries with before it reports out-of-memory
+    # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc): FSDP1's stream pools and
+    # the segments batches of other lengths left. Not part of the peaks.
+    cached_reclaimable: float = 0.0
+
+
+def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
+    arch = held_architecture(arch, recipe)
+    states = model_states(plan, arch, recipe)
+    if not plan.is_training:
+        return _inference_peak(plan, arch, recipe, states)
+
+    acts = activation_bytes(plan, arch, recipe)
+    logit_fwd, logit_bwd = logits_bytes(plan, arch, recipe)
+    shard_fwd, shard_bwd = sharded_working_bytes(plan, arch, recipe)
+
+    grads_all = states.gradients
+    if plan.optimizer_in_backward:
+        # Each parameter steps as soon as its gradient is ready and the gradient is freed
+        # (torchtune optimizer_in_bwd / torch register_post_accumulate_grad_hook).
+        grads_all = states.largest_gradient
+    persistent_grads = grads_all if recipe.grads_persist and not plan.optimizer_in_backward else 0.0
+    growing_grads = grads_all - persistent_grads
+    head_grad = 0.0
+    if growing_grads and plan.method == "full":
+        head_grad = min(
+            growing_grads,
+            arch.lm_head_matmul_params
+            * recipe.weight_bytes
+            / (plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1),
+        )
+
+    casts = autocast_weight_copy_bytes(arch, recipe)
+    # bitsandbytes: the head's matmul runs last in forward and first in backward; block linears run during
+    # backward. GPTQ: the copies autograd saves (gptq_dequantized_bytes).
+    dequant_head, dequant_block = dequantized_weight_bytes(plan, arch, recipe)
+    static = {
+        "weights": states.weights,
+        "adapters": states.adapters,
+        "master_weights": states.master_weights,
+        "optimizer_states": states.optimizer_states,
+        "gradients": persistent_grads,
+        "ddp_buckets": states.ddp_buckets,
+    }
+    moments: dict[str, dict[str, float]] = {
+        "end_of_forward": {
+            **static,
+            "activations": acts.saved,
+            "autocast_weight_copies": casts,
+            "logits_and_loss": logit_fwd,
+            "sharding_buffers": shard_fwd,
+            "dequantized_weights": dequant_head,
+        },
+        "start_of_backward": {
+            **static,
+            "gradients": persistent_grads + head_grad,
+            "activations": acts.saved,
+            "autocast_weight_copies": casts,
+            "logits_and_loss": logit_bwd,
+            "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_head,
+        },
+        "during_backward": {
+            **static,
+            "gradients": persistent_grads + head_grad,
+            "activations": acts.saved,
+            "autocast_weight_copies": casts,
+            "temporaries": acts.recompute + acts.backward_transient + acts.refetched,
+            "sharding_buffers": shard_bwd,
+            "dequantized_weights": dequant_block,
+        },
+        "end_of_backward": {
+            **static,
+            "gradients": persistent_grads + growing_grads,
+            "temporaries": acts.recompute + acts.backward_transient,
+            "sharding_buffers": shard_bwd,
+        },
+        "optimizer_step": {
+            **static,
+            "gradients": persistent_grads + growing_grads,
+            "temporaries": states.optimizer_temporaries,
+        },
+        # The counters run from process start, so the load counts: the quantized model, its adapters and
+        # the temporaries of quantizing one weight (the optimizer states do not exist yet).
+        "model_load": {
+            "weights": states.weights,
+            "adapters": states.adapters,
+            "quantization_temporaries": quantization_load_bytes(plan, arch, recipe),
+        },
+    }
+    # What a batch's length scales: the activations and logits of the longest moment of the step.
+    length_dependent = max(
+        acts.saved + logit_fwd,
+        acts.saved + logit_bwd,
+        acts.saved + acts.recompute + acts.backward_transient + acts.refetched,
+    )
+    return _finish(
+        plan,
+        moments,
+        states,
+        acts.per_layer_per_token,
+        grads_long_lived=bool(persistent_grads),
+        stream_pools=fsdp1_stream_pool_bytes(plan, arch, recipe),
+        rounding=activation_rounding_bytes(plan, arch, recipe),
+        other_lengths_cache=varying_length_cache_bytes(recipe, length_dependent),
+        rebuilt_block_cache=REBUILT_BLOCK_CACHE * acts.recompute,
+    )
+
+
+def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates) -> MemoryBreakdown:
+    """Serving/generation: weights, the KV cache for every sequence, one layer's working set, logits."""
+    kv_bytes = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[
+        plan.kv_cache_dtype or ("fp32" if recipe.compute_bytes == 4 else "bf16")
+    ]
+    kv = sum(2 * b.count * b.num_kv_heads * b.head_dim for b in arch.blocks) * plan.tokens_per_micro_batch * kv_bytes
+    a = recipe.compute_bytes
+    layer = (
+        max(
+            a
+            * (
+                b.num_heads * b.head_dim * 2
+                + 2 * b.num_kv_heads * b.head_dim
+                + b.experts_per_token * 3 * b.intermediate_size
+            )
+            for b in arch.blocks
+        )
+        * plan.tokens_per_micro_batch
+    )  # prefill of the whole context, one layer at a time
+    logits = plan.micro_batch_size * arch.vocab_size * 4.0  # last position only, fp32
+    weights = states.weights / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
+    moments = {
+        "prefill": {
+            "weights": weights,
+            "adapters": states.adapters,
+            "kv_cache": kv,
+            "activations": layer,
+            "logits_and_loss": logits,
+        },
+    }
+    return _finish(plan, moments, states, {})
+
+
+def _finish(
+    plan: Plan,
+    moments: dict[str, dict[str, float]],
+    states: ModelStates,
+    per_layer: dict[str, float],
+    grads_long_lived: bool = False,
+    stream_pools: float = 0.0,
+    rounding: float = 0.0,
+    other_lengths_cache: float = 0.0,
+    rebuilt_block_cache: float = 0.0,
+) -> MemoryBreakdown:
+    """The peaks from the moments: allocated at the largest moment; reserved adds what the caching
+    allocator holds beyond the live tensors then (fragmentation of the churning memory, segment tails
+    of the kept activations); device adds the CUDA context and NCCL. Cached blocks the allocator may give
+    back before failing (FSDP1 stream pools, segments of other batch lengths, the cache checkpointed
+    rebuilds leave beyond the fragmentation) are reported apart.
+    """
+    totals = {name: sum(parts.values()) for name, parts in moments.items()}
+    peak_name = max(totals, key=lambda name: totals[name])
+    components = {k: v for k, v in moments[peak_name].items() if v}
+    allocated = totals[peak_name]
+    # Tensors allocated once and kept (model states, accumulated gradients) pack tightly; what is
+    # allocated and freed every step fragments the cache.
+    keys = ["weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache"]
+    if grads_long_lived:
+        keys.append("gradients")
+
+    def cache_beyond(parts: dict[str, float], total: float) -> float:
+        long_lived = sum(parts.get(k, 0.0) for k in keys)
+        extra = FRAGMENTATION_OF_DYNAMIC * (total - long_lived)
+        if parts.get("activations"):
+            extra += rounding  # the kept activations' segment tails, while they are alive
+        return extra
+
+    # The reserved peak is the largest moment's live tensors plus its cache, which may be another moment than
+    # the allocated peak's (a load-time spike of temporaries beside a step with more kept tensors); what it
+    # holds beyond the allocated peak is the allocator's reserve.
+    reserved = max(totals[name] + cache_beyond(parts, totals[name]) for name, parts in moments.items())
+    fragmentation = reserved - allocated
+    # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
+    # blocks, so they show in the counters but do not make a run fail.
+    pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
+    if other_lengths_cache:
+        # The segments of other batch lengths sit beside the training step's moments, not the model load.
+        long_lived = sum(components.get(k, 0.0) for k in keys)
+        step_peak = max(total for name, total in totals.items() if name != "model_load")
+        step_reserved = step_peak + FRAGMENTATION_OF_DYNAMIC * max(0.0, step_peak - long_lived)
+        pools_extra += max(0.0, step_reserved + other_lengths_cache - reserved)
+    pools_extra += max(0.0, rebuilt_block_cache - fragmentation)
+    context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
+    components["allocator_reserve"] = fragmentation
+    components["cuda_context"] = float(context)
+    return MemoryBreakdown(
+        components=components,
+        peak_allocated=allocated,
+        peak_reserved=reserved,
+        peak_device=reserved + context,
+        peak_moment=peak_name,
+        moments=totals,
+        trainable_params=states.trainable_params,
+        activations_per_layer_per_token=per_layer,
+        cached_reclaimable=pools_extra,
+    )

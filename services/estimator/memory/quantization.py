@@ -1,0 +1,118 @@
+"""Quantized weights: storage per element, the dequantized copies a step makes, the load-time peak.
+
+Sources: QLoRA (Dettmers et al. 2023, arXiv 2305.14314) for NF4 constants; bitsandbytes, torchao
+and auto-gptq for their layouts.
+"""
+
+from __future__ import annotations
+
+from services.estimator.architecture import Architecture
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+
+# NF4 / int8 storage per quantized weight element (bytes), including the quantization constants.
+# bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper, section 2).
+NF4_BNB_BYTES = 0.5 + 4 / 64
+# torchao NF4Tensor (torchtune): block 64, absmax quantized to int8 with an fp32 scaler per 256 blocks,
+# the same layout as QLoRA's double quantization.
+NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# LLM.int8(): int8 weights + one fp32 scale per output row (approximated per element as negligible).
+INT8_BYTES = 1.0
+# GPTQ 4-bit (auto-gptq's QuantLinear): 4-bit codes in int32 words, and per group of 128 input rows an
+# fp16 scale and a 4-bit zero point per output column (the group size of the common checkpoints; g_idx,
+# one int32 per input row, is negligible).
+GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
+
+
+def quantized_params(arch: Architecture, recipe: Recipe) -> int:
+    """Weights stored 4/8-bit: every block linear (not biases), plus the head where the framework does."""
+    total = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    if recipe.quantize_lm_head:
+        total += arch.lm_head_matmul_params if not arch.tie_word_embeddings else 0
+    return total
+
+
+def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
+    """Bytes a quantized weight element is stored in, its quantization constants included."""
+    if plan.quantized == "int8":
+        return INT8_BYTES
+    return {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
+
+
+def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(output head, largest block linear) bytes of the full-precision copy bitsandbytes makes per matmul.
+
+    MatMul4Bit runs F.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t()) in forward and the
+    same dequantization for the input gradient in backward (bitsandbytes/autograd/_functions.py): the
+    whole weight exists in 16-bit while the matmul runs, plus a second copy when the dequantized dtype
+    (quant_state.dtype, the dtype the weight was quantized from) is not the compute dtype. The copy is a
+    temporary of the one matmul, never saved for backward: forward keeps ctx.tensors = (A, B) or
+    (None, B), B being the packed 4-bit weight, and backward dequantizes again. So one layer's copy
+    exists at a time, in forward and in backward alike; under gradient checkpointing the recomputed
+    forward's copy is freed before that block's backward makes its own. Only 4-bit bitsandbytes layers
+    do this; torchao's NF4 and int8 paths are not modelled here.
+    """
+    if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
+        return 0.0, 0.0
+    per = recipe.compute_bytes + (2 if recipe.bnb_dequant_cast else 0)  # + the fp16 copy before the cast
+    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
+    return float(head * per), float(block * per)
+
+
+def gptq_dequantized_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward, during backward) bytes of the 16-bit weights auto-gptq's QuantLinear dequantizes.
+
+    For the row counts of training (at least ``kernel_switch_threshold``, 128) and with exllama off, as
+    training needs, ``QuantLinear.forward`` (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py) unpacks the
+    weight with PyTorch ops, shift to int32, cast to int8, mask, subtract the zeros, multiply by the scales
+    into a 16-bit weight, and runs ``torch.matmul(x, weight)``. Autograd saves that weight for the input
+    gradient (the matmul's other operand needs none), so it lives until the layer's backward, and the
+    backward does not dequantize again. Without checkpointing every block linear's copy is saved through
+    the forward; with it, a block's replay saves the copies of its own linears for its backward, and its
+    largest linear's unpacking peaks 3 bytes per element above its copy (the int32 and int8 stages).
+    """
+    if plan.quantized is None or recipe.quant_backend != "auto-gptq" or not plan.is_training:
+        return 0.0, 0.0
+    copy = 2.0  # the 16-bit weight
+    if not plan.gradient_checkpointing:
+        saved = copy * quantized_params(arch, recipe)
+        return saved, saved
+    block = max(sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) for b in arch.blocks)
+    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    return 0.0, copy * block + 3.0 * largest
+
+
+def dequantized_weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(end of forward and start of backward, during backward) bytes of dequantized weight copies."""
+    if recipe.quant_backend == "auto-gptq":
+        return gptq_dequantized_bytes(plan, arch, recipe)
+    return bnb_dequantize_bytes(plan, arch, recipe)
+
+
+# torchao's NF4 quantization before pytorch/ao PR #196 (merged 2024-05-01, first in torchao 0.2): for a
+# 16-bit weight of N elements, quantize_tensor_nearest computes (value - nf4).abs() over all 16 NF4 levels
+# at once, two N x 16 16-bit tensors, besides the scaled copy and the int64 indices. pytorch/ao PR #315
+# measured 37.87 GB peak while quantizing a 2.10 GB bf16 weight (4096 x 128256): 72 bytes per element,
+# of which 2 are the weight itself.
+NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT = 70.0
+# Since PR #196 torchao quantizes 1024**2 elements at a time ("Note: Quantize in Chunks", nf4tensor.py).
+NF4_QUANTIZE_CHUNK_ELEMENTS = 1024**2
+
+
+def quantization_load_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Temporaries of quantizing the largest NF4 weight while the model loads: its 16-bit copy on the
+    GPU plus the quantizer's working set (whole-tensor in torchao 0.1, chunked since). A GPTQ checkpoint
+    is stored quantized: nothing is quantized while it loads."""
+    if plan.quantized != "nf4" or recipe.quant_backend == "auto-gptq":
+        return 0.0
+    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    if recipe.quantize_lm_head and not arch.tie_word_embeddings:
+        largest = max(largest, arch.lm_head_matmul_params)
+    if recipe.nf4_whole_tensor:
+        working = largest
+    elif recipe.quant_backend == "torchao":
+        working = min(largest, NF4_QUANTIZE_CHUNK_ELEMENTS)
+    else:
+        working = 0  # bitsandbytes' quantize_4bit is one CUDA kernel writing the packed output directly
+    return float(largest * recipe.compute_bytes + working * NF4_WHOLE_TENSOR_QUANTIZE_BYTES_PER_ELEMENT)

@@ -1,0 +1,325 @@
+"""What a step costs beside its large GEMMs: kernel dispatch, dequantisation, ZeRO hooks, unfused LoRA
+and element-wise passes, and the block linears as GEMM shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from services.estimator.architecture import Architecture
+from services.estimator.elementwise import elementwise_bytes_per_token
+from services.estimator.memory import (
+    lora_roles_of,
+)
+from services.estimator.padding import batch_row_tokens
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+
+# Sources of the constants below (docs/accuracy.md, "Other throughput constants"):
+# - KERNELS_PER_BLOCK_FORWARD / BACKWARD_KERNELS_PER_FORWARD and HOST_SECONDS_PER_OP: measured by
+#   ``python -m benchmarks.mechanisms.dispatch`` (benchmarks/results/dispatch.json) on transformers'
+#   LlamaDecoderLayer (SDPA): 41-45 non-view aten ops per layer forward and 69-73 backward (fp32 / bf16:
+#   bf16 adds RMSNorm's dtype casts; 9 more in a backward that accumulates into existing gradients),
+#   counted with TorchDispatchMode over a 9-layer minus a 1-layer stack;
+#   and 7.8-9.2 us of host time per op on 4-token fp32 tensors in the quietest runs (the fastest of 40
+#   rounds, single-threaded, on the project's shared 2-core CI machine; up to 14 us while it is busy):
+#   Python module calls, the dispatcher, autograd recording and a CPU kernel too small to matter; we take
+#   8.5 us. bf16 reads 13-14 us there because CPU bf16 kernels are slow, not the host.
+# - CUDA_LAUNCH_SECONDS: on a GPU the kernel runs asynchronously and its launch is host work on top:
+#   cudaLaunchKernel costs 4-6 us per kernel (pegainfer's launch-overhead measurements on CUDA 13,
+#   susun-blog.com "From Launch Overhead to CUDA Graph"); we take the middle, 5 us.
+# - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
+# - Overlap of communication with compute: services/estimator/communication.py, per collective over the
+#   real links (FSDP's prefetch, DDP's bucketed all-reduce during backward) with its sources.
+# Eager PyTorch issues this many kernels per transformer block per forward (the two dtypes' mean), and its
+# backward 1.7 times as many (73 / 43; 69 / 41 in fp32).
+KERNELS_PER_BLOCK_FORWARD = 43
+BACKWARD_KERNELS_PER_FORWARD = 1.7
+# Host-side cost per kernel in eager mode (a GPU step cannot be shorter than its launches): the framework's
+# host time per op plus the CUDA launch.
+HOST_SECONDS_PER_OP = 8.5e-6
+CUDA_LAUNCH_SECONDS = 5e-6
+DISPATCH_SECONDS_PER_KERNEL = HOST_SECONDS_PER_OP + CUDA_LAUNCH_SECONDS
+# DeepSpeed ZeRO's host hooks, in eager host ops (HOST_SECONDS_PER_OP each), measured by
+# ``python -m benchmarks.mechanisms.zero_hooks`` (benchmarks/results/zero_hooks.json; DeepSpeed 0.19.8 on
+# transformers' LlamaDecoderLayer; rounded medians of six runs, the last three in that file): ZeRO-3
+# gathers and frees each module's parameters around every call of the module (17-28 ops per module per
+# forward, the forward replayed under checkpointing included; 7-12 per module in the backward), and
+# ZeRO-2/3 move every trained tensor's gradient into the reduce bucket in a backward hook (ZeRO-3 9-12 ops
+# per tensor, ZeRO-2 6-9). Host work every micro-batch, on any number of GPUs; ZeRO-1 adds under one op
+# per tensor and is left out.
+ZERO3_HOST_OPS_PER_MODULE_FORWARD = 20
+ZERO3_HOST_OPS_PER_MODULE_BACKWARD = 9
+ZERO3_HOST_OPS_PER_TRAINED_TENSOR = 10
+ZERO2_HOST_OPS_PER_TRAINED_TENSOR = 7
+# Modules a block calls besides its linears and norms: the block, its attention and MLP and the activation
+# module (transformers' Llama layer calls 13 with 7 linears and 2 norms; the benchmark counts them). PEFT's
+# lora.Linear calls 4 more than the linear it wraps, which becomes its base_layer: itself, its dropout (an
+# nn.Identity at p = 0), lora_A and lora_B (peft/tuners/lora/layer.py; tests/benchmarks/test_mechanisms.py).
+BLOCK_CONTAINER_MODULES = 4
+PEFT_MODULES_PER_ADAPTED_LINEAR = 4
+# auto-gptq's PyTorch dequantization of a 4-bit GPTQ weight (QuantLinear.forward for 128 rows or more, exllama
+# off; auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py), bytes per weight element: the shift of the
+# packed int32 words (read 0.5, write 4), the cast to int8 (4, 1), the mask (1, 1), minus the zeros (1, 1),
+# times the scales into 16-bit (1, 2), and the matmul reading the copy (2) -- against bitsandbytes' 4.6.
+# Its kernels: those five on the weight and four on the zero points.
+GPTQ_DEQUANT_BYTES = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2) + 2
+# bitsandbytes dequantises a 4-bit weight to 16-bit before each matmul: read 0.5 B and the constants,
+# write 2 B, and the matmul reads the 2 B back.
+BNB_DEQUANT_BYTES = 4.6
+GPTQ_DEQUANT_KERNELS_PER_LINEAR = 9
+
+# GPU-independent work of the last plans, keyed by the identity of their (frozen) architecture and
+# recipe objects: the estimate and the planner evaluate one plan on every card, and hashing or comparing
+# the nested dataclasses would cost more than recomputing.
+_BY_IDENTITY: dict[tuple[object, ...], tuple[object, object, object]] = {}
+_BY_IDENTITY_MAX = 256
+T = TypeVar("T")
+
+
+def _cached(kind: str, arch: Architecture, recipe: Recipe, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    k = (kind, id(arch), id(recipe), *key)
+    hit = _BY_IDENTITY.get(k)
+    if hit is not None and hit[0] is arch and hit[1] is recipe:
+        return hit[2]  # type: ignore[return-value]
+    value = compute()
+    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[k] = (arch, recipe, value)
+    return value
+
+
+def forward_replay_share(plan: Plan, recipe: Recipe) -> float:
+    """Share of the block forward that activation checkpointing replays in backward: all of it, half for
+    selective checkpointing (llm-foundry HFU accounting), none without checkpointing or outside training."""
+    if not (plan.is_training and plan.gradient_checkpointing):
+        return 0.0
+    return 0.5 if recipe.checkpoint_granularity == "selective" else 1.0
+
+
+def micro_batch_tokens(plan: Plan, recipe: Recipe) -> float:
+    """Tokens one micro-batch processes, pad tokens included: its rows x their length, which under padding
+    to the longest sample is that sample's expected length, not ``seq_len`` (services.estimator.padding)."""
+    return plan.micro_batch_size * batch_row_tokens(plan, recipe)
+
+
+def dispatch_seconds(plan: Plan, arch: Architecture, recipe: Recipe, lora_kernels_per_layer: int) -> float:
+    """Host time to issue one micro-batch in eager mode: layers x (block + unfused-LoRA kernels) x the dispatch
+    cost per kernel, for the forward, the backward (1.7 times its kernels) and a checkpoint replay, plus a GPTQ
+    checkpoint's dequantization kernels and the hooks of DeepSpeed ZeRO-2/3 (``zero_hook_seconds``)."""
+    passes = 1.0
+    if plan.is_training:
+        passes += BACKWARD_KERNELS_PER_FORWARD + (1 if plan.gradient_checkpointing else 0)
+    kernels = arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL
+    return (
+        kernels * passes
+        + gptq_dequant_passes(plan, recipe) * _gptq_dequant_kernel_seconds(arch)
+        + zero_hook_seconds(plan, arch, recipe)
+    )
+
+
+def gptq_dequant_passes(plan: Plan, recipe: Recipe) -> float:
+    """Times a GPTQ checkpoint's weights are dequantized per micro-batch: the forward and its replay under
+    checkpointing; the backward uses the copy autograd saved (services.estimator.memory.gptq_dequantized_bytes)."""
+    if plan.quantized is None or recipe.quant_backend != "auto-gptq":
+        return 0.0
+    return 1.0 + (forward_replay_share(plan, recipe) if plan.is_training else 0.0)
+
+
+def _gptq_dequant_kernel_seconds(arch: Architecture) -> float:
+    linears = sum(b.count * len(b.linears) for b in arch.blocks)
+    return linears * GPTQ_DEQUANT_KERNELS_PER_LINEAR * DISPATCH_SECONDS_PER_KERNEL
+
+
+def zero_hook_seconds(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Host seconds DeepSpeed ZeRO's hooks take per micro-batch (constants above): under ZeRO-3 every module
+    call gathers and frees its parameters in the forward, its replay under checkpointing and the backward;
+    under ZeRO-2 and ZeRO-3 every trained tensor's gradient is bucketed by a backward hook."""
+    if not plan.is_training or plan.sharding not in ("zero2", "zero3"):
+        return 0.0
+    replay = forward_replay_share(plan, recipe)
+    modules, tensors = _cached("zero", arch, recipe, (plan.method == "full",), lambda: _hooked(arch, recipe, plan))
+    ops = float(tensors) * (
+        ZERO3_HOST_OPS_PER_TRAINED_TENSOR if plan.sharding == "zero3" else ZERO2_HOST_OPS_PER_TRAINED_TENSOR
+    )
+    if plan.sharding == "zero3":
+        ops += modules * (ZERO3_HOST_OPS_PER_MODULE_FORWARD * (1.0 + replay) + ZERO3_HOST_OPS_PER_MODULE_BACKWARD)
+    return ops * HOST_SECONDS_PER_OP
+
+
+def _hooked(arch: Architecture, recipe: Recipe, plan: Plan) -> tuple[int, int]:
+    """(modules called, trained tensors) over the blocks: a linear is one module and one weight (+ a bias), a
+    mixture-of-experts linear one module holding every expert's weights (transformers' grouped experts), a
+    norm one module of one tensor (two for LayerNorm); a LoRA adapter adds PEFT's modules and its A and B."""
+    full = plan.method == "full"
+    norm_tensors = 2 if arch.norm == "layer" else (0 if arch.norm == "nonparam" else 1)
+    modules = tensors = 0
+    for b in arch.blocks:
+        adapted = 0 if full else sum(1 for lin in b.linears if lora_roles_of(lin, recipe))
+        modules += b.count * (
+            BLOCK_CONTAINER_MODULES + len(b.linears) + b.norm_count + PEFT_MODULES_PER_ADAPTED_LINEAR * adapted
+        )
+        if full:
+            tensors += b.count * (sum(1 + lin.bias for lin in b.linears) + b.norm_count * norm_tensors)
+        else:
+            tensors += b.count * 2 * adapted
+    return modules, tensors
+
+
+def block_linear_gemms(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    flops_per_s: float,
+    bytes_per_s: float,
+    tokens: float | None = None,
+) -> tuple[float, float]:
+    """(FLOPs, roofline seconds) of every block linear's GEMMs in one micro-batch.
+
+    The GEMMs of a linear (Narayanan et al. 2021, arXiv 2104.04473, section 5.1: forward, the
+    input-gradient and the weight-gradient matmul, each 2mkn): forward at m = tokens, the input
+    gradient (m x n @ n x k), the weight gradient (k x m @ m x n) only for trained weights, and the
+    forward again under activation checkpointing (half of it for selective). Expert linears of a
+    mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
+    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``. ``tokens``: the micro-batch's
+    tokens when the caller has them (``micro_batch_tokens``).
+    """
+    replay = forward_replay_share(plan, recipe)
+    tokens = micro_batch_tokens(plan, recipe) if tokens is None else tokens
+    training, full = plan.is_training, plan.method == "full"
+    width = recipe.compute_bytes
+    total, least_intensity, gemms = _cached(
+        "gemms",
+        arch,
+        recipe,
+        (tokens, training, full, replay, width),
+        lambda: _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width),
+    )
+    if flops_per_s / bytes_per_s <= least_intensity:  # every GEMM is math-bound on this card
+        return total, total / flops_per_s
+    return total, sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
+
+
+def _gemm_work(
+    shapes: tuple[tuple[float, float, float, float], ...], width: int
+) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """(total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of the shapes: ``gemm_seconds``'s terms."""
+    gemms = tuple((t * 2.0 * m * k * n, t * (m * k + k * n + m * n) * width) for m, k, n, t in shapes)
+    total = sum(f for f, _ in gemms)
+    least = min((f / nbytes for f, nbytes in gemms if nbytes > 0), default=float("inf"))
+    return total, least, gemms
+
+
+def _linear_gemm_shapes(
+    arch: Architecture, tokens: float, training: bool, weight_grads: bool, replay: float
+) -> tuple[tuple[float, float, float, float], ...]:
+    """(m, k, n, how many) of each block-linear GEMM of a micro-batch; cached, as the planner asks per card."""
+    out: list[tuple[float, float, float, float]] = []
+    for b in arch.blocks:
+        for lin in b.linears:
+            k, n = float(lin.in_features), float(lin.out_features)
+            m = tokens * b.experts_per_token / lin.copies if lin.copies > 1 else tokens
+            times = float(b.count * lin.copies)
+            out.append((m, k, n, times * (1.0 + (replay if training else 0.0))))
+            if training:
+                out.append((m, n, k, times))
+                if weight_grads:
+                    out.append((k, m, n, times))
+    return tuple(out)
+
+
+def lora_unfused_bytes_per_token(
+    in_features: int, out_features: int, compute_bytes: int, adapter_input_bytes: int, dropout: bool
+) -> tuple[float, float]:
+    """(forward, backward) bytes one token moves through one PEFT-style LoRA linear besides its GEMMs.
+
+    PEFT's ``lora.Linear.forward`` (peft/tuners/lora/layer.py) runs, after the base layer:
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``, ``result = result + lora_B(lora_A(dropout(x)))
+    * scaling`` and ``result.to(torch_result_dtype)``; each is a separate memory-bound kernel over a
+    full activation (LoRAFusion, Zhu et al. 2025, arXiv 2510.00206, section 3: redundant memory traffic
+    of unfused LoRA on large activation tensors). Counted per token, with ``a`` the adapter's input
+    width (``adapter_input_bytes``, or the compute width when it shares the input) and ``c`` the compute
+    width: forward = cast (read c, write a per input feature) + dropout (read a, write a + a 1-byte mask)
+    + lora_A reading its input (a) + lora_B writing its output (a per output feature) + the scaling
+    (read a, write a) + the add (read c and a, write a) + the cast back (read a, write c, when a != c).
+    Backward = the cast back's gradient (c, a) + the scaling (a, a) + lora_B's two GEMMs reading the
+    output gradient (2a) + lora_A's weight gradient reading the saved input (a) and its input gradient
+    written (a) + dropout (read a + mask, write a) + the cast (a, c) + accumulating into the base
+    layer's input gradient (read 2c, write c). The rank-wide intermediates are negligible.
+    """
+    c = float(compute_bytes)
+    a = float(adapter_input_bytes or compute_bytes)
+    d_in, d_out = float(in_features), float(out_features)
+    cast = a != c
+    fwd = d_in * a + d_out * a  # lora_A reads its input, lora_B writes its output
+    fwd += d_out * 2 * a  # * scaling
+    fwd += d_out * (c + 2 * a)  # result + ...
+    bwd = d_out * 2 * a + d_out * 2 * a  # scaling backward, lora_B dX and dW read the gradient
+    bwd += d_in * 2 * a  # lora_A weight gradient reads the input, its input gradient is written
+    bwd += d_in * 3 * c  # accumulate into the base layer's input gradient
+    if cast:
+        fwd += d_in * (c + a) + d_out * (a + c)
+        bwd += d_out * (c + a) + d_in * (a + c)
+    if dropout:
+        fwd += d_in * (2 * a + 1)
+        bwd += d_in * (2 * a + 1)
+    return fwd, bwd
+
+
+def lora_unfused_kernels_per_linear(adapter_input_bytes: int, compute_bytes: int, dropout: bool) -> int:
+    """Forward kernels PEFT's ``lora.Linear.forward`` adds per adapted linear (see above).
+
+    lora_A, lora_B, the scaling multiply and the add, plus the input cast and the cast back when the
+    adapter runs in another dtype, plus dropout when its probability is not 0 (``nn.Identity`` then).
+    """
+    cast = 2 if adapter_input_bytes and adapter_input_bytes != compute_bytes else 0
+    return 4 + cast + (1 if dropout else 0)
+
+
+def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, int]:
+    """(bytes per token over all passes, forward kernels per layer) of the plan's unfused LoRA adapters.
+
+    Zero for full fine-tuning, for unsloth, whose LoRA MLP/QKV/O autograd functions fuse the adapter
+    into the base matmul's kernels (unslothai/unsloth unsloth/kernels/fast_lora.py), and for compiled
+    blocks, where TorchInductor fuses the casts, dropout, scaling and add into the neighbouring kernels
+    (Ansel et al. 2024, "PyTorch 2", ASPLOS, section 4: pointwise fusion).
+    Checkpointing replays the forward (half of it for selective checkpointing, as in ``flops_per_token``).
+    """
+    if plan.method == "full" or recipe.fused_lora_kernels or recipe.compiled or not plan.is_training:
+        return 0.0, 0
+    replay = forward_replay_share(plan, recipe)
+    return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
+
+
+def step_elementwise_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Bytes per token of the step's element-wise kernels (services.estimator.elementwise); cached per plan shape."""
+    replay = forward_replay_share(plan, recipe)
+    key = (plan.is_training, plan.method == "full", plan.seq_len, replay)  # the recipe holds the framework
+    return _cached("elementwise", arch, recipe, key, lambda: elementwise_bytes_per_token(plan, arch, recipe, replay))
+
+
+def _lora_unfused_work(arch: Architecture, recipe: Recipe, replay: float) -> tuple[float, int]:
+    """``lora_unfused_work`` for a trained LoRA plan; cached, as the planner asks once per card."""
+    dropout = recipe.lora_dropout > 0.0
+    total = 0.0
+    kernels = 0
+    layers = max(1, arch.num_layers)
+    for b in arch.blocks:
+        for lin in b.linears:
+            roles = lora_roles_of(lin, recipe)
+            if not roles:
+                continue
+            d_out = lin.out_features * len(roles) // len(lin.roles)
+            fwd, bwd = lora_unfused_bytes_per_token(
+                lin.in_features, d_out, recipe.compute_bytes, recipe.adapter_input_bytes, dropout
+            )
+            # Expert copies each see their share of the tokens: per token the traffic is experts_per_token x.
+            share = b.experts_per_token if lin.copies > 1 else 1
+            total += b.count * share * (fwd * (1.0 + replay) + bwd)
+            kernels += (
+                b.count
+                * lin.copies
+                * lora_unfused_kernels_per_linear(recipe.adapter_input_bytes, recipe.compute_bytes, dropout)
+            )
+    return total, -(-kernels // layers)

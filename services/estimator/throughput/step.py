@@ -1,0 +1,298 @@
+"""Training throughput: FLOPs per token, step time per GPU, communication and cost.
+
+Step time per GPU = compute (hardware FLOPs / (peak x utilisation), the block linears on a per-GEMM
+roofline at the real tokens per micro-batch, plus the memory passes of unfused LoRA adapters; at least
+the weight-read time and the kernel-dispatch time) + QLoRA dequantisation + the exposed part of
+communication + the optimizer step, amortised over the micro-batches of an optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.catalog.gpus import GpuSpec
+from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.communication import (
+    Links,
+    StepCommunication,
+    links_for,
+    offload_streaming_seconds,
+    step_communication,
+    total_parameters,
+)
+from services.estimator.memory import (
+    ModelStates,
+    adapter_params,
+    quantized_bytes_per_weight,
+    quantized_params,
+)
+from services.estimator.padding import data_tokens_per_processed_token
+from services.estimator.plan import Plan
+from services.estimator.recipe import Recipe
+from services.estimator.throughput.kernels import (
+    BNB_DEQUANT_BYTES,
+    GPTQ_DEQUANT_BYTES,
+    block_linear_gemms,
+    dispatch_seconds,
+    forward_replay_share,
+    gptq_dequant_passes,
+    lora_unfused_work,
+    micro_batch_tokens,
+    step_elementwise_bytes,
+)
+from services.estimator.throughput.rates import utilisation_or_prior
+
+GPUS_PER_NODE = 8
+INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
+# DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
+# reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    forward: float
+    backward: float
+    recompute: float
+    model_flops: float  # 6N + 12 L h s convention (MFU numerator), per token
+
+    @property
+    def hardware(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float  # over all GPUs of the plan; tokens processed, pad tokens included
+    tokens_per_s_per_gpu: float
+    data_tokens_per_s: float  # the data set's tokens consumed per second over all GPUs (time and cost use it)
+    step_seconds: float  # one micro-batch on every GPU, optimizer and communication amortised
+    mfu: float
+    utilisation_assumed: float
+    flops_per_token: FlopsPerToken
+    seconds: dict[str, float]  # per micro-batch: compute, dequantization, communication, optimizer
+    utilisation_source: str
+
+
+def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerToken:
+    """FLOPs one token costs in a training step (Kaplan et al. 2020: 2N forward, 4N backward).
+
+    Frozen weights skip the weight-gradient matmul (LoRA paper, Hu et al. 2021: ~25% faster than
+    full); activation checkpointing replays the forward (+2N, llm-foundry HFU accounting); causal
+    flash attention computes half the score matrix (2 * 2 * s/2 * d per layer forward).
+    """
+    seq = plan.seq_len
+    matmul = float(arch.lm_head_matmul_params)
+    attn_fwd = 0.0
+    layer_matmul = 0.0
+    for b in arch.blocks:
+        active_linear = sum(
+            lin.in_features * lin.out_features * (b.experts_per_token if lin.copies > 1 else 1) for lin in b.linears
+        )
+        layer_matmul += b.count * active_linear
+        causal = 0.5 if recipe.attention != "eager" else 1.0
+        n_attn = 2 if b.kind == "cross-decoder" else 1
+        attn_fwd += b.count * n_attn * 2 * 2 * seq * causal * b.num_heads * b.head_dim
+    matmul += layer_matmul
+    adapters = float(adapter_params(arch, recipe))
+    fwd = 2 * matmul + attn_fwd + 2 * adapters
+    if not plan.is_training:
+        return FlopsPerToken(fwd, 0.0, 0.0, fwd)
+    weight_grad = 2 * matmul if plan.method == "full" else 2 * adapters
+    # Attention backward = 2.5x its forward FLOPs: 5 matmuls against 2 (FlashAttention-2, Dao 2023,
+    # arXiv 2307.08691; the flash-attention benchmark scripts count bwd FLOPs as 2.5 x fwd).
+    bwd = 2 * matmul + 2 * adapters + weight_grad + 2.5 * attn_fwd
+    recompute = 0.0
+    if plan.gradient_checkpointing:
+        block_fwd = 2 * layer_matmul + attn_fwd
+        recompute = block_fwd * forward_replay_share(plan, recipe)
+        if recipe.checkpoint_granularity == "selective":
+            recompute -= attn_fwd * 0.5  # SDPA outputs are saved, not recomputed
+    n_active = parameter_counts(arch).active
+    layers = arch.num_layers
+    width = max(b.num_heads * b.head_dim for b in arch.blocks)
+    model = 6.0 * n_active + 12.0 * layers * width * seq
+    return FlopsPerToken(fwd, bwd, recompute, model)
+
+
+def compute_width(plan: Plan) -> float:
+    """Bytes per element of the weights a GPU gathers and the gradients it reduces: fp32 or 16-bit."""
+    return 4.0 if plan.precision == "fp32" else 2.0
+
+
+def default_links(gpus: int, gpu: GpuSpec) -> Links:
+    """One node of up to ``GPUS_PER_NODE`` GPUs on the card's own link; beyond, nodes of 8 over the fabric."""
+    if gpus <= GPUS_PER_NODE:
+        return links_for(gpu, gpus)
+    nodes = -(-gpus // GPUS_PER_NODE)
+    return links_for(gpu, GPUS_PER_NODE, nodes, inter_node_gbit_per_s=INTER_NODE_GB_PER_S * 8 * GPUS_PER_NODE)
+
+
+def data_parallel_communication(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    states: ModelStates,
+    gpu: GpuSpec,
+    fpt: FlopsPerToken,
+    compute_s: float,
+    links: Links | None,
+) -> StepCommunication:
+    """Gradient and weight traffic of the plan's layout per micro-batch (services.estimator.communication)."""
+    if not plan.is_training or plan.gpus <= 1:
+        return step_communication(
+            "none",
+            Links(1, 1, "NVLink", 0.0),
+            grad_bytes=0.0,
+            param_bytes_16bit=0.0,
+            gathered_weight_bytes=0.0,
+            layers=1,
+            forward_s=0.0,
+            backward_s=0.0,
+            accumulation=1,
+        )
+    links = links if links is not None else default_links(plan.gpus, gpu)
+    grad_width = compute_width(plan)  # gradients are reduced in the compute dtype
+    # A quantized base is gathered as stored: its codes and quantisation constants per weight.
+    weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else grad_width
+    forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
+    return step_communication(
+        plan.sharding,
+        links,
+        grad_bytes=states.trainable_params * grad_width,
+        param_bytes_16bit=states.trainable_params * grad_width,
+        gathered_weight_bytes=total_parameters(arch) * weight_width,
+        layers=arch.num_layers,
+        forward_s=compute_s * forward_share,
+        backward_s=compute_s * (1.0 - forward_share),
+        accumulation=plan.gradient_accumulation_steps or 1,
+    )
+
+
+def estimate_throughput(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    states: ModelStates,
+    gpu: GpuSpec,
+    utilisation: float | None = None,
+    utilisation_source: str | None = None,
+    peak_device_bytes: float | None = None,
+    links: Links | None = None,
+    flops: FlopsPerToken | None = None,
+) -> Throughput:
+    """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on.
+
+    ``peak_device_bytes`` (the memory estimate) lets paged optimizer states that do not fit beside it
+    cost their round trip over PCIe every optimizer step. ``links`` says how the GPUs are connected
+    (default: one node of up to 8 on the card's own link, nodes of 8 over the assumed fabric beyond).
+    ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU).
+    """
+    peak = gpu.dense_tflops(plan.precision) * 1e12
+    util = utilisation_or_prior(gpu, utilisation)
+    source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
+    fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
+    tokens = micro_batch_tokens(plan, recipe)
+    bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
+
+    # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
+    # own FLOPs) at the large-GEMM rate.
+    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth, tokens)
+    compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
+    # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
+    lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
+    compute += lora_bytes * tokens / bandwidth
+    # Norms, rotary, activations, residual adds and the loss: memory-bound kernels of their own in eager mode.
+    compute += step_elementwise_bytes(plan, arch, recipe) * tokens / bandwidth
+    # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
+    passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
+    weight_read = passes * (states.weights + states.adapters) / bandwidth
+    compute = max(compute, weight_read)
+    compute = max(compute, dispatch_seconds(plan, arch, recipe, lora_kernels))
+
+    # QLoRA dequantises every 4-bit weight to 16-bit before its matmuls (BNB_DEQUANT_BYTES or, for a GPTQ
+    # checkpoint, GPTQ_DEQUANT_BYTES per weight): bandwidth-bound work on top of the matmuls.
+    dequant = 0.0
+    if plan.quantized is not None:
+        # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
+        q = quantized_params(arch, recipe)
+        if recipe.quant_backend == "auto-gptq":
+            dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES / bandwidth
+        else:
+            dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
+
+    accumulation = plan.gradient_accumulation_steps or 1
+    comm = data_parallel_communication(plan, arch, recipe, states, gpu, fpt, compute, links)
+    exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+    if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+        weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
+        shard = total_parameters(arch) * weight_width / plan.gpus
+        exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
+
+    optimizer = 0.0
+    if plan.is_training:
+        trainable_per_gpu = states.trainable_params / (
+            plan.gpus if plan.sharding in ("zero1", "zero2", "zero3", "fsdp") else 1
+        )
+        if plan.cpu_offload:
+            optimizer = trainable_per_gpu / CPU_ADAM_PARAMS_PER_S + 4.0 * trainable_per_gpu / (gpu.pcie_gb_per_s * 1e9)
+        else:
+            # AdamW reads param, grad, m, v and writes param, m, v: ~16 B/param in 16-bit, 28 in fp32.
+            touched = 7 * (4 if recipe.weight_bytes == 4 or recipe.master_weights else 2)
+            optimizer = trainable_per_gpu * touched / bandwidth
+        if states.optimizer_states_paged and peak_device_bytes is not None:
+            # bitsandbytes paged states live in unified memory: what does not fit in the GPU's free
+            # memory is paged in for the optimizer step and out again (NVIDIA unified memory paging).
+            free = max(0.0, gpu.memory_gib * 2**30 - peak_device_bytes)
+            spilled = max(0.0, states.optimizer_states_paged - free)
+            optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
+        optimizer /= accumulation
+
+    step = compute + dequant + exposed_comm + optimizer
+    per_gpu = tokens / step
+    total = per_gpu * plan.gpus
+    mfu = fpt.model_flops * per_gpu / peak
+    return Throughput(
+        tokens_per_s=total,
+        tokens_per_s_per_gpu=per_gpu,
+        data_tokens_per_s=total * data_tokens_per_processed_token(plan, recipe),
+        step_seconds=step,
+        mfu=mfu,
+        utilisation_assumed=util,
+        flops_per_token=fpt,
+        seconds={
+            "compute": compute,
+            "dequantization": dequant,
+            "communication": exposed_comm,
+            "optimizer": optimizer,
+        },
+        utilisation_source=source,
+    )
+
+
+@dataclass(frozen=True)
+class RunCost:
+    tokens: float
+    hours: float
+    gpu_hours: float
+    on_demand_usd: float | None
+    spot_usd: float | None
+
+
+def run_cost(
+    total_tokens: float,
+    tokens_per_s: float,
+    gpus: int,
+    on_demand_usd_per_gpu_hour: float | None,
+    spot_usd_per_gpu_hour: float | None,
+) -> RunCost:
+    """Wall-clock hours for the data set (tokens x epochs) and its cost at per-GPU hourly prices."""
+    hours = total_tokens / tokens_per_s / 3600.0
+    gpu_hours = hours * gpus
+    return RunCost(
+        tokens=total_tokens,
+        hours=hours,
+        gpu_hours=gpu_hours,
+        on_demand_usd=None if on_demand_usd_per_gpu_hour is None else gpu_hours * on_demand_usd_per_gpu_hour,
+        spot_usd=None if spot_usd_per_gpu_hour is None else gpu_hours * spot_usd_per_gpu_hour,
+    )
