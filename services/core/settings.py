@@ -121,6 +121,31 @@ class Settings(BaseSettings):
     # least 5 MiB per part but the last; at most 10,000 parts, so the part size also caps the file size).
     dataset_max_bytes: int = Field(default=20 * 2**30, ge=1, le=5 * 2**40, description="largest data set file")
     dataset_part_bytes: int = Field(default=8 * 2**20, ge=5 * 2**20, le=5 * 2**30, description="upload part size")
+    # Data checks (services/datacheck/limits.py, docs/datasets.md): what one check may hold or decode. A
+    # file past one is refused and the check's error names the limit and its setting.
+    datacheck_max_record_bytes: int = Field(
+        default=64 * 2**20, ge=1024, le=2**31, description="one JSONL line, JSON element, CSV record or Parquet row"
+    )
+    datacheck_max_cell_bytes: int = Field(
+        default=16 * 2**20, ge=1024, le=2**31, description="one CSV cell or one string in a Parquet row"
+    )
+    datacheck_max_column_chunk_bytes: int = Field(
+        default=512 * 2**20, ge=2**20, le=2**34, description="one Parquet column chunk, uncompressed (footer)"
+    )
+    datacheck_max_row_group_bytes: int = Field(
+        default=2 * 2**30, ge=2**20, le=2**36, description="one Parquet row group, uncompressed (footer)"
+    )
+    datacheck_expansion_ratio: float = Field(
+        default=100.0, ge=1.0, le=1e6, description="a compressed or Parquet file decodes to at most this x its size"
+    )
+    datacheck_expansion_floor_bytes: int = Field(
+        default=256 * 2**20, ge=2**20, le=2**40, description="... and to at least this many bytes whatever its size"
+    )
+    # The check runs in a child process whose address space is capped here (RLIMIT_AS), so that a file
+    # the limits above miss kills the check, not the API or the worker; 0 runs it in the calling process.
+    datacheck_memory_limit_bytes: int = Field(
+        default=2 * 2**30, ge=0, le=2**40, description="address space of the check's child process (0: no child)"
+    )
     # Live price feeds (services/catalog/feeds): which providers the beat refreshes, how often, and each
     # provider's endpoint and credential. Credentials are SecretStr: never in a repr, a log or an error.
     catalog_feeds: str = Field(default="", description="comma list of runpod, lambda, vast, aws; empty = none")

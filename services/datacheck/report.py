@@ -27,6 +27,7 @@ from .formats import (
     row_text,
     spelling_problem,
 )
+from .limits import Limits
 from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
 from .spill import ExactIndex, Scratch
@@ -36,8 +37,10 @@ _T = TypeVar("_T")
 
 SHORT_ROW_TOKENS = 8
 PROGRESS_EVERY_ROWS = 1000
-# Rows tokenised, signed and checked for near duplicates together (numpy and the tokenizer work in batches).
+# Rows tokenised, signed and checked for near duplicates together (numpy and the tokenizer work in batches),
+# up to CHUNK_CHARS of text: the word hashes of a chunk take about 8x its text in memory.
 CHUNK_ROWS = 2048
+CHUNK_CHARS = 16 * 2**20
 # Memory budget: the exact- and near-duplicate indexes (and, without a list limit, the overlong rows) keep
 # at most this many rows in memory (near duplicates ~256 bytes each, exact ~100), then move them to a
 # temporary SQLite file under SPILL_DIR (None: the system's temporary directory), deleted at the end.
@@ -46,8 +49,10 @@ SPILL_DIR: str | None = None
 # No cap on the near-duplicate index: the spill keeps memory flat; its file grows ~0.4 KB per kept row.
 # A number here would stop indexing kept rows past it (later rows compared with the indexed ones only).
 NEAR_DUPLICATE_INDEX_ROWS: int | None = None
-# The row format is guessed from this many rows, then confirmed by the whole pass (a second pass if not).
+# The row format is guessed from this many rows (at most FORMAT_PROBE_CHARS of their strings, since they
+# are held), then confirmed by the whole pass (a second pass if not).
 FORMAT_PROBE_ROWS = 1000
+FORMAT_PROBE_CHARS = 64 * 2**20
 VALIDATION_SHARE = 0.05
 VALIDATION_MIN_ROWS = 100
 VALIDATION_MAX_ROWS = 1000
@@ -250,6 +255,7 @@ class _Pass:
         self.pii_counts: Counter_[str] = Counter_()
         self.pii_examples: dict[str, list[PiiFinding]] = {}
         self.chunk: list[tuple[int, str, bool, bytes]] = []
+        self.chunk_chars = 0
 
     def close(self) -> None:
         self.scratch.close()
@@ -281,7 +287,8 @@ class _Pass:
         text = row_text(row, self.fmt)
         empty = not text.text.strip() or (text.target is not None and not text.target.strip())
         self.chunk.append((number, text.text, empty, b"" if empty else text_digest(text.text)))
-        if len(self.chunk) >= CHUNK_ROWS:
+        self.chunk_chars += len(text.text)
+        if len(self.chunk) >= CHUNK_ROWS or self.chunk_chars >= CHUNK_CHARS:
             self.flush()
 
     def flush(self) -> None:
@@ -318,6 +325,7 @@ class _Pass:
             if not empty and number not in near:
                 self._offer_validation(int.from_bytes(digest, "big"), number)
         self.chunk = []
+        self.chunk_chars = 0
 
     def _offer_validation(self, digest: int, number: int) -> None:
         if digest in self.validation_digests:
@@ -419,7 +427,7 @@ def check_source(
         try:  # the pass's scratch files are deleted whatever happens
             rows = source.rows()
             if not probed:
-                head = list(itertools.islice(rows, FORMAT_PROBE_ROWS))
+                head = _probe(rows)
                 fits = [r for _, r in head if not isinstance(r, RowError)]
                 fmt = detect_format(format_votes(fits))
                 spelling = detect_spelling(Counter_(s for r in fits if (s := _instruction_spelling(r)) is not None))
@@ -444,14 +452,42 @@ def check_source(
         fmt, spelling = final, final_spelling
 
 
+def _string_chars(value: Any) -> int:
+    """Characters in the strings of a row (keys too), walked without recursion."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def _probe(rows: Iterator[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """The first FORMAT_PROBE_ROWS rows, or fewer where their strings pass FORMAT_PROBE_CHARS."""
+    head: list[tuple[int, Any]] = []
+    chars = 0
+    for item in rows:
+        head.append(item)
+        chars += 0 if isinstance(item[1], RowError) else _string_chars(item[1])
+        if len(head) >= FORMAT_PROBE_ROWS or chars >= FORMAT_PROBE_CHARS:
+            break
+    return head
+
+
 def _instruction_spelling(row: Any) -> str | None:
     """The field spelling of a row that is a valid instruction row, else None."""
     return alpaca_spelling(row) if format_problem(row, "alpaca") is None else None
 
 
 class _FileSource:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: Limits | None = None) -> None:
         self.path = path
+        self.limits = limits
         self.size = path.stat().st_size if path.is_file() else 0
         self._handle: IO[bytes] | None = None
 
@@ -459,12 +495,16 @@ class _FileSource:
         kind = file_format(self.path)
         if not self.path.is_file():
             raise DataCheckError(f"path: no such file {str(self.path)!r}")
-        if kind == "parquet" and not self.path.name.lower().endswith(".gz"):
-            yield from load_rows(self.path)
-            return
         with self.path.open("rb") as handle:
             self._handle = handle
-            yield from iter_rows(handle, kind, gzipped=self.path.name.lower().endswith(".gz"))
+            yield from iter_rows(
+                handle,
+                kind,
+                gzipped=self.path.name.lower().endswith(".gz"),
+                limits=self.limits,
+                label=self.path.name,
+                stored_bytes=self.size,
+            )
             self._handle = None
 
     def fraction_read(self) -> float | None:
@@ -480,13 +520,15 @@ def check_dataset(
     names: Sequence[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_listed: int | None = None,
+    limits: Limits | None = None,
 ) -> DatasetReport:
     """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
-    Streams the file (see check_source): memory holds one chunk of rows and bounded state, never the file."""
+    Streams the file (see check_source): memory holds one chunk of rows and bounded state, never the file;
+    a file past one of `limits` raises DataLimitError naming it."""
     kind = file_format(path)
     return check_source(
-        _FileSource(Path(path)),
+        _FileSource(Path(path), limits),
         label=str(path),
         file_format=kind,
         counter=make_counter(tokenizer_json),

@@ -24,12 +24,12 @@ from services.core.tasks import PendingTasks
 from services.datacheck import (
     FILE_FORMATS,
     DataCheckError,
-    DatasetReport,
-    check_source,
     counter_from_json,
     data_location_warning,
     file_format,
 )
+from services.datasets.isolation import TOKENIZER_MAX_BYTES as TOKENIZER_MAX_BYTES
+from services.datasets.isolation import CheckJob, run_in_child, run_job
 from services.datasets.repository import DatasetRepository
 from services.datasets.schemas import (
     DatasetCreate,
@@ -38,7 +38,7 @@ from services.datasets.schemas import (
     DatasetSummary,
     DatasetUpload,
 )
-from services.datasets.storage import S3RowSource, object_sha256, s3_client
+from services.datasets.storage import object_sha256, s3_client, storage_error
 from services.datasets.tables import DatasetPartRow, DatasetRow
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
@@ -52,7 +52,6 @@ S3_MAX_PARTS = 10_000
 REPORT_LIST_LIMIT = 100
 # Progress is written to the database at most this often during a check.
 PROGRESS_EVERY_S = 1.0
-TOKENIZER_MAX_BYTES = 64 * 2**20
 
 
 class StorageUnavailable(GpuplanError):
@@ -62,11 +61,7 @@ class StorageUnavailable(GpuplanError):
     code = "storage_unavailable"
 
 
-def _storage_error(exc: Exception) -> str:
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        return f"object storage: {error.get('Code', 'error')}: {error.get('Message', '')}".rstrip(": ")
-    return f"object storage unreachable: {exc}"
+_storage_error = storage_error
 
 
 def _format_of(body: DatasetCreate) -> tuple[str, bool]:
@@ -343,12 +338,6 @@ def recheck(session: Session, principal: Principal, dataset_id: str, pending: Pe
 # --- the background check -------------------------------------------------------------------------
 
 
-def _report_json(report: DatasetReport) -> dict[str, Any]:
-    data = report.model_dump(mode="json")
-    data.pop("path", None)
-    return data
-
-
 def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: str) -> None:
     """queued -> running -> done/failed; a finished check delivered again does nothing."""
     with unit_of_work(factory) as session:
@@ -375,18 +364,13 @@ def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: st
             if current is not None and current.status == "running":
                 current.rows_done, current.rows_total = done, total
 
+    job = CheckJob(settings, name, fmt, gzipped, size, bucket, key, tokenizer_key, REPORT_LIST_LIMIT)
     try:
-        client = s3_client(settings)
-        counter = None
-        if tokenizer_key is not None:
-            body = client.get_object(Bucket=bucket, Key=tokenizer_key)["Body"]
-            counter = counter_from_json(
-                body.read(TOKENIZER_MAX_BYTES + 1).decode("utf-8"), "the uploaded tokenizer.json"
-            )
-        source = S3RowSource(client, bucket, key, fmt, gzipped, size)
-        report = check_source(
-            source, label=name, file_format=fmt, counter=counter, progress=progress, max_listed=REPORT_LIST_LIMIT
-        )
+        # In a child process capped in memory (isolation.py) unless the limit is 0.
+        if settings.datacheck_memory_limit_bytes:
+            report = run_in_child(job, progress, settings.datacheck_memory_limit_bytes, settings.task_time_limit_s)
+        else:
+            report = run_job(job, progress)
     except (DataCheckError, ValueError) as exc:
         _finish(factory, dataset_id, error=str(exc))
         return
@@ -397,7 +381,7 @@ def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: st
         log.exception("check of data set %s failed", dataset_id)
         _finish(factory, dataset_id, error=f"internal error while checking: {type(exc).__name__}")
         return
-    _finish(factory, dataset_id, report=_report_json(report))
+    _finish(factory, dataset_id, report=report)
 
 
 def _finish(

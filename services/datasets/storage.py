@@ -9,8 +9,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from services.core.settings import Settings
-from services.datacheck import iter_rows
+from services.datacheck import Limits, iter_rows, sniff_compression
 from services.storage.s3 import make_s3_client
 
 READ_CHUNK_BYTES = 1 << 20
@@ -32,6 +34,14 @@ def s3_client(settings: Settings) -> Any:
         if key not in _clients:
             _clients[key] = make_s3_client(settings)
         return _clients[key]
+
+
+def storage_error(exc: Exception) -> str:
+    """What object storage said, in one line (never a credential)."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"object storage: {error.get('Code', 'error')}: {error.get('Message', '')}".rstrip(": ")
+    return f"object storage unreachable: {exc}"
 
 
 class _CountingReader(io.RawIOBase):
@@ -90,22 +100,39 @@ class RangeReader(io.RawIOBase):
 class S3RowSource:
     """Rows of an uploaded data set, streamed from object storage: each pass is one GET of the object."""
 
-    def __init__(self, client: Any, bucket: str, key: str, file_format: str, gzipped: bool, size_bytes: int) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        key: str,
+        file_format: str,
+        gzipped: bool,
+        size_bytes: int,
+        *,
+        limits: Limits | None = None,
+        label: str = "the file",
+    ) -> None:
         self.client, self.bucket, self.key = client, bucket, key
         self.file_format, self.gzipped, self.size_bytes = file_format, gzipped, size_bytes
+        self.limits, self.label = limits, label
         self._reader: _CountingReader | RangeReader | None = None
 
     def rows(self) -> Iterator[tuple[int, Any]]:
+        options: dict[str, Any] = {"limits": self.limits, "label": self.label, "stored_bytes": self.size_bytes}
         if self.file_format == "parquet" and not self.gzipped:
             ranged = RangeReader(self.client, self.bucket, self.key, self.size_bytes)
-            self._reader = ranged
-            yield from iter_rows(io.BufferedReader(ranged, READ_CHUNK_BYTES), "parquet")
-            return
+            head = ranged.read(16) or b""
+            ranged.seek(0)
+            # Parquet is read from its footer back, through ranged GETs; a compressed one is streamed.
+            if sniff_compression(head) is None:
+                self._reader = ranged
+                yield from iter_rows(io.BufferedReader(ranged, READ_CHUNK_BYTES), "parquet", **options)
+                return
         body = self.client.get_object(Bucket=self.bucket, Key=self.key)["Body"]
         reader = _CountingReader(body)
         self._reader = reader
         try:
-            yield from iter_rows(reader, self.file_format, gzipped=self.gzipped)  # type: ignore[arg-type]
+            yield from iter_rows(reader, self.file_format, gzipped=self.gzipped, **options)  # type: ignore[arg-type]
         finally:
             body.close()
 

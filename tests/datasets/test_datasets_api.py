@@ -86,20 +86,19 @@ def test_progress_is_stored_while_the_check_runs(
 
     data, truth = big
     seen: list[dict[str, Any]] = []
-    real_check = service.check_source
+    real_check = service.run_in_child
 
-    def check_and_watch(source: Any, **kwargs: Any) -> Any:
-        report_progress = kwargs["progress"]
-
+    # The check runs in its child process and sends its progress back; watch what the API stores of it.
+    def check_and_watch(job: Any, report_progress: Any, *args: Any) -> Any:
         def progress(done: int, total: int) -> None:
             report_progress(done, total)  # stores it; then read it back as a client would
             body = data_api.client.get(f"/v1/datasets/{dataset_id}", headers=data_api.headers()).json()
             seen.append(body["progress"] | {"status": body["status"]})
 
-        return real_check(source, **{**kwargs, "progress": progress})
+        return real_check(job, progress, *args)
 
     monkeypatch.setattr(service, "PROGRESS_EVERY_S", 0.0)
-    monkeypatch.setattr(service, "check_source", check_and_watch)
+    monkeypatch.setattr(service, "run_in_child", check_and_watch)
     created = data_api.create(data)
     dataset_id = created["id"]
     for n in (1, 2, 3):
