@@ -14,6 +14,7 @@ import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.datacheck import served
@@ -32,7 +33,7 @@ def main() -> int:
         with contextlib.contextmanager(served.serve)(work / "api") as api:
             warm = served.honest_jsonl(work / "warm.jsonl", 200_000)
             api.upload_file(warm, "warm.jsonl")
-            files = [
+            files: list[tuple[Callable[[Path], Path], str]] = [
                 (served.gzip_line_bomb, "data.jsonl.gz"),
                 (served.bz2_line_bomb, "data.jsonl.bz2"),
                 (served.parquet_dictionary_bomb, "data.parquet"),

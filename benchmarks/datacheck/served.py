@@ -177,8 +177,8 @@ def bz2_line_bomb(path: Path, line_bytes: int = 400 * 10**6) -> Path:
 
 def parquet_dictionary_bomb(path: Path, rows: int = 60, value_bytes: int = 8 * 10**6) -> Path:
     """`rows` copies of one `value_bytes` string, dictionary-encoded: under a kilobyte on disk."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     value = "a" * value_bytes
     table = pa.table({"text": pa.array([value] * rows).dictionary_encode()})
