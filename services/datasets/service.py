@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import new_id, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, PayloadTooLarge, TooManyRequests, Unprocessable
 from services.core.leases import SweepDecision, held_after_releasing_dead
+from services.core.retry import describe, is_transient
 from services.core.settings import Settings
 from services.core.tasks import PendingTasks
 from services.datacheck import (
@@ -339,7 +340,23 @@ def recheck(session: Session, principal: Principal, dataset_id: str, pending: Pe
 
 
 def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: str) -> None:
-    """queued -> running -> done/failed; a finished check delivered again does nothing."""
+    """queued -> running -> done/failed; a finished check delivered again does nothing. A transient
+    database fault is retried with backoff (settings.transient_retry_*), the check failed only after the
+    last attempt, naming its error."""
+    retries = settings.retry_policy()
+    try:
+        retries.run(lambda: _run_check_once(factory, settings, dataset_id))
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        _finish(
+            factory,
+            dataset_id,
+            error=f"the database failed {retries.attempts} times while checking; last error: {describe(exc)}",
+        )
+
+
+def _run_check_once(factory: sessionmaker[Session], settings: Settings, dataset_id: str) -> None:
     with unit_of_work(factory) as session:
         row = DatasetRepository(session).get(dataset_id)
         if row is None or row.status not in ("queued", "running"):
@@ -378,6 +395,8 @@ def run_check(factory: sessionmaker[Session], settings: Settings, dataset_id: st
         _finish(factory, dataset_id, error=_storage_error(exc))
         return
     except Exception as exc:
+        if is_transient(exc):
+            raise  # retried by run_check
         log.exception("check of data set %s failed", dataset_id)
         _finish(factory, dataset_id, error=f"internal error while checking: {type(exc).__name__}")
         return
