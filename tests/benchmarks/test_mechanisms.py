@@ -78,11 +78,8 @@ def test_zero_hook_counts_match_transformers_and_peft_modules() -> None:
     from services.estimator.architecture import architecture_from_config
     from services.estimator.plan import Plan
     from services.estimator.recipe import resolve_recipe
-    from services.estimator.throughput import (
-        BLOCK_CONTAINER_MODULES,
-        PEFT_MODULES_PER_ADAPTED_LINEAR,
-        _hooked,
-    )
+    from services.estimator.throughput import BLOCK_CONTAINER_MODULES, PEFT_MODULES_PER_ADAPTED_LINEAR
+    from services.estimator.throughput.kernels import _hooked
 
     plain = modules_called_per_layer()
     assert plain == BLOCK_CONTAINER_MODULES + 7 + 2

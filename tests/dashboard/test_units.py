@@ -367,6 +367,11 @@ def test_node_row_with_empty_lifecycle() -> None:
         job_running=False,
         provider="",
         usd_per_hour=None,
+        status="active",
+        stop_attempts=0,
+        next_stop_at=None,
+        last_stop_at=None,
+        last_stop_answer=None,
     )
     row = views.node_row(node, views.NodeLifecycle(), now)
     assert row.stale and row.mean_utilisation_pct == 90.0 and row.price == "—"
