@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.agent.signals import interactive_idle_s, job_running
+from services.agent.signals import JobWatch, gpu_processes, interactive_idle_s
 from services.nodes.idle import IdlePolicy, Signals, next_idle_since
 from services.runs.client import RunApi, RunApiError
 from services.runs.sync import (
@@ -132,10 +132,10 @@ class NodeGuard:
 
 
 def local_signals(
-    job_pattern: str, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
+    jobs: JobWatch, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
 ) -> Signals:
     return Signals(
-        job_running=calibrating or job_running(job_pattern),
+        job_running=calibrating or jobs.running(gpu_processes()),
         gpu_utilisation_pct=max((float(g["utilisation_pct"]) for g in gpus), default=0.0),
         uploading=uploading,
         interactive_idle_s=interactive_idle_s(),

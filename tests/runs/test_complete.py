@@ -422,7 +422,7 @@ def test_the_agent_reports_an_in_progress_checkpoint_unsynced_and_the_sweep_keep
         disk.write(relative, data)
     optimizer = root / "checkpoint-200" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[: 3 * 2**20])
-    agent = Agent(env.client, env.key, job_pattern=r"^$never")
+    agent = Agent(env.client, env.key)
     agent.register(name="ckpt-node", gpu="A100 80GB")
     join = env.client.post(
         f"/v1/runs/{env.run_id}/nodes",
