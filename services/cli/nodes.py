@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from services.cli import runs as runs_cli
 from services.cli.common import CliError, Subparsers, add_key_options, api_key
+
 
 def register(sub: Subparsers) -> None:
     agent = sub.add_parser("agent", help="run on a GPU node: register it, heartbeat, run its calibrations")

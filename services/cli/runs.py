@@ -237,9 +237,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, key: str) -> None:
     """Attach the run and the guard the agent's flags ask for."""
     from services.agent.node import NodeGuard, RunSync
-    from services.nodes.idle import IdlePolicy
-
     from services.agent.signals import JobWatch
+    from services.nodes.idle import IdlePolicy
 
     agent.jobs = JobWatch(pids=args.job_pid, pattern=args.job_pattern)
     if args.stop_command:

@@ -104,4 +104,5 @@ def test_gpuplan_agent_launches_the_job_after_a_double_dash(tmp_path: Path) -> N
     assert agent.job is not None
     agent.job.wait(10)
     agent._reap_job()
-    assert agent.job is None and not agent.jobs.running()
+    assert not agent.jobs.running()
+    assert agent.job is None
