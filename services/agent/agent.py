@@ -176,6 +176,7 @@ class Agent:
         if syncer is not None:
             step, loss = read_progress(syncer.run.checkpoint_dir)
             body["progress"] = {"run_id": syncer.run.api.run_id, "step": step, "loss": loss}
+            body["sync"] = syncer.run.health()
         try:
             answer = self._post(f"/v1/nodes/{self.node_id}/heartbeat", body).json()
         except (httpx.HTTPError, RuntimeError) as exc:
