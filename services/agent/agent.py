@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 
 from services.agent.node import NodeGuard, RunSync, Syncer, local_signals, read_progress, stop_machine
-from services.agent.signals import DEFAULT_JOB_PATTERN
+from services.agent.signals import JobWatch
 from services.catalog.gpus import find_gpu
 from services.catalog.models import find_model
 from services.estimator.errors import EstimatorError
@@ -94,7 +95,7 @@ class Agent:
         client: httpx.Client,
         key: str,
         *,
-        job_pattern: str = DEFAULT_JOB_PATTERN,
+        jobs: JobWatch | None = None,
         guard: NodeGuard | None = None,
         stop_command: list[str] | None = None,
     ) -> None:
@@ -103,11 +104,12 @@ class Agent:
         self.node_id: str | None = None
         self.node_token = ""  # issued by the registration, sent with every heartbeat and report
         self.busy = False  # a calibration is running
-        self.job_pattern = job_pattern
+        self.jobs = jobs if jobs is not None else JobWatch()  # the training job's processes
         self.guard = guard
         self.stop_command = stop_command
         self.syncer: Syncer | None = None
         self.stopping = threading.Event()
+        self.job: subprocess.Popen[bytes] | None = None  # the training job this agent launched
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
@@ -138,15 +140,29 @@ class Agent:
         self.node_id, self.node_token = str(answer["id"]), str(answer["node_token"])
         return self.node_id
 
+    def launch(self, command: list[str]) -> int:
+        """Start the training job (its output goes where the agent's does); its process tree is the
+        node's busy signal until it exits."""
+        self.job = subprocess.Popen(command)
+        self.jobs.add(self.job.pid)
+        log.info("launched job %d: %s", self.job.pid, " ".join(command))
+        return self.job.pid
+
+    def _reap_job(self) -> None:
+        if self.job is not None and self.job.poll() is not None:
+            log.warning("job %d exited with status %s", self.job.pid, self.job.returncode)
+            self.job = None
+
     def attach_run(self, run: RunSync) -> None:
         self.syncer = Syncer(run)
 
     def heartbeat(self) -> bool:
         """Report the node's state; False when the control plane could not be reached."""
+        self._reap_job()
         gpus = gpu_status()
         syncer = self.syncer
         unsynced = syncer.run.unsynced() if syncer else 0
-        signals = local_signals(self.job_pattern, self.busy, bool(syncer and syncer.uploading), unsynced, gpus)
+        signals = local_signals(self.jobs, self.busy, bool(syncer and syncer.uploading), unsynced, gpus)
         if self.guard is not None:
             self.guard.observe(signals)
         body: dict[str, Any] = {
@@ -160,6 +176,7 @@ class Agent:
         if syncer is not None:
             step, loss = read_progress(syncer.run.checkpoint_dir)
             body["progress"] = {"run_id": syncer.run.api.run_id, "step": step, "loss": loss}
+            body["sync"] = syncer.run.health()
         try:
             answer = self._post(f"/v1/nodes/{self.node_id}/heartbeat", body).json()
         except (httpx.HTTPError, RuntimeError) as exc:

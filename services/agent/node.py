@@ -18,12 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.agent.signals import interactive_idle_s, job_running
+from services.agent.signals import JobWatch, gpu_processes, interactive_idle_s
 from services.nodes.idle import IdlePolicy, Signals, next_idle_since
 from services.runs.client import RunApi, RunApiError
 from services.runs.sync import (
     BucketOnly,
     ControlPlane,
+    SyncError,
     SyncOptions,
     SyncResult,
     checkpoint_dirs,
@@ -48,6 +49,7 @@ class RunSync:
     durable: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
     last_error: str | None = None
+    failing_since: datetime | None = None  # the first failed pass of the current streak
     in_progress: dict[int, str] = field(default_factory=dict)  # from the last pass: not complete yet
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable steps whose local files changed
 
@@ -73,6 +75,41 @@ class RunSync:
     def unsynced(self) -> int:
         """Local checkpoints not durable yet, in progress ones included: the node is kept while any."""
         return len(pending_steps(self.checkpoint_dir, self.durable, self.deleted))
+
+    def pending_bytes(self) -> int:
+        """Bytes of the local checkpoints not durable yet (what a lost node would lose)."""
+        total = 0
+        for step in pending_steps(self.checkpoint_dir, self.durable, self.deleted):
+            for path in _checkpoint_folder(self.checkpoint_dir, step).rglob("*"):
+                try:
+                    total += path.stat().st_size if path.is_file() else 0
+                except OSError:
+                    continue  # removed while counting
+        return total
+
+    def failed(self, error: str, at: datetime | None = None) -> None:
+        self.last_error = error
+        if self.failing_since is None:
+            self.failing_since = at or datetime.now(UTC)
+
+    def succeeded(self) -> None:
+        self.last_error = None
+        self.failing_since = None
+
+    def health(self) -> dict[str, Any]:
+        """The heartbeat's ``sync`` report (services/nodes/schemas.py SyncHealth)."""
+        return {
+            "last_error": self.last_error[:2000] if self.last_error else None,
+            "pending_bytes": self.pending_bytes(),
+            "failing_since": self.failing_since.isoformat() if self.failing_since else None,
+        }
+
+
+def _checkpoint_folder(root: Path, step: int) -> Path:
+    try:
+        return dict(checkpoint_dirs(root))[step]
+    except (SyncError, KeyError):
+        return root / "missing"
 
 
 def read_progress(checkpoint_dir: Path) -> tuple[int | None, float | None]:
@@ -132,10 +169,10 @@ class NodeGuard:
 
 
 def local_signals(
-    job_pattern: str, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
+    jobs: JobWatch, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
 ) -> Signals:
     return Signals(
-        job_running=calibrating or job_running(job_pattern),
+        job_running=calibrating or jobs.running(gpu_processes()),
         gpu_utilisation_pct=max((float(g["utilisation_pct"]) for g in gpus), default=0.0),
         uploading=uploading,
         interactive_idle_s=interactive_idle_s(),
@@ -177,9 +214,9 @@ class Syncer:
     def _pass(self, control: ControlPlane, final: bool) -> None:
         try:
             self.run.pass_once(control, final)
-            self.run.last_error = None
-        except Exception as exc:  # logged and retried at the next interval
-            self.run.last_error = f"{type(exc).__name__}: {exc}"
+            self.run.succeeded()
+        except Exception as exc:  # logged, reported with the next heartbeat, and retried at the next interval
+            self.run.failed(f"{type(exc).__name__}: {exc}")
             log.warning("sync pass failed: %s", self.run.last_error)
         finally:
             self.uploading = False
@@ -196,6 +233,7 @@ class Syncer:
         if reachable:
             try:
                 self.run.pass_once(self.run.api)
+                self.run.succeeded()
                 return
             except RunApiError as exc:
                 log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)

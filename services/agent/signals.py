@@ -1,4 +1,4 @@
-"""What the agent reports as busy signals, read from this machine (Linux /proc and utmp via `who`)."""
+"""What the agent reports as busy signals, read from this machine (Linux /proc, NVML and utmp via `who`)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,126 @@ import shutil
 import subprocess
 from pathlib import Path
 
-# Command lines of training jobs: launchers and the trainers' own entry points. A job counts as
-# running whatever its GPU does (setup, data download, tokenisation keep the GPU idle).
-DEFAULT_JOB_PATTERN = (
-    r"torchrun|accelerate(-launch| launch)|deepspeed|tune run|litgpt (finetune|pretrain)|axolotl|"
-    r"python\S* .*(train|finetune|sft|dpo)\S*\.py"
-)
+JOB_PID_FILE = "gpuplan_job.pid"  # in the run's checkpoint folder: pids a training script registers
 
 
-def job_running(pattern: str, proc: Path = Path("/proc"), own_pid: int | None = None) -> bool:
-    """Whether any process's command line matches ``pattern`` (this process excluded)."""
-    regex = re.compile(pattern)
-    own = os.getpid() if own_pid is None else own_pid
+def _stat(pid: int, proc: Path) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc/<pid>/stat (proc(5));
+    None when it is gone or a zombie (its work is over)."""
     try:
-        entries = list(proc.iterdir())
+        stat = (proc / str(pid) / "stat").read_text()
     except OSError:
-        return False
-    for entry in entries:
-        if not entry.name.isdigit() or int(entry.name) == own:
-            continue
+        return None
+    # Field 2 (the command name) is in parentheses and may hold spaces; split what follows it.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        state, ppid, start = fields[0], int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    return None if state in ("Z", "X") else (ppid, start)
+
+
+class JobWatch:
+    """Whether the node's training job is running, from the processes the job is made of.
+
+    The roots are the job the agent launched itself (``gpuplan agent ... -- CMD``), pids named with
+    ``--job-pid``, and pids a training script writes to ``gpuplan_job.pid`` in its checkpoint folder (one
+    per line). Every descendant of a root counts too, and stays counted once seen even after its parent
+    exits (a launcher that forks workers and returns), identified by pid and start time so a reused pid
+    never does. Processes holding a GPU context (NVML's compute processes) count as a job whoever started
+    them. A command-line regex (``--job-pattern``) is an explicit opt-in only: matching every process on
+    the host counts a ``pip install deepspeed`` as training.
+    """
+
+    def __init__(
+        self,
+        pids: list[int] | None = None,
+        pid_file: Path | None = None,
+        pattern: str | None = None,
+        proc: Path = Path("/proc"),
+        own_pid: int | None = None,
+    ) -> None:
+        self.proc = proc
+        self.pid_file = pid_file
+        self.pattern = re.compile(pattern) if pattern else None
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+        self.known: dict[int, int] = {}  # pid -> start ticks of every job process seen alive
+        for pid in pids or []:
+            self.add(pid)
+
+    def add(self, pid: int) -> None:
+        stat = _stat(pid, self.proc)
+        if stat is not None and pid != self.own_pid:
+            self.known[pid] = stat[1]
+
+    def _registered(self) -> None:
+        if self.pid_file is None:
+            return
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            lines = self.pid_file.read_text().split()
         except OSError:
-            continue
-        if cmdline and regex.search(cmdline):
+            return
+        for line in lines:
+            if line.isdigit() and int(line) not in self.known:
+                self.add(int(line))
+
+    def _table(self) -> dict[int, tuple[int, int]]:
+        table = {}
+        try:
+            entries = [e.name for e in self.proc.iterdir() if e.name.isdigit()]
+        except OSError:
+            return {}
+        for name in entries:
+            stat = _stat(int(name), self.proc)
+            if stat is not None:
+                table[int(name)] = stat
+        return table
+
+    def running(self, gpu_pids: set[int] | None = None) -> bool:
+        """Whether any job process is alive (pruning the ones gone), or any process holds a GPU."""
+        self._registered()
+        table = self._table()
+        alive = {pid for pid, start in self.known.items() if pid in table and table[pid][1] == start}
+        grew = True
+        while grew:  # children of job processes are job processes
+            grew = False
+            for pid, (ppid, start) in table.items():
+                if ppid in alive and pid not in alive and pid != self.own_pid:
+                    alive.add(pid)
+                    self.known[pid] = start
+                    grew = True
+        self.known = {pid: start for pid, start in self.known.items() if pid in alive}
+        if alive or (gpu_pids and gpu_pids - {self.own_pid}):
             return True
-    return False
+        return self.pattern is not None and self._pattern_matches(table)
+
+    def _pattern_matches(self, table: dict[int, tuple[int, int]]) -> bool:
+        assert self.pattern is not None
+        for pid in table:
+            if pid == self.own_pid:
+                continue
+            try:
+                raw = (self.proc / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                continue
+            line = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+            if line and self.pattern.search(line):
+                return True
+        return False
+
+
+def gpu_processes() -> set[int]:
+    """Pids holding a compute context on any of this node's GPUs (NVML); empty without NVML."""
+    try:
+        import pynvml
+
+        pids: set[int] = set()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pids.update(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        return pids
+    except Exception:
+        return set()
 
 
 def parse_who_idle(output: str) -> float | None:

@@ -23,6 +23,7 @@ from services.core.errors import Unauthorized
 from services.core.leases import TaskLease
 from services.core.metrics import HTTP_LATENCY, HTTP_REQUESTS, RATE_LIMITED
 from services.core.settings import Settings
+from services.nodes.tables import NodeRow
 from services.orgs import audit
 from services.orgs.service import Principal
 
@@ -126,6 +127,7 @@ def _queue_depth(db: Database, settings: Settings) -> bytes:
         counts = {str(status): int(count) for status, count in rows}
     for state in ("queued", "running", "abandoned"):
         leases.labels(state).set(counts.get(state, 0))
+    _sync_gauges(db, registry)
     if settings.redis_url:
         depth = Gauge("gpuplan_queue_depth", "messages waiting in each Celery queue", ["queue"], registry=registry)
         try:
@@ -139,6 +141,25 @@ def _queue_depth(db: Database, settings: Settings) -> bytes:
         except Exception as exc:  # the broker is down: say so through the missing series, not a 500
             log.warning("queue depth unavailable: %s", exc)
     return generate_latest(registry)
+
+
+def _sync_gauges(db: Database, registry: CollectorRegistry) -> None:
+    """Nodes whose checkpoint sync fails or has raised its alert, and the bytes not durable on live nodes
+    (what losing them now would lose), over every organization: the operator's view."""
+    live = NodeRow.status.in_(("active", "stopping", "stop_failed"))
+    with unit_of_work(db.factory) as session:
+        failing, alerted, pending = session.execute(
+            select(
+                func.count(NodeRow.sync_error),
+                func.count(NodeRow.sync_alert),
+                func.coalesce(func.sum(NodeRow.sync_pending_bytes), 0),
+            ).where(live)
+        ).one()
+    Gauge("gpuplan_nodes_sync_failing", "live nodes whose last sync pass failed", registry=registry).set(failing)
+    Gauge("gpuplan_nodes_sync_alert", "live nodes whose sync alert is raised", registry=registry).set(alerted)
+    Gauge("gpuplan_unsynced_bytes", "bytes of checkpoints not durable yet on live nodes", registry=registry).set(
+        int(pending)
+    )
 
 
 def _registry_text() -> bytes:

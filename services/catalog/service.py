@@ -400,11 +400,13 @@ def record_feed_success(
     return result
 
 
-def record_feed_failure(session: Session, provider: str, error: str, when: datetime) -> None:
-    """Keep the provider's last good prices; remember when and why the fetch failed."""
+def record_feed_failure(session: Session, provider: str, error: str, when: datetime) -> datetime | None:
+    """Keep the provider's last good prices; remember when and why the fetch failed. Returns when those
+    prices were fetched (None: no fetch of this provider ever succeeded, so there are none to keep)."""
     feed = _feed(session, provider)
     feed.last_attempt_at = when
     feed.last_error = error[:2000]
+    return feed.last_success_at
 
 
 def _feed(session: Session, provider: str) -> CatalogFeed:

@@ -93,7 +93,7 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
             note = f" ({outcome.note})" if outcome.note else ""
             print(f"{outcome.provider}: {outcome.offers} offers{note}")
         else:
-            print(f"{outcome.provider}: failed, last good prices kept: {outcome.error}", file=sys.stderr)
+            print(f"{outcome.provider}: {outcome.failure()}", file=sys.stderr)
     return 0 if all(o.ok for o in outcomes) else 1
 
 

@@ -4,7 +4,9 @@ readers for the files and numbers users pass."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -73,3 +75,41 @@ def api_error(response: Any) -> str:
         return str(body.get("message") or body)
     except ValueError:
         return f"HTTP {response.status_code}"
+
+
+# Where a command reads the organization's API key from when no --key-file is given: an argument is visible
+# to every user of the machine in `ps` and /proc/<pid>/cmdline, a file (mode 0600) or the environment is not.
+KEY_ENV = "GPUPLAN_API_KEY"
+
+
+def add_key_options(parser: argparse.ArgumentParser) -> None:
+    """--key-file and --key; without either the key comes from $GPUPLAN_API_KEY (see `api_key`)."""
+    parser.add_argument(
+        "--key-file", metavar="PATH", help=f"a file holding the organization's API key (default: ${KEY_ENV})"
+    )
+    parser.add_argument(
+        "--key", help=f"the API key itself (visible in ps to every user; --key-file or ${KEY_ENV} is not)"
+    )
+
+
+def api_key(
+    args: argparse.Namespace, command: str, *, warn_argument: bool = False, environ: Mapping[str, str] | None = None
+) -> str:
+    """The API key from --key-file, else --key, else $GPUPLAN_API_KEY; one readable error naming where to
+    give it. A long-running command (the agent) warns that --key shows the key in ps for as long as it runs."""
+    env = os.environ if environ is None else environ
+    if getattr(args, "key_file", None):
+        try:
+            key = Path(args.key_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"--key-file {args.key_file}: cannot read ({exc.strerror or exc})") from None
+        if not key:
+            raise CliError(f"--key-file {args.key_file}: the file is empty")
+        return key
+    if getattr(args, "key", None):
+        if warn_argument:
+            print(f"gpuplan {command}: --key shows the key in ps; use --key-file or ${KEY_ENV}", file=sys.stderr)
+        return str(args.key)
+    if env.get(KEY_ENV, "").strip():
+        return env[KEY_ENV].strip()
+    raise CliError(f"{command}: no API key: give --key-file PATH or set ${KEY_ENV}")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from services.cli.common import CliError, Parser, Subparsers
+from services.cli.common import CliError, Parser, Subparsers, add_key_options, api_key
 
 
 def register(sub: Subparsers) -> None:
@@ -26,7 +26,7 @@ def register(sub: Subparsers) -> None:
     upload = data_sub.add_parser("upload", help="upload a data set to a running service (resumable) and check it")
     upload.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
     upload.add_argument("--api", "--server", dest="api", default="http://127.0.0.1:8000", metavar="URL")
-    upload.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+    add_key_options(upload)  # the embedded default keeps the key in .gpuplan/local-key
     upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
     upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
     upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
@@ -107,7 +107,7 @@ def cmd_data_upload(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise CliError(f"file: no such file {args.file!r}")
-    headers = {"Authorization": f"Bearer {args.key}"}
+    headers = {"Authorization": f"Bearer {api_key(args, 'data upload')}"}
     try:
         with httpx.Client(base_url=args.api, timeout=300, headers=headers) as client:
             body = upload_file(

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import CliError, Parser, Subparsers, api_error, read_plan_file
+from services.cli.common import CliError, Parser, Subparsers, add_key_options, api_error, api_key, read_plan_file
 
 
 def register(sub: Subparsers) -> None:
@@ -15,7 +15,7 @@ def register(sub: Subparsers) -> None:
     for name, text in (("submit", "submit a plan file (with its dataset and epochs)"), ("get", "show a plan")):
         cmd = plans_sub.add_parser(name, help=text)
         cmd.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL")
-        cmd.add_argument("--key", required=True, help="API key (the embedded default keeps it in .gpuplan/local-key)")
+        add_key_options(cmd)  # the embedded default keeps the key in .gpuplan/local-key
         cmd.add_argument("--json", action="store_true")
         if name == "submit":
             cmd.add_argument("--plan", metavar="FILE", required=True)
@@ -31,7 +31,7 @@ def cmd_plans_submit(args: argparse.Namespace) -> int:
 
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.key}"}
+    headers = {"Authorization": f"Bearer {api_key(args, 'plans')}"}
     try:
         with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
             response = client.post("/v1/plans", json=read_plan_file(args.plan))
@@ -54,7 +54,7 @@ def cmd_plans_submit(args: argparse.Namespace) -> int:
 def cmd_plans_get(args: argparse.Namespace) -> int:
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.key}"}
+    headers = {"Authorization": f"Bearer {api_key(args, 'plans')}"}
     try:
         with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
             response = client.get(f"/v1/plans/{args.id}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import Any
 import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
-from services.cli.common import Subparsers
+from services.agent.signals import JOB_PID_FILE
+from services.cli.common import Subparsers, add_key_options, api_key
 from services.core.errors import ConfigurationError
 from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
@@ -41,7 +43,7 @@ def _positive(name: str, kind: type[float] | type[int] = float) -> Any:
 
 def _connection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL", help="the gpuplan service")
-    parser.add_argument("--key", required=True, help="the organization's API key")
+    add_key_options(parser)
     parser.add_argument("--run", required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)")
 
 
@@ -76,6 +78,14 @@ def register(sub: Subparsers) -> None:
     restore.set_defaults(handler=cmd_restore)
 
 
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({exc})") from None
+    return value
+
+
 def add_agent_options(agent: argparse.ArgumentParser) -> None:
     agent.add_argument(
         "--instance-id",
@@ -104,7 +114,27 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
         metavar="CMD",
         help="how the guard stops this machine, e.g. 'sudo shutdown -h now' (default: exit)",
     )
-    agent.add_argument("--job-pattern", metavar="REGEX", help="command lines that count as a running job")
+    agent.add_argument(
+        "--job-pid",
+        type=_positive("--job-pid", int),
+        action="append",
+        default=[],
+        metavar="PID",
+        help="a training job's process: it and its children keep the node busy (repeatable); a script can "
+        f"also write its pids to {JOB_PID_FILE} in the checkpoint folder",
+    )
+    agent.add_argument(
+        "--job-pattern",
+        type=_regex,
+        metavar="REGEX",
+        help="opt-in: any process on the host whose command line matches counts as a running job",
+    )
+    agent.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="launch the training job (after --): its process tree keeps the node busy while it runs",
+    )
 
 
 def _s3(settings: Settings) -> Any:
@@ -126,7 +156,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         part_size=max(5, args.part_mib) * MiB, multipart_threshold=max(5, args.part_mib) * MiB, settle_s=args.settle_s
     )
     with httpx.Client(base_url=args.api, timeout=60) as client:
-        api = RunApi(client, args.key, args.run)
+        api = RunApi(client, api_key(args, args.command), args.run)
         run = _run_info(api)
         try:
             result = sync_pass(
@@ -176,7 +206,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     with httpx.Client(base_url=args.api, timeout=60) as client:
-        api = RunApi(client, args.key, args.run)
+        api = RunApi(client, api_key(args, args.command), args.run)
         run = _run_info(api)
         s3 = _s3(Settings())
         try:
@@ -204,24 +234,25 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) -> None:
+def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, key: str) -> None:
     """Attach the run and the guard the agent's flags ask for."""
     from services.agent.node import NodeGuard, RunSync
+    from services.agent.signals import JobWatch
     from services.nodes.idle import IdlePolicy
 
-    if args.job_pattern:
-        agent.job_pattern = args.job_pattern
+    agent.jobs = JobWatch(pids=args.job_pid, pattern=args.job_pattern)
     if args.stop_command:
         agent.stop_command = shlex.split(args.stop_command)
     agent.guard = NodeGuard(IdlePolicy(idle_minutes=max(1.0, args.idle_minutes)), args.unreachable_minutes * 60)
     if args.run is None:
         return
-    api = RunApi(client, args.key, args.run)
+    api = RunApi(client, key, args.run)
     try:
         run = api.join(agent.node_id, agent.node_token)
     except RunApiError as exc:
         raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
     checkpoint_dir = args.checkpoint_dir or run["checkpoint_dir"]
+    agent.jobs.pid_file = Path(checkpoint_dir) / JOB_PID_FILE
     agent.attach_run(
         RunSync(
             api=api,
@@ -234,6 +265,6 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client) 
         )
     )
     print(
-        f"gpuplan agent: syncing run {args.run} from {args.checkpoint_dir} to s3://{run['bucket']}/{run['prefix']}",
+        f"gpuplan agent: syncing run {args.run} from {checkpoint_dir} to s3://{run['bucket']}/{run['prefix']}",
         file=sys.stderr,
     )

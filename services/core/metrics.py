@@ -45,6 +45,11 @@ NODE_STOPS_INEFFECTIVE = Counter(
 NODE_STOPS_GIVEN_UP = Counter(
     "gpuplan_node_stop_failed_total", "nodes marked stop_failed: every stop attempt failed or changed nothing"
 )
+NODE_SYNC_ALERTS = Counter(
+    "gpuplan_node_sync_alerts_total",
+    "sync alerts raised: a node's sync passes kept failing, or its checkpoints stayed not durable, past the threshold",
+    ["cause"],
+)
 RATE_LIMITED = Counter("gpuplan_rate_limited_total", "requests answered 429, by limit", ["limit"])
 
 

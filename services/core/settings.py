@@ -85,6 +85,15 @@ class Settings(BaseSettings):
         default=300.0, ge=0.0, le=86_400.0, description="heartbeats this long after a confirmed stop are tolerated"
     )
     node_stop_concurrency: int = Field(default=8, ge=1, le=64, description="provider stop calls in flight at once")
+    # A node's sync alert (services/nodes/lifecycle.py): its agent's sync passes have failed for
+    # node_sync_alert_s, or it has held checkpoints that are not durable for node_unsynced_alert_s. The
+    # defaults give a failing pass ten of the agent's 60 s intervals, and a checkpoint an hour to be durable.
+    node_sync_alert_s: float = Field(
+        default=600.0, ge=0.0, le=7 * 86_400.0, description="sync passes failing this long: alert"
+    )
+    node_unsynced_alert_s: float = Field(
+        default=3600.0, ge=0.0, le=7 * 86_400.0, description="checkpoints not durable this long: alert"
+    )
     provider_driver: Literal["none", "local", "http", "aws", "runpod", "lambda", "vast"] = "none"
     provider_stop_url: str | None = Field(
         default=None, description="e.g. https://api.example/v1/instances/{instance_id}/stop"

@@ -592,6 +592,8 @@ class NodeRowView:
     status: str = "active"
     status_warn: bool = False  # lost, or a stop that was given up: someone should look
     stop: str | None = None  # the stop in progress or its outcome, with the provider's answer
+    sync: str | None = None  # the checkpoint sync's state: failing, bytes not durable, since when
+    sync_warn: bool = False  # the node's sync alert is raised
 
 
 # A node that has not sent a heartbeat for this long is shown as silent.
@@ -619,6 +621,20 @@ def node_stop(node: Any, now: datetime) -> str | None:
         return f"stopped {ago(node.stopped_at, now)} (attempt {attempts}): {answer}"
     if attempts and node.next_stop_at is not None:
         return f"attempt {attempts} failed: {answer}; next attempt after {node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC"
+    return None
+
+
+def node_sync(node: Any, now: datetime) -> str | None:
+    """The sync state in one line: the alert if raised, else a failing pass or what is not durable yet."""
+    if node.sync_alert:
+        return str(node.sync_alert)
+    pending = f"{node.sync_pending_bytes / 2**30:.2f} GiB not durable" if node.sync_pending_bytes else None
+    if node.sync_error:
+        return f"failing since {ago(node.sync_failing_since, now)}: {node.sync_error}" + (
+            f"; {pending}" if pending else ""
+        )
+    if pending:
+        return f"{pending}, pending since {ago(node.unsynced_since, now)}"
     return None
 
 
@@ -651,6 +667,8 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         status=_STATUS_LABELS.get(node.status, node.status),
         status_warn=node.status in ("stop_failed", "lost"),
         stop=node_stop(node, now),
+        sync=node_sync(node, now),
+        sync_warn=bool(node.sync_alert),
     )
 
 

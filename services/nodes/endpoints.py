@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.nodes import service
-from services.nodes.lifecycle import list_events, stop_policy
+from services.nodes.lifecycle import list_events, stop_policy, sync_alert_policy
 from services.nodes.schemas import (
     BenchmarkOut,
     CalibrationFailure,
@@ -105,6 +105,7 @@ def heartbeat(
             token=token,
             peer=_peer(request),
             stops=stop_policy(settings),
+            sync_alerts=sync_alert_policy(settings),
         )
         return _node(node).model_copy(update={"commands": commands})
 

@@ -100,6 +100,15 @@ class StopPolicy:
     grace_s: float = 300.0  # heartbeats this long after a confirmed stop are the machine shutting down
 
 
+@dataclass(frozen=True)
+class SyncAlertPolicy:
+    """When a node's checkpoint sync needs someone (the GPUPLAN_NODE_SYNC_ALERT_S and
+    GPUPLAN_NODE_UNSYNCED_ALERT_S settings)."""
+
+    failing_s: float = 600.0
+    unsynced_s: float = 3600.0
+
+
 def stop_backoff_s(attempt: int, policy: StopPolicy) -> float:
     """The wait after failed attempt ``attempt`` (1-based): doubled per attempt, capped. Capped exponential
     backoff as in AWS's "Exponential Backoff and Jitter" (Brooker, 2015); one sweep per node sends, so

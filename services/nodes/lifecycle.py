@@ -32,7 +32,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work, utcnow
 from services.core.leases import worker_identity
-from services.core.metrics import NODE_STOP_ATTEMPTS, NODE_STOPS_GIVEN_UP, NODE_STOPS_INEFFECTIVE, SWEEP_DECISIONS
+from services.core.metrics import (
+    NODE_STOP_ATTEMPTS,
+    NODE_STOPS_GIVEN_UP,
+    NODE_STOPS_INEFFECTIVE,
+    NODE_SYNC_ALERTS,
+    SWEEP_DECISIONS,
+)
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver, make_driver
 from services.nodes.idle import (
@@ -40,11 +46,13 @@ from services.nodes.idle import (
     IdlePolicy,
     Signals,
     StopPolicy,
+    SyncAlertPolicy,
     busy_reasons,
     decide,
     next_idle_since,
     stop_backoff_s,
 )
+from services.nodes.schemas import SyncHealth
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs import audit
 
@@ -52,6 +60,7 @@ log = logging.getLogger("gpuplan.lifecycle")
 
 SWEEP_TASK = "gpuplan.nodes.sweep_idle"
 SWEEP_ACTOR = "system:idle-sweep"
+SYNC_ACTOR = "system:sync-health"
 
 
 def policy_of(node: NodeRow, lost_after_s: float) -> IdlePolicy:
@@ -65,6 +74,10 @@ def stop_policy(settings: Settings) -> StopPolicy:
         backoff_max_s=settings.node_stop_backoff_max_s,
         grace_s=settings.node_stop_grace_s,
     )
+
+
+def sync_alert_policy(settings: Settings) -> SyncAlertPolicy:
+    return SyncAlertPolicy(failing_s=settings.node_sync_alert_s, unsynced_s=settings.node_unsynced_alert_s)
 
 
 def call_bound_s(timeout_s: float) -> float:
@@ -105,6 +118,64 @@ def add_event(
     )
     session.add(event)
     return event
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def sync_alert_reason(node: NodeRow, at: datetime, policy: SyncAlertPolicy) -> tuple[str, str] | None:
+    """(cause, reason) when the node's sync needs someone: its passes have failed past the threshold, or it
+    has held checkpoints that are not durable past the other; None when neither."""
+    if node.sync_error and node.sync_failing_since is not None:
+        failing_s = (at - node.sync_failing_since).total_seconds()
+        if failing_s >= policy.failing_s:
+            return "failing", (
+                f"checkpoint sync failing for {_duration(failing_s)} (alert after {_duration(policy.failing_s)}): "
+                f"{node.sync_error}; {node.sync_pending_bytes / 2**30:.2f} GiB not durable"
+            )
+    if node.unsynced_since is not None:
+        unsynced_s = (at - node.unsynced_since).total_seconds()
+        if unsynced_s >= policy.unsynced_s:
+            return "unsynced", (
+                f"{node.unsynced_checkpoints} checkpoint(s), {node.sync_pending_bytes / 2**30:.2f} GiB, not durable "
+                f"for {_duration(unsynced_s)} (alert after {_duration(policy.unsynced_s)})"
+            )
+    return None
+
+
+def record_sync_health(
+    session: Session, node: NodeRow, sync: SyncHealth | None, at: datetime, policy: SyncAlertPolicy
+) -> None:
+    """Store what the agent says of its sync and raise (or clear) the node's sync alert: once per streak,
+    with an event, an audit row, the metric and a log line; its end is an event too. The streak's start
+    is the agent's (clamped to the server's clock), so an agent that failed while the service was
+    unreachable is not forgiven that time."""
+    if sync is not None:
+        node.sync_error = sync.last_error
+        node.sync_pending_bytes = sync.pending_bytes
+        if sync.last_error is None:
+            node.sync_failing_since = None
+        else:
+            reported = sync.failing_since if sync.failing_since is not None else at
+            node.sync_failing_since = min(node.sync_failing_since or reported, reported, at)
+    pending = node.unsynced_checkpoints > 0 or node.sync_pending_bytes > 0
+    node.unsynced_since = (node.unsynced_since or at) if pending else None
+    alert = sync_alert_reason(node, at, policy)
+    if alert is not None and node.sync_alert is None:
+        cause, reason = alert
+        node.sync_alert, node.sync_alerted_at = reason, at
+        add_event(session, node, "sync_alert", reason, at, {"cause": cause})
+        audit.record(
+            session, node.organization_id, SYNC_ACTOR, "node.sync_alert", f"node:{node.id}", detail={"reason": reason}
+        )
+        NODE_SYNC_ALERTS.labels(cause).inc()
+        log.warning("node %s: %s", node.id, reason)
+    elif alert is None and node.sync_alert is not None:
+        add_event(session, node, "sync_ok", "checkpoint sync healthy again", at, {"alert": node.sync_alert})
+        node.sync_alert = None
+    elif alert is not None:
+        node.sync_alert = alert[1]  # the same streak: the reason's figures move on, no new alert
 
 
 def _reset_stop(node: NodeRow) -> None:

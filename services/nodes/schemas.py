@@ -43,6 +43,18 @@ class RunProgress(_In):
     loss: float | None = Field(default=None, allow_inf_nan=False)
 
 
+class SyncHealth(_In):
+    """How the agent's checkpoint sync is doing (services/agent/node.py RunSync.health)."""
+
+    last_error: str | None = Field(
+        default=None, max_length=2000, description="the last sync pass's error; null when it succeeded"
+    )
+    pending_bytes: int = Field(default=0, ge=0, le=2**62, description="bytes of local checkpoints not durable yet")
+    failing_since: datetime | None = Field(
+        default=None, description="when the passes began failing (the agent's clock; null when the last succeeded)"
+    )
+
+
 class Heartbeat(_In):
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
     job_running: bool = False
@@ -52,6 +64,7 @@ class Heartbeat(_In):
     )
     unsynced_checkpoints: int = Field(default=0, ge=0, le=100_000, description="local checkpoints not yet durable")
     progress: RunProgress | None = None
+    sync: SyncHealth | None = Field(default=None, description="the run's checkpoint sync, when the agent syncs one")
     agent_pid: int | None = Field(
         default=None, ge=1, le=2**31 - 1, description="the agent's process id (the local driver signals it once proven)"
     )
@@ -114,6 +127,11 @@ class NodeOut(BaseModel):
     next_stop_at: datetime | None = Field(default=None, description="a failed stop is not retried before this")
     last_stop_at: datetime | None = Field(default=None, description="when the last stop was sent")
     last_stop_answer: str | None = Field(default=None, description="what the provider (or the sweep) last answered")
+    sync_error: str | None = Field(default=None, description="the agent's last sync pass failed with this")
+    sync_failing_since: datetime | None = Field(default=None, description="sync passes have failed since then")
+    sync_pending_bytes: int = Field(default=0, description="bytes of local checkpoints not durable yet")
+    unsynced_since: datetime | None = Field(default=None, description="the node has held non-durable checkpoints since")
+    sync_alert: str | None = Field(default=None, description="why the node's sync needs someone; null: healthy")
     agent_verified_at: datetime | None = None
     gpu_nvml: str = Field(default="", description="the GPU NVML reported at registration ('' : named by --gpu)")
     commands: list[str] = Field(default_factory=list, description="for the agent; delivered once")

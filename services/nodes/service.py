@@ -25,9 +25,9 @@ from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
 from services.hub.service import request_data_with_config, stored_request
 from services.nodes.calibration import CALIBRATION_WINDOW, catalog_name, device_check, screen, used_values
-from services.nodes.idle import StopPolicy
+from services.nodes.idle import StopPolicy, SyncAlertPolicy
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
-from services.nodes.lifecycle import add_event, after_heartbeat
+from services.nodes.lifecycle import add_event, after_heartbeat, record_sync_health
 from services.nodes.processes import connection_is_from, start_ticks
 from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
@@ -226,10 +226,12 @@ def heartbeat(
     token: str | None,
     peer: Peer | None = None,
     stops: StopPolicy | None = None,
+    sync_alerts: SyncAlertPolicy | None = None,
 ) -> tuple[NodeRow, list[str]]:
     """Store what the node's agent reports (with the node token), move its idle timer, record run
-    progress; returns the node and the commands waiting for its agent (each delivered once). ``stops``
-    says how long a stopped node may still report before its stop counts as failed (the settings')."""
+    progress and the sync's health; returns the node and the commands waiting for its agent (each delivered
+    once). ``stops`` says how long a stopped node may still report before its stop counts as failed, and
+    ``sync_alerts`` when a failing or lagging sync raises the node's alert (the settings')."""
     from services.runs.service import get_run, record_progress
 
     node = authenticate_node(session, principal, node_id, token)
@@ -248,6 +250,7 @@ def heartbeat(
         if node.id not in run.node_ids:
             raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
         record_progress(run, body.progress.step, body.progress.loss)
+    record_sync_health(session, node, body.sync, at, sync_alerts or SyncAlertPolicy())
     after_heartbeat(session, node, at, lost_after_s, stops)
     commands, node.commands = list(node.commands or []), []
     return node, commands

@@ -57,6 +57,15 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     last_stop_answer: Mapped[str | None] = mapped_column(Text, default=None)
     stop_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
     stop_lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    # The agent's checkpoint sync (services/nodes/lifecycle.py record_sync_health): the last pass's error and
+    # since when passes fail, the bytes not durable yet and since when anything is, and the alert raised
+    # (once per streak) when either lasts past its threshold.
+    sync_error: Mapped[str | None] = mapped_column(Text, default=None)
+    sync_failing_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    sync_pending_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    unsynced_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    sync_alert: Mapped[str | None] = mapped_column(Text, default=None)
+    sync_alerted_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     commands: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")  # for the agent, e.g. ["sync"]
     # The node's agent token (issued once at registration, stored as its SHA-256) and when an agent
     # last proved it holds it. Nodes registered before tokens existed have none and must re-register.

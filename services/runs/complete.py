@@ -68,6 +68,9 @@ class Completeness:
     framework: str  # which rule decided: "hf-trainer", "deepspeed", "torchtune", "litgpt", "marker", "unknown"
     reason: str  # what made it complete, or what it still waits for
     needs_settle: bool = False  # complete only if also quiet (torchtune's last epoch has no marker)
+    # Files the framework keeps beside the checkpoint folder that a resume from it needs, relative to the
+    # run's checkpoint root: torchtune's recipe state (epochs run, optimizer, seed) is one file for the run.
+    beside: tuple[str, ...] = ()
 
 
 def _files(directory: Path) -> list[Path]:
@@ -219,7 +222,12 @@ def _torchtune(directory: Path, step: int) -> Completeness:
         if whole_file_problem(recipe) is not None:
             return Completeness(False, "torchtune", f"{TORCHTUNE_RECIPE_STATE.as_posix()} being written")
         if _written_last(directory, [recipe]) is None:
-            return Completeness(True, "torchtune", f"{TORCHTUNE_RECIPE_STATE.as_posix()} written after it")
+            return Completeness(
+                True,
+                "torchtune",
+                f"{TORCHTUNE_RECIPE_STATE.as_posix()} written after it",
+                beside=(TORCHTUNE_RECIPE_STATE.as_posix(),),
+            )
         epochs = recipe_epochs(recipe)
         if epochs is None or step < epochs[1] - 1:
             return Completeness(

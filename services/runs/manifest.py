@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+# Where a checkpoint's files from beside its folder are stored under its step prefix (a checkpoint may
+# not hold a top-level entry of this name).
+BESIDE_PREFIX = "_beside"
 # Directory names trainers give their checkpoints: checkpoint-500 (transformers), step-500 / step_500
 # (LitGPT: step-000500), global_step500 (DeepSpeed's tag), epoch_2 / dist_epoch_2 (torchtune), or a bare
 # number. services/runs/complete.py decides when each is complete.
@@ -78,13 +81,19 @@ class Manifest(BaseModel):
     step: int = Field(ge=0)
     dir_name: str = Field(min_length=1, max_length=255, description="the directory's name on the node")
     files: tuple[ManifestFile, ...] = Field(min_length=1, max_length=100_000)
+    beside: tuple[ManifestFile, ...] = Field(
+        default=(),
+        max_length=16,
+        description="files kept beside the checkpoint folder that resuming from it needs, relative to the run's "
+        f"checkpoint root (torchtune's recipe_state/recipe_state.pt); stored under <step>/{BESIDE_PREFIX}/",
+    )
     metric: float | None = Field(default=None, description="evaluation metric reported with it, if any")
     final: bool = False
     created_at: datetime
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in (*self.files, *self.beside))
 
 
 def part_md5s_etag(part_md5s: list[bytes]) -> str:

@@ -5,7 +5,9 @@ GET from where it stopped), each verified against the manifest's size and SHA-25
 is renamed to its final name only when every file is verified: a restore never leaves a directory that
 looks complete but is not. Every restored file gets the same mtime, so the framework's last-written
 file (services/runs/complete.py) is not older than the others and the copy reads as complete; a
-DeepSpeed tag directory (``global_stepN``) gets a ``latest`` beside it naming it, as the engine wrote.
+DeepSpeed tag directory (``global_stepN``) gets a ``latest`` beside it naming it, as the engine wrote,
+and files the manifest keeps beside the folder (torchtune's ``recipe_state/recipe_state.pt``) are put
+back beside it, verified the same way, with the same mtime.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.runs.complete import DEEPSPEED_LATEST
-from services.runs.manifest import Manifest, step_prefix
+from services.runs.manifest import BESIDE_PREFIX, Manifest, ManifestFile, step_prefix
 from services.runs.sync import read_manifest
 
 CHUNK = 8 * 2**20
@@ -66,13 +68,26 @@ def _download(s3: Any, bucket: str, key: str, target: Path, size: int) -> int:
     return fetched
 
 
+def _fetch_verified(s3: Any, bucket: str, key: str, target: Path, entry: ManifestFile) -> int:
+    """Download one file (resuming a partial one) until its size and SHA-256 match; bytes fetched."""
+    fetched = 0
+    for attempt in (1, 2):
+        fetched += _download(s3, bucket, key, target, entry.size)
+        if target.stat().st_size == entry.size and _sha256(target) == entry.sha256:
+            return fetched
+        target.unlink()  # corrupt or changed: fetch it once more from the start
+        if attempt == 2:
+            raise RestoreError(f"{entry.path}: checksum mismatch after two downloads; nothing was restored")
+    return fetched
+
+
 def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest, to: Path) -> RestoreResult:
     """Download and verify the checkpoint ``expected`` describes (the control plane's record); the
     manifest in the bucket must agree with it, or nothing is restored."""
     stored = read_manifest(s3, bucket, run_prefix, expected.step)
     if stored is None:
         raise RestoreError(f"step {expected.step}: no manifest in s3://{bucket}/{run_prefix}; it is not durable")
-    if stored.files != expected.files:
+    if stored.files != expected.files or stored.beside != expected.beside:
         raise RestoreError(f"step {expected.step}: the bucket's manifest differs from the control plane's record")
     final = to / stored.dir_name
     if final.exists():
@@ -81,18 +96,17 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
     base = step_prefix(run_prefix, stored.step)
     downloaded = 0
     for entry in stored.files:
-        target = partial / entry.path
-        for attempt in (1, 2):
-            downloaded += _download(s3, bucket, f"{base}/{entry.path}", target, entry.size)
-            if target.stat().st_size == entry.size and _sha256(target) == entry.sha256:
-                break
-            target.unlink()  # corrupt or changed: fetch it once more from the start
-            if attempt == 2:
-                raise RestoreError(f"{entry.path}: checksum mismatch after two downloads; nothing was restored")
+        downloaded += _fetch_verified(s3, bucket, f"{base}/{entry.path}", partial / entry.path, entry)
+    # Files kept beside the folder (torchtune's recipe state) land beside it, as the framework reads them.
+    beside = [(to / f"{entry.path}.partial", to / entry.path) for entry in stored.beside]
+    for entry, (target, _) in zip(stored.beside, beside, strict=True):
+        downloaded += _fetch_verified(s3, bucket, f"{base}/{BESIDE_PREFIX}/{entry.path}", target, entry)
     stamp = time.time()
-    for path in [*partial.rglob("*"), partial]:
+    for path in [*partial.rglob("*"), partial, *(target for target, _ in beside)]:
         os.utime(path, (stamp, stamp))
     partial.rename(final)
+    for target, place in beside:
+        target.replace(place)
     if re.fullmatch(r"global_step\d+", stored.dir_name):
         latest = to / f"{DEEPSPEED_LATEST}.partial"
         latest.write_text(stored.dir_name)

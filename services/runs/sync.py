@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from services.runs.complete import completeness
 from services.runs.manifest import (
+    BESIDE_PREFIX,
     MANIFEST_NAME,
     Manifest,
     ManifestFile,
@@ -163,6 +164,18 @@ def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     for path in _files(directory):
         stat = path.stat()
         out[path.relative_to(directory).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+def _beside_snapshot(root: Path, paths: list[Path]) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of the files beside the checkpoint, keyed apart from its own files ("../...")."""
+    out = {}
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue  # removed: the snapshots differ, so nothing is made durable
+        out["../" + path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
     return out
 
 
@@ -348,29 +361,37 @@ def upload_checkpoint(
 ) -> CheckpointUpload:
     started = time.monotonic()
     base = step_prefix(run_prefix, step)
-    uploads = []
-    before = _snapshot(directory)  # taken before any file is hashed
+    uploads, beside_uploads = [], []
+    root = directory.parent
+    beside = [root / relative for relative in completeness(directory, step).beside]
+    before = _snapshot(directory) | _beside_snapshot(root, beside)  # taken before any file is hashed
     for path in _files(directory):
         relative = path.relative_to(directory).as_posix()
-        if relative == MANIFEST_NAME:
-            raise SyncError(f"{path}: a checkpoint may not contain a file named {MANIFEST_NAME}")
+        if relative == MANIFEST_NAME or relative.split("/", 1)[0] == BESIDE_PREFIX:
+            raise SyncError(f"{path}: a checkpoint may not contain {MANIFEST_NAME} or {BESIDE_PREFIX}/ at its top")
         upload = upload_file(s3, bucket, f"{base}/{relative}", path, options)
         upload.path = relative
         uploads.append(upload)
     if not uploads:
         raise SyncError(f"{directory} is empty")
+    for path in beside:
+        relative = path.relative_to(root).as_posix()
+        upload = upload_file(s3, bucket, f"{base}/{BESIDE_PREFIX}/{relative}", path, options)
+        upload.path = relative
+        beside_uploads.append(upload)
     manifest = Manifest(
         run_id=run_id,
         step=step,
         dir_name=directory.name,
         files=tuple(ManifestFile(path=u.path, size=u.size, sha256=u.sha256) for u in uploads),
+        beside=tuple(ManifestFile(path=u.path, size=u.size, sha256=u.sha256) for u in beside_uploads),
         metric=read_metric(directory, step),
         final=final,
         created_at=datetime.now(UTC),
     )
     if before_manifest is not None:
         before_manifest()  # failure injection: a crash (or a write) between the data and the manifest
-    after = _snapshot(directory)
+    after = _snapshot(directory) | _beside_snapshot(root, beside)
     if after != before:
         moved = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         raise CheckpointChanged(f"changed while it was uploaded ({', '.join(moved[:5])}); not made durable")

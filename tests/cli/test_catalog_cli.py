@@ -124,8 +124,13 @@ def test_an_organizations_import_does_not_change_the_public_catalog(gpuplan: Gpu
 
 
 def test_catalog_refresh_from_a_feed_and_a_failed_one(gpuplan: Gpuplan, fake: FakeProviders) -> None:
-    fake.routes[("POST", "/graphql")] = (200, response("runpod_gpu_types.json"))
     env = {"GPUPLAN_RUNPOD_API_URL": fake.url + "/graphql", "GPUPLAN_RUNPOD_API_KEY": "rp-cli-SECRET"}
+    # A first fetch that fails has no earlier prices to keep, and says so.
+    fake.routes[("POST", "/graphql")] = (500, "boom")
+    first = gpuplan("catalog", "refresh", "--provider", "runpod", env=env)
+    assert first.returncode == 1 and "no earlier fetch of it succeeded (no fetched prices to keep)" in first.stderr
+    assert "prices kept" not in first.stderr
+    fake.routes[("POST", "/graphql")] = (200, response("runpod_gpu_types.json"))
     out = gpuplan("catalog", "refresh", "--provider", "runpod", env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("runpod: 5 offers")
@@ -133,7 +138,8 @@ def test_catalog_refresh_from_a_feed_and_a_failed_one(gpuplan: Gpuplan, fake: Fa
 
     fake.routes[("POST", "/graphql")] = (500, "boom rp-cli-SECRET")
     failed = gpuplan("catalog", "refresh", "--provider", "runpod", env=env)
-    assert failed.returncode == 1 and "runpod: failed, last good prices kept: runpod: HTTP 500" in failed.stderr
+    assert failed.returncode == 1 and "runpod: failed, last good prices (fetched " in failed.stderr
+    assert "UTC) kept: runpod: HTTP 500" in failed.stderr
     assert "rp-cli-SECRET" not in failed.stderr + failed.stdout
     assert ("runpod", "H100 SXM") in _costs(gpuplan)
 

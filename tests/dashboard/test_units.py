@@ -372,10 +372,27 @@ def test_node_row_with_empty_lifecycle() -> None:
         next_stop_at=None,
         last_stop_at=None,
         last_stop_answer=None,
+        sync_alert=None,
+        sync_error=None,
+        sync_failing_since=None,
+        sync_pending_bytes=0,
+        unsynced_since=None,
     )
     row = views.node_row(node, views.NodeLifecycle(), now)
     assert row.stale and row.mean_utilisation_pct == 90.0 and row.price == "—"
     assert row.lifecycle.current_run is None and row.lifecycle.decisions == ()
+    assert row.sync is None and not row.sync_warn
+    failing = SimpleNamespace(
+        **{
+            **vars(node),
+            "sync_error": "EndpointConnectionError: cannot reach",
+            "sync_pending_bytes": 3 * 2**29,
+            "sync_failing_since": now - timedelta(minutes=4),
+        }
+    )
+    assert views.node_row(failing, views.NodeLifecycle(), now).sync == (
+        "failing since 4 min ago: EndpointConnectionError: cannot reach; 1.50 GiB not durable"
+    )
 
 
 def test_benchmark_points_use_measured_x_and_predicted_y() -> None:

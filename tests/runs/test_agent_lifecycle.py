@@ -178,7 +178,6 @@ def test_the_guard_stops_an_idle_node_after_a_final_sync_to_the_bucket_alone(run
             client,
             run_env.key,
             guard=guard,
-            job_pattern=r"^$never",
             stop_command=[sys.executable, "-c", f"open({str(stop_file)!r}, 'w').write('x')"],
         )
         agent.node_id = "n"

@@ -12,6 +12,8 @@ import hashlib
 import io
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -292,6 +294,62 @@ def test_torchtunes_last_epoch_counts_only_with_every_shard_whole_and_settled(ru
     assert [u.manifest.step for u in sync().uploaded] == [2]
 
 
+def test_torchtunes_recipe_state_travels_with_its_epoch_and_a_restore_resumes_from_it(
+    run_env: RunEnv, tmp_path: Path
+) -> None:
+    """recipe_state/recipe_state.pt lives beside the epoch folders and is rewritten every epoch: each durable
+    epoch keeps the copy written right after it, a later rewrite is not a change of the earlier epoch, and
+    a restore puts it back where torchtune reads it, so the exported launcher resumes (epochs run, optimizer)."""
+    from services.export.resume import RESUME_FILE, resume_script
+
+    env = run_env
+    run = env.run()
+    s3 = make_s3_client(env.s3)
+    root = tmp_path / "out"
+    root.mkdir()
+    disk = Disk(root)
+    options = SyncOptions(settle_s=SETTLE_S)
+
+    def sync() -> Any:
+        return sync_pass(s3, run["bucket"], run["prefix"], env.run_id, root, env.api, options, now=disk.pause(PAUSE_S))
+
+    states = {}
+    for epoch in (0, 1):
+        for relative, data in LAYOUTS[3].writes(epoch):
+            disk.write(relative, data)
+        states[epoch] = (root / "recipe_state" / "recipe_state.pt").read_bytes()
+        result = sync()
+        assert [u.manifest.step for u in result.uploaded] == [epoch] and result.changed == {}
+        manifest = read_manifest(s3, run["bucket"], run["prefix"], epoch)
+        assert manifest is not None and [f.path for f in manifest.beside] == ["recipe_state/recipe_state.pt"]
+        assert manifest.beside[0].sha256 == hashlib.sha256(states[epoch]).hexdigest()
+    assert states[0] != states[1]
+    assert sync().changed == {}  # the rewrite of the recipe state after epoch 1 is no change of epoch 0
+
+    # The node is lost: restore the latest epoch on a new one, into the trainer's checkpoint folder.
+    fresh = tmp_path / "new-node"
+    fresh.mkdir()
+    latest = read_manifest(s3, run["bucket"], run["prefix"], 1)
+    assert latest is not None
+    result = restore_checkpoint(s3, run["bucket"], run["prefix"], latest, fresh)
+    assert result.bytes == latest.total_bytes > sum(f.size for f in latest.files)
+    assert (fresh / "recipe_state" / "recipe_state.pt").read_bytes() == states[1]
+    assert not list(fresh.rglob("*.partial"))
+    assert completeness(fresh / "epoch_1", 1).complete
+    # The export's own resume.py (what launch.sh runs) resumes from the restored epoch.
+    script = tmp_path / RESUME_FILE
+    script.write_text(resume_script())
+    found = subprocess.run(
+        [sys.executable, str(script), "torchtune-lora"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUPLAN_CHECKPOINT_DIR": str(fresh)},
+        check=True,
+    ).stdout.split()
+    assert "resume_from_checkpoint=True" in found
+    assert "checkpointer.adapter_checkpoint=epoch_1/adapter_model.pt" in found
+
+
 def test_a_rewrite_in_place_is_in_progress_until_the_marker_is_written_again(tmp_path: Path) -> None:
     """A resumed trainer saving the same step over an old directory: the old marker is there, but
     older than the files being rewritten."""
@@ -422,7 +480,7 @@ def test_the_agent_reports_an_in_progress_checkpoint_unsynced_and_the_sweep_keep
         disk.write(relative, data)
     optimizer = root / "checkpoint-200" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[: 3 * 2**20])
-    agent = Agent(env.client, env.key, job_pattern=r"^$never")
+    agent = Agent(env.client, env.key)
     agent.register(name="ckpt-node", gpu="A100 80GB")
     join = env.client.post(
         f"/v1/runs/{env.run_id}/nodes",

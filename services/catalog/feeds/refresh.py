@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,6 +28,13 @@ class FeedOutcome:
     offers: int
     error: str | None = None
     note: str | None = None
+    kept_from: datetime | None = None  # a failed fetch: when the prices kept were fetched (None: there are none)
+
+    def failure(self) -> str:
+        """The failed fetch in one line, saying whether earlier prices stay."""
+        if self.kept_from is not None:
+            return f"failed, last good prices (fetched {self.kept_from:%Y-%m-%d %H:%M} UTC) kept: {self.error}"
+        return f"failed, and no earlier fetch of it succeeded (no fetched prices to keep): {self.error}"
 
 
 def _secret(value: object) -> str | None:
@@ -76,7 +84,8 @@ def refresh(
         except (FeedError, FeedDataError, GpuplanError) as exc:
             error = (exc.message if isinstance(exc, GpuplanError) else str(exc))[:2000]
             with unit_of_work(factory) as session:
-                record_feed_failure(session, provider, error, when)
-            outcomes.append(FeedOutcome(provider, False, 0, error=error))
-            log.warning("catalog feed %s failed, keeping its last good prices: %s", provider, error)
+                kept_from = record_feed_failure(session, provider, error, when)
+            outcome = FeedOutcome(provider, False, 0, error=error, kept_from=kept_from)
+            outcomes.append(outcome)
+            log.warning("catalog feed %s %s", provider, outcome.failure())
     return outcomes

@@ -1,0 +1,167 @@
+"""Failed syncs someone sees: the agent reports its sync's health with every heartbeat (last error, bytes
+not durable, since when); the node stores it, raises one alert per streak when passes keep failing or
+checkpoints stay not durable past the thresholds, and shows both on the nodes page and in /metrics."""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from services.agent.agent import Agent
+from services.agent.node import RunSync
+from services.core.db import make_sessionmaker, unit_of_work
+from services.core.settings import Settings
+from services.nodes.idle import SyncAlertPolicy
+from services.nodes.lifecycle import record_sync_health, sync_alert_reason
+from services.nodes.schemas import SyncHealth
+from services.nodes.tables import NodeEventRow, NodeRow
+from services.orgs.tables import AuditEvent
+from services.runs.sync import SyncOptions
+from services.storage.s3 import make_s3_client
+from tests.dashboard.conftest import sign_in
+from tests.runs.conftest import RunEnv, make_checkpoint
+
+T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+POLICY = SyncAlertPolicy(failing_s=600, unsynced_s=3600)
+
+
+class _Session:
+    """Collects what record_sync_health adds (events and audit rows) without a database."""
+
+    def __init__(self) -> None:
+        self.added: list[Any] = []
+
+    def add(self, row: Any) -> None:
+        self.added.append(row)
+
+    def flush(self) -> None:
+        pass
+
+
+def _node() -> NodeRow:
+    return NodeRow(
+        id="n1",
+        organization_id="o1",
+        run_id=None,
+        unsynced_checkpoints=0,
+        sync_pending_bytes=0,
+        sync_error=None,
+        sync_failing_since=None,
+        unsynced_since=None,
+        sync_alert=None,
+    )
+
+
+def _kinds(session: _Session) -> list[str]:
+    return [getattr(r, "kind", None) or getattr(r, "action", "") for r in session.added]
+
+
+def test_a_failing_sync_alerts_once_per_streak_and_says_when_it_recovers() -> None:
+    node, session = _node(), _Session()
+    failing = SyncHealth(last_error="EndpointConnectionError: s3 down", pending_bytes=2**30, failing_since=T0)
+    node.unsynced_checkpoints = 1
+    record_sync_health(session, node, failing, T0 + timedelta(minutes=5), POLICY)  # type: ignore[arg-type]
+    assert node.sync_alert is None and node.sync_failing_since == T0 and session.added == []
+    record_sync_health(session, node, failing, T0 + timedelta(minutes=11), POLICY)  # type: ignore[arg-type]
+    assert node.sync_alert is not None and "failing for 11 min" in node.sync_alert and "1.00 GiB" in node.sync_alert
+    assert _kinds(session) == ["sync_alert", "node.sync_alert"]
+    record_sync_health(session, node, failing, T0 + timedelta(minutes=30), POLICY)  # type: ignore[arg-type]
+    assert len(session.added) == 2 and "failing for 30 min" in node.sync_alert  # the same streak: no new alert
+    node.unsynced_checkpoints = 0
+    record_sync_health(session, node, SyncHealth(), T0 + timedelta(minutes=31), POLICY)  # type: ignore[arg-type]
+    assert node.sync_alert is None and node.sync_error is None and node.sync_failing_since is None
+    assert _kinds(session)[-1] == "sync_ok"
+
+
+def test_checkpoints_not_durable_for_too_long_alert_even_when_no_pass_fails() -> None:
+    node, session = _node(), _Session()
+    node.unsynced_checkpoints = 2  # e.g. a save that never completes: no pass fails, nothing is durable
+    pending = SyncHealth(pending_bytes=5 * 2**30)
+    record_sync_health(session, node, pending, T0, POLICY)  # type: ignore[arg-type]
+    assert node.unsynced_since == T0 and node.sync_alert is None
+    record_sync_health(session, node, pending, T0 + timedelta(minutes=59), POLICY)  # type: ignore[arg-type]
+    assert node.sync_alert is None
+    record_sync_health(session, node, pending, T0 + timedelta(minutes=61), POLICY)  # type: ignore[arg-type]
+    assert node.sync_alert is not None and "2 checkpoint(s), 5.00 GiB, not durable for 61 min" in node.sync_alert
+    assert sync_alert_reason(node, T0 + timedelta(minutes=61), POLICY) is not None
+
+
+def test_an_agent_clock_ahead_of_the_server_cannot_postpone_or_invent_a_streak() -> None:
+    node, session = _node(), _Session()
+    future = SyncHealth(last_error="boom", failing_since=T0 + timedelta(days=1))
+    record_sync_health(session, node, future, T0, POLICY)  # type: ignore[arg-type]
+    assert node.sync_failing_since == T0  # clamped to the server's clock
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_an_agent_whose_uploads_fail_is_seen_on_the_nodes_page_and_in_metrics(run_env: RunEnv, tmp_path: Path) -> None:
+    env = run_env
+    root = tmp_path / "out"
+    make_checkpoint(root, 100, 2 * 2**20, seed=1)
+    agent = Agent(env.client, env.key)
+    agent.register(name="sync-node", gpu="A100 80GB")
+    join = env.client.post(
+        f"/v1/runs/{env.run_id}/nodes",
+        json={"node_id": agent.node_id},
+        headers={**env.headers, "X-Node-Token": agent.node_token},
+    )
+    assert join.status_code == 200, join.text
+    run = env.run()
+    dead = make_s3_client(env.s3.model_copy(update={"s3_endpoint_url": _dead_endpoint()}), max_attempts=1, timeout_s=2)
+    sync = RunSync(env.api, dead, run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600)
+    agent.attach_run(sync)
+    assert agent.syncer is not None and agent.syncer.start(env.api)
+    agent.syncer.wait(60)
+    assert sync.last_error is not None and "Connect" in sync.last_error
+    assert agent.heartbeat()
+    node = env.client.get(f"/v1/nodes/{agent.node_id}", headers=env.headers).json()
+    assert node["sync_error"] == sync.last_error and node["sync_pending_bytes"] >= 2 * 2**20
+    assert node["sync_failing_since"] is not None and node["sync_alert"] is None
+
+    # Eleven minutes of failed passes on the agent's clock: the next heartbeat raises the alert.
+    sync.failing_since = datetime.now(UTC) - timedelta(minutes=11)
+    assert agent.heartbeat()
+    node = env.client.get(f"/v1/nodes/{agent.node_id}", headers=env.headers).json()
+    assert node["sync_alert"].startswith("checkpoint sync failing for 11 min")
+    sign_in(env.client, env.key)
+    page = env.client.get("/dashboard/nodes").text
+    assert "checkpoint sync failing for 11 min" in page and "alert</span>" in page
+    metrics = env.client.get("/metrics").text
+    assert "gpuplan_nodes_sync_alert 1.0" in metrics and "gpuplan_nodes_sync_failing 1.0" in metrics
+    assert 'gpuplan_node_sync_alerts_total{cause="failing"}' in metrics
+    app: Any = env.client.app
+    factory = make_sessionmaker(app.state.engine)
+    with unit_of_work(factory) as session:
+        audits = session.scalars(select(AuditEvent).where(AuditEvent.action == "node.sync_alert")).all()
+        assert [a.target for a in audits] == [f"node:{agent.node_id}"]
+
+    # The store is back: the pass makes the checkpoint durable and the alert ends, with an event.
+    sync.s3 = make_s3_client(env.s3)
+    assert agent.syncer.start(env.api)
+    agent.syncer.wait(60)
+    assert sync.last_error is None and sync.failing_since is None and sync.unsynced() == 0
+    assert agent.heartbeat()
+    node = env.client.get(f"/v1/nodes/{agent.node_id}", headers=env.headers).json()
+    assert node["sync_alert"] is None and node["sync_error"] is None and node["sync_pending_bytes"] == 0
+    assert "gpuplan_unsynced_bytes 0.0" in env.client.get("/metrics").text
+    with unit_of_work(factory) as session:
+        kinds = session.scalars(
+            select(NodeEventRow.kind).where(NodeEventRow.node_id == agent.node_id).order_by(NodeEventRow.created_at)
+        ).all()
+    assert kinds.count("sync_alert") == 1 and kinds[-1] == "sync_ok"
+
+
+def test_sync_alert_thresholds_are_settings() -> None:
+    from services.nodes.lifecycle import sync_alert_policy
+
+    policy = sync_alert_policy(Settings(node_sync_alert_s=120, node_unsynced_alert_s=900))
+    assert policy == SyncAlertPolicy(failing_s=120, unsynced_s=900)
