@@ -252,7 +252,9 @@ def as_json(sums: dict[str, dict[str, HeldoutSummary]]) -> dict[str, Any]:
     return {
         "point_estimate_fitted_from_cases": False,
         "note": POINT_NOTE,
-        "case_derived": [dict(zip(("quantity", "file", "script", "held_out"), row, strict=True)) for row in CASE_DERIVED],
+        "case_derived": [
+            dict(zip(("quantity", "file", "script", "held_out"), row, strict=True)) for row in CASE_DERIVED
+        ],
         "summary": {
             name: {
                 scoring: {
