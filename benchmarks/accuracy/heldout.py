@@ -187,9 +187,14 @@ def summaries(scored: dict[str, list[Scored]]) -> dict[str, dict[str, HeldoutSum
     return out
 
 
-def evaluate(cases: list[dict[str, Any]] | None = None) -> dict[str, dict[str, HeldoutSummary]]:
+def scored_cases(cases: list[dict[str, Any]] | None = None) -> dict[str, list[Scored]]:
     cases = cases if cases is not None else load_cases()
-    return summaries(scorings([(c, evaluate_case(c)) for c in cases]))
+    return scorings([(c, evaluate_case(c)) for c in cases])
+
+
+def evaluate(cases: list[dict[str, Any]] | None = None) -> dict[str, dict[str, HeldoutSummary]]:
+    """{set: {scoring: summary}} over ``cases`` (default: benchmarks/accuracy/cases.jsonl)."""
+    return summaries(scored_cases(cases))
 
 
 SET_LABELS = {"all": "all measured cases", "medium_high": "medium + high confidence"}
@@ -217,7 +222,26 @@ def table(sums: dict[str, dict[str, HeldoutSummary]]) -> str:
     return "\n".join(lines)
 
 
-def report(sums: dict[str, dict[str, HeldoutSummary]]) -> str:
+def source_table(scored: dict[str, list[Scored]]) -> str:
+    """Per source, all its measured cases: the point errors and what holding it out does to its band."""
+    lines = [
+        "| source | memory cases | counter median | fit bytes median | band coverage in-sample | held out "
+        "| runs that ran refused (planner rule) | refused (p90-band rule) in-sample | held out |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for source in sorted({s.result.source for s in scored["in_sample"]}):
+        mine = {k: [s for s in rows if s.result.source == source] for k, rows in scored.items()}
+        ins, out = summarize(mine["in_sample"]), summarize(mine["held_out"])
+        lines.append(
+            f"| {source} | {ins.memory_cases} | {ins.counter_median_pct:.1f}% | {ins.fit_median_pct:.1f}% "
+            f"| {ins.band_coverage_pct:.1f}% | {out.band_coverage_pct:.1f}% "
+            f"| {len(ins.refused_planner_rule)} of {ins.ran} "
+            f"| {len(ins.refused_p90_band_rule)} | {len(out.refused_p90_band_rule)} |"
+        )
+    return "\n".join(lines)
+
+
+def report(sums: dict[str, dict[str, HeldoutSummary]], scored: dict[str, list[Scored]] | None = None) -> str:
     out = [
         "# Estimator accuracy held out by source, beside in-sample",
         "",
@@ -245,6 +269,8 @@ def report(sums: dict[str, dict[str, HeldoutSummary]]) -> str:
         "Refused by the p90-band rule: " + (", ".join(held.refused_p90_band_rule) or "none") + ".",
         "",
     ]
+    if scored is not None:
+        out += ["## Per source (all measured cases)", "", source_table(scored), ""]
     return "\n".join(out)
 
 
@@ -270,8 +296,9 @@ def as_json(sums: dict[str, dict[str, HeldoutSummary]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sums = evaluate()
-    text = report(sums)
+    scored = scored_cases()
+    sums = summaries(scored)
+    text = report(sums, scored)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "heldout.md").write_text(text, encoding="utf-8")
     (RESULTS / "heldout.json").write_text(json.dumps(as_json(sums), indent=1) + "\n", encoding="utf-8")

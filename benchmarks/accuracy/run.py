@@ -202,10 +202,14 @@ class Summary:
     tokens_cases: int
     tokens_median_abs_error_pct: float
     refused: int = 0
+    # The same peaks against the fit bytes (the device peak the fit check and the planner decide on).
+    fit_median_abs_error_pct: float = float("nan")
+    fit_p90_abs_error_pct: float = float("nan")
 
 
 def summarize(results: list[CaseResult]) -> Summary:
     errors = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    fit_errors = [abs(r.fit_error_pct) for r in results if r.fit_error_pct is not None]
     tokens = [abs(r.tokens_error_pct) for r in results if r.tokens_error_pct is not None]
     ooms = [r for r in results if r.measured_oom and not r.refused]
     false_ooms = [r.id for r in results if not r.measured_oom and r.predicted_fits is False]
@@ -220,6 +224,8 @@ def summarize(results: list[CaseResult]) -> Summary:
         tokens_cases=len(tokens),
         tokens_median_abs_error_pct=statistics.median(tokens) if tokens else float("nan"),
         refused=sum(1 for r in results if r.refused),
+        fit_median_abs_error_pct=statistics.median(fit_errors) if fit_errors else float("nan"),
+        fit_p90_abs_error_pct=_percentile(fit_errors, 0.9),
     )
 
 
@@ -271,6 +277,7 @@ SET_LABELS = {
 def _summary_row(label: str, s: Summary) -> str:
     return (
         f"| {label} | {s.memory_cases} | {s.median_abs_error_pct:.1f}% | {s.p90_abs_error_pct:.1f}% | "
+        f"{s.fit_median_abs_error_pct:.1f}% | {s.fit_p90_abs_error_pct:.1f}% | "
         f"{s.ooms_flagged}/{s.ooms} | {len(s.ran_but_predicted_not_to_fit)} | {s.tokens_cases} | "
         + (f"{s.tokens_median_abs_error_pct:.1f}% |" if s.tokens_cases else "n/a |")
         + f" {s.refused} |"
@@ -278,9 +285,10 @@ def _summary_row(label: str, s: Summary) -> str:
 
 
 _HEADER = [
-    "| set | memory cases | memory median abs err | memory p90 abs err | OOMs flagged | ran but predicted OOM "
-    "| tokens/s cases | tokens/s median abs err | refused |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| set | memory cases | memory median abs err | memory p90 abs err | fit bytes median abs err "
+    "| fit bytes p90 abs err | OOMs flagged | ran but predicted OOM | tokens/s cases | tokens/s median abs err "
+    "| refused |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -316,15 +324,16 @@ def report(groups: dict[str, list[CaseResult]], published: list[CaseResult] | No
         out += [
             f"## {label}",
             "",
-            "| case | gpu | metric | measured GiB | predicted GiB | error | OOM | fits "
-            "| tok/s measured | tok/s predicted | tok/s error | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| case | gpu | metric | measured GiB | predicted GiB | error | fit bytes GiB | fit bytes error | OOM "
+            "| fits | tok/s measured | tok/s predicted | tok/s error | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in groups.get(name, []):
             fits = "" if r.predicted_fits is None else r.predicted_fits
             out.append(
                 f"| {r.id} | {r.gpu} | {r.metric} | {_fmt(r.measured_gib, 2)} | {_fmt(r.predicted_gib, 2)} | "
-                f"{_fmt(r.error_pct)}% | {'yes' if r.measured_oom else ''} | {fits} | "
+                f"{_fmt(r.error_pct)}% | {_fmt(r.fit_gib, 2)} | {_fmt(r.fit_error_pct)}% | "
+                f"{'yes' if r.measured_oom else ''} | {fits} | "
                 f"{_fmt(r.measured_tokens_per_s, 0)} | {_fmt(r.predicted_tokens_per_s, 0)} | "
                 f"{_fmt(r.tokens_error_pct)} | {r.note} |"
             )
