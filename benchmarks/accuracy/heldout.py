@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     sums = summaries(scored)
     text = report(sums, scored)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "heldout.md").write_text(text, encoding="utf-8")
+    (RESULTS / "heldout.md").write_text(text + "\n", encoding="utf-8")
     (RESULTS / "heldout.json").write_text(json.dumps(as_json(sums), indent=1) + "\n", encoding="utf-8")
     print(text)
     return 0
