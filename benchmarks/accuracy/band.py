@@ -8,7 +8,10 @@ guesses (their notes say which settings are inferred), so their residuals measur
 
 Coverage is the share of measured peaks inside the band [p10, p90]. In-sample, the band was built from
 the same residuals; leave-one-out rebuilds the table without the case before banding it, which is the
-figure to expect on cases gpuplan has not seen. Both are reported, for the medium+high cases and for all.
+figure to expect on cases gpuplan has not seen. Both are reported, for the medium+high cases and for all;
+``python -m benchmarks.accuracy.heldout`` rebuilds it without each case's whole source (leave-one-source-out).
+A residual is on the counter the case read (services/estimator/counters.py; a source that names no counter
+is read as max_memory_reserved). Cases marked ``derived`` (not measurements) are left out.
 
 Run: ``python -m benchmarks.accuracy.band`` (writes the table and benchmarks/results/band.json).
 """
@@ -71,7 +74,7 @@ def residual_table(pairs: list[tuple[dict[str, Any], CaseResult]]) -> dict[Key, 
     table: dict[Key, list[float]] = {}
     for case, result in pairs:
         value = residual(result)
-        if value is None or case["confidence"] not in ("medium", "high"):
+        if value is None or case["confidence"] not in ("medium", "high") or case.get("derived"):
             continue
         table.setdefault(case_category(case), []).append(value)
     return table
@@ -102,7 +105,7 @@ def band_cases(pairs: list[tuple[dict[str, Any], CaseResult]]) -> list[Banded]:
     out = []
     for case, result in pairs:
         value = residual(result)
-        if value is None or result.predicted_gib is None or result.measured_gib is None:
+        if value is None or result.predicted_gib is None or result.measured_gib is None or case.get("derived"):
             continue
         key = case_category(case)
         band = band_from_pools(pools, key)
