@@ -232,3 +232,54 @@ def test_an_offer_gone_since_the_plan_is_409(api: Api) -> None:
     assert removed.status_code == 200, removed.text
     response = api.client.post(f"/v1/plans/{plan['id']}/quotes", json=_pick(rec), headers=api.headers())
     assert response.status_code == 409 and "no longer in the catalog" in response.json()["message"], response.text
+
+
+def _pdf_text(pdf: bytes) -> str:
+    """The text a PDF draws: its (Flate-compressed) content streams' string operands, as fpdf2 writes them."""
+    import re
+    import zlib
+
+    out = []
+    for stream in re.findall(rb"stream\r?\n(.*?)\r?\nendstream", pdf, re.S):
+        try:
+            content = zlib.decompress(stream)
+        except zlib.error:
+            content = stream
+        out += [m.decode("latin-1") for m in re.findall(rb"\((.*?)(?<!\\)\)\s*Tj", content, re.S)]
+    return "\n".join(out).replace("\\(", "(").replace("\\)", ")")
+
+
+def test_the_quote_document_as_pdf_and_html(api: Api) -> None:
+    # Issue 22 item 3: a document a provider can send, addressed to the customer, with the job, the notes,
+    # the lines, the assumptions and the price list's source and date; the PDF parsed back.
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    quote = _quote(api, plan["id"], _pick(rec, customer_name="Grace Hopper", customer_email="grace@example.org"))
+    response = api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers())
+    assert response.status_code == 200 and response.headers["content-type"] == "application/pdf"
+    pdf = response.content
+    assert pdf.startswith(b"%PDF-") and pdf.rstrip().endswith(b"%%EOF")
+    text = _pdf_text(pdf)
+    for expected in (
+        f"Quote {quote['number']}",
+        "Grace Hopper",
+        "grace@example.org",
+        "meta-llama/Llama-3.1-8B",
+        "qlora",
+        "10,000 examples",
+        f"${rec['expected_cost_usd']:,.2f}",
+        quote["price_list"]["source"],
+        quote["price_list"]["fetched_at"],
+        "Valid until",
+    ):
+        assert expected in text, (expected, text[:2000])
+    for note in rec["notes"]:
+        assert note[:60] in text.replace("\n", " "), note
+    assert "alpha" in text  # the issuer, named as such, not as the addressee
+    assert text.index("Grace Hopper") < text.index("Setup")
+
+    html = api.client.get(f"/v1/quotes/{quote['id']}/html", headers=api.headers())
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assert "Grace Hopper" in html.text and quote["number"] in html.text
+    assert all(n.replace("'", "&#39;") in html.text for n in rec["notes"])
+    assert api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers("beta")).status_code == 404

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi.testclient import TestClient
+from markupsafe import escape as html_escape
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.orgs.repository import ApiKeyRepository
@@ -71,7 +72,7 @@ def test_posts_without_the_csrf_token_are_refused(api: Api, alpha: TestClient) -
     plan = submit_done_plan(api)
     for path, data in (
         ("/dashboard/plans", FORM),
-        (f"/dashboard/plans/{plan['id']}/quotes", {"setup": "A40|2|cloudrux"}),
+        (f"/dashboard/plans/{plan['id']}/quotes", {"setup": "A40|2|cloudrux|partner-dc|1"}),
         ("/dashboard/logout", {}),
         ("/dashboard/login", {"api_key": api.keys["alpha"]}),
     ):
@@ -117,26 +118,37 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     cards = set(re.findall(r'data-series="([^"]+)"', chart))
     assert legend.count("<li>") == len(cards) + 2 and cards >= {r["gpu"] for r in stored["recommendations"]}
 
-    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" data-pricing="(spot|on_demand)" selected', html)
     assert option is not None
     cheapest = stored["recommendations"][0]
-    # The form offers the cheapest setup first and selects it.
-    assert option.group(1) == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    # The form offers the table's first setup first and selects it, with its pricing (issue 22 item 3).
+    assert option.group(1) == "|".join(str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes"))
+    assert option.group(3) == cheapest["pricing"]
+    spot_box = re.search(r'<input type="checkbox" id="spot" name="spot" value="on"( checked)?>', html)
+    assert (spot_box is not None and spot_box.group(1) is not None) == (cheapest["pricing"] == "spot")
     # The spot checkbox is there only when some offer has a spot price, and the options say which.
     options = re.findall(r'<option value="[^"]+" data-spot="(yes|no)"[^>]*>([^<]*)</option>', html)
     assert options and all((spot == "yes") == ("spot available" in label) for spot, label in options)
     assert ('id="spot"' in html) == any(spot == "yes" for spot, _ in options)
-    response = alpha.post(
-        f"/dashboard/plans/{plan_id}/quotes",
-        data={"setup": option.group(1), "csrf_token": csrf_token(html)},
-        follow_redirects=False,
-    )
+    # Every setup's notes are on the page, in the planner's words.
+    for rec in stored["recommendations"]:
+        for note in rec["notes"]:
+            assert str(html_escape(note)) in recs_table, note
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html), "customer_name": "Ada Lovelace"}
+    if cheapest["pricing"] == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan_id}/quotes", data=form, follow_redirects=False)
     assert response.status_code == 303
     quote = alpha.get(response.headers["location"])
     assert quote.status_code == 200
-    gpu, gpus, provider = option.group(1).split("|")
+    gpu, gpus, provider, _region, _nodes = option.group(1).split("|")
     assert f"{gpus} x {gpu}" in quote.text and provider in quote.text
-    assert "Valid until" in quote.text
+    assert "Valid until" in quote.text and "Ada Lovelace" in quote.text
+    # The quote costs what the table shows for that setup, to the cent.
+    total = re.search(r'<td class="num total">([^<]+)</td>', quote.text)
+    assert total is not None and total.group(1) == f"${cheapest['expected_cost_usd']:,.2f}"
+    pdf = alpha.get(response.headers["location"] + "/pdf")
+    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
 
     # An impossible spot quote is a message on the plan page, not a 500.
     response = alpha.post(
@@ -174,7 +186,7 @@ def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
 def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: TestClient, beta: TestClient) -> None:
     plan = submit_done_plan(api)
     html = alpha.get(f"/dashboard/plans/{plan['id']}").text
-    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="[a-z_]+" selected', html)
     assert option is not None
     response = alpha.post(
         f"/dashboard/plans/{plan['id']}/quotes",
