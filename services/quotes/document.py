@@ -196,8 +196,8 @@ def render_pdf(doc: QuoteDocument) -> bytes:
     text(f"Quote {doc.number}", size=18, style="B", height=10)
     text(f"Issued {doc.issued} by {doc.issuer}. Valid until {doc.valid_until}", size=9)
     heading("For")
-    for line in doc.customer:
-        text(line)
+    for address in doc.customer:
+        text(address)
     heading("Job")
     facts(doc.job)
     heading("Setup")
@@ -214,7 +214,8 @@ def render_pdf(doc: QuoteDocument) -> bytes:
     pdf.set_font("Helvetica", size=9)
     for line in doc.lines:
         description = _pdf_text(line.description)
-        rows = len(pdf.multi_cell(columns[0], 5, description, dry_run=True, output="LINES"))
+        wrapped = pdf.multi_cell(columns[0], 5, description, dry_run=True, output="LINES")
+        rows = len(wrapped) if isinstance(wrapped, list) else 1
         if pdf.get_y() + 5 * rows > pdf.page_break_trigger:
             pdf.add_page()
         y = pdf.get_y()
