@@ -353,8 +353,8 @@ def _assumptions(
     out = [
         f"predicted peak {rec.peak_gib_per_gpu:.1f} GiB per GPU on a {rec.gpu_memory_gib:.0f} GiB card "
         f"({rec.headroom_gib:.1f} GiB headroom){offload}",
-        f"{rec.data_tokens_per_s:,.0f} tokens/s of data over {rec.gpus} GPUs, scaling efficiency "
-        f"{rec.scaling_efficiency:.0%} over {rec.links or 'the interconnect'}"
+        f"{rec.data_tokens_per_s:,.0f} tokens/s of data over {rec.gpus} GPU{'s' if rec.gpus != 1 else ''}, "
+        f"scaling efficiency {rec.scaling_efficiency:.0%} over {rec.links or 'the interconnect'}"
         + ("; the CPU optimizer step sets the pace" if rec.cpu_offload else ""),
         f"data: {estimate.get('total_tokens') or 0:,.0f} tokens in total (data set x epochs)",
         "the job's cost is the plan's expected cost for this setup: start-up, model download, training, "
