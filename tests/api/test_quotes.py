@@ -283,3 +283,34 @@ def test_the_quote_document_as_pdf_and_html(api: Api) -> None:
     assert "Grace Hopper" in html.text and quote["number"] in html.text
     assert all(n.replace("'", "&#39;") in html.text for n in rec["notes"])
     assert api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers("beta")).status_code == 404
+
+
+FULL_70B: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.1-70B"},
+    "method": "full",
+    "precision": "bf16",
+    "micro_batch_size": 1,
+    "seq_len": 2048,
+    "gradient_checkpointing": True,
+    "dataset": {"examples": 1000, "avg_tokens": 1024},
+    "epochs": 1,
+}
+
+
+def test_a_quote_of_a_setup_that_offloads_says_so_and_names_the_host_ram(api: Api) -> None:
+    # Issue 22: a quote for 8 x H100 on 70B full fine-tuning said "17.3 GiB of 80 (62 GiB headroom)" for a setup
+    # that fits only with CPU offload. Full fine-tuning in bf16 with torch's AdamW (moments in the parameter's
+    # dtype) keeps bf16 weights, gradients and two moments: 8 bytes per parameter, 564 GB for Llama-3.1-70B's
+    # 70,553,706,496 parameters (its safetensors index), more than 8 x 80 GB; offloaded, a node of 8 holds all of
+    # it in host RAM.
+    plan = _done_plan(api, FULL_70B)
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8, "provider": "cloudrux"})
+    setup = quote["setup"]
+    assert setup["cpu_offload"]
+    assert abs(setup["host_ram_gib_per_node"] - 70_553_706_496 * 8 / 2**30) < 1.0, setup
+    ram = f"{setup['host_ram_gib_per_node']:,.0f} GiB"
+    assert any("offloaded to CPU memory" in n and ram in n for n in quote["notes"]), quote["notes"]
+    assert any(n.startswith("host RAM unverified") for n in quote["notes"])  # cloudrux publishes no RAM
+    assert "offloaded to host RAM" in quote["assumptions"][0] and ram in quote["assumptions"][0]
+    pdf = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
+    assert "CPU offload" in pdf and ram in pdf and "host RAM unverified" in pdf.replace("\n", " ")

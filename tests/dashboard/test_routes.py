@@ -422,3 +422,26 @@ def test_every_page_links_a_favicon_that_is_served(alpha: TestClient) -> None:
     assert href is not None
     icon = alpha.get(href.group(1))
     assert icon.status_code == 200 and icon.text.startswith("<svg")
+
+
+def test_a_setup_that_offloads_says_so_on_the_plan_page_and_its_quote(api: Api, alpha: TestClient) -> None:
+    # Issue 22 item 4: "grep -c offload" on the page of a plan whose setups offload was 0.
+    from tests.api.test_quotes import FULL_70B
+
+    plan = submit_done_plan(api, plan=FULL_70B)
+    first = plan["recommendations"][0]
+    assert first["cpu_offload"], first  # 70B full fine-tuning fits the catalog's nodes only by offloading
+    ram = f"{first['host_ram_gib_per_node']:,.0f} GiB of host RAM"
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    assert "offloaded to CPU memory" in html and ram in html
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="([a-z_]+)" selected', html)
+    assert option is not None
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html)}
+    if option.group(2) == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    quote = alpha.get(response.headers["location"]).text
+    assert "CPU offload" in quote and "offloaded to CPU memory" in quote and ram in quote
+    total = re.search(r'<td class="num total">([^<]+)</td>', quote)
+    assert total is not None and total.group(1) == f"${first['expected_cost_usd']:,.2f}"
