@@ -315,7 +315,8 @@ def test_the_quote_form_starts_on_the_tables_first_row_with_its_pricing() -> Non
     # checked, and its label carries the table's number, not today's candidate's.
     first = {**_rec("A", 8, 1, 9), "pricing": "spot", "spot_cost_usd": 3.0, "expected_cost_usd": 3.0}
     first["spot_price_usd_per_hour"] = 2.0
-    first["notes"] = ["spot: 0.50 preemptions expected", "sold as whole nodes of 8 GPUs"]
+    notes = ["spot: 0.50 preemptions expected", "sold as whole nodes of 8 GPUs"]
+    first["notes"] = notes
     other = {**_rec("B", 1, 2, 4), "expected_cost_usd": 4.0}
     today = {**first, "expected_cost_usd": 2.5, "spot_cost_usd": 2.5}  # re-planned candidates come after
     out = SimpleNamespace(
@@ -332,7 +333,7 @@ def test_the_quote_form_starts_on_the_tables_first_row_with_its_pricing() -> Non
     assert page.default_quote == "A|8|p|r|1" and page.default_spot
     assert page.quote_options[0].on_spot and "$3.00" in page.quote_options[0].label
     assert not page.quote_options[1].on_spot
-    assert page.recommendations[0].notes == tuple(first["notes"])
+    assert page.recommendations[0].notes == tuple(notes)
 
 
 def test_plan_page_view_model() -> None:
