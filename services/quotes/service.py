@@ -116,7 +116,7 @@ def create_quote(
         plan_id=plan_row.id,
         setup=_setup(rec),
         line_items=[i.model_dump() for i in items],
-        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb),
+        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints),
         total_usd=total,
         currency="USD",
         valid_until=utcnow() + timedelta(days=validity_days),
@@ -343,7 +343,11 @@ def _setup(rec: Recommendation) -> dict[str, Any]:
 
 
 def _assumptions(
-    rec: Recommendation, estimate: dict[str, Any], request: QuoteRequest, checkpoint_gb: float
+    rec: Recommendation,
+    estimate: dict[str, Any],
+    request: QuoteRequest,
+    checkpoint_gb: float,
+    constraints: Constraints,
 ) -> list[str]:
     offload = (
         f", with the optimizer states offloaded to host RAM (about {rec.host_ram_gib_per_node:,.0f} GiB per node)"
@@ -364,6 +368,13 @@ def _assumptions(
         out.append(
             f"spot: {rec.expected_preemptions or 0:.2f} expected preemptions with checkpoints every "
             f"{rec.checkpoint_interval_minutes or 0:.0f} min, rework included"
+        )
+    # A picked setup may be one the plan left out for its budget or deadline: the quote says so.
+    if constraints.budget_usd is not None and rec.expected_cost_usd > constraints.budget_usd:
+        out.append(f"over the plan's budget: ${rec.expected_cost_usd:,.2f} against ${constraints.budget_usd:,.2f}")
+    if constraints.deadline_hours is not None and rec.expected_hours > constraints.deadline_hours:
+        out.append(
+            f"past the plan's deadline: {rec.expected_hours:,.1f} h against {constraints.deadline_hours:g} h expected"
         )
     if request.checkpoint_storage_months > 0 and checkpoint_gb:
         out.append(

@@ -314,3 +314,10 @@ def test_a_quote_of_a_setup_that_offloads_says_so_and_names_the_host_ram(api: Ap
     assert "offloaded to host RAM" in quote["assumptions"][0] and ram in quote["assumptions"][0]
     pdf = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
     assert "CPU offload" in pdf and ram in pdf and "host RAM unverified" in pdf.replace("\n", " ")
+
+
+def test_a_setup_over_the_plans_budget_is_quoted_and_says_so(api: Api) -> None:
+    plan = _done_plan(api, {**QLORA_PLAN, "constraints": {"budget_usd": 5}})
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8})
+    assert quote["total_usd"] > 5
+    assert f"over the plan's budget: ${quote['total_usd']:,.2f} against $5.00" in quote["assumptions"]
