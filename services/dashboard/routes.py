@@ -409,12 +409,12 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
     customer_email = str(form.get("customer_email") or "").strip() or None
     settings = _settings(request)
 
-    def create() -> tuple[str | None, str | None]:
+    def create() -> tuple[str | None, str | None, int]:
         if choice is None:
             # Scoped like any other read: a foreign plan is still a 404, not a form error.
             with db.transaction() as (s, _pending):
                 plans_service.get_plan(s, viewer.principal, plan_id)
-            return None, "Pick a setup to quote."
+            return None, "Pick a setup to quote.", 422
         try:
             body = QuoteRequest(
                 gpu=choice.gpu,
@@ -429,19 +429,21 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            return None, f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid"))
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            return None, message if message.startswith(where) else f"{where}: {message}", 422
         try:
             with db.transaction() as (s, _pending):
                 row = quotes_service.create_quote(
                     s, viewer.principal, plan_id, body, settings.safety_margin, settings.quote_validity_days
                 )
-                return row.id, None
+                return row.id, None, 303
         except (Unprocessable, Conflict) as exc:
-            return None, exc.message
+            # A price changed since the plan is a 409, bad input a 422: the plan page says which.
+            return None, exc.message, exc.status_code
 
-    quote_id, problem = await run_in_threadpool(create)
+    quote_id, problem, status = await run_in_threadpool(create)
     if quote_id is None:
-        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, 422)
+        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, status)
     return RedirectResponse(f"{PREFIX}/quotes/{quote_id}", status_code=303)
 
 

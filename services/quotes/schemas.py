@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class QuoteRequest(BaseModel):
@@ -26,7 +27,14 @@ class QuoteRequest(BaseModel):
         description="months to keep the last checkpoint in object storage (a line of its own)",
     )
     customer_name: str | None = Field(default=None, min_length=1, max_length=200)
-    customer_email: str | None = Field(default=None, min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")
+    customer_email: str | None = Field(default=None, max_length=320)
+
+    @field_validator("customer_email")
+    @classmethod
+    def _email(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", value):
+            raise ValueError(f"customer_email: not an email address (name@example.org), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _what(self) -> QuoteRequest:

@@ -445,3 +445,31 @@ def test_a_setup_that_offloads_says_so_on_the_plan_page_and_its_quote(api: Api, 
     assert "CPU offload" in quote and "offloaded to CPU memory" in quote and ram in quote
     total = re.search(r'<td class="num total">([^<]+)</td>', quote)
     assert total is not None and total.group(1) == f"${first['expected_cost_usd']:,.2f}"
+
+
+def test_quote_form_problems_are_shown_on_the_plan_page(api: Api, alpha: TestClient) -> None:
+    plan = submit_done_plan(api)
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="([a-z_]+)" selected', html)
+    assert option is not None
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html), "customer_email": "nobody"}
+    if option.group(2) == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form)
+    assert response.status_code == 422 and 'id="quote-error"' in response.text
+    assert "customer_email: not an email address" in response.text
+    # The offer's price changes after the plan: the quote is refused with what changed (409).
+    rec = plan["recommendations"][0]
+    offers = alpha.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    offer = next(
+        o for o in offers if (o["provider"], o["gpu"], o["region"]) == (rec["provider"], rec["gpu"], rec["region"])
+    )
+    csv = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,spot_usd_per_hour,region,source\n"
+        f"{offer['provider']},{offer['gpu']},{offer['gpus_per_node']},{offer['on_demand_usd_per_hour'] + 1:.4f},"
+        f"{'' if offer['spot_usd_per_hour'] is None else offer['spot_usd_per_hour'] + 1},{offer['region']},new\n"
+    )
+    assert alpha.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin")).status_code == 201
+    del form["customer_email"]
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form)
+    assert response.status_code == 409 and "changed since the plan" in response.text
