@@ -31,7 +31,31 @@ def test_the_counts_an_offer_rents() -> None:
     assert nearest_counts(PER_GPU, 12) == (8,) and nearest_counts(LONE, 5) == (8,)
 
 
-PLANS = {
+_DATA = {"gradient_checkpointing": True, "dataset": {"examples": 10_000, "avg_tokens": 512}, "epochs": 3}
+PLANS: dict[str, dict[str, object]] = {
+    # The catalog of plans: a 4k-token LoRA, a 70B QLoRA, a small full fine-tune, and a 671B MoE QLoRA
+    # that needs several nodes or offload.
+    "Mistral-7B LoRA 4k": {
+        **_DATA,
+        "model": {"name": "mistralai/Mistral-7B-v0.1"},
+        "method": "lora",
+        "micro_batch_size": 1,
+        "seq_len": 4096,
+    },
+    "70B QLoRA": {**_DATA, "model": {"name": "meta-llama/Llama-3.1-70B"}, "method": "qlora", "micro_batch_size": 1},
+    "Qwen2.5-0.5B full": {
+        **_DATA,
+        "model": {"name": "Qwen/Qwen2.5-0.5B"},
+        "method": "full",
+        "micro_batch_size": 8,
+        "seq_len": 1024,
+    },
+    "DeepSeek-V3 QLoRA": {
+        **_DATA,
+        "model": {"name": "deepseek-ai/DeepSeek-V3"},
+        "method": "qlora",
+        "micro_batch_size": 1,
+    },
     "8B QLoRA": {
         "model": {"name": "meta-llama/Llama-3.1-8B"},
         "method": "qlora",
