@@ -194,6 +194,10 @@ def test_a_count_between_nodes_names_the_nearest_counts(api: Api) -> None:
     quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 16, "provider": "node-dc"})
     assert quote["setup"]["nodes"] == 2
     response = api.client.post(
+        url, json={"gpu": "H100 SXM", "gpus": 2, "provider": "per-gpu-dc", "spot": True}, headers=api.headers()
+    )
+    assert response.status_code == 422 and response.json()["field"] == "spot", response.text
+    response = api.client.post(
         url, json={"gpu": "H100 SXM", "gpus": 16, "provider": "node-dc", "nodes": 4}, headers=api.headers()
     )
     assert response.status_code == 422 and response.json()["field"] == "nodes"
