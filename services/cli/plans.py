@@ -80,4 +80,7 @@ def _print_plan(args: argparse.Namespace, body: dict[str, Any]) -> int:
             f"{rec['peak_gib_per_gpu']:.1f} of {rec['gpu_memory_gib']:.0f} GiB, {rec['hours']:.1f} h, "
             f"${rec['cost_usd']:,.2f} on demand{spot}"
         )
+        # The planner's notes on the setup, in the words the plan page, the quote and the export use.
+        for note in rec.get("notes") or ():
+            print(f"      note: {note}")
     return 0 if body["status"] != "failed" else 1

@@ -20,11 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
-from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined, select_autoescape
+from pydantic import ValidationError
 
 from services.api.deps import Database, get_db
 from services.catalog.models import catalog_models
-from services.core.errors import Forbidden, GpuplanError, NotFound, TooManyRequests, Unprocessable
+from services.core.errors import Conflict, Forbidden, GpuplanError, NotFound, TooManyRequests, Unprocessable
 from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
 from services.estimator.errors import EstimatorError
@@ -37,13 +38,17 @@ from services.orgs.service import Principal, end_session, hash_key, session_prin
 from services.plans import service as plans_service
 from services.plans.schemas import PlanRequest
 from services.quotes import service as quotes_service
+from services.quotes.document import quote_document, render_pdf
 from services.quotes.schemas import QuoteRequest
 
 PREFIX = "/dashboard"
 PAGE_SIZE = 50
 
 _templates = Environment(
-    loader=PackageLoader("services.dashboard", "templates"),
+    # The quote's body is the document's own template (services/quotes/templates), so page and PDF agree.
+    loader=ChoiceLoader(
+        [PackageLoader("services.dashboard", "templates"), PackageLoader("services.quotes", "templates")]
+    ),
     autoescape=select_autoescape(["html"]),
     undefined=StrictUndefined,
     trim_blocks=True,
@@ -400,28 +405,45 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
     _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
     choice = views.parse_quote_value(str(form.get("setup") or ""))
     spot = bool(form.get("spot"))
+    customer_name = str(form.get("customer_name") or "").strip() or None
+    customer_email = str(form.get("customer_email") or "").strip() or None
     settings = _settings(request)
 
-    def create() -> tuple[str | None, str | None]:
+    def create() -> tuple[str | None, str | None, int]:
         if choice is None:
             # Scoped like any other read: a foreign plan is still a 404, not a form error.
             with db.transaction() as (s, _pending):
                 plans_service.get_plan(s, viewer.principal, plan_id)
-            return None, "Pick a setup to quote."
-        gpu, gpus, provider = choice
+            return None, "Pick a setup to quote.", 422
         try:
-            body = QuoteRequest(gpu=gpu, gpus=gpus, provider=provider, spot=spot)
+            body = QuoteRequest(
+                gpu=choice.gpu,
+                gpus=choice.gpus,
+                provider=choice.provider,
+                region=choice.region,
+                nodes=choice.nodes,
+                spot=spot,
+                customer_name=customer_name,
+                customer_email=customer_email,
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            return None, message if message.startswith(where) else f"{where}: {message}", 422
+        try:
             with db.transaction() as (s, _pending):
                 row = quotes_service.create_quote(
                     s, viewer.principal, plan_id, body, settings.safety_margin, settings.quote_validity_days
                 )
-                return row.id, None
-        except Unprocessable as exc:
-            return None, exc.message
+                return row.id, None, 303
+        except (Unprocessable, Conflict) as exc:
+            # A price changed since the plan is a 409, bad input a 422: the plan page says which.
+            return None, exc.message, exc.status_code
 
-    quote_id, problem = await run_in_threadpool(create)
+    quote_id, problem, status = await run_in_threadpool(create)
     if quote_id is None:
-        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, 422)
+        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, status)
     return RedirectResponse(f"{PREFIX}/quotes/{quote_id}", status_code=303)
 
 
@@ -432,8 +454,20 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
 def quote_detail(request: Request, quote_id: str, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
     with db.transaction() as (s, _pending):
         out = quotes_service.to_out(quotes_service.get_quote(s, viewer.principal, quote_id))
-    page = views.quote_page(out, viewer.principal.organization_name)
-    return render(request, "quote.html", {"page": page}, viewer=viewer)
+    page = quote_document(out)
+    return render(request, "quote.html", {"page": page, "doc": page}, viewer=viewer)
+
+
+@router.get("/quotes/{quote_id}/pdf")
+def quote_pdf(quote_id: str, viewer: ViewerDep, db: DbDep) -> Response:
+    with db.transaction() as (s, _pending):
+        out = quotes_service.to_out(quotes_service.get_quote(s, viewer.principal, quote_id))
+    doc = quote_document(out)
+    return Response(
+        render_pdf(doc),
+        media_type="application/pdf",
+        headers={"Content-Disposition": f'attachment; filename="quote-{doc.number}.pdf"'},
+    )
 
 
 @router.get("/nodes")

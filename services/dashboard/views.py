@@ -116,6 +116,7 @@ class RecommendationRow:
     spot_cost: str
     tokens_per_s: str
     pricing: str = "on demand"  # how the planner ranked this entry: on demand, or on spot with rework
+    notes: tuple[str, ...] = ()  # the planner's notes on the setup, word for word (as the quote and CLI show them)
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,11 @@ def rejection_row(r: Mapping[str, Any]) -> RejectionRow:
 
 @dataclass(frozen=True)
 class QuoteOption:
-    value: str  # "gpu|gpus|provider", parsed back by the quote form
+    value: str  # "gpu|gpus|provider|region|nodes", parsed back by the quote form
     label: str
     multi_gpu: bool
     spot: bool  # the offer has a spot price, so a spot quote can be asked for
+    on_spot: bool = False  # the price in the label is the spot price: the form checks "Spot pricing" for it
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class PlanPage:
     quote_options: tuple[QuoteOption, ...]
     default_quote: str | None
     any_spot: bool
+    default_spot: bool = False  # the pre-selected setup is the plan's first, priced on spot
     quotes: tuple[tuple[str, str], ...] = field(default=())  # (id, label) of quotes issued for this plan
 
 
@@ -217,7 +220,14 @@ def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
         spot_cost=usd(rec.get("spot_cost_usd")),
         tokens_per_s=_tokens_per_s(rec),
         pricing=str(rec.get("pricing", "on_demand")).replace("_", " "),
+        notes=setup_notes(rec),
     )
+
+
+def setup_notes(rec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The planner's notes on a setup (services.planner.planner: offload and host RAM, effective batch, stale
+    prices, unverified fields, spot risk), as stored: every page shows the same words."""
+    return tuple(str(n) for n in rec.get("notes") or ())
 
 
 def _tokens_per_s(rec: Mapping[str, Any]) -> str:
@@ -231,15 +241,28 @@ def _tokens_per_s(rec: Mapping[str, Any]) -> str:
 
 
 def quote_value(rec: Mapping[str, Any]) -> str:
-    return f"{rec['gpu']}|{rec['gpus']}|{rec['provider']}"
+    return f"{rec['gpu']}|{rec['gpus']}|{rec['provider']}|{rec.get('region') or ''}|{rec.get('nodes') or 1}"
 
 
-def parse_quote_value(value: str) -> tuple[str, int, str] | None:
-    """(gpu, gpus, provider) from a quote option's value, or None when it is malformed."""
+@dataclass(frozen=True)
+class QuoteChoice:
+    """A setup picked in the quote form."""
+
+    gpu: str
+    gpus: int
+    provider: str
+    region: str | None
+    nodes: int
+
+
+def parse_quote_value(value: str) -> QuoteChoice | None:
+    """The setup of a quote option's value ("gpu|gpus|provider|region|nodes"), or None when it is malformed."""
     parts = value.split("|")
-    if len(parts) != 3 or not parts[0] or not parts[2] or not parts[1].isdigit():
+    if len(parts) != 5 or not parts[0] or not parts[2] or not parts[1].isdigit() or not parts[4].isdigit():
         return None
-    return parts[0], int(parts[1]), parts[2]
+    if int(parts[1]) < 1 or int(parts[4]) < 1:
+        return None
+    return QuoteChoice(parts[0], int(parts[1]), parts[2], parts[3] or None, int(parts[4]))
 
 
 _SETUP_KEYS = ("provider", "region", "gpu", "gpus", "nodes", "sharding", "micro_batch_size", "gradient_checkpointing")
@@ -297,13 +320,17 @@ def _expected_cost(c: Mapping[str, Any]) -> float:
     return float(c.get("expected_cost_usd", c["cost_usd"]))
 
 
-def quote_options(candidates: Sequence[Mapping[str, Any]]) -> tuple[QuoteOption, ...]:
-    """One option per card, GPU count and provider, cheapest expected run first (on demand or spot, as the
-    planner ranks them), labelled with that cheapest pricing."""
-    spot = {quote_value(c) for c in candidates if c.get("spot_price_usd_per_hour") or c.get("spot_cost_usd")}
+def quote_options(
+    candidates: Sequence[Mapping[str, Any]], recommendations: Sequence[Mapping[str, Any]] = ()
+) -> tuple[QuoteOption, ...]:
+    """One option per setup (card, GPU count, offer, nodes): first the plan's recommendations in the table's
+    order, priced as the table prices them, then today's other candidates cheapest first; each labelled
+    with the pricing it is cheapest under, the price its quote comes to."""
+    every = [*recommendations, *candidates]
+    spot = {quote_value(c) for c in every if c.get("spot_price_usd_per_hour") or c.get("spot_cost_usd")}
     seen: set[str] = set()
     options = []
-    for c in sorted(candidates, key=_expected_cost):
+    for c in [*recommendations, *sorted(candidates, key=_expected_cost)]:
         value = quote_value(c)
         if value in seen:
             continue
@@ -311,10 +338,11 @@ def quote_options(candidates: Sequence[Mapping[str, Any]]) -> tuple[QuoteOption,
         on_spot = c.get("pricing") == "spot"
         hours = float(c.get("expected_hours", c["hours"]))
         label = f"{setup_label(c)} · {c['provider']} · {duration(hours)}, {usd(_expected_cost(c))}"
-        label += " on spot" if on_spot else ""
         if value in spot:
             label += " · spot available"
-        options.append(QuoteOption(value=value, label=label, multi_gpu=c["gpus"] > 1, spot=value in spot))
+        options.append(
+            QuoteOption(value=value, label=label, multi_gpu=c["gpus"] > 1, spot=value in spot, on_spot=on_spot)
+        )
     return tuple(options)
 
 
@@ -382,7 +410,7 @@ def plan_page(
             + "Each recommended setup's own peak is in the table."
         )
     points = cost_time_points(candidates)
-    options = quote_options(candidates)
+    options = quote_options(candidates, recs)
     rejections = [rejection_row(r) for r in out.rejections]
     kinds = [str(r["kind"]) for r in out.rejections]
     return PlanPage(
@@ -411,9 +439,10 @@ def plan_page(
         candidates=len(points),
         candidate_setups=sum(p.count for p in points),
         quote_options=options,
-        # The cheapest setup, as the table's first row.
+        # The table's first row, with its pricing.
         default_quote=options[0].value if options else None,
         any_spot=any(o.spot for o in options),
+        default_spot=bool(options) and options[0].on_spot,
         quotes=tuple(quotes),
     )
 
@@ -483,74 +512,6 @@ def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> Inf
         ),
         fits=fits,
         warnings=tuple(report.get("warnings", [])),
-    )
-
-
-# --- quotes --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QuoteLine:
-    description: str
-    quantity: str
-    unit: str
-    unit_price: str
-    amount: str
-
-
-@dataclass(frozen=True)
-class QuotePage:
-    id: str
-    plan_id: str
-    issued: str
-    valid_until: str
-    setup: tuple[Fact, ...]
-    lines: tuple[QuoteLine, ...]
-    total: str
-    currency: str
-    assumptions: tuple[str, ...]
-    organization: str
-
-
-def quote_page(out: Any, organization: str) -> QuotePage:
-    """From the API's QuoteOut (services.quotes.service.to_out)."""
-    s = out.setup
-    setup = [
-        Fact("setup", setup_label(s)),
-        Fact(
-            "provider", f"{s.get('provider', '')} ({s.get('region', '')})" if s.get("region") else s.get("provider", "")
-        ),
-        Fact("pricing", str(s.get("pricing", "on-demand"))),
-        Fact("expected duration", duration(s.get("expected_hours"))),
-        Fact("per GPU", f"{s.get('peak_gib_per_gpu', 0):.1f} GiB of {s.get('gpu_memory_gib', 0):.0f} GiB"),
-        Fact("throughput", f"{s.get('tokens_per_s', 0):,.0f} tokens/s"),
-    ]
-    config = [f"micro-batch {s.get('micro_batch_size')} x {s.get('gradient_accumulation_steps')}"]
-    if s.get("sharding") and s["sharding"] != "none":
-        config.append(str(s["sharding"]))
-    if s.get("gradient_checkpointing"):
-        config.append("gradient checkpointing")
-    setup.append(Fact("configuration", ", ".join(config)))
-    return QuotePage(
-        id=out.id,
-        plan_id=out.plan_id,
-        issued=when(out.created_at),
-        valid_until=when(out.valid_until),
-        setup=tuple(setup),
-        lines=tuple(
-            QuoteLine(
-                description=i.description,
-                quantity=f"{i.quantity:,.2f}",
-                unit=i.unit,
-                unit_price=f"${i.unit_price_usd:,.4f}",
-                amount=usd(i.amount_usd),
-            )
-            for i in out.line_items
-        ),
-        total=usd(out.total_usd),
-        currency=out.currency,
-        assumptions=tuple(out.assumptions),
-        organization=organization,
     )
 
 

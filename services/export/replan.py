@@ -179,8 +179,11 @@ def setup_for_format(
 
 
 def export_retargeted(chosen: Retargeted, fmt: str, data: DataFormat | None = None) -> ExportBundle:
-    """The files of the setup :func:`setup_for_format` chose, headed by what re-planning changed."""
+    """The files of the setup :func:`setup_for_format` chose, headed by what re-planning changed and the
+    planner's notes on the setup (offload and host RAM, effective batch, stale prices, spot risk), word for
+    word as the plan page and the quote show them."""
     rec = chosen.setup
+    notes = (*chosen.notes, *(n for n in rec.notes if n not in chosen.notes))
     return export_setup(
         chosen.plan,
         rec,
@@ -189,5 +192,5 @@ def export_retargeted(chosen: Retargeted, fmt: str, data: DataFormat | None = No
         gpu_memory_gib=rec.gpu_memory_gib,
         gpu=rec.gpu,
         data=data,
-        replan_notes=chosen.notes,
+        replan_notes=notes,
     )

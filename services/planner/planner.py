@@ -114,24 +114,15 @@ def plan_setups(
     marks prices fetched more than a day before it. Raises :class:`PlannerError` without a data set size,
     and :class:`WorkBudgetExceeded` when the search needs more CPU time than ``budget``.
     """
-    total_tokens = _check_plannable(plan, top_n)
+    _check_plannable(plan, top_n)
     constraints = constraints if constraints is not None else Constraints()
     offers = tuple(offers) if offers is not None else bundled_offers()
     specs = specs if specs is not None else gpu_specs()
-    name, arch = resolve_architecture(plan)
-    ctx = PlanContext(
-        plan=plan,
-        arch=arch,
-        constraints=constraints,
-        total_tokens=total_tokens,
-        effective_batch_size=effective_batch_size(plan),
-        sizes=run_sizes(plan, arch),
-        evaluator=Evaluator(plan, arch, utilisation),
-        budget=budget if budget is not None else unlimited(),
-    )
+    name, ctx = plan_context(plan, constraints, utilisation, budget)
+    total_tokens = ctx.total_tokens
 
     scan = scan_offers(ctx, tuple(offers), specs)
-    warnings = [*_plan_warnings(plan, arch.max_position_embeddings), *scan.warnings]
+    warnings = [*_plan_warnings(plan, ctx.arch.max_position_embeddings), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan.offers)
@@ -163,6 +154,28 @@ def plan_setups(
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,
         assumptions=_assumptions(ctx),
+    )
+
+
+def plan_context(
+    plan: Plan,
+    constraints: Constraints,
+    utilisation: Mapping[str, tuple[float, str]] | None = None,
+    budget: CpuBudget | None = None,
+) -> tuple[str, PlanContext]:
+    """The model's name and what one planning call shares (``plan_setups`` and the exact setups of quotes build
+    it the same way, so both price a setup alike). Raises :class:`PlannerError` for a plan it cannot rank."""
+    total_tokens = _check_plannable(plan, DEFAULT_TOP_N)
+    name, arch = resolve_architecture(plan)
+    return name, PlanContext(
+        plan=plan,
+        arch=arch,
+        constraints=constraints,
+        total_tokens=total_tokens,
+        effective_batch_size=effective_batch_size(plan),
+        sizes=run_sizes(plan, arch),
+        evaluator=Evaluator(plan, arch, utilisation),
+        budget=budget if budget is not None else unlimited(),
     )
 
 

@@ -4,6 +4,7 @@ from fastapi import APIRouter, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.quotes import service
+from services.quotes.document import quote_document, render_html, render_pdf
 from services.quotes.schemas import QuoteOut, QuoteRequest
 
 router = APIRouter(prefix="/v1", tags=["quotes"])
@@ -27,3 +28,37 @@ def create_quote(
 def get_quote(quote_id: str, db: DbDep, principal: PrincipalDep) -> QuoteOut:
     with db.transaction() as (session, _pending):
         return service.to_out(service.get_quote(session, principal, quote_id))
+
+
+@router.get(
+    "/quotes/{quote_id}/pdf",
+    operation_id="quotes-pdf",
+    response_class=Response,
+    responses={200: {"content": {"application/pdf": {"schema": {"type": "string", "format": "binary"}}}}},
+)
+def get_quote_pdf(quote_id: str, db: DbDep, principal: PrincipalDep) -> Response:
+    """The quote as a PDF document, addressed to its customer."""
+    with db.transaction() as (session, _pending):
+        doc = quote_document(service.to_out(service.get_quote(session, principal, quote_id)))
+    return Response(
+        render_pdf(doc),
+        media_type="application/pdf",
+        headers={"Content-Disposition": f'attachment; filename="quote-{doc.number}.pdf"'},
+    )
+
+
+@router.get(
+    "/quotes/{quote_id}/html",
+    operation_id="quotes-html",
+    response_class=Response,
+    responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}},
+)
+def get_quote_html(quote_id: str, db: DbDep, principal: PrincipalDep) -> Response:
+    """The quote as a standalone HTML document (the same content as the PDF)."""
+    with db.transaction() as (session, _pending):
+        doc = quote_document(service.to_out(service.get_quote(session, principal, quote_id)))
+    return Response(
+        render_html(doc),
+        media_type="text/html; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="quote-{doc.number}.html"'},
+    )

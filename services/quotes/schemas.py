@@ -1,22 +1,40 @@
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class QuoteRequest(BaseModel):
-    """A setup to quote: a card and GPU count (optionally a provider), or the best setup for N GPUs."""
+    """A setup to quote: a card and GPU count (optionally the provider, region and nodes), or the best setup for N
+    GPUs, on demand or on spot, for a customer."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu: str | None = Field(default=None, min_length=1, max_length=100)
     gpus: int | None = Field(default=None, ge=1, le=1024)
     provider: str | None = Field(default=None, min_length=1, max_length=100)
+    region: str | None = Field(default=None, min_length=1, max_length=100)
+    nodes: int | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
     best_for_gpus: int | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
-    checkpoint_storage_months: float = Field(default=1.0, ge=0, le=120)
+    checkpoint_storage_months: float = Field(
+        default=0.0,
+        ge=0,
+        le=120,
+        description="months to keep the last checkpoint in object storage (a line of its own)",
+    )
+    customer_name: str | None = Field(default=None, min_length=1, max_length=200)
+    customer_email: str | None = Field(default=None, max_length=320)
+
+    @field_validator("customer_email")
+    @classmethod
+    def _email(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", value):
+            raise ValueError(f"customer_email: not an email address (name@example.org), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _what(self) -> QuoteRequest:
@@ -35,13 +53,38 @@ class LineItem(BaseModel):
     amount_usd: float
 
 
+class Customer(BaseModel):
+    name: str | None = None
+    email: str | None = None
+
+
+class PriceList(BaseModel):
+    """Where the quoted price comes from."""
+
+    provider: str
+    region: str
+    source: str
+    fetched_at: str
+    age_hours: float | None = None
+
+
 class QuoteOut(BaseModel):
     id: str
+    number: str = Field(description="the quote number printed on the document")
     plan_id: str
     created_at: datetime
     valid_until: datetime
+    customer: Customer
+    issuer: str = Field(default="", description="the organization that issued the quote")
+    model: str = ""
+    method: str = ""
+    job: str = Field(default="", description="the training job: data set, epochs and tokens")
     setup: dict[str, Any]
     line_items: list[LineItem]
+    job_cost_usd: float = Field(description="the planned run's expected cost: the plan's number for this setup")
     total_usd: float
     currency: str
-    assumptions: list[str]
+    notes: list[str] = Field(default_factory=list, description="the planner's notes on the setup, as the plan shows")
+    assumptions: list[str] = Field(description="what this quote's numbers rest on")
+    plan_assumptions: list[str] = Field(default_factory=list, description="the planner's assumptions for the plan")
+    price_list: PriceList | None = None

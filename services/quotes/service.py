@@ -1,66 +1,50 @@
-"""Quotes for multi-GPU setups: priced line items from the planner's estimate, issued once."""
+"""Quotes: the setup the user picked (card, GPU count, nodes, provider, pricing), priced as the plan prices it,
+issued once as a document addressed to the customer."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
+from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
-from services.hub.service import stored_request
+from services.estimator.plan import Plan
+from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
+from services.planner.constraints import Constraints
+from services.planner.exact import price_exact_setup
+from services.planner.models import PricingMode, Recommendation
 from services.planner.spot import checkpoint_bytes
-from services.plans.recommend import recommend
 from services.plans.schemas import PlanRequest
-from services.plans.service import get_plan
-from services.quotes.schemas import LineItem, QuoteOut, QuoteRequest
+from services.plans.service import get_plan, resolved_plan
+from services.quotes.schemas import Customer, LineItem, PriceList, QuoteOut, QuoteRequest
 from services.quotes.tables import QuoteRow
 
 # Object storage for checkpoints, per GB-month: the S3 Standard list price (us-east-1), used as the
 # default when the provider's own storage price is not in the catalog.
 STORAGE_USD_PER_GB_MONTH = 0.023
 
-
-def _pick(recs: list[dict[str, Any]], request: QuoteRequest) -> dict[str, Any]:
-    if request.spot:
-        # A spot quote needs a spot price; among those, the cheapest expected spot total first.
-        recs = sorted((r for r in recs if r.get("spot_cost_usd") is not None), key=lambda r: r["spot_cost_usd"])
-    if request.best_for_gpus is not None:
-        matching = [r for r in recs if r["gpus"] == request.best_for_gpus]
-        if not matching:
-            raise Unprocessable(
-                f"no setup with {request.best_for_gpus} GPUs{' and a spot price' if request.spot else ''} fits this "
-                "plan within its constraints",
-                field="best_for_gpus",
-            )
-        return matching[0]
-    try:
-        gpu = find_gpu(request.gpu or "").name
-    except EstimatorError as exc:
-        raise Unprocessable(exc.message, field="gpu") from None
-    matching = [
-        r
-        for r in recs
-        if r["gpu"] == gpu
-        and r["gpus"] == request.gpus
-        and (request.provider is None or r["provider"] == request.provider)
-    ]
-    if not matching:
-        if request.spot:
-            raise Unprocessable(f"no spot price for {request.gpus} x {gpu} in the catalog", field="spot")
-        raise Unprocessable(
-            f"{request.gpus} x {gpu}{' at ' + request.provider if request.provider else ''} is not a fitting setup for "
-            "this plan (see the plan's recommendations and rejections)",
-            field="gpu",
-        )
-    return matching[0]
+# The planner's cost_breakdown keys, in the order the document lists them, and what each line is.
+BREAKDOWN_LINES = (
+    ("compute", "training"),
+    ("startup", "start-up (provisioning and boot)"),
+    ("model_download", "base model download"),
+    ("checkpoint_writes", "checkpoint writes and final upload"),
+    ("preemption_rework", "expected preemption rework (restarts and lost work)"),
+    ("billing_rounding", "billing increment and minimum"),
+)
+# Per-GPU prices closer than this (USD per GPU-hour) are the same price: the plan stores them to 4 decimals.
+PRICE_TOLERANCE_USD = 0.0001
 
 
 def create_quote(
@@ -70,48 +54,55 @@ def create_quote(
     request: QuoteRequest,
     safety_margin: float,
     validity_days: int = 14,
+    now: datetime | None = None,
 ) -> QuoteRow:
+    """Quote the setup ``request`` names on a done plan, at the catalog's prices, as the plan priced it.
+
+    422 naming the field for a setup that cannot be rented or does not fit (``gpus`` names the nearest
+    rentable counts); 409 when the picked offer's price changed or vanished since the plan, or the plan
+    priced the same setup at another cost."""
     plan_row = get_plan(session, principal, plan_id)
     if plan_row.status != "done":
         raise Conflict(f"plan {plan_id} is {plan_row.status}; quotes are issued for estimated plans", field="id")
-    plan_request = stored_request(session, PlanRequest.model_validate(plan_row.request))
-    # Re-plan with room for the requested GPU count, so any fitting setup can be quoted.
-    wanted = request.best_for_gpus or request.gpus or 1
-    constraints = plan_request.constraints.model_copy(
-        update={"max_gpus": max(wanted, plan_request.constraints.max_gpus)}
-    )
-    offers = catalog_offers(session, principal.organization_id)
-    if request.gpu is not None:
-        try:
-            gpu_name = find_gpu(request.gpu).name
-        except EstimatorError as exc:
-            raise Unprocessable(exc.message, field="gpu") from None
-        offers = tuple(
-            o for o in offers if o.gpu == gpu_name and (request.provider is None or o.provider == request.provider)
-        )
-        if not offers:
-            raise Unprocessable(f"no offer for {gpu_name} in the catalog", field="gpu")
-    recs, _rejections, _warnings = recommend(plan_request.to_plan(), constraints, offers, safety_margin, top_n=10_000)
-    rec = _pick(recs, request)
+    plan_request = PlanRequest.model_validate(plan_row.request)
+    plan, _ = resolved_plan(session, plan_request)
+    stored = [Recommendation.model_validate(r) for r in plan_row.recommendations or []]
+    constraints = _constraints(plan_request.constraints, safety_margin)
+    pricing: PricingMode = "spot" if request.spot else "on_demand"
+    now = now if now is not None else datetime.now(UTC)
 
-    hours = rec["spot_hours"] if request.spot else rec["hours"]
-    per_gpu_hour = (rec["spot_price_usd_per_hour"] if request.spot else rec["price_usd_per_hour"]) / rec["gpus"]
-    gpu_hours = hours * rec["gpus"]
-    items = [
-        LineItem(
-            description=f"{rec['gpus']} x {rec['gpu']} ({rec['provider']}, {'spot' if request.spot else 'on-demand'})",
-            quantity=round(gpu_hours, 2),
-            unit="GPU-hour",
-            unit_price_usd=round(per_gpu_hour, 4),
-            amount_usd=round(gpu_hours * per_gpu_hour, 2),
+    offers = catalog_offers(session, principal.organization_id)
+    gpu = _card(request.gpu) if request.gpu is not None else None
+    picked = _offers_for(offers, constraints, request, gpu)
+    if gpu is not None:
+        _vanished(stored, picked, request, gpu, pricing)
+        if not picked:
+            raise _none_left(request, gpu)
+    try:
+        rec, plan_assumptions = price_exact_setup(
+            plan,
+            picked,
+            gpu,
+            request.gpus or request.best_for_gpus or 1,
+            pricing,
+            constraints,
+            nodes=request.nodes,
+            utilisation=calibrated_utilisation(session, principal.organization_id, plan.method),
+            now=now,
         )
-    ]
-    checkpoint_gb = _checkpoint_gb(plan_request)
+    except EstimatorError as exc:
+        field = "best_for_gpus" if request.best_for_gpus is not None and exc.field == "gpus" else exc.field
+        raise Unprocessable(exc.message, field=field) from None
+    _unchanged(stored, rec)
+
+    items = cost_lines(rec)
+    job_cost = rec.expected_cost_usd
+    checkpoint_gb = _checkpoint_gb(plan)
     if request.checkpoint_storage_months > 0 and checkpoint_gb > 0:
         gb_months = checkpoint_gb * request.checkpoint_storage_months
         items.append(
             LineItem(
-                description="checkpoint storage (S3-compatible)",
+                description="checkpoint storage (S3-compatible), the last checkpoint kept",
                 quantity=round(gb_months, 2),
                 unit="GB-month",
                 unit_price_usd=STORAGE_USD_PER_GB_MONTH,
@@ -119,68 +110,299 @@ def create_quote(
             )
         )
     total = round(sum(i.amount_usd for i in items), 2)
-    setup: dict[str, Any] = {
-        k: rec[k]
-        for k in (
-            "provider",
-            "gpu",
-            "gpus",
-            "gpus_per_node",
-            "nodes",
-            "sharding",
-            "micro_batch_size",
-            "gradient_accumulation_steps",
-            "gradient_checkpointing",
-            "peak_gib_per_gpu",
-            "gpu_memory_gib",
-            "headroom_gib",
-            "tokens_per_s",
-            "scaling_efficiency",
-            "links",
-            "hours",
-            "region",
-        )
-        if k in rec
-    }
-    setup["pricing"] = "spot" if request.spot else "on-demand"
-    setup["expected_hours"] = round(hours, 3)
-    assumptions = [
-        f"predicted peak {rec['peak_gib_per_gpu']:.1f} GiB per GPU on a {rec['gpu_memory_gib']:.0f} GiB card "
-        f"({rec['headroom_gib']:.1f} GiB headroom)",
-        f"{rec['tokens_per_s']:,.0f} tokens/s over {rec['gpus']} GPUs, scaling efficiency "
-        f"{rec['scaling_efficiency']:.0%} over {rec.get('links') or 'the interconnect'}",
-        f"data: {(plan_row.estimate or {}).get('total_tokens') or 0:,.0f} tokens in total (data set x epochs)",
-        "prices from the provider catalog at quote time; taxes not included",
-    ]
-    if request.spot:
-        assumptions.append(
-            f"spot: {rec.get('expected_preemptions') or 0:.1f} expected preemptions with checkpoints every "
-            f"{rec.get('checkpoint_interval_minutes') or 0:.0f} min, rework included"
-        )
-    if checkpoint_gb:
-        assumptions.append(
-            f"checkpoints: {checkpoint_gb:.1f} GB kept for {request.checkpoint_storage_months:g} month(s) at "
-            f"${STORAGE_USD_PER_GB_MONTH}/GB-month"
-        )
+    offer = _offer_of(picked, rec)
     row = QuoteRow(
         organization_id=principal.organization_id,
         plan_id=plan_row.id,
-        setup=setup,
+        setup=_setup(rec),
         line_items=[i.model_dump() for i in items],
-        assumptions=assumptions,
+        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints),
         total_usd=total,
         currency="USD",
         valid_until=utcnow() + timedelta(days=validity_days),
+        customer_name=request.customer_name,
+        customer_email=request.customer_email,
+        document={
+            "issuer": principal.organization_name,
+            "model": plan_row.model_name or plan.model.name or "",
+            "method": plan.method,
+            "job": job_description(plan, plan_row.estimate or {}),
+            "job_cost_usd": job_cost,
+            "notes": list(rec.notes),
+            "plan_assumptions": plan_assumptions,
+            "price_list": PriceList(
+                provider=rec.provider,
+                region=rec.region,
+                source=offer.source,
+                fetched_at=offer.fetched_at,
+                age_hours=rec.price_age_hours,
+            ).model_dump(),
+        },
     )
     session.add(row)
     session.flush()
     return row
 
 
-def _checkpoint_gb(request: PlanRequest) -> float:
+def _card(name: str) -> str:
+    try:
+        return find_gpu(name).name
+    except EstimatorError as exc:
+        raise Unprocessable(exc.message, field="gpu") from None
+
+
+def _card_name(offer: Offer) -> str | None:
+    try:
+        return find_gpu(offer.gpu).name
+    except EstimatorError:
+        return None
+
+
+def _constraints(constraints: Constraints, margin: float) -> Constraints:
+    """The plan's constraints as its estimation ran them (services.plans.recommend: the server's margin unless
+    the plan set one)."""
+    if "safety_margin" in constraints.model_fields_set:
+        return constraints
+    return constraints.model_copy(update={"safety_margin": margin})
+
+
+def _offers_for(
+    offers: Sequence[Offer], constraints: Constraints, request: QuoteRequest, gpu: str | None
+) -> list[Offer]:
+    """The offers the quote may price: the card's, at the provider and region asked for, else those the plan's
+    provider and region constraints allow."""
+    picked = [o for o in offers if gpu is None or _card_name(o) == gpu]
+    if request.provider is not None:
+        picked = [o for o in picked if o.provider.lower() == request.provider.strip().lower()]
+    else:
+        picked = [o for o in picked if constraints.allows_provider(o.provider)]
+    if request.region is not None:
+        picked = [o for o in picked if o.region.lower() == request.region.strip().lower()]
+    elif request.provider is None:
+        picked = [o for o in picked if constraints.allows_region(o.region, o.country)]
+    return picked
+
+
+def _none_left(request: QuoteRequest, gpu: str) -> Unprocessable:
+    where = f" at {request.provider}" if request.provider else ""
+    where += f" in {request.region}" if request.region else ""
+    field = "provider" if request.provider else ("region" if request.region else "gpu")
+    return Unprocessable(f"{field}: no offer for {gpu}{where} in the catalog", field=field)
+
+
+def _same_offer(rec: Recommendation, provider: str, region: str) -> bool:
+    return rec.provider.lower() == provider.lower() and rec.region.lower() == region.lower()
+
+
+def _vanished(
+    stored: Sequence[Recommendation], picked: Sequence[Offer], request: QuoteRequest, gpu: str, pricing: PricingMode
+) -> None:
+    """409 when the provider asked for had an offer of the card (or its spot price) the plan priced, and the
+    catalog has it no longer."""
+    if request.provider is None:
+        return
+    for s in stored:
+        if s.gpu != gpu or s.provider.lower() != request.provider.strip().lower():
+            continue
+        if request.region is not None and s.region.lower() != request.region.strip().lower():
+            continue
+        now = [o for o in picked if o.provider.lower() == s.provider.lower() and o.region.lower() == s.region.lower()]
+        if not now:
+            raise Conflict(
+                f"the {gpu} offer of {s.provider} ({s.region}) the plan priced at "
+                f"${s.price_usd_per_hour / s.gpus:,.4f} per GPU-hour is no longer in the catalog; re-plan to quote "
+                "today's offers",
+                field="provider",
+            )
+        if (
+            pricing == "spot"
+            and s.spot_price_usd_per_hour is not None
+            and all(o.spot_usd_per_hour is None for o in now)
+        ):
+            raise Conflict(
+                f"the spot price of {gpu} at {s.provider} ({s.region}) the plan priced at "
+                f"${s.spot_price_usd_per_hour / s.gpus:,.4f} per GPU-hour is no longer offered; re-plan or quote on "
+                "demand",
+                field="spot",
+            )
+
+
+def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
+    """409 when the plan priced the picked offer at another price, or the same setup at another cost."""
+    for s in stored:
+        if s.gpu != rec.gpu or not _same_offer(s, rec.provider, rec.region):
+            continue
+        was, now = s.price_usd_per_hour / s.gpus, rec.price_usd_per_hour / rec.gpus
+        kind = "on-demand"
+        if rec.pricing == "spot" and s.spot_price_usd_per_hour is not None and rec.spot_price_usd_per_hour is not None:
+            was, now = s.spot_price_usd_per_hour / s.gpus, rec.spot_price_usd_per_hour / rec.gpus
+            kind = "spot"
+        if abs(was - now) > PRICE_TOLERANCE_USD:
+            raise Conflict(
+                f"the {kind} price of {rec.gpu} at {rec.provider} ({rec.region}) changed since the plan: "
+                f"${was:,.4f} per GPU-hour then, ${now:,.4f} now; re-plan to quote today's price",
+                field="price",
+            )
+    for s in stored:
+        same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
+        if same and _same_offer(s, rec.provider, rec.region) and s.expected_cost_usd != rec.expected_cost_usd:
+            raise Conflict(
+                f"the plan priced {rec.gpus} x {rec.gpu} at {rec.provider} at ${s.expected_cost_usd:,.2f}; it now "
+                f"estimates ${rec.expected_cost_usd:,.2f} (the calibration or the catalog's defaults changed); "
+                "re-plan to quote it",
+                field="price",
+            )
+
+
+def _offer_of(offers: Sequence[Offer], rec: Recommendation) -> Offer:
+    for o in offers:
+        if o.provider == rec.provider and o.region == rec.region and _card_name(o) == rec.gpu:
+            return o
+    raise NotFound(f"the offer of {rec.gpu} at {rec.provider} is gone", field="provider")  # priced from these offers
+
+
+def _cents(parts: Sequence[float], total_cents: int) -> list[int]:
+    """Whole cents for ``parts`` (USD) that add up to ``total_cents``: largest remainders get the odd cents
+    (Hamilton's method), so the lines sum to the plan's rounded total exactly."""
+    raw = [p * 100.0 for p in parts]
+    cents = [math.floor(r) for r in raw]
+    left = total_cents - sum(cents)
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - cents[i], reverse=left > 0)
+    step = 1 if left > 0 else -1
+    for i in order[: abs(left)]:
+        cents[i] += step
+    return cents
+
+
+def cost_lines(rec: Recommendation) -> list[LineItem]:
+    """The planner's cost breakdown of the setup as GPU-hour lines at the setup's price, adding up to the
+    plan's expected cost to the cent."""
+    per_gpu_hour = (
+        rec.spot_price_usd_per_hour if rec.pricing == "spot" and rec.spot_price_usd_per_hour else rec.price_usd_per_hour
+    ) / rec.gpus
+    keys = [k for k, _ in BREAKDOWN_LINES]
+    cents = _cents([rec.cost_breakdown.get(k, 0.0) for k in keys], round(rec.expected_cost_usd * 100))
+    pricing = "spot" if rec.pricing == "spot" else "on demand"
+    items = []
+    for (key, label), amount in zip(BREAKDOWN_LINES, cents, strict=True):
+        usd = rec.cost_breakdown.get(key, 0.0)
+        if amount == 0 and usd < 0.005:
+            continue
+        description = label
+        if key == "compute":
+            description = f"{label}: {rec.gpus} x {rec.gpu} at {rec.provider} ({rec.region}), {pricing}"
+        items.append(
+            LineItem(
+                description=description,
+                quantity=round(usd / per_gpu_hour, 2) if per_gpu_hour else 0.0,
+                unit="GPU-hour",
+                unit_price_usd=round(per_gpu_hour, 4),
+                amount_usd=amount / 100.0,
+            )
+        )
+    return items
+
+
+_SETUP_KEYS = (
+    "provider",
+    "region",
+    "gpu",
+    "gpus",
+    "gpus_per_node",
+    "nodes",
+    "sharding",
+    "cpu_offload",
+    "host_ram_gib_per_node",
+    "optimizer",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "effective_batch_size",
+    "gradient_checkpointing",
+    "peak_gib_per_gpu",
+    "gpu_memory_gib",
+    "headroom_gib",
+    "tokens_per_s",
+    "data_tokens_per_s",
+    "scaling_efficiency",
+    "links",
+    "hours",
+    "expected_hours",
+    "expected_preemptions",
+    "checkpoint_interval_minutes",
+    "price_usd_per_hour",
+    "spot_price_usd_per_hour",
+)
+
+
+def _setup(rec: Recommendation) -> dict[str, Any]:
+    data = rec.model_dump(mode="json")
+    setup = {k: data[k] for k in _SETUP_KEYS}
+    setup["pricing"] = "spot" if rec.pricing == "spot" else "on-demand"
+    setup["cost_breakdown"] = dict(rec.cost_breakdown)
+    return setup
+
+
+def _assumptions(
+    rec: Recommendation,
+    estimate: dict[str, Any],
+    request: QuoteRequest,
+    checkpoint_gb: float,
+    constraints: Constraints,
+) -> list[str]:
+    offload = (
+        f", with the optimizer states offloaded to host RAM (about {rec.host_ram_gib_per_node:,.0f} GiB per node)"
+        if rec.cpu_offload and rec.host_ram_gib_per_node is not None
+        else ""
+    )
+    out = [
+        f"predicted peak {rec.peak_gib_per_gpu:.1f} GiB per GPU on a {rec.gpu_memory_gib:.0f} GiB card "
+        f"({rec.headroom_gib:.1f} GiB headroom){offload}",
+        f"{rec.data_tokens_per_s:,.0f} tokens/s of data over {rec.gpus} GPU{'s' if rec.gpus != 1 else ''}, "
+        f"scaling efficiency {rec.scaling_efficiency:.0%} over {rec.links or 'the interconnect'}"
+        + ("; the CPU optimizer step sets the pace" if rec.cpu_offload else ""),
+        f"data: {estimate.get('total_tokens') or 0:,.0f} tokens in total (data set x epochs)",
+        "the job's cost is the plan's expected cost for this setup: start-up, model download, training, "
+        "checkpoints, preemption rework and billing rounding at the price list's price; taxes not included",
+    ]
+    if rec.pricing == "spot":
+        out.append(
+            f"spot: {rec.expected_preemptions or 0:.2f} expected preemptions with checkpoints every "
+            f"{rec.checkpoint_interval_minutes or 0:.0f} min, rework included"
+        )
+    # A picked setup may be one the plan left out for its budget or deadline: the quote says so.
+    if constraints.budget_usd is not None and rec.expected_cost_usd > constraints.budget_usd:
+        out.append(f"over the plan's budget: ${rec.expected_cost_usd:,.2f} against ${constraints.budget_usd:,.2f}")
+    if constraints.deadline_hours is not None and rec.expected_hours > constraints.deadline_hours:
+        out.append(
+            f"past the plan's deadline: {rec.expected_hours:,.1f} h against {constraints.deadline_hours:g} h expected"
+        )
+    if request.checkpoint_storage_months > 0 and checkpoint_gb:
+        out.append(
+            f"checkpoints: {checkpoint_gb:.1f} GB kept for {request.checkpoint_storage_months:g} month(s) at "
+            f"${STORAGE_USD_PER_GB_MONTH}/GB-month"
+        )
+    return out
+
+
+def job_description(plan: Plan, estimate: dict[str, Any]) -> str:
+    """The training job in one line: the data set, the epochs, the tokens and the batch."""
+    data = plan.data
+    parts = []
+    if data is not None:
+        if data.examples is not None and data.avg_tokens_per_example is not None:
+            parts.append(f"{data.examples:,} examples of {data.avg_tokens_per_example:,.0f} tokens on average")
+        elif data.tokens is not None:
+            parts.append(f"{data.tokens:,} tokens")
+        parts.append(f"{data.epochs:g} epoch{'s' if data.epochs != 1 else ''}")
+        parts.append(f"{data.total_tokens():,.0f} tokens in total")
+    parts.append(f"sequences of {plan.seq_len:,} tokens")
+    parts.append(f"micro-batch {plan.micro_batch_size}")
+    return ", ".join(parts)
+
+
+def _checkpoint_gb(plan: Plan) -> float:
     """The last checkpoint kept, in GB (10^9 bytes, as storage is billed): the bytes the planner charges a
     checkpoint write with (services/planner/spot.py), so the quote and the planner agree."""
-    plan = request.to_plan()
     _, arch = resolve_architecture(plan)
     return checkpoint_bytes(plan, arch) / 1e9
 
@@ -194,15 +416,32 @@ def get_quote(session: Session, principal: Principal, quote_id: str) -> QuoteRow
     return row
 
 
+def quote_number(row: QuoteRow) -> str:
+    """The number printed on the document: the issue date and the first characters of the id."""
+    return f"Q-{row.created_at:%Y%m%d}-{row.id[:8].upper()}"
+
+
 def to_out(row: QuoteRow) -> QuoteOut:
+    doc = row.document or {}
+    price_list = doc.get("price_list")
     return QuoteOut(
         id=row.id,
+        number=quote_number(row),
         plan_id=row.plan_id,
         created_at=row.created_at,
         valid_until=row.valid_until,
+        customer=Customer(name=row.customer_name, email=row.customer_email),
+        issuer=str(doc.get("issuer", "")),
+        model=str(doc.get("model", "")),
+        method=str(doc.get("method", "")),
+        job=str(doc.get("job", "")),
         setup=row.setup,
         line_items=[LineItem.model_validate(i) for i in row.line_items],
+        job_cost_usd=float(doc.get("job_cost_usd", row.total_usd)),
         total_usd=row.total_usd,
         currency=row.currency,
+        notes=list(doc.get("notes", [])),
         assumptions=row.assumptions,
+        plan_assumptions=list(doc.get("plan_assumptions", [])),
+        price_list=PriceList.model_validate(price_list) if price_list else None,
     )

@@ -22,3 +22,8 @@ class QuoteRow(IdMixin, TimestampMixin, Base):
     total_usd: Mapped[float] = mapped_column(Float)
     currency: Mapped[str] = mapped_column(String(3))
     valid_until: Mapped[datetime] = mapped_column(UtcDateTime)
+    customer_name: Mapped[str | None] = mapped_column(String(200), default=None)
+    customer_email: Mapped[str | None] = mapped_column(String(320), default=None)
+    # What the document shows besides setup and lines: number, model, method, job, notes, the plan's
+    # assumptions, the price list's source and date (services.quotes.service.create_quote).
+    document: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import QLORA_PLAN, Api
 
 
@@ -59,7 +61,9 @@ def test_bad_quote_requests(api: Api) -> None:
     response = api.client.post(url, json={"gpu": "RTX A6000", "gpus": 1}, headers=api.headers())
     assert response.status_code == 422 and "no offer" in response.json()["message"]
     response = api.client.post(url, json={"gpu": "T4", "gpus": 1, "provider": "cloudrux"}, headers=api.headers())
-    assert response.status_code == 422 and response.json()["field"] == "gpu"
+    assert response.status_code == 422 and response.json()["field"] == "provider"
+    response = api.client.post(url, json={"gpu": "A40", "gpus": 1, "customer_email": "nobody"}, headers=api.headers())
+    assert response.status_code == 422 and "customer_email" in response.text
 
 
 def test_the_checkpoint_storage_line_is_the_checkpoint_the_planner_writes(api: Api) -> None:
@@ -81,8 +85,243 @@ def test_the_checkpoint_storage_line_is_the_checkpoint_the_planner_writes(api: A
     )
     setup = plan["recommendations"][0]
     response = api.client.post(
-        f"/v1/plans/{plan['id']}/quotes", json={"best_for_gpus": setup["gpus"]}, headers=api.headers()
+        f"/v1/plans/{plan['id']}/quotes",
+        json={"best_for_gpus": setup["gpus"], "checkpoint_storage_months": 1},
+        headers=api.headers(),
     )
     assert response.status_code == 201, response.text
     storage = [i for i in response.json()["line_items"] if i["unit"] == "GB-month"]
     assert len(storage) == 1 and abs(storage[0]["quantity"] - 70_553_706_496 * 6 / 1e9) < 0.5, storage
+
+
+def _pick(rec: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The quote request for a recommendation as the dashboard sends it: its card, count, nodes, offer and pricing."""
+    return {
+        "gpu": rec["gpu"],
+        "gpus": rec["gpus"],
+        "nodes": rec["nodes"],
+        "provider": rec["provider"],
+        "region": rec["region"],
+        "spot": rec["pricing"] == "spot",
+        **extra,
+    }
+
+
+def _quote(api: Api, plan_id: str, body: dict[str, Any], org: str = "alpha") -> dict[str, Any]:
+    response = api.client.post(f"/v1/plans/{plan_id}/quotes", json=body, headers=api.headers(org))
+    assert response.status_code == 201, response.text
+    quote: dict[str, Any] = response.json()
+    return quote
+
+
+def test_every_recommended_setup_quotes_at_the_plans_price(api: Api) -> None:
+    # Issue 22 item 3: the quote prices exactly the setup, provider and pricing picked, to the cent the plan
+    # shows, and its lines add up to it; the setup's notes come with it, in the plan's words.
+    plan = _done_plan(api)
+    assert plan["recommendations"]
+    for rec in plan["recommendations"]:
+        quote = _quote(api, plan["id"], _pick(rec, customer_name="Ada Lovelace", customer_email="ada@example.org"))
+        assert quote["total_usd"] == rec["expected_cost_usd"] == quote["job_cost_usd"], (rec, quote)
+        cents = sum(round(i["amount_usd"] * 100) for i in quote["line_items"])
+        assert cents == round(rec["expected_cost_usd"] * 100)
+        s = quote["setup"]
+        assert (s["provider"], s["region"], s["gpu"], s["gpus"], s["nodes"]) == (
+            rec["provider"],
+            rec["region"],
+            rec["gpu"],
+            rec["gpus"],
+            rec["nodes"],
+        )
+        assert s["pricing"] == ("spot" if rec["pricing"] == "spot" else "on-demand")
+        assert quote["notes"] == rec["notes"]
+        assert quote["customer"] == {"name": "Ada Lovelace", "email": "ada@example.org"}
+        assert quote["number"].startswith("Q-") and quote["model"] and quote["method"] == "qlora"
+        assert "10,000 examples" in quote["job"] and "3 epochs" in quote["job"]
+        assert quote["price_list"]["provider"] == rec["provider"] and quote["price_list"]["fetched_at"]
+        assert quote["plan_assumptions"]
+
+
+def test_eight_h100_quote_the_cheapest_provider_that_has_them(api: Api) -> None:
+    plan = _done_plan(api)
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    providers = sorted({o["provider"] for o in offers if o["gpu"] == "H100 SXM"})
+    assert len(providers) >= 2, providers
+    pinned = {p: _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8, "provider": p}) for p in providers}
+    cheapest = min(providers, key=lambda p: pinned[p]["total_usd"])
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8})
+    assert quote["setup"]["provider"] == cheapest
+    assert quote["total_usd"] == pinned[cheapest]["total_usd"]
+    assert quote["setup"]["pricing"] == "on-demand"
+
+
+# A card rented per GPU (any count on one node) and one rented only as whole networked nodes of 8, as an
+# organization's own price list, so the counts below do not depend on the bundled catalog.
+SHAPES_CSV = (
+    "provider,gpu,gpus_per_node,on_demand_usd_per_hour,region,source,fetched_at,whole_nodes_only,inter_node_gbit_per_s\n"
+    "per-gpu-dc,H100 SXM,8,3.00,dc-1,test list,2026-12-01,false,\n"
+    "node-dc,H100 SXM,8,2.50,dc-2,test list,2026-12-01,true,400\n"
+)
+
+
+@pytest.mark.parametrize("gpus", [3, 5, 6])
+def test_any_count_that_fits_is_quotable(api: Api, gpus: int) -> None:
+    response = api.client.post("/v1/admin/catalog/offers", content=SHAPES_CSV, headers=api.headers("admin"))
+    assert response.status_code == 201, response.text
+    plan = _done_plan(api)
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": gpus, "provider": "per-gpu-dc"})
+    assert quote["setup"]["gpus"] == gpus and quote["setup"]["nodes"] == 1
+    # The plan's effective batch of 4 does not split over 3, 5 or 6 GPUs: the larger one is used and noted.
+    assert any("effective batch" in n and "instead of the plan's 4" in n for n in quote["notes"]), quote["notes"]
+    assert quote["line_items"][0]["unit_price_usd"] == 3.00
+    # Whole nodes of 8 only: the count does not divide the node, so 422 naming the field and the nearest count.
+    response = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes",
+        json={"gpu": "H100 SXM", "gpus": gpus, "provider": "node-dc"},
+        headers=api.headers(),
+    )
+    assert response.status_code == 422 and response.json()["field"] == "gpus", response.text
+    assert "nearest counts are 8" in response.json()["message"]
+
+
+def test_a_count_between_nodes_names_the_nearest_counts(api: Api) -> None:
+    response = api.client.post("/v1/admin/catalog/offers", content=SHAPES_CSV, headers=api.headers("admin"))
+    assert response.status_code == 201, response.text
+    plan = _done_plan(api)
+    url = f"/v1/plans/{plan['id']}/quotes"
+    response = api.client.post(url, json={"gpu": "H100 SXM", "gpus": 12, "provider": "node-dc"}, headers=api.headers())
+    assert response.status_code == 422 and response.json()["field"] == "gpus"
+    assert "8 or 16" in response.json()["message"], response.text
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 16, "provider": "node-dc"})
+    assert quote["setup"]["nodes"] == 2
+    response = api.client.post(
+        url, json={"gpu": "H100 SXM", "gpus": 2, "provider": "per-gpu-dc", "spot": True}, headers=api.headers()
+    )
+    assert response.status_code == 422 and response.json()["field"] == "spot", response.text
+    response = api.client.post(
+        url, json={"gpu": "H100 SXM", "gpus": 16, "provider": "node-dc", "nodes": 4}, headers=api.headers()
+    )
+    assert response.status_code == 422 and response.json()["field"] == "nodes"
+
+
+def test_a_price_changed_since_the_plan_is_409(api: Api) -> None:
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    per_gpu = (rec["spot_price_usd_per_hour"] if rec["pricing"] == "spot" else rec["price_usd_per_hour"]) / rec["gpus"]
+    on_demand = rec["price_usd_per_hour"] / rec["gpus"] + (0 if rec["pricing"] == "spot" else 0.5)
+    spot = "" if rec["spot_price_usd_per_hour"] is None else f"{per_gpu + 0.5:.4f}"
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    offer = next(
+        o for o in offers if (o["provider"], o["gpu"], o["region"]) == (rec["provider"], rec["gpu"], rec["region"])
+    )
+    # The same offer (provider, card, region, node size) at a new price, in the organization's own list.
+    csv = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,spot_usd_per_hour,region,source\n"
+        f"{rec['provider']},{rec['gpu']},{offer['gpus_per_node']},{on_demand:.4f},{spot},{rec['region']},new list\n"
+    )
+    response = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
+    assert response.status_code == 201, response.text
+    response = api.client.post(f"/v1/plans/{plan['id']}/quotes", json=_pick(rec), headers=api.headers())
+    assert response.status_code == 409, response.text
+    assert "changed since the plan" in response.json()["message"]
+    assert f"${per_gpu:,.4f}" in response.json()["message"]
+
+
+def test_an_offer_gone_since_the_plan_is_409(api: Api) -> None:
+    csv = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,region,source\nown-dc,A40,8,0.05,basement,own cluster\n"
+    assert api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin")).status_code == 201
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    assert rec["provider"] == "own-dc"
+    removed = api.client.delete("/v1/admin/catalog/offers?provider=own-dc", headers=api.headers("admin"))
+    assert removed.status_code == 200, removed.text
+    response = api.client.post(f"/v1/plans/{plan['id']}/quotes", json=_pick(rec), headers=api.headers())
+    assert response.status_code == 409 and "no longer in the catalog" in response.json()["message"], response.text
+
+
+def _pdf_text(pdf: bytes) -> str:
+    """The text a PDF draws: its (Flate-compressed) content streams' string operands, as fpdf2 writes them."""
+    import re
+    import zlib
+
+    out = []
+    for stream in re.findall(rb"stream\r?\n(.*?)\r?\nendstream", pdf, re.S):
+        try:
+            content = zlib.decompress(stream)
+        except zlib.error:
+            content = stream
+        out += [m.decode("latin-1") for m in re.findall(rb"\((.*?)(?<!\\)\)\s*Tj", content, re.S)]
+    return "\n".join(out).replace("\\(", "(").replace("\\)", ")")
+
+
+def test_the_quote_document_as_pdf_and_html(api: Api) -> None:
+    # Issue 22 item 3: a document a provider can send, addressed to the customer, with the job, the notes,
+    # the lines, the assumptions and the price list's source and date; the PDF parsed back.
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    quote = _quote(api, plan["id"], _pick(rec, customer_name="Grace Hopper", customer_email="grace@example.org"))
+    response = api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers())
+    assert response.status_code == 200 and response.headers["content-type"] == "application/pdf"
+    pdf = response.content
+    assert pdf.startswith(b"%PDF-") and pdf.rstrip().endswith(b"%%EOF")
+    text = _pdf_text(pdf)
+    for expected in (
+        f"Quote {quote['number']}",
+        "Grace Hopper",
+        "grace@example.org",
+        "meta-llama/Llama-3.1-8B",
+        "qlora",
+        "10,000 examples",
+        f"${rec['expected_cost_usd']:,.2f}",
+        quote["price_list"]["source"],
+        quote["price_list"]["fetched_at"],
+        "Valid until",
+    ):
+        assert expected in text, (expected, text[:2000])
+    for note in rec["notes"]:
+        assert note[:60] in text.replace("\n", " "), note
+    assert "alpha" in text  # the issuer, named as such, not as the addressee
+    assert text.index("Grace Hopper") < text.index("Setup")
+
+    html = api.client.get(f"/v1/quotes/{quote['id']}/html", headers=api.headers())
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assert "Grace Hopper" in html.text and quote["number"] in html.text
+    assert all(n.replace("'", "&#39;") in html.text for n in rec["notes"])
+    assert api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers("beta")).status_code == 404
+
+
+FULL_70B: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.1-70B"},
+    "method": "full",
+    "precision": "bf16",
+    "micro_batch_size": 1,
+    "seq_len": 2048,
+    "gradient_checkpointing": True,
+    "dataset": {"examples": 1000, "avg_tokens": 1024},
+    "epochs": 1,
+}
+
+
+def test_a_quote_of_a_setup_that_offloads_says_so_and_names_the_host_ram(api: Api) -> None:
+    # Issue 22: a quote for 8 x H100 on 70B full fine-tuning said "17.3 GiB of 80 (62 GiB headroom)" for a setup
+    # that fits only with CPU offload. Full fine-tuning in bf16 with torch's AdamW (moments in the parameter's
+    # dtype) keeps bf16 weights, gradients and two moments: 8 bytes per parameter, 564 GB for Llama-3.1-70B's
+    # 70,553,706,496 parameters (its safetensors index), more than 8 x 80 GB; offloaded, a node of 8 holds all of
+    # it in host RAM.
+    plan = _done_plan(api, FULL_70B)
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8, "provider": "cloudrux"})
+    setup = quote["setup"]
+    assert setup["cpu_offload"]
+    assert abs(setup["host_ram_gib_per_node"] - 70_553_706_496 * 8 / 2**30) < 1.0, setup
+    ram = f"{setup['host_ram_gib_per_node']:,.0f} GiB"
+    assert any("offloaded to CPU memory" in n and ram in n for n in quote["notes"]), quote["notes"]
+    assert any(n.startswith("host RAM unverified") for n in quote["notes"])  # cloudrux publishes no RAM
+    assert "offloaded to host RAM" in quote["assumptions"][0] and ram in quote["assumptions"][0]
+    pdf = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
+    assert "CPU offload" in pdf and ram in pdf and "host RAM unverified" in pdf.replace("\n", " ")
+
+
+def test_a_setup_over_the_plans_budget_is_quoted_and_says_so(api: Api) -> None:
+    plan = _done_plan(api, {**QLORA_PLAN, "constraints": {"budget_usd": 5}})
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8})
+    assert quote["total_usd"] > 5
+    assert f"over the plan's budget: ${quote['total_usd']:,.2f} against $5.00" in quote["assumptions"]

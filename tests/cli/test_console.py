@@ -372,6 +372,11 @@ def test_plans_submit_and_get(service: Service, tmp_path: Path) -> None:
     assert ": done" in done.stdout and " x " in done.stdout
     got = gpuplan("plans", "get", plan_id, *connect, "--json", env=service.env)
     assert got.returncode == 0 and json.loads(got.stdout)["id"] == plan_id
+    # Each listed setup's planner notes, word for word as the API has them (issue 22 item 4).
+    done_id = done.stdout.split()[1].rstrip(":")
+    body = json.loads(gpuplan("plans", "get", done_id, *connect, "--json", env=service.env).stdout)
+    notes = [n for rec in body["recommendations"][:5] for n in rec["notes"]]
+    assert notes and all(f"note: {n}" in done.stdout for n in notes), done.stdout
     _one_error_line(gpuplan("plans", "get", "nope", *connect, env=service.env), "no plan")
 
 

@@ -64,7 +64,7 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     top = recs[0]["gpu_memory_gib"]
     cards = {round(r["gpu_memory_gib"], 1) for r in recs if r["gpu_memory_gib"] <= top}
     assert chart.locator("line.card-line").count() == len(cards)
-    assert page.locator("table.recs tbody tr").count() == len(recs)
+    assert page.locator("table.recs tbody tr.rec").count() == len(recs)
     # Every segment, however small, is wide enough to see and to hover.
     widths = chart.locator("rect.segment").evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
     assert min(widths) >= 2
@@ -82,7 +82,7 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     # The quote form starts on the cheapest setup; the spot box shows only for a setup with a spot price.
     setup = page.get_by_label("Setup to quote")
     cheapest = recs[0]
-    assert setup.input_value() == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    assert setup.input_value() == "|".join(str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes"))
     spot_values = setup.locator('option[data-spot="yes"]').evaluate_all("els => els.map(e => e.value)")
     plain_values = setup.locator('option[data-spot="no"]').evaluate_all("els => els.map(e => e.value)")
     assert spot_values and plain_values  # the bundled catalog prices some offers on spot and others not
@@ -94,16 +94,73 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     page.get_by_label("Setup to quote").select_option(index=1)
     page.get_by_role("button", name="Request a quote").click()
     page.wait_for_url(re.compile(r".*/dashboard/quotes/[0-9a-f]{32}$"))
-    assert page.get_by_role("heading", name="Quote", exact=True).is_visible()
+    assert page.get_by_role("heading", name=re.compile(r"^Quote Q-\d{8}-[0-9A-F]{8}$")).is_visible()
     assert page.locator("table.lines tbody tr").count() >= 1
     assert page.locator("td.total").inner_text().startswith("$")
     screenshot(page, "04-quote")
     page.emulate_media(media="print")
     assert not page.locator("header.site").is_visible()
-    assert not page.get_by_role("button", name="Print or save as PDF").is_visible()
+    assert not page.get_by_role("button", name="Print").is_visible()
+    assert not page.get_by_role("link", name="Download PDF").is_visible()
     screenshot(page, "05-quote-print")
     pdf = page.pdf(format="A4")
     assert pdf.startswith(b"%PDF")
+
+
+def test_the_quote_from_the_plan_page_costs_what_the_page_shows(page: Any, live_server: LiveServer) -> None:
+    # Issue 22 item 3: from the plan page, the pre-selected setup with its pricing (the spot box as the table's
+    # first row is priced), quoted for a customer, costs the number the page shows for it, to the cent; so does
+    # a setup picked from the list, whose label names its price.
+    auth = {"Authorization": f"Bearer {live_server.keys['alpha']}"}
+    plan = {
+        "model": {"name": "meta-llama/Llama-3.1-8B"},
+        "method": "qlora",
+        "micro_batch_size": 4,
+        "seq_len": 512,
+        "gradient_checkpointing": True,
+        "dataset": {"examples": 10_000, "avg_tokens": 512},
+        "epochs": 3,
+    }
+    plan_id = httpx.post(f"{live_server.url}/v1/plans", json=plan, headers=auth).json()["id"]
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{live_server.url}/v1/plans/{plan_id}", headers=auth).json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    sign_in(page, live_server)
+    page.goto(f"{live_server.url}/dashboard/plans/{plan_id}")
+    first = page.locator("table.recs tbody tr.rec").first
+    on_spot = first.locator(".badge.warn", has_text="on spot").count() == 1
+    shown = first.locator("td[data-label='Spot']" if on_spot else "td[data-label='On demand']").inner_text()
+    notes = page.locator('table.recs tr.rec-notes[data-index="0"] ul.setup-notes li').all_inner_texts()
+    stored = httpx.get(f"{live_server.url}/v1/plans/{plan_id}", headers=auth).json()["recommendations"][0]
+    assert notes == stored["notes"] and shown == f"${stored['expected_cost_usd']:,.2f}"
+
+    spot_box = page.locator("#spot")
+    if spot_box.count():
+        assert spot_box.is_checked() == on_spot
+    page.get_by_label("Customer name").fill("Ada Lovelace")
+    page.get_by_label("Customer email").fill("ada@example.org")
+    screenshot(page, "08-quote-form")
+    page.get_by_role("button", name="Request a quote").click()
+    page.wait_for_url(re.compile(r".*/dashboard/quotes/[0-9a-f]{32}$"))
+    assert page.locator("td.total").inner_text() == shown
+    assert page.locator("address.customer").inner_text().count("Ada Lovelace") == 1
+    assert page.locator("ul.setup-notes li").all_inner_texts() == notes
+    screenshot(page, "09-quote-of-the-first-setup")
+    pdf = page.request.get(page.url + "/pdf")
+    assert pdf.ok and pdf.body().startswith(b"%PDF")
+
+    # Another setup from the list: the spot box follows its pricing, and the quote its label's price.
+    page.goto(f"{live_server.url}/dashboard/plans/{plan_id}")
+    setup = page.get_by_label("Setup to quote")
+    values = setup.locator("option").evaluate_all("els => els.map(e => [e.value, e.dataset.pricing, e.textContent])")
+    value, pricing, label = values[1]
+    setup.select_option(value)
+    if page.locator("#spot").count() and page.locator("#spot").is_visible():
+        assert page.locator("#spot").is_checked() == (pricing == "spot")
+    page.get_by_role("button", name="Request a quote").click()
+    page.wait_for_url(re.compile(r".*/dashboard/quotes/[0-9a-f]{32}$"))
+    assert label.rsplit(", ", 1)[1].split(" ")[0] == page.locator("td.total").inner_text()
 
 
 def test_bad_input_shows_the_message_next_to_the_input(page: Any, live_server: LiveServer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi.testclient import TestClient
+from markupsafe import escape as html_escape
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.orgs.repository import ApiKeyRepository
@@ -71,7 +72,7 @@ def test_posts_without_the_csrf_token_are_refused(api: Api, alpha: TestClient) -
     plan = submit_done_plan(api)
     for path, data in (
         ("/dashboard/plans", FORM),
-        (f"/dashboard/plans/{plan['id']}/quotes", {"setup": "A40|2|cloudrux"}),
+        (f"/dashboard/plans/{plan['id']}/quotes", {"setup": "A40|2|cloudrux|partner-dc|1"}),
         ("/dashboard/logout", {}),
         ("/dashboard/login", {"api_key": api.keys["alpha"]}),
     ):
@@ -104,7 +105,8 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     narrow = html.split('id="memory-narrow-chart"', 1)[1].split("</svg>", 1)[0]
     assert wide.count('class="segment ') == narrow.count('class="segment ') == len(components)
     recs_table = html.split('<table class="recs">', 1)[1].split("</table>", 1)[0]
-    assert recs_table.count("<tr") - 1 == len(stored["recommendations"])  # the header row, then one per setup
+    # One row per setup (and under it a row of its notes, where it has any).
+    assert len(re.findall(r'<tr class="rec[ "]', recs_table)) == len(stored["recommendations"])
     chart = html.split('id="cost-time-chart"', 1)[1].split("</svg>", 1)[0]
     points = chart.count('<path class="point style-')
     setups = re.search(r"price list: (\d+) setups at (\d+) points", html)
@@ -117,26 +119,37 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     cards = set(re.findall(r'data-series="([^"]+)"', chart))
     assert legend.count("<li>") == len(cards) + 2 and cards >= {r["gpu"] for r in stored["recommendations"]}
 
-    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(yes|no)" data-pricing="(spot|on_demand)" selected', html)
     assert option is not None
     cheapest = stored["recommendations"][0]
-    # The form offers the cheapest setup first and selects it.
-    assert option.group(1) == f"{cheapest['gpu']}|{cheapest['gpus']}|{cheapest['provider']}"
+    # The form offers the table's first setup first and selects it, with its pricing (issue 22 item 3).
+    assert option.group(1) == "|".join(str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes"))
+    assert option.group(3) == cheapest["pricing"]
+    spot_box = re.search(r'<input type="checkbox" id="spot" name="spot" value="on"( checked)?>', html)
+    assert (spot_box is not None and spot_box.group(1) is not None) == (cheapest["pricing"] == "spot")
     # The spot checkbox is there only when some offer has a spot price, and the options say which.
     options = re.findall(r'<option value="[^"]+" data-spot="(yes|no)"[^>]*>([^<]*)</option>', html)
     assert options and all((spot == "yes") == ("spot available" in label) for spot, label in options)
     assert ('id="spot"' in html) == any(spot == "yes" for spot, _ in options)
-    response = alpha.post(
-        f"/dashboard/plans/{plan_id}/quotes",
-        data={"setup": option.group(1), "csrf_token": csrf_token(html)},
-        follow_redirects=False,
-    )
+    # Every setup's notes are on the page, in the planner's words.
+    for rec in stored["recommendations"]:
+        for note in rec["notes"]:
+            assert str(html_escape(note)) in recs_table, note
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html), "customer_name": "Ada Lovelace"}
+    if cheapest["pricing"] == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan_id}/quotes", data=form, follow_redirects=False)
     assert response.status_code == 303
     quote = alpha.get(response.headers["location"])
     assert quote.status_code == 200
-    gpu, gpus, provider = option.group(1).split("|")
+    gpu, gpus, provider, _region, _nodes = option.group(1).split("|")
     assert f"{gpus} x {gpu}" in quote.text and provider in quote.text
-    assert "Valid until" in quote.text
+    assert "Valid until" in quote.text and "Ada Lovelace" in quote.text
+    # The quote costs what the table shows for that setup, to the cent.
+    total = re.search(r'<td class="num total">([^<]+)</td>', quote.text)
+    assert total is not None and total.group(1) == f"${cheapest['expected_cost_usd']:,.2f}"
+    pdf = alpha.get(response.headers["location"] + "/pdf")
+    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
 
     # An impossible spot quote is a message on the plan page, not a 500.
     response = alpha.post(
@@ -174,7 +187,7 @@ def test_bad_form_input_is_shown_beside_the_input(alpha: TestClient) -> None:
 def test_another_organization_gets_404_pages_for_guessed_urls(api: Api, alpha: TestClient, beta: TestClient) -> None:
     plan = submit_done_plan(api)
     html = alpha.get(f"/dashboard/plans/{plan['id']}").text
-    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" selected', html)
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="[a-z_]+" selected', html)
     assert option is not None
     response = alpha.post(
         f"/dashboard/plans/{plan['id']}/quotes",
@@ -409,3 +422,54 @@ def test_every_page_links_a_favicon_that_is_served(alpha: TestClient) -> None:
     assert href is not None
     icon = alpha.get(href.group(1))
     assert icon.status_code == 200 and icon.text.startswith("<svg")
+
+
+def test_a_setup_that_offloads_says_so_on_the_plan_page_and_its_quote(api: Api, alpha: TestClient) -> None:
+    # Issue 22 item 4: "grep -c offload" on the page of a plan whose setups offload was 0.
+    from tests.api.test_quotes import FULL_70B
+
+    plan = submit_done_plan(api, plan=FULL_70B)
+    first = plan["recommendations"][0]
+    assert first["cpu_offload"], first  # 70B full fine-tuning fits the catalog's nodes only by offloading
+    ram = f"{first['host_ram_gib_per_node']:,.0f} GiB of host RAM"
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    assert "offloaded to CPU memory" in html and ram in html
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="([a-z_]+)" selected', html)
+    assert option is not None
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html)}
+    if option.group(2) == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    quote = alpha.get(response.headers["location"]).text
+    assert "CPU offload" in quote and "offloaded to CPU memory" in quote and ram in quote
+    total = re.search(r'<td class="num total">([^<]+)</td>', quote)
+    assert total is not None and total.group(1) == f"${first['expected_cost_usd']:,.2f}"
+
+
+def test_quote_form_problems_are_shown_on_the_plan_page(api: Api, alpha: TestClient) -> None:
+    plan = submit_done_plan(api)
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    option = re.search(r'<option value="([^"]+)" data-spot="(?:yes|no)" data-pricing="([a-z_]+)" selected', html)
+    assert option is not None
+    form = {"setup": option.group(1), "csrf_token": csrf_token(html), "customer_email": "nobody"}
+    if option.group(2) == "spot":
+        form["spot"] = "on"
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form)
+    assert response.status_code == 422 and 'id="quote-error"' in response.text
+    assert "customer_email: not an email address" in response.text
+    # The offer's price changes after the plan: the quote is refused with what changed (409).
+    rec = plan["recommendations"][0]
+    offers = alpha.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    offer = next(
+        o for o in offers if (o["provider"], o["gpu"], o["region"]) == (rec["provider"], rec["gpu"], rec["region"])
+    )
+    csv = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,spot_usd_per_hour,region,source\n"
+        f"{offer['provider']},{offer['gpu']},{offer['gpus_per_node']},{offer['on_demand_usd_per_hour'] + 1:.4f},"
+        f"{'' if offer['spot_usd_per_hour'] is None else offer['spot_usd_per_hour'] + 1},{offer['region']},new\n"
+    )
+    assert alpha.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin")).status_code == 201
+    del form["customer_email"]
+    response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form)
+    assert response.status_code == 409 and "changed since the plan" in response.text

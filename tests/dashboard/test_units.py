@@ -306,8 +306,34 @@ def test_quote_options_are_one_per_setup_and_know_their_spot_price() -> None:
     spot = {**_rec("A", 1, 3, 4), "spot_price_usd_per_hour": 0.5, "spot_cost_usd": 2.5}
     spot_entry = {**spot, "pricing": "spot"}
     options = views.quote_options([spot, spot_entry, _rec("B", 2, 2, 5)])
-    assert [(o.value, o.spot) for o in options] == [("A|1|p", True), ("B|2|p", False)]
+    assert [(o.value, o.spot) for o in options] == [("A|1|p|r|1", True), ("B|2|p|r|1", False)]
     assert options[0].label.endswith("spot available") and "spot" not in options[1].label
+
+
+def test_the_quote_form_starts_on_the_tables_first_row_with_its_pricing() -> None:
+    # Issue 22 item 3: the plan's first setup is spot-priced; the form pre-selects it with "Spot pricing"
+    # checked, and its label carries the table's number, not today's candidate's.
+    first = {**_rec("A", 8, 1, 9), "pricing": "spot", "spot_cost_usd": 3.0, "expected_cost_usd": 3.0}
+    first["spot_price_usd_per_hour"] = 2.0
+    notes = ["spot: 0.50 preemptions expected", "sold as whole nodes of 8 GPUs"]
+    first["notes"] = notes
+    other = {**_rec("B", 1, 2, 4), "expected_cost_usd": 4.0}
+    today = {**first, "expected_cost_usd": 2.5, "spot_cost_usd": 2.5}  # re-planned candidates come after
+    out = SimpleNamespace(
+        id="p1",
+        status="done",
+        request={},
+        estimate=None,
+        recommendations=[first, other],
+        rejections=[],
+        warnings=[],
+        error=None,
+    )
+    page = views.plan_page(out, [today, other])
+    assert page.default_quote == "A|8|p|r|1" and page.default_spot
+    assert page.quote_options[0].on_spot and "$3.00" in page.quote_options[0].label
+    assert not page.quote_options[1].on_spot
+    assert page.recommendations[0].notes == tuple(notes)
 
 
 def test_plan_page_view_model() -> None:
@@ -335,11 +361,12 @@ def test_plan_page_view_model() -> None:
     assert page.recommendations[0].setup == "1 x A100 80GB"
     assert page.recommendations[0].fill_pct == pytest.approx(37.5)
     assert page.rejections[0].provider == "every provider"
-    assert page.default_quote == "A100 80GB|1|p"  # the cheapest setup, as the table's first row
+    assert page.default_quote == "A100 80GB|1|p|r|1"  # the table's first row
+    assert not page.default_spot
     assert page.cost_time is not None and len(page.cost_time.points) == 2
     assert not page.live
-    assert views.parse_quote_value(page.default_quote) == ("A100 80GB", 1, "p")
-    for bad in ("", "a|b|c", "a|1", "|1|p"):
+    assert views.parse_quote_value(page.default_quote) == views.QuoteChoice("A100 80GB", 1, "p", "r", 1)
+    for bad in ("", "a|b|c", "a|1", "|1|p", "a|1|p|r", "a|0|p|r|1", "a|1|p|r|x"):
         assert views.parse_quote_value(bad) is None
 
 

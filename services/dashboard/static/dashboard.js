@@ -38,19 +38,24 @@
     window.setTimeout(tick, 500);
   }
 
-  // The quote form: the spot checkbox only for a setup whose offer has a spot price.
+  // The quote form: the spot checkbox only for a setup whose offer has a spot price, checked when the
+  // setup's listed price is its spot price (so the quote costs what the option says).
   var setup = document.getElementById("setup");
   var spotField = document.getElementById("spot-field");
   if (setup && spotField) {
-    var syncSpot = function () {
+    var syncSpot = function (picked) {
       var option = setup.options[setup.selectedIndex];
       var available = !!option && option.getAttribute("data-spot") === "yes";
       spotField.hidden = !available;
       var box = document.getElementById("spot");
-      if (box) { box.disabled = !available; if (!available) box.checked = false; }
+      if (box) {
+        box.disabled = !available;
+        if (!available) box.checked = false;
+        else if (picked) box.checked = option.getAttribute("data-pricing") === "spot";
+      }
     };
-    setup.addEventListener("change", syncSpot);
-    syncSpot();
+    setup.addEventListener("change", function () { syncSpot(true); });
+    syncSpot(false);
   }
 
   document.querySelectorAll("[data-print]").forEach(function (el) {
