@@ -120,7 +120,13 @@ def render(entries: list[dict[str, Any]] | None = None) -> str:
     for entry in entries:
         if _module(entry["name"]) != module:
             module = _module(entry["name"])
-            out += ["", f"### {module}", "", "| constant | value | unit | kind | quantity | provenance |", "|---|---|---|---|---|---|"]
+            out += [
+                "",
+                f"### {module}",
+                "",
+                "| constant | value | unit | kind | quantity | provenance |",
+                "|---|---|---|---|---|---|",
+            ]
         row = (
             f"`{_short(entry['name']).removeprefix(module + '.')}`",
             _value(entry["value"]),

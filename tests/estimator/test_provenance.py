@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import math
+import operator
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -55,15 +56,39 @@ def _numeric(value: Any) -> bool:
     return False
 
 
+_OPERATORS: dict[type[ast.operator], Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+}
+
+
+def _arithmetic(node: ast.expr) -> Any:
+    """The value of literals and arithmetic of literals (tuples, lists and dicts of them); raises otherwise."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _arithmetic(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_arithmetic(node.left), _arithmetic(node.right))
+    if isinstance(node, ast.Tuple | ast.List):
+        return tuple(_arithmetic(e) for e in node.elts)
+    if isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
+        return {_arithmetic(k): _arithmetic(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+    raise ValueError(ast.unparse(node))
+
+
 def _literal(node: ast.expr) -> Any:
     """The number a node spells with literals and arithmetic alone, else None."""
     try:
-        value = ast.literal_eval(node)
-    except ValueError:
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        if names or any(isinstance(n, ast.Call | ast.Attribute | ast.Subscript) for n in ast.walk(node)):
-            return None
-        value = eval(compile(ast.Expression(node), "<constant>", "eval"), {"__builtins__": {}})  # noqa: S307
+        value = _arithmetic(node)
+    except (ValueError, TypeError):
+        return None
     return value if _numeric(value) else None
 
 
