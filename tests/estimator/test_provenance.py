@@ -109,17 +109,17 @@ def _call_arguments(node: ast.expr, path: str, found: dict[str, Any]) -> None:
                 _call_arguments(keyword.value, path, found)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def collect_constants() -> dict[str, Any]:
-    """Every numeric constant the estimator and planner modules bind, by module.NAME."""
+def collect_constants(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Any]:
+    """Every numeric constant the modules of ``packages`` (importable from ``root``) bind, by module.NAME."""
     found: dict[str, Any] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            name = _module_name(path)
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            name = _module_name(path, root)
             tree = ast.parse(path.read_text(encoding="utf-8"))
             module = None
             for node in tree.body:
@@ -166,6 +166,33 @@ def _same(a: Any, b: Any) -> bool:
     return False
 
 
+def registry_problems(entries: list[dict[str, Any]], constants: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """What is wrong between the registry's entries and the constants the code binds (nothing: an empty list)."""
+    listed = [str(entry.get("name", "?")) for entry in entries]
+    problems = [f"{name}: in the code, not in the registry" for name in sorted(set(constants) - set(listed))]
+    problems += [f"{name}: in the registry, not in the code" for name in sorted(set(listed) - set(constants))]
+    problems += [f"{name}: registered twice" for name in sorted({n for n in listed if listed.count(n) > 1})]
+    for entry in entries:
+        name, kind = entry.get("name", "?"), entry.get("kind")
+        if name in constants and "value" in entry and not _same(entry["value"], constants[name]):
+            problems.append(f"{name}: registry value {entry['value']!r}, code value {constants[name]!r}")
+        if kind not in REQUIRED:
+            problems.append(f"{name}: kind {kind!r} is not one of {sorted(REQUIRED)}")
+            continue
+        problems += [f"{name}: no {f}" for f in (*COMMON, *REQUIRED[kind]) if entry.get(f) in (None, "", [])]
+        script = entry.get("script")
+        if script is not None and not (root / script).is_file():
+            problems.append(f"{name}: script {script} does not exist")
+        if (
+            kind == "measured"
+            and script
+            and not (root / script).parent.resolve().is_relative_to((root / "benchmarks" / "mechanisms").resolve())
+        ):
+            problems.append(f"{name}: a measured constant's script belongs under benchmarks/mechanisms, not {script}")
+        problems += [f"{name}: input {i} is not registered" for i in entry.get("inputs", ()) if i not in listed]
+    return problems
+
+
 @pytest.fixture(scope="module")
 def registry() -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = tomllib.loads(REGISTRY.read_text(encoding="utf-8"))["constant"]
@@ -178,7 +205,7 @@ def constants() -> dict[str, Any]:
 
 
 def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
-    # The collector itself: a literal, arithmetic of literals, a derived dict, a class default, a call keyword.
+    # A literal, arithmetic of literals, a derived dict, a pydantic Field default and a constructor keyword.
     assert constants["services.estimator.memory.allocator.FRAGMENTATION_OF_DYNAMIC"] == 0.15
     assert constants["services.estimator.memory.device.NCCL_LL128_BUFFER_BYTES"] == 120 * 640 * 8 * 8
     assert "hopper" in constants["services.estimator.throughput.rates.UTILISATION_PRIOR"]
@@ -187,44 +214,47 @@ def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
     assert "services.estimator.counters.COUNTERS" not in constants  # strings are not numbers
 
 
-def test_every_constant_in_the_code_is_registered(constants: dict[str, Any], registry: list[dict[str, Any]]) -> None:
-    listed = {entry["name"] for entry in registry}
-    missing = sorted(set(constants) - listed)
-    assert not missing, f"constants without provenance in {REGISTRY.relative_to(ROOT)}: {missing}"
+def test_every_constant_has_its_provenance(constants: dict[str, Any], registry: list[dict[str, Any]]) -> None:
+    problems = registry_problems(registry, constants)
+    assert not problems, f"{REGISTRY.relative_to(ROOT)}:\n" + "\n".join(problems)
 
 
-def test_every_registered_constant_exists(constants: dict[str, Any], registry: list[dict[str, Any]]) -> None:
-    stale = sorted(entry["name"] for entry in registry if entry["name"] not in constants)
-    assert not stale, f"registry entries naming no constant in the code: {stale}"
-    names = [entry["name"] for entry in registry]
-    assert len(names) == len(set(names)), "a constant is registered twice"
+def _entry(name: str, value: Any, kind: str = "assumed", **fields: Any) -> dict[str, Any]:
+    return {"name": name, "value": value, "unit": "1", "quantity": "q", "kind": kind, "statement": "s", **fields}
 
 
-def test_registered_values_equal_the_code(constants: dict[str, Any], registry: list[dict[str, Any]]) -> None:
-    wrong = [
-        f"{e['name']}: registry {e['value']!r}, code {constants[e['name']]!r}"
-        for e in registry
-        if e["name"] in constants and not _same(e["value"], constants[e["name"]])
+def test_an_unlisted_constant_a_changed_value_and_a_missing_script_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "provenance_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(
+        "from dataclasses import dataclass\n"
+        "SHARE = 0.15\n"
+        "BYTES = 2 << 20\n"
+        "NAME = 'x'\n"
+        "@dataclass\n"
+        "class Knob:\n"
+        "    margin: float = 0.2\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = collect_constants(tmp_path, ("provenance_probe",))
+    assert found == {
+        "provenance_probe.model.SHARE": 0.15,
+        "provenance_probe.model.BYTES": 2 << 20,
+        "provenance_probe.model.Knob.margin": 0.2,
+    }
+    entries = [
+        _entry("provenance_probe.model.SHARE", 0.16),
+        _entry("provenance_probe.model.BYTES", 2 << 20, "measured", script="benchmarks/mechanisms/nowhere.py"),
     ]
-    assert not wrong, "\n".join(wrong)
-
-
-def test_every_entry_carries_what_its_kind_requires(registry: list[dict[str, Any]]) -> None:
-    listed = {entry["name"] for entry in registry}
-    problems = []
-    for entry in registry:
-        name, kind = entry.get("name", "?"), entry.get("kind")
-        if kind not in REQUIRED:
-            problems.append(f"{name}: kind {kind!r} is not one of {sorted(REQUIRED)}")
-            continue
-        problems += [f"{name}: no {f}" for f in (*COMMON, *REQUIRED[kind]) if not entry.get(f) and entry.get(f) != 0]
-        script = entry.get("script")
-        if script is not None and not (ROOT / script).is_file():
-            problems.append(f"{name}: script {script} does not exist")
-        if kind == "measured" and script and not (ROOT / script).resolve().is_relative_to(MEASURING_SCRIPTS):
-            problems.append(f"{name}: a measured constant's script belongs under benchmarks/mechanisms, not {script}")
-        problems += [f"{name}: input {i} is not registered" for i in entry.get("inputs", ()) if i not in listed]
-    assert not problems, "\n".join(problems)
+    problems = registry_problems(entries, found, tmp_path)
+    assert "provenance_probe.model.Knob.margin: in the code, not in the registry" in problems
+    assert any(p.startswith("provenance_probe.model.SHARE: registry value 0.16") for p in problems)
+    assert "provenance_probe.model.BYTES: script benchmarks/mechanisms/nowhere.py does not exist" in problems
+    cited = [_entry(name, value, "cited") for name, value in found.items()]
+    assert "provenance_probe.model.SHARE: no source" in registry_problems(cited, found, tmp_path)
 
 
 def test_the_generated_listing_is_up_to_date() -> None:
