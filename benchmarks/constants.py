@@ -91,7 +91,11 @@ def render(entries: list[dict[str, Any]] | None = None) -> str:
         "where its value comes from. The registry is `services/estimator/constants.toml`;",
         "`tests/estimator/test_provenance.py` reads the modules with `ast` and fails when a constant the code binds",
         "is not listed, when a listed value differs from the code's, when an entry lacks what its kind requires, or",
-        "when a measuring or fitting script it names does not exist. This page is rendered from the registry:",
+        "when a measuring or fitting script it names does not exist. A constant is a module-level UPPER_CASE name",
+        "bound to a number (or a tuple or dict of numbers), a class field's numeric default, a numeric keyword of a",
+        "module-level constructor call, or a number used inside a function (listed as `function()` with all the",
+        "numbers it uses; counts and dtype sizes up to 4, bits per byte, a half, a sign, percent and unit",
+        "conversions are structure and left out: `STRUCTURAL` in the test). This page is rendered from the registry:",
         "",
         "<!-- not-run: rewrites docs/constants.md; the provenance test checks it is up to date -->",
         "```bash",
@@ -140,9 +144,11 @@ def render(entries: list[dict[str, Any]] | None = None) -> str:
 
 
 def _module(name: str) -> str:
-    """The module a registered name belongs to: module.NAME, module.Class.field or module.NAME.key.argument."""
+    """The module of a registered name: module.NAME, module.Class.field, module.NAME.key.argument or
+    module.function() (the numbers a function uses)."""
     parts = _short(name).split(".")
-    return ".".join(parts[: next(i for i, part in enumerate(parts) if not part.islower() or part.startswith("_"))])
+    end = next(i for i, part in enumerate(parts) if not part.islower() or part.startswith("_") or part.endswith("()"))
+    return ".".join(parts[:end])
 
 
 def main(argv: list[str]) -> int:

@@ -2,8 +2,9 @@
 
 The modules are read with ``ast``: every module-level UPPER_CASE name bound to a number (a literal, arithmetic,
 or a tuple/dict of numbers; its value read from the imported module), every numeric default of a class field
-(``x: float = 0.15`` or ``Field(default=0.15)``), and every numeric keyword argument in a module-level
-constant's constructor call (``_DEFAULTS["torchtune"] = FrameworkDefaults(loss_chunks=8)``) must be listed in
+(``x: float = 0.15`` or ``Field(default=0.15)``), every numeric keyword argument in a module-level constant's
+constructor call (``_DEFAULTS["torchtune"] = FrameworkDefaults(loss_chunks=8)``) and the numbers each function
+uses beyond STRUCTURAL ones (as ``module.function()`` with the list of them) must be listed in
 services/estimator/constants.toml with the same value, and each entry must carry what its kind requires.
 """
 
@@ -147,6 +148,62 @@ def collect_constants(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -
     return found
 
 
+# Numbers inside function bodies that are structure, not model constants: counts and dtype sizes up to 4 (and
+# 8: bits per byte, two fp32 states), a half, a sign, percent, and unit conversions (SI and binary prefixes,
+# seconds per minute and hour, hours per day, a float tolerance). Every other number a function uses is a
+# constant and is registered under the function's name, "module.function()", with the list of its numbers.
+STRUCTURAL: frozenset[float] = frozenset(
+    {-1, 0, 0.5, 1, 2, 3, 4, 8, 24, 60, 100, 3600, 1e3, 1e6, 1e9, 1e12, 1024, 2**20, 2**30, 1e-9}
+)
+
+
+def _function_literals(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[float]:
+    """The non-structural numbers a function's body, defaults and decorators spell (arithmetic of literals
+    counts as one number), leaving out formatting: f-strings, round()'s digits, slices."""
+    found: list[float] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.JoinedStr | ast.Slice | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "round":
+            for argument in node.args[:1]:
+                visit(argument)
+            return
+        if isinstance(node, ast.Constant | ast.BinOp | ast.UnaryOp):
+            value = _literal(node)
+            if isinstance(value, int | float):
+                if value not in STRUCTURAL:
+                    found.append(value)
+                return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    defaults = [d for d in (*function.args.defaults, *function.args.kw_defaults) if d is not None]
+    for node in (*function.body, *function.decorator_list, *defaults):
+        visit(node)
+    return found
+
+
+def collect_function_literals(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Any]:
+    """The numbers each function of the modules uses, by "module.Class.function()": a sorted list per function."""
+    found: dict[str, Any] = {}
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                numbers = _function_literals(child)
+                if numbers:
+                    found[f"{prefix}{child.name}()"] = sorted(set(numbers))
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            walk(ast.parse(path.read_text(encoding="utf-8")), _module_name(path, root) + ".")
+    return found
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
@@ -201,7 +258,7 @@ def registry() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def constants() -> dict[str, Any]:
-    return collect_constants()
+    return {**collect_constants(), **collect_function_literals()}
 
 
 def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
@@ -212,6 +269,7 @@ def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
     assert constants["services.planner.constraints.Constraints.safety_margin"] == 0.10
     assert constants["services.estimator.recipe._DEFAULTS.torchtune.loss_chunks"] == 8
     assert "services.estimator.counters.COUNTERS" not in constants  # strings are not numbers
+    assert constants["services.estimator.throughput.rates.utilisation_or_prior()"] == [0.4]
 
 
 def test_every_constant_has_its_provenance(constants: dict[str, Any], registry: list[dict[str, Any]]) -> None:
@@ -237,6 +295,8 @@ def test_an_unlisted_constant_a_changed_value_and_a_missing_script_fail(
         "@dataclass\n"
         "class Knob:\n"
         "    margin: float = 0.2\n"
+        "    def scaled(self, x: float) -> str:\n"
+        "        return f'{x / 7:.1f}' if round(x, 5) else str(x * 0.37 + 2**30)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     found = collect_constants(tmp_path, ("provenance_probe",))
@@ -244,6 +304,9 @@ def test_an_unlisted_constant_a_changed_value_and_a_missing_script_fail(
         "provenance_probe.model.SHARE": 0.15,
         "provenance_probe.model.BYTES": 2 << 20,
         "provenance_probe.model.Knob.margin": 0.2,
+    }
+    assert collect_function_literals(tmp_path, ("provenance_probe",)) == {
+        "provenance_probe.model.Knob.scaled()": [0.37]
     }
     entries = [
         _entry("provenance_probe.model.SHARE", 0.16),
