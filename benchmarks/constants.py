@@ -69,7 +69,10 @@ def provenance(entry: dict[str, Any]) -> str:
     for field in ("relation", "statement"):
         if entry.get(field):
             text = entry[field]
-            parts.append(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
+            first = text.split(" ", 1)[0]
+            if first.isalpha() and first.islower():  # a plain word, not a name like modules_called_per_layer()
+                text = text[0].upper() + text[1:]
+            parts.append(text + ("" if text.endswith(".") else "."))
     return " ".join(parts)
 
 
