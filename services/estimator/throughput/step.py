@@ -44,8 +44,8 @@ from services.estimator.throughput.rates import utilisation_or_prior
 
 GPUS_PER_NODE = 8
 INTER_NODE_GB_PER_S = 25.0  # 200 Gb/s per GPU (InfiniBand HDR-class fabric)
-# DeepSpeed CPU-Adam updates ~1e9 parameters/s on a server CPU (ZeRO-Offload paper, arXiv 2101.06840,
-# reports 6-7x over PyTorch CPU Adam; order 1 s per billion parameters per node).
+# DeepSpeed CPU-Adam update rate, ~1e9 parameters/s per node: an ASSUMPTION of the order of magnitude. The
+# ZeRO-Offload paper (arXiv 2101.06840) gives CPU-Adam's speed-up over PyTorch's CPU Adam (6-7x), not a rate.
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 
 
