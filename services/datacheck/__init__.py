@@ -21,7 +21,7 @@ from .loading import (
     sniff_compression,
 )
 from .location import data_location_warning
-from .pii import PiiFinding, find_pii, iban_valid, luhn_valid, mask_text, tc_kimlik_valid
+from .pii import PiiFinding, find_pii, iban_valid, luhn_valid, mask_text, phone_valid, tc_kimlik_valid, vkn_valid
 from .report import DatasetReport, RowSource, check_dataset, check_source, validation_rows, write_clean, write_masked
 from .tokens import (
     SEQ_LEN_BUCKETS_TOKENS,
@@ -69,11 +69,13 @@ __all__ = [
     "minhash",
     "near_duplicates",
     "percentile",
+    "phone_valid",
     "size_text",
     "sniff_compression",
     "tc_kimlik_valid",
     "token_stats",
     "validation_rows",
+    "vkn_valid",
     "write_clean",
     "write_masked",
 ]

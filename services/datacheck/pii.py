@@ -1,4 +1,11 @@
-"""Personal data in text: e-mail, phone, TC Kimlik, IBAN, payment card, listed names; finding and masking."""
+"""Personal data in text: e-mail, phone, TC Kimlik, VKN, IBAN, payment card, listed names; finding and masking.
+
+Candidates are found by patterns and kept only when a maintained validator says they are what they look
+like: python-stdnum for national ids, IBANs (each country's length and BBAN format, ISO 13616 check
+digits) and Luhn (ISO/IEC 7812-1), Google's libphonenumber (the ``phonenumbers`` port) for phone numbers
+of every country. A Turkish tax number (VKN) is ten digits with one check digit, so one random ten-digit
+number in ten passes its checksum: it counts only beside words that name it (VKN, vergi, tax id).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,25 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PII_KINDS = ("email", "iban", "payment_card", "tc_kimlik", "phone", "name")
+import phonenumbers
+from stdnum import iban as std_iban
+from stdnum import luhn as std_luhn
+from stdnum.tr import tckimlik as std_tckimlik
+from stdnum.tr import vkn as std_vkn
+
+PII_KINDS = ("email", "iban", "payment_card", "tc_kimlik", "vkn", "phone", "name")
 
 _DIGIT = re.compile(r"\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?![\w-])")
 _IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
 _CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
 _TC_KIMLIK = re.compile(r"(?<!\d)[1-9]\d{10}(?!\d)")
+# A VKN: ten digits within a few words after "VKN", "vergi (kimlik) no(su)", "tax id/number" (Turkish
+# forms write "V.K.N." and "Vergi No" before the number).
+_VKN = re.compile(
+    r"(?i)(?:\bv\.?\s?k\.?\s?n\.?|\bvergi(?:\s+kimlik)?(?:\s+(?:no|numaras[ıi]|numara)\w*)?|\btax\s+(?:id|number|no)\b)"
+    r"[\s:#.\-]{0,5}(\d{10})(?!\d)"
+)
 # Turkish numbers need a +90/0090/0 prefix: mobiles 5xx, landlines 2xx-4xx, then 3-2-2 digits.
 _PHONE_TR = re.compile(r"(?<![\w+])(?:\+90|0090|0)[ -]?\(?[2-5]\d{2}\)?[ -]?\d{3}[ -]?\d{2}[ -]?\d{2}(?!\d)")
 # E.164: a + and 8-15 digits, optionally grouped by spaces or dashes.
@@ -30,36 +49,33 @@ class PiiFinding:
 
 
 def tc_kimlik_valid(number: str) -> bool:
-    """TC Kimlik No: 11 digits, first not 0, d10 = (7*odd(1..9) - even(2..8)) mod 10, d11 = sum(1..10) mod 10."""
-    if len(number) != 11 or not number.isdigit() or number[0] == "0":
-        return False
-    d = [int(c) for c in number]
-    d10 = (7 * (d[0] + d[2] + d[4] + d[6] + d[8]) - (d[1] + d[3] + d[5] + d[7])) % 10
-    return d[9] == d10 and d[10] == sum(d[:10]) % 10
+    """TC Kimlik No (python-stdnum ``tr.tckimlik``: 11 digits, no leading 0, its two check digits)."""
+    return bool(std_tckimlik.is_valid(number))
+
+
+def vkn_valid(number: str) -> bool:
+    """Turkish tax number, Vergi Kimlik Numarası (python-stdnum ``tr.vkn``: 10 digits, its check digit)."""
+    return bool(std_vkn.is_valid(number))
 
 
 def iban_valid(iban: str) -> bool:
-    """ISO 13616: move the first 4 characters to the end, letters to 10..35, the number mod 97 is 1; TR is 26 long."""
-    compact = iban.replace(" ", "").upper()
-    if not 15 <= len(compact) <= 34 or not compact.isalnum() or not compact[:2].isalpha():
-        return False
-    if compact.startswith("TR") and len(compact) != 26:
-        return False
-    digits = "".join(str(int(ch, 36)) for ch in compact[4:] + compact[:4])
-    return int(digits) % 97 == 1
+    """An IBAN of any country (python-stdnum ``iban``: the country's length and BBAN format, mod-97 check digits)."""
+    return bool(std_iban.is_valid(iban))
 
 
 def luhn_valid(number: str) -> bool:
-    """Luhn (ISO/IEC 7812-1) over 13-19 digits, spaces and dashes ignored."""
-    digits = [int(c) for c in number if c.isdigit()]
-    if not 13 <= len(digits) <= 19 or len(digits) != len(number.replace(" ", "").replace("-", "")):
+    """A payment card number: 13-19 digits (spaces or dashes between them) passing Luhn (ISO/IEC 7812-1)."""
+    compact = number.replace(" ", "").replace("-", "")
+    return compact.isdigit() and 13 <= len(compact) <= 19 and bool(std_luhn.is_valid(compact))
+
+
+def phone_valid(candidate: str) -> bool:
+    """A number libphonenumber knows as assigned in its country's plan; without a + it is read as Turkish."""
+    try:
+        number = phonenumbers.parse(candidate, "TR")
+    except phonenumbers.NumberParseException:
         return False
-    total = 0
-    for index, digit in enumerate(reversed(digits)):
-        if index % 2 == 1:
-            digit = digit * 2 - 9 if digit > 4 else digit * 2
-        total += digit
-    return total % 10 == 0
+    return bool(phonenumbers.is_valid_number(number))
 
 
 def _mask_digits(value: str, keep_last: int) -> str:
@@ -86,8 +102,9 @@ _DETECTORS: tuple[_Detector, ...] = (
     ("iban", _IBAN, iban_valid, _mask_iban),
     ("payment_card", _CARD, luhn_valid, lambda v: _mask_digits(v, 4)),
     ("tc_kimlik", _TC_KIMLIK, tc_kimlik_valid, lambda v: "*" * len(v)),
-    ("phone", _PHONE_TR, lambda v: True, lambda v: _mask_digits(v, 2)),
-    ("phone", _PHONE_INTL, lambda v: True, lambda v: _mask_digits(v, 2)),
+    ("vkn", _VKN, lambda v: vkn_valid(v[-10:]), lambda v: v[:-10] + "*" * 10),
+    ("phone", _PHONE_TR, phone_valid, lambda v: _mask_digits(v, 2)),
+    ("phone", _PHONE_INTL, phone_valid, lambda v: _mask_digits(v, 2)),
 )
 
 

@@ -44,6 +44,35 @@ def test_iban_mod97() -> None:
     assert kinds("IBAN TR330006100519786457841327") == []
 
 
+def test_a_turkish_tax_number_is_found_beside_its_name_and_a_random_ten_digit_number_is_not() -> None:
+    from services.datacheck import vkn_valid
+
+    assert vkn_valid("1234567890") and not vkn_valid("1234567891")
+    for text in ("Firma VKN: 1234567890", "vergi no 1234567890 adres", "V.K.N. 1234567890", "Tax ID: 1234567890"):
+        assert kinds(text) == ["vkn"], text
+    assert kinds("VKN: 1234567891") == []  # its check digit is wrong
+    # Ten digits with no word naming them: an order number, a product code, a phone without its 0.
+    assert kinds("sipariş 1234567890 kargoda") == []
+    assert mask_text("VKN: 1234567890") == "VKN: **********"
+
+
+def test_ibans_of_every_country_by_their_own_rules() -> None:
+    for iban in ("DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32", "FR14 2004 1010 0505 0001 3M02 606"):
+        assert iban_valid(iban), iban
+        assert kinds(f"pay to {iban} thanks") == ["iban"], iban
+    assert not iban_valid("DE89370400440532013")  # a German IBAN is 22 characters
+    assert not iban_valid("GB82WEST12345698765433")  # check digits
+
+
+def test_phones_of_other_countries_by_their_numbering_plans() -> None:
+    from services.datacheck import phone_valid
+
+    assert phone_valid("+33 1 42 68 53 00") and phone_valid("+1 650 253 0000")
+    assert kinds("appelez +33 1 42 68 53 00") == ["phone"]
+    assert not phone_valid("+1 011 253 0000")  # no US area code starts with 0
+    assert kinds("code +44 1 2 3 4 5 6 7 8") == []
+
+
 def test_payment_card_luhn() -> None:
     assert luhn_valid("4111 1111 1111 1111") and luhn_valid("4111-1111-1111-1111")
     assert not luhn_valid("4111 1111 1111 1112")
