@@ -19,6 +19,7 @@ from services.api.metrics import install as install_metrics
 from services.api.middleware import BodyLimit, RequestLimits
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
+from services.core import request_ids
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, LeaseSweeper, PendingTasks
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    request_ids.install_log_records()
     app.state.db = Database(factory, runner, settings)
     app.state.engine = engine
     install_error_handlers(app)

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import Database
+from services.core import request_ids
 from services.core.db import unit_of_work
 from services.core.errors import Unauthorized
 from services.core.leases import TaskLease
@@ -60,11 +61,17 @@ class ObservabilityMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        incoming = next((v for k, v in scope.get("headers", []) if k == b"x-request-id"), b"")
+        rid = request_ids.request_id(incoming.decode("latin-1"))
+        scope.setdefault("state", {})["request_id"] = rid
+        token = request_ids.current.set(rid)
 
         async def capture(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
             await send(message)
 
         try:
@@ -82,7 +89,7 @@ class ObservabilityMiddleware:
             addr = client[0] if client else None
             who = f"key:{principal.key_prefix}" if isinstance(principal, Principal) else "-"
             access_log.info(
-                "%s %s %s %d %.1fms %s %s",
+                "%s %s %s %d %.1fms %s %s request_id=%s",
                 addr or "-",
                 method,
                 scope.get("path", ""),
@@ -90,6 +97,7 @@ class ObservabilityMiddleware:
                 elapsed_s * 1e3,
                 who,
                 route,
+                rid,
             )
             if (
                 isinstance(principal, Principal)
@@ -99,6 +107,7 @@ class ObservabilityMiddleware:
                 and operation_id not in NOT_AUDITED
             ):
                 await run_in_threadpool(self._audit, principal, operation_id or route, scope, addr)
+            request_ids.current.reset(token)
 
     def _audit(self, principal: Principal, operation: str, scope: Scope, addr: str | None) -> None:
         params = scope.get("path_params") or {}
