@@ -93,7 +93,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Plan LLM fine-tuning runs: memory, speed and cost per GPU.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local assets: FastAPI's defaults load them from a CDN
+        redoc_url=None,
     )
+    install_api_docs(app)
     app.state.settings = settings
     request_ids.install_log_records()
     app.state.db = Database(factory, runner, settings)
@@ -138,6 +141,41 @@ def create_served_app(settings: Settings | None = None) -> FastAPI:
         access.setLevel(logging.INFO)
         access.propagate = False
     return create_app(settings)
+
+
+# Swagger UI and ReDoc's files, as fastapi-offline packages them (the swagger-ui-dist and redoc
+# releases' own bundles), served by gpuplan so /docs and /redoc work with no network.
+DOCS_ASSETS = "/docs-assets"
+
+
+def install_api_docs(app: FastAPI) -> None:
+    from importlib.resources import files
+
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="gpuplan API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="gpuplan API",
+            redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def upload_limits() -> tuple[BodyLimit, ...]:

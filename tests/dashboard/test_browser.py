@@ -350,3 +350,34 @@ def test_another_organization_gets_404_pages_in_the_browser(page: Any, live_serv
     assert page.get_by_role("heading", name="Not found").is_visible()
     page.goto(f"{live_server.url}/dashboard/plans")
     assert created["id"] not in page.content()
+
+
+def test_the_api_docs_render_with_the_network_off(browser: Any, live_server: LiveServer) -> None:
+    """/docs (Swagger UI) and /redoc load their scripts and styles from gpuplan itself: with every request
+    to another host refused, both pages render the API's operations."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(30_000)
+    outside: list[str] = []
+
+    def only_loopback(route: Any) -> None:
+        if route.request.url.startswith(live_server.url):
+            route.continue_()
+        else:
+            outside.append(f"{route.request.resource_type} {route.request.url}")
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    page = context.new_page()
+    try:
+        page.goto(f"{live_server.url}/docs")
+        page.locator(".swagger-ui .info .title", has_text="gpuplan").wait_for()
+        page.locator(".opblock-summary-path", has_text="/v1/plans").first.wait_for()
+        screenshot(page, "api-docs-offline")
+        page.goto(f"{live_server.url}/redoc")
+        page.get_by_text("Plan LLM fine-tuning runs").first.wait_for()
+        page.get_by_text("/v1/estimate").first.wait_for(state="attached")
+    finally:
+        context.close()
+    # Nothing the pages need comes from elsewhere; ReDoc's bundle only asks cdn.redoc.ly for the small
+    # "powered by" logo in its menu, which shows as missing.
+    assert [o for o in outside if not o.startswith("image ")] == [], outside
