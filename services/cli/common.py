@@ -92,11 +92,21 @@ def add_key_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Where the embedded `gpuplan serve` keeps the 'local' organization's admin key (relative to where it runs).
+LOCAL_KEY_FILE = Path(".gpuplan") / "local-key"
+
+
 def api_key(
-    args: argparse.Namespace, command: str, *, warn_argument: bool = False, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace,
+    command: str,
+    *,
+    warn_argument: bool = False,
+    local: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> str:
-    """The API key from --key-file, else --key, else $GPUPLAN_API_KEY; one readable error naming where to
-    give it. A long-running command (the agent) warns that --key shows the key in ps for as long as it runs."""
+    """The API key from --key-file, else --key, else $GPUPLAN_API_KEY, else (``local``) the embedded
+    service's own key file in this directory; one readable error naming where to give it. A long-running
+    command (the agent) warns that --key shows the key in ps for as long as it runs."""
     env = os.environ if environ is None else environ
     if getattr(args, "key_file", None):
         try:
@@ -112,4 +122,14 @@ def api_key(
         return str(args.key)
     if env.get(KEY_ENV, "").strip():
         return env[KEY_ENV].strip()
-    raise CliError(f"{command}: no API key: give --key-file PATH or set ${KEY_ENV}")
+    if local and LOCAL_KEY_FILE.is_file():
+        try:
+            key = LOCAL_KEY_FILE.read_text(encoding="utf-8").strip()
+        except OSError:
+            key = ""
+        if key:
+            return key
+    where = (
+        f", set ${KEY_ENV} or run it where `gpuplan serve` wrote {LOCAL_KEY_FILE}" if local else f" or set ${KEY_ENV}"
+    )
+    raise CliError(f"{command}: no API key: give --key-file PATH{where}")

@@ -32,7 +32,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from services.agent.agent import Agent
 
-    key = api_key(args, "agent", warn_argument=True)
+    key = api_key(args, "agent", warn_argument=True, local=False)
     with httpx.Client(base_url=args.api, timeout=60) as client:
         agent = Agent(client, key)
         try:

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import CliError, Subparsers, int_arg
+from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, int_arg
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from services.core.settings import Settings
 
 LOCAL_ORG = "local"
-LOCAL_KEY_FILE = Path(".gpuplan") / "local-key"
 
 
 def register(sub: Subparsers) -> None:

@@ -378,6 +378,11 @@ def test_plans_submit_and_get(service: Service, tmp_path: Path) -> None:
     notes = [n for rec in body["recommendations"][:5] for n in rec["notes"]]
     assert notes and all(f"note: {n}" in done.stdout for n in notes), done.stdout
     _one_error_line(gpuplan("plans", "get", "nope", *connect, env=service.env), "no plan")
+    # Where the embedded service runs, its own key file is the default key (issue 23).
+    local = gpuplan("plans", "get", plan_id, "--api", service.url, "--json", cwd=service.cwd, env=service.env)
+    assert local.returncode == 0 and json.loads(local.stdout)["id"] == plan_id, local.stderr
+    elsewhere = gpuplan("plans", "get", plan_id, "--api", service.url, cwd=tmp_path, env=service.env)
+    assert elsewhere.returncode == 2 and "no API key" in elsewhere.stderr and "local-key" in elsewhere.stderr
 
 
 def test_data_upload_wait(service: Service, tmp_path: Path) -> None:
