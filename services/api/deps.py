@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.limits import check_rate, make_counters
+from services.api.limits import check_failures, check_rate, make_counters, record_failure
 from services.core.db import unit_of_work
-from services.core.errors import Forbidden
+from services.core.errors import Forbidden, Unauthorized
 from services.core.leases import record_outbox
+from services.core.pages import MAX_LIMIT
 from services.core.settings import Settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
 from services.orgs.binding import check_agent_request
@@ -84,7 +85,13 @@ def get_principal(
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
     """The authenticated caller, refused (403) when its key's scopes do not cover this route."""
-    principal = _caller(db, authorization)
+    address = request.client.host if request.client else "unknown"
+    check_failures(db.counters, address, db.settings.auth_failures_per_minute)
+    try:
+        principal = _caller(db, authorization)
+    except Unauthorized:
+        record_failure(db.counters, address)
+        raise
     route = request.scope.get("route")
     template = getattr(route, "path", request.url.path)
     allowed = allowed_scopes(request.method, template)
@@ -105,3 +112,9 @@ def get_principal(
 DbDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+# Every list endpoint pages (services/core/pages.py): ?limit=N&before=<the previous page's next_cursor>.
+PageLimit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="items per page")]
+PageCursor = Annotated[
+    str | None, Query(pattern="^[0-9a-f]{32}$", description="cursor: the previous page's next_cursor")
+]

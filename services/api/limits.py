@@ -1,4 +1,5 @@
-"""Abuse limits: a per-key request rate and per-organization quotas, answered 429 with Retry-After.
+"""Abuse limits: a per-key request rate, failed sign-ins per client address, and per-organization quotas,
+answered 429 with Retry-After.
 
 - Rate: at most GPUPLAN_RATE_LIMIT_PER_MINUTE requests per key in each fixed one-minute window. The
   counters live in Redis when GPUPLAN_REDIS_URL is set (shared by every API process: INCR and EXPIRE
@@ -6,6 +7,9 @@
   pattern, redis.io/docs/latest/commands/incr/#pattern-rate-limiter), and in this process otherwise.
   Should Redis fail, the request is let through and the failure logged: a limiter outage must not
   take the API down with it.
+- Failed sign-ins: at most GPUPLAN_AUTH_FAILURES_PER_MINUTE requests with a missing, unknown or revoked
+  key (API) or API key (the dashboard's sign-in form) per client address and minute; past that, the
+  address is answered 429 before its key is even looked at, in the same counters.
 - Quotas live with the rows they count (plans/service.py, datasets/service.py, nodes/service.py): each
   is checked in the transaction that creates the row, under the organization's row lock, so concurrent
   requests cannot all pass the same check (the API and the dashboard share them).
@@ -32,6 +36,10 @@ class CounterStore(Protocol):
         """Count one request under ``name`` in the current window; returns the count so far."""
         ...
 
+    def peek(self, name: str, window_s: int, now_s: float) -> int:
+        """The count under ``name`` in the current window, without counting."""
+        ...
+
 
 class InProcessCounters:
     """Fixed-window counters in this process (the embedded default)."""
@@ -51,6 +59,10 @@ class InProcessCounters:
             self._counts[(name, window)] = count
             return count
 
+    def peek(self, name: str, window_s: int, now_s: float) -> int:
+        with self._lock:
+            return self._counts.get((name, int(now_s // window_s)), 0)
+
 
 class RedisCounters:
     """Fixed-window counters in Redis, shared by every API process."""
@@ -68,6 +80,10 @@ class RedisCounters:
         pipe.expire(key, window_s + 5)
         count, _ = pipe.execute()
         return int(count)
+
+    def peek(self, name: str, window_s: int, now_s: float) -> int:
+        value = self._client.get(f"gpuplan:rate:{name}:{int(now_s // window_s)}")
+        return int(value or 0)
 
 
 def make_counters(settings: Settings) -> CounterStore:
@@ -91,3 +107,31 @@ def check_rate(counters: CounterStore, key_id: str, limit_per_minute: int, now_s
             retry_after_s=retry,
             field="authorization",
         )
+
+
+def check_failures(counters: CounterStore, address: str, limit_per_minute: int, now_s: float | None = None) -> None:
+    """429 for a client address that failed to authenticate ``limit_per_minute`` times this minute (0: no
+    limit), checked before its key is: a guesser learns nothing more until the window ends."""
+    if limit_per_minute <= 0:
+        return
+    now_s = time.time() if now_s is None else now_s
+    try:
+        count = counters.peek(f"addr:{address}", WINDOW_S, now_s)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s); request let through", exc)
+        return
+    if count >= limit_per_minute:
+        retry = math.ceil(WINDOW_S - now_s % WINDOW_S)
+        raise TooManyRequests(
+            f"rate limit: {limit_per_minute} failed sign-ins per minute per client address; retry in {retry} s",
+            retry_after_s=retry,
+            field="authorization",
+        )
+
+
+def record_failure(counters: CounterStore, address: str, now_s: float | None = None) -> None:
+    """Count one failed authentication from ``address``."""
+    try:
+        counters.hit(f"addr:{address}", WINDOW_S, time.time() if now_s is None else now_s)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s); failure not counted", exc)

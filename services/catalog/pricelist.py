@@ -102,6 +102,8 @@ class PriceListError(ValueError):
 
 
 def _rows_from_text(text: str, fmt: str) -> list[dict[str, Any]]:
+    # A byte-order mark (Excel's "CSV UTF-8" writes one) is not part of the first column's name.
+    text = text.removeprefix("\ufeff")
     if fmt == "json":
         try:
             data = json.loads(text)

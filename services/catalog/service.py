@@ -7,6 +7,7 @@ import is one transaction: it lands whole or not at all.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -188,6 +189,12 @@ def _check_provider_names(names: Iterable[str], field: str) -> list[str]:
     return out
 
 
+def _one_spelling(offer: Offer, spelling: dict[str, str]) -> Offer:
+    """The offer under its provider's one spelling (recorded in ``spelling`` when it is the first)."""
+    name = spelling.setdefault(offer.provider.casefold(), offer.provider)
+    return offer if name == offer.provider else dataclasses.replace(offer, provider=name)
+
+
 def import_offers(
     session: Session,
     offers: Sequence[Offer],
@@ -204,12 +211,23 @@ def import_offers(
     provider is named in ``replace_providers``, whose old offers are all dropped first (a provider named
     there but absent from the import is removed from the catalog).
     """
-    replace = set(_check_provider_names(replace_providers, replace_field))
     repo = CatalogRepository(session)
     repo.lock_for_import()
     current = repo.active_version("offers", organization_id)
     old_rows = repo.offers(current.id) if current is not None else []
     known = {r.provider for r in old_rows}
+    # One provider, one name: "acme" and "ACME" are the catalog's spelling (or the import's first one).
+    spelling = {name.casefold(): name for name in sorted(known)}
+    offers = [_one_spelling(o, spelling) for o in offers]
+    keys = [offer_key(o) for o in offers]
+    if len(set(keys)) < len(keys):
+        twice = next(k for k in keys if keys.count(k) > 1)
+        raise Unprocessable(
+            f"price_list: the offer {twice[0]} {twice[1]} x{twice[3]} region {twice[2]!r} appears twice (provider "
+            "names differing only in case are one provider)",
+            field="price_list",
+        )
+    replace = {spelling.get(n.casefold(), n) for n in _check_provider_names(replace_providers, replace_field)}
     unknown = sorted(replace - known - {o.provider for o in offers})
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"

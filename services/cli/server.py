@@ -98,8 +98,11 @@ def _local_key(settings: Settings) -> str | None:
         # `gpuplan admin` on the server (issue 15 item 7).
         key = create_key(session, LOCAL_ORG, admin=True, platform_admin=False)
     LOCAL_KEY_FILE.parent.mkdir(exist_ok=True)
-    LOCAL_KEY_FILE.write_text(key + "\n", encoding="utf-8")
-    os.chmod(LOCAL_KEY_FILE, 0o600)
+    # Created readable by this user only (never briefly by others, as a write and then a chmod would be).
+    descriptor = os.open(LOCAL_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as fh:
+        fh.write(key + "\n")
+    os.chmod(LOCAL_KEY_FILE, 0o600)  # a file left from an earlier install keeps its old mode otherwise
     return key
 
 
@@ -115,7 +118,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         key = _local_key(settings)
         print(f"gpuplan: embedded mode (SQLite {settings.sqlalchemy_url.removeprefix('sqlite:///')}, in-process tasks)")
         if key is not None:
-            print(f"gpuplan: created organization 'local' with API key {key} (saved in {LOCAL_KEY_FILE})")
+            # The key goes to the file only: stdout ends up in terminals' scrollback, CI logs and journald.
+            print(f"gpuplan: created organization 'local'; its admin API key is in {LOCAL_KEY_FILE} (mode 0600)")
         else:
             print(f"gpuplan: the 'local' organization's API key is in {LOCAL_KEY_FILE}")
         print(f'gpuplan: try  curl -H "Authorization: Bearer $(cat {LOCAL_KEY_FILE})" {url}/v1/plans')

@@ -51,10 +51,20 @@ class Settings(BaseSettings):
     key_cache_s: float = Field(default=0.0, ge=0.0, le=300.0, description="how long a checked key is trusted")
     # Abuse limits (services/api/limits.py); 0 turns one off.
     rate_limit_per_minute: int = Field(default=6000, ge=0, le=10_000_000, description="requests per key per minute")
+    # Failed authentications per client address and minute (services/api/limits.py): a person mistyping a key
+    # fails a few times; a guesser is held to this many tries a minute.
+    auth_failures_per_minute: int = Field(
+        default=60, ge=0, le=10_000_000, description="failed sign-ins per client address per minute"
+    )
     quota_plans_per_hour: int = Field(default=3000, ge=0, le=10_000_000, description="plans per organization per hour")
     quota_datasets: int = Field(default=200, ge=0, le=1_000_000, description="stored data sets per organization")
     quota_dataset_bytes: int = Field(default=2 * 2**40, ge=0, description="stored data set bytes per organization")
     quota_nodes: int = Field(default=200, ge=0, le=1_000_000, description="nodes (not stopped) per organization")
+    # Each key carries its own rate limit, so unbounded keys would be unbounded requests (issue 21: 1,010 keys
+    # minted in 16 s). 100 covers a person, a CI system and an agent per node of a large team.
+    quota_keys: int = Field(
+        default=100, ge=0, le=1_000_000, description="usable (unrevoked, unexpired) keys per organization"
+    )
     api_workers: int = Field(default=1, ge=1, le=64, description="API processes `gpuplan serve` starts")
     access_log: bool = Field(default=True, description="one line per API request on stderr (gpuplan serve)")
     worker_metrics_port: int = Field(

@@ -24,6 +24,7 @@ from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined, se
 from pydantic import ValidationError
 
 from services.api.deps import Database, get_db
+from services.api.limits import check_failures, check_rate, record_failure
 from services.catalog.models import catalog_models
 from services.core.errors import Conflict, Forbidden, GpuplanError, NotFound, TooManyRequests, Unprocessable
 from services.core.settings import Settings
@@ -34,6 +35,7 @@ from services.hub.service import FactoryCache, with_model_config
 from services.nodes import service as nodes_service
 from services.nodes.calibration import calibrated_utilisation
 from services.nodes.schemas import BenchmarkOut, CalibrationOut, CalibrationRequest, NodeOut
+from services.orgs import audit
 from services.orgs.service import Principal, end_session, hash_key, session_principal, start_session
 from services.plans import service as plans_service
 from services.plans.schemas import PlanRequest
@@ -193,6 +195,8 @@ def get_viewer(request: Request, db: Annotated[Database, Depends(get_db)]) -> Vi
         principal = session_principal(s, data.session_id)
     if principal is None or "read" not in principal.scopes:
         raise SignInRequired
+    # The key's rate limit holds on its dashboard session as on the API (issue 21).
+    check_rate(db.counters, principal.key_id or principal.organization_id, db.settings.rate_limit_per_minute)
     if request.method not in ("GET", "HEAD") and "plan" not in principal.scopes:
         raise Forbidden("this key may only read: planning and quoting need a key with the 'plan' scope")
     viewer = Viewer(principal=principal, session=data)
@@ -234,6 +238,8 @@ async def login(request: Request, db: DbDep) -> Response:
     _check_csrf(data, form.get(session.CSRF_FIELD))
     key = str(form.get("api_key") or "").strip()
     target = _safe_next(str(form.get("next") or ""))
+    address = request.client.host if request.client else "unknown"
+    check_failures(db.counters, address, db.settings.auth_failures_per_minute)
 
     def lookup() -> Principal | None:
         if not key:
@@ -244,6 +250,9 @@ async def login(request: Request, db: DbDep) -> Response:
 
     principal = await run_in_threadpool(lookup)
     if principal is None:
+        record_failure(db.counters, address)
+        if key:
+            await run_in_threadpool(_audit_sign_in, db, None, "dashboard.sign_in_failed", address)
         message = "Enter your organization's API key." if not key else "Unknown or revoked API key."
         return render(
             request,
@@ -258,9 +267,19 @@ async def login(request: Request, db: DbDep) -> Response:
             return start_session(s, hash_key(key), _settings(request).session_max_age_s)
 
     session_id = await run_in_threadpool(sign_in)
+    await run_in_threadpool(_audit_sign_in, db, principal, "dashboard.sign_in", address)
     response = RedirectResponse(target, status_code=303)
     _set_cookie(response, request, session.new_session(time.time(), session_id=session_id))
     return response
+
+
+def _audit_sign_in(db: Database, principal: Principal | None, action: str, address: str) -> None:
+    """An audit row per dashboard sign-in, and per failed one (no organization, and nothing of the key
+    typed: it may be a real key with a typo)."""
+    with db.transaction() as (s, _pending):
+        organization = principal.organization_id if principal is not None else None
+        actor = f"key:{principal.key_prefix}" if principal is not None else "anonymous"
+        audit.record(s, organization, actor, action, None, address)
 
 
 @router.post("/logout")

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.deps import DbDep, PageCursor, PrincipalDep, SettingsDep
 from services.core.errors import PayloadTooLarge, Unprocessable
 from services.datasets import service
 from services.datasets.schemas import DatasetCreate, DatasetList, DatasetOut
@@ -41,9 +41,13 @@ def create_dataset(
 
 
 @router.get("/datasets", operation_id="datasets-list", response_model=DatasetList)
-def list_datasets(db: DbDep, principal: PrincipalDep, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> DatasetList:
+def list_datasets(
+    db: DbDep, principal: PrincipalDep, limit: Annotated[int, Query(ge=1, le=200)] = 50, before: PageCursor = None
+) -> DatasetList:
+    """The organization's data sets, newest first, a page at a time (``next_cursor`` names the next page)."""
     with db.transaction() as (session, _pending):
-        return DatasetList(items=[service.to_summary(r) for r in service.list_datasets(session, principal, limit)])
+        rows, cursor = service.datasets_page(session, principal, limit, before)
+        return DatasetList(items=[service.to_summary(r) for r in rows], next_cursor=cursor)
 
 
 @router.get("/datasets/{dataset_id}", operation_id="datasets-get", response_model=DatasetOut)

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.core.db import requeue_running
+from services.core.pages import keyset_page
 from services.datasets.tables import DatasetPartRow, DatasetRow
 
 
@@ -21,11 +22,11 @@ class DatasetRepository:
             select(DatasetRow).where(DatasetRow.id == dataset_id, DatasetRow.organization_id == organization_id)
         )
 
-    def list_for_org(self, organization_id: str, limit: int) -> Sequence[DatasetRow]:
+    def page_for_org(
+        self, organization_id: str, limit: int, before: str | None
+    ) -> tuple[Sequence[DatasetRow], str | None]:
         query = select(DatasetRow).where(DatasetRow.organization_id == organization_id)
-        return self.session.scalars(
-            query.order_by(DatasetRow.created_at.desc(), DatasetRow.id.desc()).limit(limit)
-        ).all()
+        return keyset_page(self.session, query, DatasetRow, limit, before)
 
     def unfinished_ids(self) -> Sequence[str]:
         """Checks queued or running (in-process tasks die with the process; these resume at start)."""

@@ -84,3 +84,4 @@ class DatasetSummary(BaseModel):
 
 class DatasetList(BaseModel):
     items: list[DatasetSummary]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")

@@ -153,8 +153,11 @@ def get(session: Session, principal: Principal, dataset_id: str) -> DatasetRow:
     return row
 
 
-def list_datasets(session: Session, principal: Principal, limit: int) -> list[DatasetRow]:
-    return list(DatasetRepository(session).list_for_org(principal.organization_id, limit))
+def datasets_page(
+    session: Session, principal: Principal, limit: int, before: str | None
+) -> tuple[Sequence[DatasetRow], str | None]:
+    """A page of the organization's data sets, newest first."""
+    return DatasetRepository(session).page_for_org(principal.organization_id, limit, before)
 
 
 def parts_total(row: DatasetRow) -> int:

@@ -4,10 +4,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.core.pages import DEFAULT_LIMIT
 from services.nodes import service
 from services.nodes.lifecycle import list_events, stop_policy, sync_alert_policy
 from services.nodes.schemas import (
+    BenchmarkList,
     BenchmarkOut,
     CalibrationFailure,
     CalibrationOut,
@@ -15,6 +17,7 @@ from services.nodes.schemas import (
     CalibrationResult,
     Heartbeat,
     NodeEventOut,
+    NodeList,
     NodeOut,
     NodeRegistered,
     NodeRegistration,
@@ -72,10 +75,14 @@ def register(body: NodeRegistration, db: DbDep, principal: PrincipalDep, setting
         return NodeRegistered(**_node(node).model_dump(), node_token=token)
 
 
-@router.get("/nodes", operation_id="nodes-list")
-def list_nodes(db: DbDep, principal: PrincipalDep) -> dict[str, list[NodeOut]]:
+@router.get("/nodes", operation_id="nodes-list", response_model=NodeList)
+def list_nodes(
+    db: DbDep, principal: PrincipalDep, limit: PageLimit = DEFAULT_LIMIT, before: PageCursor = None
+) -> NodeList:
+    """The organization's nodes, oldest first, a page at a time (``next_cursor`` names the next page)."""
     with db.transaction() as (session, _pending):
-        return {"items": [_node(n) for n in service.list_nodes(session, principal)]}
+        rows, cursor = service.nodes_page(session, principal, limit, before)
+        return NodeList(items=[_node(n) for n in rows], next_cursor=cursor)
 
 
 @router.get("/nodes/{node_id}", operation_id="nodes-get", response_model=NodeOut)
@@ -174,13 +181,17 @@ def failure(
         return _calibration(service.fail_calibration(session, principal, calibration_id, body.error, token))
 
 
-@router.get("/benchmarks", operation_id="benchmarks-list")
+@router.get("/benchmarks", operation_id="benchmarks-list", response_model=BenchmarkList)
 def list_benchmarks(
     db: DbDep,
     principal: PrincipalDep,
     gpu: Annotated[str | None, Query(max_length=100)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     method: Annotated[str | None, Query(pattern="^(full|lora|qlora)$")] = None,
-) -> dict[str, list[BenchmarkOut]]:
+    limit: PageLimit = DEFAULT_LIMIT,
+    before: PageCursor = None,
+) -> BenchmarkList:
+    """The organization's calibration results, newest first, a page at a time."""
     with db.transaction() as (session, _pending):
-        return {"items": [_benchmark(b) for b in service.list_benchmarks(session, principal, gpu, model, method)]}
+        rows, cursor = service.benchmarks_page(session, principal, gpu, model, method, limit, before)
+        return BenchmarkList(items=[_benchmark(b) for b in rows], next_cursor=cursor)

@@ -189,3 +189,13 @@ class BenchmarkOut(BaseModel):
     used: bool = Field(default=False, description="the organization's estimates use this result")
     unused_reason: str | None = Field(default=None, description="why they do not, when they do not")
     created_at: datetime
+
+
+class NodeList(BaseModel):
+    items: list[NodeOut]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")
+
+
+class BenchmarkList(BaseModel):
+    items: list[BenchmarkOut]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")

@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, TooManyRequests, Unauthorized, Unprocessable
+from services.core.pages import keyset_page
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import UTILISATION_SEARCH, estimate, resolve_architecture, utilisation_reproducing
 from services.estimator.plan import Plan
@@ -210,9 +211,16 @@ def get_node(session: Session, principal: Principal, node_id: str) -> NodeRow:
 
 
 def list_nodes(session: Session, principal: Principal) -> Sequence[NodeRow]:
-    return session.scalars(
-        select(NodeRow).where(NodeRow.organization_id == principal.organization_id).order_by(NodeRow.created_at)
-    ).all()
+    """Every node of the organization, oldest first (the dashboard; the API pages them)."""
+    query = select(NodeRow).where(NodeRow.organization_id == principal.organization_id)
+    return session.scalars(query.order_by(NodeRow.created_at, NodeRow.id)).all()
+
+
+def nodes_page(
+    session: Session, principal: Principal, limit: int, before: str | None
+) -> tuple[Sequence[NodeRow], str | None]:
+    query = select(NodeRow).where(NodeRow.organization_id == principal.organization_id)
+    return keyset_page(session, query, NodeRow, limit, before, newest_first=False)
 
 
 def heartbeat(
@@ -417,6 +425,26 @@ def fail_calibration(
 def list_benchmarks(
     session: Session, principal: Principal, gpu: str | None, model: str | None, method: str | None
 ) -> Sequence[BenchmarkRow]:
+    return session.scalars(
+        _benchmarks_query(principal, gpu, model, method).order_by(BenchmarkRow.created_at.desc())
+    ).all()
+
+
+def benchmarks_page(
+    session: Session,
+    principal: Principal,
+    gpu: str | None,
+    model: str | None,
+    method: str | None,
+    limit: int,
+    before: str | None,
+) -> tuple[Sequence[BenchmarkRow], str | None]:
+    return keyset_page(session, _benchmarks_query(principal, gpu, model, method), BenchmarkRow, limit, before)
+
+
+def _benchmarks_query(
+    principal: Principal, gpu: str | None, model: str | None, method: str | None
+) -> Select[BenchmarkRow]:
     query = select(BenchmarkRow).where(BenchmarkRow.organization_id == principal.organization_id)
     if gpu:
         try:
@@ -427,4 +455,4 @@ def list_benchmarks(
         query = query.where(BenchmarkRow.model_name == model)
     if method:
         query = query.where(BenchmarkRow.method == method)
-    return session.scalars(query.order_by(BenchmarkRow.created_at.desc())).all()
+    return query

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.core.pages import keyset_page
 from services.orgs.tables import AuditEvent
 
 
@@ -42,13 +43,5 @@ def list_events(
     query = select(AuditEvent).where(AuditEvent.organization_id == organization_id)
     if action is not None:
         query = query.where(AuditEvent.action == action)
-    if before is not None:
-        anchor = session.scalar(
-            select(AuditEvent).where(AuditEvent.id == before, AuditEvent.organization_id == organization_id)
-        )
-        if anchor is not None:
-            query = query.where(
-                (AuditEvent.created_at < anchor.created_at)
-                | ((AuditEvent.created_at == anchor.created_at) & (AuditEvent.id < anchor.id))
-            )
-    return session.scalars(query.order_by(AuditEvent.created_at.desc(), AuditEvent.id.desc()).limit(limit)).all()
+    rows, _cursor = keyset_page(session, query, AuditEvent, limit, before)
+    return rows

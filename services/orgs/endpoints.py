@@ -7,8 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from services.api.deps import DbDep, PrincipalDep
+from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
 from services.core.db import utcnow
+from services.core.pages import DEFAULT_LIMIT
 from services.orgs import audit, service
 from services.orgs.binding import check_binding_target
 from services.orgs.schemas import AuditEventOut, AuditList, KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
@@ -44,18 +45,27 @@ def client_addr(request: Request) -> str | None:
 
 @router.get("/keys", operation_id="keys-list", response_model=KeyList)
 def list_keys(
-    db: DbDep, principal: PrincipalDep, include_revoked: Annotated[bool, Query(description="also revoked keys")] = False
+    db: DbDep,
+    principal: PrincipalDep,
+    include_revoked: Annotated[bool, Query(description="also revoked keys")] = False,
+    limit: PageLimit = DEFAULT_LIMIT,
+    before: PageCursor = None,
 ) -> KeyList:
+    """The organization's keys, newest first, a page at a time (``next_cursor`` names the next page)."""
     with db.transaction() as (session, _pending):
-        rows = service.list_keys(session, principal.organization_id, include_revoked)
-        return KeyList(items=[_out(r) for r in rows])
+        rows, cursor = service.keys_page(session, principal.organization_id, include_revoked, limit, before)
+        return KeyList(items=[_out(r) for r in rows], next_cursor=cursor)
 
 
 @router.post("/keys", operation_id="keys-create", status_code=201, response_model=KeyCreated)
-def create_key(body: KeyCreate, db: DbDep, principal: PrincipalDep, request: Request) -> KeyCreated:
-    """A new key of this organization with the given scopes (shown once, in this answer)."""
+def create_key(
+    body: KeyCreate, db: DbDep, principal: PrincipalDep, settings: SettingsDep, request: Request
+) -> KeyCreated:
+    """A new key of this organization with the given scopes (shown once, in this answer); at most
+    GPUPLAN_QUOTA_KEYS usable keys per organization."""
     expires_at = utcnow() + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     with db.transaction() as (session, _pending):
+        service.check_key_quota(session, principal.organization_id, settings.quota_keys)
         check_binding_target(session, principal.organization_id, body.node_id, body.run_id)
         key, row = service.issue_key(
             session,

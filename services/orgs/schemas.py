@@ -46,6 +46,7 @@ class KeyCreated(KeyOut):
 
 class KeyList(BaseModel):
     items: list[KeyOut]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")
 
 
 class AuditEventOut(BaseModel):

@@ -9,11 +9,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from services.core.db import utcnow
-from services.core.errors import Conflict, NotFound, Unauthorized, Unprocessable
+from services.core.errors import Conflict, NotFound, TooManyRequests, Unauthorized, Unprocessable
+from services.core.pages import keyset_page
 from services.orgs.repository import ApiKeyRepository, OrganizationRepository
 from services.orgs.scopes import ADMIN_SCOPES, DEFAULT_SCOPES, format_scopes, parse_scopes
 from services.orgs.tables import ApiKey, DashboardSession, Organization
@@ -67,6 +68,28 @@ def _checked_scopes(scopes: Iterable[str] | str | None, admin: bool) -> frozense
     except ValueError as exc:
         raise Unprocessable(str(exc), field="scopes") from None
     return parsed | {"admin"} if admin else parsed
+
+
+def check_key_quota(session: Session, organization_id: str, quota: int) -> None:
+    """429 when the organization already has ``quota`` usable keys (under its row lock, so concurrent
+    requests cannot all pass); 0 means no quota."""
+    if quota <= 0:
+        return
+    OrganizationRepository(session).lock(organization_id)
+    now = utcnow()
+    count = session.scalar(
+        select(func.count()).where(
+            ApiKey.organization_id == organization_id,
+            ApiKey.revoked_at.is_(None),
+            (ApiKey.expires_at.is_(None)) | (ApiKey.expires_at > now),
+        )
+    )
+    if (count or 0) >= quota:
+        raise TooManyRequests(
+            f"quota: {quota} usable keys per organization; revoke one first (POST /v1/keys/{{id}}/revoke)",
+            retry_after_s=3600,
+            field="keys",
+        )
 
 
 def issue_key(
@@ -147,11 +170,21 @@ def create_key(
     return key
 
 
-def list_keys(session: Session, organization_id: str, include_revoked: bool = False) -> Sequence[ApiKey]:
+def _keys_query(organization_id: str, include_revoked: bool) -> Select[ApiKey]:
     query = select(ApiKey).where(ApiKey.organization_id == organization_id)
-    if not include_revoked:
-        query = query.where(ApiKey.revoked_at.is_(None))
-    return session.scalars(query.order_by(ApiKey.created_at.desc(), ApiKey.id.desc()).limit(1000)).all()
+    return query if include_revoked else query.where(ApiKey.revoked_at.is_(None))
+
+
+def list_keys(session: Session, organization_id: str, include_revoked: bool = False) -> Sequence[ApiKey]:
+    """Every key of the organization, newest first (the admin CLI; the API pages them)."""
+    query = _keys_query(organization_id, include_revoked)
+    return session.scalars(query.order_by(ApiKey.created_at.desc(), ApiKey.id.desc())).all()
+
+
+def keys_page(
+    session: Session, organization_id: str, include_revoked: bool, limit: int, before: str | None
+) -> tuple[Sequence[ApiKey], str | None]:
+    return keyset_page(session, _keys_query(organization_id, include_revoked), ApiKey, limit, before)
 
 
 def _key_in_org(session: Session, organization_id: str, key_id: str) -> ApiKey:

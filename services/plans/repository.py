@@ -9,6 +9,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from services.core.db import requeue_running
+from services.core.errors import Unprocessable
 from services.plans.tables import PlanRow
 
 
@@ -62,9 +63,12 @@ class PlanRepository:
                     PlanRow.id == before, PlanRow.organization_id == organization_id
                 )
             ).first()
-            if anchor is not None:
-                # A row-value comparison, which Postgres and SQLite both read as one range on the index.
-                query = query.where(tuple_(PlanRow.created_at, PlanRow.id) < tuple_(anchor[0], anchor[1]))
+            if anchor is None:
+                raise Unprocessable(
+                    f"before: {before!r} is not an item of this list (use a next_cursor)", field="before"
+                )
+            # A row-value comparison, which Postgres and SQLite both read as one range on the index.
+            query = query.where(tuple_(PlanRow.created_at, PlanRow.id) < tuple_(anchor[0], anchor[1]))
         rows = self.session.execute(query.order_by(PlanRow.created_at.desc(), PlanRow.id.desc()).limit(limit))
         return [PlanListRow(*r) for r in rows]
 

@@ -33,6 +33,7 @@ from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_
 from services.export.replan import export_retargeted, setup_for_format
 from services.hub.service import DbCache, ResolvedModel, checkpoint_note, with_model_config
 from services.nodes.calibration import calibrated_utilisation
+from services.orgs import audit
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.planner.models import Recommendation
@@ -118,6 +119,9 @@ def submit(
         )
     )
     pending.enqueue(ESTIMATE_TASK, row.id)
+    # One audit row per plan created, from the API or the dashboard (a replayed Idempotency-Key is not one).
+    actor = f"key:{principal.key_prefix}" if principal.key_prefix else "key"
+    audit.record(session, principal.organization_id, actor, "plan.create", f"plan:{row.id}", detail={"model": name})
     return row, True
 
 

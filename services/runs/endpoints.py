@@ -4,11 +4,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
 from services.core.errors import Forbidden
+from services.core.pages import DEFAULT_LIMIT
 from services.nodes.endpoints import NODE_AUTH, NodeTokenDep
 from services.runs import service
-from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunJoin, RunOut
+from services.runs.schemas import (
+    CheckpointOut,
+    CheckpointReport,
+    DurableAnswer,
+    RunCreate,
+    RunJoin,
+    RunList,
+    RunOut,
+)
 
 router = APIRouter(prefix="/v1", tags=["runs"])
 
@@ -21,12 +30,18 @@ def create_run(plan_id: str, body: RunCreate, db: DbDep, principal: PrincipalDep
         return service.to_out(session, run)
 
 
-@router.get("/runs", operation_id="runs-list")
+@router.get("/runs", operation_id="runs-list", response_model=RunList)
 def list_runs(
-    db: DbDep, principal: PrincipalDep, plan_id: Annotated[str | None, Query(max_length=64)] = None
-) -> dict[str, list[RunOut]]:
+    db: DbDep,
+    principal: PrincipalDep,
+    plan_id: Annotated[str | None, Query(max_length=64)] = None,
+    limit: PageLimit = DEFAULT_LIMIT,
+    before: PageCursor = None,
+) -> RunList:
+    """The organization's runs, newest first, a page at a time (``next_cursor`` names the next page)."""
     with db.transaction() as (session, _pending):
-        return {"items": [service.to_out(session, r) for r in service.list_runs(session, principal, plan_id)]}
+        rows, cursor = service.runs_page(session, principal, plan_id, limit, before)
+        return RunList(items=[service.to_out(session, r) for r in rows], next_cursor=cursor)
 
 
 @router.get("/runs/{run_id}", operation_id="runs-get", response_model=RunOut)

@@ -22,7 +22,12 @@ class RunCreate(BaseModel):
     node_ids: list[str] = Field(min_length=1, max_length=64, description="the nodes that run it")
     checkpoint_dir: str = Field(min_length=1, max_length=1024, description="where the trainer saves, on the node")
     bucket: str | None = Field(default=None, description="S3 bucket; default GPUPLAN_S3_BUCKET")
-    prefix: str | None = Field(default=None, max_length=512, description="key prefix; default runs/<run id>")
+    prefix: str | None = Field(
+        default=None,
+        max_length=512,
+        description="key prefix; default runs/<run id>; in the server's bucket (GPUPLAN_S3_BUCKET) it is "
+        "always under orgs/<organization id>/",
+    )
     spot: bool = Field(default=False, description="spot (preemptible) nodes")
     preemptions_per_node_hour: float | None = Field(
         default=None, ge=0.0, le=60.0, description="spot only; default the plan's constraints (an assumption)"
@@ -109,3 +114,8 @@ class RunOut(BaseModel):
 class DurableAnswer(BaseModel):
     last_durable_step: int | None
     delete_steps: list[int] = Field(description="checkpoints retention lets go: delete them from the bucket")
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")

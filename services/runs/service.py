@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from services.catalog.gpus import find_gpu
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.pages import keyset_page
 from services.core.settings import Settings
 from services.estimator.estimate import estimate, resolve_architecture
 from services.hub.service import stored_request
@@ -85,13 +86,21 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
     )
     session.add(row)
     session.flush()  # the id names the default prefix
-    row.prefix = body.prefix if body.prefix is not None else f"runs/{row.id}"
+    row.prefix = run_prefix(principal.organization_id, row.id, body.prefix, shared=bucket == settings.s3_bucket)
     row.schedule = _schedule(row, request, nodes, body.max_interval_minutes * 60)
     row.schedule["max_interval_s"] = body.max_interval_minutes * 60
     row.schedule["idle"] = {"idle_minutes": body.idle_minutes, "gpu_busy_pct": body.gpu_busy_pct}
     for node in nodes:
         _attach(row, node)
     return row
+
+
+def run_prefix(organization_id: str, run_id: str, given: str | None, *, shared: bool) -> str:
+    """Where a run's checkpoints go in its bucket. In the server's shared bucket every organization has its
+    own namespace, ``orgs/<organization id>/``, so no prefix another organization chooses can name this
+    one's objects; in a bucket of the organization's own, the prefix it gives is used as given."""
+    chosen = given if given is not None else f"runs/{run_id}"
+    return f"orgs/{organization_id}/{chosen}" if shared else chosen
 
 
 def _attach(run: RunRow, node: NodeRow) -> None:
@@ -122,11 +131,14 @@ def get_run(session: Session, principal: Principal, run_id: str) -> RunRow:
     return row
 
 
-def list_runs(session: Session, principal: Principal, plan_id: str | None) -> Sequence[RunRow]:
+def runs_page(
+    session: Session, principal: Principal, plan_id: str | None, limit: int, before: str | None
+) -> tuple[Sequence[RunRow], str | None]:
+    """A page of the organization's runs (of one plan, if given), newest first."""
     query = select(RunRow).where(RunRow.organization_id == principal.organization_id)
     if plan_id:
         query = query.where(RunRow.plan_id == plan_id)
-    return session.scalars(query.order_by(RunRow.created_at.desc())).all()
+    return keyset_page(session, query, RunRow, limit, before)
 
 
 def checkpoints(session: Session, run: RunRow) -> Sequence[CheckpointRow]:

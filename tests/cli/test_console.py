@@ -354,7 +354,13 @@ def service(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 pass
             assert server.poll() is None and time.monotonic() < deadline, (cwd / "serve.log").read_text()
             time.sleep(0.2)
-        key = (cwd / ".gpuplan" / "local-key").read_text().strip()
+        key_file = cwd / ".gpuplan" / "local-key"
+        key = key_file.read_text().strip()
+        # The first start writes the admin key to a file only this user can read, never to stdout.
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        log.flush()
+        printed = (cwd / "serve.log").read_text()
+        assert key not in printed and "its admin API key is in .gpuplan/local-key" in printed
         yield Service(url=url, key=key, env=env, bucket=bucket, cwd=cwd)
     finally:
         server.terminate()
