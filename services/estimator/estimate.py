@@ -440,7 +440,7 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
 
 # What each served weight format stores per quantized element (services/estimator/memory/quantization.py).
 _SERVED_WEIGHTS = {
-    "nf4": "NF4 4-bit codes + an fp32 absmax per 64-element block (bitsandbytes; QLoRA paper)",
+    "nf4": "NF4 4-bit codes + an fp32 absmax per 64-element block (bitsandbytes; Dettmers et al. 2023)",
     "int8": "int8 + an fp32 scale per output row (LLM.int8(), bitsandbytes)",
     "fp8": "fp8 E4M3, 1 byte + a per-tensor scale (vLLM / TensorRT-LLM fp8 checkpoints)",
     "awq": "4-bit AWQ codes + an fp16 scale and 4-bit zero per group of 128 inputs (AutoAWQ GEMM layout)",
