@@ -247,9 +247,14 @@ class Plan(_Strict):
 
     @property
     def quantized(self) -> Quantization | None:
-        """The base-weight quantization; QLoRA without an explicit one means NF4 (inference has no QLoRA)."""
+        """The base-weight quantization; QLoRA without an explicit one means NF4. A served AWQ or GPTQ
+        checkpoint (config.json quantization_config.quant_method) is loaded as stored."""
         if self.quantization is not None:
             return self.quantization
+        if self.mode == "inference":
+            stored = (self.model.config or {}).get("quantization_config")
+            method = stored.get("quant_method") if isinstance(stored, dict) else None
+            return method if method in ("awq", "gptq") and stored.get("bits", 4) == 4 else None  # type: ignore[union-attr,return-value]
         return "nf4" if self.method == "qlora" else None
 
     @property
