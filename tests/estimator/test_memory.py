@@ -57,7 +57,10 @@ def test_int8_weights_are_one_byte() -> None:
     plan = make_plan(method="qlora", quantization="int8", lora={"rank": 8})
     recipe = resolve_recipe(plan)
     q = quantized_params(ARCH, recipe)
-    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + (TOTAL - q) * 4)
+    # LLM.int8() (bitsandbytes Int8Params): one byte per weight and an fp32 scale per output row (SCB):
+    # q, k, v, o, gate, up and down have H + 1024 + 1024 + H + INTER + INTER + H rows in each layer.
+    row_scales = L * (3 * H + 2 * 1024 + 2 * INTER) * 4
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + row_scales + (TOTAL - q) * 4)
 
 
 def test_lora_adapter_parameters_for_rank_and_targets() -> None:
