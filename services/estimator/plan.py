@@ -253,8 +253,13 @@ class Plan(_Strict):
             return self.quantization
         if self.mode == "inference":
             stored = (self.model.config or {}).get("quantization_config")
-            method = stored.get("quant_method") if isinstance(stored, dict) else None
-            return method if method in ("awq", "gptq") and stored.get("bits", 4) == 4 else None  # type: ignore[union-attr,return-value]
+            if isinstance(stored, dict) and stored.get("bits", 4) == 4:
+                method = stored.get("quant_method")
+                if method == "awq":
+                    return "awq"
+                if method == "gptq":
+                    return "gptq"
+            return None
         return "nf4" if self.method == "qlora" else None
 
     @property
