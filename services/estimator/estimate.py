@@ -433,6 +433,13 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
         out.append("encoder-decoder model: seq_len is used for both the encoder and the decoder")
     if arch.vision_params:
         out.append("multimodal model: the vision tower's weights are counted, image activations are not")
+    if gpu is not None and plan.quantized == "fp8" and not gpu.fp8_tflops:
+        # vLLM serves fp8 checkpoints on GPUs without fp8 tensor cores through its weight-only FP8 Marlin
+        # kernel (vLLM docs, "FP8 W8A8": Ampere runs weight-only FP8): the weights stay 1 byte.
+        out.append(
+            f"{gpu.name} has no fp8 tensor cores: fp8 weights are dequantized to 16-bit for each matmul "
+            "(weight-only, as vLLM's FP8 Marlin kernel does); the memory is as shown, the speed is not fp8's"
+        )
     if plan.method == "qlora" and plan.quantization == "int8":
         out.append("int8 base (LLM.int8): bitsandbytes int8 matmuls are much slower than nf4 dequant+bf16")
     return out

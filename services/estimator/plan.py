@@ -163,11 +163,22 @@ class Plan(_Strict):
     framework: Framework = "hf-trainer"
     lora: LoraSpec | None = None
     precision: Precision = "bf16"
-    quantization: Quantization | None = None
+    quantization: Quantization | None = Field(
+        default=None,
+        description="the base weights' format: nf4 or int8 under method 'qlora'; inference also fp8, awq, gptq "
+        "(None: the precision, or NF4 for QLoRA)",
+    )
     optimizer: Optimizer = "adamw"
     optimizer_in_backward: bool = False
-    micro_batch_size: int = Field(default=1, ge=1, le=65536)
-    seq_len: int = Field(default=2048, ge=1, le=4_194_304)
+    micro_batch_size: int = Field(
+        default=1, ge=1, le=65536, description="samples per micro-batch; inference: concurrent sequences"
+    )
+    seq_len: int = Field(
+        default=2048,
+        ge=1,
+        le=4_194_304,
+        description="tokens per sample; inference: context length per sequence (prompt and generated tokens)",
+    )
     gradient_checkpointing: bool = False
     gpus: int = Field(default=1, ge=1, le=65536)
     sharding: Sharding = "none"
