@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from services.cli.common import CliError, Subparsers, int_arg, read_json, read_plan_file
 from services.cli.render import render_estimate
 from services.estimator.estimate import estimate
-from services.estimator.plan import Plan
+from services.estimator.plan import KvCacheDtype, Plan, Quantization
 from services.estimator.validation import parse_plan
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         {"choices": ["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]},
     ),
     ("--precision", "precision", {"choices": ["bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp32"]}),
-    ("--quantization", "quantization", {"choices": ["nf4", "int8"]}),
+    ("--quantization", "quantization", {"choices": list(get_args(Quantization))}),
+    ("--kv-cache-dtype", "kv_cache_dtype", {"choices": list(get_args(KvCacheDtype))}),
     (
         "--optimizer",
         "optimizer",
@@ -32,6 +33,17 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("--micro-batch-size", "micro_batch_size", {"type": int, "metavar": "N"}),
     ("--seq-len", "seq_len", {"type": int, "metavar": "TOKENS"}),
+    # Inference: the KV cache holds concurrent sequences x context tokens (micro_batch_size x seq_len).
+    (
+        "--concurrent-sequences",
+        "micro_batch_size",
+        {"type": int, "metavar": "N", "help": "inference: sequences served at once (sets micro_batch_size)"},
+    ),
+    (
+        "--context-len",
+        "seq_len",
+        {"type": int, "metavar": "TOKENS", "help": "inference: prompt + generated tokens per sequence (sets seq_len)"},
+    ),
     ("--gpus", "gpus", {"type": int, "metavar": "N"}),
     ("--sharding", "sharding", {"choices": ["none", "zero1", "zero2", "zero3", "fsdp"]}),
     ("--grad-accum", "gradient_accumulation_steps", {"type": int, "metavar": "N"}),

@@ -15,6 +15,7 @@ _LABELS = {
     "activations": "activations",
     "autocast_weight_copies": "16-bit weight copies (autocast)",
     "logits_and_loss": "logits and loss",
+    "logits": "logits (last position)",
     "temporaries": "backward/optimizer temporaries",
     "sharding_buffers": "gathered shards (FSDP/ZeRO-3)",
     "dequantized_weights": "dequantized 16-bit weights (4-bit base)",
@@ -50,7 +51,7 @@ def render_estimate(e: Estimate) -> str:
     out = [
         f"{e.model}  ({e.model_type}, {p.total / 1e9:.2f}B parameters"
         + (f", {p.active / 1e9:.2f}B active" if p.active != p.total else "")
-        + f"; trainable {p.trainable / 1e6:,.1f}M; {e.mode})",
+        + (f"; trainable {p.trainable / 1e6:,.1f}M; {e.mode})" if e.mode == "train" else f"; {e.mode})"),
         "",
         f"Peak memory per GPU (peak moment: {e.memory.peak_moment.replace('_', ' ')}):",
     ]
@@ -83,6 +84,8 @@ def render_estimate(e: Estimate) -> str:
         for f in e.fits
     ]
     out.append(table(["GPU", "GiB", "fits", "headroom GiB"], fit_rows, right={1, 3}))
+    if e.mode != "train":
+        return "\n".join([*out, *_serving_tail(e)])
     if e.throughput is not None:
         t = e.throughput
         out += [
@@ -133,3 +136,36 @@ def render_estimate(e: Estimate) -> str:
         out += ["", "Warnings:", *(f"  - {w}" for w in e.warnings)]
     out += ["", "Assumptions:", *(f"  - {a}" for a in e.assumptions)]
     return "\n".join(out)
+
+
+def _serving_tail(e: Estimate) -> list[str]:
+    """An inference estimate's prefill rate and price per prompt token, warnings and assumptions: no data set,
+    run time or training line (decode speed and cost per generated token are not estimated)."""
+    out: list[str] = []
+    if e.throughput is not None:
+        t = e.throughput
+        out += [
+            "",
+            f"Prefill on {t.gpus} x {t.gpu}: {t.tokens_per_s:,.0f} prompt tokens/s "
+            f"(utilisation {t.utilisation_assumed:.0%}, {t.utilisation_source}); decode speed is not estimated",
+        ]
+    if e.costs:
+        rows = [
+            [
+                c.provider,
+                f"{c.gpus} x {c.gpu}",
+                "yes" if c.fits else "no",
+                f"{c.tokens_per_s:,.0f}",
+                f"{c.on_demand_usd_per_hour:.2f}",
+                f"{c.usd_per_million_tokens:.3f}",
+            ]
+            for c in e.costs
+        ]
+        out += ["", "Prefill price (prompt tokens only):"]
+        out.append(
+            table(["provider", "setup", "fits", "prefill tok/s", "$/h", "$/M prompt tokens"], rows, right={3, 4, 5})
+        )
+    if e.warnings:
+        out += ["", "Warnings:", *(f"  - {w}" for w in e.warnings)]
+    out += ["", "Assumptions:", *(f"  - {a}" for a in e.assumptions)]
+    return out

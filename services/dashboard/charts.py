@@ -153,6 +153,7 @@ COMPONENT_LABELS = {
     "activations": "activations",
     "kv_cache": "KV cache",
     "logits_and_loss": "logits and loss",
+    "logits": "logits",
     "allocator_reserve": "allocator reserve",
     "cuda_context": "CUDA context",
 }

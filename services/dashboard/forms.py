@@ -12,13 +12,25 @@ from pydantic import ValidationError
 from services.catalog.models import find_model
 from services.core import json_limits
 from services.estimator.errors import UnknownModelError
-from services.estimator.plan import Method, Precision
+from services.estimator.plan import SERVING_PRECISIONS, KvCacheDtype, Method, Precision, Quantization
 from services.estimator.validation import describe_errors
 from services.hub.ids import is_hub_id
 from services.plans.schemas import PlanRequest
 
 METHODS: tuple[str, ...] = get_args(Method)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+# The inference form's own inputs: what the weights are served as ("" is the serving precision itself), the
+# KV cache's dtype ("" likewise), and the shape of the load (never the training method or batch).
+SERVING_WEIGHTS: tuple[str, ...] = ("", *get_args(Quantization))
+SERVING_WEIGHT_LABELS = {
+    "": "as the serving precision (16-bit)",
+    "fp8": "fp8 (1 byte per weight)",
+    "int8": "int8, LLM.int8 (1 byte + row scales)",
+    "awq": "int4 AWQ (group 128)",
+    "gptq": "int4 GPTQ (group 128)",
+    "nf4": "int4 NF4, bitsandbytes (block 64)",
+}
+KV_CACHE_DTYPES: tuple[str, ...] = ("", *get_args(KvCacheDtype))
 MAX_CONFIG_BYTES = 200_000
 
 # The form's inputs, with their defaults (what an empty form shows).
@@ -38,6 +50,11 @@ DEFAULTS: dict[str, str] = {
     "tokens": "",
     "epochs": "3",
     "budget_usd": "",
+    "serving_precision": "bf16",
+    "weights": "",
+    "kv_cache_dtype": "",
+    "context_len": "8192",
+    "concurrent_sequences": "1",
 }
 
 MODES: tuple[str, ...] = ("train", "inference")
@@ -65,6 +82,18 @@ _FIELD_INPUTS = {
 }
 
 
+# The inference form's inputs for the same schema fields.
+_SERVING_INPUTS = {
+    **_FIELD_INPUTS,
+    "precision": "serving_precision",
+    "quantization": "weights",
+    "method": "weights",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "micro_batch_size": "concurrent_sequences",
+    "seq_len": "context_len",
+}
+
+
 def input_for(schema_field: str | None, values: Mapping[str, str]) -> str:
     """The form input that shows a problem with ``schema_field`` ('form' when none fits)."""
     if not schema_field:
@@ -73,9 +102,10 @@ def input_for(schema_field: str | None, values: Mapping[str, str]) -> str:
         schema_field.startswith("model") and values.get("model_source") == "config"
     ):
         return "config_json"
-    for prefix in sorted(_FIELD_INPUTS, key=len, reverse=True):
+    inputs = _SERVING_INPUTS if values.get("mode") == "inference" else _FIELD_INPUTS
+    for prefix in sorted(inputs, key=len, reverse=True):
         if schema_field == prefix or schema_field.startswith(prefix + "."):
-            return _FIELD_INPUTS[prefix]
+            return inputs[prefix]
     return "form"
 
 
@@ -170,8 +200,9 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
     if mode not in MODES:
         form.add("mode", f"mode: one of {', '.join(MODES)} (got {mode!r:.40})")
     elif mode == "inference":
-        # Inference memory is an estimate of one forward pass with its KV cache: no data set, no cost.
-        body["mode"] = "inference"
+        # Inference memory is sized from the serving inputs alone: no training method, batch or data set.
+        body.update(_serving_body(form, values))
+        return _validated(form, body, values)
     method = values["method"]
     if method not in METHODS:
         form.add("method", f"method: one of {', '.join(METHODS)} (got {method!r:.40})")
@@ -190,9 +221,7 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         value = _int(form, name, label, 1, hi)
         if value is not None:
             body[name] = value
-    body["gradient_checkpointing"] = bool(values["gradient_checkpointing"]) and mode != "inference"
-    if mode == "inference":
-        return _validated(form, body, values)
+    body["gradient_checkpointing"] = bool(values["gradient_checkpointing"])
 
     tokens = _int(form, "tokens", "tokens per epoch", 1, 10**15, required=False)
     if tokens is not None:
@@ -210,6 +239,39 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         body["constraints"] = {"budget_usd": budget}
 
     return _validated(form, body, values)
+
+
+def _serving_body(form: PlanForm, values: Mapping[str, str]) -> dict[str, Any]:
+    """The plan fields of the inference inputs: serving precision, weight format, KV cache dtype, context
+    length (seq_len) and concurrent sequences (micro_batch_size)."""
+    body: dict[str, Any] = {"mode": "inference"}
+    precision = values["serving_precision"]
+    if precision not in SERVING_PRECISIONS:
+        form.add(
+            "serving_precision",
+            f"serving precision: one of {', '.join(SERVING_PRECISIONS)} (got {precision!r:.40})",
+        )
+    body["precision"] = precision
+    weights = values["weights"]
+    if weights not in SERVING_WEIGHTS:
+        form.add("weights", f"weights: one of {', '.join(w or 'none' for w in SERVING_WEIGHTS)} (got {weights!r:.40})")
+    elif weights:
+        body["quantization"] = weights
+    kv = values["kv_cache_dtype"]
+    if kv not in KV_CACHE_DTYPES:
+        form.add(
+            "kv_cache_dtype", f"KV cache: one of {', '.join(k or 'none' for k in KV_CACHE_DTYPES)} (got {kv!r:.40})"
+        )
+    elif kv:
+        body["kv_cache_dtype"] = kv
+    for name, key, label, hi in (
+        ("context_len", "seq_len", "context length", 4_194_304),
+        ("concurrent_sequences", "micro_batch_size", "concurrent sequences", 65_536),
+    ):
+        value = _int(form, name, label, 1, hi)
+        if value is not None:
+            body[key] = value
+    return body
 
 
 def _validated(form: PlanForm, body: dict[str, Any], values: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | None]:

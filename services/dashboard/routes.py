@@ -31,6 +31,7 @@ from services.core.settings import Settings
 from services.dashboard import forms, loaders, session, views
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
+from services.estimator.plan import SERVING_PRECISIONS
 from services.hub.service import FactoryCache, with_model_config
 from services.nodes import service as nodes_service
 from services.nodes.calibration import calibrated_utilisation
@@ -329,6 +330,9 @@ def _form_context(form: forms.PlanForm) -> dict[str, Any]:
         "methods": forms.METHODS,
         "modes": forms.MODES,
         "precisions": forms.PRECISIONS,
+        "serving_precisions": SERVING_PRECISIONS,
+        "serving_weights": [(w, forms.SERVING_WEIGHT_LABELS[w]) for w in forms.SERVING_WEIGHTS],
+        "kv_cache_dtypes": forms.KV_CACHE_DTYPES,
     }
 
 

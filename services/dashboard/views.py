@@ -469,7 +469,6 @@ class FitRow:
 @dataclass(frozen=True)
 class InferencePage:
     model: str
-    method: str
     facts: tuple[Fact, ...]
     peak: tuple[Fact, ...]
     memory: MemoryChart
@@ -477,6 +476,17 @@ class InferencePage:
     caption: str
     fits: tuple[FitRow, ...]
     warnings: tuple[str, ...]
+    assumptions: tuple[str, ...]
+
+
+# How the page names each served weight format (the plan's ``quantization``).
+SERVED_WEIGHTS = {
+    "fp8": "fp8",
+    "int8": "int8 (LLM.int8)",
+    "awq": "int4 AWQ",
+    "gptq": "int4 GPTQ",
+    "nf4": "int4 NF4",
+}
 
 
 def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> InferencePage:
@@ -491,13 +501,20 @@ def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> Inf
     # The axis ends at the smallest card that holds the model, so the bar reads against a real choice.
     smallest = min((f for f in fits if f.fits), key=lambda f: f.memory_gib, default=None)
     cards = [(smallest.gpu, smallest.memory_gib)] if smallest else []
+    precision = str(request.get("precision", "bf16"))
+    quantization = request.get("quantization")
+    sequences = int(request.get("micro_batch_size", 1))
     facts = [
-        Fact("precision", str(request.get("precision", "bf16"))),
-        Fact("batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}"),
+        Fact("serving precision", precision),
+        Fact("weights", SERVED_WEIGHTS.get(str(quantization), str(quantization)) if quantization else precision),
+        Fact("KV cache", str(request.get("kv_cache_dtype") or ("fp32" if precision == "fp32" else precision))),
+        Fact(
+            "concurrent sequences x context",
+            f"{sequences:,} x {int(request.get('seq_len', 2048)):,} tokens",
+        ),
     ]
     return InferencePage(
         model=_model_name(request),
-        method=str(request.get("method", "full")),
         facts=tuple(facts),
         peak=(
             Fact("peak allocated", gib(mem["peak_allocated_gib"])),
@@ -507,11 +524,13 @@ def inference_page(request: Mapping[str, Any], report: Mapping[str, Any]) -> Inf
         memory=memory_chart(mem["breakdown"], cards),
         memory_narrow=memory_chart(mem["breakdown"], cards, width=NARROW_CHART_PX),
         caption=(
-            f"Per GPU for one forward pass with its KV cache: {mem['peak_device_gib']:.1f} GiB on the device"
+            f"Per GPU for the prefill of every sequence's context, with the KV cache: {mem['peak_device_gib']:.1f} "
+            "GiB on the device"
             + (f"; the axis ends at the smallest card that holds it ({smallest.gpu})." if smallest else ".")
         ),
         fits=fits,
         warnings=tuple(report.get("warnings", [])),
+        assumptions=tuple(report.get("assumptions", [])),
     )
 
 

@@ -405,7 +405,7 @@ def _cost(
 
 def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdown, gpu: GpuSpec | None) -> list[str]:
     out: list[str] = list(arch.notes)  # the family's caveats; for an unknown family, each assumption
-    if plan.method != "full" and plan.lora is None:
+    if plan.is_training and plan.method != "full" and plan.lora is None:
         out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
     if arch.max_position_embeddings and plan.seq_len > arch.max_position_embeddings:
         out.append(f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}")
@@ -433,12 +433,56 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
         out.append("encoder-decoder model: seq_len is used for both the encoder and the decoder")
     if arch.vision_params:
         out.append("multimodal model: the vision tower's weights are counted, image activations are not")
+    if gpu is not None and plan.quantized == "fp8" and not gpu.fp8_tflops:
+        # vLLM serves fp8 checkpoints on GPUs without fp8 tensor cores through its weight-only FP8 Marlin
+        # kernel (vLLM docs, "FP8 W8A8": Ampere runs weight-only FP8): the weights stay 1 byte.
+        out.append(
+            f"{gpu.name} has no fp8 tensor cores: fp8 weights are dequantized to 16-bit for each matmul "
+            "(weight-only, as vLLM's FP8 Marlin kernel does); the memory is as shown, the speed is not fp8's"
+        )
     if plan.method == "qlora" and plan.quantization == "int8":
         out.append("int8 base (LLM.int8): bitsandbytes int8 matmuls are much slower than nf4 dequant+bf16")
     return out
 
 
+# What each served weight format stores per quantized element (services/estimator/memory/quantization.py).
+_SERVED_WEIGHTS = {
+    "nf4": "NF4 4-bit codes + an fp32 absmax per 64-element block (bitsandbytes; Dettmers et al. 2023)",
+    "int8": "int8 + an fp32 scale per output row (LLM.int8(), bitsandbytes)",
+    "fp8": "fp8 E4M3, 1 byte + a per-tensor scale (vLLM / TensorRT-LLM fp8 checkpoints)",
+    "awq": "4-bit AWQ codes + an fp16 scale and 4-bit zero per group of 128 inputs (AutoAWQ GEMM layout)",
+    "gptq": "4-bit GPTQ codes + an fp16 scale and 4-bit zero per group of 128 inputs (auto-gptq layout)",
+}
+
+
+def serving_assumptions(plan: Plan, recipe: Recipe) -> list[str]:
+    """What an inference estimate assumes: the served weights, the KV cache, the forward pass it sizes."""
+    kv = plan.kv_cache_dtype or ("fp32" if recipe.compute_bytes == 4 else plan.precision)
+    quant = plan.quantized
+    weights = (
+        f"weights: {plan.precision} ({recipe.weight_bytes} bytes per parameter)"
+        if quant is None
+        else f"weights: block linears {_SERVED_WEIGHTS[quant]}"
+        + ("" if recipe.quantize_lm_head else "; embeddings, norms and output head")
+        + f" in {plan.precision}"
+    )
+    out = [
+        weights,
+        f"KV cache: {kv} for {plan.micro_batch_size:,} concurrent sequence{'s' if plan.micro_batch_size != 1 else ''}"
+        f" x {plan.seq_len:,} tokens of context each (prompt and generated tokens), allocated in full",
+        f"activations: the prefill of the whole context, one layer at a time; attention: {recipe.attention}",
+    ]
+    if plan.gpus > 1:
+        out.append(
+            f"{plan.gpus} GPUs: weights "
+            + ("sharded across them" if plan.sharding in ("zero3", "fsdp") else "replicated on each")
+        )
+    return out
+
+
 def _assumptions(plan: Plan, recipe: Recipe) -> list[str]:
+    if not plan.is_training:
+        return serving_assumptions(plan, recipe)
     grads = (
         "gradients accumulate across micro-batches (live through the forward pass)"
         if recipe.grads_persist

@@ -16,7 +16,13 @@ from services.core.json_limits import JsonInputError, check_value
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
 Precision = Literal["bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp32"]
-Quantization = Literal["nf4", "int8"]
+# The format of the base weights. Training over a quantized base (QLoRA) takes nf4 or int8; a served model
+# may also be fp8, or 4-bit with group-wise scales as AWQ and GPTQ checkpoints store it.
+Quantization = Literal["nf4", "int8", "fp8", "awq", "gptq"]
+TRAINING_QUANTIZATIONS: tuple[Quantization, ...] = ("nf4", "int8")
+KvCacheDtype = Literal["bf16", "fp16", "fp32", "fp8"]
+# Precisions a model is served in: the "-mixed" ones are training recipes (fp32 master weights under autocast).
+SERVING_PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16", "fp32")
 Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd"]
 Sharding = Literal["none", "zero1", "zero2", "zero3", "fsdp"]
 LoraRole = Literal["q", "k", "v", "o", "gate", "up", "down", "lm_head"]
@@ -157,11 +163,22 @@ class Plan(_Strict):
     framework: Framework = "hf-trainer"
     lora: LoraSpec | None = None
     precision: Precision = "bf16"
-    quantization: Quantization | None = None
+    quantization: Quantization | None = Field(
+        default=None,
+        description="the base weights' format: nf4 or int8 under method 'qlora'; inference also fp8, awq, gptq "
+        "(None: the precision, or NF4 for QLoRA)",
+    )
     optimizer: Optimizer = "adamw"
     optimizer_in_backward: bool = False
-    micro_batch_size: int = Field(default=1, ge=1, le=65536)
-    seq_len: int = Field(default=2048, ge=1, le=4_194_304)
+    micro_batch_size: int = Field(
+        default=1, ge=1, le=65536, description="samples per micro-batch; inference: concurrent sequences"
+    )
+    seq_len: int = Field(
+        default=2048,
+        ge=1,
+        le=4_194_304,
+        description="tokens per sample; inference: context length per sequence (prompt and generated tokens)",
+    )
     gradient_checkpointing: bool = False
     gpus: int = Field(default=1, ge=1, le=65536)
     sharding: Sharding = "none"
@@ -176,7 +193,10 @@ class Plan(_Strict):
     optimizer_impl: OptimizerImpl | None = None
     checkpoint_granularity: CheckpointGranularity | None = None
     adapter_dtype: AdapterDtype | None = None
-    kv_cache_dtype: Literal["bf16", "fp16", "fp32", "fp8"] | None = None
+    kv_cache_dtype: KvCacheDtype | None = Field(
+        default=None,
+        description="inference only: the dtype of the KV cache; None: the serving precision (fp32 for fp32)",
+    )
     compile: bool | None = Field(
         default=None,
         description="torch.compile of the transformer blocks (and of the loss where the framework compiles it): "
@@ -202,7 +222,16 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
-        if self.method == "full" and self.quantization is not None:
+        if self.mode == "inference":
+            _check_serving(self)
+        elif self.quantization is not None and self.quantization not in TRAINING_QUANTIZATIONS:
+            raise ValueError(
+                f"quantization: {self.quantization!r} is a serving format (use mode 'inference'); training over "
+                f"a quantized base takes one of {', '.join(TRAINING_QUANTIZATIONS)} with method 'qlora'"
+            )
+        elif self.kv_cache_dtype is not None:
+            raise ValueError("kv_cache_dtype: only inference keeps a KV cache; use mode 'inference' or leave it unset")
+        if self.method == "full" and self.quantization is not None and self.is_training:
             raise ValueError(
                 "quantization: a quantized base cannot be fully fine-tuned; use method 'qlora' "
                 "or set quantization to null"
@@ -229,11 +258,59 @@ class Plan(_Strict):
 
     @property
     def quantized(self) -> Quantization | None:
-        """The base-weight quantization; QLoRA without an explicit one means NF4."""
+        """The base-weight quantization; QLoRA without an explicit one means NF4. A served AWQ or GPTQ
+        checkpoint (config.json quantization_config.quant_method) is loaded as stored."""
         if self.quantization is not None:
             return self.quantization
+        if self.mode == "inference":
+            stored = (self.model.config or {}).get("quantization_config")
+            if isinstance(stored, dict) and stored.get("bits", 4) == 4:
+                method = stored.get("quant_method")
+                if method == "awq":
+                    return "awq"
+                if method == "gptq":
+                    return "gptq"
+            return None
         return "nf4" if self.method == "qlora" else None
 
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch_size * self.seq_len
+
+
+# Fields that describe how a model trains, with the value that means "not given": an inference plan that
+# sets one is refused rather than silently sized as something it is not.
+_TRAINING_ONLY: tuple[tuple[str, object], ...] = (
+    ("lora", None),
+    ("optimizer", "adamw"),
+    ("optimizer_in_backward", False),
+    ("gradient_checkpointing", False),
+    ("gradient_accumulation_steps", None),
+    ("cpu_offload", False),
+    ("loss", None),
+    ("optimizer_impl", None),
+    ("checkpoint_granularity", None),
+    ("adapter_dtype", None),
+    ("padding", None),
+    ("nf4_quantization", None),
+)
+
+
+def _check_serving(plan: Plan) -> None:
+    """An inference plan serves the model as stored in ``quantization`` (or ``precision``): it trains nothing,
+    so it takes no training method and no training setting (ValueError names the field)."""
+    if plan.method != "full":
+        raise ValueError(
+            f"method: inference trains nothing, so {plan.method!r} does not apply; leave method unset and give "
+            "the served weights' format in 'quantization' (nf4, int8, fp8, awq, gptq) or none for the precision"
+        )
+    if plan.precision not in SERVING_PRECISIONS:
+        raise ValueError(
+            f"precision: {plan.precision!r} is a training recipe (fp32 weights under autocast); a model is served "
+            f"in one of {', '.join(SERVING_PRECISIONS)}"
+        )
+    if plan.activation_offloading:
+        raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
+    for name, unset in _TRAINING_ONLY:
+        if getattr(plan, name) != unset:
+            raise ValueError(f"{name}: a training setting; an inference plan leaves it unset (mode is 'inference')")

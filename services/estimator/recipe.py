@@ -420,7 +420,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
         # A GPTQ checkpoint brings its own layers (auto-gptq's QuantLinear on the block linears, the head
         # left in 16-bit) whatever the framework would quantize with.
         quant_backend="auto-gptq" if gptq else d.quant_backend,
-        quantize_lm_head=d.quantize_lm_head and not gptq,
+        # AWQ, GPTQ and fp8 checkpoints keep the output head 16-bit (AutoAWQ and vLLM skip lm_head).
+        quantize_lm_head=d.quantize_lm_head and not gptq and plan.quantized not in ("fp8", "awq", "gptq"),
         model_dropout=d.model_dropout,
         grads_persist=grads_persist,
         # flash-attention 2 takes grouped K/V as they are; SDPA paths repeat them first.

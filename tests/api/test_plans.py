@@ -173,6 +173,45 @@ def test_a_gptq_checkpoint_is_estimated_as_qlora_only(api: Api) -> None:
         assert "GPTQ" in bad.text
 
 
+def test_estimate_accepts_inference_plans_with_their_serving_fields(api: Api) -> None:
+    """Issue 22 item 6: an inference plan names the served weights' format without a training method; a
+    training setting in it, or a serving format in a training plan, is a 422 naming the field."""
+    body = {"model": {"name": "meta-llama/Llama-3.1-70B"}, "mode": "inference", "seq_len": 4096}
+    bf16 = api.client.post("/v1/estimate", json=body, headers=api.headers())
+    assert bf16.status_code == 200, bf16.text
+    # 70.55e9 parameters x 2 bytes: 131.4 GiB of weights, more than one 80 GB card holds.
+    assert bf16.json()["memory"]["breakdown"]["weights"] == pytest.approx(70.55e9 * 2 / 1024**3, rel=0.005)
+    fits = {f["gpu"]: f["fits"] for f in bf16.json()["fits"]}
+    assert not fits["H100 SXM"] and not fits["A100 80GB"]
+    for quantization in ("awq", "gptq", "nf4"):
+        int4 = api.client.post("/v1/estimate", json={**body, "quantization": quantization}, headers=api.headers())
+        assert int4.status_code == 200, int4.text
+        data = int4.json()
+        assert {f["gpu"]: f["fits"] for f in data["fits"]}["H100 SXM"], quantization
+        assert not any("optimizer" in a or "LoRA" in a for a in data["assumptions"]), data["assumptions"]
+    served_checkpoint = {**TINY_CONFIG, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    awq = api.client.post(
+        "/v1/estimate",
+        json={**body, "model": {"name": "someone/tiny-AWQ", "config": served_checkpoint}},
+        headers=api.headers(),
+    )
+    assert awq.status_code == 200 and any("AWQ" in a for a in awq.json()["assumptions"]), awq.text
+    for change, field in (
+        ({"method": "qlora"}, "method"),
+        ({"quantization": "int3"}, "quantization"),
+        ({"kv_cache_dtype": "int2"}, "kv_cache_dtype"),
+        ({"precision": "bf16-mixed"}, "precision"),
+        ({"optimizer": "adamw-8bit"}, "optimizer"),
+        ({"gradient_checkpointing": True}, "gradient_checkpointing"),
+        ({"micro_batch_size": 0}, "micro_batch_size"),
+        ({"mode": "train", "method": "qlora", "quantization": "awq"}, "quantization"),
+        ({"mode": "train", "kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+    ):
+        bad = api.client.post("/v1/estimate", json={**body, **change}, headers=api.headers())
+        # A schema problem's message starts with the field it names (services/api/errors.py).
+        assert bad.status_code == 422 and bad.json()["message"].startswith(f"{field}:"), (change, bad.text)
+
+
 def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) -> None:
     from fastapi.testclient import TestClient
     from sqlalchemy import update

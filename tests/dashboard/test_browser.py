@@ -307,15 +307,19 @@ def test_inference_memory_from_the_form_and_a_favicon(page: Any, live_server: Li
     response = httpx.get(live_server.url + icon)
     assert response.status_code == 200 and response.headers["content-type"].startswith("image/svg+xml")
     page.get_by_label("Inference memory").check()
+    # The inference form has its own inputs; the training ones (method, micro-batch) are hidden.
+    assert not page.get_by_label("Method").is_visible()
     page.get_by_label("Model (type to search").fill("meta-llama/Llama-3.1-8B")
-    page.get_by_label("Method").select_option("full")
-    page.get_by_label("Micro-batch size").fill("8")
-    page.get_by_label("Sequence length (tokens)").fill("4096")
+    page.get_by_label("Weight quantization").select_option("awq")
+    page.get_by_label("KV cache dtype").select_option("fp8")
+    page.get_by_label("Concurrent sequences").fill("8")
+    page.get_by_label("Context length (tokens per sequence)").fill("4096")
     page.get_by_role("button", name="Plan it").click()
     page.get_by_role("heading", name="Fit per card").wait_for()
     assert "inference memory" in page.locator("h1").inner_text()
     assert page.locator('svg#memory-chart rect.segment[data-component="kv_cache"]').count() == 1
     assert page.locator("table.fits tbody tr").count() >= 10
+    assert "int4 AWQ" in page.locator("dl.facts").first.inner_text()
     screenshot(page, "10-inference")
     # Nothing was stored: plans are training runs.
     plans = httpx.get(f"{live_server.url}/v1/plans", headers={"Authorization": f"Bearer {live_server.keys['alpha']}"})

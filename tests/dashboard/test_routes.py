@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 from markupsafe import escape as html_escape
 
@@ -390,7 +391,8 @@ def test_budget_rejections_have_their_own_heading_and_a_fix_is_said_once(api: Ap
 def test_inference_memory_from_the_form(api: Api, alpha: TestClient) -> None:
     page = alpha.get("/dashboard/plans/new")
     assert 'value="inference"' in page.text
-    form = {**FORM, "mode": "inference", "method": "full", "examples": "", "epochs": "", "micro_batch_size": "8"}
+    # The training inputs (QLoRA, micro-batch 4) are posted too, as a browser sends every input: ignored.
+    form = {**FORM, **SERVING, "concurrent_sequences": "8", "context_len": "512"}
     response = alpha.post("/dashboard/plans", data={**form, "csrf_token": csrf_token(page.text)})
     assert response.status_code == 200, response.text
     assert "inference memory" in response.text
@@ -398,7 +400,6 @@ def test_inference_memory_from_the_form(api: Api, alpha: TestClient) -> None:
         "/v1/estimate",
         json={
             "model": {"name": "meta-llama/Llama-3.1-8B"},
-            "method": "full",
             "mode": "inference",
             "micro_batch_size": 8,
             "seq_len": 512,
@@ -414,6 +415,80 @@ def test_inference_memory_from_the_form(api: Api, alpha: TestClient) -> None:
     assert alpha.get("/v1/plans", headers=api.headers()).json()["items"] == []
     bad = alpha.post("/dashboard/plans", data={**form, "mode": "serving", "csrf_token": csrf_token(page.text)})
     assert bad.status_code == 422 and 'id="mode-error"' in bad.text
+
+
+# The inference form's own inputs (plan_new.html, "Serving").
+SERVING = {
+    "mode": "inference",
+    "serving_precision": "bf16",
+    "weights": "",
+    "kv_cache_dtype": "",
+    "context_len": "8192",
+    "concurrent_sequences": "1",
+}
+# Llama-3.1-70B's parameters (the bundled config.json; Meta's model card says 70.6B).
+LLAMA_70B_PARAMS = 70.55e9
+
+
+def _fit_of(html: str, gpu: str) -> tuple[bool, float]:
+    """(fits, headroom GiB) of ``gpu``'s row in the inference page's fit table."""
+    row = re.search(
+        rf'<th scope="row">{re.escape(gpu)}</th><td class="num">[^<]+</td><td>(yes|no)</td><td class="num">([^ ]+) GiB',
+        html,
+    )
+    assert row is not None, gpu
+    return row.group(1) == "yes", float(row.group(2))
+
+
+def _weights_gib(html: str) -> float:
+    segment = re.search(r'data-component="weights"[^>]*>\s*<title>[^<]*?([0-9.,]+) GiB', html)
+    assert segment is not None, html[:2000]
+    return float(segment.group(1).replace(",", ""))
+
+
+def test_inference_form_sizes_the_served_weights_not_a_training_method(alpha: TestClient) -> None:
+    """Issue 22 item 6: Llama-3.1-70B in bf16 does not fit one 80 GB card (70.55e9 parameters x 2 bytes =
+    141 GB = 131.4 GiB of weights alone); served as int4 (AWQ: 4 bits + an fp16 scale and a 4-bit zero per
+    group of 128, AWQ paper / AutoAWQ) it does. The training method in the posted form (QLoRA) is ignored."""
+    page = alpha.get("/dashboard/plans/new")
+    assert 'name="weights"' in page.text and 'name="concurrent_sequences"' in page.text
+    token = csrf_token(page.text)
+    base = {**FORM, **SERVING, "model": "meta-llama/Llama-3.1-70B", "csrf_token": token}
+
+    bf16 = alpha.post("/dashboard/plans", data=base)
+    assert bf16.status_code == 200, bf16.text
+    assert "inference memory" in bf16.text
+    fits, headroom = _fit_of(bf16.text, "H100 SXM")
+    assert not fits and headroom < -(LLAMA_70B_PARAMS * 2 / 1024**3 - 80)
+    assert not _fit_of(bf16.text, "A100 80GB")[0]
+    bf16_weights = _weights_gib(bf16.text)
+    assert bf16_weights == pytest.approx(LLAMA_70B_PARAMS * 2 / 1024**3, rel=0.01)
+    # No training line on the page: no optimizer, checkpointing, LoRA or batch of a training step.
+    for word in ("optimizer", "checkpointing", "LoRA r", "micro-batch", "effective batch", "qlora"):
+        assert word not in bf16.text.split("<main", 1)[1], word
+
+    for weights in ("awq", "gptq", "nf4"):
+        int4 = alpha.post("/dashboard/plans", data={**base, "weights": weights})
+        assert int4.status_code == 200, int4.text
+        fits, headroom = _fit_of(int4.text, "H100 SXM")
+        assert fits and headroom > 20, (weights, headroom)
+        # 4 of 16 bits, plus the quantization constants and the 16-bit embeddings and head (about 3%).
+        assert 0.26 < _weights_gib(int4.text) / bf16_weights < 0.31, weights
+        assert "int4" in int4.text
+    # fp8 and int8 store a byte per linear weight: about half the bf16 weights, which just fits 80 GB.
+    fp8 = alpha.post("/dashboard/plans", data={**base, "weights": "fp8"})
+    assert _fit_of(fp8.text, "H100 SXM")[0]
+
+    # A KV cache of 16 sequences x 32k tokens in bf16 (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 320 KiB a
+    # token, 160 GiB in all) does not fit even the 4-bit model; in fp8 it is half.
+    long = {**base, "weights": "awq", "context_len": "32768", "concurrent_sequences": "16"}
+    assert not _fit_of(alpha.post("/dashboard/plans", data=long).text, "H200")[0]
+
+    bad = alpha.post("/dashboard/plans", data={**base, "weights": "int3", "concurrent_sequences": "0"})
+    assert bad.status_code == 422
+    assert set(_messages(bad.text)) == {"weights", "concurrent_sequences"}
+    bad_kv = alpha.post("/dashboard/plans", data={**base, "kv_cache_dtype": "int2"})
+    assert bad_kv.status_code == 422 and _messages(bad_kv.text) == ["kv_cache_dtype"]
 
 
 def test_every_page_links_a_favicon_that_is_served(alpha: TestClient) -> None:

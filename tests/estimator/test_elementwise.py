@@ -46,8 +46,8 @@ def test_an_eager_llama_block_moves_its_measured_bytes_per_width() -> None:
 
 
 def test_inference_moves_the_forward_only() -> None:
-    train = make_plan(method="lora", gradient_checkpointing=False)
-    infer = make_plan(method="lora", gradient_checkpointing=False, mode="inference")
+    train = make_plan(method="full", gradient_checkpointing=False)
+    infer = make_plan(mode="inference")
     fwd, _ = blocks_bytes_per_token(train, ARCH, resolve_recipe(train))
     assert elementwise_bytes_per_token(infer, ARCH, resolve_recipe(infer), 0.0) == pytest.approx(fwd)
 

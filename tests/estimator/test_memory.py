@@ -57,7 +57,10 @@ def test_int8_weights_are_one_byte() -> None:
     plan = make_plan(method="qlora", quantization="int8", lora={"rank": 8})
     recipe = resolve_recipe(plan)
     q = quantized_params(ARCH, recipe)
-    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + (TOTAL - q) * 4)
+    # LLM.int8() (bitsandbytes Int8Params): one byte per weight and an fp32 scale per output row (SCB):
+    # q, k, v, o, gate, up and down have H + 1024 + 1024 + H + INTER + INTER + H rows in each layer.
+    row_scales = L * (3 * H + 2 * 1024 + 2 * INTER) * 4
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(q * 1.0 + row_scales + (TOTAL - q) * 4)
 
 
 def test_lora_adapter_parameters_for_rank_and_targets() -> None:
@@ -531,3 +534,31 @@ def test_the_reserved_peak_is_the_largest_moment_with_its_cache_whichever_moment
     churn = load["quantization_temporaries"]
     assert b.peak_reserved == pytest.approx(a.peak_allocated + FRAGMENTATION_OF_DYNAMIC * churn)
     assert sum(b.components.values()) == pytest.approx(b.peak_device)
+
+
+@pytest.mark.parametrize(
+    ("quantization", "bytes_per_weight"),
+    [
+        # bitsandbytes NF4 (QLoRA paper, section 2): 4 bits + an fp32 absmax per 64 weights = 4.5 bits.
+        ("nf4", 4.5 / 8),
+        # AWQ and GPTQ group-128 checkpoints: 4 bits, and per 128 inputs a 16-bit scale and a 4-bit zero.
+        ("awq", (4 + (16 + 4) / 128) / 8),
+        ("gptq", (4 + (16 + 4) / 128) / 8),
+        # fp8 E4M3: one byte (a per-tensor scale is negligible).
+        ("fp8", 1.0),
+    ],
+)
+def test_served_weights_are_stored_as_their_format_lays_them_out(quantization: str, bytes_per_weight: float) -> None:
+    plan = make_plan(mode="inference", quantization=quantization)
+    recipe = resolve_recipe(plan)
+    # Every block linear is quantized; embeddings, norms and the output head stay bf16.
+    linears = L * (H * (H + 2 * 1024 + H) + 3 * H * INTER)
+    assert weight_bytes(plan, ARCH, recipe)[0] == pytest.approx(linears * bytes_per_weight + (TOTAL - linears) * 2)
+
+
+def test_inference_peak_has_no_training_state() -> None:
+    plan = make_plan(mode="inference", quantization="awq", micro_batch_size=2, seq_len=4096)
+    mem = peak_memory(plan, ARCH, resolve_recipe(plan))
+    assert mem.peak_moment == "prefill" and mem.trainable_params == 0
+    for training_part in ("gradients", "optimizer_states", "master_weights", "adapters", "logits_and_loss"):
+        assert training_part not in mem.components

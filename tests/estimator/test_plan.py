@@ -99,3 +99,26 @@ def test_data_total_tokens() -> None:
         {"model": {"name": "x"}, "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3}}
     )
     assert plan.data is not None and plan.data.total_tokens() == 15_360_000
+
+
+def test_inference_plans_take_serving_fields_and_refuse_training_ones() -> None:
+    """Issue 22 item 6: an inference plan serves quantized weights without a training method."""
+    plan = parse_plan({"model": {"name": "x"}, "mode": "inference", "quantization": "nf4", "kv_cache_dtype": "fp8"})
+    assert plan.quantized == "nf4" and plan.method == "full"
+    for change, field in (
+        ({"method": "qlora"}, "method"),
+        ({"method": "lora"}, "method"),
+        ({"precision": "fp16-mixed"}, "precision"),
+        ({"optimizer": "sgd"}, "optimizer"),
+        ({"gradient_checkpointing": True}, "gradient_checkpointing"),
+        ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps"),
+        ({"lora": {"rank": 8}}, "lora"),
+        ({"quantization": "int4"}, "quantization"),
+    ):
+        (line,) = _problems({"model": {"name": "x"}, "mode": "inference", **change})
+        assert line.startswith(f"{field}:"), (change, line)
+    # Serving formats and the KV cache belong to inference.
+    (line,) = _problems({"model": {"name": "x"}, "method": "qlora", "quantization": "gptq"})
+    assert line.startswith("quantization:") and "inference" in line
+    (line,) = _problems({"model": {"name": "x"}, "kv_cache_dtype": "fp8"})
+    assert line.startswith("kv_cache_dtype:")

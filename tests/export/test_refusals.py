@@ -25,7 +25,12 @@ def refused(plan: Plan, fmt: str, **kwargs: Any) -> ExportError:
         ("hf-trainer", "lora", {"framework": "torchtune"}, "framework"),
         ("accelerate", "lora", {"framework": "axolotl"}, "framework"),
         ("axolotl", "lora", {"framework": "hf-trainer"}, "framework"),
-        ("hf-trainer", "lora", {"mode": "inference"}, "mode"),
+        (
+            "hf-trainer",
+            "full",
+            {"mode": "inference", "gradient_checkpointing": False, "gradient_accumulation_steps": None},
+            "mode",
+        ),
         # Trainer-based formats.
         ("hf-trainer", "full", {"optimizer": "sgd"}, "optimizer"),
         ("axolotl", "lora", {"optimizer": "sgd"}, "optimizer"),

@@ -16,6 +16,19 @@
   });
   syncModelSource();
 
+  // The plan form: show the training inputs or the serving inputs, whichever mode is chosen.
+  function syncMode() {
+    var chosen = document.querySelector("input[name=mode]:checked");
+    if (!chosen) return;
+    document.querySelectorAll("[data-mode]").forEach(function (el) {
+      el.hidden = el.getAttribute("data-mode") !== chosen.value;
+    });
+  }
+  document.querySelectorAll("input[name=mode]").forEach(function (el) {
+    el.addEventListener("change", syncMode);
+  });
+  syncMode();
+
   // Move focus to the error summary after a rejected submission, so keyboard and screen-reader users hear it.
   var summary = document.getElementById("form-errors");
   if (summary) summary.focus();

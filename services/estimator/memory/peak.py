@@ -182,7 +182,7 @@ def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: Mode
             "adapters": states.adapters,
             "kv_cache": kv,
             "activations": layer,
-            "logits_and_loss": logits,
+            "logits": logits,
         },
     }
     return _finish(plan, moments, states, {})

@@ -16,12 +16,21 @@ NF4_BNB_BYTES = 0.5 + 4 / 64
 # torchao NF4Tensor (torchtune): block 64, absmax quantized to int8 with an fp32 scaler per 256 blocks,
 # the same layout as QLoRA's double quantization.
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
-# LLM.int8(): int8 weights + one fp32 scale per output row (approximated per element as negligible).
+# LLM.int8() (Dettmers et al. 2022, arXiv 2208.07339; bitsandbytes Int8Params): int8 weights, and one fp32
+# scale per output row (weight.SCB), counted per row by int8_row_scale_bytes.
 INT8_BYTES = 1.0
+INT8_ROW_SCALE_BYTES = 4
 # GPTQ 4-bit (auto-gptq's QuantLinear): 4-bit codes in int32 words, and per group of 128 input rows an
 # fp16 scale and a 4-bit zero point per output column (the group size of the common checkpoints; g_idx,
 # one int32 per input row, is negligible).
 GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
+# AWQ 4-bit (Lin et al. 2023, arXiv 2306.00978; AutoAWQ's WQLinear_GEMM): qweight packs eight 4-bit codes
+# per int32, and per group of 128 input rows qzeros packs eight 4-bit zeros per int32 and scales holds one
+# fp16 per output column: the same layout as GPTQ's.
+AWQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
+# FP8 (E4M3) weights, as vLLM's and TensorRT-LLM's fp8 checkpoints store them: one byte per element and one
+# fp32 scale per tensor (or per output channel), negligible beside the weight.
+FP8_BYTES = 1.0
 
 
 def quantized_params(arch: Architecture, recipe: Recipe) -> int:
@@ -33,10 +42,28 @@ def quantized_params(arch: Architecture, recipe: Recipe) -> int:
 
 
 def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
-    """Bytes a quantized weight element is stored in, its quantization constants included."""
-    if plan.quantized == "int8":
+    """Bytes a quantized weight element is stored in, its quantization constants included (the int8 row
+    scales apart: int8_row_scale_bytes)."""
+    quant = plan.quantized
+    if quant == "int8":
         return INT8_BYTES
+    if quant == "fp8":
+        return FP8_BYTES
+    if quant == "awq":
+        return AWQ_BYTES
+    if quant == "gptq":
+        return GPTQ_BYTES
     return {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
+
+
+def int8_row_scale_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """LLM.int8()'s fp32 scale per output row of every int8 linear (bitsandbytes Int8Params.SCB)."""
+    if plan.quantized != "int8":
+        return 0.0
+    rows = sum(b.count * lin.copies * lin.out_features for b in arch.blocks for lin in b.linears)
+    if recipe.quantize_lm_head and not arch.tie_word_embeddings:
+        rows += arch.vocab_size
+    return float(rows * INT8_ROW_SCALE_BYTES)
 
 
 def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from services.estimator.architecture import Architecture, Linear, parameter_counts
-from services.estimator.memory.quantization import quantized_bytes_per_weight, quantized_params
+from services.estimator.memory.quantization import (
+    int8_row_scale_bytes,
+    quantized_bytes_per_weight,
+    quantized_params,
+)
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
@@ -64,7 +68,8 @@ def weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     per = quantized_bytes_per_weight(plan, recipe)
     # Non-quantized parts (embeddings, norms, biases, head) stay in the compute dtype, or fp32 after
     # PEFT's prepare_model_for_kbit_training (recipe.kbit_fp32_upcast).
-    return q * per + (total - q) * recipe.unquantized_weight_bytes, q
+    scales = int8_row_scale_bytes(plan, arch, recipe)
+    return q * per + scales + (total - q) * recipe.unquantized_weight_bytes, q
 
 
 def optimizer_state_bytes_per_param(plan: Plan, state_dtype_bytes: int) -> tuple[float, bool]:
