@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Developer entry point: sets up a virtual environment in .venv (idempotent) and runs gpuplan.
-#   bash infra/dev.sh run    set up, then start the service on its embedded defaults (SQLite, in-process tasks)
-#   bash infra/dev.sh test   set up with the dev, trace and exportcheck extras (CPU torch), then run the whole test suite
+#   bash infra/dev.sh run [serve args]  set up the runtime only, then start the service on its embedded defaults
+#                                       (SQLite, in-process tasks); e.g. `bash infra/dev.sh run --port 8080`
+#   bash infra/dev.sh setup             the runtime only, nothing started (what `run` installs)
+#   bash infra/dev.sh test [pytest args] set up with the dev, trace and exportcheck extras (CPU torch), then run
+#                                       the whole test suite
+# GPUPLAN_VENV names another environment folder (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
-venv=.venv
+venv=${GPUPLAN_VENV:-.venv}
 
 pip_install() {
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
@@ -21,8 +25,20 @@ setup() {
     # The CPU build first: a bare torch requirement would pull a multi-GB CUDA build.
     pip_install "torch==${GPUPLAN_TORCH_VERSION:-2.13.0}"
   fi
-  pip_install -e ".[$1]"
+  if [ -n "$1" ]; then
+    pip_install -e ".[$1]"
+  else
+    pip_install -e .
+  fi
   "$venv/bin/python" -c "import services" >/dev/null
+}
+
+setup_runtime() {
+  # The service's own packages only (no test, lint or docs tools), with a line before and after so a
+  # first start that spends a minute or two installing is not silent.
+  echo "gpuplan: setting up $venv (the runtime packages; a first run takes a minute or two)" >&2
+  setup ""
+  echo "gpuplan: $venv ready" >&2
 }
 
 # Packages the export tests validate with but cannot install beside this project's pins, unpacked from
@@ -40,9 +56,12 @@ exportcheck_unpack() {
 
 case "${1:-}" in
   run)
-    setup dev
+    setup_runtime
     shift
     exec "$venv/bin/gpuplan" serve "$@"
+    ;;
+  setup)
+    setup_runtime
     ;;
   test)
     setup dev,trace,exportcheck
@@ -52,7 +71,7 @@ case "${1:-}" in
     "$venv/bin/python" -m pytest "$@"
     ;;
   *)
-    echo "usage: bash infra/dev.sh run|test [pytest args]" >&2
+    echo "usage: bash infra/dev.sh run [serve args] | setup | test [pytest args]" >&2
     exit 2
     ;;
 esac
