@@ -358,8 +358,9 @@ def _assumptions(ctx: PlanContext) -> list[str]:
     rate = (
         f"{c.preemptions_per_hour:g} per node-hour (constraints.preemptions_per_hour)"
         if c.preemptions_per_hour is not None
-        else f"the offer's rate, else the provider's sourced rate for one GPU ({DEFAULT_PREEMPTION_PER_NODE_HOUR:g} per "
-        "node-hour on GPU spot traces, services.planner.spot) x up to 3.6 for a whole 8-GPU node"
+        else "the offer's rate, else the provider's sourced rate for one GPU "
+        f"({DEFAULT_PREEMPTION_PER_NODE_HOUR:g} per node-hour on GPU spot traces, services.planner.spot) x up to "
+        "3.6 for a whole 8-GPU node"
     )
     restart = (
         f"{c.restart_minutes:g} min" if c.restart_minutes is not None else "the offer's start-up plus the download"

@@ -284,7 +284,9 @@ def _caveats(out: list[Entry]) -> list[Entry]:
                 f"slow: {speed:,.0f} tokens/s, under a quarter of the {fast:,.0f} tokens/s of "
                 f"{setup_label(gpu_only)} without offload (${gpu_only.cost.expected_cost_usd:,.2f})"
             )
-        result.append(dataclasses.replace(e, lead=("caution, CPU offload: " + "; ".join(parts), *e.lead)) if parts else e)
+        result.append(
+            dataclasses.replace(e, lead=("caution, CPU offload: " + "; ".join(parts), *e.lead)) if parts else e
+        )
     return result
 
 

@@ -104,7 +104,7 @@ def node_scarcity(gpus_on_node: int) -> float:
 
 
 def on_demand_fallback_hours(job_hours: float, no_capacity_per_hour: float) -> float:
-    """Expected hours of the job left to run on demand when capacity fails to come back at rate ``no_capacity_per_hour``.
+    """Expected hours left to run on demand when spot capacity fails to come back at ``no_capacity_per_hour``.
 
     The first preemption without capacity comes at an exponential time t (rate lambda); the job then finishes the
     remaining ``job_hours - t`` on demand: E[max(0, T - t)] = T - (1 - exp(-lambda T)) / lambda.

@@ -66,7 +66,14 @@ def test_more_than_the_tolerance_cheaper_ranks_first_and_names_the_simpler_cost(
 
 @pytest.mark.parametrize(
     ("tolerance", "order"),
-    [(0.0, [3.46, 3.80]), (0.05, [3.46, 3.80]), (0.08, [3.46, 3.80]), (0.09, [3.80, 3.46]), (0.10, [3.80, 3.46]), (1.0, [3.80, 3.46])],
+    [
+        (0.0, [3.46, 3.80]),
+        (0.05, [3.46, 3.80]),
+        (0.08, [3.46, 3.80]),
+        (0.09, [3.80, 3.46]),
+        (0.10, [3.80, 3.46]),
+        (1.0, [3.80, 3.46]),
+    ],
 )
 def test_the_tolerance_is_the_users(tolerance: float, order: list[float]) -> None:
     assert costs(ranked([entry(3.46, gpus=2), entry(3.80)], tolerance)) == order
@@ -133,5 +140,7 @@ def test_through_the_planner_the_first_pick_is_simpler_unless_clearly_cheaper() 
     assert simplest
     if (first.gpus, first.nodes, first.pricing, first.cpu_offload) != (1, 1, "on_demand", False):
         assert first.expected_cost_usd < 0.9 * min(r.expected_cost_usd for r in simplest)
-        assert any("the simpler" in n and f"${min(r.expected_cost_usd for r in simplest):,.2f}" in n for n in first.notes)
+        assert any(
+            "the simpler" in n and f"${min(r.expected_cost_usd for r in simplest):,.2f}" in n for n in first.notes
+        )
     assert any("prefer_simpler_within" in a for a in result.assumptions)

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from services.catalog.offers import Offer
 from services.estimator.architecture import architecture_from_config, parameter_counts
 from services.estimator.memory import adapter_params
 from services.estimator.recipe import resolve_recipe
-from services.catalog.offers import Offer
 from services.planner.costs import RunShape, run_cost
 from services.planner.spot import (
     CAPACITY_WAIT_CAP_HOURS,
