@@ -135,7 +135,10 @@ class PlannerResult(_Out):
     total_tokens: float
     plan_effective_batch_size: int
     recommendations: list[Recommendation]
-    best_per_gpu: list[Recommendation] = Field(description="the cheapest qualifying setup of each card, cheapest first")
+    best_per_gpu: list[Recommendation] = Field(
+        description="the first-ranked qualifying setup of each card (the cheapest unless a simpler one is within "
+        "constraints.prefer_simpler_within of it), in rank order"
+    )
     rejections: list[Rejection]
     candidates_evaluated: int = Field(description="setups whose memory was checked (offer x GPUs x config x batch)")
     warnings: list[str]
