@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.catalog.gpus import GpuSpec, find_gpu
@@ -209,54 +210,74 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
     left; a simplest entry always qualifies, so every step takes one. Pairs of which neither is simpler (2 GPUs on
-    demand, 1 GPU spot) keep their cost order.
+    demand, 1 GPU spot) keep their cost order. Entries are grouped by complexity (a few distinct ones), so each
+    check compares with the cheapest entry left of each simpler group.
     """
     keys = [complexity(e) for e in entries]
     costs = [e.cost.expected_cost_usd for e in entries]
-    simpler_of = [[j for j in range(len(entries)) if is_simpler(keys[j], keys[i])] for i in range(len(entries))]
-    left = list(range(len(entries)))
+    groups: dict[tuple[int, int, int, int], list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)  # each group in cost order
+    simpler_groups = {k: [g for g in groups if is_simpler(g, k)] for k in groups}
+    complex_groups = {k: [g for g in groups if is_simpler(k, g)] for k in groups}
+    head = dict.fromkeys(groups, 0)  # per group, the position of its cheapest entry left
     taken = [False] * len(entries)
-    order: list[int] = []
+
+    def cheapest_left(group: tuple[int, int, int, int]) -> int | None:
+        members, at = groups[group], head[group]
+        while at < len(members) and taken[members[at]]:
+            at += 1
+        head[group] = at
+        return members[at] if at < len(members) else None
+
+    def admissible(i: int) -> bool:
+        for g in simpler_groups[keys[i]]:
+            j = cheapest_left(g)
+            if j is not None and costs[i] >= (1.0 - tolerance) * costs[j]:
+                return False
+        return True
+
+    left = list(range(len(entries)))
+    out: list[Entry] = []
     while left:
-        pos = next(
-            p
-            for p, i in enumerate(left)
-            if all(costs[i] < (1.0 - tolerance) * costs[j] for j in simpler_of[i] if not taken[j])
-        )
+        pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
         taken[i] = True
-        order.append(i)
-    out = [entries[i] for i in order]
-    ranked = [keys[i] for i in order]
-    return _caveats([_simpler_notes(out, ranked, p, tolerance) for p in range(len(out))])
+        out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
+    return _caveats(out)
 
 
-def _simpler_notes(out: list[Entry], keys: list[tuple[int, int, int, int]], p: int, tolerance: float) -> Entry:
-    """Entry ``p`` of the final order with a note naming the simpler setup it passed, or the cheaper complex one
-    it was preferred to."""
-    e, key = out[p], keys[p]
-    cost = e.cost.expected_cost_usd
+def _simpler_notes(
+    entries: list[Entry],
+    costs: list[float],
+    i: int,
+    simpler_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]],
+    complex_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]],
+    cheapest_left: Callable[[tuple[int, int, int, int]], int | None],
+    tolerance: float,
+) -> Entry:
+    """Entry ``i``, just ranked, with a note naming the simpler setup it passed (ranked below it), or the cheaper
+    complex one within the tolerance it was preferred to."""
+    e, cost, key = entries[i], costs[i], complexity(entries[i])
     notes: list[str] = []
-    later = range(p + 1, len(out))
-    simpler = [q for q in later if is_simpler(keys[q], key)]
-    if simpler:
-        q = min(simpler, key=lambda q: out[q].cost.expected_cost_usd)
-        other = out[q].cost.expected_cost_usd
+    below = [j for g in simpler_groups[key] if (j := cheapest_left(g)) is not None]
+    if below:
+        q = min(below, key=lambda j: costs[j])
         notes.append(
-            f"the simpler {setup_label(out[q])} costs ${other:,.2f}: this setup is {1 - cost / other:.0%} cheaper, "
-            f"more than constraints.prefer_simpler_within ({tolerance:.0%})"
+            f"the simpler {setup_label(entries[q])} costs ${costs[q]:,.2f}: this setup is {1 - cost / costs[q]:.0%} "
+            f"cheaper, more than constraints.prefer_simpler_within ({tolerance:.0%})"
         )
     passed = [
-        q
-        for q in later
-        if is_simpler(key, keys[q]) and (1.0 - tolerance) * cost <= out[q].cost.expected_cost_usd < cost
+        j
+        for g in complex_groups[key]
+        if (j := cheapest_left(g)) is not None and (1.0 - tolerance) * cost <= costs[j] < cost
     ]
     if passed:
-        q = min(passed, key=lambda q: out[q].cost.expected_cost_usd)
-        other = out[q].cost.expected_cost_usd
+        q = min(passed, key=lambda j: costs[j])
         notes.append(
-            f"ranked above {setup_label(out[q])} at ${other:,.2f}: that is only {1 - other / cost:.0%} cheaper, "
-            f"within constraints.prefer_simpler_within ({tolerance:.0%}) of this simpler setup at ${cost:,.2f}"
+            f"ranked above {setup_label(entries[q])} at ${costs[q]:,.2f}: that is only {1 - costs[q] / cost:.0%} "
+            f"cheaper, within constraints.prefer_simpler_within ({tolerance:.0%}) of this simpler setup at "
+            f"${cost:,.2f}"
         )
     return dataclasses.replace(e, tail=(*e.tail, *notes)) if notes else e
 
