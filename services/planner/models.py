@@ -71,7 +71,9 @@ class Recommendation(_Out):
     cost_usd: float = Field(description="expected whole-job cost on demand (start-up, download, billing included)")
     price_usd_per_hour: float = Field(description="on-demand price of all GPUs of the setup")
     spot_price_usd_per_hour: float | None = Field(description="spot price of all GPUs; None without spot")
-    spot_hours: float | None = Field(description="expected wall-clock on spot, preemptions and checkpoints included")
+    spot_hours: float | None = Field(
+        description="expected wall-clock on spot: preemptions, the wait for capacity and checkpoints included"
+    )
     spot_cost_usd: float | None = Field(description="expected whole-job cost on spot, rework included")
     expected_preemptions: float | None
     checkpoint_interval_minutes: float | None = Field(description="the checkpoint interval the spot cost assumes")
