@@ -8,8 +8,10 @@ end of the estimate's uncertainty band where the estimate has one). Each setup i
 where the offer has a spot price, on spot; both pricings are ranked together by expected cost: start-up,
 model download, training at the speed its links allow, checkpoints, preemption rework and the provider's
 billing increment and minimum (services.planner.costs). Ties go to fewer GPUs, then fewer nodes, then the
-shorter run. The plan's method and precision are never changed; a card on which nothing fits gets a
-rejection with what it needed, what it has, and the cheapest change that fits.
+shorter run, and a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when it
+is cheaper by more than constraints.prefer_simpler_within (services.planner.ranking). The plan's method and
+precision are never changed; a card on which nothing fits gets a rejection with what it needed, what it has,
+and the cheapest change that fits.
 """
 
 from __future__ import annotations
