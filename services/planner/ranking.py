@@ -179,7 +179,7 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
 
 def _widening(tolerance: float) -> float:
     """How far past the N-th cheapest cost an entry may still be moved into the top N by the simpler-first rule."""
-    if tolerance >= 0.999:
+    if tolerance >= 1.0:
         return math.inf
     return float((1.0 / (1.0 - tolerance)) ** SIMPLER_CHAIN)
 

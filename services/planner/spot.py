@@ -100,7 +100,7 @@ def node_scarcity(gpus_on_node: int) -> float:
     and no worse beyond 8 (no larger node is traced).
     """
     g = min(max(gpus_on_node, 1), 8)
-    return 1.0 + (EIGHT_GPU_NODE_SCARCITY - 1.0) * (g - 1) / 7.0
+    return 1.0 + (EIGHT_GPU_NODE_SCARCITY - 1.0) * (g - 1) / (8 - 1)
 
 
 def on_demand_fallback_hours(job_hours: float, no_capacity_per_hour: float) -> float:
