@@ -35,6 +35,7 @@ AWS_GPU_NO_CAPACITY_SHARE = 0.25
 # p3.16xlarge vanished 1.088 times per available hour against 0.303 for a 1 x V100 p3.2xlarge (available 47% of
 # the time against 75%): a whole 8-GPU node is lost 3.6x as often as one card.
 EIGHT_GPU_NODE_SCARCITY = 3.6
+SCARCITY_NODE_GPUS = 8  # the node size that factor was measured on (p3.16xlarge)
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ def node_scarcity(gpus_on_node: int) -> float:
     Measured at 1 and 8 GPUs (EIGHT_GPU_NODE_SCARCITY); ASSUMPTION: linear in between (2 GPUs 1.37x, 4 GPUs 2.1x),
     and no worse beyond 8 (no larger node is traced).
     """
-    g = min(max(gpus_on_node, 1), 8)
-    return 1.0 + (EIGHT_GPU_NODE_SCARCITY - 1.0) * (g - 1) / (8 - 1)
+    g = min(max(gpus_on_node, 1), SCARCITY_NODE_GPUS)
+    return 1.0 + (EIGHT_GPU_NODE_SCARCITY - 1.0) * (g - 1) / (SCARCITY_NODE_GPUS - 1)
 
 
 def on_demand_fallback_hours(job_hours: float, no_capacity_per_hour: float) -> float:
