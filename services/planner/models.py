@@ -82,6 +82,11 @@ class Recommendation(_Out):
     price_age_hours: float | None = Field(default=None, description="age of the price at planning time")
     stale_price: bool = Field(default=False, description="the price is older than a day")
     notes: list[str]
+    ranking_notes: list[str] = Field(
+        default_factory=list,
+        description="the notes that compare this setup with the others ranked (constraints.prefer_simpler_within, "
+        "the CPU-offload caution); they are in notes too, a caution first and comparisons last",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -282,6 +282,7 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
         price_age_hours=None if age is None else round(age, 1),
         stale_price=age is not None and age > STALE_AFTER_HOURS,
         notes=_notes(ctx, e, age),
+        ranking_notes=[*e.lead, *e.tail],
     )
 
 

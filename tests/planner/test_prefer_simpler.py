@@ -144,3 +144,13 @@ def test_through_the_planner_the_first_pick_is_simpler_unless_clearly_cheaper() 
             "the simpler" in n and f"${min(r.expected_cost_usd for r in simplest):,.2f}" in n for n in first.notes
         )
     assert any("prefer_simpler_within" in a for a in result.assumptions)
+
+
+def test_the_ranking_notes_are_listed_apart_and_in_the_notes() -> None:
+    plan = make_plan(method="qlora", seq_len=512, data={"examples": 2000, "avg_tokens_per_example": 512})
+    offers = [_offer("plain", 2.0, None), _offer("cheap-spot", 2.0, 0.2)]
+    recs = plan_setups(plan, offers, None, Constraints(), top_n=50).recommendations
+    assert any(r.ranking_notes for r in recs)
+    for r in recs:
+        assert all(n in r.notes for n in r.ranking_notes)
+        assert all("prefer_simpler_within" in n or n.startswith("caution") for n in r.ranking_notes)
