@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.estimator.architecture import Architecture
 from services.estimator.plan import Plan
-from services.planner.spot import checkpoint_bytes, young_daly_interval_seconds
+from services.planner.spot import AWS_GPU_PREEMPTIONS_PER_NODE_HOUR, checkpoint_bytes, young_daly_interval_seconds
 from services.runs.manifest import step_prefix
 from services.runs.retention import RetentionPolicy
 
@@ -35,7 +35,8 @@ class ScheduleInputs(BaseModel):
     upload_bytes_per_s: float = Field(default=DEFAULT_UPLOAD_BYTES_PER_S, gt=0)
     upload_measured: bool = False
     spot: bool = False
-    preemptions_per_node_hour: float = Field(default=0.05, ge=0.0, le=60.0)
+    # The sourced GPU-spot rate of services.planner.spot (SkyPilot's spot traces) when the run gives none.
+    preemptions_per_node_hour: float = Field(default=AWS_GPU_PREEMPTIONS_PER_NODE_HOUR, ge=0.0, le=60.0)
     nodes: int = Field(default=1, ge=1)
     gpus: int = Field(default=1, ge=1)
     step_seconds: float | None = Field(default=None, gt=0)

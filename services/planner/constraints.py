@@ -11,7 +11,8 @@ class Constraints(BaseModel):
     ``preemptions_per_hour`` overrides every offer's spot interruption rate (per node and hour; a job on
     several nodes restarts when any one of them is preempted). Left out, each offer's own rate is used,
     else the planner's default (services.planner.costs). ``restart_minutes`` likewise overrides the time
-    from a preemption to training again (default: the offer's start-up plus the model download).
+    from a preemption to training again (default: the offer's start-up plus the model download); the wait for spot
+    capacity comes on top. ``prefer_simpler_within`` is the tolerance of services.planner.ranking.prefer_simpler.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -42,6 +43,13 @@ class Constraints(BaseModel):
     allow_optimizer_change: bool = Field(
         default=False,
         description="whether the planner may switch AdamW to an 8-bit or paged 8-bit optimizer to fit a card",
+    )
+    prefer_simpler_within: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=1.0,
+        description="a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when its "
+        "expected cost is lower by more than this share (0.0-1.0; 0.10 = 10%)",
     )
     allow_cpu_offload: bool = Field(
         default=True,

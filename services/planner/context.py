@@ -156,6 +156,9 @@ class Entry:
 
     candidate: Candidate
     cost: RunCost
+    # Notes the ranking adds (services.planner.ranking.prefer_simpler): ``lead`` goes first, ``tail`` last.
+    lead: tuple[str, ...] = ()
+    tail: tuple[str, ...] = ()
 
     def rank_key(self) -> tuple[float, int, int, float, int]:
         """Expected cost; ties (to the cent) go to fewer GPUs, then fewer nodes, then shorter time."""

@@ -11,7 +11,9 @@ Defaults where an offer does not say (each an ASSUMPTION unless a source is name
   shared/reference/orchestration_lessons.md section 2);
 - model download: 4 Gbit/s (500 MB/s, what hf_transfer reaches from the Hugging Face Hub on a well
   connected cloud node per its README; slower links should be set on the offer);
-- spot preemptions: 0.05 per node-hour (one every 20 node-hours) for providers that publish no rate;
+- spot preemptions, the wait for capacity and the chance there is none: the sourced figures of
+  services.planner.spot (SPOT_RISKS, measured on GPU spot traces), scaled by the node's GPUs (a whole 8-GPU node
+  is lost 3.6x as often as one card) where the offer gives no rate of its own;
 - final upload and checkpoint writes to object storage at 100 MB/s (services.planner.checkpoints).
 """
 
@@ -23,11 +25,20 @@ from dataclasses import dataclass
 from services.catalog.offers import Offer
 from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
 from services.planner.models import PricingMode
-from services.planner.spot import young_daly_interval_seconds
+from services.planner.spot import (
+    AWS_GPU_PREEMPTIONS_PER_NODE_HOUR,
+    CAPACITY_WAIT_CAP_HOURS,
+    SpotRisk,
+    node_scarcity,
+    on_demand_fallback_hours,
+    spot_risk,
+    young_daly_interval_seconds,
+)
 
 DEFAULT_STARTUP_S = 300.0
 DEFAULT_DOWNLOAD_GBIT_PER_S = 4.0
-DEFAULT_PREEMPTION_PER_NODE_HOUR = 0.05
+# A one-GPU spot node where neither the user nor the offer gives a rate (services.planner.spot, sourced there).
+DEFAULT_PREEMPTION_PER_NODE_HOUR = AWS_GPU_PREEMPTIONS_PER_NODE_HOUR
 UPLOAD_BYTES_PER_S = 100e6
 MAX_WRITE_SHARE_INVERSE = 10.0  # the hourly cap keeps checkpoint writes under 1/10 of the run
 
@@ -60,6 +71,14 @@ class RunCost:
     expected_preemptions: float
     checkpoint_interval_s: float
     restart_s: float
+    # Spot only (zero on demand): the per-node rate and where it comes from, the expected wall-clock spent waiting
+    # for capacity (not billed: no node is held), the chance the job finishes on demand for lack of capacity, and
+    # what that costs beyond spot (inside breakdown["preemption_rework"]).
+    preemptions_per_node_hour: float = 0.0
+    rate_source: str = ""
+    capacity_wait_hours: float = 0.0
+    on_demand_fallback_probability: float = 0.0
+    on_demand_fallback_usd: float = 0.0
 
 
 def startup_seconds(offer: Offer) -> float:
@@ -72,13 +91,19 @@ def download_seconds(offer: Offer, size_bytes: float) -> float:
     return size_bytes / (gbit / 8.0 * 1e9)
 
 
-def preemption_rate(offer: Offer, override: float | None) -> float:
-    """Spot preemptions per node-hour: the user's figure, else the offer's, else the generic default."""
+def preemption_rate(offer: Offer, override: float | None, gpus_per_node: int = 1) -> tuple[float, str]:
+    """Spot preemptions per node-hour and their source: the user's figure, else the offer's (both per node as
+    rented), else the provider's sourced one-GPU figure x the scarcity of a node of ``gpus_per_node`` GPUs."""
     if override is not None:
-        return override
+        return override, "constraints.preemptions_per_hour"
     if offer.preemption_per_hour is not None:
-        return offer.preemption_per_hour
-    return DEFAULT_PREEMPTION_PER_NODE_HOUR
+        return offer.preemption_per_hour, f"the offer's preemption_per_hour ({offer.source})"
+    risk = spot_risk(offer.provider)
+    scarcity = node_scarcity(gpus_per_node)
+    source = f"{risk.source}, {risk.as_of}"
+    if gpus_per_node > 1:
+        source += f"; x{scarcity:.2g} for a node of {gpus_per_node} GPUs"
+    return risk.preemptions_per_node_hour * scarcity, source
 
 
 def billed_seconds(used_s: float, increment_s: int, minimum_s: int) -> float:
@@ -111,10 +136,12 @@ def run_cost(
 ) -> RunCost:
     """Expected cost of the run on ``offer`` under ``pricing`` (spot needs ``offer.spot_usd_per_hour``).
 
-    Interruptions: on spot the preemption rate x nodes; on demand hardware failures, 2e-5 per GPU-hour
-    (Llama 3 paper, see services.planner.checkpoints). Each one costs a restart (start-up and download
+    Interruptions: on spot the preemption rate x nodes (``preemption_rate``); on demand hardware failures, 2e-5 per
+    GPU-hour (Llama 3 paper, see services.planner.checkpoints). Each one costs a restart (start-up and download
     again unless ``restart_s`` says otherwise) plus half a checkpoint interval of lost work; checkpoints are
-    written every Young/Daly interval. First order in rate x (restart + interval / 2).
+    written every Young/Daly interval. On spot each preemption also waits for capacity (wall-clock, unbilled), and
+    after a share of them none comes back within the cap, so the rest of the job runs on demand
+    (services.planner.spot). First order in rate x (restart + interval / 2).
     """
     per_gpu = offer.spot_usd_per_hour if pricing == "spot" else offer.on_demand_usd_per_hour
     if per_gpu is None:
@@ -123,8 +150,13 @@ def run_cost(
     per_s = price / 3600.0
     startup_s = startup_seconds(offer)
     download_s = download_seconds(offer, shape.model_download_bytes)
+    risk: SpotRisk | None = None
+    node_rate, rate_source = 0.0, ""
     if pricing == "spot":
-        rate = preemption_rate(offer, preemptions_per_node_hour) * shape.nodes
+        node_rate, rate_source = preemption_rate(offer, preemptions_per_node_hour, shape.gpus // shape.nodes)
+        # A preemption of any node stops the job.
+        rate = node_rate * shape.nodes
+        risk = spot_risk(offer.provider)
     else:
         rate = FAILURES_PER_GPU_HOUR * shape.gpus
     # Sharded checkpoints: every node writes its part at once.
@@ -138,23 +170,54 @@ def run_cost(
     rework_s = preemptions * (restart + interval / 2.0)
     used_s = base_s + rework_s
     billed_s = billed_seconds(used_s, offer.billing_increment_s, offer.billing_minimum_s)
+    wait_h = fallback_p = fallback_usd = 0.0
+    if risk is not None:
+        # Waiting for capacity holds no node (nothing billed) but takes wall-clock; after a wait of the cap the
+        # rest of the job runs on demand, paying the difference for those hours.
+        wait_h = preemptions * risk.wait_hours
+        job_h = (shape.training_s + checkpoint_s) / 3600.0
+        lam = rate * risk.no_capacity_share
+        fallback_p = 1.0 - math.exp(-lam * job_h)
+        extra_per_h = max(offer.on_demand_usd_per_hour - per_gpu, 0.0) * shape.gpus
+        fallback_usd = on_demand_fallback_hours(job_h, lam) * extra_per_h
     breakdown = {
         "compute": shape.training_s * per_s,
         "startup": startup_s * per_s,
         "model_download": download_s * per_s,
         "checkpoint_writes": checkpoint_s * per_s,
-        "preemption_rework": rework_s * per_s,
+        "preemption_rework": rework_s * per_s + fallback_usd,
         "billing_rounding": (billed_s - used_s) * per_s,
     }
     return RunCost(
         pricing=pricing,
         price_usd_per_hour=price,
-        hours=used_s / 3600.0,
+        hours=used_s / 3600.0 + wait_h,
         billed_hours=billed_s / 3600.0,
-        expected_cost_usd=billed_s * per_s,
+        expected_cost_usd=billed_s * per_s + fallback_usd,
         breakdown=breakdown,
         interruptions_per_hour=rate,
         expected_preemptions=preemptions,
         checkpoint_interval_s=interval,
         restart_s=restart,
+        preemptions_per_node_hour=node_rate,
+        rate_source=rate_source,
+        capacity_wait_hours=wait_h,
+        on_demand_fallback_probability=fallback_p,
+        on_demand_fallback_usd=fallback_usd,
+    )
+
+
+def spot_note(cost: RunCost, nodes: int, on_demand_usd: float) -> str:
+    """What spot adds to a setup, in the numbers the cost rests on, and where the rate comes from."""
+    rework = cost.breakdown["preemption_rework"] - cost.on_demand_fallback_usd
+    per_node = f"{cost.preemptions_per_node_hour:.3g} per node-hour"
+    rate = per_node if nodes == 1 else f"{per_node} x {nodes} nodes = {cost.interruptions_per_hour:.3g} per hour"
+    return (
+        f"spot: {cost.expected_preemptions:.2f} preemptions expected ({rate}; {cost.rate_source}); each costs a "
+        f"restart of {cost.restart_s / 60:.0f} min and half a checkpoint interval (every "
+        f"{cost.checkpoint_interval_s / 60:.0f} min): ${rework:,.2f} of rework and "
+        f"${cost.breakdown['checkpoint_writes']:,.2f} of checkpoints, plus {cost.capacity_wait_hours * 60:.0f} min "
+        f"waiting for capacity (unbilled); a {cost.on_demand_fallback_probability:.0%} chance capacity does not "
+        f"come back within {CAPACITY_WAIT_CAP_HOURS:g} h and the job finishes on demand "
+        f"(${cost.on_demand_fallback_usd:,.2f} expected); on demand the same setup is ${on_demand_usd:,.2f}"
     )

@@ -71,7 +71,9 @@ class Recommendation(_Out):
     cost_usd: float = Field(description="expected whole-job cost on demand (start-up, download, billing included)")
     price_usd_per_hour: float = Field(description="on-demand price of all GPUs of the setup")
     spot_price_usd_per_hour: float | None = Field(description="spot price of all GPUs; None without spot")
-    spot_hours: float | None = Field(description="expected wall-clock on spot, preemptions and checkpoints included")
+    spot_hours: float | None = Field(
+        description="expected wall-clock on spot: preemptions, the wait for capacity and checkpoints included"
+    )
     spot_cost_usd: float | None = Field(description="expected whole-job cost on spot, rework included")
     expected_preemptions: float | None
     checkpoint_interval_minutes: float | None = Field(description="the checkpoint interval the spot cost assumes")
@@ -80,6 +82,11 @@ class Recommendation(_Out):
     price_age_hours: float | None = Field(default=None, description="age of the price at planning time")
     stale_price: bool = Field(default=False, description="the price is older than a day")
     notes: list[str]
+    ranking_notes: list[str] = Field(
+        default_factory=list,
+        description="the notes that compare this setup with the others ranked (constraints.prefer_simpler_within, "
+        "the CPU-offload caution); they are in notes too, a caution first and comparisons last",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -135,7 +142,10 @@ class PlannerResult(_Out):
     total_tokens: float
     plan_effective_batch_size: int
     recommendations: list[Recommendation]
-    best_per_gpu: list[Recommendation] = Field(description="the cheapest qualifying setup of each card, cheapest first")
+    best_per_gpu: list[Recommendation] = Field(
+        description="the first-ranked qualifying setup of each card (the cheapest unless a simpler one is within "
+        "constraints.prefer_simpler_within of it), in rank order"
+    )
     rejections: list[Rejection]
     candidates_evaluated: int = Field(description="setups whose memory was checked (offer x GPUs x config x batch)")
     warnings: list[str]

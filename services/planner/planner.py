@@ -8,8 +8,10 @@ end of the estimate's uncertainty band where the estimate has one). Each setup i
 where the offer has a spot price, on spot; both pricings are ranked together by expected cost: start-up,
 model download, training at the speed its links allow, checkpoints, preemption rework and the provider's
 billing increment and minimum (services.planner.costs). Ties go to fewer GPUs, then fewer nodes, then the
-shorter run. The plan's method and precision are never changed; a card on which nothing fits gets a
-rejection with what it needed, what it has, and the cheapest change that fits.
+shorter run, and a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when it
+is cheaper by more than constraints.prefer_simpler_within (services.planner.ranking). The plan's method and
+precision are never changed; a card on which nothing fits gets a rejection with what it needed, what it has,
+and the cheapest change that fits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from services.planner.costs import (
     DEFAULT_STARTUP_S,
     UPLOAD_BYTES_PER_S,
     RunCost,
+    spot_note,
 )
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
@@ -42,7 +45,12 @@ from services.planner.host_ram import host_ram_available_bytes
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
-from services.planner.spot import CHECKPOINT_WRITE_BYTES_PER_S, checkpoint_bytes, checkpoint_write_seconds
+from services.planner.spot import (
+    CAPACITY_WAIT_CAP_HOURS,
+    CHECKPOINT_WRITE_BYTES_PER_S,
+    checkpoint_bytes,
+    checkpoint_write_seconds,
+)
 
 DEFAULT_TOP_N = 10
 STALE_AFTER_HOURS = 24.0
@@ -287,6 +295,7 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
         price_age_hours=None if age is None else round(age, 1),
         stale_price=age is not None and age > STALE_AFTER_HOURS,
         notes=_notes(ctx, e, age),
+        ranking_notes=[*e.lead, *e.tail],
     )
 
 
@@ -294,7 +303,7 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     """What the setup changes from the plan, and what its numbers rest on."""
     c, cost = e.candidate, e.cost
     plan, cfg, layout = ctx.plan, c.cfg, c.layout
-    notes: list[str] = []
+    notes: list[str] = list(e.lead)
     if age is not None and age > STALE_AFTER_HOURS:
         notes.append(
             f"price fetched {age / 24:.1f} days ago ({c.offer.fetched_at}): it may have changed; refresh the catalog"
@@ -340,17 +349,13 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     if c.offer.whole_nodes_only:
         notes.append(f"sold as whole nodes of {c.offer.gpus_per_node} GPUs")
     if cost.pricing == "spot":
-        extra = cost.breakdown["preemption_rework"] + cost.breakdown["checkpoint_writes"]
-        notes.append(
-            f"spot: {cost.expected_preemptions:.2f} preemptions expected ({cost.interruptions_per_hour:.4g} per hour "
-            f"for the job); a checkpoint every {cost.checkpoint_interval_s / 60:.0f} min; checkpoints and rework "
-            f"add ${extra:,.2f}; on demand the same setup is ${c.on_demand.expected_cost_usd:,.2f}"
-        )
+        notes.append(spot_note(cost, layout.nodes, c.on_demand.expected_cost_usd))
     if cost.breakdown["billing_rounding"] > 0.005:
         notes.append(
             f"billed per {c.offer.billing_increment_s} s with a {c.offer.billing_minimum_s} s minimum: "
             f"${cost.breakdown['billing_rounding']:,.2f} of unused billed time"
         )
+    notes.extend(e.tail)
     return notes
 
 
@@ -369,7 +374,9 @@ def _assumptions(ctx: PlanContext) -> list[str]:
     rate = (
         f"{c.preemptions_per_hour:g} per node-hour (constraints.preemptions_per_hour)"
         if c.preemptions_per_hour is not None
-        else f"the offer's rate, else {DEFAULT_PREEMPTION_PER_NODE_HOUR:g} per node-hour (an assumption)"
+        else "the offer's rate, else the provider's sourced rate for one GPU "
+        f"({DEFAULT_PREEMPTION_PER_NODE_HOUR:g} per node-hour on GPU spot traces, services.planner.spot) x up to "
+        "3.6 for a whole 8-GPU node"
     )
     restart = (
         f"{c.restart_minutes:g} min" if c.restart_minutes is not None else "the offer's start-up plus the download"
@@ -388,7 +395,11 @@ def _assumptions(ctx: PlanContext) -> list[str]:
         f"start-up {DEFAULT_STARTUP_S:g} s and model download at {DEFAULT_DOWNLOAD_GBIT_PER_S:g} Gbit/s where the "
         f"offer does not say; base model {sizes.model_download_bytes / 1e9:.1f} GB, final upload "
         f"{sizes.final_upload_bytes / 1e9:.2f} GB at {UPLOAD_BYTES_PER_S / 1e6:g} MB/s",
-        f"spot preemptions: {rate}; each costs a restart ({restart}) and half a checkpoint interval of work",
+        f"spot preemptions: {rate}, x nodes for the job; each costs a restart ({restart}) and half a checkpoint "
+        f"interval of work, and waits for capacity; where none is back within {CAPACITY_WAIT_CAP_HOURS:g} h the "
+        "job finishes on demand",
+        f"a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when its expected "
+        f"cost is lower by more than {c.prefer_simpler_within:.0%} (constraints.prefer_simpler_within)",
         f"resumable checkpoint of {sizes.checkpoint_bytes / GIB:.2f} GiB written at "
         f"{CHECKPOINT_WRITE_BYTES_PER_S / 1e6:g} MB/s ({sizes.checkpoint_write_s:.0f} s); interval "
         "sqrt(2 x write x MTBF) (Young 1974), at most an hour",

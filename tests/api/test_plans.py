@@ -31,8 +31,10 @@ def test_submit_plan_and_get_recommendations(api: Api) -> None:
     assert body["status"] == "done", body.get("error")
     recs = body["recommendations"]
     assert recs, body
-    costs = [r["expected_cost_usd"] for r in recs]
-    assert costs == sorted(costs)
+    # Cost order, except that a more complex setup ranks above a simpler one only when more than 10% cheaper
+    # (constraints.prefer_simpler_within): nothing ranked lower is cheaper by more than that.
+    for i, a in enumerate(recs):
+        assert all(b["expected_cost_usd"] >= 0.9 * a["expected_cost_usd"] for b in recs[i + 1 :]), a
     cheapest = recs[0]
     for field in ("gpu", "gpus", "fits", "peak_gib_per_gpu", "gpu_memory_gib", "hours", "cost_usd", "spot_cost_usd"):
         assert field in cheapest
@@ -63,7 +65,8 @@ def test_lora_and_full_need_larger_cards_or_more_gpus_than_qlora(api: Api) -> No
         shards = lora["gpus"] if lora["sharding"] == "fsdp" else 1
         assert qlora["peak_gib_per_gpu"] < lora["peak_gib_per_gpu"] * shards
     if not full["cpu_offload"]:
-        assert full["peak_gib_per_gpu"] * full["gpus"] > 80
+        # bf16 weights and gradients and bf16 AdamW states: 8 bytes per parameter, 8.03e9 x 8 B = 59.8 GiB.
+        assert full["peak_gib_per_gpu"] * full["gpus"] > 59
     else:
         assert full["host_ram_gib_per_node"] > 40
 

@@ -20,7 +20,9 @@ def _plan(api: Api, plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_seeds_qlora_job_shows_spot_where_it_is_cheaper_in_expectation(api: Api) -> None:
-    recs = _plan(api, QLORA_PLAN)["recommendations"]
+    # Spot is priced with its preemptions (issue 22), so a spot setup may rank below simpler on-demand ones of
+    # another provider; on the provider whose spot is 70% off it is still the cheaper in expectation.
+    recs = _plan(api, {**QLORA_PLAN, "constraints": {"providers": ["example-cloud"]}})["recommendations"]
     spot = [r for r in recs if r["pricing"] == "spot"]
     assert spot, recs
     best = spot[0]
@@ -35,8 +37,11 @@ def test_the_seeds_qlora_job_shows_spot_where_it_is_cheaper_in_expectation(api: 
         "billing_rounding",
     }
     assert sum(best["cost_breakdown"].values()) == pytest.approx(best["expected_cost_usd"], abs=0.01)
-    costs = [r["expected_cost_usd"] for r in recs]
-    assert costs == sorted(costs)
+    # Cost order, except that a more complex setup ranks above a simpler one only when more than 10% cheaper.
+    for i, a in enumerate(recs):
+        for b in recs[i + 1 :]:
+            if b["expected_cost_usd"] < a["expected_cost_usd"]:
+                assert b["expected_cost_usd"] >= 0.9 * a["expected_cost_usd"], (a, b)
 
 
 def test_multi_gpu_scaling_comes_from_the_links_and_ties_go_to_fewer_gpus(api: Api) -> None:
