@@ -94,6 +94,7 @@ def create_quote(
         field = "best_for_gpus" if request.best_for_gpus is not None and exc.field == "gpus" else exc.field
         raise Unprocessable(exc.message, field=field) from None
     _unchanged(stored, rec)
+    rec = _with_ranking_notes(stored, rec)
 
     items = cost_lines(rec)
     job_cost = rec.expected_cost_usd
@@ -225,6 +226,17 @@ def _vanished(
                 "demand",
                 field="spot",
             )
+
+
+def _with_ranking_notes(stored: Sequence[Recommendation], rec: Recommendation) -> Recommendation:
+    """The setup with the notes the plan's ranking gave it (what it was ranked above or below, and at what
+    cost), so the quote says what the plan page says of it; a setup the plan did not list has none."""
+    for s in stored:
+        same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
+        if same and _same_offer(s, rec.provider, rec.region) and s.ranking_notes:
+            # The same setup at the same cost (_unchanged): the plan's notes, in the plan page's order.
+            return rec.model_copy(update={"notes": list(s.notes), "ranking_notes": list(s.ranking_notes)})
+    return rec
 
 
 def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
