@@ -25,10 +25,12 @@ from pydantic import ValidationError
 
 from services.api.deps import Database, get_db
 from services.api.limits import check_failures, check_rate, record_failure
+from services.catalog import service as catalog_service
 from services.catalog.models import catalog_models
 from services.core.errors import Conflict, Forbidden, GpuplanError, NotFound, TooManyRequests, Unprocessable
 from services.core.settings import Settings
-from services.dashboard import forms, loaders, session, views
+from services.dashboard import forms, lists, loaders, session, views
+from services.datasets import service as datasets_service
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
 from services.estimator.plan import SERVING_PRECISIONS
@@ -43,6 +45,7 @@ from services.plans.schemas import PlanRequest
 from services.quotes import service as quotes_service
 from services.quotes.document import quote_document, render_pdf
 from services.quotes.schemas import QuoteRequest
+from services.runs import service as runs_service
 
 PREFIX = "/dashboard"
 PAGE_SIZE = 50
@@ -491,6 +494,75 @@ def quote_pdf(quote_id: str, viewer: ViewerDep, db: DbDep) -> Response:
         media_type="application/pdf",
         headers={"Content-Disposition": f'attachment; filename="quote-{doc.number}.pdf"'},
     )
+
+
+# --- lists: catalog, quotes, runs, data sets ------------------------------------------------------
+
+PAGE = 50
+Cursor = Annotated[str | None, Query(pattern="^[0-9a-f]{32}$")]
+
+
+@router.get("/catalog")
+def catalog_page(
+    request: Request,
+    viewer: ViewerDep,
+    db: DbDep,
+    gpu: Annotated[str | None, Query(max_length=100)] = None,
+    provider: Annotated[str | None, Query(max_length=100)] = None,
+    min_memory_gib: Annotated[float | None, Query(ge=0, le=10_000)] = None,
+    max_usd_per_hour: Annotated[float | None, Query(ge=0, le=100_000)] = None,
+    spot: Annotated[bool, Query()] = False,
+) -> HTMLResponse:
+    """The offers this organization plans on, by card, with each price's age and source."""
+    now = datetime.now(UTC)
+    filters: dict[str, Any] = {
+        "gpu": gpu or None,
+        "provider": provider or None,
+        "min_memory_gib": min_memory_gib,
+        "max_usd_per_hour": max_usd_per_hour,
+        "spot": True if spot else None,
+    }
+    with db.transaction() as (s, _pending):
+        org = viewer.principal.organization_id
+        rows = catalog_service.active_offers(s, org, **filters)
+        everything = catalog_service.active_offers(s, org)
+        cards = lists.offers_by_card(rows, now, catalog_service.own_version_id(s, org))
+    context = {
+        "cards": cards,
+        "offers": sum(len(c.offers) for c in cards),
+        "filters": filters,
+        "gpus": sorted({r.gpu for r in everything}),
+        "providers": sorted({r.provider for r in everything}),
+        "stale_days": lists.STALE_AFTER_DAYS,
+    }
+    return render(request, "catalog.html", context, viewer=viewer)
+
+
+@router.get("/quotes")
+def quotes_page(request: Request, viewer: ViewerDep, db: DbDep, before: Cursor = None) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        rows, cursor = quotes_service.quotes_page(s, viewer.principal, PAGE, before)
+        items = lists.quote_rows([quotes_service.to_out(r) for r in rows], datetime.now(UTC))
+    context = {"items": items, "next_cursor": cursor, "first_page": before is None}
+    return render(request, "quotes.html", context, viewer=viewer)
+
+
+@router.get("/runs")
+def runs_page(request: Request, viewer: ViewerDep, db: DbDep, before: Cursor = None) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        rows, cursor = runs_service.runs_page(s, viewer.principal, None, PAGE, before)
+        items = lists.run_rows([runs_service.to_out(s, r) for r in rows], datetime.now(UTC))
+    context = {"items": items, "next_cursor": cursor, "first_page": before is None}
+    return render(request, "runs.html", context, viewer=viewer)
+
+
+@router.get("/datasets")
+def datasets_page(request: Request, viewer: ViewerDep, db: DbDep, before: Cursor = None) -> HTMLResponse:
+    with db.transaction() as (s, _pending):
+        rows, cursor = datasets_service.datasets_page(s, viewer.principal, PAGE, before)
+        items = lists.dataset_rows(rows, datetime.now(UTC))
+    context = {"items": items, "next_cursor": cursor, "first_page": before is None}
+    return render(request, "datasets.html", context, viewer=viewer)
 
 
 @router.get("/nodes")

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.core.pages import DEFAULT_LIMIT
 from services.quotes import service
 from services.quotes.document import quote_document, render_html, render_pdf
-from services.quotes.schemas import QuoteOut, QuoteRequest
+from services.quotes.schemas import QuoteList, QuoteOut, QuoteRequest
 
 router = APIRouter(prefix="/v1", tags=["quotes"])
 
@@ -22,6 +23,16 @@ def create_quote(
         )
     response.headers["Location"] = f"/v1/quotes/{out.id}"
     return out
+
+
+@router.get("/quotes", operation_id="quotes-list", response_model=QuoteList)
+def list_quotes(
+    db: DbDep, principal: PrincipalDep, limit: PageLimit = DEFAULT_LIMIT, before: PageCursor = None
+) -> QuoteList:
+    """The organization's quotes, newest first, a page at a time (``next_cursor`` names the next page)."""
+    with db.transaction() as (session, _pending):
+        rows, cursor = service.quotes_page(session, principal, limit, before)
+        return QuoteList(items=[service.to_out(r) for r in rows], next_cursor=cursor)
 
 
 @router.get("/quotes/{quote_id}", operation_id="quotes-get", response_model=QuoteOut)

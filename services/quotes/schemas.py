@@ -88,3 +88,8 @@ class QuoteOut(BaseModel):
     assumptions: list[str] = Field(description="what this quote's numbers rest on")
     plan_assumptions: list[str] = Field(default_factory=list, description="the planner's assumptions for the plan")
     price_list: PriceList | None = None
+
+
+class QuoteList(BaseModel):
+    items: list[QuoteOut]
+    next_cursor: str | None = Field(default=None, description="pass as ?before= for the next page; null: the last")

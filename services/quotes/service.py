@@ -16,6 +16,7 @@ from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
 from services.core.db import utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.pages import keyset_page
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
 from services.estimator.plan import Plan
@@ -426,6 +427,14 @@ def get_quote(session: Session, principal: Principal, quote_id: str) -> QuoteRow
     if row is None:
         raise NotFound(f"no quote {quote_id!r}", field="id")
     return row
+
+
+def quotes_page(
+    session: Session, principal: Principal, limit: int, before: str | None
+) -> tuple[Sequence[QuoteRow], str | None]:
+    """A page of the organization's quotes, newest first."""
+    query = select(QuoteRow).where(QuoteRow.organization_id == principal.organization_id)
+    return keyset_page(session, query, QuoteRow, limit, before)
 
 
 def quote_number(row: QuoteRow) -> str:

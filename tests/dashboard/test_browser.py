@@ -385,3 +385,43 @@ def test_the_api_docs_render_with_the_network_off(browser: Any, live_server: Liv
     # Nothing the pages need comes from elsewhere; ReDoc's bundle only asks cdn.redoc.ly for the small
     # "powered by" logo in its menu, which shows as missing.
     assert [o for o in outside if not o.startswith("image ")] == [], outside
+
+
+LIST_PAGES = ("/dashboard/plans", "/dashboard/quotes", "/dashboard/catalog", "/dashboard/runs", "/dashboard/datasets")
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_the_list_pages_show_every_column_on_screen_at_desktop_and_phone_widths(
+    browser: Any, live_server: LiveServer, width: int
+) -> None:
+    """The plans list, quotes, catalog, runs and data sets: no page scrolls sideways, and every cell of their
+    tables (cost and date included) lies inside the viewport, at 1280 px and on a 375 px phone."""
+    plan_id, quote_id = _done_plan_and_quote(live_server)
+    auth = {"Authorization": f"Bearer {live_server.keys['alpha']}"}
+    node = httpx.post(f"{live_server.url}/v1/nodes", json={"name": f"w{width}", "gpu": "A100 80GB"}, headers=auth)
+    run = {"node_ids": [node.json()["id"]], "checkpoint_dir": "/data/out", "bucket": "list-pages"}
+    assert httpx.post(f"{live_server.url}/v1/plans/{plan_id}/runs", json=run, headers=auth).status_code == 201
+    phone = width < 600
+    context = browser.new_context(viewport={"width": width, "height": 900}, is_mobile=phone)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    try:
+        sign_in(page, live_server)
+        for path in LIST_PAGES:
+            page.goto(live_server.url + path)
+            assert page.locator("h1").is_visible()
+            scroll = page.evaluate("document.scrollingElement.scrollWidth")
+            assert scroll <= width, f"{path} is {scroll}px wide at {width}px"
+            cells = page.locator("table.cards td")
+            for i in range(min(cells.count(), 60)):
+                box = cells.nth(i).bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5, (path, i, box)
+            screenshot(page, f"list-{width}-" + path.rsplit("/", 1)[1])
+        page.goto(f"{live_server.url}/dashboard/quotes")
+        page.locator(f'a[href="/dashboard/quotes/{quote_id}"]').click()
+        page.wait_for_url(re.compile(rf".*/dashboard/quotes/{quote_id}$"))
+        page.goto(f"{live_server.url}/dashboard/catalog?gpu=A100+80GB")
+        assert page.locator("section.card-offers h2").count() == 1
+        assert "A100 80GB" in page.locator("section.card-offers h2").inner_text()
+    finally:
+        context.close()

@@ -1,0 +1,57 @@
+"""The dashboard's list pages (catalog, quotes, runs, data sets) through a signed-in client: each shows the
+organization's own rows, the catalog filters by card, provider, memory, price and spot, and bad filters
+are a 422 page."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import Api
+from tests.dashboard.conftest import submit_done_plan
+
+
+def test_the_catalog_lists_offers_by_card_with_their_price_age_and_source(api: Api, alpha: TestClient) -> None:
+    page = alpha.get("/dashboard/catalog")
+    assert page.status_code == 200
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    assert f"{len(offers)} offer(s)" in page.text
+    for offer in offers[:5]:
+        assert offer["provider"] in page.text and offer["fetched_at"] in page.text
+    assert "stale" in page.text  # the bundled prices are older than a day
+    h100 = alpha.get("/dashboard/catalog", params={"gpu": "H100 SXM"}).text
+    wanted = [o for o in offers if o["gpu"] == "H100 SXM"]
+    assert f"{len(wanted)} offer(s) of 1 card(s)" in h100
+    spot = alpha.get("/dashboard/catalog", params={"spot": "true", "max_usd_per_hour": "2"}).text
+    cheap_spot = [o for o in offers if o["spot_usd_per_hour"] is not None and o["on_demand_usd_per_hour"] <= 2]
+    assert f"{len(cheap_spot)} offer(s)" in spot
+    bad = alpha.get("/dashboard/catalog", params={"max_usd_per_hour": "-1"})
+    assert bad.status_code == 422 and "<html" in bad.text
+
+
+def test_quotes_runs_and_data_sets_list_the_organizations_own(api: Api, alpha: TestClient, beta: TestClient) -> None:
+    plan = submit_done_plan(api)
+    quote = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes",
+        json={"gpu": "A40", "gpus": 1, "customer_name": "Acme Labs"},
+        headers=api.headers(),
+    )
+    assert quote.status_code == 201, quote.text
+    node = api.client.post("/v1/nodes", json={"name": "g1", "gpu": "A40"}, headers=api.headers()).json()["id"]
+    run = api.client.post(
+        f"/v1/plans/{plan['id']}/runs",
+        json={"node_ids": [node], "checkpoint_dir": "/data/out", "bucket": "runs-bucket"},
+        headers=api.headers(),
+    )
+    assert run.status_code == 201, run.text
+    data = api.client.post("/v1/datasets", json={"name": "train.jsonl", "size_bytes": 1234}, headers=api.headers())
+    quotes = alpha.get("/dashboard/quotes").text
+    assert quote.json()["number"] in quotes and "Acme Labs" in quotes and "1 x A40" in quotes
+    runs = alpha.get("/dashboard/runs").text
+    assert run.json()["id"][:8] in runs and "s3://runs-bucket/" in runs and "none yet" in runs
+    datasets = alpha.get("/dashboard/datasets").text
+    if data.status_code == 201:  # the upload needs a bucket; without one the data set is refused
+        assert "train.jsonl" in datasets
+    for path in ("/dashboard/quotes", "/dashboard/runs", "/dashboard/datasets"):
+        other = beta.get(path).text
+        assert quote.json()["number"] not in other and run.json()["id"][:8] not in other
+    assert alpha.get("/dashboard/runs", params={"before": "nope"}).status_code == 422
