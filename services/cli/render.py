@@ -81,7 +81,8 @@ def render_estimate(e: Estimate) -> str:
             "yes" + (" (tight)" if f.tight else "") if f.fits else "no",
             f"{f.headroom_gib:+.1f}",
         ]
-        for f in e.fits
+        # Smallest card first, so the first "yes" is the smallest card the run fits on.
+        for f in sorted(e.fits, key=lambda f: (f.memory_gib, f.gpu))
     ]
     out.append(table(["GPU", "GiB", "fits", "headroom GiB"], fit_rows, right={1, 3}))
     if e.mode != "train":

@@ -181,7 +181,8 @@ def padding_note(plan: Plan, recipe: Recipe) -> str | None:
         return None
     if mean >= plan.seq_len:
         return (
-            f"padding: the data set's mean example ({mean:,.0f} tokens) is longer than seq_len {plan.seq_len}, so "
+            f"padding: the data set's mean example ({mean:,.0f} tokens) is "
+            f"{'as long as' if round(mean) == plan.seq_len else 'longer than'} seq_len {plan.seq_len}, so longer "
             f"examples are cut to it and the time counts {processed:,.0f} tokens per example"
         )
     share = mean / processed

@@ -342,7 +342,8 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     if effective != ctx.effective_batch_size:
         notes.append(
             f"effective batch {effective} instead of the plan's {ctx.effective_batch_size}: "
-            f"{ctx.effective_batch_size} samples do not split evenly over {gpus_label(layout.gpus)}"
+            f"{ctx.effective_batch_size} {'sample does' if ctx.effective_batch_size == 1 else 'samples do'} not "
+            f"split evenly over {gpus_label(layout.gpus)}"
         )
     if layout.gpus > 1:
         notes.append(f"{c.setup.links.label()}: scaling {scaling_efficiency(ctx, c):.1%} of {layout.gpus} x one GPU")

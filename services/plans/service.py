@@ -395,7 +395,9 @@ def _result(
         "estimate": report.model_dump(mode="json"),
         "recommendations": recs,
         "rejections": rejections,
-        "warnings": [*report.warnings, *warnings],
+        # The estimate and the planner both warn of the plan's own assumptions (no LoRA settings, a seq_len
+        # past the model's positions): each once.
+        "warnings": list(dict.fromkeys([*report.warnings, *warnings])),
     }
 
 
