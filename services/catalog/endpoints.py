@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from services.api.deps import DbDep, PrincipalDep
+from services.api.routing import OffLoopRoute
 from services.catalog import service
 from services.catalog.pricelist import export_csv
 from services.catalog.tables import CatalogFeed, GpuOfferRow
@@ -13,6 +14,8 @@ from services.core.errors import Forbidden, Unprocessable
 from services.orgs.service import Principal
 
 router = APIRouter(prefix="/v1", tags=["catalog"])
+# Price-list imports (up to 10,000 rows): parsed, validated and stored off the event loop.
+off_loop = APIRouter(route_class=OffLoopRoute)
 
 MAX_PRICE_LIST_BYTES = 5_000_000
 
@@ -141,7 +144,7 @@ def _import(
         return result.summary()
 
 
-@router.post(
+@off_loop.post(
     "/admin/catalog/offers",
     operation_id="catalog-import-organization-offers",
     status_code=201,
@@ -159,7 +162,7 @@ async def import_organization_offers(
     return _import(db, text, fmt, source, principal.organization_id, replace_provider)
 
 
-@router.post(
+@off_loop.post(
     "/platform/catalog/offers",
     operation_id="catalog-import-public-offers",
     status_code=201,
@@ -221,3 +224,6 @@ def _require_platform_admin(principal: Principal) -> None:
 def _require_admin(principal: Principal) -> None:
     if not principal.admin:
         raise Forbidden("importing a price list needs an admin API key (gpuplan admin create-key --admin)")
+
+
+router.include_router(off_loop)

@@ -7,7 +7,7 @@ and defaults to "what the chosen framework does", so every published case stays 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -91,7 +91,8 @@ class ModelSpec(_Strict):
 class LoraSpec(_Strict):
     rank: int = Field(ge=1, le=4096)
     alpha: int | None = Field(default=None, ge=1)
-    targets: list[LoraRole] | Literal["all-linear"] = "all-linear"
+    # Each role at most once: the list is never longer than the roles there are (LoraRole's 8).
+    targets: Annotated[list[LoraRole], Field(max_length=len(get_args(LoraRole)))] | Literal["all-linear"] = "all-linear"
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +17,28 @@ def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
     return describe_error_list(exc.errors(), prefix)
 
 
-def describe_error_list(errors: Sequence[Any], prefix: str = "") -> list[str]:
-    """The same, from pydantic/FastAPI error dicts (FastAPI's start their location with 'body')."""
+# At most this many problems are listed, then a count of the rest: a 1 MiB body can carry 100,000 bad
+# items, and a client fixes the first few before it reads the rest (issue 21 item 1).
+MAX_LISTED_ERRORS = 50
+# A field path or a given value is shown up to this many characters.
+_MAX_SHOWN_CHARS = 200
+
+
+# reprlib bounds the work as well as the text: a list input is shown by its first items, not repr'd whole.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 200, 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 10
+
+
+def _shown(value: Any) -> str:
+    return _REPR.repr(value)[:_MAX_SHOWN_CHARS]
+
+
+def describe_error_list(errors: Sequence[Any], prefix: str = "", limit: int = MAX_LISTED_ERRORS) -> list[str]:
+    """The same, from pydantic/FastAPI error dicts (FastAPI's start their location with 'body').
+
+    Linear in the number of errors (up to a sort): at most ``limit`` lines, then one line counting
+    the rest."""
     found: list[tuple[str, str]] = []
     for err in errors:
         # Drop pydantic's union/validator tags such as "list[literal[...]]", and FastAPI's "body".
@@ -41,16 +63,27 @@ def describe_error_list(errors: Sequence[Any], prefix: str = "") -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling against the plan schema)"
         shown = err.get("input")
-        given = "" if err["type"] in ("missing", "model_type") or isinstance(shown, dict) else f" (got {shown!r:.200})"
-        found.append((field, f"{field}: {msg}{given}"))
-    # Of the alternatives a union reports for one field, keep the most specific.
-    fields = [f for f, _ in found]
-    lines = []
+        given = "" if err["type"] in ("missing", "model_type") or isinstance(shown, dict) else f" (got {_shown(shown)})"
+        found.append((field, f"{field[:_MAX_SHOWN_CHARS]}: {msg}{given}"))
+    # Of the alternatives a union reports for one field, keep the most specific: a field is dropped when
+    # another one lies under it. Sorted, the fields under F are the ones right after F + "." (a binary
+    # search each, where comparing every pair was quadratic: 5,000 errors took 3.5 s).
+    ordered = sorted({field for field, _ in found})
+    has_child: dict[str, bool] = {}
+    lines: list[str] = []
+    seen: set[str] = set()
     for field, line in found:
-        if any(other != field and other.startswith(field + ".") for other in fields):
+        if field not in has_child:
+            under = field + "."
+            at = bisect.bisect_left(ordered, under)
+            has_child[field] = at < len(ordered) and ordered[at].startswith(under)
+        if has_child[field] or line in seen:
             continue
-        if line not in lines:
-            lines.append(line)
+        seen.add(line)
+        lines.append(line)
+    if len(lines) > limit:
+        rest = len(lines) - limit
+        lines = [*lines[:limit], f"and {rest:,} more problem{'s' if rest != 1 else ''}"]
     return lines
 
 

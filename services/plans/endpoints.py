@@ -5,6 +5,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.catalog.gpus import find_gpu
 from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
@@ -16,9 +17,11 @@ from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 
 router = APIRouter(prefix="/v1", tags=["plans"])
+# Estimating and planning: parsed, validated and run off the event loop (services/api/routing.py).
+off_loop = APIRouter(route_class=OffLoopRoute)
 
 
-@router.post("/estimate", operation_id="plans-estimate")
+@off_loop.post("/estimate", operation_id="plans-estimate")
 def estimate_now(
     body: PlanRequest,
     db: DbDep,
@@ -51,7 +54,7 @@ def estimate_now(
     return out
 
 
-@router.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
+@off_loop.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
 def create_plan(
     body: PlanRequest,
     db: DbDep,
@@ -114,3 +117,6 @@ def export_plan(
 def get_plan(plan_id: str, db: DbDep, principal: PrincipalDep) -> PlanOut:
     with db.transaction() as (session, _pending):
         return service.to_out(service.get_plan(session, principal, plan_id))
+
+
+router.include_router(off_loop)

@@ -1,0 +1,65 @@
+"""Routes whose whole request runs off the event loop (issue 21 item 1).
+
+FastAPI parses a JSON body (``json.loads``), validates it against the route's pydantic models and
+serializes the answer in the event loop's own thread, and an ``async def`` endpoint runs there too; only
+a plain ``def`` endpoint is moved to a worker thread. A large body shaped to be slow (a config.json of
+thousands of keys, a price list of thousands of rows) then stalls every other request of the process,
+``/healthz`` included. An :class:`OffLoopRoute` reads the body on the loop (that is I/O) and runs all the
+rest, from parsing to the rendered response, on a worker thread in an event loop of its own; the main
+loop only waits for it. The thread holds the GIL while it computes, so the loop still runs, in Python's
+5 ms switch intervals (``sys.getswitchinterval``).
+
+Each request gets a fresh loop, so nothing created in it (FastAPI's exit stacks, anyio's worker
+threads, which stop when that loop's root task ends) outlives the request or crosses loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+# The exit stacks FastAPI keeps in the scope: its request wrapper opens them in the main loop, where the
+# handler's dependencies would then be entered from the other loop; the worker loop opens its own.
+_STACK_KEYS = ("fastapi_middleware_astack", "fastapi_inner_astack", "fastapi_function_astack")
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def run_in_own_loop(handler: Handler, request: Request) -> Response:
+    """Run ``handler(request)`` to its response in a new event loop in this (worker) thread."""
+    scope = request.scope
+    saved = {key: scope[key] for key in _STACK_KEYS if key in scope}
+
+    async def main() -> Response:
+        async with AsyncExitStack() as middleware, AsyncExitStack() as inner, AsyncExitStack() as function:
+            scope.update(zip(_STACK_KEYS, (middleware, inner, function), strict=True))
+            return await handler(request)
+
+    try:
+        return anyio.run(main)
+    finally:
+        for key in _STACK_KEYS:
+            scope.pop(key, None)
+        scope.update(saved)
+
+
+class OffLoopRoute(APIRoute):
+    """An APIRoute whose parsing, validation, endpoint and serialization run on a worker thread.
+
+    For routes with bounded bodies only (the body is read whole before the thread starts): the streamed
+    uploads keep the plain route."""
+
+    def get_route_handler(self) -> Handler:
+        handler = super().get_route_handler()
+
+        async def off_loop(request: Request) -> Response:
+            await request.body()  # read here; FastAPI's handler reads the cached bytes
+            return await anyio.to_thread.run_sync(run_in_own_loop, handler, request)
+
+        return off_loop
