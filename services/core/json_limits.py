@@ -21,6 +21,9 @@ MAX_ITEMS = 65_536
 # The largest integer every JSON reader represents exactly (RFC 8259 section 6: IEEE 754 doubles have
 # 53 bits); no real config or plan field comes near it.
 MAX_SAFE_INTEGER = 2**53 - 1
+# The largest value of a 32-bit INTEGER column (PostgreSQL's integer, SQLAlchemy's Integer): a request
+# integer stored in one is bounded by it in its schema, or its column is a BigInteger.
+INT32_MAX = 2**31 - 1
 
 
 class JsonInputError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 FileFormat = Literal["jsonl", "json", "csv", "parquet"]
 DatasetStatus = Literal["uploading", "queued", "running", "done", "failed"]
@@ -23,7 +23,9 @@ class DatasetCreate(BaseModel):
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="file name, e.g. train.jsonl or chat.csv.gz (no control characters)",
     )
-    size_bytes: int = Field(gt=0, description="exact size of the file as uploaded (compressed size for .gz)")
+    size_bytes: StrictInt = Field(
+        gt=0, le=5 * 2**40, description="exact size of the file as uploaded (compressed size for .gz)"
+    )
     sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-fA-F]{64}$", description="SHA-256 of the file, checked on complete"
     )

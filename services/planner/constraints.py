@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class Constraints(BaseModel):
@@ -23,7 +23,9 @@ class Constraints(BaseModel):
     )
     providers: tuple[str, ...] = Field(default=(), description="allowed providers (case-insensitive); empty allows all")
     spot_allowed: bool = Field(default=True, description="whether spot (preemptible) prices may be used")
-    max_gpus: int = Field(default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together")
+    max_gpus: StrictInt = Field(
+        default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together"
+    )
     safety_margin: float = Field(
         default=0.10, ge=0.0, le=0.5, description="share of each card's memory kept free (0.0-0.5)"
     )

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 
 class QuoteRequest(BaseModel):
@@ -12,9 +12,9 @@ class QuoteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu: str | None = Field(default=None, min_length=1, max_length=100)
-    gpus: int | None = Field(default=None, ge=1, le=1024)
+    gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     provider: str | None = Field(default=None, min_length=1, max_length=100)
-    best_for_gpus: int | None = Field(default=None, ge=1, le=1024)
+    best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
     checkpoint_storage_months: float = Field(default=1.0, ge=0, le=120)
 
