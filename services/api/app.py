@@ -17,6 +17,7 @@ from services.api.deps import Database
 from services.api.errors import ErrorBody, install_error_handlers
 from services.api.metrics import install as install_metrics
 from services.api.middleware import BodyLimit, RequestLimits
+from services.api.server import configure as configure_connections
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
@@ -126,8 +127,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def create_served_app(settings: Settings | None = None) -> FastAPI:
     """The app as `gpuplan serve` runs it (also uvicorn's factory in each worker process): with the
-    access log written to stderr when GPUPLAN_ACCESS_LOG is on."""
+    access log written to stderr when GPUPLAN_ACCESS_LOG is on, and this process's connection timeouts."""
     settings = settings or get_settings()
+    configure_connections(settings)
     access = logging.getLogger("gpuplan.access")
     if settings.access_log and not access.handlers:
         handler = logging.StreamHandler()
