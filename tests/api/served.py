@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +32,11 @@ class Served:
 
 
 @contextmanager
-def serve(database_url: str, tmp_path: Path, workers: int = 1, **settings: str) -> Iterator[Served]:
-    """Migrate, make an organization with an admin key, start the server and wait for /healthz."""
+def serve(
+    database_url: str, tmp_path: Path, settings: Mapping[str, str] | None = None, workers: int = 1
+) -> Iterator[Served]:
+    """Migrate, make an organization with an admin key, start the server (``settings`` as GPUPLAN_*
+    variables) and wait for /healthz."""
     upgrade(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "acme")
@@ -44,7 +47,7 @@ def serve(database_url: str, tmp_path: Path, workers: int = 1, **settings: str) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(GPUPLAN_DATABASE_URL=database_url, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     env.update(GPUPLAN_ACCESS_LOG="false")
-    env.update({f"GPUPLAN_{k.upper()}": v for k, v in settings.items()})
+    env.update({f"GPUPLAN_{k.upper()}": v for k, v in (settings or {}).items()})
     log_path = tmp_path / "serve.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
     server = subprocess.Popen(

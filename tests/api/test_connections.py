@@ -29,7 +29,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "http_keep_alive_s": "1",
         "http_max_connections": "8",
     }
-    with serve(f"sqlite:///{tmp_path / 'gpuplan.db'}", tmp_path, **settings) as server:
+    with serve(f"sqlite:///{tmp_path / 'gpuplan.db'}", tmp_path, settings) as server:
         yield server
 
 
