@@ -18,6 +18,7 @@ from services.api.errors import ErrorBody, install_error_handlers
 from services.api.metrics import install as install_metrics
 from services.api.middleware import BodyLimit, RequestLimits
 from services.api.server import configure as configure_connections
+from services.api.server import settle
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
 from services.core.db import make_engine, make_sessionmaker
@@ -137,7 +138,7 @@ def create_served_app(settings: Settings | None = None) -> FastAPI:
         access.addHandler(handler)
         access.setLevel(logging.INFO)
         access.propagate = False
-    return create_app(settings)
+    return settle(create_app(settings))
 
 
 def upload_limits() -> tuple[BodyLimit, ...]:
