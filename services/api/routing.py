@@ -63,3 +63,14 @@ class OffLoopRoute(APIRoute):
             return await anyio.to_thread.run_sync(run_in_own_loop, handler, request)
 
         return off_loop
+
+
+class BodyOffLoopRoute(OffLoopRoute):
+    """Off the loop when the route reads a JSON body into a model (its validation is the work a large
+    body makes); a route without one keeps the plain handler, and a plain ``def`` endpoint still runs on
+    FastAPI's thread pool."""
+
+    def get_route_handler(self) -> Handler:
+        if self.body_field is None:
+            return APIRoute.get_route_handler(self)
+        return super().get_route_handler()

@@ -7,11 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from services.core.request_models import ClosedModel
+
 FileFormat = Literal["jsonl", "json", "csv", "parquet"]
 DatasetStatus = Literal["uploading", "queued", "running", "done", "failed"]
 
 
-class DatasetCreate(BaseModel):
+class DatasetCreate(ClosedModel):
     """Start a resumable upload: the file's name and exact size; the format is taken from the name
     (``train.jsonl.gz``) unless given."""
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from services.core.json_limits import JsonInputError, check_value
+from services.core.request_models import ClosedModel
 
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
@@ -39,25 +40,8 @@ MAX_EFFECTIVE_BATCH_SIZE = 2**20
 MAX_MODEL_NAME_CHARS = 200
 
 
-# Past this many unknown fields an object is answered with one error naming the first few, where pydantic
-# would build one error each (65,000 of them cost about 1 s to build and describe).
-_MAX_UNKNOWN_FIELDS = 20
-
-
-class _Strict(BaseModel):
+class _Strict(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _few_unknown_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and len(data) > len(cls.model_fields) + _MAX_UNKNOWN_FIELDS:
-            unknown = [str(key) for key in data if key not in cls.model_fields]
-            if len(unknown) > _MAX_UNKNOWN_FIELDS:
-                shown = ", ".join(repr(name[:40]) for name in unknown[:5])
-                raise ValueError(
-                    f"{len(unknown):,} unknown fields ({shown}, ...); check their spelling against the plan schema"
-                )
-        return data
 
 
 class GenericModel(_Strict):

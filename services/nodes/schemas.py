@@ -6,9 +6,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from services.core.json_limits import INT32_MAX
+from services.core.request_models import ClosedModel
 
 
-class _In(BaseModel):
+class _In(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -5,11 +5,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from services.core.request_models import ClosedModel
+
 Scope = Literal["read", "plan", "agent", "admin"]
 _ID_PATTERN = "^[0-9a-f]{32}$"
 
 
-class KeyCreate(BaseModel):
+class KeyCreate(ClosedModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=100, description="what the key is for")
@@ -21,7 +23,7 @@ class KeyCreate(BaseModel):
     run_id: str | None = Field(default=None, pattern=_ID_PATTERN, description="agent keys: the run it acts for")
 
 
-class KeyRotate(BaseModel):
+class KeyRotate(ClosedModel):
     model_config = ConfigDict(extra="forbid")
 
     grace_s: StrictInt = Field(default=0, ge=0, le=7 * 86_400, description="the old key keeps working this long")

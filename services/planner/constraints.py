@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 
-class Constraints(BaseModel):
+class Constraints(ClosedModel):
     """Limits and assumptions for :func:`services.planner.planner.plan_setups`.
 
     ``preemptions_per_hour`` overrides every offer's spot interruption rate (per node and hour; a job on

@@ -7,13 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from services.core.request_models import ClosedModel
 from services.estimator.plan import DataSpec, Plan, check_length_percentiles
 from services.planner.constraints import Constraints
 
 LENGTH_PERCENTILE_KEYS = ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")
 
 
-class Dataset(BaseModel):
+class Dataset(ClosedModel):
     """The data set: ``{"examples": N, "avg_tokens": T}`` or ``{"tokens": N}`` (tokens per epoch)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

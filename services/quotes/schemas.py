@@ -5,8 +5,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from services.core.request_models import ClosedModel
 
-class QuoteRequest(BaseModel):
+
+class QuoteRequest(ClosedModel):
     """A setup to quote: a card and GPU count (optionally a provider), or the best setup for N GPUs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -16,9 +16,10 @@ import re
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator
 
 from services.core.json_limits import INT32_MAX
+from services.core.request_models import ClosedModel
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -54,7 +55,7 @@ def step_from_key(run_prefix: str, key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class ManifestFile(BaseModel):
+class ManifestFile(ClosedModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(min_length=1, max_length=1024, description="relative POSIX path inside the checkpoint")
@@ -71,7 +72,7 @@ class ManifestFile(BaseModel):
         return value
 
 
-class Manifest(BaseModel):
+class Manifest(ClosedModel):
     """What a durable checkpoint holds; stored as <step prefix>/manifest.json and in the database."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 
-class RetentionPolicy(BaseModel):
+class RetentionPolicy(ClosedModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     keep_last: StrictInt = Field(default=2, ge=1, le=1000, description="durable checkpoints kept, newest first")

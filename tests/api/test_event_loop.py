@@ -11,6 +11,7 @@ so a busy machine does not fail the test; a blocked loop would add seconds, not 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import threading
 import time
@@ -102,11 +103,11 @@ def idle_median_ms(served: Served) -> float:
     return statistics.median(_probe(served.base, 1.0))
 
 
-@pytest.mark.parametrize("probe", list(PROBES))
-def test_healthz_answers_while_a_slow_body_is_handled(served: Served, idle_median_ms: float, probe: str) -> None:
-    method, path, make, content_type = PROBES[probe]
-    body = make()
-    assert len(body) <= MAX_BODY_BYTES or path.endswith("/offers"), len(body)
+def _under_load(
+    served: Served, method: str, path: str, body: bytes, content_type: dict[str, str], seconds: float
+) -> tuple[list[float], list[int], list[float]]:
+    """/healthz latencies (ms) while two threads send ``body`` again and again; their statuses and
+    request durations (s)."""
     statuses: list[int] = []
     durations: list[float] = []
     stop = threading.Event()
@@ -126,11 +127,20 @@ def test_healthz_answers_while_a_slow_body_is_handled(served: Served, idle_media
         sender.start()
     try:
         time.sleep(0.2)  # the first bodies are in flight
-        latencies = _probe(served.base, LOAD_S)
+        latencies = _probe(served.base, seconds)
     finally:
         stop.set()
         for sender in senders:
             sender.join(timeout=120)
+    return latencies, statuses, durations
+
+
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_healthz_answers_while_a_slow_body_is_handled(served: Served, idle_median_ms: float, probe: str) -> None:
+    method, path, make, content_type = PROBES[probe]
+    body = make()
+    assert len(body) <= MAX_BODY_BYTES or path.endswith("/offers"), len(body)
+    latencies, statuses, durations = _under_load(served, method, path, body, content_type, LOAD_S)
     median = statistics.median(latencies)
     print(
         f"{probe}: {len(body):,} bytes, {len(durations)} requests of {statistics.median(durations) * 1000:.0f} ms "
@@ -139,3 +149,29 @@ def test_healthz_answers_while_a_slow_body_is_handled(served: Served, idle_media
     )
     assert statuses and all(status < 500 for status in statuses), statuses
     assert median < LIMIT_MS and median < idle_median_ms + LIMIT_MS, (median, latencies)
+
+
+def test_healthz_answers_while_any_json_route_gets_the_largest_object(served: Served, idle_median_ms: float) -> None:
+    """Every route with a JSON body (from the OpenAPI schema), sent an object of as many unknown fields
+    as one may hold (ids in the path made up: the body is validated before the handler looks)."""
+    body = json.dumps({f"f{i:05d}": 0 for i in range(MAX_ITEMS)}).encode()
+    openapi = httpx.get(f"{served.base}/openapi.json").json()
+    routes = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, operations in openapi["paths"].items()
+        for method, operation in operations.items()
+        if "application/json" in operation.get("requestBody", {}).get("content", {})
+    ]
+    assert len(routes) >= 15, routes
+    failed = []
+    for method, path in routes:
+        latencies, statuses, _durations = _under_load(served, method, path, body, JSON, 1.0)
+        median = statistics.median(latencies)
+        print(
+            f"{method} {path}: /healthz median {median:.1f} ms, longest {max(latencies):.1f} ms {sorted(set(statuses))}"
+        )
+        if not statuses or any(status >= 500 for status in statuses):
+            failed.append(f"{method} {path}: statuses {sorted(set(statuses))}")
+        if not (median < LIMIT_MS and median < idle_median_ms + LIMIT_MS):
+            failed.append(f"{method} {path}: /healthz median {median:.1f} ms")
+    assert not failed, failed
