@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -29,6 +29,7 @@ from fastapi.routing import APIRoute
 _STACK_KEYS = ("fastapi_middleware_astack", "fastapi_inner_astack", "fastapi_function_astack")
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def run_in_own_loop(handler: Handler, request: Request) -> Response:
@@ -49,28 +50,26 @@ def run_in_own_loop(handler: Handler, request: Request) -> Response:
         scope.update(saved)
 
 
-class OffLoopRoute(APIRoute):
-    """An APIRoute whose parsing, validation, endpoint and serialization run on a worker thread.
+def off_loop(endpoint: F) -> F:
+    """Mark an endpoint without a body model (one that reads the raw body, or works hard) to run off the
+    loop too. Put it under the route decorator."""
+    endpoint.__dict__["gpuplan_off_loop"] = True
+    return endpoint
 
-    For routes with bounded bodies only (the body is read whole before the thread starts): the streamed
-    uploads keep the plain route."""
+
+class OffLoopRoute(APIRoute):
+    """An APIRoute whose parsing, validation, endpoint and serialization run on a worker thread when it
+    reads a JSON body into a model (its validation is the work a large body makes) or its endpoint is
+    marked :func:`off_loop`. Other routes keep the plain handler (a plain ``def`` endpoint still runs on
+    FastAPI's thread pool), and so do the streamed uploads, which must not be read whole first."""
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
+        if self.body_field is None and not getattr(self.endpoint, "gpuplan_off_loop", False):
+            return handler
 
-        async def off_loop(request: Request) -> Response:
+        async def run_off_loop(request: Request) -> Response:
             await request.body()  # read here; FastAPI's handler reads the cached bytes
             return await anyio.to_thread.run_sync(run_in_own_loop, handler, request)
 
-        return off_loop
-
-
-class BodyOffLoopRoute(OffLoopRoute):
-    """Off the loop when the route reads a JSON body into a model (its validation is the work a large
-    body makes); a route without one keeps the plain handler, and a plain ``def`` endpoint still runs on
-    FastAPI's thread pool."""
-
-    def get_route_handler(self) -> Handler:
-        if self.body_field is None:
-            return APIRoute.get_route_handler(self)
-        return super().get_route_handler()
+        return run_off_loop

@@ -6,16 +6,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from services.api.deps import DbDep, PrincipalDep
-from services.api.routing import OffLoopRoute
+from services.api.routing import OffLoopRoute, off_loop
 from services.catalog import service
 from services.catalog.pricelist import export_csv
 from services.catalog.tables import CatalogFeed, GpuOfferRow
 from services.core.errors import Forbidden, Unprocessable
 from services.orgs.service import Principal
 
-router = APIRouter(prefix="/v1", tags=["catalog"])
-# Price-list imports (up to 10,000 rows): parsed, validated and stored off the event loop.
-off_loop = APIRouter(route_class=OffLoopRoute)
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["catalog"], route_class=OffLoopRoute)
 
 MAX_PRICE_LIST_BYTES = 5_000_000
 
@@ -144,13 +143,14 @@ def _import(
         return result.summary()
 
 
-@off_loop.post(
+@router.post(
     "/admin/catalog/offers",
     operation_id="catalog-import-organization-offers",
     status_code=201,
     openapi_extra=_PRICE_LIST_BODY,
     responses={403: {"description": "not an admin key of the organization"}},
 )
+@off_loop  # reads the raw price list (up to 10,000 rows) and stores it
 async def import_organization_offers(
     request: Request, db: DbDep, principal: PrincipalDep, replace_provider: ReplaceProvider = None
 ) -> dict[str, Any]:
@@ -162,13 +162,14 @@ async def import_organization_offers(
     return _import(db, text, fmt, source, principal.organization_id, replace_provider)
 
 
-@off_loop.post(
+@router.post(
     "/platform/catalog/offers",
     operation_id="catalog-import-public-offers",
     status_code=201,
     openapi_extra=_PRICE_LIST_BODY,
     responses={403: {"description": "not a platform-admin key"}},
 )
+@off_loop  # reads the raw price list (up to 10,000 rows) and stores it
 async def import_public_offers(
     request: Request, db: DbDep, principal: PrincipalDep, replace_provider: ReplaceProvider = None
 ) -> dict[str, Any]:
@@ -224,6 +225,3 @@ def _require_platform_admin(principal: Principal) -> None:
 def _require_admin(principal: Principal) -> None:
     if not principal.admin:
         raise Forbidden("importing a price list needs an admin API key (gpuplan admin create-key --admin)")
-
-
-router.include_router(off_loop)

@@ -6,15 +6,13 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
-from services.api.routing import OffLoopRoute
+from services.api.routing import OffLoopRoute, off_loop
 from services.core.errors import PayloadTooLarge, Unprocessable
 from services.datasets import service
 from services.datasets.schemas import DatasetCreate, DatasetList, DatasetOut
 
-router = APIRouter(prefix="/v1", tags=["datasets"])
-# Creating, completing and re-checking a data set (the check itself runs as a task): off the event loop.
-# The streamed uploads (parts, tokenizer) stay on the plain router.
-off_loop = APIRouter(route_class=OffLoopRoute)
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["datasets"], route_class=OffLoopRoute)
 
 PartNumber = Annotated[int, Path(ge=1, le=service.S3_MAX_PARTS, description="1-based part number")]
 DatasetId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the data set's id")]
@@ -33,7 +31,7 @@ async def _read_body(request: Request, limit: int, field: str = "body") -> bytes
     return bytes(data)
 
 
-@off_loop.post("/datasets", operation_id="datasets-create", status_code=201, response_model=DatasetOut)
+@router.post("/datasets", operation_id="datasets-create", status_code=201, response_model=DatasetOut)
 def create_dataset(
     body: DatasetCreate, db: DbDep, principal: PrincipalDep, settings: SettingsDep, response: Response
 ) -> DatasetOut:
@@ -85,7 +83,8 @@ async def put_part(
     return await run_in_threadpool(store)
 
 
-@off_loop.post("/datasets/{dataset_id}/complete", operation_id="datasets-complete", response_model=DatasetOut)
+@router.post("/datasets/{dataset_id}/complete", operation_id="datasets-complete", response_model=DatasetOut)
+@off_loop
 def complete_upload(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> DatasetOut:
     """Assemble the parts, verify size (and SHA-256 when declared) and queue the check."""
     with db.transaction() as (session, pending):
@@ -111,11 +110,9 @@ async def put_tokenizer(
     return await run_in_threadpool(store)
 
 
-@off_loop.post("/datasets/{dataset_id}/check", operation_id="datasets-check", response_model=DatasetOut)
+@router.post("/datasets/{dataset_id}/check", operation_id="datasets-check", response_model=DatasetOut)
+@off_loop
 def recheck_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep) -> DatasetOut:
     """Run the check again (after a failure)."""
     with db.transaction() as (session, pending):
         return service.to_out(session, service.recheck(session, principal, dataset_id, pending))
-
-
-router.include_router(off_loop)

@@ -5,7 +5,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
-from services.api.routing import BodyOffLoopRoute
+from services.api.routing import OffLoopRoute
 from services.nodes import service
 from services.nodes.lifecycle import list_events, stop_policy
 from services.nodes.schemas import (
@@ -23,7 +23,7 @@ from services.nodes.schemas import (
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
 
 # Bodies are validated off the event loop (services/api/routing.py).
-router = APIRouter(prefix="/v1", tags=["nodes"], route_class=BodyOffLoopRoute)
+router = APIRouter(prefix="/v1", tags=["nodes"], route_class=OffLoopRoute)
 
 # The token a node's registration returned; every heartbeat and report of its agent carries it.
 NodeTokenDep = Annotated[

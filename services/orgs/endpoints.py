@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from services.api.deps import DbDep, PrincipalDep
-from services.api.routing import BodyOffLoopRoute
+from services.api.routing import OffLoopRoute
 from services.core.db import utcnow
 from services.orgs import audit, service
 from services.orgs.binding import check_binding_target
@@ -17,7 +17,7 @@ from services.orgs.service import Principal
 from services.orgs.tables import ApiKey
 
 # Bodies are validated off the event loop (services/api/routing.py).
-router = APIRouter(prefix="/v1", tags=["keys"], route_class=BodyOffLoopRoute)
+router = APIRouter(prefix="/v1", tags=["keys"], route_class=OffLoopRoute)
 KeyId = Annotated[str, Path(pattern="^[0-9a-f]{32}$", description="the key's id (GET /v1/keys)")]
 
 

@@ -16,12 +16,11 @@ from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 
-router = APIRouter(prefix="/v1", tags=["plans"])
-# Estimating and planning: parsed, validated and run off the event loop (services/api/routing.py).
-off_loop = APIRouter(route_class=OffLoopRoute)
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["plans"], route_class=OffLoopRoute)
 
 
-@off_loop.post("/estimate", operation_id="plans-estimate")
+@router.post("/estimate", operation_id="plans-estimate")
 def estimate_now(
     body: PlanRequest,
     db: DbDep,
@@ -54,7 +53,7 @@ def estimate_now(
     return out
 
 
-@off_loop.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
+@router.post("/plans", operation_id="plans-create", status_code=202, response_model=PlanCreated)
 def create_plan(
     body: PlanRequest,
     db: DbDep,
@@ -117,6 +116,3 @@ def export_plan(
 def get_plan(plan_id: str, db: DbDep, principal: PrincipalDep) -> PlanOut:
     with db.transaction() as (session, _pending):
         return service.to_out(service.get_plan(session, principal, plan_id))
-
-
-router.include_router(off_loop)

@@ -3,12 +3,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
-from services.api.routing import BodyOffLoopRoute
+from services.api.routing import OffLoopRoute
 from services.quotes import service
 from services.quotes.schemas import QuoteOut, QuoteRequest
 
 # Bodies are validated off the event loop (services/api/routing.py).
-router = APIRouter(prefix="/v1", tags=["quotes"], route_class=BodyOffLoopRoute)
+router = APIRouter(prefix="/v1", tags=["quotes"], route_class=OffLoopRoute)
 
 
 @router.post("/plans/{plan_id}/quotes", operation_id="quotes-create", status_code=201, response_model=QuoteOut)

@@ -5,14 +5,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
-from services.api.routing import BodyOffLoopRoute
+from services.api.routing import OffLoopRoute
 from services.core.errors import Forbidden
 from services.nodes.endpoints import NODE_AUTH, NodeTokenDep
 from services.runs import service
 from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunJoin, RunOut
 
 # Bodies are validated off the event loop (services/api/routing.py).
-router = APIRouter(prefix="/v1", tags=["runs"], route_class=BodyOffLoopRoute)
+router = APIRouter(prefix="/v1", tags=["runs"], route_class=OffLoopRoute)
 
 
 @router.post("/plans/{plan_id}/runs", operation_id="runs-create", status_code=201, response_model=RunOut)
