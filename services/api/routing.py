@@ -6,8 +6,8 @@ a plain ``def`` endpoint is moved to a worker thread. A large body shaped to be 
 thousands of keys, a price list of thousands of rows) then stalls every other request of the process,
 ``/healthz`` included. An :class:`OffLoopRoute` reads the body on the loop (that is I/O) and runs all the
 rest, from parsing to the rendered response, on a worker thread in an event loop of its own; the main
-loop only waits for it. The thread holds the GIL while it computes, so the loop still runs, in Python's
-5 ms switch intervals (``sys.getswitchinterval``).
+loop only waits for it. The thread holds the GIL while it computes, so the loop runs in the GIL's switch
+intervals (1 ms under `gpuplan serve`, services/api/server.py).
 
 Each request gets a fresh loop, so nothing created in it (FastAPI's exit stacks, anyio's worker
 threads, which stop when that loop's root task ends) outlives the request or crosses loops.

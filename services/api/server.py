@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 # The work a request does on a worker thread holds the GIL; the event loop's thread gets it back at the
-# switch interval (5 ms by default), several times for each request it answers. At 1 ms a /healthz
-# probe beside two threads importing 10,000-row price lists took 20 ms (median) instead of 48 ms.
+# switch interval (5 ms by default), several times for each request it answers. 1 ms halved the /healthz
+# median beside two threads importing price lists (figures in docs/security.md, "Work and waiting").
 GIL_SWITCH_INTERVAL_S = 0.001
 
 _TIMEOUT_RESPONSE = (
