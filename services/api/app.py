@@ -17,6 +17,8 @@ from services.api.deps import Database
 from services.api.errors import ErrorBody, install_error_handlers
 from services.api.metrics import install as install_metrics
 from services.api.middleware import BodyLimit, RequestLimits
+from services.api.server import configure as configure_connections
+from services.api.server import settle
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
 from services.core import request_ids
@@ -131,8 +133,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def create_served_app(settings: Settings | None = None) -> FastAPI:
     """The app as `gpuplan serve` runs it (also uvicorn's factory in each worker process): with the
-    access log written to stderr when GPUPLAN_ACCESS_LOG is on."""
+    access log written to stderr when GPUPLAN_ACCESS_LOG is on, and this process's connection timeouts."""
     settings = settings or get_settings()
+    configure_connections(settings)
     access = logging.getLogger("gpuplan.access")
     if settings.access_log and not access.handlers:
         handler = logging.StreamHandler()
@@ -140,7 +143,7 @@ def create_served_app(settings: Settings | None = None) -> FastAPI:
         access.addHandler(handler)
         access.setLevel(logging.INFO)
         access.propagate = False
-    return create_app(settings)
+    return settle(create_app(settings))
 
 
 # Swagger UI and ReDoc's files, as fastapi-offline packages them (the swagger-ui-dist and redoc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -85,6 +86,24 @@ def with_api_hint(message: str, exc: EstimatorError) -> str:
     return message
 
 
+def validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """The 422 for a request FastAPI could not validate: its first problem, and at most 50 more listed."""
+    errors = list(exc.errors())
+    special = _json_syntax(errors, exc.body)
+    if special is not None and "content-type" not in request.headers:
+        special += "; send JSON with the header Content-Type: application/json"
+    special = special or _body_problem(request, errors)
+    if special is not None:
+        return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
+    problems = describe_error_list(errors) or ["invalid request"]
+    return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+
+
+def _pydantic_response(exc: ValidationError) -> JSONResponse:
+    problems = describe_errors(exc)
+    return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GpuplanError)
     async def _gpuplan(_request: Request, exc: GpuplanError) -> JSONResponse:
@@ -102,22 +121,14 @@ def install_error_handlers(app: FastAPI) -> None:
         body = {"error": "unavailable", "message": "the database connection was lost; retry the request"}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
+    # Describing thousands of errors is work: it runs on a worker thread, never on the event loop.
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        special = _json_syntax(errors, exc.body)
-        if special is not None and "content-type" not in request.headers:
-            special += "; send JSON with the header Content-Type: application/json"
-        special = special or _body_problem(request, errors)
-        if special is not None:
-            return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
-        problems = describe_error_list(errors) or ["invalid request"]
-        return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+        return await anyio.to_thread.run_sync(validation_response, request, exc)
 
     @app.exception_handler(ValidationError)
     async def _pydantic(_request: Request, exc: ValidationError) -> JSONResponse:
-        problems = describe_errors(exc)
-        return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+        return await anyio.to_thread.run_sync(_pydantic_response, exc)
 
     @app.exception_handler(EstimatorError)
     async def _estimator(_request: Request, exc: EstimatorError) -> JSONResponse:

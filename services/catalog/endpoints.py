@@ -6,13 +6,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from services.api.deps import DbDep, PrincipalDep
+from services.api.routing import OffLoopRoute, off_loop
 from services.catalog import service
 from services.catalog.pricelist import export_csv
 from services.catalog.tables import CatalogFeed, GpuOfferRow
 from services.core.errors import Forbidden, Unprocessable
 from services.orgs.service import Principal
 
-router = APIRouter(prefix="/v1", tags=["catalog"])
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["catalog"], route_class=OffLoopRoute)
 
 MAX_PRICE_LIST_BYTES = 5_000_000
 
@@ -148,6 +150,7 @@ def _import(
     openapi_extra=_PRICE_LIST_BODY,
     responses={403: {"description": "not an admin key of the organization"}},
 )
+@off_loop  # reads the raw price list (up to 10,000 rows) and stores it
 async def import_organization_offers(
     request: Request, db: DbDep, principal: PrincipalDep, replace_provider: ReplaceProvider = None
 ) -> dict[str, Any]:
@@ -166,6 +169,7 @@ async def import_organization_offers(
     openapi_extra=_PRICE_LIST_BODY,
     responses={403: {"description": "not a platform-admin key"}},
 )
+@off_loop  # reads the raw price list (up to 10,000 rows) and stores it
 async def import_public_offers(
     request: Request, db: DbDep, principal: PrincipalDep, replace_provider: ReplaceProvider = None
 ) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from services.catalog.pricelist import PriceListError, offer_key, parse_price_li
 from services.catalog.repository import CatalogRepository
 from services.catalog.tables import CatalogFeed, CatalogVersion, GpuOfferRow
 from services.core.db import UtcDateTime, new_id, utcnow
-from services.core.errors import Unprocessable
+from services.core.errors import Unprocessable, listed
 
 # Older versions are kept for a look back (and a manual rollback); beyond this many per owner they go.
 KEEP_INACTIVE_VERSIONS = 20
@@ -275,7 +275,7 @@ def _rejected(exc: PriceListError) -> Unprocessable:
     return Unprocessable(
         f"price list rejected: {len(exc.problems)} problem(s); nothing was imported",
         field="price_list",
-        details=exc.problems,
+        details=listed(exc.problems),
     )
 
 

@@ -131,8 +131,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # each crashing worker process for ever and /healthz would never answer.
     app = _build_app(settings)
     print(f"gpuplan: serving on {url}  (dashboard: {url}/dashboard, API docs: {url}/docs)", flush=True)
+    from services.api.server import uvicorn_options
+
+    options = uvicorn_options(settings)
     if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning", **options)
         return 0
     app.state.engine.dispose()
     del app
@@ -143,7 +146,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpuplan-metrics-")
     print(f"gpuplan: {workers} API processes", flush=True)
     uvicorn.run(
-        "services.api.app:create_served_app", factory=True, host=host, port=port, workers=workers, log_level="warning"
+        "services.api.app:create_served_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        **options,
     )
     return 0
 

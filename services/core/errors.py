@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+# An answer lists at most this many problems, then a count of the rest: a 1 MiB body can carry 100,000
+# bad items, and a client fixes the first few before it reads the rest (issue 21 item 1).
+MAX_LISTED_PROBLEMS = 50
+
+
+def listed(problems: list[str], more: int = 0, limit: int = MAX_LISTED_PROBLEMS) -> list[str]:
+    """The first ``limit`` problems, then one line counting the others (and ``more`` not described)."""
+    rest = max(0, len(problems) - limit) + more
+    if not rest:
+        return problems
+    return [*problems[:limit], f"and {rest:,} more problem{'s' if rest != 1 else ''}"]
+
 
 class GpuplanError(Exception):
     status_code = 400

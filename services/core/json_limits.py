@@ -14,9 +14,16 @@ from typing import Any
 # (model.config). 32 leaves a wide margin and keeps every recursive reader (pydantic, json.dumps,
 # the database drivers) far from Python's recursion limit of 1000.
 MAX_DEPTH = 32
+# Items of one JSON object or array. The longest real config.json lists are ImageNet-22k classifiers'
+# id2label maps (about 21,800 labels, e.g. microsoft/beit-base-patch16-224-pt22k-ft22k); a price list is
+# at most 10,000 rows (catalog/pricelist.py MAX_ROWS). Past this, a body is work for nothing.
+MAX_ITEMS = 65_536
 # The largest integer every JSON reader represents exactly (RFC 8259 section 6: IEEE 754 doubles have
 # 53 bits); no real config or plan field comes near it.
 MAX_SAFE_INTEGER = 2**53 - 1
+# The largest value of a 32-bit INTEGER column (PostgreSQL's integer, SQLAlchemy's Integer): a request
+# integer stored in one is bounded by it in its schema, or its column is a BigInteger.
+INT32_MAX = 2**31 - 1
 
 
 class JsonInputError(ValueError):
@@ -77,9 +84,10 @@ def _leaf_problem(value: object) -> str | None:
     return None
 
 
-def check_value(value: Any, field: str = "", max_depth: int = MAX_DEPTH) -> None:
+def check_value(value: Any, field: str = "", max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> None:
     """Walk a parsed JSON value (iteratively: no recursion limit to hit) and raise
-    :class:`JsonInputError` for the first value nested over ``max_depth`` levels, a non-finite number
+    :class:`JsonInputError` for the first value nested over ``max_depth`` levels, an object or array of
+    more than ``max_items`` items, a non-finite number
     (``Infinity``, ``NaN``, ``1e400``), an integer beyond +-(2**53 - 1), or a string or key with a NUL
     character or a lone surrogate. Paths are built only for the value reported, so a large body costs
     one pass of cheap type checks."""
@@ -93,6 +101,9 @@ def check_value(value: Any, field: str = "", max_depth: int = MAX_DEPTH) -> None
         container, depth, trail = stack.pop()
         if depth >= max_depth:
             raise JsonInputError(_path(field, trail), f"nested more than {max_depth} levels deep")
+        if len(container) > max_items:
+            kind_name = "keys" if isinstance(container, dict) else "items"
+            raise JsonInputError(_path(field, trail), f"has {len(container):,} {kind_name}; at most {max_items:,}")
         pairs = container.items() if isinstance(container, dict) else enumerate(container)
         for key, child in pairs:
             if type(key) is str and not (key.isascii() and "\x00" not in key):

@@ -182,6 +182,17 @@ class Settings(BaseSettings):
     aws_access_key_id: str | None = Field(default=None, description="unset = boto3's credential chain")
     aws_secret_access_key: SecretStr | None = None
 
+    # Connections (`gpuplan serve`, services/api/server.py): a client must send its request headers within
+    # http_header_timeout_s of connecting (or of the previous response), and a body with no more than
+    # http_body_timeout_s between two reads (nginx's client_header_timeout and client_body_timeout, 60 s by
+    # default there); an idle keep-alive connection is closed after http_keep_alive_s (uvicorn's default,
+    # 5 s); past http_max_connections connections or requests in flight a process answers 503.
+    http_header_timeout_s: float = Field(default=15.0, ge=0.1, le=600.0, description="time to send request headers")
+    http_body_timeout_s: float = Field(default=30.0, ge=0.1, le=600.0, description="longest pause in a request body")
+    http_keep_alive_s: int = Field(default=5, ge=1, le=600, description="idle keep-alive connections closed after")
+    http_max_connections: int = Field(
+        default=1000, ge=1, le=100_000, description="connections (and requests) in flight per API process"
+    )
     # Every other request body: refused with 413 over this size, before it is parsed or authenticated
     # (the largest real plan body, a config.json with a long mlp_only_layers list, is under 20 KiB).
     max_request_bytes: int = Field(

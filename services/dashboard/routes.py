@@ -348,7 +348,10 @@ def new_plan_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
 async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Response:
     raw = await request.form()
     _check_csrf(viewer.session, raw.get(session.CSRF_FIELD))
-    form, plan_request = forms.parse_plan_form({k: v for k, v in raw.items() if isinstance(v, str)})
+    # A pasted config.json is parsed and validated on a worker thread, never on the event loop.
+    form, plan_request = await run_in_threadpool(
+        forms.parse_plan_form, {k: v for k, v in raw.items() if isinstance(v, str)}
+    )
     if plan_request is not None and plan_request.mode == "inference":
         return await run_in_threadpool(_inference_page, request, viewer, form, plan_request)
 

@@ -6,11 +6,13 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import DbDep, PageCursor, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute, off_loop
 from services.core.errors import PayloadTooLarge, Unprocessable
 from services.datasets import service
 from services.datasets.schemas import DatasetCreate, DatasetList, DatasetOut
 
-router = APIRouter(prefix="/v1", tags=["datasets"])
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["datasets"], route_class=OffLoopRoute)
 
 PartNumber = Annotated[int, Path(ge=1, le=service.S3_MAX_PARTS, description="1-based part number")]
 DatasetId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the data set's id")]
@@ -86,6 +88,7 @@ async def put_part(
 
 
 @router.post("/datasets/{dataset_id}/complete", operation_id="datasets-complete", response_model=DatasetOut)
+@off_loop
 def complete_upload(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> DatasetOut:
     """Assemble the parts, verify size (and SHA-256 when declared) and queue the check."""
     with db.transaction() as (session, pending):
@@ -112,6 +115,7 @@ async def put_tokenizer(
 
 
 @router.post("/datasets/{dataset_id}/check", operation_id="datasets-check", response_model=DatasetOut)
+@off_loop
 def recheck_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep) -> DatasetOut:
     """Run the check again (after a failure)."""
     with db.transaction() as (session, pending):

@@ -5,13 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 FileFormat = Literal["jsonl", "json", "csv", "parquet"]
 DatasetStatus = Literal["uploading", "queued", "running", "done", "failed"]
 
 
-class DatasetCreate(BaseModel):
+class DatasetCreate(ClosedModel):
     """Start a resumable upload: the file's name and exact size; the format is taken from the name
     (``train.jsonl.gz``) unless given."""
 
@@ -23,7 +25,9 @@ class DatasetCreate(BaseModel):
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="file name, e.g. train.jsonl or chat.csv.gz (no control characters)",
     )
-    size_bytes: int = Field(gt=0, description="exact size of the file as uploaded (compressed size for .gz)")
+    size_bytes: StrictInt = Field(
+        gt=0, le=5 * 2**40, description="exact size of the file as uploaded (compressed size for .gz)"
+    )
     sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-fA-F]{64}$", description="SHA-256 of the file, checked on complete"
     )

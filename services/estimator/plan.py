@@ -7,11 +7,12 @@ and defaults to "what the chosen framework does", so every published case stays 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from services.core.json_limits import JsonInputError, check_value
+from services.core.request_models import ClosedModel
 
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
@@ -45,17 +46,18 @@ MAX_EFFECTIVE_BATCH_SIZE = 2**20
 MAX_MODEL_NAME_CHARS = 200
 
 
-class _Strict(BaseModel):
+class _Strict(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GenericModel(_Strict):
     """A model known only by its size (SEEDS.md section 3): no architecture, so a coarser estimate."""
 
-    parameters: int = Field(gt=0, description="total parameter count")
+    # 10^14 parameters: about 60x the largest published (Switch-C, 1.6 T).
+    parameters: StrictInt = Field(gt=0, le=10**14, description="total parameter count")
     dtype: Literal["fp32", "bf16", "fp16", "int8", "int4"] = "bf16"
-    activation_bytes_per_sample: int = Field(
-        default=0, ge=0, description="activation memory of one training sample, in bytes"
+    activation_bytes_per_sample: StrictInt = Field(
+        default=0, ge=0, le=2**50, description="activation memory of one training sample, in bytes"
     )
     safety_margin: float = Field(
         default=0.2, ge=0.1, le=0.3, description="fraction added against out-of-memory (10-30%)"
@@ -95,9 +97,10 @@ class ModelSpec(_Strict):
 
 
 class LoraSpec(_Strict):
-    rank: int = Field(ge=1, le=4096)
-    alpha: int | None = Field(default=None, ge=1)
-    targets: list[LoraRole] | Literal["all-linear"] = "all-linear"
+    rank: StrictInt = Field(ge=1, le=4096)
+    alpha: StrictInt | None = Field(default=None, ge=1, le=65_536)  # usually 1-2x the rank
+    # Each role at most once: the list is never longer than the roles there are (LoraRole's 8).
+    targets: Annotated[list[LoraRole], Field(max_length=len(get_args(LoraRole)))] | Literal["all-linear"] = "all-linear"
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
 
 
@@ -125,16 +128,16 @@ def check_length_percentiles(given: list[tuple[str, int | None]]) -> None:
 class DataSpec(_Strict):
     """The data set: total tokens, or examples times their average length."""
 
-    tokens: int | None = Field(default=None, gt=0)
-    examples: int | None = Field(default=None, gt=0)
+    tokens: StrictInt | None = Field(default=None, gt=0, le=10**15)
+    examples: StrictInt | None = Field(default=None, gt=0, le=10**12)
     avg_tokens_per_example: float | None = Field(default=None, gt=0)
     epochs: float = Field(default=1.0, gt=0, le=1000)
     # The length distribution where it is known (a checked data set gives it): padding to the longest sample
     # of a micro-batch is then computed from it instead of from the mean alone.
-    p50_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
-    p90_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
-    p99_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
-    max_tokens_per_example: int | None = Field(default=None, gt=0, le=4_194_304)
+    p50_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p90_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p99_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    max_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
 
     @model_validator(mode="after")
     def _size_given(self) -> DataSpec:
@@ -170,23 +173,23 @@ class Plan(_Strict):
     )
     optimizer: Optimizer = "adamw"
     optimizer_in_backward: bool = False
-    micro_batch_size: int = Field(
+    micro_batch_size: StrictInt = Field(
         default=1, ge=1, le=65536, description="samples per micro-batch; inference: concurrent sequences"
     )
-    seq_len: int = Field(
+    seq_len: StrictInt = Field(
         default=2048,
         ge=1,
         le=4_194_304,
         description="tokens per sample; inference: context length per sequence (prompt and generated tokens)",
     )
     gradient_checkpointing: bool = False
-    gpus: int = Field(default=1, ge=1, le=65536)
+    gpus: StrictInt = Field(default=1, ge=1, le=65536)
     sharding: Sharding = "none"
     cpu_offload: bool = False
 
     # Extensions (all optional; None means "the framework's default").
     mode: Mode = "train"
-    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=100_000)
+    gradient_accumulation_steps: StrictInt | None = Field(default=None, ge=1, le=100_000)
     attention: Attention | None = None
     loss: Loss | None = None
     logits_fp32: bool | None = None

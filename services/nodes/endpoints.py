@@ -5,6 +5,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.core.pages import DEFAULT_LIMIT
 from services.nodes import service
 from services.nodes.lifecycle import list_events, stop_policy, sync_alert_policy
@@ -24,7 +25,8 @@ from services.nodes.schemas import (
 )
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
 
-router = APIRouter(prefix="/v1", tags=["nodes"])
+# Bodies are validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["nodes"], route_class=OffLoopRoute)
 
 # The token a node's registration returned; every heartbeat and report of its agent carries it.
 NodeTokenDep = Annotated[

@@ -3,17 +3,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from services.core.json_limits import INT32_MAX
+from services.core.request_models import ClosedModel
 
 
-class _In(BaseModel):
+class _In(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NodeRegistration(_In):
     name: str = Field(min_length=1, max_length=100)
     gpu: str = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
-    gpu_count: int = Field(default=1, ge=0, le=64)
+    gpu_count: StrictInt = Field(default=1, ge=0, le=64)
     gpu_memory_gib: float = Field(default=0.0, ge=0, le=10_000)
     driver: str = Field(default="", max_length=50)
     cuda: str = Field(default="", max_length=50)
@@ -21,7 +24,7 @@ class NodeRegistration(_In):
     usd_per_hour: float | None = Field(default=None, ge=0, le=100_000)
     instance_id: str = Field(default="", max_length=200, description="the provider's id of this machine")
     hostname: str = Field(default="", max_length=255)
-    agent_pid: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    agent_pid: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
     nvml_gpu: str = Field(
         default="",
         max_length=100,
@@ -31,7 +34,7 @@ class NodeRegistration(_In):
 
 
 class GpuStatus(_In):
-    index: int = Field(ge=0, le=64)
+    index: StrictInt = Field(ge=0, le=64)
     utilisation_pct: float = Field(ge=0, le=100)
     memory_used_gib: float = Field(ge=0, le=10_000)
     memory_total_gib: float = Field(ge=0, le=10_000)
@@ -39,7 +42,7 @@ class GpuStatus(_In):
 
 class RunProgress(_In):
     run_id: str = Field(min_length=1, max_length=64)
-    step: int | None = Field(default=None, ge=0)
+    step: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)  # runs.progress_step
     loss: float | None = Field(default=None, allow_inf_nan=False)
 
 
@@ -49,7 +52,9 @@ class SyncHealth(_In):
     last_error: str | None = Field(
         default=None, max_length=2000, description="the last sync pass's error; null when it succeeded"
     )
-    pending_bytes: int = Field(default=0, ge=0, le=2**62, description="bytes of local checkpoints not durable yet")
+    pending_bytes: StrictInt = Field(
+        default=0, ge=0, le=2**53 - 1, description="bytes of local checkpoints not durable yet"
+    )
     failing_since: datetime | None = Field(
         default=None, description="when the passes began failing (the agent's clock; null when the last succeeded)"
     )
@@ -62,18 +67,20 @@ class Heartbeat(_In):
     interactive_idle_s: float | None = Field(
         default=None, ge=0, le=10**9, description="seconds since the most recently active interactive session"
     )
-    unsynced_checkpoints: int = Field(default=0, ge=0, le=100_000, description="local checkpoints not yet durable")
+    unsynced_checkpoints: StrictInt = Field(
+        default=0, ge=0, le=100_000, description="local checkpoints not yet durable"
+    )
     progress: RunProgress | None = None
     sync: SyncHealth | None = Field(default=None, description="the run's checkpoint sync, when the agent syncs one")
-    agent_pid: int | None = Field(
+    agent_pid: StrictInt | None = Field(
         default=None, ge=1, le=2**31 - 1, description="the agent's process id (the local driver signals it once proven)"
     )
 
 
 class CalibrationRequest(_In):
     plan_id: str = Field(min_length=1, max_length=64)
-    warmup_steps: int = Field(default=2, ge=0, le=100)
-    timed_steps: int = Field(default=5, ge=1, le=1000)
+    warmup_steps: StrictInt = Field(default=2, ge=0, le=100)
+    timed_steps: StrictInt = Field(default=5, ge=1, le=1000)
 
 
 class CalibrationResult(_In):
@@ -83,7 +90,9 @@ class CalibrationResult(_In):
     seconds: float = Field(ge=0, le=86_400)
     device: str = Field(default="", max_length=200)
     notes: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
-    gpus: int = Field(default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)")
+    gpus: StrictInt = Field(
+        default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)"
+    )
     comparable: bool = Field(
         default=True,
         description="false: the node could not run the plan as planned (e.g. QLoRA without bitsandbytes); stored, "

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.core.db import utcnow
 from services.core.pages import DEFAULT_LIMIT
 from services.orgs import audit, service
@@ -16,7 +17,8 @@ from services.orgs.schemas import AuditEventOut, AuditList, KeyCreate, KeyCreate
 from services.orgs.service import Principal
 from services.orgs.tables import ApiKey
 
-router = APIRouter(prefix="/v1", tags=["keys"])
+# Bodies are validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["keys"], route_class=OffLoopRoute)
 KeyId = Annotated[str, Path(pattern="^[0-9a-f]{32}$", description="the key's id (GET /v1/keys)")]
 
 

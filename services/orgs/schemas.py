@@ -3,28 +3,30 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 Scope = Literal["read", "plan", "agent", "admin"]
 _ID_PATTERN = "^[0-9a-f]{32}$"
 
 
-class KeyCreate(BaseModel):
+class KeyCreate(ClosedModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=100, description="what the key is for")
     scopes: list[Scope] = Field(default=["read", "plan"], min_length=1, max_length=4)
-    expires_in_s: int | None = Field(
+    expires_in_s: StrictInt | None = Field(
         default=None, ge=60, le=5 * 366 * 86_400, description="the key stops working this many seconds from now"
     )
     node_id: str | None = Field(default=None, pattern=_ID_PATTERN, description="agent keys: the node it acts for")
     run_id: str | None = Field(default=None, pattern=_ID_PATTERN, description="agent keys: the run it acts for")
 
 
-class KeyRotate(BaseModel):
+class KeyRotate(ClosedModel):
     model_config = ConfigDict(extra="forbid")
 
-    grace_s: int = Field(default=0, ge=0, le=7 * 86_400, description="the old key keeps working this long")
+    grace_s: StrictInt = Field(default=0, ge=0, le=7 * 86_400, description="the old key keeps working this long")
 
 
 class KeyOut(BaseModel):

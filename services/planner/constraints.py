@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 
-class Constraints(BaseModel):
+class Constraints(ClosedModel):
     """Limits and assumptions for :func:`services.planner.planner.plan_setups`.
 
     ``preemptions_per_hour`` overrides every offer's spot interruption rate (per node and hour; a job on
@@ -24,7 +26,9 @@ class Constraints(BaseModel):
     )
     providers: tuple[str, ...] = Field(default=(), description="allowed providers (case-insensitive); empty allows all")
     spot_allowed: bool = Field(default=True, description="whether spot (preemptible) prices may be used")
-    max_gpus: int = Field(default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together")
+    max_gpus: StrictInt = Field(
+        default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together"
+    )
     safety_margin: float = Field(
         default=0.10, ge=0.0, le=0.5, description="share of each card's memory kept free (0.0-0.5)"
     )

@@ -5,6 +5,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.catalog.gpus import find_gpu
 from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
@@ -15,7 +16,8 @@ from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
 
-router = APIRouter(prefix="/v1", tags=["plans"])
+# Bodies are parsed and validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["plans"], route_class=OffLoopRoute)
 
 
 @router.post("/estimate", operation_id="plans-estimate")

@@ -5,27 +5,28 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from services.core.request_models import ClosedModel
 from services.estimator.plan import DataSpec, Plan, check_length_percentiles
 from services.planner.constraints import Constraints
 
 LENGTH_PERCENTILE_KEYS = ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")
 
 
-class Dataset(BaseModel):
+class Dataset(ClosedModel):
     """The data set: ``{"examples": N, "avg_tokens": T}`` or ``{"tokens": N}`` (tokens per epoch)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    examples: int | None = Field(default=None, gt=0, le=10**12)
+    examples: StrictInt | None = Field(default=None, gt=0, le=10**12)
     avg_tokens: float | None = Field(default=None, gt=0, le=10**7)
-    tokens: int | None = Field(default=None, gt=0, le=10**15)
+    tokens: StrictInt | None = Field(default=None, gt=0, le=10**15)
     # Length percentiles of the examples (a checked data set fills them): padding is computed from them.
-    p50_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
-    p90_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
-    p99_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
-    max_tokens: int | None = Field(default=None, gt=0, le=4_194_304)
+    p50_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p90_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p99_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    max_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
 
     @model_validator(mode="after")
     def _size_given(self) -> Dataset:

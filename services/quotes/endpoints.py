@@ -3,12 +3,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.core.pages import DEFAULT_LIMIT
 from services.quotes import service
 from services.quotes.document import quote_document, render_html, render_pdf
 from services.quotes.schemas import QuoteList, QuoteOut, QuoteRequest
 
-router = APIRouter(prefix="/v1", tags=["quotes"])
+# Bodies are validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["quotes"], route_class=OffLoopRoute)
 
 
 @router.post("/plans/{plan_id}/quotes", operation_id="quotes-create", status_code=201, response_model=QuoteOut)

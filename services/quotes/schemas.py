@@ -4,21 +4,23 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from services.core.request_models import ClosedModel
 
 
-class QuoteRequest(BaseModel):
+class QuoteRequest(ClosedModel):
     """A setup to quote: a card and GPU count (optionally the provider, region and nodes), or the best setup for N
     GPUs, on demand or on spot, for a customer."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu: str | None = Field(default=None, min_length=1, max_length=100)
-    gpus: int | None = Field(default=None, ge=1, le=1024)
+    gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     provider: str | None = Field(default=None, min_length=1, max_length=100)
     region: str | None = Field(default=None, min_length=1, max_length=100)
-    nodes: int | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
-    best_for_gpus: int | None = Field(default=None, ge=1, le=1024)
+    nodes: StrictInt | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
+    best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
     checkpoint_storage_months: float = Field(
         default=0.0,

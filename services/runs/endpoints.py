@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
+from services.api.routing import OffLoopRoute
 from services.core.errors import Forbidden
 from services.core.pages import DEFAULT_LIMIT
 from services.nodes.endpoints import NODE_AUTH, NodeTokenDep
@@ -19,7 +20,8 @@ from services.runs.schemas import (
     RunOut,
 )
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+# Bodies are validated off the event loop (services/api/routing.py).
+router = APIRouter(prefix="/v1", tags=["runs"], route_class=OffLoopRoute)
 
 
 @router.post("/plans/{plan_id}/runs", operation_id="runs-create", status_code=201, response_model=RunOut)

@@ -16,7 +16,10 @@ import re
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator
+
+from services.core.json_limits import INT32_MAX
+from services.core.request_models import ClosedModel
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -55,11 +58,12 @@ def step_from_key(run_prefix: str, key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class ManifestFile(BaseModel):
+class ManifestFile(ClosedModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(min_length=1, max_length=1024, description="relative POSIX path inside the checkpoint")
-    size: int = Field(ge=0)
+    # 64 TiB a file: 100,000 such files still sum within the 64-bit size_bytes column.
+    size: StrictInt = Field(ge=0, le=2**46)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("path")
@@ -71,14 +75,14 @@ class ManifestFile(BaseModel):
         return value
 
 
-class Manifest(BaseModel):
+class Manifest(ClosedModel):
     """What a durable checkpoint holds; stored as <step prefix>/manifest.json and in the database."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: int = MANIFEST_VERSION
+    version: StrictInt = Field(default=MANIFEST_VERSION, ge=1, le=1000)
     run_id: str = Field(min_length=1, max_length=64)
-    step: int = Field(ge=0)
+    step: StrictInt = Field(ge=0, le=INT32_MAX)  # run_checkpoints.step, runs.last_durable_step
     dir_name: str = Field(min_length=1, max_length=255, description="the directory's name on the node")
     files: tuple[ManifestFile, ...] = Field(min_length=1, max_length=100_000)
     beside: tuple[ManifestFile, ...] = Field(

@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt
+
+from services.core.request_models import ClosedModel
 
 
-class RetentionPolicy(BaseModel):
+class RetentionPolicy(ClosedModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    keep_last: int = Field(default=2, ge=1, le=1000, description="durable checkpoints kept, newest first")
+    keep_last: StrictInt = Field(default=2, ge=1, le=1000, description="durable checkpoints kept, newest first")
     keep_best: bool = Field(default=True, description="also keep the best by the reported metric")
     metric_mode: Literal["min", "max"] = Field(default="min", description="min for a loss, max for accuracy")
     keep_final: bool = True

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from services.core.request_models import ClosedModel
 from services.runs.manifest import Manifest
 from services.runs.retention import RetentionPolicy
 
@@ -16,7 +17,7 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
 
 
-class RunCreate(BaseModel):
+class RunCreate(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     node_ids: list[str] = Field(min_length=1, max_length=64, description="the nodes that run it")
@@ -65,13 +66,13 @@ class RunCreate(BaseModel):
         return value
 
 
-class RunJoin(BaseModel):
+class RunJoin(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     node_id: str = Field(min_length=1, max_length=64)
 
 
-class CheckpointReport(BaseModel):
+class CheckpointReport(ClosedModel):
     """From the node after it wrote a checkpoint's manifest (the checkpoint is durable)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
