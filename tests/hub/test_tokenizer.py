@@ -49,6 +49,7 @@ def expected_lengths(path: Path, tokenizer: Tokenizer) -> list[int]:
     """What tokenizers itself counts for the text the check reads from each row."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     fmt = detect_format(format_votes(rows))
+    assert fmt is not None
     texts = [row_text(r, fmt).text for r in rows]
     return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
