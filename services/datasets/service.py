@@ -30,6 +30,7 @@ from services.datacheck import (
     file_format,
 )
 from services.datasets.isolation import TOKENIZER_MAX_BYTES as TOKENIZER_MAX_BYTES
+from services.estimator.errors import EstimatorError
 from services.datasets.isolation import CheckJob, run_in_child, run_job
 from services.datasets.repository import DatasetRepository
 from services.datasets.schemas import (
@@ -79,6 +80,22 @@ def _format_of(body: DatasetCreate) -> tuple[str, bool]:
         ) from None
 
 
+def _model_of(name: str | None) -> str | None:
+    """The data set's model as given, once it names a bundled model or is a Hub id (else a 422 on model)."""
+    if name is None:
+        return None
+    from services.hub.tokenizer import hub_repo_id
+
+    try:
+        hub_repo_id(name)
+    except (Unprocessable, EstimatorError):
+        raise Unprocessable(
+            f"model: {name.strip()!r:.120} is neither a bundled model nor a Hugging Face model id (owner/name)",
+            field="model",
+        ) from None
+    return name.strip()
+
+
 def create(session: Session, principal: Principal, body: DatasetCreate, settings: Settings) -> DatasetRow:
     """Open an upload session: a multipart upload in the bucket and the row that tracks its parts."""
     OrganizationRepository(session).lock(principal.organization_id)
@@ -114,6 +131,7 @@ def create(session: Session, principal: Principal, body: DatasetCreate, settings
             size_bytes=body.size_bytes,
             sha256=body.sha256.lower() if body.sha256 else None,
             data_country=body.data_country.upper() if body.data_country else None,
+            model=_model_of(body.model),
             status="uploading",
             bucket=location.bucket,
             object_key=key,
@@ -370,7 +388,7 @@ def _run_check_once(factory: sessionmaker[Session], settings: Settings, dataset_
         row.attempts = (row.attempts or 0) + 1
         row.rows_done, row.rows_total, row.rows_total_estimated = 0, None, True
         name, fmt, gzipped, size = row.name, row.file_format, row.gzipped, row.size_bytes
-        bucket, key, tokenizer_key = row.bucket, row.object_key, row.tokenizer_key
+        bucket, key, tokenizer_key, model = row.bucket, row.object_key, row.tokenizer_key, row.model
     last_write = time.monotonic()
 
     def progress(done: int, total: int) -> None:
@@ -384,7 +402,7 @@ def _run_check_once(factory: sessionmaker[Session], settings: Settings, dataset_
             if current is not None and current.status == "running":
                 current.rows_done, current.rows_total = done, total
 
-    job = CheckJob(settings, name, fmt, gzipped, size, bucket, key, tokenizer_key, REPORT_LIST_LIMIT)
+    job = CheckJob(settings, name, fmt, gzipped, size, bucket, key, tokenizer_key, REPORT_LIST_LIMIT, model)
     try:
         # In a child process capped in memory (isolation.py) unless the limit is 0.
         if settings.datacheck_memory_limit_bytes:
@@ -479,6 +497,7 @@ def to_out(session: Session, row: DatasetRow) -> DatasetOut:
         sha256=row.sha256,
         data_country=row.data_country,
         tokenizer=row.tokenizer_key is not None,
+        model=row.model,
         created_at=row.created_at,
         uploaded_at=row.uploaded_at,
         started_at=row.started_at,
