@@ -30,7 +30,6 @@ from services.datacheck import (
     file_format,
 )
 from services.datasets.isolation import TOKENIZER_MAX_BYTES as TOKENIZER_MAX_BYTES
-from services.estimator.errors import EstimatorError
 from services.datasets.isolation import CheckJob, run_in_child, run_job
 from services.datasets.repository import DatasetRepository
 from services.datasets.schemas import (
@@ -42,6 +41,7 @@ from services.datasets.schemas import (
 )
 from services.datasets.storage import object_sha256, s3_client, storage_error
 from services.datasets.tables import DatasetPartRow, DatasetRow
+from services.estimator.errors import EstimatorError
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.storage.s3 import default_location
