@@ -1,11 +1,11 @@
 """A loopback fake of the Hugging Face Hub's file endpoints, serving files the tests make.
 
 It answers ``HEAD`` and ``GET /{repo_id}/resolve/{revision}/{filename}`` (a ``Range`` GET with 206) the way
-huggingface_hub expects (huggingface_hub/file_download.py and utils/_http.py::hf_raise_for_status): ``X-Repo-
-Commit`` and ``ETag`` on every file, ``Content-Length`` (``X-Linked-Size`` for files kept in LFS), and the
-error shapes of the real Hub: 401 with ``X-Error-Code: RepoNotFound`` for an unknown (or private) repo,
-401/403 with ``X-Error-Code: GatedRepo`` for a gated repo without an accepted token, 404 with ``X-Error-Code:
-EntryNotFound`` for a missing file.
+huggingface_hub expects (huggingface_hub/file_download.py and utils/_http.py::hf_raise_for_status):
+``X-Repo-Commit`` and ``ETag`` on every file, ``Content-Length`` (``X-Linked-Size`` for files kept in LFS),
+and the error shapes of the real Hub: 401 with ``X-Error-Code: RepoNotFound`` for an unknown (or private)
+repo, 401/403 with ``X-Error-Code: GatedRepo`` for a gated repo without an accepted token, 404 with
+``X-Error-Code: EntryNotFound`` for a missing file.
 """
 
 from __future__ import annotations
