@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-from huggingface_hub import constants
 
 from services.hub.client import DTYPE_BITS, fetch_model
 from services.hub.service import DiskCache, checkpoint_note, resolve_model
@@ -52,13 +48,6 @@ FP8_LIKE: Tensors = {
     "model.layers.0.mlp.down_proj.weight_scale_inv": ("F32", [2, 1]),
     "model.layers.0.input_layernorm.weight": ("BF16", [128]),
 }
-
-
-@pytest.fixture(autouse=True)
-def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """get_safetensors_metadata downloads a shard index into huggingface_hub's cache: keep it in tmp_path."""
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    yield
 
 
 def test_a_sharded_mxfp4_and_bf16_checkpoint_is_counted_per_dtype(hub: FakeHub) -> None:
