@@ -577,10 +577,12 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
     examples = max(1, int(report["rows_kept"]) - int(report["validation_split"]["rows"]))
     rows_counted = max(1, int(tokens["rows_counted"]))
     avg_tokens = max(1.0, float(tokens["tokens_per_epoch_packed"]) / rows_counted)
+    # Reports checked before the tokenizer entry existed name only the method.
+    counted_by = (report.get("tokenizer") or {}).get("source") or tokens["method"]
     warnings = [
         f"data set {row.name}: {examples:,} training examples ({report['rows_kept']:,} kept of "
         f"{report['rows_total']:,} rows, {report['validation_split']['rows']:,} held out for validation), "
-        f"{avg_tokens:,.0f} tokens on average ({tokens['method']})"
+        f"{avg_tokens:,.0f} tokens on average (counted by {counted_by})"
     ]
     dropped = {k: counts.get(k, 0) for k in ("broken_rows", "encoding_problem_rows", "mismatched_rows", "empty_rows")}
     dropped["duplicates"] = counts.get("exact_duplicates", 0) + counts.get("near_duplicates", 0)

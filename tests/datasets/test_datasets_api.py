@@ -281,6 +281,7 @@ def test_plan_sized_from_the_checked_data_set_with_a_kvkk_warning(
     assert plan["request"]["dataset_id"] == checked["id"]
     warnings = "\n".join(plan["warnings"])
     assert f"{examples:,} training examples" in warnings
+    assert "tokens on average (counted by estimate: characters/4)" in warnings
     # The bundled catalog's providers are outside Turkey (a US region; partner data centres of unknown
     # country): Turkish personal data meets KVKK, with the options named.
     kvkk = [w for w in plan["warnings"] if "KVKK" in w]
