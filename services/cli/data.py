@@ -15,6 +15,12 @@ def register(sub: Subparsers) -> None:
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     check = data_sub.add_parser("check", help="format, lengths, duplicates, broken rows and personal data")
     check.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
+    check.add_argument(
+        "--model",
+        metavar="HUB_ID",
+        help="count tokens with this model's own tokenizer.json (fetched from the Hub and cached), e.g. "
+        "meta-llama/Llama-3.1-8B",
+    )
     check.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="exact token counts with this tokenizer.json")
     check.add_argument("--names", metavar="FILE", help="person names to look for, one per line")
     check.add_argument("--write-clean", metavar="OUT", help="write the kept rows (JSONL) to a new file")
@@ -29,6 +35,7 @@ def register(sub: Subparsers) -> None:
     add_key_options(upload)  # the embedded default keeps the key in .gpuplan/local-key
     upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
     upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    upload.add_argument("--model", metavar="HUB_ID", help="the model it trains: its tokenizer counts the tokens")
     upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
     upload.add_argument("--json", action="store_true")
     upload.set_defaults(handler=cmd_data_upload)
@@ -43,8 +50,17 @@ def cmd_data_check(args: argparse.Namespace) -> int:
             names = [n.strip() for n in Path(args.names).read_text(encoding="utf-8").splitlines() if n.strip()]
         except OSError as exc:
             raise CliError(f"--names {args.names}: cannot read ({exc.strerror or exc})") from None
+    if args.model and args.tokenizer:
+        raise CliError("--model and --tokenizer: give one (the model's tokenizer, or a tokenizer.json file)")
+    counter, tokenizer = None, None
+    if args.model:
+        from services.hub.tokenizer import model_counter
+
+        counter, tokenizer = model_counter(args.model)
     try:
-        report = check_dataset(args.file, tokenizer_json=args.tokenizer, names=names)
+        report = check_dataset(
+            args.file, tokenizer_json=args.tokenizer, names=names, counter=counter, tokenizer=tokenizer
+        )
         warning = None
         if args.data_country and args.provider_country:
             warning = data_location_warning(report.pii, args.data_country, args.provider_country)
@@ -65,6 +81,7 @@ def cmd_data_check(args: argparse.Namespace) -> int:
         f"{report.path}: {report.rows_total:,} rows, format {report.detected_format or 'unknown'} "
         f"({report.file_format}); {report.rows_kept:,} kept"
     )
+    print(f"tokenizer: {tokenizer_line(report.tokenizer)}")
     print(
         f"tokens ({t.method}): p50 {t.p50_tokens}, p90 {t.p90_tokens}, p95 {t.p95_tokens}, p99 {t.p99_tokens}, "
         f"max {t.max_tokens}"
@@ -115,6 +132,7 @@ def cmd_data_upload(args: argparse.Namespace) -> int:
                 path,
                 resume_id=args.resume,
                 data_country=args.data_country,
+                model=args.model,
                 started=lambda i: print(f"data set {i}: uploading (after a cut: --resume {i})", file=sys.stderr),
                 sent=lambda n, total: print(f"  part {n} of {total} sent", file=sys.stderr),
             )
@@ -135,7 +153,18 @@ def cmd_data_upload(args: argparse.Namespace) -> int:
             f"{report['rows_total']:,} rows, {report['rows_kept']:,} kept; seq_len {t['recommended_seq_len_tokens']}; "
             + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in counts.items() if v)
         )
+        print(f"tokenizer: {tokenizer_line(report.get('tokenizer') or {})}")
         for kind in report["pii"]:
             print(f"personal data: {kind['count']} {kind['kind']}")
         print(f'plan from it: "dataset_id": "{body["id"]}"')
     return 0 if body["status"] != "failed" else 1
+
+
+def tokenizer_line(tokenizer: dict[str, str]) -> str:
+    """Which tokenizer counted, for the summary: its source and the revision or the reason."""
+    source = tokenizer.get("source") or "estimate: characters/4"
+    if tokenizer.get("revision"):
+        return f"{source} (revision {tokenizer['revision'][:12]})"
+    if tokenizer.get("reason"):
+        return f"{source} ({tokenizer['reason']})"
+    return source

@@ -157,6 +157,9 @@ class DatasetView:
     size: str
     rows: str
     tokens: str
+    tokenizer: (
+        str  # which tokenizer counted: "hub:owner/name", "upload" or "estimate: characters/4"; "" before a report
+    )
     personal_data: str
     created: str
 
@@ -166,6 +169,18 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n} B"
+
+
+# Reports stored before they named their tokenizer name only the counting method.
+_METHOD_SOURCES = {"approx_4_chars_per_token": "estimate: characters/4", "tokenizer_json": "upload"}
+
+
+def _tokenizer(report: dict[str, Any]) -> str:
+    source = (report.get("tokenizer") or {}).get("source")
+    if isinstance(source, str) and source:
+        return source
+    method = (report.get("tokens") or {}).get("method")
+    return _METHOD_SOURCES.get(method, "") if isinstance(method, str) else ""
 
 
 def dataset_rows(rows: Sequence[Any], now: datetime) -> list[DatasetView]:
@@ -184,6 +199,7 @@ def dataset_rows(rows: Sequence[Any], now: datetime) -> list[DatasetView]:
                 tokens=(
                     f"median {tokens['p50_tokens']:,}, p90 {tokens['p90_tokens']:,}" if "p50_tokens" in tokens else "—"
                 ),
+                tokenizer=_tokenizer(report),
                 personal_data=(
                     f"{report['pii_findings_total']:,} found"
                     if report.get("pii_findings_total")

@@ -31,7 +31,17 @@ from .limits import Limits
 from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
 from .spill import ExactIndex, Scratch
-from .tokens import SEQ_LEN_BUCKETS_TOKENS, Counter, LengthHistogram, TokenStats, histogram_token_stats, make_counter
+from .tokens import (
+    ESTIMATE_SOURCE,
+    SEQ_LEN_BUCKETS_TOKENS,
+    TOKENIZER_METHOD,
+    UPLOAD_SOURCE,
+    Counter,
+    LengthHistogram,
+    TokenStats,
+    histogram_token_stats,
+    make_counter,
+)
 
 _T = TypeVar("_T")
 
@@ -131,6 +141,8 @@ class DatasetReport(BaseModel):
     listed_limit: int | None = None
     notes: tuple[str, ...] = ()
     rules: tuple[str, ...]
+    # Which tokenizer counted: {"source": "hub:owner/name" | "upload" | "estimate: characters/4", ...}.
+    tokenizer: dict[str, str] = {}
 
 
 RULES = (
@@ -408,6 +420,7 @@ def check_source(
     names: Sequence[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_listed: int | None = None,
+    tokenizer: dict[str, str] | None = None,
 ) -> DatasetReport:
     """Check the rows of `source` in one streaming pass (two when the format guessed from the first
     FORMAT_PROBE_ROWS rows is not the majority format of the whole set).
@@ -417,8 +430,11 @@ def check_source(
     continue in a temporary SQLite file, removed when the pass ends, also on errors. Without `max_listed`
     the report lists every problem row, so those lists (the output) grow with the problems found.
     `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
-    estimated from the share of the input read, and once at the end with the exact total."""
+    estimated from the share of the input read, and once at the end with the exact total. `tokenizer`
+    says which tokenizer counted (default: "upload" for a tokenizer.json counter, else the estimate)."""
     count, method, notes = counter or make_counter(None)
+    if tokenizer is None:
+        tokenizer = {"source": UPLOAD_SOURCE if method == TOKENIZER_METHOD else ESTIMATE_SOURCE}
     fmt: str | None = None
     spelling: str | None = None
     probed = False
@@ -446,7 +462,7 @@ def check_source(
             if final == fmt and (fmt != "alpaca" or final_spelling == spelling):
                 if progress is not None:
                     progress(state.rows_total, state.rows_total)
-                return _report(state, label, file_format, method, notes)
+                return _report(state, label, file_format, method, notes).model_copy(update={"tokenizer": tokenizer})
         finally:
             state.close()
         fmt, spelling = final, final_spelling
@@ -521,6 +537,8 @@ def check_dataset(
     progress: Callable[[int, int], None] | None = None,
     max_listed: int | None = None,
     limits: Limits | None = None,
+    counter: tuple[Counter, str, tuple[str, ...]] | None = None,
+    tokenizer: dict[str, str] | None = None,
 ) -> DatasetReport:
     """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
@@ -531,10 +549,11 @@ def check_dataset(
         _FileSource(Path(path), limits),
         label=str(path),
         file_format=kind,
-        counter=make_counter(tokenizer_json),
+        counter=counter or make_counter(tokenizer_json),
         names=names,
         progress=progress,
         max_listed=max_listed,
+        tokenizer=tokenizer,
     )
 
 

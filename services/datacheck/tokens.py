@@ -21,8 +21,14 @@ CHARS_PER_TOKEN = 4.0
 APPROXIMATION_NOTE = (
     "token counts approximated as ceil(characters / 4): typically within 20-30% for English text with a BPE "
     "tokenizer, and an under-count (often by 1.5-2x) for Turkish, other non-English text and code; pass "
-    "tokenizer_json (needs the tokenizers package) for exact counts"
+    "the data set's model (its tokenizer.json is fetched from the Hub) or a tokenizer.json for exact counts"
 )
+# The report's tokenizer.source for the estimate and for an uploaded tokenizer.json; a Hub tokenizer is
+# "hub:owner/name" (services/hub/tokenizer.py).
+ESTIMATE_SOURCE = "estimate: characters/4"
+UPLOAD_SOURCE = "upload"
+APPROX_METHOD = "approx_4_chars_per_token"
+TOKENIZER_METHOD = "tokenizer_json"
 SEQ_LEN_BUCKETS_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 PERCENTILES = (50, 90, 95, 99)
 
@@ -64,10 +70,10 @@ def make_counter(tokenizer_json: str | Path | None) -> tuple[Counter, str, tuple
     """A token counter over a batch of texts, its method name and notes: the tokenizer when usable, else
     the approximation. `tokenizer_json` is a path to a tokenizer.json file."""
     if tokenizer_json is None:
-        return _approx_batch, "approx_4_chars_per_token", (APPROXIMATION_NOTE,)
+        return _approx_batch, APPROX_METHOD, (APPROXIMATION_NOTE,)
     if importlib.util.find_spec("tokenizers") is None:
         note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
-        return _approx_batch, "approx_4_chars_per_token", (note,)
+        return _approx_batch, APPROX_METHOD, (note,)
     if not Path(tokenizer_json).is_file():
         raise ValueError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
     return counter_from_json(Path(tokenizer_json).read_text(encoding="utf-8"), str(tokenizer_json))
@@ -79,7 +85,7 @@ def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -
         module: Any = importlib.import_module("tokenizers")
     except ImportError:
         note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
-        return _approx_batch, "approx_4_chars_per_token", (note,)
+        return _approx_batch, APPROX_METHOD, (note,)
     try:
         tokenizer = module.Tokenizer.from_str(tokenizer_json_text)
     except Exception as exc:  # the tokenizers package raises its own exception type for bad files
@@ -89,7 +95,7 @@ def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -
         # encode_batch tokenizes on the package's own threads.
         return [len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
-    return count, "tokenizer_json", (f"exact counts from {label}",)
+    return count, TOKENIZER_METHOD, (f"exact counts from {label}",)
 
 
 def percentile(sorted_values: Sequence[int], pct: float) -> int:

@@ -47,6 +47,7 @@ def upload_file(
     *,
     resume_id: str | None = None,
     data_country: str | None = None,
+    model: str | None = None,
     started: Callable[[str], None] | None = None,
     sent: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
@@ -61,6 +62,8 @@ def upload_file(
         fields: dict[str, Any] = {"name": path.name, "size_bytes": size, "sha256": file_sha256(path)}
         if data_country:
             fields["data_country"] = data_country
+        if model:
+            fields["model"] = model
         body = _check(client.post("/v1/datasets", json=fields))
     dataset_id = body["id"]
     if started is not None:

@@ -49,6 +49,7 @@ class CheckJob:
     key: str
     tokenizer_key: str | None
     max_listed: int
+    model: str | None = None  # counted with this model's Hub tokenizer unless a tokenizer.json was uploaded
 
 
 def limits_from(settings: Settings) -> Limits:
@@ -66,10 +67,16 @@ def limits_from(settings: Settings) -> Limits:
 def run_job(job: CheckJob, progress: Callable[[int, int], None]) -> dict[str, Any]:
     """Check the file in this process: the report as stored (JSON), or DataCheckError / a storage error."""
     client = s3_client(job.settings)
-    counter = None
+    counter, tokenizer = None, None
     if job.tokenizer_key is not None:
         body = client.get_object(Bucket=job.bucket, Key=job.tokenizer_key)["Body"]
         counter = counter_from_json(body.read(TOKENIZER_MAX_BYTES + 1).decode("utf-8"), "the uploaded tokenizer.json")
+    elif job.model is not None:
+        # The worker's Hub settings (HF_ENDPOINT, HF_TOKEN, GPUPLAN_HUB_*) and its disk cache.
+        from services.hub.client import HubSettings
+        from services.hub.tokenizer import model_counter
+
+        counter, tokenizer = model_counter(job.model, settings=HubSettings.from_environment())
     source = S3RowSource(
         client,
         job.bucket,
@@ -87,6 +94,7 @@ def run_job(job: CheckJob, progress: Callable[[int, int], None]) -> dict[str, An
         counter=counter,
         progress=progress,
         max_listed=job.max_listed,
+        tokenizer=tokenizer,
     )
     data = report.model_dump(mode="json")
     data.pop("path", None)

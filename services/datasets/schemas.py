@@ -38,6 +38,13 @@ class DatasetCreate(ClosedModel):
         pattern=r"^[A-Za-z]{2}$",
         description="ISO 3166-1 alpha-2 code of the data's home country (e.g. TR, DE), for the data-location check",
     )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the model it trains (Hub id such as meta-llama/Llama-3.1-8B, or a bundled name): the check "
+        "counts tokens with that model's tokenizer.json from the Hub; without one, characters / 4",
+    )
 
 
 class DatasetProgress(BaseModel):
@@ -67,6 +74,7 @@ class DatasetOut(BaseModel):
     sha256: str | None
     data_country: str | None
     tokenizer: bool = Field(description="whether a tokenizer.json was uploaded for exact token counts")
+    model: str | None = Field(description="the model whose Hub tokenizer counts the tokens (report.tokenizer says)")
     created_at: datetime
     uploaded_at: datetime | None
     started_at: datetime | None

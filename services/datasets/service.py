@@ -41,6 +41,7 @@ from services.datasets.schemas import (
 )
 from services.datasets.storage import object_sha256, s3_client, storage_error
 from services.datasets.tables import DatasetPartRow, DatasetRow
+from services.estimator.errors import EstimatorError
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.storage.s3 import default_location
@@ -79,6 +80,22 @@ def _format_of(body: DatasetCreate) -> tuple[str, bool]:
         ) from None
 
 
+def _model_of(name: str | None) -> str | None:
+    """The data set's model as given, once it names a bundled model or is a Hub id (else a 422 on model)."""
+    if name is None:
+        return None
+    from services.hub.tokenizer import hub_repo_id
+
+    try:
+        hub_repo_id(name)
+    except (Unprocessable, EstimatorError):
+        raise Unprocessable(
+            f"model: {name.strip()!r:.120} is neither a bundled model nor a Hugging Face model id (owner/name)",
+            field="model",
+        ) from None
+    return name.strip()
+
+
 def create(session: Session, principal: Principal, body: DatasetCreate, settings: Settings) -> DatasetRow:
     """Open an upload session: a multipart upload in the bucket and the row that tracks its parts."""
     OrganizationRepository(session).lock(principal.organization_id)
@@ -114,6 +131,7 @@ def create(session: Session, principal: Principal, body: DatasetCreate, settings
             size_bytes=body.size_bytes,
             sha256=body.sha256.lower() if body.sha256 else None,
             data_country=body.data_country.upper() if body.data_country else None,
+            model=_model_of(body.model),
             status="uploading",
             bucket=location.bucket,
             object_key=key,
@@ -370,7 +388,7 @@ def _run_check_once(factory: sessionmaker[Session], settings: Settings, dataset_
         row.attempts = (row.attempts or 0) + 1
         row.rows_done, row.rows_total, row.rows_total_estimated = 0, None, True
         name, fmt, gzipped, size = row.name, row.file_format, row.gzipped, row.size_bytes
-        bucket, key, tokenizer_key = row.bucket, row.object_key, row.tokenizer_key
+        bucket, key, tokenizer_key, model = row.bucket, row.object_key, row.tokenizer_key, row.model
     last_write = time.monotonic()
 
     def progress(done: int, total: int) -> None:
@@ -384,7 +402,7 @@ def _run_check_once(factory: sessionmaker[Session], settings: Settings, dataset_
             if current is not None and current.status == "running":
                 current.rows_done, current.rows_total = done, total
 
-    job = CheckJob(settings, name, fmt, gzipped, size, bucket, key, tokenizer_key, REPORT_LIST_LIMIT)
+    job = CheckJob(settings, name, fmt, gzipped, size, bucket, key, tokenizer_key, REPORT_LIST_LIMIT, model)
     try:
         # In a child process capped in memory (isolation.py) unless the limit is 0.
         if settings.datacheck_memory_limit_bytes:
@@ -479,6 +497,7 @@ def to_out(session: Session, row: DatasetRow) -> DatasetOut:
         sha256=row.sha256,
         data_country=row.data_country,
         tokenizer=row.tokenizer_key is not None,
+        model=row.model,
         created_at=row.created_at,
         uploaded_at=row.uploaded_at,
         started_at=row.started_at,
@@ -558,10 +577,12 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
     examples = max(1, int(report["rows_kept"]) - int(report["validation_split"]["rows"]))
     rows_counted = max(1, int(tokens["rows_counted"]))
     avg_tokens = max(1.0, float(tokens["tokens_per_epoch_packed"]) / rows_counted)
+    # Reports checked before the tokenizer entry existed name only the method.
+    counted_by = (report.get("tokenizer") or {}).get("source") or tokens["method"]
     warnings = [
         f"data set {row.name}: {examples:,} training examples ({report['rows_kept']:,} kept of "
         f"{report['rows_total']:,} rows, {report['validation_split']['rows']:,} held out for validation), "
-        f"{avg_tokens:,.0f} tokens on average ({tokens['method']})"
+        f"{avg_tokens:,.0f} tokens on average (counted by {counted_by})"
     ]
     dropped = {k: counts.get(k, 0) for k in ("broken_rows", "encoding_problem_rows", "mismatched_rows", "empty_rows")}
     dropped["duplicates"] = counts.get("exact_duplicates", 0) + counts.get("near_duplicates", 0)

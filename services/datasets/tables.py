@@ -28,6 +28,8 @@ class DatasetRow(IdMixin, TimestampMixin, Base):
     upload_id: Mapped[str | None] = mapped_column(String(1024), default=None)
     part_size_bytes: Mapped[int] = mapped_column(BigInteger)
     tokenizer_key: Mapped[str | None] = mapped_column(String(1024), default=None)
+    # The model it trains (catalog name or Hub id): its tokenizer.json from the Hub counts the tokens.
+    model: Mapped[str | None] = mapped_column(String(200), default=None)
     rows_done: Mapped[int] = mapped_column(BigInteger, default=0)
     rows_total: Mapped[int | None] = mapped_column(BigInteger, default=None)
     rows_total_estimated: Mapped[bool] = mapped_column(Boolean, default=True)

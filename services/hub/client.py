@@ -1,10 +1,12 @@
 """The one place gpuplan talks to the Hugging Face Hub (huggingface_hub over HTTP).
 
 ``fetch_model`` reads a repository's ``config.json`` and, where it exists, ``model.safetensors.index.json``
-(its ``metadata.total_size`` is the stored checkpoint size; its weight names tell a quantized checkpoint);
-without an index, one ``HEAD`` of ``model.safetensors`` gives the size. ``HF_TOKEN`` and ``HF_ENDPOINT`` are
-read when a fetch starts, so a token or a mirror set after start-up is honoured. Every request has a timeout
-and every file a size limit checked before it is downloaded.
+(its ``metadata.total_size`` is the stored checkpoint size); without an index, one ``HEAD`` of
+``model.safetensors`` gives the size. The element counts per dtype come from the safetensors headers
+(``get_safetensors_metadata``: a range request per shard, never the weights), so a mixed FP8/MXFP4 + BF16
+checkpoint is sized exactly; where the headers cannot be read, the weight names tell the format.
+``HF_TOKEN`` and ``HF_ENDPOINT`` are read when a fetch starts, so a token or a mirror set after start-up is
+honoured. Every request has a timeout and every file a size limit checked before it is downloaded.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    NotASafetensorsRepoError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    SafetensorsParsingError,
 )
 
 from services.hub.errors import HubFileInvalid, HubModelGated, HubModelNotFound, HubUnreachable
@@ -38,14 +42,24 @@ FIELD = "model.name"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What the Hub stores for the weights: bytes and the storage format read from the weight names."""
+    """What the Hub stores for the weights: bytes and the storage format, exact from the safetensors headers
+    where they could be read (``parameters_by_dtype``), else read from the weight names."""
 
     stored_bytes: int | None
-    dtype: str | None  # "bf16", "fp8", "mxfp4", "nf4/int8 (bitsandbytes)", "int4 (GPTQ/AWQ)", ...
+    dtype: str | None  # "bf16", "fp8 + bf16", "mxfp4 + bf16", "bitsandbytes", "int4 (GPTQ/AWQ)", ...
     source: str  # which file told
+    # Elements per safetensors dtype ("BF16", "F8_E4M3", "U8", ...), summed over every tensor of every shard.
+    parameters_by_dtype: dict[str, int] | None = None
+    tensor_bytes: int | None = None  # the tensors' exact size from their dtypes and shapes
 
     def as_dict(self) -> dict[str, Any]:
-        return {"stored_bytes": self.stored_bytes, "dtype": self.dtype, "source": self.source}
+        return {
+            "stored_bytes": self.stored_bytes,
+            "dtype": self.dtype,
+            "source": self.source,
+            "parameters_by_dtype": self.parameters_by_dtype,
+            "tensor_bytes": self.tensor_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -239,13 +253,14 @@ def _checkpoint(
     metadata = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
     names = index.get("weight_map") if isinstance(index.get("weight_map"), dict) else {}
-    return Checkpoint(
+    guessed = Checkpoint(
         stored_bytes=int(total)
         if isinstance(total, int | float) and not isinstance(total, bool) and total >= 0
         else None,
         dtype=stored_format(list(names or ()), config),
         source=INDEX_FILE,
     )
+    return _with_headers(guessed, repo_id, revision, config, settings)
 
 
 def _single_file(repo_id: str, revision: str, config: dict[str, Any], settings: HubSettings) -> Checkpoint | None:
@@ -260,7 +275,87 @@ def _single_file(repo_id: str, revision: str, config: dict[str, Any], settings: 
         return None
     except _TRANSPORT_ERRORS:
         return None
-    return Checkpoint(stored_bytes=meta.size, dtype=stored_format([], config), source=SINGLE_FILE)
+    guessed = Checkpoint(stored_bytes=meta.size, dtype=stored_format([], config), source=SINGLE_FILE)
+    return _with_headers(guessed, repo_id, revision, config, settings)
+
+
+# Bits per element of each safetensors dtype (safetensors' Dtype::bitsize, safetensors/src/tensor.rs).
+DTYPE_BITS = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+HEADERS_SOURCE = "safetensors headers"
+# No safetensors, an unreadable header (a shape that is not a list of ints), refused or unreachable: the guess.
+_HEADER_ERRORS: tuple[type[BaseException], ...] = (
+    NotASafetensorsRepoError,
+    SafetensorsParsingError,
+    HfHubHTTPError,
+    ValueError,
+    TypeError,
+    *_TRANSPORT_ERRORS,
+)
+
+
+def _with_headers(
+    guessed: Checkpoint, repo_id: str, revision: str, config: dict[str, Any], settings: HubSettings
+) -> Checkpoint:
+    """The checkpoint with exact element counts per dtype from every shard's safetensors header
+    (huggingface_hub's get_safetensors_metadata: one HEAD, then a range GET of each shard's first 100 kB);
+    the guess from the weight names where the headers cannot be read."""
+    api = HfApi(endpoint=settings.endpoint, token=settings.token or False)
+    try:
+        found = api.get_safetensors_metadata(
+            repo_id, revision=revision, token=settings.token or False, timeout=settings.timeout_s
+        )
+    except _HEADER_ERRORS:
+        return guessed
+    counts: dict[str, int] = {str(dtype): int(n) for dtype, n in sorted(found.parameter_count.items())}
+    if not counts:
+        return guessed
+    tensor_bytes = sum(n * DTYPE_BITS.get(dtype, 16) // 8 for dtype, n in counts.items())
+    return Checkpoint(
+        stored_bytes=guessed.stored_bytes if guessed.stored_bytes else tensor_bytes,
+        dtype=mixed_format(list(found.weight_map), counts, config),
+        source=HEADERS_SOURCE,
+        parameters_by_dtype=counts,
+        tensor_bytes=tensor_bytes,
+    )
+
+
+_DTYPE_NAMES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F8_E4M3": "fp8", "F8_E5M2": "fp8", "F4": "fp4"}
+
+
+def mixed_format(weight_names: list[str], counts: dict[str, int], config: dict[str, Any]) -> str | None:
+    """The storage format of a checkpoint whose element counts per dtype are known: the quantized format
+    (from the names, as stored_format) and every float dtype beside it, largest share first, e.g.
+    "mxfp4 + bf16" (gpt-oss: U8 blocks and scales, BF16 attention) or "fp8 + bf16 + fp32" (DeepSeek-V3)."""
+    base = stored_format(weight_names, config)
+    floats = [_DTYPE_NAMES[d] for d, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if d in _DTYPE_NAMES]
+    parts: list[str] = []
+    if base is not None and base not in ("bf16", "fp16", "fp32"):  # quantized: named first
+        parts.append(base)
+    for name in floats:
+        if name not in parts:
+            parts.append(name)
+    return " + ".join(parts) or base
 
 
 def stored_format(weight_names: list[str], config: dict[str, Any]) -> str | None:

@@ -53,11 +53,20 @@ def _key(repo_id: str) -> str:
 def _checkpoint(data: Any) -> Checkpoint | None:
     if not isinstance(data, dict):
         return None
-    size, dtype = data.get("stored_bytes"), data.get("dtype")
+    size, dtype, counts, tensor_bytes = (
+        data.get("stored_bytes"),
+        data.get("dtype"),
+        data.get("parameters_by_dtype"),
+        data.get("tensor_bytes"),
+    )
     return Checkpoint(
         stored_bytes=size if isinstance(size, int) else None,
         dtype=dtype if isinstance(dtype, str) else None,
         source=str(data.get("source") or ""),
+        parameters_by_dtype={str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
+        if isinstance(counts, dict)
+        else None,
+        tensor_bytes=tensor_bytes if isinstance(tensor_bytes, int) else None,
     )
 
 
@@ -244,6 +253,13 @@ def checkpoint_note(resolved: ResolvedModel | None) -> list[str]:
         parts.append(f"{ck.stored_bytes / 2**30:.1f} GiB stored")
     if ck.dtype:
         parts.append(f"as {ck.dtype}")
+    if ck.parameters_by_dtype:
+        total = sum(ck.parameters_by_dtype.values()) or 1
+        shares = ", ".join(
+            f"{n:,} {dtype} ({n / total:.1%})"
+            for dtype, n in sorted(ck.parameters_by_dtype.items(), key=lambda kv: -kv[1])
+        )
+        parts.append(f"[{shares}]")
     if not parts:
         return []
     return [

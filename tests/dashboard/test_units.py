@@ -6,6 +6,7 @@ import json
 import math
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -516,3 +517,18 @@ def test_the_recommendation_row_shows_the_data_rate_and_the_padded_one_beside_it
     assert views._tokens_per_s({**_rec("A", 1, 1, 1), "data_tokens_per_s": 1234.0}) == "1,234"
     padded = {**_rec("A", 1, 1, 1), "data_tokens_per_s": 617.0}
     assert views._tokens_per_s(padded) == "617 (1,234 with padding)"
+
+
+def test_the_data_sets_list_says_which_tokenizer_counted() -> None:
+    from services.dashboard.lists import dataset_rows
+
+    now = datetime(2026, 12, 2, tzinfo=UTC)
+    tokens = {"p50_tokens": 20, "p90_tokens": 31, "method": "tokenizer_json"}
+
+    def row(report: dict[str, Any] | None) -> SimpleNamespace:
+        return SimpleNamespace(id="d1", name="tr.jsonl", status="done", size_bytes=2048, report=report, created_at=now)
+
+    hub = {"tokens": tokens, "tokenizer": {"source": "hub:acme/tiny-bpe", "revision": "abc"}}
+    older = {"tokens": {**tokens, "method": "approx_4_chars_per_token"}}
+    views_ = dataset_rows([row(hub), row(older), row(None)], now)
+    assert [v.tokenizer for v in views_] == ["hub:acme/tiny-bpe", "estimate: characters/4", ""]

@@ -3,6 +3,7 @@ tenancy, the background check with progress and report, and plans sized from a c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from services.core.settings import Settings
 from tests.api.conftest import QLORA_PLAN
 from tests.datacheck.planted import Planted, write_planted
 from tests.datasets.conftest import MAX_BYTES, PART_BYTES, DataApi, sha256
+from tests.hub.conftest import QWEN_1_8B
+from tests.hub.fake_hub import FakeHub
+from tests.hub.test_tokenizer import TURKISH, small_bpe
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +222,37 @@ def test_uploaded_tokenizer_gives_exact_counts(data_api: DataApi, tmp_path: Path
     assert (tokens["method"], tokens["max_tokens"], tokens["p50_tokens"]) == ("tokenizer_json", 40, 20)
 
 
+def test_the_datasets_model_tokenizer_from_the_hub_counts(
+    data_api: DataApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No upload step: the data set names its model, the check fetches its tokenizer.json from the Hub."""
+    hub = FakeHub()
+    try:
+        tokenizer = small_bpe()
+        hub.add_model("acme/tiny-bpe", QWEN_1_8B).files["tokenizer.json"] = tokenizer.to_str().encode()
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setenv("GPUPLAN_HUB_CACHE_DIR", str(tmp_path / "hub-cache"))
+        lengths = [len(e.ids) for e in tokenizer.encode_batch(TURKISH, add_special_tokens=False)]
+        data = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TURKISH).encode()
+        body = data_api.upload(data, model="acme/tiny-bpe")
+        assert body["status"] == "done", body["error"]
+        assert body["model"] == "acme/tiny-bpe" and body["tokenizer"] is False
+        report = body["report"]
+        assert report["tokenizer"] == {"source": "hub:acme/tiny-bpe", "revision": hub.repos["acme/tiny-bpe"].commit}
+        assert report["tokens"]["tokens_per_epoch_packed"] == sum(lengths)
+        assert report["tokens"]["max_tokens"] == max(lengths)
+        missing = data_api.upload(data, name="b.jsonl", model="acme/missing")
+        assert missing["report"]["tokenizer"]["source"] == "estimate: characters/4"
+        assert "not found" in missing["report"]["tokenizer"]["reason"]
+    finally:
+        hub.close()
+    bad = data_api.client.post(
+        "/v1/datasets", json={"name": "c.jsonl", "size_bytes": 10, "model": "not a model"}, headers=data_api.headers()
+    )
+    assert bad.status_code == 422 and bad.json()["field"] == "model"
+
+
 def _plan_body(dataset_id: str, **extra: Any) -> dict[str, Any]:
     return {
         **{k: v for k, v in QLORA_PLAN.items() if k not in ("dataset", "seq_len")},
@@ -246,6 +281,7 @@ def test_plan_sized_from_the_checked_data_set_with_a_kvkk_warning(
     assert plan["request"]["dataset_id"] == checked["id"]
     warnings = "\n".join(plan["warnings"])
     assert f"{examples:,} training examples" in warnings
+    assert "tokens on average (counted by estimate: characters/4)" in warnings
     # The bundled catalog's providers are outside Turkey (a US region; partner data centres of unknown
     # country): Turkish personal data meets KVKK, with the options named.
     kvkk = [w for w in plan["warnings"] if "KVKK" in w]

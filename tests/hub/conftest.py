@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from huggingface_hub import constants
 
 from tests.hub.fake_hub import FakeHub
 
@@ -28,8 +29,10 @@ INDEX = {
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    """The fake Hub on loopback as HF_ENDPOINT, with no token set."""
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
+    """The fake Hub on loopback as HF_ENDPOINT, with no token set; huggingface_hub's own cache (where
+    get_safetensors_metadata keeps a shard index) in a temporary folder."""
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf-cache")))
     fake = FakeHub()
     monkeypatch.setenv("HF_ENDPOINT", fake.url)
     monkeypatch.delenv("HF_TOKEN", raising=False)

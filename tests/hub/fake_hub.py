@@ -1,10 +1,10 @@
 """A loopback fake of the Hugging Face Hub's file endpoints, serving files the tests make.
 
-It answers ``HEAD`` and ``GET /{repo_id}/resolve/{revision}/{filename}`` the way huggingface_hub expects
-(huggingface_hub/file_download.py and utils/_http.py::hf_raise_for_status): ``X-Repo-Commit`` and ``ETag``
-on every file, ``Content-Length`` (``X-Linked-Size`` for files kept in LFS), and the error shapes of the
-real Hub: 401 with ``X-Error-Code: RepoNotFound`` for an unknown (or private) repo, 401/403 with
-``X-Error-Code: GatedRepo`` for a gated repo without an accepted token, 404 with
+It answers ``HEAD`` and ``GET /{repo_id}/resolve/{revision}/{filename}`` (a ``Range`` GET with 206) the way
+huggingface_hub expects (huggingface_hub/file_download.py and utils/_http.py::hf_raise_for_status):
+``X-Repo-Commit`` and ``ETag`` on every file, ``Content-Length`` (``X-Linked-Size`` for files kept in LFS),
+and the error shapes of the real Hub: 401 with ``X-Error-Code: RepoNotFound`` for an unknown (or private)
+repo, 401/403 with ``X-Error-Code: GatedRepo`` for a gated repo without an accepted token, 404 with
 ``X-Error-Code: EntryNotFound`` for a missing file.
 """
 
@@ -90,12 +90,24 @@ class FakeHub:
         content = repo.files.get(filename)
         if content is None:
             return self._error(req, 404, "EntryNotFound", "Entry not found")
-        req.send_response(200)
         etag = hashlib.sha256(content).hexdigest()
+        size = len(content)
+        ranged = req.headers.get("Range") if body else None
+        if ranged is not None:
+            # get_safetensors_metadata reads a header with "Range: bytes=0-100000", then bytes=8-N when longer
+            # (huggingface_hub/hf_api.py: parse_safetensors_file_metadata); recorded as "GET bytes=...".
+            self.requests[-1] = (f"GET {ranged.removeprefix('bytes=')}", req.path, auth)
+            first, _, last = ranged.removeprefix("bytes=").partition("-")
+            start, end = int(first), min(int(last) if last else size - 1, size - 1)
+            content = content[start : end + 1]
+            req.send_response(206)
+            req.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        else:
+            req.send_response(200)
         req.send_header("X-Repo-Commit", repo.commit)
         req.send_header("ETag", f'"{etag}"')
         if filename in repo.lfs:
-            req.send_header("X-Linked-Size", str(len(content)))
+            req.send_header("X-Linked-Size", str(size))
             req.send_header("X-Linked-Etag", f'"{etag}"')
         req.send_header("Content-Type", "application/json")
         req.send_header("Content-Length", str(len(content)))
