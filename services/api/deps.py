@@ -90,7 +90,7 @@ def get_principal(
     try:
         principal = _caller(db, authorization)
     except Unauthorized:
-        record_failure(db.counters, address)
+        record_failure(db.counters, address, db.settings.auth_failures_per_minute)
         raise
     route = request.scope.get("route")
     template = getattr(route, "path", request.url.path)

@@ -254,7 +254,7 @@ async def login(request: Request, db: DbDep) -> Response:
 
     principal = await run_in_threadpool(lookup)
     if principal is None:
-        record_failure(db.counters, address)
+        record_failure(db.counters, address, db.settings.auth_failures_per_minute)
         if key:
             await run_in_threadpool(_audit_sign_in, db, None, "dashboard.sign_in_failed", address)
         message = "Enter your organization's API key." if not key else "Unknown or revoked API key."

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import uuid
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
-from services.api.limits import InProcessCounters, RedisCounters, check_rate
+from services.api.limits import check_rate, in_process_counters, redis_counters
 from services.core.errors import TooManyRequests
 from services.core.settings import Settings
 from tests.api.conftest import QLORA_PLAN, Api
@@ -55,14 +56,20 @@ def test_org_quotas_plans_per_hour_nodes_and_data_set_bytes(api: Api) -> None:
         assert big.status_code == 429 and big.json()["field"] == "size_bytes"
 
 
-def test_counters_in_process_and_in_redis_share_one_window() -> None:
-    local = InProcessCounters()
+def test_counters_in_process_and_in_redis_are_a_moving_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1_000_059.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])  # the limits library reads time.time()
+    local = in_process_counters()
     for _ in range(3):
-        check_rate(local, "k1", 3, now_s=120.0)
+        check_rate(local, "k1", 3)
+    # A fixed minute would start afresh at :00; the moving window still holds the three hits of :59.
+    clock[0] = 1_000_061.0
     with pytest.raises(TooManyRequests) as exc:
-        check_rate(local, "k1", 3, now_s=150.0)
-    assert exc.value.retry_after_s == 30
-    check_rate(local, "k1", 3, now_s=180.0)  # a new minute
+        check_rate(local, "k1", 3)
+    assert 55 <= exc.value.retry_after_s <= 60
+    clock[0] = 1_000_119.5  # the hits of :59 have left the window
+    check_rate(local, "k1", 3)
+    monkeypatch.undo()
 
     try:
         import redis
@@ -71,14 +78,14 @@ def test_counters_in_process_and_in_redis_share_one_window() -> None:
     except Exception:
         require_service("Redis", False, 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save ""')
     key = uuid.uuid4().hex
-    first, second = RedisCounters(REDIS_URL), RedisCounters(REDIS_URL)  # two API processes
-    check_rate(first, key, 2, now_s=600.0)
-    check_rate(second, key, 2, now_s=601.0)
+    first, second = redis_counters(REDIS_URL), redis_counters(REDIS_URL)  # two API processes
+    check_rate(first, key, 2)
+    check_rate(second, key, 2)
     with pytest.raises(TooManyRequests):
-        check_rate(first, key, 2, now_s=602.0)
+        check_rate(first, key, 2)
     # Redis down: the request is let through (and logged), not failed.
-    check_rate(RedisCounters("redis://127.0.0.1:9/0"), key, 1, now_s=603.0)
-    check_rate(RedisCounters("redis://127.0.0.1:9/0"), key, 1, now_s=603.0)
+    check_rate(redis_counters("redis://127.0.0.1:9/0"), key, 1)
+    check_rate(redis_counters("redis://127.0.0.1:9/0"), key, 1)
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
