@@ -215,11 +215,11 @@ def test_plans_list_paginates(api: Api, alpha: TestClient) -> None:
         body = {**QLORA_PLAN, "dataset": {"tokens": 1_000_000 + i}}
         assert alpha.post("/v1/plans", json=body, headers=api.headers()).status_code == 202
     first = alpha.get("/dashboard/plans").text
-    assert first.count('<td><span class="status') == 50
+    assert first.count('<span class="status status-') == 50
     older = re.search(r'href="(/dashboard/plans\?before=[0-9a-f]+)"', first)
     assert older is not None
     second = alpha.get(older.group(1)).text
-    assert second.count('<td><span class="status') == 3
+    assert second.count('<span class="status status-') == 3
     assert "Older plans" not in second
 
 
