@@ -64,7 +64,7 @@ case "${1:-}" in
     setup_runtime
     ;;
   test)
-    setup dev,trace,exportcheck
+    setup dev,trace,exportcheck,otel
     exportcheck_unpack axolotl 0.19.0
     exportcheck_unpack torchao 0.14.1
     shift

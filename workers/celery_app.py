@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from celery import Celery
+from celery import Celery, signals
 
+from services.core import tracing
 from services.core.settings import Settings, get_settings
 
 # Only queues that carry a task: calibration runs and checkpoint syncs happen on the GPU nodes (their
@@ -88,3 +89,10 @@ def make_celery(settings: Settings) -> Celery:
 
 
 app = make_celery(get_settings()) if get_settings().redis_url else Celery("gpuplan")
+
+
+@signals.worker_process_init.connect
+def _trace_worker_process(**_: object) -> None:
+    """Each pool process traces its tasks when GPUPLAN_OTLP_ENDPOINT is set (an SDK per process: the
+    exporter's thread does not survive the fork)."""
+    tracing.instrument_worker(get_settings().otlp_endpoint)

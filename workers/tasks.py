@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.core import tracing
 from services.core.db import make_engine, make_sessionmaker
 from services.core.leases import run_leased
 from services.core.settings import get_settings
@@ -25,7 +26,9 @@ LEASE_SWEEP_TASK = "gpuplan.tasks.sweep_leases"
 
 @functools.cache
 def _sessions() -> sessionmaker[Session]:
-    return make_sessionmaker(make_engine(get_settings().sqlalchemy_url))
+    engine = make_engine(get_settings().sqlalchemy_url)
+    tracing.instrument_engine(engine, get_settings().otlp_endpoint)
+    return make_sessionmaker(engine)
 
 
 @functools.cache

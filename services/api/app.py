@@ -21,7 +21,7 @@ from services.api.server import configure as configure_connections
 from services.api.server import settle
 from services.catalog.endpoints import MAX_PRICE_LIST_BYTES
 from services.catalog.endpoints import router as catalog_router
-from services.core import request_ids
+from services.core import request_ids, tracing
 from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, LeaseSweeper, PendingTasks
@@ -103,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     request_ids.install_log_records()
     app.state.db = Database(factory, runner, settings)
     app.state.engine = engine
+    tracing.instrument_app(app, engine, settings.otlp_endpoint)
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes, exceptions=upload_limits())
     # Added last, so outermost: it also times, counts and logs the requests the body limit refuses.

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import Database
-from services.core import request_ids
+from services.core import request_ids, tracing
 from services.core.db import unit_of_work
 from services.core.errors import Unauthorized
 from services.core.leases import TaskLease
@@ -65,6 +65,7 @@ class ObservabilityMiddleware:
         rid = request_ids.request_id(incoming.decode("latin-1"))
         scope.setdefault("state", {})["request_id"] = rid
         token = request_ids.current.set(rid)
+        tracing.annotate_current_span(rid)
 
         async def capture(message: Message) -> None:
             nonlocal status

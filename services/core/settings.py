@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         default=0, ge=0, le=65535, description="a Celery worker serves its task metrics here (0: off)"
     )
     # GET /metrics: open (keep it on the internal network) unless a token is set.
+    otlp_endpoint: str | None = Field(
+        default=None,
+        max_length=500,
+        description="OpenTelemetry collector (OTLP/HTTP), e.g. http://collector:4318: traces of requests, "
+        "database statements, HTTP and S3 calls and tasks (services/core/tracing.py)",
+    )
     metrics_token: SecretStr | None = Field(default=None, description="Bearer token /metrics asks for")
     # Object storage (checkpoints, uploaded data sets): any S3-compatible service. The secret is a
     # SecretStr so that it never appears in a repr, a log line or an API response.
