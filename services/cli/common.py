@@ -133,3 +133,9 @@ def api_key(
         f", set ${KEY_ENV} or run it where `gpuplan serve` wrote {LOCAL_KEY_FILE}" if local else f" or set ${KEY_ENV}"
     )
     raise CliError(f"{command}: no API key: give --key-file PATH{where}")
+
+
+def examples(parser: argparse.ArgumentParser, *lines: str) -> None:
+    """Examples at the end of the command's --help, printed as written."""
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any, get_args
 
-from services.cli.common import CliError, Subparsers, int_arg, read_json, read_plan_file
+from services.cli.common import CliError, Subparsers, examples, int_arg, read_json, read_plan_file
 from services.cli.render import render_estimate
 from services.estimator.estimate import estimate
 from services.estimator.plan import KvCacheDtype, Plan, Quantization
@@ -55,6 +55,12 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
 
 def register(sub: Subparsers) -> None:
     est = sub.add_parser("estimate", help="peak GPU memory, fit per card, tokens/s and cost of a plan")
+    examples(
+        est,
+        'gpuplan estimate --model meta-llama/Llama-3.1-8B --method qlora --seq-len 2048 --gpu "A100 80GB"',
+        "gpuplan estimate --plan infra/examples/llama-3.1-8b-qlora.json --json",
+        "gpuplan estimate --model meta-llama/Llama-3.1-70B --mode inference --quantization awq",
+    )
     est.add_argument("--plan", metavar="FILE", help="plan JSON (the schema of benchmarks/README); flags override it")
     est.add_argument(
         "--model",

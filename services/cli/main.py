@@ -12,14 +12,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.cli import admin, catalog, data, estimate, export, nodes, plans, runs, server, trace
+from services.cli import admin, catalog, completion, data, estimate, export, nodes, plans, runs, server, trace
 from services.cli.common import EXIT_BAD_INPUT, CliError, Parser
 from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import PlanError
 
 # In the order `gpuplan --help` lists them.
-COMMAND_MODULES = (estimate, trace, export, catalog, server, data, plans, nodes, runs, admin)
+COMMAND_MODULES = (estimate, trace, export, catalog, server, data, plans, nodes, runs, admin, completion)
 
 
 def build_parser() -> Parser:

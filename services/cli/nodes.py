@@ -6,11 +6,16 @@ import argparse
 import sys
 
 from services.cli import runs as runs_cli
-from services.cli.common import CliError, Subparsers, add_key_options, api_key
+from services.cli.common import CliError, Subparsers, add_key_options, api_key, examples
 
 
 def register(sub: Subparsers) -> None:
     agent = sub.add_parser("agent", help="run on a GPU node: register it, heartbeat, run its calibrations")
+    examples(
+        agent,
+        "GPUPLAN_API_KEY=$KEY gpuplan agent --api http://planner:8000 --once",
+        "gpuplan agent --api http://planner:8000 --key-file ~/.gpuplan-key --run RUN_ID -- accelerate launch train.py",
+    )
     agent.add_argument("--api", required=True, metavar="URL", help="the gpuplan service, e.g. http://planner:8000")
     add_key_options(agent)
     agent.add_argument("--name", help="node name (default: the host name)")

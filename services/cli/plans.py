@@ -6,7 +6,16 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import CliError, Parser, Subparsers, add_key_options, api_error, api_key, read_plan_file
+from services.cli.common import (
+    CliError,
+    Parser,
+    Subparsers,
+    add_key_options,
+    api_error,
+    api_key,
+    examples,
+    read_plan_file,
+)
 
 
 def register(sub: Subparsers) -> None:
@@ -14,6 +23,10 @@ def register(sub: Subparsers) -> None:
     plans_sub = plans.add_subparsers(dest="plans_command", required=True, parser_class=Parser)
     for name, text in (("submit", "submit a plan file (with its dataset and epochs)"), ("get", "show a plan")):
         cmd = plans_sub.add_parser(name, help=text)
+        if name == "submit":
+            examples(cmd, "gpuplan plans submit --plan infra/examples/llama-3.1-8b-qlora.json --wait")
+        else:
+            examples(cmd, "gpuplan plans get PLAN_ID --json")
         cmd.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL")
         add_key_options(cmd)  # the embedded default keeps the key in .gpuplan/local-key
         cmd.add_argument("--json", action="store_true")

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, int_arg
+from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, examples, int_arg
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -22,6 +22,12 @@ LOCAL_ORG = "local"
 
 def register(sub: Subparsers) -> None:
     serve = sub.add_parser("serve", help="run the planning service (migrates the database first)")
+    examples(
+        serve,
+        "gpuplan serve",
+        "gpuplan serve --port 8080",
+        "GPUPLAN_DATABASE_URL=postgresql+psycopg://... gpuplan serve --workers 2",
+    )
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
     serve.add_argument("--port", type=int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
     serve.add_argument(
