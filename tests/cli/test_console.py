@@ -55,6 +55,7 @@ DRIVEN = {
     "admin revoke-key": "test_admin_keys",
     "admin remove-provider": "tests/cli/test_catalog_cli.py::test_remove_provider",
     "catalog refresh": "tests/cli/test_catalog_cli.py::test_catalog_refresh_from_a_feed_and_a_failed_one",
+    "completion": "tests/cli/test_completion.py::test_bash_completes_commands_subcommands_flags_and_choices",
 }
 
 TINY_LLAMA = {
