@@ -139,3 +139,18 @@ def examples(parser: argparse.ArgumentParser, *lines: str) -> None:
     """Examples at the end of the command's --help, printed as written."""
     parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+# The service the client commands talk to: --api, else $GPUPLAN_API, else the embedded default's address.
+API_ENV = "GPUPLAN_API"
+
+
+def add_api_option(parser: argparse.ArgumentParser, *aliases: str) -> None:
+    parser.add_argument(
+        "--api",
+        *aliases,
+        dest="api",
+        default=os.environ.get(API_ENV) or "http://127.0.0.1:8000",
+        metavar="URL",
+        help=f"the gpuplan service (default ${API_ENV}, else http://127.0.0.1:8000)",
+    )

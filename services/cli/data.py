@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from services.cli.common import CliError, Parser, Subparsers, add_key_options, api_key, examples
+from services.cli.common import CliError, Parser, Subparsers, add_api_option, add_key_options, api_key, examples
 
 
 def register(sub: Subparsers) -> None:
@@ -32,7 +32,7 @@ def register(sub: Subparsers) -> None:
     upload = data_sub.add_parser("upload", help="upload a data set to a running service (resumable) and check it")
     examples(upload, "gpuplan data upload train.jsonl --wait", "gpuplan data upload train.jsonl --resume DATASET_ID")
     upload.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
-    upload.add_argument("--api", "--server", dest="api", default="http://127.0.0.1:8000", metavar="URL")
+    add_api_option(upload, "--server")
     add_key_options(upload)  # the embedded default keeps the key in .gpuplan/local-key
     upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
     upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")

@@ -10,6 +10,7 @@ from services.cli.common import (
     CliError,
     Parser,
     Subparsers,
+    add_api_option,
     add_key_options,
     api_error,
     api_key,
@@ -27,7 +28,7 @@ def register(sub: Subparsers) -> None:
             examples(cmd, "gpuplan plans submit --plan infra/examples/llama-3.1-8b-qlora.json --wait")
         else:
             examples(cmd, "gpuplan plans get PLAN_ID --json")
-        cmd.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL")
+        add_api_option(cmd)
         add_key_options(cmd)  # the embedded default keeps the key in .gpuplan/local-key
         cmd.add_argument("--json", action="store_true")
         if name == "submit":

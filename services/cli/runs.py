@@ -13,7 +13,7 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.agent.signals import JOB_PID_FILE
-from services.cli.common import Subparsers, add_key_options, api_key
+from services.cli.common import Subparsers, add_api_option, add_key_options, api_key
 from services.core.errors import ConfigurationError
 from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
@@ -42,7 +42,7 @@ def _positive(name: str, kind: type[float] | type[int] = float) -> Any:
 
 
 def _connection(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api", default="http://127.0.0.1:8000", metavar="URL", help="the gpuplan service")
+    add_api_option(parser)
     add_key_options(parser)
     parser.add_argument("--run", required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)")
 

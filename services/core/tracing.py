@@ -73,7 +73,6 @@ def instrument_app(app: Any, engine: Any, endpoint: str | None, service_name: st
         return False
     provider = _sdk(endpoint, service_name)
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
     FastAPIInstrumentor.instrument_app(app, tracer_provider=provider, server_request_hook=_request_id_hook)
     _instrument_engine(engine, provider)

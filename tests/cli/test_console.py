@@ -388,6 +388,9 @@ def test_plans_submit_and_get(service: Service, tmp_path: Path) -> None:
     # Where the embedded service runs, its own key file is the default key (issue 23).
     local = gpuplan("plans", "get", plan_id, "--api", service.url, "--json", cwd=service.cwd, env=service.env)
     assert local.returncode == 0 and json.loads(local.stdout)["id"] == plan_id, local.stderr
+    api_env = {**service.env, "GPUPLAN_API": service.url}
+    by_env = gpuplan("plans", "get", plan_id, "--json", cwd=service.cwd, env=api_env)
+    assert by_env.returncode == 0 and json.loads(by_env.stdout)["id"] == plan_id, by_env.stderr  # $GPUPLAN_API
     elsewhere = gpuplan("plans", "get", plan_id, "--api", service.url, cwd=tmp_path, env=service.env)
     assert elsewhere.returncode == 2 and "no API key" in elsewhere.stderr and "local-key" in elsewhere.stderr
 
