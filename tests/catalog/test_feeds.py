@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.catalog.feeds import aws, lambda_cloud, runpod, vast
-from services.catalog.offers import bundled_offers
 from services.catalog.feeds.base import FeedError
 from services.catalog.feeds.refresh import refresh
+from services.catalog.offers import bundled_offers
 from services.catalog.service import catalog_offers, feed_states
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
