@@ -196,7 +196,7 @@ def is_simpler(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 def setup_label(e: Entry) -> str:
-    """The setup in a few words: '8 x A100 40GB spot at example-cloud'."""
+    """The setup in a few words: '8 x A100 40GB spot at aws'."""
     c = e.candidate
     nodes = f" on {c.layout.nodes} nodes" if c.layout.nodes > 1 else ""
     pricing = "spot" if e.cost.pricing == "spot" else "on demand"

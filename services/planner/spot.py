@@ -59,8 +59,6 @@ _AWS_TRACE = SpotRisk(
 # Per provider (lower-case name); any other provider's GPU spot gets DEFAULT_SPOT_RISK.
 SPOT_RISKS: dict[str, SpotRisk] = {
     "aws": _AWS_TRACE,
-    # The bundled example-cloud follows AWS EC2's shapes (services/catalog/data/offers.csv).
-    "example-cloud": _AWS_TRACE,
     # cloud.google.com/compute/docs/instances/spot (read 2026-12-02): Spot VMs can be preempted at any time, with
     # 30 s notice, and publish no rate; the only GCP trace (c3-highcpu-88 CPUs, 3 preemptions in 180 h) is not GPUs.
     "gcp": SpotRisk(

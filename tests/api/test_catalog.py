@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.catalog.offers import bundled_offers
 from services.catalog.service import record_feed_failure
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.orgs.service import create_key
@@ -37,15 +38,17 @@ def _bearer(key: str) -> dict[str, str]:
 def test_offers_are_seeded_from_both_price_lists(api: Api) -> None:
     items = _offers(api)
     providers = {i["provider"] for i in items}
-    assert providers == {"cloudrux", "example-cloud"}
+    assert providers == {o.provider for o in bundled_offers()}
+    assert {"cloudrux", "aws", "gcp", "azure", "lambda", "runpod", "vast"} <= providers
+    assert len(items) == len(bundled_offers())
     assert len([i for i in items if i["provider"] == "cloudrux"]) == 9
-    a40 = next(i for i in items if i["gpu"] == "A40")
+    a40 = next(i for i in items if (i["provider"], i["gpu"]) == ("cloudrux", "A40"))
     assert a40["on_demand_usd_per_hour"] == 0.74 and a40["gpu_memory_gib"] > 40
     assert {i["catalog"] for i in items} == {"public"}
     assert all(i["billing_increment_s"] >= 1 and i["billing_minimum_s"] >= 0 for i in items)
-    # Host RAM per node: the AWS-shaped example-cloud nodes have it (p5.48xlarge: 2048 GiB); cloudrux's is unknown.
+    # Host RAM per node: AWS's nodes have it (p5.48xlarge: 2048 GiB); cloudrux's is unknown.
     ram = {(i["provider"], i["gpu"]): i["host_ram_gib_per_node"] for i in items}
-    assert ram[("example-cloud", "H100 SXM")] == 2048 and ram[("cloudrux", "H100 SXM")] is None
+    assert ram[("aws", "H100 SXM")] == 2048 and ram[("cloudrux", "H100 SXM")] is None
 
 
 def test_offer_filters(api: Api) -> None:
@@ -135,9 +138,10 @@ def test_public_import_is_additive_and_replace_provider_is_explicit(api: Api) ->
     )
     response = api.client.post("/v1/platform/catalog/offers", content=payload, headers={**platform, **JSON})
     assert response.status_code == 201, response.text
-    assert response.json()["added"] == 1 and response.json()["kept"] == 14
+    bundled = bundled_offers()
+    assert response.json()["added"] == 1 and response.json()["kept"] == len(bundled)
     items = _offers(api, "beta")
-    assert {i["provider"] for i in items} == {"cloudrux", "example-cloud", "newco"}
+    assert {i["provider"] for i in items} == {o.provider for o in bundled} | {"newco"}
     newco = next(i for i in items if i["provider"] == "newco")
     assert newco["gpu"] == "H100 SXM" and newco["whole_nodes_only"] is True and newco["billing_minimum_s"] == 600
     assert newco["inter_node_gbit_per_s"] == 3200 and newco["fetched_at"] == "2026-11-30T10:00:00Z"
@@ -145,16 +149,16 @@ def test_public_import_is_additive_and_replace_provider_is_explicit(api: Api) ->
     # One provider's row again: its price is updated, every other offer stays.
     csv = "provider,gpu,on_demand_usd_per_hour,region,gpus_per_node\ncloudrux,A40,0.70,partner-dc,8\n"
     body = api.client.post("/v1/platform/catalog/offers", content=csv, headers=platform).json()
-    assert (body["updated"], body["added"], body["kept"]) == (1, 0, 14)
+    assert (body["updated"], body["added"], body["kept"]) == (1, 0, len(bundled))
     items = _offers(api)
-    assert len(items) == 15
-    assert next(i for i in items if i["gpu"] == "A40")["on_demand_usd_per_hour"] == 0.70
+    assert len(items) == len(bundled) + 1
+    assert next(i for i in items if (i["provider"], i["gpu"]) == ("cloudrux", "A40"))["on_demand_usd_per_hour"] == 0.70
 
     # --replace-provider drops the provider's other rows.
     response = api.client.post("/v1/platform/catalog/offers?replace_provider=cloudrux", content=csv, headers=platform)
     assert response.status_code == 201 and response.json()["removed"] == 8
     assert [i["gpu"] for i in _offers(api) if i["provider"] == "cloudrux"] == ["A40"]
-    assert len([i for i in _offers(api) if i["provider"] == "example-cloud"]) == 5
+    assert len([i for i in _offers(api) if i["provider"] == "aws"]) == len([o for o in bundled if o.provider == "aws"])
 
     unknown = api.client.post("/v1/platform/catalog/offers?replace_provider=nobody", content=csv, headers=platform)
     assert unknown.status_code == 422 and unknown.json()["field"] == "replace_provider"
@@ -212,7 +216,7 @@ def test_an_organizations_own_prices_are_invisible_to_others_and_do_not_change_t
     assert [i["on_demand_usd_per_hour"] for i in alpha if (i["provider"], i["gpu"]) == ("cloudrux", "H100 SXM")] == [
         0.05
     ]
-    assert len(alpha) == 15
+    assert len(alpha) == len(bundled_offers()) + 1
 
     assert _offers(api, "beta") == beta_offers
     beta_after = _top_setup(api, "beta")
@@ -234,7 +238,7 @@ def test_offers_export_as_a_price_list_that_imports_back(api: Api) -> None:
     before = _offers(api)
     again = api.client.post("/v1/platform/catalog/offers", content=text, headers=platform)
     assert again.status_code == 201, again.text
-    assert (again.json()["updated"], again.json()["added"], again.json()["kept"]) == (14, 0, 0)
+    assert (again.json()["updated"], again.json()["added"], again.json()["kept"]) == (len(bundled_offers()), 0, 0)
 
     def by_key(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(items, key=lambda i: (i["provider"], i["gpu"], i["region"]))
@@ -277,9 +281,10 @@ def test_removing_a_providers_offers(api: Api) -> None:
         denied = api.client.delete("/v1/platform/catalog/offers?provider=cloudrux", headers=_bearer(key))
         assert denied.status_code == 403
     platform = _bearer(_key(api, "beta", platform_admin=True))
-    gone = api.client.delete("/v1/platform/catalog/offers?provider=example-cloud", headers=platform)
-    assert gone.status_code == 200 and gone.json()["removed"] == 5
-    assert {i["provider"] for i in _offers(api, "beta")} == {"cloudrux"}
+    gone = api.client.delete("/v1/platform/catalog/offers?provider=aws", headers=platform)
+    aws = [o for o in bundled_offers() if o.provider == "aws"]
+    assert gone.status_code == 200 and gone.json()["removed"] == len(aws) > 0
+    assert {i["provider"] for i in _offers(api, "beta")} == {o.provider for o in bundled_offers()} - {"aws"}
 
 
 def test_concurrent_imports_never_lose_one_another(api: Api) -> None:

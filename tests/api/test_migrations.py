@@ -97,8 +97,9 @@ def test_0013_adds_host_ram_and_reseeds_the_bundled_list_and_downgrades(database
     assert "host_ram_gib_per_node" not in columns
     command.upgrade(config, "head")
     ram = _bundled_host_ram(database_url)
-    # Still on the bundled list: it comes back with the host RAM of its AWS-shaped nodes; cloudrux's is unknown.
-    assert ram[("example-cloud", "H100 SXM")] == 2048.0 and ram[("example-cloud", "A10G")] == 768.0
+    # Still on the bundled list: it comes back with the host RAM of its AWS nodes (p5.48xlarge, g5.48xlarge);
+    # cloudrux's is unknown.
+    assert ram[("aws", "H100 SXM")] == 2048.0 and ram[("aws", "A10G")] == 768.0
     assert ram[("cloudrux", "H100 SXM")] is None
     command.downgrade(config, "0012")
     columns = {c["name"] for c in inspect(create_engine(database_url)).get_columns("gpu_offers")}

@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from services.catalog.offers import bundled_offers
 from tests.api.conftest import QLORA_PLAN, Api
 
 
@@ -58,7 +59,9 @@ def test_bad_quote_requests(api: Api) -> None:
     assert api.client.post(url, json={}, headers=api.headers()).status_code == 422
     response = api.client.post(url, json={"gpu": "Voodoo 5", "gpus": 2}, headers=api.headers())
     assert response.status_code == 422 and response.json()["field"] == "gpu"
-    response = api.client.post(url, json={"gpu": "RTX A6000", "gpus": 1}, headers=api.headers())
+    # A card gpuplan knows that no bundled provider rents.
+    assert not [o for o in bundled_offers() if o.gpu == "H100 96GB"]
+    response = api.client.post(url, json={"gpu": "H100 96GB", "gpus": 1}, headers=api.headers())
     assert response.status_code == 422 and "no offer" in response.json()["message"]
     response = api.client.post(url, json={"gpu": "T4", "gpus": 1, "provider": "cloudrux"}, headers=api.headers())
     assert response.status_code == 422 and response.json()["field"] == "provider"
@@ -322,6 +325,7 @@ def test_a_quote_of_a_setup_that_offloads_says_so_and_names_the_host_ram(api: Ap
 
 def test_a_setup_over_the_plans_budget_is_quoted_and_says_so(api: Api) -> None:
     plan = _done_plan(api, {**QLORA_PLAN, "constraints": {"budget_usd": 5}})
-    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8})
+    # AWS's p5.48xlarge (the dearest bundled 8 x H100), so the setup is over the budget.
+    quote = _quote(api, plan["id"], {"gpu": "H100 SXM", "gpus": 8, "provider": "aws"})
     assert quote["total_usd"] > 5
     assert f"over the plan's budget: ${quote['total_usd']:,.2f} against $5.00" in quote["assumptions"]

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.catalog.feeds import aws, lambda_cloud, runpod, vast
 from services.catalog.feeds.base import FeedError
 from services.catalog.feeds.refresh import refresh
+from services.catalog.offers import bundled_offers
 from services.catalog.service import catalog_offers, feed_states
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
@@ -169,7 +170,7 @@ def test_refresh_stores_offers_keeps_other_providers_and_sends_the_key_in_a_head
     with unit_of_work(factory) as session:
         providers = {o.provider for o in catalog_offers(session)}
         states = {f.provider: f for f in feed_states(session)}
-    assert providers == {"cloudrux", "example-cloud", "runpod", "lambda", "vast"}
+    assert providers == {o.provider for o in bundled_offers()} | {"runpod", "lambda", "vast"}
     assert states["runpod"].last_error is None and "GTX 1080 Ti" in (states["runpod"].note or "")
     assert all(len(o.fetched_at) == 20 and o.fetched_at.endswith("Z") for o in _offers(factory, "runpod"))
 
@@ -204,10 +205,13 @@ def test_a_changed_answer_or_no_key_fails_without_touching_the_catalog(
 ) -> None:
     fake.routes[("GET", "/api/v1/instance-types")] = (200, {"instance_types": []})
     before = _offers(factory, "cloudrux")
+    bundled = {p: _offers(factory, p) for p in ("lambda", "runpod")}
+    assert all(bundled.values())  # the bundled snapshot lists both providers
     outcomes = refresh(factory, _settings(fake, runpod_api_key=None), ["lambda", "runpod"])
     assert [(o.provider, o.ok) for o in outcomes] == [("lambda", False), ("runpod", False)]
     assert "no 'data' object" in (outcomes[0].error or "") and "GPUPLAN_RUNPOD_API_KEY" in (outcomes[1].error or "")
-    assert _offers(factory, "cloudrux") == before and not _offers(factory, "lambda")
+    assert _offers(factory, "cloudrux") == before
+    assert {p: _offers(factory, p) for p in ("lambda", "runpod")} == bundled
 
 
 def test_an_unreachable_provider_is_recorded(factory: sessionmaker[Session]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import resources
+
 import pytest
 
 from services.catalog.gpus import find_gpu
@@ -65,15 +67,26 @@ def test_bad_cells_name_the_row_and_column(cells: str, column: str) -> None:
 
 def test_bundled_offers_are_schema_2_with_known_cards_and_sourced_rows() -> None:
     offers = bundled_offers()
-    assert len(offers) == 14
+    text = resources.files("services.catalog").joinpath("data/offers.csv").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line and not line.startswith("#")][1:]
+    assert len(offers) == len(rows)
+    # A dated snapshot of real providers' lists (issue 22 item 5): every row sourced and dated, no example provider.
+    providers = {o.provider for o in offers}
+    assert {"cloudrux", "aws", "gcp", "azure", "lambda", "runpod", "vast"} <= providers
+    assert not any("example" in p for p in providers)
     for o in offers:
         find_gpu(o.gpu)
-        assert o.gpus_per_node == 8 and o.source
-    aws_like = [o for o in offers if o.provider == "example-cloud"]
-    assert all(o.billing_minimum_s == 60 for o in aws_like)
+        assert 1 <= o.gpus_per_node <= 8 and o.source and o.fetched_at
+        assert o.provider == "cloudrux" or "skypilot-org/skypilot-catalog" in o.source
+    aws = [o for o in offers if o.provider == "aws"]
+    assert all(o.billing_minimum_s == 60 for o in aws)
     # Spot preemption rates come from the planner's sourced table (services/planner/spot.py), never a row's guess.
     assert all(o.preemption_per_hour is None for o in offers if o.spot_usd_per_hour is not None)
-    assert {o.gpu for o in aws_like if o.whole_nodes_only} == {"A100 40GB", "A100 80GB", "H100 SXM"}
+    assert {o.gpu for o in aws if o.whole_nodes_only} == {"A100 40GB", "A100 80GB", "H100 SXM", "H200"}
+    # The p5.48xlarge: 8 x H100 with 2048 GiB and 3200 Gbit/s EFA; its spot price below the on-demand one.
+    p5 = next(o for o in aws if o.gpu == "H100 SXM")
+    assert (p5.host_ram_gib_per_node, p5.inter_node_gbit_per_s) == (2048, 3200)
+    assert p5.spot_usd_per_hour is not None and p5.spot_usd_per_hour < p5.on_demand_usd_per_hour
     assert all(o.inter_node_gbit_per_s is None for o in offers if o.provider == "cloudrux")
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.catalog.offers import Offer
+from services.catalog.gpus import find_gpu
+from services.catalog.offers import Offer, bundled_offers
 from services.estimator.errors import EstimatorError
 from services.planner import Constraints, PlannerError, PlannerResult, plan_setups
 from tests.conftest import make_plan
@@ -295,12 +296,12 @@ def test_nodes_never_exceed_the_offer_and_need_a_network_to_grow() -> None:
 
 def test_budget_is_honoured_and_spot_may_meet_it() -> None:
     plan = plan_for("qlora")
-    free = everything(plan, providers=("example-cloud",))
+    free = everything(plan, providers=("aws",))
     on_demand = min(r.cost_usd for r in free.recommendations)
     spot = min(r.spot_cost_usd for r in free.recommendations if r.spot_cost_usd is not None)
     assert spot < on_demand
     budget = (spot + on_demand) / 2
-    result = everything(plan, providers=("example-cloud",), budget_usd=budget)
+    result = everything(plan, providers=("aws",), budget_usd=budget)
     assert result.recommendations
     for rec in result.recommendations:
         assert rec.expected_cost_usd <= budget and rec.qualifies_with == rec.pricing
@@ -314,9 +315,12 @@ def test_a_budget_below_every_setup_rejects_every_offer_with_the_cost() -> None:
     result = everything(plan_for("qlora"), budget_usd=0.01, spot_allowed=False)
     assert result.recommendations == [] and result.best_per_gpu == []
     budget = [r for r in result.rejections if r.kind == "budget"]
-    # Every offer but the T4's, which cannot run the plan's bf16 at all.
-    assert len(budget) == 13
-    assert [(r.kind, r.gpu) for r in result.rejections if r.kind != "budget"] == [("precision", "T4")]
+    # Every offer but those of cards without bf16 (T4, V100), which cannot run the plan's bf16 at all.
+    offers = bundled_offers()
+    no_bf16 = sorted(o.gpu for o in offers if find_gpu(o.gpu).bf16_tflops is None)
+    assert no_bf16 and len(budget) == len(offers) - len(no_bf16)
+    other = [(r.kind, r.gpu) for r in result.rejections if r.kind != "budget"]
+    assert sorted(other) == [("precision", gpu) for gpu in no_bf16]
     assert all("over the $0.01 budget" in r.reason and r.cost_usd is not None for r in budget)
     assert any("no setup fits and meets the constraints" in w for w in result.warnings)
 
@@ -336,9 +340,12 @@ def test_deadline_is_honoured() -> None:
 
 def test_regions_match_region_or_country_case_insensitively() -> None:
     result = everything(plan_for("qlora"), regions=("us",))
-    assert {r.provider for r in result.recommendations} == {"example-cloud"}
+    # Every bundled offer in the US says so in its country (RunPod's region is "US"); cloudrux's and Vast.ai's
+    # have no US region or country.
+    assert {r.provider for r in result.recommendations} == {"aws", "gcp", "azure", "lambda", "runpod"}
     excluded = [r for r in result.rejections if r.kind == "region"]
-    assert len(excluded) == 9 and all(r.provider == "cloudrux" for r in excluded)
+    outside = [o for o in bundled_offers() if "us" not in (o.region.lower(), o.country.lower())]
+    assert len(excluded) == len(outside) and {r.provider for r in excluded} == {"cloudrux", "vast"}
     by_country = everything(plan_for("qlora"), [offer("A100 80GB", 2.0, region="fra1", country="DE")], regions=("de",))
     assert by_country.recommendations
 
@@ -346,11 +353,12 @@ def test_regions_match_region_or_country_case_insensitively() -> None:
 def test_providers_are_filtered() -> None:
     result = everything(plan_for("qlora"), providers=("CloudRUX",))
     assert {r.provider for r in result.recommendations} == {"cloudrux"}
-    assert sum(r.kind == "provider" for r in result.rejections) == 5
+    others = [o for o in bundled_offers() if o.provider != "cloudrux"]
+    assert sum(r.kind == "provider" for r in result.rejections) == len(others)
 
 
 def test_spot_not_allowed_leaves_spot_unpriced() -> None:
-    result = everything(plan_for("qlora"), providers=("example-cloud",), spot_allowed=False)
+    result = everything(plan_for("qlora"), providers=("aws",), spot_allowed=False)
     assert result.recommendations
     assert all(r.spot_cost_usd is None and r.checkpoint_interval_minutes is None for r in result.recommendations)
 
@@ -365,7 +373,7 @@ def test_max_gpus_caps_every_setup() -> None:
 
 
 def test_spot_cost_includes_rework_and_is_at_least_the_spot_price_times_hours() -> None:
-    result = everything(plan_for("lora"), providers=("example-cloud",))
+    result = everything(plan_for("lora"), providers=("aws",))
     priced = [r for r in result.recommendations if r.spot_cost_usd is not None]
     assert priced
     for rec in priced:
@@ -375,13 +383,13 @@ def test_spot_cost_includes_rework_and_is_at_least_the_spot_price_times_hours() 
         assert rec.spot_hours >= rec.hours
         assert rec.expected_preemptions is not None and rec.expected_preemptions >= 0
         assert rec.checkpoint_interval_minutes is not None and rec.checkpoint_interval_minutes > 0
-    stormy = everything(plan_for("lora"), providers=("example-cloud",), preemptions_per_hour=0.5)
+    stormy = everything(plan_for("lora"), providers=("aws",), preemptions_per_hour=0.5)
     for rec in stormy.recommendations:
         assert rec.spot_hours is not None and rec.spot_hours > rec.hours
         assert rec.expected_preemptions is not None and rec.expected_preemptions > 0
         if rec.pricing == "spot":
             assert rec.cost_breakdown["preemption_rework"] > 0
-    calm = everything(plan_for("lora"), providers=("example-cloud",), preemptions_per_hour=0.0)
+    calm = everything(plan_for("lora"), providers=("aws",), preemptions_per_hour=0.0)
     for rec in calm.recommendations:
         assert rec.spot_hours == pytest.approx(rec.hours, abs=0.002)
 
