@@ -106,3 +106,42 @@ def test_0013_adds_host_ram_and_reseeds_the_bundled_list_and_downgrades(database
     assert "host_ram_gib_per_node" not in columns
     command.upgrade(config, "head")
     command.check(config)
+
+
+def test_0020_replaces_a_bundled_list_that_still_holds_the_demo_provider(database_url: str) -> None:
+    config = alembic_config(database_url)
+    command.upgrade(config, "0019")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            version = conn.execute(
+                text(
+                    "SELECT id FROM catalog_versions "
+                    "WHERE kind = 'offers' AND active = :yes AND organization_id IS NULL"
+                ),
+                {"yes": True},
+            ).scalar_one()
+            # As a database seeded before the snapshot is: the old list's demo provider among its rows.
+            conn.execute(
+                text(
+                    "INSERT INTO gpu_offers (id, version_id, provider, gpu, gpu_memory_gib, gpus_per_node, "
+                    "on_demand_usd_per_hour, currency, region, country, interconnect, fetched_at, source, "
+                    "whole_nodes_only) VALUES ('demo0000000000000000000000000000', :v, 'example-cloud', 'A100 80GB', "
+                    "80, 8, 1.5, 'USD', '', '', '', '2026-11-01', 'old', :no)"
+                ),
+                {"v": version, "no": False},
+            )
+        command.upgrade(config, "head")
+        with engine.connect() as conn:
+            providers = set(
+                conn.execute(
+                    text(
+                        "SELECT o.provider FROM gpu_offers o JOIN catalog_versions v ON o.version_id = v.id "
+                        "WHERE v.kind = 'offers' AND v.active = :yes AND v.organization_id IS NULL"
+                    ),
+                    {"yes": True},
+                ).scalars()
+            )
+        assert "example-cloud" not in providers and {"aws", "gcp", "azure", "lambda", "runpod", "vast"} <= providers
+    finally:
+        engine.dispose()
