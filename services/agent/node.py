@@ -78,9 +78,13 @@ class RunSync:
 
     def pending_bytes(self) -> int:
         """Bytes of the local checkpoints not durable yet (what a lost node would lose)."""
+        try:
+            folders = dict(checkpoint_dirs(self.checkpoint_dir))
+        except SyncError:
+            return 0
         total = 0
         for step in pending_steps(self.checkpoint_dir, self.durable, self.deleted):
-            for path in _checkpoint_folder(self.checkpoint_dir, step).rglob("*"):
+            for path in folders[step].rglob("*") if step in folders else ():
                 try:
                     total += path.stat().st_size if path.is_file() else 0
                 except OSError:
@@ -103,13 +107,6 @@ class RunSync:
             "pending_bytes": self.pending_bytes(),
             "failing_since": self.failing_since.isoformat() if self.failing_since else None,
         }
-
-
-def _checkpoint_folder(root: Path, step: int) -> Path:
-    try:
-        return dict(checkpoint_dirs(root))[step]
-    except (SyncError, KeyError):
-        return root / "missing"
 
 
 def read_progress(checkpoint_dir: Path) -> tuple[int | None, float | None]:

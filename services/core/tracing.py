@@ -61,12 +61,6 @@ def _clients(provider: Any) -> None:
         BotocoreInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
 
 
-def _request_id_hook(span: Any, scope: dict[str, Any]) -> None:
-    rid = (scope.get("state") or {}).get("request_id")
-    if span is not None and span.is_recording() and rid:
-        span.set_attribute("gpuplan.request_id", rid)
-
-
 def instrument_app(app: Any, engine: Any, endpoint: str | None, service_name: str = "gpuplan-api") -> bool:
     """Trace the API app and its database engine; False (nothing done) without an endpoint."""
     if not endpoint:
@@ -74,7 +68,8 @@ def instrument_app(app: Any, engine: Any, endpoint: str | None, service_name: st
     provider = _sdk(endpoint, service_name)
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    FastAPIInstrumentor.instrument_app(app, tracer_provider=provider, server_request_hook=_request_id_hook)
+    # The request id goes on the server span from the API's outermost middleware (annotate_current_span).
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)
     _instrument_engine(engine, provider)
     _clients(provider)
     log.info("tracing to %s", endpoint)

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from services.dashboard.views import ago, usd, when
+from services.planner.planner import STALE_AFTER_HOURS, price_age_hours
 
-# A price fetched longer ago than this is shown as stale, as the planner marks it in its notes.
-STALE_AFTER_DAYS = 1.0
-
-
-def fetched_time(value: str) -> datetime | None:
-    """A catalog row's fetched_at ("2026-11-01" or an ISO time, "Z" allowed) as a UTC time; None if unreadable."""
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+# A price is shown as stale past the planner's own threshold, the one its notes use.
+STALE_AFTER_DAYS = STALE_AFTER_HOURS / 24
 
 
 @dataclass(frozen=True)
@@ -55,8 +47,8 @@ def offers_by_card(rows: Iterable[Any], now: datetime, own_version_id: str | Non
         group.sort(key=lambda r: (r.on_demand_usd_per_hour, r.provider, r.region))
         views = []
         for r in group:
-            fetched = fetched_time(r.fetched_at)
-            age_days = (now - fetched).total_seconds() / 86400 if fetched is not None else None
+            age_hours = price_age_hours(r.fetched_at, now)
+            fetched = now - timedelta(hours=age_hours) if age_hours is not None else None
             views.append(
                 OfferView(
                     provider=r.provider,
@@ -66,7 +58,7 @@ def offers_by_card(rows: Iterable[Any], now: datetime, own_version_id: str | Non
                     spot=usd(r.spot_usd_per_hour) if r.spot_usd_per_hour is not None else "—",
                     fetched=r.fetched_at or "unknown",
                     age=ago(fetched, now) if fetched is not None else "unknown",
-                    stale=age_days is None or age_days > STALE_AFTER_DAYS,
+                    stale=age_hours is None or age_hours > STALE_AFTER_HOURS,
                     source=r.source,
                     own=own_version_id is not None and r.version_id == own_version_id,
                     host_ram=f"{r.host_ram_gib_per_node:,.0f} GiB" if r.host_ram_gib_per_node else "not stated",

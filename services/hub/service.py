@@ -105,6 +105,18 @@ def default_cache_dir() -> Path:
     return Path(base) / "gpuplan" / "hub"
 
 
+def write_cache_file(path: Path, record: dict[str, Any]) -> None:
+    """One cache entry as JSON, written atomically (a temporary file renamed); an unwritable cache only
+    costs a fetch next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 class DiskCache:
     """The CLI's cache: one JSON file per model, written atomically (a temporary file renamed)."""
 
@@ -136,13 +148,7 @@ class DiskCache:
             "config": model.config,
             "checkpoint": model.checkpoint.as_dict() if model.checkpoint else None,
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(path)
-        except OSError:
-            pass  # an unwritable cache only costs a fetch next time
+        write_cache_file(path, record)
 
 
 # A Hub answer of "not found" or "gated" is remembered this long per (endpoint, token, id), so a client

@@ -10,7 +10,6 @@ for the CLI and the workers alike: a tokenizer.json is megabytes (Llama 3's is 9
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from services.core.errors import Unprocessable
 from services.datacheck.tokens import ESTIMATE_SOURCE, TOKENIZER_METHOD, Counter, counter_from_json, make_counter
 from services.estimator.errors import EstimatorError
 from services.hub.client import HubSettings, _download, check_repo_id
-from services.hub.service import _key, default_cache_dir
+from services.hub.service import _key, default_cache_dir, write_cache_file
 
 TOKENIZER_FILE = "tokenizer.json"
 # Llama 3's tokenizer.json is 9.1 MB, Gemma 3's 33 MB; none of the common ones is near this.
@@ -78,13 +77,7 @@ class TokenizerCache:
             "fetched_at": utcnow().isoformat(),
             "tokenizer": tokenizer.text,
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(path)
-        except OSError:
-            pass  # an unwritable cache only costs a fetch next time
+        write_cache_file(path, record)
 
 
 def fetch_tokenizer(repo_id: str, settings: HubSettings | None = None) -> HubTokenizer:

@@ -164,7 +164,7 @@ def record_sync_health(
     alert = sync_alert_reason(node, at, policy)
     if alert is not None and node.sync_alert is None:
         cause, reason = alert
-        node.sync_alert, node.sync_alerted_at = reason, at
+        node.sync_alert = reason  # when it was raised is the sync_alert event's time
         add_event(session, node, "sync_alert", reason, at, {"cause": cause})
         audit.record(
             session, node.organization_id, SYNC_ACTOR, "node.sync_alert", f"node:{node.id}", detail={"reason": reason}

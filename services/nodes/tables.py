@@ -65,7 +65,6 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     sync_pending_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     unsynced_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     sync_alert: Mapped[str | None] = mapped_column(Text, default=None)
-    sync_alerted_at: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
     commands: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")  # for the agent, e.g. ["sync"]
     # The node's agent token (issued once at registration, stored as its SHA-256) and when an agent
     # last proved it holds it. Nodes registered before tokens existed have none and must re-register.

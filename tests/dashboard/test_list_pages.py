@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.datasets.tables import DatasetRow
+from services.orgs.repository import OrganizationRepository
 from tests.api.conftest import Api
 from tests.dashboard.conftest import submit_done_plan
 
@@ -43,15 +46,31 @@ def test_quotes_runs_and_data_sets_list_the_organizations_own(api: Api, alpha: T
         headers=api.headers(),
     )
     assert run.status_code == 201, run.text
-    data = api.client.post("/v1/datasets", json={"name": "train.jsonl", "size_bytes": 1234}, headers=api.headers())
+    # A checked data set, stored as the check leaves it (the upload route needs a bucket this app has not).
+    with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
+        org = OrganizationRepository(session).by_name("alpha")
+        assert org is not None
+        session.add(
+            DatasetRow(
+                organization_id=org.id,
+                name="train.jsonl",
+                file_format="jsonl",
+                size_bytes=1_234_567,
+                status="done",
+                bucket="b",
+                object_key="k",
+                part_size_bytes=8 * 2**20,
+                report={"rows_total": 4321, "tokens": {"p50_tokens": 180, "p90_tokens": 410}, "pii_findings_total": 0},
+            )
+        )
     quotes = alpha.get("/dashboard/quotes").text
     assert quote.json()["number"] in quotes and "Acme Labs" in quotes and "1 x A40" in quotes
     runs = alpha.get("/dashboard/runs").text
     assert run.json()["id"][:8] in runs and "s3://runs-bucket/" in runs and "none yet" in runs
     datasets = alpha.get("/dashboard/datasets").text
-    if data.status_code == 201:  # the upload needs a bucket; without one the data set is refused
-        assert "train.jsonl" in datasets
+    assert "train.jsonl" in datasets and "4,321" in datasets and "median 180, p90 410" in datasets
+    assert "1.2 MB" in datasets and "none found" in datasets
     for path in ("/dashboard/quotes", "/dashboard/runs", "/dashboard/datasets"):
         other = beta.get(path).text
-        assert quote.json()["number"] not in other and run.json()["id"][:8] not in other
+        assert quote.json()["number"] not in other and run.json()["id"][:8] not in other and "train.jsonl" not in other
     assert alpha.get("/dashboard/runs", params={"before": "nope"}).status_code == 422
