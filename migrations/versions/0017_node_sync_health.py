@@ -21,6 +21,7 @@ COLUMNS = (
     "sync_pending_bytes",
     "unsynced_since",
     "sync_alert",
+    "sync_alerted_at",
 )
 
 
@@ -32,6 +33,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("sync_pending_bytes", sa.BigInteger(), server_default="0", nullable=False))
         batch_op.add_column(sa.Column("unsynced_since", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("sync_alert", sa.Text(), nullable=True))
+        batch_op.add_column(sa.Column("sync_alerted_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
