@@ -282,7 +282,7 @@ def _run_step(
         if plan.method != "full":
             model.enable_input_require_grads()
     with fake_mode(allow_non_fake_inputs=True):
-        model = model.to_empty(device="cpu")
+        model = _to_empty_keeping_ties(model)
         for module in model.modules():  # rotary tables are computed, not loaded: rebuild them
             if hasattr(module, "inv_freq") and hasattr(module, "rope_init_fn"):
                 module.inv_freq, _ = module.rope_init_fn(module.config, "cpu")
@@ -309,6 +309,23 @@ def _run_step(
     per_device = next(iter(snapshot.values()))
     categories = {str(k).split(".")[-1].lower(): float(v) for k, v in per_device.items() if str(k) != "Total"}
     return float(per_device["Total"]), categories
+
+
+def _to_empty_keeping_ties(model: Any) -> Any:
+    """``Module.to_empty`` makes a new parameter per owning module, so a tied embedding and head (one
+    Parameter in two modules, transformers' tie_weights) would come back as two: point every owner back at
+    one."""
+    owners: dict[int, list[tuple[Any, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name))
+    model = model.to_empty(device="cpu")
+    for shared in owners.values():
+        first, first_name = shared[0]
+        for module, name in shared[1:]:
+            module._parameters[name] = first._parameters[first_name]
+    return model
 
 
 def _optimizer(plan: Plan, recipe: Any, params: list[Any], torch: Any) -> Any:
