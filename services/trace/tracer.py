@@ -14,6 +14,7 @@ Needs the ``trace`` extra (torch, transformers, peft).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,13 +88,31 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _hf_config(config: dict[str, Any]) -> Any:
+def _hf_config(config: dict[str, Any], attention: str = "sdpa") -> Any:
     from transformers import AutoConfig
 
     fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "torch_dtype", "dtype")}
     hf = AutoConfig.for_model(config["model_type"], **fields)
-    hf._attn_implementation = "sdpa"
+    hf._attn_implementation = attention
     return hf
+
+
+def _build_model(config: dict[str, Any], attention: str, dtype: Any) -> Any:
+    """The model on ``meta``, with the plan's attention: eager when asked, else SDPA (the CPU has no flash
+    kernel; SDPA's CPU kernel keeps what flash keeps, the output and the log-sum-exp). A class that refuses
+    SDPA (Gemma2: ``_supports_sdpa = False``, its logit soft-capping) gets eager, as from_pretrained's
+    default would give it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    implementation = "eager" if attention == "eager" else "sdpa"
+    with torch.device("meta"):
+        try:
+            return AutoModelForCausalLM.from_config(_hf_config(config, implementation), dtype=dtype)
+        except ValueError as exc:
+            if "scaled_dot_product_attention" not in str(exc):
+                raise
+            return AutoModelForCausalLM.from_config(_hf_config(config, "eager"), dtype=dtype)
 
 
 def _traceable(plan: Plan) -> tuple[Plan, list[str]]:
@@ -124,8 +143,12 @@ def _traceable(plan: Plan) -> tuple[Plan, list[str]]:
     return (plan.model_copy(update=changes) if changes else plan), notes
 
 
-def trace_plan(plan: Plan, *, threads: int = 2) -> TraceResult:
-    """Run one training step of ``plan`` under fake tensors and compare with the analytic estimate."""
+def trace_plan(plan: Plan, *, threads: int = 2, recorder: Any = None) -> TraceResult:
+    """Run one training step of ``plan`` under fake tensors and compare with the analytic estimate.
+
+    ``recorder``: a TorchDispatchMode with a ``track(tensor)`` method (benchmarks/mechanisms/allocator.py's),
+    given the tensors alive when the step starts and entered around the step, so the step's storages can be
+    replayed through a model of the caching allocator; every layer is then traced (no extension)."""
     try:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -144,13 +167,13 @@ def trace_plan(plan: Plan, *, threads: int = 2) -> TraceResult:
     torch.set_num_threads(threads)
     layers = arch.num_layers
     extended = None
-    if layers > 8 and len(arch.blocks) == 1 and layer_key(config) is not None:
+    if recorder is None and layers > 8 and len(arch.blocks) == 1 and layer_key(config) is not None:
         extended = _extend_over_layers(traced, arch, config, layers, torch, FakeTensorMode)
     if extended is not None:
         peak, categories = extended
         notes.append(f"traced with 4, 6 and 8 of the {layers} identical layers and extended linearly")
     else:
-        peak, categories = _run_step(traced, arch, config, torch, FakeTensorMode)
+        peak, categories = _run_step(traced, arch, config, torch, FakeTensorMode, recorder)
     seconds = time.perf_counter() - start
 
     # Put back what the CPU could not run, from the analytic model: the difference between the plan
@@ -235,10 +258,9 @@ def _lora_targets(plan: Plan, arch: Architecture) -> list[str] | str:
 
 
 def _run_step(
-    plan: Plan, arch: Architecture, config: dict[str, Any], torch: Any, fake_mode: Any
+    plan: Plan, arch: Architecture, config: dict[str, Any], torch: Any, fake_mode: Any, recorder: Any = None
 ) -> tuple[float, dict[str, float]]:
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-    from transformers import AutoModelForCausalLM
 
     class FrozenAwareTracker(MemTracker):
         """MemTracker hooks every parameter's gradient; frozen ones (LoRA's base) cannot take a hook."""
@@ -261,8 +283,7 @@ def _run_step(
     dtype = {2: torch.bfloat16 if plan.precision.startswith("bf16") else torch.float16, 4: torch.float32}[
         recipe.weight_bytes
     ]
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(_hf_config(config), dtype=dtype)
+    model = _build_model(config, recipe.attention, dtype)
     if plan.method != "full":
         from peft import LoraConfig, get_peft_model
 
@@ -299,7 +320,11 @@ def _run_step(
         tracker = FrozenAwareTracker()
         tracker.track_external(model, optimizer)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.weight_bytes != recipe.compute_bytes)
-        with tracker:
+        if recorder is not None:
+            states = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+            for tensor in [*model.parameters(), *model.buffers(), *states, ids]:
+                recorder.track(tensor)
+        with tracker, recorder if recorder is not None else contextlib.nullcontext():
             with autocast:
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
