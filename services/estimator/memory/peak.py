@@ -78,7 +78,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             / (plan.gpus if plan.sharding in ("zero2", "zero3", "fsdp") else 1),
         )
 
-    casts = autocast_weight_copy_bytes(arch, recipe)
+    casts = autocast_weight_copy_bytes(arch, recipe, plan.gradient_checkpointing and plan.method != "full")
     # bitsandbytes: the head's matmul runs last in forward and first in backward; block linears run during
     # backward. GPTQ: the copies autograd saves (gptq_dequantized_bytes).
     dequant_head, dequant_block = dequantized_weight_bytes(plan, arch, recipe)

@@ -288,7 +288,7 @@ def sharded_working_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tup
     return fwd, fwd + grad_block
 
 
-def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
+def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe, checkpointed_frozen_blocks: bool = False) -> float:
     """16-bit copies of the fp32 matmul weights that autocast makes and autograd keeps until backward.
 
     After prepare_model_for_kbit_training only the output head is an fp32 matmul weight (the block
@@ -298,5 +298,10 @@ def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe) -> float:
         return float(arch.lm_head_matmul_params * recipe.compute_bytes)
     if not recipe.autocast_weight_copies:
         return 0.0
+    if checkpointed_frozen_blocks:
+        # Autocast caches a cast only for a leaf that requires grad (aten/src/ATen/autocast_mode.cpp,
+        # cached_cast); a frozen weight's copy lives only as a tensor autograd saves, and a checkpointed
+        # block saves none: only the head's copy (its matmul is outside the blocks) is kept.
+        return float(arch.lm_head_matmul_params * recipe.compute_bytes)
     matmul = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
     return float((matmul + arch.lm_head_matmul_params) * recipe.compute_bytes)
