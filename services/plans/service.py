@@ -246,19 +246,23 @@ def export(
             field="recommendation",
         )
     request = PlanRequest.model_validate(row.request)
-    plan, _ = resolved_plan(session, request)
+    bare = request.to_plan()
+    model = model_of(bare, DbCache(session))  # outside the try: a Hub failure keeps its own status
     # The margin the stored setups were sized with: usable = memory x (1 - margin).
     margin = round(1.0 - recs[index].usable_gib / recs[index].gpu_memory_gib, 6)
     offers = catalog_offers(session, principal.organization_id)
-    utilisation = calibrated_utilisation(session, principal.organization_id, plan.method)
-
-    def replan(target: Plan) -> list[Recommendation]:
-        found, _, _ = recommend(target, request.constraints, offers, margin, utilisation=utilisation)
-        return [Recommendation.model_validate(r) for r in found]
+    utilisation = calibrated_utilisation(session, principal.organization_id, bare.method)
 
     try:
         data = _export_data_format(session, principal.organization_id, request, data_format)
-        return export_retargeted(setup_for_format(plan, fmt, recs, replan, index), fmt, data)
+        resolved = resolved_with(bare, model)
+
+        def replan(target: Plan) -> list[Recommendation]:
+            variant = resolved.variant(target)  # another framework, the same model: not resolved again
+            found, _, _ = recommend(variant, request.constraints, offers, margin, utilisation=utilisation)
+            return [Recommendation.model_validate(r) for r in found]
+
+        return export_retargeted(setup_for_format(resolved, fmt, recs, replan, index), fmt, data)
     except EstimatorError as exc:
         raise Unprocessable(exc.message, field=exc.field) from None
 

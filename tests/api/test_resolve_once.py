@@ -73,3 +73,20 @@ def test_post_plan_and_its_estimation_resolve_the_plan_once(api: Api, monkeypatc
     # differ (sharding, accumulation, offload, optimizer, the method of a suggestion).
     assert counts["recipe resolutions (request)"] == 0, counts
     assert counts["recipe resolutions (task)"] <= 8, counts
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("fmt", ["hf-trainer", "torchtune"])
+def test_an_export_parses_nothing_and_looks_the_model_up_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """An export of a done plan resolves its model once and hands the resolved plan to the re-planning (a
+    torchtune export plans again for another framework) and the writers: no parse, one look-up."""
+    plan_id = api.client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers()).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    counts = _counting(monkeypatch)
+    response = api.client.get(f"/v1/plans/{plan_id}/export?format={fmt}", headers=api.headers())
+    assert response.status_code == 200, response.text
+    assert counts["architecture parses"] == 0, counts
+    assert counts["config resolutions"] == 1, counts
+    assert counts["model look-ups"] == 1, counts
