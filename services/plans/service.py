@@ -311,7 +311,9 @@ def _run_trace_once(factory: sessionmaker[Session], plan_id: str) -> None:
             return
         row.trace_status = "running"
         try:
-            plan, _ = resolved_plan(session, PlanRequest.model_validate(row.request))
+            bare = PlanRequest.model_validate(row.request).to_plan()
+            model = model_of(bare, DbCache(session))
+            plan = filled_plan(bare, model)
         except GpuplanError as exc:
             row.trace = {"error": exc.message}
             row.trace_status = "failed"
@@ -324,7 +326,8 @@ def _run_trace_once(factory: sessionmaker[Session], plan_id: str) -> None:
         )
         return
     try:
-        result = trace_plan(plan)
+        # Resolved once here and handed to the trace; a plan the trace refuses (inference, generic) goes bare.
+        result = trace_plan(resolved_with(bare, model) if plan.is_training and plan.model.generic is None else plan)
     except (TraceUnavailable, EstimatorError, ValueError) as exc:
         _store_trace(factory, plan_id, None, str(exc))
         return
