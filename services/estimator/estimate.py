@@ -9,15 +9,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
-from services.catalog.models import alias_note, find_model
 from services.catalog.offers import Offer, bundled_offers
-from services.estimator.architecture import Architecture, architecture_from_config, parameter_counts
+from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget
-from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
-from services.estimator.recipe import Recipe, framework_note, resolve_recipe
+from services.estimator.recipe import Recipe, framework_note
+from services.estimator.resolved import ResolvedPlan, as_resolved
+from services.estimator.resolved import resolve_architecture as resolve_architecture  # its callers' import
 from services.estimator.throughput import (
     Throughput,
     estimate_throughput,
@@ -122,25 +122,12 @@ class Estimate(_Out):
     assumptions: list[str]
 
 
-def resolve_architecture(plan: Plan) -> tuple[str, Architecture]:
-    """The model's name and architecture, from its config.json or the bundled catalog."""
-    spec = plan.model
-    if spec.config is not None:
-        return spec.name or str(spec.config.get("_name_or_path") or "custom model"), architecture_from_config(
-            spec.config
-        )
-    if spec.name is None:
-        raise EstimatorError("model", "give model.name or model.config")
-    found = find_model(spec.name)
-    return found.hf_id, architecture_from_config(found.config)
-
-
 def _gib(value: float) -> float:
     return round(value / GIB, 3)
 
 
 def estimate(
-    plan: Plan,
+    plan: Plan | ResolvedPlan,
     gpu: str | GpuSpec | None = None,
     *,
     catalog: tuple[GpuSpec, ...] | None = None,
@@ -151,25 +138,22 @@ def estimate(
 ) -> Estimate:
     """Estimate ``plan``: peak memory per GPU, fit on every catalog card, tokens/s on ``gpu``, costs.
 
-    ``budget`` bounds the CPU time spent (checked per priced offer); over it, WorkBudgetExceeded."""
+    ``plan`` may come resolved (services.estimator.resolved), as the plan task hands it down. ``budget``
+    bounds the CPU time spent (checked per priced offer); over it, WorkBudgetExceeded."""
     catalog = catalog if catalog is not None else gpu_specs()
     offers = offers if offers is not None else bundled_offers()
     target = find_gpu(gpu, catalog) if isinstance(gpu, str) else gpu
-    if plan.model.generic is not None:
+    if isinstance(plan, Plan) and plan.model.generic is not None:
         return _generic_estimate(plan, plan.model.generic, catalog)
 
-    name, arch = resolve_architecture(plan)
-    recipe = resolve_recipe(plan)
+    resolved = as_resolved(plan)
+    plan, name, arch, recipe = resolved.plan, resolved.name, resolved.architecture, resolved.recipe
     mem = peak_memory(plan, arch, recipe)
     if target is not None:
         mem = cap_cache_to_card(mem, target)
     states = model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
-    warnings = _warnings(plan, arch, recipe, mem, target)
-    if plan.model.config is None and plan.model.name is not None:
-        note = alias_note(plan.model.name, find_model(plan.model.name))
-        if note is not None:
-            warnings.insert(0, note)
+    warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
     fits = [_fit(spec, mem.peak_device) for spec in catalog]
     throughput: ThroughputReport | None = None
@@ -235,7 +219,9 @@ UTILISATION_TOLERANCE = 1e-4
 RATE_TOLERANCE = 1e-3
 
 
-def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: float) -> tuple[float, bool] | None:
+def utilisation_reproducing(
+    plan: Plan | ResolvedPlan, gpu: GpuSpec, tokens_per_s_per_gpu: float
+) -> tuple[float, bool] | None:
     """(utilisation, met): the large-GEMM utilisation at which this estimate of ``plan`` on ``gpu`` gives the
     measured per-GPU rate, and whether it does.
 
@@ -248,10 +234,10 @@ def utilisation_reproducing(plan: Plan, gpu: GpuSpec, tokens_per_s_per_gpu: floa
     says only that the rate lies in it: the class prior is kept when it does, else the crossing is taken.
     Where no utilisation up to 1 is fast enough the answer is 1, and where even 1e-6 is too fast it is 1e-6,
     not met. None for a generic model."""
-    if plan.model.generic is not None or tokens_per_s_per_gpu <= 0:
+    if (isinstance(plan, Plan) and plan.model.generic is not None) or tokens_per_s_per_gpu <= 0:
         return None
-    _, arch = resolve_architecture(plan)
-    recipe = resolve_recipe(plan)
+    resolved = as_resolved(plan)
+    plan, arch, recipe = resolved.plan, resolved.architecture, resolved.recipe
     mem = cap_cache_to_card(peak_memory(plan, arch, recipe), gpu)
     states = model_states(plan, arch, recipe)
     fpt = flops_per_token(plan, arch, recipe)

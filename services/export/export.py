@@ -16,6 +16,7 @@ from typing import Any
 from services.estimator.architecture import Architecture
 from services.estimator.estimate import resolve_architecture
 from services.estimator.plan import Plan
+from services.estimator.resolved import ResolvedPlan
 from services.export.axolotl import export_axolotl, read_axolotl
 from services.export.dataset import DataFormat
 from services.export.models import Built, ExportBundle, Format
@@ -61,13 +62,15 @@ def export_setup(
     step_seconds: float | None = None,
     data: DataFormat | None = None,
     replan_notes: Sequence[str] = (),
+    resolved: ResolvedPlan | None = None,
 ) -> ExportBundle:
     """The files that run ``plan`` on ``setup`` (None: the plan's own GPUs, sharding and batch) in ``fmt``.
 
     ``step_seconds`` is the time of one optimizer step (all accumulated micro-batches); with
     ``checkpoint_interval_s`` it sets the save/eval steps. A Recommendation supplies both when omitted.
     ``data`` is the row format of the training data (None: plain text); ``replan_notes`` say what
-    re-planning for the format changed (services/export/replan.py) and head every file.
+    re-planning for the format changed (services/export/replan.py) and head every file. ``resolved``:
+    ``plan`` resolved once by the caller (services.estimator.resolved), not resolved again.
     """
     target = resolve_target(
         plan,
@@ -80,6 +83,7 @@ def export_setup(
         step_seconds=step_seconds,
         data=data,
         replan_notes=tuple(replan_notes),
+        resolved=resolved,
     )
     built = _EXPORTERS[target.fmt](target)
     files = {

@@ -24,6 +24,7 @@ from services.catalog.gpus import find_gpu
 from services.estimator.estimate import estimate
 from services.estimator.plan import Plan, Sharding
 from services.estimator.recipe import resolve_recipe
+from services.estimator.resolved import ResolvedPlan
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.export import export_setup
@@ -37,11 +38,13 @@ _ZERO = ("zero1", "zero2", "zero3")
 
 @dataclass(frozen=True)
 class Retargeted:
-    """The plan and setup to export, and what re-planning changed (empty: nothing)."""
+    """The plan and setup to export, what re-planning changed (empty: nothing), and the plan as resolved once
+    (services.estimator.resolved; None: the export resolves it)."""
 
     plan: Plan
     setup: Recommendation
     notes: tuple[str, ...]
+    resolved: ResolvedPlan | None = None
 
 
 def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
@@ -91,8 +94,11 @@ def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> t
     return rebuild(plan, fields, field="framework"), changes
 
 
-def fit_setup(plan: Plan, setup: Recommendation, fmt: str) -> tuple[Recommendation, list[str]]:
-    """``setup`` with a sharding ``fmt`` runs; its memory estimated again on the same card and checked.
+def fit_setup(
+    plan: Plan, setup: Recommendation, fmt: str, resolved: ResolvedPlan | None = None
+) -> tuple[Recommendation, list[str]]:
+    """``setup`` with a sharding ``fmt`` runs; its memory estimated again on the same card and checked
+    (``resolved``: ``plan`` resolved once by the caller, whose architecture the estimate reuses).
 
     Raises ExportError when the moved setup no longer fits the card's usable memory. Time and cost stay
     the planner's (the note says so): the sharding change moves memory, the step time only a little.
@@ -112,7 +118,9 @@ def fit_setup(plan: Plan, setup: Recommendation, fmt: str) -> tuple[Recommendati
         )
     moved = setup.model_copy(update={"sharding": sharding})
     applied = apply_setup(plan, moved)
-    peak_gib = estimate(applied, find_gpu(setup.gpu)).memory.peak_device_gib
+    peak_gib = estimate(
+        resolved.variant(applied) if resolved is not None else applied, find_gpu(setup.gpu)
+    ).memory.peak_device_gib
     if peak_gib > setup.usable_gib:
         raise ExportError(
             "sharding",
@@ -139,15 +147,19 @@ def describe_setup(setup: Recommendation) -> str:
 
 
 def setup_for_format(
-    plan: Plan,
+    plan: Plan | ResolvedPlan,
     fmt: str,
     planned: Sequence[Recommendation],
     replan: Callable[[Plan], Sequence[Recommendation]],
     index: int = 0,
 ) -> Retargeted:
     """The setup to export in ``fmt``: recommendation ``index`` of ``planned``, or of ``replan(plan')``
-    when ``fmt`` needs another framework; the first one from there on that the format can run."""
+    when ``fmt`` needs another framework; the first one from there on that the format can run. ``plan`` may
+    come resolved (services.estimator.resolved): the re-planned variants then keep its architecture."""
+    resolved = plan if isinstance(plan, ResolvedPlan) else None
+    plan = plan.plan if isinstance(plan, ResolvedPlan) else plan
     target_plan, notes = retarget_plan(plan, fmt)
+    target_resolved = resolved.variant(target_plan) if resolved is not None else None
     framework_changed = target_plan.framework != plan.framework
     recs = list(replan(target_plan)) if framework_changed else list(planned)
     if index >= len(recs):
@@ -158,10 +170,10 @@ def setup_for_format(
     reasons: list[str] = []
     for rank, rec in enumerate(recs[index:], start=index):
         try:
-            fitted, fit_notes = fit_setup(target_plan, rec, fmt)
+            fitted, fit_notes = fit_setup(target_plan, rec, fmt, target_resolved)
             # The format's own checks (e.g. no bitsandbytes optimizer under torchtune's FSDP2 on several
             # GPUs) refuse a setup as surely as memory does: the next recommendation is tried.
-            export_retargeted(Retargeted(target_plan, fitted, ()), fmt)
+            export_retargeted(Retargeted(target_plan, fitted, (), target_resolved), fmt)
         except ExportError as exc:
             reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
             continue
@@ -174,7 +186,7 @@ def setup_for_format(
             )
         # The plan's own sharding note is superseded by the setup's.
         kept = [n for n in notes if "sharding" not in n]
-        return Retargeted(target_plan, fitted, (*kept, *fit_notes))
+        return Retargeted(target_plan, fitted, (*kept, *fit_notes), target_resolved)
     raise ExportError("sharding", f"no recommended setup can run as {fmt}: {'; '.join(reasons)}")
 
 
@@ -193,4 +205,5 @@ def export_retargeted(chosen: Retargeted, fmt: str, data: DataFormat | None = No
         gpu=rec.gpu,
         data=data,
         replan_notes=notes,
+        resolved=chosen.resolved,
     )

@@ -27,6 +27,7 @@ from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import MemoryBreakdown, peak_memory
 from services.estimator.plan import Framework, Plan
 from services.estimator.recipe import resolve_recipe
+from services.estimator.resolved import ResolvedPlan
 from services.estimator.throughput import GPUS_PER_NODE
 from services.export.dataset import DEFAULT_DATA, DataFormat
 from services.export.errors import ExportError
@@ -218,15 +219,25 @@ def resolve_target(
     step_seconds: float | None,
     data: DataFormat | None = None,
     replan_notes: tuple[str, ...] = (),
+    resolved: ResolvedPlan | None = None,
 ) -> Target:
-    """Apply the setup, check what every format needs, and work out nodes and checkpoint steps."""
+    """Apply the setup, check what every format needs, and work out nodes and checkpoint steps.
+
+    ``resolved``: ``plan`` as the caller resolved it already (its architecture and model id are reused)."""
     known = check_format(fmt)
     check_memory_numbers(peak_gib_per_gpu, gpu_memory_gib, gpu)
     if setup is not None and setup.gpu != gpu:
         raise ExportError("gpu", f"{gpu!r} is not the setup's card {setup.gpu!r}")
     applied = apply_setup(plan, setup)
     check_plan(applied, known)
-    _, arch = resolve_architecture(applied)
+    if resolved is not None:
+        arch = resolved.architecture
+        # A bundled model's name resolved to its catalog id, which is what model_id_of looks up.
+        by_name = applied.model.config is None and applied.model.name is not None
+        model_id = resolved.name if by_name else model_id_of(applied)
+    else:
+        _, arch = resolve_architecture(applied)
+        model_id = model_id_of(applied)
     gpus_per_node, nodes = node_shape(applied, setup)
     interval = checkpoint_interval_s
     if interval is None and setup is not None and setup.checkpoint_interval_minutes is not None:
@@ -236,7 +247,7 @@ def resolve_target(
         fmt=known,
         plan=applied,
         arch=arch,
-        model_id=model_id_of(applied),
+        model_id=model_id,
         gpu=gpu,
         gpus_per_node=gpus_per_node,
         nodes=nodes,

@@ -20,10 +20,11 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.catalog.models import catalog_models, closest_models, find_model
+from services.catalog.models import CatalogModel, catalog_models, closest_models, find_model
 from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
+from services.estimator.resolved import ResolvedPlan, resolve_plan
 from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
 from services.hub.errors import HubModelGated, HubModelNotFound, HubUnreachable
 from services.hub.ids import is_hub_id
@@ -38,6 +39,7 @@ class ResolvedModel:
     config: dict[str, Any]
     origin: str  # "catalog", "cache" or "hub"
     checkpoint: Checkpoint | None = None
+    catalog: CatalogModel | None = None  # the bundled entry, for origin "catalog"
 
 
 class ConfigCache(Protocol):
@@ -189,7 +191,7 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
         except HubModelNotFound:
             raise not_bundled from None  # not a Hub id either: the catalog's closest matches help most
     else:
-        return ResolvedModel(found.hf_id, dict(found.config), "catalog")
+        return ResolvedModel(found.hf_id, dict(found.config), "catalog", catalog=found)
     cached = cache.get(repo_id)
     if cached is not None:
         return ResolvedModel(cached.repo_id, cached.config, "cache", cached.checkpoint)
@@ -213,17 +215,36 @@ def resolve_model(name: str, cache: ConfigCache, fetcher: Fetcher | None = None)
 P = TypeVar("P", bound=Plan)
 
 
-def with_model_config(plan: P, cache: ConfigCache, fetcher: Fetcher | None = None) -> tuple[P, ResolvedModel | None]:
-    """The plan (or plan request) with its named model's config.json filled in; unchanged where it has a
-    config or is generic."""
+def model_of(plan: Plan, cache: ConfigCache, fetcher: Fetcher | None = None) -> ResolvedModel | None:
+    """Where the plan's named model's config.json comes from (catalog, cache or Hub); None where the plan
+    gives a config or is generic."""
     spec = plan.model
     if spec.config is not None or spec.generic is not None or spec.name is None:
+        return None
+    return resolve_model(spec.name, cache, fetcher)
+
+
+def filled_plan(plan: P, model: ResolvedModel | None) -> P:
+    """``plan`` with the config.json of ``model`` (as ``model_of`` found it) where it came from the Hub."""
+    if model is None or model.origin == "catalog":
+        return plan  # the estimator reads the bundled catalog itself (and notes an alias it went through)
+    return plan.model_copy(update={"model": ModelSpec(name=model.name, config=model.config)})
+
+
+def with_model_config(plan: P, cache: ConfigCache, fetcher: Fetcher | None = None) -> tuple[P, ResolvedModel | None]:
+    """The plan (or plan request) with its named model's config.json filled in; unchanged where it has a
+    config or is generic, or its model is bundled (then no ResolvedModel either)."""
+    model = model_of(plan, cache, fetcher)
+    if model is None or model.origin == "catalog":
         return plan, None
-    resolved = resolve_model(spec.name, cache, fetcher)
-    if resolved.origin == "catalog":
-        return plan, None  # the estimator reads the bundled catalog itself (and notes an alias it went through)
-    model = ModelSpec(name=resolved.name, config=resolved.config)
-    return plan.model_copy(update={"model": model}), resolved
+    return filled_plan(plan, model), model
+
+
+def resolved_with(plan: Plan, model: ResolvedModel | None) -> ResolvedPlan:
+    """The plan resolved once (services.estimator.resolved) over the model ``model_of`` found for it: the
+    Hub config filled in, or the bundled entry passed on so the catalog is not searched again."""
+    found = model.catalog if model is not None and model.origin == "catalog" else None
+    return resolve_plan(filled_plan(plan, model), found)
 
 
 def stored_request(session: Session, request: P) -> P:

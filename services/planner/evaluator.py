@@ -57,8 +57,14 @@ class Evaluator:
     """
 
     def __init__(
-        self, base: Plan, arch: Architecture, utilisation: Mapping[str, tuple[float, str]] | None = None
+        self,
+        base: Plan,
+        arch: Architecture,
+        utilisation: Mapping[str, tuple[float, str]] | None = None,
+        *,
+        recipe: Recipe | None = None,
     ) -> None:
+        """``recipe``: the base plan's, where the caller resolved it already (else resolved here)."""
         self.base = base
         self.arch = arch
         # Calibrated hardware utilisation by GPU name (value, source); other cards use the priors.
@@ -72,7 +78,9 @@ class Evaluator:
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
-        self.padding_varies = pads_to_longest_of_known_mean(base, resolve_recipe(base))
+        self.padding_varies = pads_to_longest_of_known_mean(
+            base, recipe if recipe is not None else resolve_recipe(base)
+        )
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:

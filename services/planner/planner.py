@@ -24,10 +24,10 @@ from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import synchronisation_fraction
-from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB, adapter_params
 from services.estimator.plan import Plan
-from services.estimator.recipe import resolve_recipe
+from services.estimator.recipe import Recipe
+from services.estimator.resolved import ResolvedPlan, as_resolved
 from services.planner.batching import effective_batch_size
 from services.planner.constraints import Constraints
 from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, RunSizes
@@ -87,13 +87,13 @@ def _check_plannable(plan: Plan, top_n: int) -> float:
     return plan.data.total_tokens()
 
 
-def run_sizes(plan: Plan, arch: Architecture) -> RunSizes:
+def run_sizes(plan: Plan, arch: Architecture, recipe: Recipe) -> RunSizes:
     """What the run downloads (the base model as 16-bit safetensors: a QLoRA base is quantized on load),
     checkpoints (services.planner.spot.checkpoint_bytes) and uploads at the end (the adapter in 16-bit,
     or the full weights in 16-bit)."""
     total = float(parameter_counts(arch).total)
     size = checkpoint_bytes(plan, arch)
-    final = total * 2.0 if plan.method == "full" else float(adapter_params(arch, resolve_recipe(plan)) * 2)
+    final = total * 2.0 if plan.method == "full" else float(adapter_params(arch, recipe) * 2)
     return RunSizes(
         model_download_bytes=total * 2.0,
         checkpoint_bytes=size,
@@ -103,7 +103,7 @@ def run_sizes(plan: Plan, arch: Architecture) -> RunSizes:
 
 
 def plan_setups(
-    plan: Plan,
+    plan: Plan | ResolvedPlan,
     offers: Sequence[Offer] | None = None,
     specs: tuple[GpuSpec, ...] | None = None,
     constraints: Constraints | None = None,
@@ -114,7 +114,7 @@ def plan_setups(
     now: datetime | None = None,
 ) -> PlannerResult:
     """Every setup over ``offers`` (default: the bundled price lists) that fits ``plan``, cheapest expected
-    run first, on demand and spot mixed.
+    run first, on demand and spot mixed (``plan`` resolved once by the caller, or resolved here).
 
     Returns the ``top_n`` entries that meet the constraints, the best one per card, and a rejection for
     every card on which nothing fits and every offer whose fitting setups break the budget, the
@@ -122,7 +122,7 @@ def plan_setups(
     marks prices fetched more than a day before it. Raises :class:`PlannerError` without a data set size,
     and :class:`WorkBudgetExceeded` when the search needs more CPU time than ``budget``.
     """
-    _check_plannable(plan, top_n)
+    _check_plannable(plan.plan if isinstance(plan, ResolvedPlan) else plan, top_n)
     constraints = constraints if constraints is not None else Constraints()
     offers = tuple(offers) if offers is not None else bundled_offers()
     specs = specs if specs is not None else gpu_specs()
@@ -130,7 +130,7 @@ def plan_setups(
     total_tokens = ctx.total_tokens
 
     scan = scan_offers(ctx, tuple(offers), specs)
-    warnings = [*_plan_warnings(plan, ctx.arch.max_position_embeddings), *scan.warnings]
+    warnings = [*_plan_warnings(ctx.plan, ctx.arch.max_position_embeddings), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan.offers)
@@ -166,23 +166,24 @@ def plan_setups(
 
 
 def plan_context(
-    plan: Plan,
+    plan: Plan | ResolvedPlan,
     constraints: Constraints,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
     budget: CpuBudget | None = None,
 ) -> tuple[str, PlanContext]:
     """The model's name and what one planning call shares (``plan_setups`` and the exact setups of quotes build
     it the same way, so both price a setup alike). Raises :class:`PlannerError` for a plan it cannot rank."""
-    total_tokens = _check_plannable(plan, DEFAULT_TOP_N)
-    name, arch = resolve_architecture(plan)
-    return name, PlanContext(
+    total_tokens = _check_plannable(plan.plan if isinstance(plan, ResolvedPlan) else plan, DEFAULT_TOP_N)
+    resolved = as_resolved(plan)
+    plan, arch = resolved.plan, resolved.architecture
+    return resolved.name, PlanContext(
         plan=plan,
         arch=arch,
         constraints=constraints,
         total_tokens=total_tokens,
         effective_batch_size=effective_batch_size(plan),
-        sizes=run_sizes(plan, arch),
-        evaluator=Evaluator(plan, arch, utilisation),
+        sizes=run_sizes(plan, arch, resolved.recipe),
+        evaluator=Evaluator(plan, arch, utilisation, recipe=resolved.recipe),
         budget=budget if budget is not None else unlimited(),
     )
 

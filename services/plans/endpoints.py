@@ -11,7 +11,7 @@ from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
 from services.export import Format
 from services.export.dataset import DataKind
-from services.hub.service import FactoryCache, checkpoint_note, with_model_config
+from services.hub.service import FactoryCache, checkpoint_note, model_of, with_model_config
 from services.nodes.calibration import calibrated_utilisation
 from services.plans import service
 from services.plans.schemas import PlanCreated, PlanList, PlanOut, PlanRequest
@@ -61,10 +61,11 @@ def create_plan(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> PlanCreated:
-    # A model named by its Hub id is fetched (and cached) before the plan's transaction opens.
-    with_model_config(body.to_plan(), FactoryCache(db.factory))
+    # A model named by its Hub id is fetched (and cached) before the plan's transaction opens; what was found
+    # is handed to the submission, which does not look it up again.
+    model = model_of(body.to_plan(), FactoryCache(db.factory))
     result, created = service.submit_idempotent(
-        db.transaction, principal, body, idempotency_key, db.settings.quota_plans_per_hour
+        db.transaction, principal, body, idempotency_key, db.settings.quota_plans_per_hour, model
     )
     response.headers["Location"] = f"/v1/plans/{result.id}"
     if not created:

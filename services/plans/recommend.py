@@ -10,6 +10,7 @@ from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
 from services.estimator.budget import CpuBudget
 from services.estimator.plan import Plan
+from services.estimator.resolved import ResolvedPlan
 from services.planner.constraints import Constraints
 from services.planner.planner import plan_setups
 
@@ -18,7 +19,7 @@ DEFAULT_CPU_BUDGET_S = 10.0
 
 
 def recommend(
-    plan: Plan,
+    plan: Plan | ResolvedPlan,
     constraints: Constraints,
     offers: tuple[Offer, ...],
     default_margin: float,

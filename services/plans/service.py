@@ -26,12 +26,21 @@ from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
 from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
-from services.estimator.estimate import Estimate, estimate, resolve_architecture
+from services.estimator.estimate import Estimate, estimate
 from services.estimator.plan import Plan
+from services.estimator.resolved import ResolvedPlan, resolve_architecture
 from services.export import ExportBundle
 from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_format_of_report
 from services.export.replan import export_retargeted, setup_for_format
-from services.hub.service import DbCache, ResolvedModel, checkpoint_note, with_model_config
+from services.hub.service import (
+    DbCache,
+    ResolvedModel,
+    checkpoint_note,
+    filled_plan,
+    model_of,
+    resolved_with,
+    with_model_config,
+)
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs import audit
 from services.orgs.repository import OrganizationRepository
@@ -57,10 +66,23 @@ def resolved_plan(session: Session, request: PlanRequest) -> tuple[Plan, Resolve
     return with_model_config(request.to_plan(), DbCache(session))
 
 
-def _check_plannable(session: Session, request: PlanRequest) -> str:
+def resolve_request(
+    session: Session, request: PlanRequest, model: ResolvedModel | None = None
+) -> tuple[ResolvedPlan, ResolvedModel | None]:
+    """The request's plan resolved once (model config, architecture, recipe) for the work to hand down, with
+    where its model came from; ``model``: what the caller's ``model_of`` found already."""
+    plan = request.to_plan()
+    model = model if model is not None else model_of(plan, DbCache(session))
+    return resolved_with(plan, model), model
+
+
+def _check_plannable(session: Session, request: PlanRequest, model: ResolvedModel | None = None) -> str:
     """Check now what would fail the background work later (an unknown model id, a model without an
-    architecture, an inference plan), so it is a 422 at submission; returns the model's name."""
-    plan, _ = resolved_plan(session, request)
+    architecture, an inference plan), so it is a 422 at submission; returns the model's name. ``model``:
+    the request's model as the endpoint resolved it (else resolved here)."""
+    bare = request.to_plan()
+    model = model if model is not None else model_of(bare, DbCache(session))
+    plan = filled_plan(bare, model)
     if plan.model.generic is not None:
         raise Unprocessable(
             "model.generic: planning setups needs the model's architecture; give model.name or model.config "
@@ -70,7 +92,8 @@ def _check_plannable(session: Session, request: PlanRequest) -> str:
     if not plan.is_training:
         raise Unprocessable("mode: plans are training runs; size inference with POST /v1/estimate", field="mode")
     try:
-        name, _ = resolve_architecture(plan)
+        # Parsed once: the estimation task, in this process, finds it in the parse cache.
+        name, _ = resolve_architecture(plan, model.catalog if model is not None else None)
     except EstimatorError as exc:
         raise Unprocessable(with_api_hint(str(exc), exc), field=exc.field) from None
     return name
@@ -83,10 +106,12 @@ def submit(
     idempotency_key: str | None,
     pending: PendingTasks,
     plans_per_hour: int = 0,
+    model: ResolvedModel | None = None,
 ) -> tuple[PlanRow, bool]:
     """Store a plan and enqueue its estimation; returns (row, created). A repeated Idempotency-Key with
     the same body returns the first plan; with a different body it is a conflict. A new plan counts
-    against the organization's ``plans_per_hour`` quota (0: none), checked under its row lock."""
+    against the organization's ``plans_per_hour`` quota (0: none), checked under its row lock. ``model``:
+    the request's model as the caller resolved it before the transaction (``model_of``)."""
     OrganizationRepository(session).lock(principal.organization_id)
     if request.dataset_id is not None:
         request = with_dataset(session, principal.organization_id, request)
@@ -107,7 +132,7 @@ def submit(
                 raise Conflict("Idempotency-Key was already used with a different plan body", field="Idempotency-Key")
             return existing, False
     check_plans_per_hour(session, principal.organization_id, plans_per_hour)
-    name = _check_plannable(session, request)
+    name = _check_plannable(session, request, model)
     row = repo.add(
         PlanRow(
             organization_id=principal.organization_id,
@@ -131,6 +156,7 @@ def submit_idempotent(
     request: PlanRequest,
     idempotency_key: str | None,
     plans_per_hour: int = 0,
+    model: ResolvedModel | None = None,
 ) -> tuple[PlanCreated, bool]:
     """:func:`submit` in its own transaction, safe under concurrent requests with one Idempotency-Key.
 
@@ -141,13 +167,13 @@ def submit_idempotent(
     """
     try:
         with transaction() as (session, pending):
-            row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour)
+            row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour, model)
             return PlanCreated(id=row.id, status=row.status), created
     except IntegrityError:
         if idempotency_key is None:
             raise
     with transaction() as (session, pending):
-        row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour)
+        row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour, model)
         return PlanCreated(id=row.id, status=row.status), created
 
 
@@ -220,19 +246,23 @@ def export(
             field="recommendation",
         )
     request = PlanRequest.model_validate(row.request)
-    plan, _ = resolved_plan(session, request)
+    bare = request.to_plan()
+    model = model_of(bare, DbCache(session))  # outside the try: a Hub failure keeps its own status
     # The margin the stored setups were sized with: usable = memory x (1 - margin).
     margin = round(1.0 - recs[index].usable_gib / recs[index].gpu_memory_gib, 6)
     offers = catalog_offers(session, principal.organization_id)
-    utilisation = calibrated_utilisation(session, principal.organization_id, plan.method)
-
-    def replan(target: Plan) -> list[Recommendation]:
-        found, _, _ = recommend(target, request.constraints, offers, margin, utilisation=utilisation)
-        return [Recommendation.model_validate(r) for r in found]
+    utilisation = calibrated_utilisation(session, principal.organization_id, bare.method)
 
     try:
         data = _export_data_format(session, principal.organization_id, request, data_format)
-        return export_retargeted(setup_for_format(plan, fmt, recs, replan, index), fmt, data)
+        resolved = resolved_with(bare, model)
+
+        def replan(target: Plan) -> list[Recommendation]:
+            variant = resolved.variant(target)  # another framework, the same model: not resolved again
+            found, _, _ = recommend(variant, request.constraints, offers, margin, utilisation=utilisation)
+            return [Recommendation.model_validate(r) for r in found]
+
+        return export_retargeted(setup_for_format(resolved, fmt, recs, replan, index), fmt, data)
     except EstimatorError as exc:
         raise Unprocessable(exc.message, field=exc.field) from None
 
@@ -281,7 +311,9 @@ def _run_trace_once(factory: sessionmaker[Session], plan_id: str) -> None:
             return
         row.trace_status = "running"
         try:
-            plan, _ = resolved_plan(session, PlanRequest.model_validate(row.request))
+            bare = PlanRequest.model_validate(row.request).to_plan()
+            model = model_of(bare, DbCache(session))
+            plan = filled_plan(bare, model)
         except GpuplanError as exc:
             row.trace = {"error": exc.message}
             row.trace_status = "failed"
@@ -294,7 +326,8 @@ def _run_trace_once(factory: sessionmaker[Session], plan_id: str) -> None:
         )
         return
     try:
-        result = trace_plan(plan)
+        # Resolved once here and handed to the trace; a plan the trace refuses (inference, generic) goes bare.
+        result = trace_plan(resolved_with(bare, model) if plan.is_training and plan.model.generic is None else plan)
     except (TraceUnavailable, EstimatorError, ValueError) as exc:
         _store_trace(factory, plan_id, None, str(exc))
         return
@@ -368,11 +401,11 @@ def compute(
     """The estimate and the planner's recommendations for a plan (pure work over the live catalog),
     with the organization's calibrated utilisation where its nodes measured the card and method, in at
     most ``cpu_budget_s`` of CPU time (WorkBudgetExceeded beyond it)."""
-    plan, resolved = resolved_plan(session, request)
+    plan, resolved = resolve_request(session, request)
     budget = CpuBudget(cpu_budget_s)
     report = estimate(plan, budget=budget)
     offers = catalog_offers(session, organization_id)
-    utilisation = calibrated_utilisation(session, organization_id, plan.method)
+    utilisation = calibrated_utilisation(session, organization_id, plan.plan.method)
     recs, rejections, warnings = recommend(
         plan, request.constraints, offers, safety_margin, utilisation=utilisation, budget=budget
     )

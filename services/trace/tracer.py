@@ -24,6 +24,7 @@ from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import GIB, peak_memory
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
+from services.estimator.resolved import ResolvedPlan
 from services.trace import INSTALL_HINT
 
 # The HF module names of each LoRA role, per model family (the projections' attribute names).
@@ -143,12 +144,15 @@ def _traceable(plan: Plan) -> tuple[Plan, list[str]]:
     return (plan.model_copy(update=changes) if changes else plan), notes
 
 
-def trace_plan(plan: Plan, *, threads: int = 2, recorder: Any = None) -> TraceResult:
-    """Run one training step of ``plan`` under fake tensors and compare with the analytic estimate.
+def trace_plan(plan: Plan | ResolvedPlan, *, threads: int = 2, recorder: Any = None) -> TraceResult:
+    """Run one training step of ``plan`` under fake tensors and compare with the analytic estimate (``plan``
+    may come resolved, services.estimator.resolved: its architecture and recipe are reused).
 
     ``recorder``: a TorchDispatchMode with a ``track(tensor)`` method (benchmarks/mechanisms/allocator.py's),
     given the tensors alive when the step starts and entered around the step, so the step's storages can be
     replayed through a model of the caching allocator; every layer is then traced (no extension)."""
+    resolved = plan if isinstance(plan, ResolvedPlan) else None
+    plan = plan.plan if isinstance(plan, ResolvedPlan) else plan
     try:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -158,8 +162,12 @@ def trace_plan(plan: Plan, *, threads: int = 2, recorder: Any = None) -> TraceRe
         raise TraceUnavailable("mode: only training plans are traced")
     if plan.model.generic is not None:
         raise TraceUnavailable("model.generic: a trace needs the model's config.json")
-    name, arch = resolve_architecture(plan)
-    if plan.method != "full" and not resolve_recipe(plan).lora_targets:
+    if resolved is not None:
+        name, arch, recipe = resolved.name, resolved.architecture, resolved.recipe
+    else:
+        name, arch = resolve_architecture(plan)
+        recipe = resolve_recipe(plan)
+    if plan.method != "full" and not recipe.lora_targets:
         raise TraceUnavailable("lora.targets: no layer is adapted, so there is nothing to train")
     config = _config_of(plan)
     traced, notes = _traceable(plan)
@@ -178,7 +186,7 @@ def trace_plan(plan: Plan, *, threads: int = 2, recorder: Any = None) -> TraceRe
 
     # Put back what the CPU could not run, from the analytic model: the difference between the plan
     # and its traced stand-in.
-    analytic = peak_memory(plan, arch, resolve_recipe(plan)).peak_allocated
+    analytic = peak_memory(plan, arch, recipe).peak_allocated
     stand_in = peak_memory(traced, arch, resolve_recipe(traced)).peak_allocated
     difference = analytic - stand_in if traced is not plan else 0.0
     adjusted = peak + difference
