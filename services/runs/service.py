@@ -22,6 +22,7 @@ from services.planner.checkpoints import ScheduleInputs, checkpoint_schedule
 from services.planner.costs import DEFAULT_PREEMPTION_PER_NODE_HOUR
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
+from services.runs.manifest import checkpoint_layout
 from services.runs.retention import RetentionPolicy, StoredCheckpoint, best_step, steps_to_delete
 from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunOut
 from services.runs.tables import CheckpointRow, RunRow
@@ -51,7 +52,9 @@ def _schedule(row: RunRow, request: PlanRequest, nodes: Sequence[NodeRow], max_i
         step_seconds=_step_seconds(request, nodes),
         max_interval_s=max_interval_s,
     )
-    schedule = checkpoint_schedule(plan, arch, inputs, RetentionPolicy.model_validate(row.retention), row.prefix)
+    schedule = checkpoint_schedule(
+        plan, arch, inputs, RetentionPolicy.model_validate(row.retention), checkpoint_layout(row.prefix)
+    )
     return schedule.model_dump(mode="json")
 
 
