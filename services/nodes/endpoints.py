@@ -24,6 +24,7 @@ from services.nodes.schemas import (
     NodeRegistration,
 )
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
+from services.runs.service import record_heartbeat_progress
 
 # Bodies are validated off the event loop (services/api/routing.py).
 router = APIRouter(prefix="/v1", tags=["nodes"], route_class=OffLoopRoute)
@@ -115,6 +116,7 @@ def heartbeat(
             peer=_peer(request),
             stops=stop_policy(settings),
             sync_alerts=sync_alert_policy(settings),
+            record_progress=record_heartbeat_progress,
         )
         return _node(node).model_copy(update={"commands": commands})
 

@@ -7,7 +7,7 @@ import hashlib
 import hmac
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -30,12 +30,15 @@ from services.nodes.idle import StopPolicy, SyncAlertPolicy
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
 from services.nodes.lifecycle import add_event, after_heartbeat, record_sync_health
 from services.nodes.processes import connection_is_from, start_ticks
-from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
+from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration, RunProgress
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
+
+# Records a heartbeat's run progress (services.runs.service.record_heartbeat_progress).
+ProgressRecorder = Callable[[Session, Principal, NodeRow, RunProgress], None]
 
 NODE_TOKEN_HEADER = "X-Node-Token"
 
@@ -235,13 +238,14 @@ def heartbeat(
     peer: Peer | None = None,
     stops: StopPolicy | None = None,
     sync_alerts: SyncAlertPolicy | None = None,
+    record_progress: ProgressRecorder,
 ) -> tuple[NodeRow, list[str]]:
     """Store what the node's agent reports (with the node token), move its idle timer, record run
     progress and the sync's health; returns the node and the commands waiting for its agent (each delivered
     once). ``stops`` says how long a stopped node may still report before its stop counts as failed, and
-    ``sync_alerts`` when a failing or lagging sync raises the node's alert (the settings')."""
-    from services.runs.service import get_run, record_progress
-
+    ``sync_alerts`` when a failing or lagging sync raises the node's alert (the settings'). The run's
+    progress is recorded by ``record_progress`` (services.runs.service.record_heartbeat_progress): runs
+    sit above nodes, so the edge hands it in."""
     node = authenticate_node(session, principal, node_id, token)
     at = now or utcnow()
     node.agent_verified_at = at
@@ -254,10 +258,7 @@ def heartbeat(
     node.interactive_idle_s = body.interactive_idle_s
     node.unsynced_checkpoints = body.unsynced_checkpoints
     if body.progress is not None:
-        run = get_run(session, principal, body.progress.run_id)
-        if node.id not in run.node_ids:
-            raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
-        record_progress(run, body.progress.step, body.progress.loss)
+        record_progress(session, principal, node, body.progress)
     record_sync_health(session, node, body.sync, at, sync_alerts or SyncAlertPolicy())
     after_heartbeat(session, node, at, lost_after_s, stops)
     commands, node.commands = list(node.commands or []), []

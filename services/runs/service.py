@@ -15,6 +15,7 @@ from services.core.pages import keyset_page
 from services.core.settings import Settings
 from services.estimator.estimate import estimate, resolve_architecture
 from services.hub.service import stored_request
+from services.nodes.schemas import RunProgress
 from services.nodes.service import authenticate_node, get_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal
@@ -230,6 +231,15 @@ def record_progress(run: RunRow, step: int | None, loss: float | None) -> None:
         run.progress_step = step
         run.progress_loss = loss
         run.progress_at = utcnow()
+
+
+def record_heartbeat_progress(session: Session, principal: Principal, node: NodeRow, progress: RunProgress) -> None:
+    """The run progress a node's heartbeat reports (services.nodes.service.heartbeat calls this): the node
+    must be part of the run."""
+    run = get_run(session, principal, progress.run_id)
+    if node.id not in run.node_ids:
+        raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
+    record_progress(run, progress.step, progress.loss)
 
 
 def to_out(session: Session, run: RunRow) -> RunOut:
