@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
@@ -24,7 +25,7 @@ from services.estimator.estimate import UTILISATION_SEARCH, estimate, resolve_ar
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
-from services.hub.service import request_data_with_config, stored_request
+from services.hub.service import request_data_with_config
 from services.nodes.calibration import CALIBRATION_WINDOW, catalog_name, device_check, screen, used_values
 from services.nodes.idle import StopPolicy, SyncAlertPolicy
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
@@ -34,11 +35,21 @@ from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartb
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
-from services.plans.schemas import PlanRequest
-from services.plans.service import get_plan
 
 # Records a heartbeat's run progress (services.runs.service.record_heartbeat_progress).
 ProgressRecorder = Callable[[Session, Principal, NodeRow, RunProgress], None]
+
+
+class PlanSource(Protocol):
+    """The stored plans a calibration runs (services.plans.stored.STORED_PLANS): plans sit above nodes, so
+    the edges hand it in. Both raise NotFound when the organization has no such plan."""
+
+    def request(self, session: Session, principal: Principal, plan_id: str) -> dict[str, Any]: ...
+
+    def filled(self, session: Session, principal: Principal, plan_id: str) -> tuple[dict[str, Any], Plan]:
+        """The request with its model's config filled in (as JSON) and the plan it describes."""
+        ...
+
 
 NODE_TOKEN_HEADER = "X-Node-Token"
 
@@ -266,14 +277,14 @@ def heartbeat(
 
 
 def request_calibration(
-    session: Session, principal: Principal, node_id: str, body: CalibrationRequest
+    session: Session, principal: Principal, node_id: str, body: CalibrationRequest, *, plans: PlanSource
 ) -> CalibrationRow:
     node = get_node(session, principal, node_id)
-    plan = get_plan(session, principal, body.plan_id)
+    plans.request(session, principal, body.plan_id)  # the plan must be the organization's
     row = CalibrationRow(
         organization_id=principal.organization_id,
         node_id=node.id,
-        plan_id=plan.id,
+        plan_id=body.plan_id,
         status="queued",
         warmup_steps=body.warmup_steps,
         timed_steps=body.timed_steps,
@@ -294,7 +305,7 @@ def list_calibrations(session: Session, principal: Principal, limit: int = 20) -
 
 
 def claim_next(
-    session: Session, principal: Principal, node_id: str, token: str | None
+    session: Session, principal: Principal, node_id: str, token: str | None, *, plans: PlanSource
 ) -> tuple[CalibrationRow, dict[str, object]] | None:
     """The node's oldest queued calibration, now running, with the plan to run (None: nothing to do)."""
     node = authenticate_node(session, principal, node_id, token)
@@ -309,8 +320,7 @@ def claim_next(
         return None
     row.status = "running"
     row.started_at = utcnow()
-    plan = get_plan(session, principal, row.plan_id)
-    return row, request_data_with_config(session, plan.request)
+    return row, request_data_with_config(session, plans.request(session, principal, row.plan_id))
 
 
 def _calibration(session: Session, principal: Principal, calibration_id: str) -> CalibrationRow:
@@ -325,15 +335,20 @@ def _calibration(session: Session, principal: Principal, calibration_id: str) ->
 
 
 def submit_result(
-    session: Session, principal: Principal, calibration_id: str, body: CalibrationResult, token: str | None
+    session: Session,
+    principal: Principal,
+    calibration_id: str,
+    body: CalibrationResult,
+    token: str | None,
+    *,
+    plans: PlanSource,
 ) -> BenchmarkRow:
     """Store what the node measured beside the prediction; a second report of a finished job is a 409."""
     row = _calibration(session, principal, calibration_id)
     node = authenticate_node(session, principal, row.node_id, token)
     if row.status != "running":
         raise Conflict(f"calibration {calibration_id} is {row.status}, not running", field="id")
-    request = stored_request(session, PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request))
-    plan = request.to_plan()
+    request, plan = plans.filled(session, principal, row.plan_id)
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = gemm_utilisation = None
     met = True
@@ -372,7 +387,7 @@ def submit_result(
         gpu=node.gpu,
         model_name=name,
         method=plan.method,
-        plan=request.model_dump(mode="json", exclude_none=True),
+        plan=request,
         peak_allocated_gib=body.peak_allocated_gib,
         peak_reserved_gib=body.peak_reserved_gib,
         tokens_per_s=body.tokens_per_s,
