@@ -9,6 +9,7 @@ import ast
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner",),  # pure search over setups and offers, checkpoint schedule
     ("trace", "hub", "export"),  # the estimator applied: traces, Hub configs, trainer configs
     ("datasets",),  # stored data sets and their checks
-    ("nodes",),  # GPU nodes, their lifecycle and calibration (plans reach them through the edges)
+    ("nodes",),  # GPU nodes, lifecycle, calibration (the edges hand in the stored plans)
     ("plans",),  # stored plans and the estimate tasks
     ("runs",),  # training runs on nodes, their progress and checkpoints
     ("quotes",),  # priced quotes of a plan
@@ -159,7 +160,7 @@ def _loop(edges: dict[str, set[str]], component: set[str]) -> list[str]:
 
 
 def _describe(loop: list[str], where: dict[tuple[str, str], str]) -> str:
-    return " -> ".join(loop) + " (" + ", ".join(where[(a, b)] for a, b in zip(loop, loop[1:], strict=False)) + ")"
+    return " -> ".join(loop) + " (" + ", ".join(where[(a, b)] for a, b in pairwise(loop)) + ")"
 
 
 def test_every_package_has_a_layer() -> None:
