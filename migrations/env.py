@@ -7,7 +7,21 @@ from sqlalchemy import engine_from_config, pool
 
 from services.core.db import Base
 from services.core.settings import Settings
-from services.core.tables import import_all_tables
+
+
+def import_all_tables() -> None:
+    """Imports every domain's tables so the metadata is complete. It lives here, not in services.core,
+    since core sits below every domain (tests/test_import_layers.py)."""
+    import services.catalog.tables
+    import services.core.leases
+    import services.datasets.tables
+    import services.hub.tables
+    import services.nodes.tables
+    import services.orgs.tables
+    import services.plans.tables
+    import services.quotes.tables
+    import services.runs.tables  # noqa: F401
+
 
 import_all_tables()
 config = context.config

@@ -19,7 +19,7 @@ from services.datasets.service import CHECK_TASK, run_check
 from services.nodes.lifecycle import SWEEP_TASK, run_sweep
 from services.plans import service as plans_service
 from services.plans.service import ESTIMATE_TASK, TRACE_TASK, resume_unfinished, run_plan, run_trace
-from workers.celery_app import app
+from workers.celery_app import TASK_QUEUES, app, make_celery
 
 LEASE_SWEEP_TASK = "gpuplan.tasks.sweep_leases"
 
@@ -33,7 +33,7 @@ def _sessions() -> sessionmaker[Session]:
 
 @functools.cache
 def _runner() -> CeleryRunner:
-    return CeleryRunner(get_settings())
+    return CeleryRunner(make_celery(get_settings()), TASK_QUEUES)
 
 
 def _leased(name: str, subject: str, fn: Any) -> None:

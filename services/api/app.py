@@ -63,7 +63,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             lease_s=settings.task_lease_s,
         )
     else:
-        runner = CeleryRunner(settings)
+        from workers.celery_app import TASK_QUEUES, make_celery
+
+        runner = CeleryRunner(make_celery(settings), TASK_QUEUES)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

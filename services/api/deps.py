@@ -18,9 +18,9 @@ from services.core.leases import record_outbox
 from services.core.pages import MAX_LIMIT
 from services.core.settings import Settings
 from services.core.tasks import CeleryRunner, InProcessRunner, PendingTasks
-from services.orgs.binding import check_agent_request
 from services.orgs.scopes import allowed_scopes
 from services.orgs.service import Principal, authenticate
+from services.runs.binding import check_agent_request
 
 
 class Database:

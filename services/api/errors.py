@@ -13,8 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from services.core.errors import GpuplanError, TooManyRequests
-from services.estimator.errors import EstimatorError, UnknownModelError
+from services.core.errors import EstimatorError, GpuplanError, TooManyRequests, with_api_hint
 from services.estimator.validation import describe_error_list, describe_errors
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type"}
@@ -76,14 +75,6 @@ def allowed_methods(request: Request) -> list[str]:
         if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
             allowed.append(method)
     return allowed
-
-
-def with_api_hint(message: str, exc: EstimatorError) -> str:
-    """An estimator message with the API's own hint: the estimator says a model name is unknown, the API
-    says how to send the model's config.json in its fields."""
-    if isinstance(exc, UnknownModelError):
-        return f"{message} Give its Hugging Face id (owner/name), or send its config.json as model.config."
-    return message
 
 
 def validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from services.estimator.errors import EstimatorError
+from services.core.errors import EstimatorError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from services.estimator.errors import UnknownModelError
+from services.core.errors import UnknownModelError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer
-from services.estimator.errors import EstimatorError
+from services.core.errors import EstimatorError
 
 MAX_ROWS = 10_000
 

@@ -98,9 +98,9 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 
     from services.core.db import unit_of_work, utcnow
     from services.orgs import audit
-    from services.orgs.binding import check_binding_target
     from services.orgs.repository import OrganizationRepository
     from services.orgs.service import issue_key
+    from services.runs.binding import check_binding_target
 
     if args.expires_in is not None and not 60 <= args.expires_in <= 5 * 366 * 86_400:
         raise CliError("--expires-in: 60 to 158112000 seconds (5 years)")

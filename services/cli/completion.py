@@ -79,8 +79,12 @@ def bash_script(parser: argparse.ArgumentParser) -> str:
     )
 
 
-def cmd_completion(args: argparse.Namespace) -> int:
-    from services.cli.main import build_parser
+def hand_in(root: argparse.ArgumentParser) -> None:
+    """Give the completion command the whole parser it describes; services.cli.main calls this once the
+    parser is built (main imports every command module, so this one does not import main back)."""
+    _subparsers(root)["completion"].set_defaults(root_parser=root)
 
-    print(bash_script(build_parser()), end="")
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(bash_script(args.root_parser), end="")
     return 0

@@ -28,6 +28,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in COMMAND_MODULES:
         module.register(sub)
+    completion.hand_in(parser)
     return parser
 
 

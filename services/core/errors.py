@@ -90,3 +90,34 @@ class TooManyRequests(GpuplanError):
     def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
         super().__init__(message, field=field, details={"retry_after_s": retry_after_s})
         self.retry_after_s = max(1, int(retry_after_s))
+
+
+# The estimator's input errors. They live here, below the catalog and the estimator, because both raise
+# them (the catalog for an unknown GPU or model); services.estimator.errors re-exports them by their old
+# name. They are ValueErrors, not GpuplanErrors: each edge turns them into its own answer (the API's 422).
+class EstimatorError(ValueError):
+    """Bad or unsupported input; ``field`` is the plan field (dotted path) it concerns."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class UnknownModelError(EstimatorError):
+    """A model name the bundled catalog does not hold. The message names the closest catalog models (or
+    says none is close); it does not say how to pass a config.json, since that differs per edge (a CLI
+    flag, an API field, a dashboard box): each edge adds its own hint."""
+
+    def __init__(self, name: str, message: str, closest: tuple[str, ...]) -> None:
+        super().__init__("model.name", message)
+        self.name = name
+        self.closest = closest
+
+
+def with_api_hint(message: str, exc: EstimatorError) -> str:
+    """An estimator message with the API's own hint: the estimator says a model name is unknown, the API
+    says how to send the model's config.json in its fields."""
+    if isinstance(exc, UnknownModelError):
+        return f"{message} Give its Hugging Face id (owner/name), or send its config.json as model.config."
+    return message

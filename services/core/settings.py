@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from services.core.retry import RetryPolicy
 
 DEFAULT_SQLITE_FILE = "gpuplan.db"
+# The live price feeds GPUPLAN_CATALOG_FEEDS may name, one module each in services/catalog/feeds (which
+# re-exports this as PROVIDERS): the names live here so the settings check them without importing the catalog.
+FEED_PROVIDERS = ("runpod", "lambda", "vast", "aws")
 
 
 class Settings(BaseSettings):
@@ -243,12 +246,10 @@ class Settings(BaseSettings):
     @field_validator("catalog_feeds")
     @classmethod
     def _known_feeds(cls, value: str) -> str:
-        from services.catalog.feeds import PROVIDERS
-
         names = [n.strip() for n in value.split(",") if n.strip()]
-        unknown = sorted(set(names) - set(PROVIDERS))
+        unknown = sorted(set(names) - set(FEED_PROVIDERS))
         if unknown:
-            raise ValueError(f"unknown feed {', '.join(unknown)}; feeds are {', '.join(PROVIDERS)}")
+            raise ValueError(f"unknown feed {', '.join(unknown)}; feeds are {', '.join(FEED_PROVIDERS)}")
         return ",".join(names)
 
     @field_validator("provider_instance_id_pattern")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -68,15 +68,20 @@ class InProcessRunner:
         self._pool.shutdown(wait=True)
 
 
+class TaskSender(Protocol):
+    """What CeleryRunner needs of a Celery app."""
+
+    def send_task(self, name: str, *args: Any, **options: Any) -> object: ...
+
+
 class CeleryRunner:
     """Sends tasks by name to the Celery queues (GPUPLAN_REDIS_URL set). A send that fails (the broker
     is down) is logged and left to the lease sweep, which sends it again once its lease expires."""
 
-    def __init__(self, settings: Settings) -> None:
-        from workers.celery_app import TASK_QUEUES, make_celery
-
-        self._app = make_celery(settings)
-        self._queues = TASK_QUEUES
+    # The edges hand in the Celery app and its queue map (workers.celery_app): core imports no edge.
+    def __init__(self, app: TaskSender, queues: Mapping[str, str]) -> None:
+        self._app = app
+        self._queues = queues
 
     def send(self, name: str, args: tuple[Any, ...]) -> None:
         try:

@@ -42,6 +42,7 @@ from services.orgs import audit
 from services.orgs.service import Principal, end_session, hash_key, session_principal, start_session
 from services.plans import service as plans_service
 from services.plans.schemas import PlanRequest
+from services.plans.stored import STORED_PLANS
 from services.quotes import service as quotes_service
 from services.quotes.document import quote_document, render_pdf
 from services.quotes.schemas import QuoteRequest
@@ -655,7 +656,7 @@ async def start_calibration(request: Request, viewer: ViewerDep, db: DbDep) -> R
             return f"Check the plan and the step counts (warm-up 0-100, timed 1-1000): {str(exc).splitlines()[0]}"
         try:
             with db.transaction() as (s, _pending):
-                nodes_service.request_calibration(s, viewer.principal, fields["node_id"], body)
+                nodes_service.request_calibration(s, viewer.principal, fields["node_id"], body, plans=STORED_PLANS)
         except NotFound as exc:
             return exc.message
         return None

@@ -26,7 +26,6 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from services.core.settings import Settings
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
 from services.nodes.processes import cmdline, is_gpuplan_agent, start_ticks
 
@@ -174,46 +173,3 @@ class LocalDriver:
 
     def start(self, node: NodeTarget) -> str:
         raise DriverError("the local driver cannot start a node; run `gpuplan agent` again")
-
-
-def make_driver(settings: Settings) -> ProviderDriver:
-    """The one driver the settings name (the cloud drivers are in services/nodes/cloud_drivers.py)."""
-    timeout_s = settings.node_stop_timeout_s
-    if settings.provider_driver == "local":
-        return LocalDriver(wait_s=timeout_s)
-    if settings.provider_driver in ("runpod", "lambda", "vast"):
-        from services.nodes.cloud_drivers import LambdaDriver, RunPodDriver, VastDriver
-
-        rest: type[RunPodDriver | LambdaDriver | VastDriver] = {
-            "runpod": RunPodDriver,
-            "lambda": LambdaDriver,
-            "vast": VastDriver,
-        }[settings.provider_driver]
-        key = settings.provider_api_key.get_secret_value() if settings.provider_api_key else ""
-        return rest(key, settings.provider_stop_action, base_url=settings.provider_api_url, timeout_s=timeout_s)
-    if settings.provider_driver == "aws":
-        from services.nodes.cloud_drivers import Ec2Driver
-
-        secret = settings.provider_aws_secret_access_key
-        return Ec2Driver(
-            settings.provider_aws_region,
-            settings.provider_stop_action,
-            endpoint_url=settings.provider_api_url,
-            access_key_id=settings.provider_aws_access_key_id,
-            secret_access_key=secret.get_secret_value() if secret else None,
-            timeout_s=timeout_s,
-        )
-    if settings.provider_driver == "http":
-        if not settings.provider_stop_url:
-            raise DriverError("GPUPLAN_PROVIDER_DRIVER=http needs GPUPLAN_PROVIDER_STOP_URL")
-        token = settings.provider_auth_value.get_secret_value() if settings.provider_auth_value else None
-        return HttpDriver(
-            settings.provider_stop_url,
-            settings.provider_start_url,
-            settings.provider_http_method,
-            settings.provider_auth_header,
-            token,
-            timeout_s=timeout_s,
-            instance_id_pattern=settings.provider_instance_id_pattern,
-        )
-    return NoDriver()

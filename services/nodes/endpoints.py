@@ -24,6 +24,8 @@ from services.nodes.schemas import (
     NodeRegistration,
 )
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeRow
+from services.plans.stored import STORED_PLANS
+from services.runs.service import record_heartbeat_progress
 
 # Bodies are validated off the event loop (services/api/routing.py).
 router = APIRouter(prefix="/v1", tags=["nodes"], route_class=OffLoopRoute)
@@ -115,6 +117,7 @@ def heartbeat(
             peer=_peer(request),
             stops=stop_policy(settings),
             sync_alerts=sync_alert_policy(settings),
+            record_progress=record_heartbeat_progress,
         )
         return _node(node).model_copy(update={"commands": commands})
 
@@ -135,7 +138,7 @@ def node_events(
 )
 def request_calibration(node_id: str, body: CalibrationRequest, db: DbDep, principal: PrincipalDep) -> CalibrationOut:
     with db.transaction() as (session, _pending):
-        return _calibration(service.request_calibration(session, principal, node_id, body))
+        return _calibration(service.request_calibration(session, principal, node_id, body, plans=STORED_PLANS))
 
 
 @router.post(
@@ -149,7 +152,7 @@ def claim(
 ) -> CalibrationOut | None:
     """For the node's agent: the next queued calibration, now running (204 when there is none)."""
     with db.transaction() as (session, _pending):
-        claimed = service.claim_next(session, principal, node_id, token)
+        claimed = service.claim_next(session, principal, node_id, token, plans=STORED_PLANS)
         if claimed is None:
             response.status_code = 204
             return None
@@ -167,7 +170,7 @@ def result(
     calibration_id: str, body: CalibrationResult, db: DbDep, principal: PrincipalDep, token: NodeTokenDep = None
 ) -> BenchmarkOut:
     with db.transaction() as (session, _pending):
-        return _benchmark(service.submit_result(session, principal, calibration_id, body, token))
+        return _benchmark(service.submit_result(session, principal, calibration_id, body, token, plans=STORED_PLANS))
 
 
 @router.post(

@@ -40,7 +40,7 @@ from services.core.metrics import (
     SWEEP_DECISIONS,
 )
 from services.core.settings import Settings
-from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver, make_driver
+from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver
 from services.nodes.idle import (
     Decision,
     IdlePolicy,
@@ -52,6 +52,7 @@ from services.nodes.idle import (
     next_idle_since,
     stop_backoff_s,
 )
+from services.nodes.providers import make_driver
 from services.nodes.schemas import SyncHealth
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs import audit

@@ -7,9 +7,10 @@ import hashlib
 import hmac
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
@@ -24,18 +25,31 @@ from services.estimator.estimate import UTILISATION_SEARCH, estimate, resolve_ar
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import flops_per_token
-from services.hub.service import request_data_with_config, stored_request
+from services.hub.service import request_data_with_config
 from services.nodes.calibration import CALIBRATION_WINDOW, catalog_name, device_check, screen, used_values
 from services.nodes.idle import StopPolicy, SyncAlertPolicy
 from services.nodes.instance_ids import InstanceIdError, check_instance_id
 from services.nodes.lifecycle import add_event, after_heartbeat, record_sync_health
 from services.nodes.processes import connection_is_from, start_ticks
-from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration
+from services.nodes.schemas import CalibrationRequest, CalibrationResult, Heartbeat, NodeRegistration, RunProgress
 from services.nodes.tables import BenchmarkRow, CalibrationRow, NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.repository import OrganizationRepository
 from services.orgs.service import Principal
-from services.plans.schemas import PlanRequest
-from services.plans.service import get_plan
+
+# Records a heartbeat's run progress (services.runs.service.record_heartbeat_progress).
+ProgressRecorder = Callable[[Session, Principal, NodeRow, RunProgress], None]
+
+
+class PlanSource(Protocol):
+    """The stored plans a calibration runs (services.plans.stored.STORED_PLANS): plans sit above nodes, so
+    the edges hand it in. Both raise NotFound when the organization has no such plan."""
+
+    def request(self, session: Session, principal: Principal, plan_id: str) -> dict[str, Any]: ...
+
+    def filled(self, session: Session, principal: Principal, plan_id: str) -> tuple[dict[str, Any], Plan]:
+        """The request with its model's config filled in (as JSON) and the plan it describes."""
+        ...
+
 
 NODE_TOKEN_HEADER = "X-Node-Token"
 
@@ -235,13 +249,14 @@ def heartbeat(
     peer: Peer | None = None,
     stops: StopPolicy | None = None,
     sync_alerts: SyncAlertPolicy | None = None,
+    record_progress: ProgressRecorder,
 ) -> tuple[NodeRow, list[str]]:
     """Store what the node's agent reports (with the node token), move its idle timer, record run
     progress and the sync's health; returns the node and the commands waiting for its agent (each delivered
     once). ``stops`` says how long a stopped node may still report before its stop counts as failed, and
-    ``sync_alerts`` when a failing or lagging sync raises the node's alert (the settings')."""
-    from services.runs.service import get_run, record_progress
-
+    ``sync_alerts`` when a failing or lagging sync raises the node's alert (the settings'). The run's
+    progress is recorded by ``record_progress`` (services.runs.service.record_heartbeat_progress): runs
+    sit above nodes, so the edge hands it in."""
     node = authenticate_node(session, principal, node_id, token)
     at = now or utcnow()
     node.agent_verified_at = at
@@ -254,10 +269,7 @@ def heartbeat(
     node.interactive_idle_s = body.interactive_idle_s
     node.unsynced_checkpoints = body.unsynced_checkpoints
     if body.progress is not None:
-        run = get_run(session, principal, body.progress.run_id)
-        if node.id not in run.node_ids:
-            raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
-        record_progress(run, body.progress.step, body.progress.loss)
+        record_progress(session, principal, node, body.progress)
     record_sync_health(session, node, body.sync, at, sync_alerts or SyncAlertPolicy())
     after_heartbeat(session, node, at, lost_after_s, stops)
     commands, node.commands = list(node.commands or []), []
@@ -265,14 +277,14 @@ def heartbeat(
 
 
 def request_calibration(
-    session: Session, principal: Principal, node_id: str, body: CalibrationRequest
+    session: Session, principal: Principal, node_id: str, body: CalibrationRequest, *, plans: PlanSource
 ) -> CalibrationRow:
     node = get_node(session, principal, node_id)
-    plan = get_plan(session, principal, body.plan_id)
+    plans.request(session, principal, body.plan_id)  # the plan must be the organization's
     row = CalibrationRow(
         organization_id=principal.organization_id,
         node_id=node.id,
-        plan_id=plan.id,
+        plan_id=body.plan_id,
         status="queued",
         warmup_steps=body.warmup_steps,
         timed_steps=body.timed_steps,
@@ -293,7 +305,7 @@ def list_calibrations(session: Session, principal: Principal, limit: int = 20) -
 
 
 def claim_next(
-    session: Session, principal: Principal, node_id: str, token: str | None
+    session: Session, principal: Principal, node_id: str, token: str | None, *, plans: PlanSource
 ) -> tuple[CalibrationRow, dict[str, object]] | None:
     """The node's oldest queued calibration, now running, with the plan to run (None: nothing to do)."""
     node = authenticate_node(session, principal, node_id, token)
@@ -308,8 +320,7 @@ def claim_next(
         return None
     row.status = "running"
     row.started_at = utcnow()
-    plan = get_plan(session, principal, row.plan_id)
-    return row, request_data_with_config(session, plan.request)
+    return row, request_data_with_config(session, plans.request(session, principal, row.plan_id))
 
 
 def _calibration(session: Session, principal: Principal, calibration_id: str) -> CalibrationRow:
@@ -324,15 +335,20 @@ def _calibration(session: Session, principal: Principal, calibration_id: str) ->
 
 
 def submit_result(
-    session: Session, principal: Principal, calibration_id: str, body: CalibrationResult, token: str | None
+    session: Session,
+    principal: Principal,
+    calibration_id: str,
+    body: CalibrationResult,
+    token: str | None,
+    *,
+    plans: PlanSource,
 ) -> BenchmarkRow:
     """Store what the node measured beside the prediction; a second report of a finished job is a 409."""
     row = _calibration(session, principal, calibration_id)
     node = authenticate_node(session, principal, row.node_id, token)
     if row.status != "running":
         raise Conflict(f"calibration {calibration_id} is {row.status}, not running", field="id")
-    request = stored_request(session, PlanRequest.model_validate(get_plan(session, principal, row.plan_id).request))
-    plan = request.to_plan()
+    request, plan = plans.filled(session, principal, row.plan_id)
     name, arch = resolve_architecture(plan)
     predicted_mem = predicted_tps = mfu = utilisation = gemm_utilisation = None
     met = True
@@ -371,7 +387,7 @@ def submit_result(
         gpu=node.gpu,
         model_name=name,
         method=plan.method,
-        plan=request.model_dump(mode="json", exclude_none=True),
+        plan=request,
         peak_allocated_gib=body.peak_allocated_gib,
         peak_reserved_gib=body.peak_reserved_gib,
         tokens_per_s=body.tokens_per_s,

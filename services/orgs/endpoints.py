@@ -12,10 +12,10 @@ from services.api.routing import OffLoopRoute
 from services.core.db import utcnow
 from services.core.pages import DEFAULT_LIMIT
 from services.orgs import audit, service
-from services.orgs.binding import check_binding_target
 from services.orgs.schemas import AuditEventOut, AuditList, KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
 from services.orgs.service import Principal
 from services.orgs.tables import ApiKey
+from services.runs.binding import check_binding_target
 
 # Bodies are validated off the event loop (services/api/routing.py).
 router = APIRouter(prefix="/v1", tags=["keys"], route_class=OffLoopRoute)

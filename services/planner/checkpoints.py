@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from services.estimator.architecture import Architecture
 from services.estimator.plan import Plan
 from services.planner.spot import AWS_GPU_PREEMPTIONS_PER_NODE_HOUR, checkpoint_bytes, young_daly_interval_seconds
-from services.runs.manifest import step_prefix
-from services.runs.retention import RetentionPolicy
 
 # Hardware interruptions per GPU-hour on demand (Llama 3 paper, see the module docstring).
 FAILURES_PER_GPU_HOUR = 419 / (54 * 24 * 16_384)
@@ -58,12 +56,15 @@ class CheckpointSchedule(BaseModel):
     interval_steps: int | None
     capped: bool
     formula: str
-    retention: RetentionPolicy
+    # The run's retention policy (services.runs.retention.RetentionPolicy) and bucket layout
+    # (services.runs.manifest.checkpoint_layout), handed in by the runs domain and carried as they are:
+    # the planner sits below runs, so it names no runs type. SerializeAsAny dumps the policy's own fields.
+    retention: SerializeAsAny[BaseModel]
     layout: str
 
 
 def checkpoint_schedule(
-    plan: Plan, arch: Architecture, inputs: ScheduleInputs, retention: RetentionPolicy, run_prefix: str
+    plan: Plan, arch: Architecture, inputs: ScheduleInputs, retention: BaseModel, layout: str
 ) -> CheckpointSchedule:
     size = checkpoint_bytes(plan, arch)
     durable_s = size / inputs.upload_bytes_per_s
@@ -102,5 +103,5 @@ def checkpoint_schedule(
         capped=capped,
         formula=formula,
         retention=retention,
-        layout=f"{step_prefix(run_prefix, 0).replace('0000000000', '<step:010d>')}/<files>, manifest.json last",
+        layout=layout,
     )

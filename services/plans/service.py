@@ -15,10 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.errors import with_api_hint
 from services.catalog.service import catalog_offers
 from services.core.db import unit_of_work, utcnow
-from services.core.errors import Conflict, GpuplanError, NotFound, TooManyRequests, Unprocessable
+from services.core.errors import Conflict, GpuplanError, NotFound, TooManyRequests, Unprocessable, with_api_hint
 from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.retry import DEFAULT_RETRIES, RetryPolicy, describe, is_transient
 from services.core.tasks import PendingTasks

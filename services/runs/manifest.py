@@ -51,6 +51,11 @@ def step_prefix(run_prefix: str, step: int) -> str:
     return "/".join(p for p in (run_prefix.strip("/"), f"step-{step:010d}") if p)
 
 
+def checkpoint_layout(run_prefix: str) -> str:
+    """The layout line of a run's checkpoint schedule (services.planner.checkpoints carries it)."""
+    return f"{step_prefix(run_prefix, 0).replace('0000000000', '<step:010d>')}/<files>, manifest.json last"
+
+
 def step_from_key(run_prefix: str, key: str) -> int | None:
     rest = key[len(run_prefix.strip("/")) :].lstrip("/") if run_prefix.strip("/") else key
     head = rest.split("/", 1)[0]

@@ -15,6 +15,7 @@ from services.core.pages import keyset_page
 from services.core.settings import Settings
 from services.estimator.estimate import estimate, resolve_architecture
 from services.hub.service import stored_request
+from services.nodes.schemas import RunProgress
 from services.nodes.service import authenticate_node, get_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal
@@ -22,6 +23,7 @@ from services.planner.checkpoints import ScheduleInputs, checkpoint_schedule
 from services.planner.costs import DEFAULT_PREEMPTION_PER_NODE_HOUR
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan
+from services.runs.manifest import checkpoint_layout
 from services.runs.retention import RetentionPolicy, StoredCheckpoint, best_step, steps_to_delete
 from services.runs.schemas import CheckpointOut, CheckpointReport, DurableAnswer, RunCreate, RunOut
 from services.runs.tables import CheckpointRow, RunRow
@@ -51,7 +53,9 @@ def _schedule(row: RunRow, request: PlanRequest, nodes: Sequence[NodeRow], max_i
         step_seconds=_step_seconds(request, nodes),
         max_interval_s=max_interval_s,
     )
-    schedule = checkpoint_schedule(plan, arch, inputs, RetentionPolicy.model_validate(row.retention), row.prefix)
+    schedule = checkpoint_schedule(
+        plan, arch, inputs, RetentionPolicy.model_validate(row.retention), checkpoint_layout(row.prefix)
+    )
     return schedule.model_dump(mode="json")
 
 
@@ -227,6 +231,15 @@ def record_progress(run: RunRow, step: int | None, loss: float | None) -> None:
         run.progress_step = step
         run.progress_loss = loss
         run.progress_at = utcnow()
+
+
+def record_heartbeat_progress(session: Session, principal: Principal, node: NodeRow, progress: RunProgress) -> None:
+    """The run progress a node's heartbeat reports (services.nodes.service.heartbeat calls this): the node
+    must be part of the run."""
+    run = get_run(session, principal, progress.run_id)
+    if node.id not in run.node_ids:
+        raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
+    record_progress(run, progress.step, progress.loss)
 
 
 def to_out(session: Session, run: RunRow) -> RunOut:

@@ -15,8 +15,8 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.drivers import make_driver
 from services.nodes.lifecycle import sweep
+from services.nodes.providers import make_driver
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.service import create_key, create_organization
 from tests.nodes.fake_provider import FakeProvider, running_provider

@@ -27,6 +27,7 @@ from services.nodes.service import heartbeat
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_key, create_organization
 from services.orgs.tables import AuditEvent
+from services.runs.service import record_heartbeat_progress
 from tests.api.conftest import QLORA_PLAN
 from tests.dashboard.conftest import sign_in
 from tests.nodes.fake_provider import FakeProvider, running_provider
@@ -71,6 +72,7 @@ class Stack:
                 at,
                 token=token,
                 stops=stop_policy(self.settings),
+                record_progress=record_heartbeat_progress,
             )
 
     def node(self, node_id: str) -> NodeRow:

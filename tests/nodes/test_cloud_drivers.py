@@ -11,7 +11,8 @@ import pytest
 
 from services.core.settings import Settings
 from services.nodes.cloud_drivers import Ec2Driver, LambdaDriver, RunPodDriver, VastDriver
-from services.nodes.drivers import DriverError, NodeTarget, make_driver
+from services.nodes.drivers import DriverError, NodeTarget
+from services.nodes.providers import make_driver
 from tests.nodes.fake_provider import FakeProvider, running_provider
 
 KEY = "rpa_SECRET0123456789abcdef"

@@ -10,7 +10,8 @@ from typing import ClassVar
 import pytest
 
 from services.core.settings import Settings
-from services.nodes.drivers import DriverError, HttpDriver, NodeTarget, NoDriver, make_driver
+from services.nodes.drivers import DriverError, HttpDriver, NodeTarget, NoDriver
+from services.nodes.providers import make_driver
 
 NODE = NodeTarget(id="n1", name="box", instance_id="i-0abc", hostname="box", agent_pid=None)
 

@@ -25,6 +25,7 @@ from services.nodes.schemas import GpuStatus, Heartbeat, NodeRegistration
 from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
+from services.runs.service import record_heartbeat_progress
 
 START = datetime(2026, 11, 2, 0, 0, tzinfo=UTC)
 DAY_MIN = 24 * 60
@@ -174,6 +175,7 @@ def test_a_day_of_heartbeats_stops_every_idle_node_and_no_busy_one(tmp_path: Pat
                     LOST_AFTER_S,
                     now,
                     token=tokens[node.name],
+                    record_progress=record_heartbeat_progress,
                 )
                 node.heartbeats.append((minute, state))
                 if "sync" in commands:

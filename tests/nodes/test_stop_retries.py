@@ -21,6 +21,7 @@ from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.orgs.tables import AuditEvent
+from services.runs.service import record_heartbeat_progress
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -73,6 +74,7 @@ def beat(
             at,
             token=token,
             stops=stop_policy(SETTINGS),
+            record_progress=record_heartbeat_progress,
         )
 
 

@@ -11,7 +11,15 @@ from pydantic import ValidationError
 from services.agent.signals import parse_who_idle
 from services.estimator.estimate import resolve_architecture
 from services.planner.checkpoints import FAILURES_PER_GPU_HOUR, CheckpointSchedule, ScheduleInputs, checkpoint_schedule
-from services.runs.manifest import ManifestFile, etag_matches, part_md5s_etag, step_from_key, step_of, step_prefix
+from services.runs.manifest import (
+    ManifestFile,
+    checkpoint_layout,
+    etag_matches,
+    part_md5s_etag,
+    step_from_key,
+    step_of,
+    step_prefix,
+)
 from services.runs.retention import RetentionPolicy, StoredCheckpoint, best_step, steps_to_delete
 from tests.conftest import make_plan
 
@@ -19,7 +27,9 @@ from tests.conftest import make_plan
 def _schedule(**inputs: object) -> CheckpointSchedule:
     plan = make_plan(method="lora", lora={"rank": 16})
     _, arch = resolve_architecture(plan)
-    return checkpoint_schedule(plan, arch, ScheduleInputs.model_validate(inputs), RetentionPolicy(), "runs/r1")
+    return checkpoint_schedule(
+        plan, arch, ScheduleInputs.model_validate(inputs), RetentionPolicy(), checkpoint_layout("runs/r1")
+    )
 
 
 def test_young_daly_interval_is_sqrt_2cm_and_shrinks_with_more_preemptions() -> None:

@@ -7,4 +7,6 @@ what a fetch returned, or records why it failed and keeps the last good prices.
 
 from __future__ import annotations
 
-PROVIDERS = ("runpod", "lambda", "vast", "aws")
+from services.core.settings import FEED_PROVIDERS as PROVIDERS
+
+__all__ = ["PROVIDERS"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.pricelist import MAX_HOST_RAM_GIB_PER_NODE
-from services.estimator.errors import EstimatorError
+from services.core.errors import EstimatorError
 
 # A provider's whole offer list is a few MB at most (Vast's marketplace is the largest); more is refused.
 MAX_RESPONSE_BYTES = 32 * 2**20

@@ -1,5 +1,5 @@
-"""Whether an agent key's request is for its own node and run (the edges call this; it reads the
-nodes and runs tables, so it lives apart from the pure scope rules)."""
+"""Whether an agent key's request is for its own node and run (the edges call this). It reads the
+nodes and runs tables, so it lives in runs, above both, rather than in orgs beside the pure scope rules."""
 
 from __future__ import annotations
 
