@@ -33,8 +33,8 @@ from services.catalog.gpus import find_gpu
 from services.estimator.counters import UNNAMED_COUNTER, memory_counters
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
-from services.estimator.plan import Plan
 from services.estimator.memory import GIB
+from services.estimator.plan import Plan
 from services.estimator.uncertainty import Key, Pool
 from services.planner.constraints import Constraints
 from services.planner.evaluator import fits_card, headroom_ratio
@@ -79,7 +79,7 @@ class CaseResult:
     scored_counter: str = ""  # the counter predicted_gib is: the measured metric, reserved for unknown
     fit_gib: float | None = None  # the device peak the fit check and the planner decide on
     fit_error_pct: float | None = None  # signed, (fit_gib - measured) / measured
-    planner_refuses: bool | None = None  # the planner's fit rule (services.planner.evaluator.fits_card) refuses the card
+    planner_refuses: bool | None = None  # the planner refuses the card (services.planner.evaluator.fits_card)
     headroom_ratio: float | None = None  # what the planner multiplies fit_gib by (bundled residual table)
     low_confidence_estimate: bool = False  # the estimate's own confidence (generic architecture)
     derived: bool = False

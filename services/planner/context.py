@@ -9,7 +9,6 @@ from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links
-from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
 from services.planner.constraints import Constraints

@@ -16,7 +16,6 @@ from services.estimator.memory import GIB, MemoryBreakdown, ModelStates, model_s
 from services.estimator.padding import pads_to_longest_of_known_mean
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
-from services.estimator.uncertainty import Key, Pool, bundled_pools, category, memory_band, quantile_ratio
 from services.estimator.throughput import (
     FlopsPerToken,
     Throughput,
@@ -27,6 +26,7 @@ from services.estimator.throughput import (
     lora_unfused_work,
     micro_batch_tokens,
 )
+from services.estimator.uncertainty import Key, Pool, bundled_pools, category, memory_band, quantile_ratio
 
 
 @dataclass(frozen=True)
