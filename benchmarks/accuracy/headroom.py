@@ -4,8 +4,12 @@ The planner offers a card when the predicted device peak times the ``level`` qua
 in the setup's band category (services.estimator.uncertainty.quantile_ratio) is at most the card. A higher
 level refuses more setups. On the split every level in (lowest, highest] is admissible:
 
-- lowest: the smallest level that refuses every measured out-of-memory run of the split on its card;
-- highest: the largest level that refuses at most TARGET_REFUSED_SHARE of the split's runs that ran.
+- lowest: the smallest level at which the band's quantile alone refuses every measured out-of-memory run of
+  the split on its card. The planner's ratio is never below 1 (it offers nothing the point estimate refuses),
+  and every OOM of today's cases is predicted above its card, so that floor alone would refuse them all: the
+  level is asked to catch them without it, so that the headroom rests on the band and not on the floor;
+- highest: the largest level at which the planner's ratio (floor included) refuses at most
+  TARGET_REFUSED_SHARE of the split's runs that ran.
 
 The fitted level is the middle of that interval, rounded to two decimals, so that neither end decides it.
 
@@ -27,7 +31,7 @@ from typing import Any
 from benchmarks.accuracy.band import residual_table
 from benchmarks.accuracy.run import CaseResult, evaluate_case, load_cases
 from services.estimator.plan import Plan
-from services.estimator.uncertainty import Key, Pool, build_pools
+from services.estimator.uncertainty import Key, Pool, build_pools, category, quantile_ratio
 from services.planner.evaluator import headroom_ratio
 
 # The issue's target (gpuplan issue 26 item 8): refuse at most 2% of the runs that ran.
@@ -54,13 +58,18 @@ def split_rows(pairs: list[tuple[dict[str, Any], CaseResult]]) -> list[Row]:
     return out
 
 
-def level_at_edge(row: Row, pools: dict[Key, Pool]) -> float:
-    """The level at which the row's card stops accepting it (bisection: the ratio rises with the level)."""
+def level_at_edge(row: Row, pools: dict[Key, Pool], floor: bool = True) -> float:
+    """The level at which the row's card stops accepting it (bisection: the ratio rises with the level);
+    ``floor``: with the planner's floor of 1 (else the band's quantile alone)."""
     p = row.plan
+    key = category(p.framework, p.method, p.sharding, p.gpus, "device", p.mode)
     lo, hi = 1e-4, 1 - 1e-4
     for _ in range(50):
         mid = (lo + hi) / 2
-        ratio = headroom_ratio(p.framework, p.method, p.sharding, p.gpus, p.mode, row.low_confidence, pools, mid)
+        if floor:
+            ratio = headroom_ratio(p.framework, p.method, p.sharding, p.gpus, p.mode, row.low_confidence, pools, mid)
+        else:
+            ratio = quantile_ratio(pools, key, mid, row.low_confidence)
         if math.log(ratio) <= row.log_room:
             lo = mid
         else:
@@ -70,7 +79,7 @@ def level_at_edge(row: Row, pools: dict[Key, Pool]) -> float:
 
 def fit(rows: list[Row], pools: dict[Key, Pool]) -> dict[str, Any]:
     """The admissible interval of levels on ``rows`` and the fitted level (see the module docstring)."""
-    ooms = sorted((level_at_edge(r, pools), r.id) for r in rows if r.oom)
+    ooms = sorted((level_at_edge(r, pools, floor=False), r.id) for r in rows if r.oom)
     ran = sorted((level_at_edge(r, pools), r.id) for r in rows if not r.oom)
     allowed = math.floor(TARGET_REFUSED_SHARE * len(ran))
     lowest = max(edge for edge, _ in ooms) if ooms else 0.0

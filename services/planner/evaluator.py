@@ -59,9 +59,10 @@ def headroom_ratio(
     level: float = FIT_QUANTILE,
 ) -> float:
     """What the predicted device peak is multiplied by before it is set against the card: the ``level``
-    quantile of measured / predicted in the device band's category (``pools``: the bundled residual table)."""
+    quantile of measured / predicted in the device band's category (``pools``: the bundled residual table),
+    never below 1, so that the planner offers no card the estimate's own fit check (peak <= card) refuses."""
     key = category(framework, method, sharding, gpus, "device", mode)
-    return quantile_ratio(pools if pools is not None else bundled_pools(), key, level, low_confidence)
+    return max(1.0, quantile_ratio(pools if pools is not None else bundled_pools(), key, level, low_confidence))
 
 
 def usable_card_bytes(memory_gib: float, safety_margin: float) -> float:

@@ -198,8 +198,9 @@ def memory_rejection(
     fewest, most = counts[0], counts[-1]
     need, _ = leanest_need(ctx.evaluator, ctx.effective_batch_size, fewest)
     reason = (
-        f"needs {need / GIB:.1f} GiB per GPU on {gpus_label(fewest)} (micro-batch 1, gradient checkpointing), "
-        f"card has {spec.memory_gib:.1f} GiB ({usable / GIB:.1f} GiB usable with the {margin * 100:g}% margin)"
+        f"needs {need / GIB:.1f} GiB per GPU on {gpus_label(fewest)} (micro-batch 1, gradient checkpointing; "
+        f"the predicted peak times the memory band's headroom), card has {spec.memory_gib:.1f} GiB"
+        + (f" ({usable / GIB:.1f} GiB usable with the {margin * 100:g}% margin)" if margin > 0 else "")
     )
     if most > fewest:
         need_most, sharding = leanest_need(ctx.evaluator, ctx.effective_batch_size, most)
