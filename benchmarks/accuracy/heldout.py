@@ -37,8 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.accuracy.band import case_category, residual_table
-from benchmarks.accuracy.run import PLANNER_SAFETY_MARGIN, CaseResult, _percentile, evaluate_case, load_cases
+from benchmarks.accuracy.run import (
+    PLANNER_SAFETY_MARGIN,
+    CaseResult,
+    _percentile,
+    evaluate_case,
+    load_cases,
+    planner_refuses,
+)
+from services.estimator.plan import Plan
 from services.estimator.uncertainty import Key, Pool, band_from_pools, build_pools, category
+from services.planner.evaluator import FIT_QUANTILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -48,7 +57,7 @@ CASE_DERIVED = (
         "band residual table",
         "services/estimator/data/residuals.json",
         "benchmarks/accuracy/band.py",
-        "re-derived without the scored source's cases (band coverage, p90-band fit rule)",
+        "re-derived without the scored source's cases (band coverage, the planner's headroom ratio, p90-band rule)",
     ),
     (
         "calibration band",
@@ -74,6 +83,7 @@ class Scored:
     result: CaseResult
     band: tuple[float, float] | None  # [p10, p90] GiB of the scored counter
     device_p90_gib: float | None  # upper end of the device band at the fit bytes
+    planner_refuses: bool | None = None  # the planner's fit rule on the case's card, sized on this scoring's table
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,8 @@ class HeldoutSummary:
     ran: int  # runs that ran on a known card
     refused_planner_rule: list[str]
     refused_p90_band_rule: list[str]
+    ooms_accepted_planner_rule: list[str]  # measured OOMs on a known card the planner would offer
+    tight: list[str]  # runs that ran, offered with a 'tight' note (above the p90 band's card, within the rule)
     band_cases: int
     band_coverage_pct: float
 
@@ -100,6 +112,12 @@ class HeldoutSummary:
     @property
     def refused_p90_band_rule_pct(self) -> float:
         return 100 * len(self.refused_p90_band_rule) / self.ran if self.ran else float("nan")
+
+
+def _above_p90(s: Scored) -> bool:
+    """The upper end (p90) of the device band is above the card less the default margin."""
+    card = s.result.card_gib
+    return s.device_p90_gib is not None and card is not None and s.device_p90_gib > card * (1 - PLANNER_SAFETY_MARGIN)
 
 
 def _median(values: list[float]) -> float:
@@ -126,14 +144,14 @@ def summarize(rows: list[Scored]) -> HeldoutSummary:
         ooms=len(ooms),
         ooms_not_flagged=[r.id for r in ooms if r.predicted_fits is not False],
         ran=len(ran),
-        refused_planner_rule=[s.result.id for s in ran if s.result.planner_refuses],
-        refused_p90_band_rule=[
+        refused_planner_rule=[s.result.id for s in ran if s.planner_refuses],
+        refused_p90_band_rule=[s.result.id for s in ran if _above_p90(s)],
+        ooms_accepted_planner_rule=[
             s.result.id
-            for s in ran
-            if s.device_p90_gib is not None
-            and s.result.card_gib is not None
-            and s.device_p90_gib > s.result.card_gib * (1 - PLANNER_SAFETY_MARGIN)
+            for s in rows
+            if s.result.measured_oom and s.result.card_gib is not None and s.planner_refuses is False
         ],
+        tight=[s.result.id for s in ran if s.planner_refuses is False and _above_p90(s)],
         band_cases=len(banded),
         band_coverage_pct=100 * inside / len(banded) if banded else float("nan"),
     )
@@ -158,7 +176,15 @@ def score(case: dict[str, Any], result: CaseResult, pools: dict[Key, Pool]) -> S
     low = result.low_confidence_estimate
     own = band_from_pools(pools, case_category(case), low)
     device = band_from_pools(pools, _device_key(case), low)
-    return Scored(result, own.interval(result.predicted_gib), max(result.fit_gib, device.interval(result.fit_gib)[1]))
+    refuses = None
+    if result.card_gib is not None:
+        refuses = planner_refuses(Plan.model_validate(case["plan"]), result.fit_gib, result.card_gib, low, pools)
+    return Scored(
+        result,
+        own.interval(result.predicted_gib),
+        max(result.fit_gib, device.interval(result.fit_gib)[1]),
+        refuses,
+    )
 
 
 def scorings(pairs: list[tuple[dict[str, Any], CaseResult]]) -> dict[str, list[Scored]]:
@@ -205,8 +231,8 @@ def table(sums: dict[str, dict[str, HeldoutSummary]]) -> str:
     lines = [
         "| set | scoring | memory cases | counter median | counter p90 | fit bytes median | fit bytes p90 "
         "| tokens/s cases | tokens/s median | measured OOMs not flagged | runs that ran refused (planner rule) "
-        "| refused (p90-band rule) | band coverage |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| measured OOMs accepted (planner rule) | offered tight | refused (p90-band rule) | band coverage |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ("medium_high", "all"):
         for scoring in ("held_out", "in_sample"):
@@ -216,6 +242,7 @@ def table(sums: dict[str, dict[str, HeldoutSummary]]) -> str:
                 f"| {s.counter_p90_pct:.1f}% | {s.fit_median_pct:.1f}% | {s.fit_p90_pct:.1f}% | {s.tokens_cases} "
                 f"| {s.tokens_median_pct:.1f}% | {len(s.ooms_not_flagged)} of {s.ooms} "
                 f"| {len(s.refused_planner_rule)} of {s.ran} ({s.refused_planner_rule_pct:.1f}%) "
+                f"| {len(s.ooms_accepted_planner_rule)} of {s.ooms} | {len(s.tight)} "
                 f"| {len(s.refused_p90_band_rule)} of {s.ran} ({s.refused_p90_band_rule_pct:.1f}%) "
                 f"| {s.band_coverage_pct:.1f}% of {s.band_cases} |"
             )
@@ -226,8 +253,8 @@ def source_table(scored: dict[str, list[Scored]]) -> str:
     """Per source, all its measured cases: the point errors and what holding it out does to its band."""
     lines = [
         "| source | memory cases | counter median | fit bytes median | band coverage in-sample | held out "
-        "| runs that ran refused (planner rule) | refused (p90-band rule) in-sample | held out |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| runs that ran refused (planner rule) in-sample | held out | refused (p90-band rule) in-sample | held out |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for source in sorted({s.result.source for s in scored["in_sample"]}):
         mine = {k: [s for s in rows if s.result.source == source] for k, rows in scored.items()}
@@ -235,7 +262,7 @@ def source_table(scored: dict[str, list[Scored]]) -> str:
         lines.append(
             f"| {source} | {ins.memory_cases} | {ins.counter_median_pct:.1f}% | {ins.fit_median_pct:.1f}% "
             f"| {ins.band_coverage_pct:.1f}% | {out.band_coverage_pct:.1f}% "
-            f"| {len(ins.refused_planner_rule)} of {ins.ran} "
+            f"| {len(ins.refused_planner_rule)} of {ins.ran} | {len(out.refused_planner_rule)} "
             f"| {len(ins.refused_p90_band_rule)} | {len(out.refused_p90_band_rule)} |"
         )
     return "\n".join(lines)
@@ -249,9 +276,13 @@ def report(sums: dict[str, dict[str, HeldoutSummary]], scored: dict[str, list[Sc
         "",
         "Counter: the measured peak against the predicted counter it was read from (a source that names no "
         "counter: max_memory_reserved). Fit bytes: the same peak against the device peak the fit check and "
-        "the planner decide on (no reclaimable cache). Planner rule: refused when the fit bytes exceed the card "
-        f"less the planner's default {PLANNER_SAFETY_MARGIN:.0%} margin; p90-band rule: the same with the upper "
-        "end of the device band. Band coverage: measured peaks inside [p10, p90] of their counter (nominal 80%).",
+        "the planner decide on (no reclaimable cache). Planner rule: the planner's own fit function "
+        "(services.planner.evaluator.fits_card): refused when the fit bytes times the headroom ratio of the case's "
+        f"category (the {FIT_QUANTILE:g} quantile of measured / predicted, from the scoring's residual table) exceed "
+        f"the card less the default extra margin ({PLANNER_SAFETY_MARGIN:.0%}); offered tight: accepted by it, with "
+        "the upper end of the device band above the card (the planner adds a 'tight' note); p90-band rule: refused "
+        "when that upper end is above the card. Band coverage: measured peaks inside [p10, p90] of their counter "
+        "(nominal 80%).",
         "",
         POINT_NOTE,
         "",
@@ -266,6 +297,8 @@ def report(sums: dict[str, dict[str, HeldoutSummary]], scored: dict[str, list[Sc
     out += [
         "Medium + high, held out: measured OOMs not flagged: " + (", ".join(held.ooms_not_flagged) or "none") + ".",
         "Runs that ran refused by the planner rule: " + (", ".join(held.refused_planner_rule) or "none") + ".",
+        "Measured OOMs the planner rule accepts: " + (", ".join(held.ooms_accepted_planner_rule) or "none") + ".",
+        "Offered tight: " + (", ".join(held.tight) or "none") + ".",
         "Refused by the p90-band rule: " + (", ".join(held.refused_p90_band_rule) or "none") + ".",
         "",
     ]
@@ -287,6 +320,7 @@ def as_json(sums: dict[str, dict[str, HeldoutSummary]]) -> dict[str, Any]:
                     **asdict(s),
                     "refused_planner_rule_pct": s.refused_planner_rule_pct,
                     "refused_p90_band_rule_pct": s.refused_p90_band_rule_pct,
+                    "fit_quantile": FIT_QUANTILE,
                 }
                 for scoring, s in by.items()
             }

@@ -33,8 +33,11 @@ from services.catalog.gpus import find_gpu
 from services.estimator.counters import UNNAMED_COUNTER, memory_counters
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
+from services.estimator.memory import GIB
 from services.estimator.plan import Plan
+from services.estimator.uncertainty import Key, Pool
 from services.planner.constraints import Constraints
+from services.planner.evaluator import fits_card, headroom_ratio
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "cases.jsonl"
@@ -76,14 +79,23 @@ class CaseResult:
     scored_counter: str = ""  # the counter predicted_gib is: the measured metric, reserved for unknown
     fit_gib: float | None = None  # the device peak the fit check and the planner decide on
     fit_error_pct: float | None = None  # signed, (fit_gib - measured) / measured
-    planner_refuses: bool | None = None  # fit_gib above the card less the planner's default safety margin
+    planner_refuses: bool | None = None  # the planner refuses the card (services.planner.evaluator.fits_card)
+    headroom_ratio: float | None = None  # what the planner multiplies fit_gib by (bundled residual table)
     low_confidence_estimate: bool = False  # the estimate's own confidence (generic architecture)
     derived: bool = False
 
 
-# The planner sizes a setup on its device peak and keeps this share of each card free
-# (services.planner.evaluator.sizing_bytes, services.planner.context.PlanContext.usable_bytes).
+# The planner's default extra margin on top of its headroom ratio (services.planner.evaluator.fits_card).
 PLANNER_SAFETY_MARGIN = Constraints().safety_margin
+
+
+def planner_refuses(
+    plan: Plan, fit_gib: float, card_gib: float, low_confidence: bool, pools: dict[Key, Pool] | None = None
+) -> bool:
+    """Whether the planner's own fit rule refuses the case's setup on its card (``pools``: a residual table to
+    size on instead of the bundled one, for held-out scoring)."""
+    ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, low_confidence, pools)
+    return not fits_card(fit_gib * GIB, ratio, card_gib, PLANNER_SAFETY_MARGIN)
 
 
 def _card(label: str) -> tuple[str | None, float | None]:
@@ -135,7 +147,9 @@ def evaluate_case(case: dict[str, Any]) -> CaseResult:
     error = None if peak is None else (predicted - peak) / peak * 100
     fit_error = None if peak is None else (counters.fit_gib - peak) / peak * 100
     fits = None if card_gib is None else counters.fit_gib <= card_gib
-    refuses = None if card_gib is None else counters.fit_gib > card_gib * (1 - PLANNER_SAFETY_MARGIN)
+    low = result.confidence == "low"
+    refuses = None if card_gib is None else planner_refuses(plan, counters.fit_gib, card_gib, low)
+    ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, low)
 
     tps_measured = measured.get("tokens_per_s")
     scope = measured.get("tokens_per_s_scope")
@@ -172,7 +186,8 @@ def evaluate_case(case: dict[str, Any]) -> CaseResult:
         fit_gib=counters.fit_gib,
         fit_error_pct=fit_error,
         planner_refuses=refuses,
-        low_confidence_estimate=result.confidence == "low",
+        headroom_ratio=round(ratio, 4),
+        low_confidence_estimate=low,
         derived=bool(case.get("derived")),
     )
 

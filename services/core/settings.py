@@ -30,7 +30,12 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Celery broker; unset = in-process tasks")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    safety_margin: float = Field(default=0.10, ge=0.0, le=0.5, description="memory headroom the planner keeps")
+    safety_margin: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.5,
+        description="extra share of card memory the planner keeps free, on top of its fitted headroom",
+    )
     quote_validity_days: int = Field(default=14, ge=1, le=365)
     background_workers: int = Field(default=2, ge=1, le=64)
     task_time_limit_s: int = Field(default=3600, ge=10, le=86_400, description="hard limit of one task")

@@ -140,19 +140,38 @@ def prediction_bounds(pool: Pool) -> tuple[float, float]:
     return min(pool.mean - half, pool.empirical_low), max(pool.mean + half, pool.empirical_high)
 
 
-def band_from_pools(pools: dict[Key, Pool], key: Key, low_confidence: bool = False) -> Band:
-    """The band for ``key``: its own pool if large enough, else the nearest ancestor's (step 1-3)."""
+def chosen_pool(pools: dict[Key, Pool], key: Key) -> tuple[Key, Pool]:
+    """The pool a band of ``key`` rests on: its own if large enough, else the nearest ancestor's (step 1)."""
     chain = parents(key)
     chosen = chain[-1]
     for candidate in chain:
-        pool = pools.get(candidate)
-        if pool is not None and pool.n >= MIN_CASES:
+        found = pools.get(candidate)
+        if found is not None and found.n >= MIN_CASES:
             chosen = candidate
             break
-    root = pools.get(())
-    pool = pools.get(chosen) or root
+    pool = pools.get(chosen) or pools.get(())
     if pool is None:
         raise ValueError("residuals: the residual table is empty")
+    return chosen, pool
+
+
+def quantile_ratio(pools: dict[Key, Pool], key: Key, level: float, low_confidence: bool = False) -> float:
+    """The ``level`` quantile of measured / predicted for ``key``: exp(mean + t(level, n-1) x sd x sqrt(1 + 1/n)),
+    the normal-theory prediction quantile of step 2 at another level (sd at least all cases' when low confidence)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: a quantile strictly between 0 and 1 (got {level})")
+    _, pool = chosen_pool(pools, key)
+    root = pools.get(())
+    sd = max(pool.sd, root.sd) if low_confidence and root is not None else pool.sd
+    if pool.n < 2:
+        return math.exp(pool.mean)
+    return math.exp(pool.mean + t_quantile(level, pool.n - 1) * sd * math.sqrt(1 + 1 / pool.n))
+
+
+def band_from_pools(pools: dict[Key, Pool], key: Key, low_confidence: bool = False) -> Band:
+    """The band for ``key``: its own pool if large enough, else the nearest ancestor's (step 1-3)."""
+    chosen, pool = chosen_pool(pools, key)
+    root = pools.get(())
     lo, hi = prediction_bounds(pool)
     if low_confidence and root is not None:
         widened = Pool(pool.n, pool.mean, max(pool.sd, root.sd), pool.empirical_low, pool.empirical_high)

@@ -30,7 +30,11 @@ class Constraints(ClosedModel):
         default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together"
     )
     safety_margin: float = Field(
-        default=0.10, ge=0.0, le=0.5, description="share of each card's memory kept free (0.0-0.5)"
+        default=0.0,
+        ge=0.0,
+        le=0.5,
+        description="extra share of each card's memory kept free (0.0-0.5), on top of the headroom the planner "
+        "sizes every setup with (services.planner.evaluator.headroom_ratio)",
     )
     preemptions_per_hour: float | None = Field(
         default=None,

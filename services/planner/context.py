@@ -9,12 +9,11 @@ from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links
-from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
 from services.planner.constraints import Constraints
 from services.planner.costs import RunCost
-from services.planner.evaluator import Config, Evaluator
+from services.planner.evaluator import Config, Evaluator, usable_card_bytes
 from services.planner.layouts import Layout, offer_links
 from services.planner.models import PricingMode
 
@@ -85,8 +84,8 @@ class PlanContext:
         return found
 
     def usable_bytes(self, spec: GpuSpec) -> float:
-        """Memory per GPU a setup may use: the card's memory less the safety margin."""
-        return spec.memory_gib * (1.0 - self.constraints.safety_margin) * GIB
+        """Memory per GPU a setup may use: the card's memory less the user's extra safety margin."""
+        return usable_card_bytes(spec.memory_gib, self.constraints.safety_margin)
 
 
 @dataclass(frozen=True)

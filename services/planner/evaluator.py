@@ -26,6 +26,7 @@ from services.estimator.throughput import (
     lora_unfused_work,
     micro_batch_tokens,
 )
+from services.estimator.uncertainty import Key, Pool, bundled_pools, category, memory_band, quantile_ratio
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,37 @@ class Config:
     optimizer: Optimizer | None = None  # None: the plan's
 
 
-def sizing_bytes(memory: MemoryBreakdown) -> float:
-    """The peak a setup is sized on: the upper end (p90) of the estimate's uncertainty band where the
-    memory estimate carries one (``interval_gib``, GiB of device memory), else the predicted peak."""
-    interval = getattr(memory, "interval_gib", None)
-    if isinstance(interval, tuple) and len(interval) == 2 and isinstance(interval[1], int | float):
-        return max(float(interval[1]) * GIB, memory.peak_device)
-    return memory.peak_device
+# The quantile of the device band's measured / predicted a setup is sized on (the band is
+# services.estimator.uncertainty's, per category): fitted by benchmarks/accuracy/headroom.py on the declared
+# split it names; docs/planner.md gives its held-out effect.
+FIT_QUANTILE = 0.46
+
+
+def headroom_ratio(
+    framework: str,
+    method: str,
+    sharding: str,
+    gpus: int,
+    mode: str = "train",
+    low_confidence: bool = False,
+    pools: dict[Key, Pool] | None = None,
+    level: float = FIT_QUANTILE,
+) -> float:
+    """What the predicted device peak is multiplied by before it is set against the card: the ``level``
+    quantile of measured / predicted in the device band's category (``pools``: the bundled residual table),
+    never below 1, so that the planner offers no card the estimate's own fit check (peak <= card) refuses."""
+    key = category(framework, method, sharding, gpus, "device", mode)
+    return max(1.0, quantile_ratio(pools if pools is not None else bundled_pools(), key, level, low_confidence))
+
+
+def usable_card_bytes(memory_gib: float, safety_margin: float) -> float:
+    """Memory per GPU a setup may use: the card less the user's extra margin (constraints.safety_margin)."""
+    return memory_gib * (1.0 - safety_margin) * GIB
+
+
+def fits_card(peak_device_bytes: float, ratio: float, memory_gib: float, safety_margin: float) -> bool:
+    """The planner's fit rule: the predicted device peak times the headroom ratio is at most the usable card."""
+    return peak_device_bytes * ratio <= usable_card_bytes(memory_gib, safety_margin)
 
 
 class Evaluator:
@@ -76,6 +101,9 @@ class Evaluator:
         self._memory: dict[Config, MemoryBreakdown] = {}
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
+        self._headroom: dict[tuple[Sharding, int], float] = {}
+        # An architecture built from generic config keys widens the band (services.estimator.uncertainty).
+        self.low_confidence = getattr(arch, "confidence", None) == "low"
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
         self.padding_varies = pads_to_longest_of_known_mean(
@@ -126,10 +154,31 @@ class Evaluator:
             self._memory[cfg] = found
         return found
 
+    def headroom(self, cfg: Config) -> float:
+        """The headroom ratio of the setup's category (services.planner.evaluator.headroom_ratio)."""
+        key = (cfg.sharding, cfg.gpus)
+        found = self._headroom.get(key)
+        if found is None:
+            b = self.base
+            found = headroom_ratio(b.framework, b.method, cfg.sharding, cfg.gpus, b.mode, self.low_confidence)
+            self._headroom[key] = found
+        return found
+
+    def sized_bytes(self, cfg: Config) -> float:
+        """The bytes per GPU a setup is sized on: its predicted device peak times the headroom ratio."""
+        return self.memory(cfg).peak_device * self.headroom(cfg)
+
+    def band_high_bytes(self, cfg: Config) -> float:
+        """The upper end (p90) of the setup's device band: above the usable card, the setup is tight."""
+        b = self.base
+        band = memory_band(b.framework, b.method, cfg.sharding, cfg.gpus, "device", b.mode, self.low_confidence)
+        return max(self.memory(cfg).peak_device * band.high_ratio, self.sized_bytes(cfg))
+
     def fits(self, cfg: Config, usable_bytes: float) -> bool:
-        """Whether the setup's peak device memory per GPU stays within ``usable_bytes`` (one probe)."""
+        """Whether the setup's sized bytes per GPU stay within ``usable_bytes`` (one probe; the comparison of
+        :func:`fits_card`)."""
         self.memory_probes += 1
-        return sizing_bytes(self.memory(cfg)) <= usable_bytes
+        return self.sized_bytes(cfg) <= usable_bytes
 
     def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
         # FLOPs per token depend on the recipe and on checkpointing, not on the GPU; on the micro-batch only

@@ -39,11 +39,21 @@ def host_ram_available_bytes(offer: Offer, layout: Layout) -> float | None:
     return offer.host_ram_gib_per_node * GIB * share
 
 
+# Share of a node's host RAM kept free by default: the OS, the training process and its data loaders live
+# there too (it was constraints.safety_margin's default before the GPU fit moved to the band's headroom).
+HOST_RAM_MARGIN = 0.10
+
+
+def host_ram_margin(ctx: PlanContext) -> float:
+    """The share of host RAM kept free: HOST_RAM_MARGIN, or the user's safety margin where that is larger."""
+    return max(HOST_RAM_MARGIN, ctx.constraints.safety_margin)
+
+
 def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
-    """The host RAM per node an offload setup may fill: the node's RAM less the same safety margin the GPUs keep
-    (the OS, the training process and its data loaders live there too); None when unknown."""
+    """The host RAM per node an offload setup may fill: the node's RAM less the host RAM margin; None when
+    unknown."""
     available = host_ram_available_bytes(offer, layout)
-    return None if available is None else available * (1.0 - ctx.constraints.safety_margin)
+    return None if available is None else available * (1.0 - host_ram_margin(ctx))
 
 
 def _blocked(s: Setup) -> RamBlocked:

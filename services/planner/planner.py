@@ -40,8 +40,8 @@ from services.planner.costs import (
     spot_note,
 )
 from services.planner.errors import PlannerError
-from services.planner.evaluator import Config, Evaluator
-from services.planner.host_ram import host_ram_available_bytes
+from services.planner.evaluator import FIT_QUANTILE, Config, Evaluator
+from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
@@ -300,6 +300,20 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
     )
 
 
+def tight_note(ctx: PlanContext, c: Candidate) -> str:
+    """A risk note where the setup fits by the headroom rule but the upper end (p90) of its device band does not:
+    offered, since runs that close to the card have run, but named tight with its band; empty otherwise."""
+    usable = ctx.usable_bytes(c.spec)
+    high = ctx.evaluator.band_high_bytes(c.cfg)
+    if high <= usable:
+        return ""
+    return (
+        f"tight: predicted peak {c.peak_device_bytes / GIB:.1f} GiB per GPU, up to {high / GIB:.1f} GiB at the "
+        f"upper end (p90) of its band, against {usable / GIB:.1f} GiB usable; it may run out of memory "
+        "(a smaller micro-batch or gradient checkpointing gives more room)"
+    )
+
+
 def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     """What the setup changes from the plan, and what its numbers rest on."""
     c, cost = e.candidate, e.cost
@@ -323,7 +337,7 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
         if available is None:
             notes.append(
                 f"host RAM unverified: {c.offer.provider} does not say how much CPU memory its nodes have; check "
-                f"a node has at least {host_gib / (1 - ctx.constraints.safety_margin):,.0f} GiB (the offloaded "
+                f"a node has at least {host_gib / (1 - host_ram_margin(ctx)):,.0f} GiB (the offloaded "
                 f"states need about {host_gib:,.0f} GiB)"
             )
         else:
@@ -346,6 +360,9 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
             f"{ctx.effective_batch_size} {'sample does' if ctx.effective_batch_size == 1 else 'samples do'} not "
             f"split evenly over {gpus_label(layout.gpus)}"
         )
+    tight = tight_note(ctx, c)
+    if tight:
+        notes.append(tight)
     if layout.gpus > 1:
         notes.append(f"{c.setup.links.label()}: scaling {scaling_efficiency(ctx, c):.1%} of {layout.gpus} x one GPU")
     if c.offer.whole_nodes_only:
@@ -384,8 +401,10 @@ def _assumptions(ctx: PlanContext) -> list[str]:
         f"{c.restart_minutes:g} min" if c.restart_minutes is not None else "the offer's start-up plus the download"
     )
     return [
-        f"a setup fits when its predicted peak device memory per GPU is at most {(1 - c.safety_margin) * 100:g}% "
-        "of the card's memory",
+        "a setup fits when its predicted peak device memory per GPU times its category's headroom ratio (the "
+        f"{FIT_QUANTILE:g} quantile of measured / predicted in the memory band) is at most "
+        f"{(1 - c.safety_margin) * 100:g}% of the card's memory; one whose band's upper end (p90) is above that "
+        "is offered with a 'tight' note",
         "ranked by expected cost of the rented run (on demand and spot as separate entries): start-up, model "
         "download, training, checkpoint writes and final upload, preemption rework, billing increment and minimum; "
         "ties go to fewer GPUs, then fewer nodes, then the shorter run",

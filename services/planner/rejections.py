@@ -12,7 +12,12 @@ from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
 from services.planner.context import Candidate, PlanContext, RamBlocked
 from services.planner.evaluator import Evaluator
-from services.planner.host_ram import host_ram_available_bytes, host_ram_bytes_per_node, usable_host_ram_bytes
+from services.planner.host_ram import (
+    host_ram_available_bytes,
+    host_ram_bytes_per_node,
+    host_ram_margin,
+    usable_host_ram_bytes,
+)
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import Rejection, RejectionKind
 from services.planner.search import config_for
@@ -40,11 +45,12 @@ def leanest_need(
     offload: bool = False,
     optimizer: Optimizer | None = None,
 ) -> tuple[float, Sharding]:
-    """Smallest peak device bytes per GPU on ``gpus`` GPUs (micro-batch 1, gradient checkpointing on),
-    over the sharding modes the planner tries (with CPU offload: FSDP and ZeRO-2), and the mode that reaches it."""
+    """Smallest bytes per GPU a setup is sized on (peak device memory times the headroom ratio) on ``gpus`` GPUs
+    (micro-batch 1, gradient checkpointing on), over the sharding modes the planner tries (with CPU offload:
+    FSDP and ZeRO-2), and the mode that reaches it."""
     split = batch_split(effective_batch_size, gpus)
     modes = OFFLOAD_SHARDINGS if offload else sharding_options(evaluator.base, gpus)
-    needs = [(evaluator.memory(config_for(split, s, 1, True, offload, optimizer)).peak_device, s) for s in modes]
+    needs = [(evaluator.sized_bytes(config_for(split, s, 1, True, offload, optimizer)), s) for s in modes]
     return min(needs, key=lambda pair: pair[0])
 
 
@@ -131,7 +137,7 @@ def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]
     s = min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
     available = host_ram_available_bytes(offer, s.layout) or 0.0
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
-    margin = ctx.constraints.safety_margin
+    margin = host_ram_margin(ctx)
     text = (
         f"with CPU offload it fits {_where(s.layout.gpus, s.layout.gpus_per_node)} ({s.cfg.sharding}) but needs "
         f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; {offer.provider}'s node has "
@@ -148,7 +154,7 @@ def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[
     (text, needed, available, gpus), offer = min(shortfalls, key=lambda x: x[0][1] - x[0][2])
     more = f" (and {len(blocked) - 1} more offers of {offer.provider} like it)" if len(blocked) > 1 else ""
     fix = (
-        f"a node with at least {needed / (1.0 - ctx.constraints.safety_margin):,.0f} GiB of host RAM, or another "
+        f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
         f"offer of the {spec.name} (see the recommendations)"
     )
     return Rejection(
@@ -192,8 +198,9 @@ def memory_rejection(
     fewest, most = counts[0], counts[-1]
     need, _ = leanest_need(ctx.evaluator, ctx.effective_batch_size, fewest)
     reason = (
-        f"needs {need / GIB:.1f} GiB per GPU on {gpus_label(fewest)} (micro-batch 1, gradient checkpointing), "
-        f"card has {spec.memory_gib:.1f} GiB ({usable / GIB:.1f} GiB usable with the {margin * 100:g}% margin)"
+        f"needs {need / GIB:.1f} GiB per GPU on {gpus_label(fewest)} (micro-batch 1, gradient checkpointing; "
+        f"the predicted peak times the memory band's headroom), card has {spec.memory_gib:.1f} GiB"
+        + (f" ({usable / GIB:.1f} GiB usable with the {margin * 100:g}% margin)" if margin > 0 else "")
     )
     if most > fewest:
         need_most, sharding = leanest_need(ctx.evaluator, ctx.effective_batch_size, most)

@@ -26,7 +26,7 @@ HELD_OUT = {
         "fit_median": 9.9,
         "fit_p90": 30.8,
         "tokens_median": 8.7,
-        "refused_planner_rule_pct": 5.8,
+        "refused_planner_rule_pct": 1.4,
         "band_coverage_pct": 89.0,
     },
     "as published in shared/": {
@@ -35,7 +35,7 @@ HELD_OUT = {
         "fit_median": 9.2,
         "fit_p90": 24.1,
         "tokens_median": 6.3,
-        "refused_planner_rule_pct": 1.7,
+        "refused_planner_rule_pct": 0.0,
         "band_coverage_pct": 76.2,
     },
 }
@@ -62,6 +62,8 @@ def test_held_out_medium_and_high_confidence_figures_stay_within_their_bars(whic
     assert held.tokens_cases >= 20
     assert held.tokens_median_pct <= bars["tokens_median"] + MARGIN_PCT, held
     assert held.refused_planner_rule_pct <= bars["refused_planner_rule_pct"] + MARGIN_PCT, held
+    # Issue 26 item 8: the planner refuses at most 2% of the runs that ran and accepts no measured OOM.
+    assert held.refused_planner_rule_pct <= 2.0 and held.ooms_accepted_planner_rule == [], held
     # The band is an 80% interval: held out, it may not cover much less than it did when the bar was set.
     assert held.band_coverage_pct >= bars["band_coverage_pct"] - 5 * MARGIN_PCT, held
     # Every measured out-of-memory run the estimator estimates is predicted not to fit.

@@ -146,3 +146,18 @@ def test_gpuplan_estimate_text_shows_the_band(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "80% band" in out.stdout and "litgpt/lora/single" in out.stdout
+
+
+def test_quantile_ratio_is_the_normal_prediction_quantile_of_a_large_pool() -> None:
+    import math
+    import statistics
+
+    from services.estimator.uncertainty import build_pools, quantile_ratio
+
+    # 2,000 log residuals evenly spread over N(0.05, 0.1): the t quantile tends to the normal one.
+    dist = statistics.NormalDist(0.05, 0.1)
+    values = [dist.inv_cdf((i + 0.5) / 2000) for i in range(2000)]
+    pools = build_pools({("f", "lora", "single", "device"): values})
+    for level in (0.2, 0.46, 0.9):
+        expected = math.exp(dist.inv_cdf(level))
+        assert quantile_ratio(pools, ("f", "lora", "single", "device"), level) == pytest.approx(expected, rel=2e-3)

@@ -121,6 +121,6 @@ def test_constraints_validation_names_the_field() -> None:
     assert c.allows_region("us", "") and c.allows_region("eu-west", "us") and not c.allows_region("eu", "DE")
     assert c.allows_provider("acme") and not c.allows_provider("other")
     defaults = Constraints()
-    assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.10, None)
+    assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.0, None)
     assert defaults.spot_allowed and defaults.restart_minutes is None
     assert not defaults.allow_optimizer_change and defaults.allow_cpu_offload

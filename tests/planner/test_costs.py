@@ -154,13 +154,16 @@ def test_stale_prices_are_marked_against_the_callers_clock() -> None:
     assert any("price fetched 4.0 days ago" in n for n in rec.notes)
 
 
-def test_the_fit_check_uses_the_upper_end_of_the_uncertainty_band_when_there_is_one() -> None:
-    from types import SimpleNamespace
+def test_the_headroom_lies_between_the_point_estimate_and_the_upper_end_of_the_band() -> None:
+    from services.estimator.uncertainty import bundled_pools, memory_band
+    from services.planner.evaluator import headroom_ratio
 
-    from services.estimator.memory import GIB
-    from services.planner.evaluator import sizing_bytes
-
-    plain: Any = SimpleNamespace(peak_device=10 * GIB)
-    assert sizing_bytes(plain) == 10 * GIB
-    banded: Any = SimpleNamespace(peak_device=10 * GIB, interval_gib=(9.0, 12.5))
-    assert sizing_bytes(banded) == 12.5 * GIB
+    # Every category of the bundled residual table: the planner never sizes below the point estimate, and a
+    # setup whose band's upper end (p90) fits is never refused (between the two it is offered, marked tight).
+    for framework, method, sharding, *_ in {k for k in bundled_pools() if len(k) == 4}:
+        gpus = 1 if sharding == "single" else 2
+        shard = "none" if sharding in ("single", "ddp") else sharding
+        for low in (False, True):
+            ratio = headroom_ratio(framework, method, shard, gpus, "train", low)
+            band = memory_band(framework, method, shard, gpus, "device", "train", low)
+            assert 1.0 <= ratio <= max(1.0, band.high_ratio), (framework, method, sharding, low)

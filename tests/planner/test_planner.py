@@ -137,9 +137,9 @@ def test_full_8b_does_not_fit_one_24_gib_card_and_the_reason_names_numbers_and_a
     assert rejection.kind == "memory"
     assert rejection.needed_gib_per_gpu is not None and rejection.needed_gib_per_gpu > 60
     assert rejection.gpu_memory_gib == 24.0
-    assert rejection.usable_gib_per_gpu == pytest.approx(21.6)
+    assert rejection.usable_gib_per_gpu == pytest.approx(24.0)
     assert f"needs {rejection.needed_gib_per_gpu:.1f} GiB per GPU on 1 GPU" in rejection.reason
-    assert "card has 24.0 GiB (21.6 GiB usable with the 10% margin)" in rejection.reason
+    assert "the memory band's headroom), card has 24.0 GiB;" in rejection.reason
     assert rejection.fix is not None and rejection.fix == rejection.suggestion
     # Offload keeps the training the same: it comes first, with the host RAM it needs.
     assert rejection.fix.startswith("fits with optimizer offload to CPU on 1 GPU")
@@ -194,7 +194,8 @@ def _smallest_single_gpu_card(method: str) -> float:
 def test_lora_and_full_need_larger_cards_or_more_gpus() -> None:
     qlora, lora, full = (_smallest_single_gpu_card(m) for m in ("qlora", "lora", "full"))
     assert qlora < lora < full
-    assert qlora <= 16 and lora <= 24 and full > 80
+    # Full fine-tuning of the 8B fits one GPU only on the 80 GB cards (79.6 GiB), tight (below).
+    assert qlora <= 16 and lora <= 24 and full >= 79.6
     # On 24 GiB cards a full fine-tune needs several GPUs.
     small = [r for r in everything(plan_for("full"), allow_cpu_offload=False).recommendations if r.gpu_memory_gib <= 24]
     assert small and min(r.gpus for r in small) >= 8
@@ -211,9 +212,12 @@ def test_method_precision_and_optimizer_are_never_changed() -> None:
 def test_an_8bit_optimizer_only_when_the_user_allows_changing_it() -> None:
     plan = plan_for("full", seq_len=512)
     offers = [offer("H100 SXM", 3.0)]
-    kept = everything(plan, offers, max_gpus=1, allow_cpu_offload=False)
+    # With a 10% extra margin AdamW does not fit one H100; an 8-bit optimizer does.
+    kept = everything(plan, offers, max_gpus=1, allow_cpu_offload=False, safety_margin=0.1)
     assert kept.recommendations == [] and kept.rejections[0].kind == "memory"
-    allowed = everything(plan, offers, max_gpus=1, allow_cpu_offload=False, allow_optimizer_change=True)
+    allowed = everything(
+        plan, offers, max_gpus=1, allow_cpu_offload=False, allow_optimizer_change=True, safety_margin=0.1
+    )
     assert allowed.recommendations
     assert all(r.optimizer in ("adamw-8bit", "paged-adamw-8bit") for r in allowed.recommendations)
     assert any("optimizer switched to" in n for n in allowed.recommendations[0].notes)
