@@ -50,6 +50,11 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--mode", "mode", {"choices": ["train", "inference"]}),
     ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
     ("--padding", "padding", {"choices": ["packed", "max-length", "longest"]}),
+    (
+        "--framework-version",
+        "framework_version",
+        {"metavar": "VERSION", "help": "the framework's release (transformers for hf-trainer), e.g. 2025.3.19"},
+    ),
 ]
 
 

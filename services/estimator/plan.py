@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, StrictInt, field_validator, model_valida
 
 from services.core.json_limits import JsonInputError, check_value
 from services.core.request_models import ClosedModel
+from services.estimator.versions import RELEASES, parse_framework_version
 
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
@@ -221,10 +222,22 @@ class Plan(_Strict):
         "'max-length' (every sample padded to seq_len) or 'longest' (each batch padded to its longest sample, or "
         "unpadded at batch 1, so batch shapes vary from step to step); None: the framework's default",
     )
+    framework_version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=40,
+        description="the release of the framework the run uses (hf-trainer: transformers; pytorch: torch; else the "
+        "framework's own package, e.g. unsloth '2025.3.19', torchtune '0.2.1'): the defaults that changed between "
+        "releases follow it; None: the newest release known ("
+        + ", ".join(f"{f} {r[2]}" for f, r in RELEASES.items())
+        + ")",
+    )
     data: DataSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
+        if self.framework_version is not None:
+            parse_framework_version(self.framework, self.framework_version)
         if self.mode == "inference":
             _check_serving(self)
         elif self.quantization is not None and self.quantization not in TRAINING_QUANTIZATIONS:
