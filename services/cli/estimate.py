@@ -50,6 +50,7 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--mode", "mode", {"choices": ["train", "inference"]}),
     ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
     ("--padding", "padding", {"choices": ["packed", "max-length", "longest"]}),
+    ("--kernels", "kernels", {"choices": ["none", "liger", "unsloth", "transformer-engine"]}),
     (
         "--framework-version",
         "framework_version",

@@ -35,6 +35,9 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 CheckpointGranularity = Literal["block", "selective"]
 AdapterDtype = Literal["fp32", "bf16", "fp16"]
 Padding = Literal["packed", "max-length", "longest"]
+# Fused training kernels patched into the model: Liger (linkedin/Liger-Kernel), Unsloth's Triton kernels (only
+# through Unsloth), NVIDIA Transformer Engine's fused norm + linear modules.
+Kernels = Literal["none", "liger", "unsloth", "transformer-engine"]
 
 ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -222,6 +225,13 @@ class Plan(_Strict):
         "'max-length' (every sample padded to seq_len) or 'longest' (each batch padded to its longest sample, or "
         "unpadded at batch 1, so batch shapes vary from step to step); None: the framework's default",
     )
+    kernels: Kernels | None = Field(
+        default=None,
+        description="fused kernels patched into the model: 'liger' (Liger's RMSNorm, SwiGLU, RoPE and fused linear "
+        "cross-entropy: the Trainer's use_liger_kernel), 'unsloth' (Unsloth's own, framework 'unsloth' only), "
+        "'transformer-engine' (TE's fused norm + linear modules) or 'none'; None: the framework's default "
+        "(unsloth: 'unsloth'; hf-trainer with loss 'fused': 'liger'; else 'none')",
+    )
     framework_version: str | None = Field(
         default=None,
         min_length=1,
@@ -238,6 +248,10 @@ class Plan(_Strict):
     def _consistent(self) -> Plan:
         if self.framework_version is not None:
             parse_framework_version(self.framework, self.framework_version)
+        if self.framework == "unsloth" and self.kernels not in (None, "unsloth"):
+            raise ValueError(f"kernels: Unsloth always runs its own kernels; {self.kernels!r} does not apply to it")
+        if self.kernels == "unsloth" and self.framework != "unsloth":
+            raise ValueError("kernels: Unsloth's kernels come only with framework 'unsloth'")
         if self.mode == "inference":
             _check_serving(self)
         elif self.quantization is not None and self.quantization not in TRAINING_QUANTIZATIONS:
@@ -309,6 +323,7 @@ _TRAINING_ONLY: tuple[tuple[str, object], ...] = (
     ("adapter_dtype", None),
     ("padding", None),
     ("nf4_quantization", None),
+    ("kernels", None),
 )
 
 

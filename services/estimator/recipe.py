@@ -17,6 +17,7 @@ from services.estimator.plan import (
     Attention,
     CheckpointGranularity,
     Framework,
+    Kernels,
     LoraRole,
     Loss,
     OptimizerImpl,
@@ -336,6 +337,11 @@ class Recipe:
     fsdp_root_gathered: bool = True
     offload_in_flight_tensors: int = 5
     loss_grad_in_place: bool = False  # materialised logits take their gradient in place (Unsloth's Triton CE)
+    kernels: Kernels = "none"
+    # RMSNorm keeps its input as it comes and an fp32 rstd per token, not an fp32 upcast (Liger, TE, compiled)
+    fused_norm_saves: bool = False
+    # SwiGLU keeps gate and up only and recomputes act(gate) in backward (Liger's LigerSiLUMulFunction, compiled)
+    fused_swiglu_saves: bool = False
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -452,7 +458,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     attention = plan.attention or d.attention
     compiled = (d.compile if plan.compile is None else plan.compile) and plan.is_training
     offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
-    loss = plan.loss or d.loss
+    loss = plan.loss or ("fused" if plan.kernels == "liger" else d.loss)
+    kernels = resolved_kernels(plan, d, loss)
     return Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
@@ -508,13 +515,35 @@ def resolve_recipe(plan: Plan) -> Recipe:
         padding=plan.padding or d.padding,
         fused_qkv=d.fused_qkv,
         fused_lora_kernels=d.fused_lora_kernels,
-        fused_block_kernels=compiled or d.fused_lora_kernels or (d.liger_kernels_with_fused_loss and loss == "fused"),
+        fused_block_kernels=compiled or kernels in ("unsloth", "liger"),
         loss_chunks=d.loss_chunks,
         loss_keeps_chunks=d.loss_keeps_chunks,
         fsdp_root_gathered=d.fsdp_root_gathered,
         offload_in_flight_tensors=d.offload_in_flight_tensors,
         loss_grad_in_place=d.loss_grad_in_place,
+        kernels=kernels,
+        fused_norm_saves=compiled or kernels in ("liger", "transformer-engine"),
+        fused_swiglu_saves=compiled or kernels == "liger",
     )
+
+
+def resolved_kernels(plan: Plan, d: FrameworkDefaults, loss: Loss) -> Kernels:
+    """The fused kernels the run patches in: the plan's, else Unsloth's own under Unsloth, else Liger where the
+    framework's fused loss comes from it (the Trainer's use_liger_kernel), else none.
+
+    What each saves for backward (memory.activations): Liger's LigerRMSNormFunction keeps X as given, W and an
+    fp32 RSTD per row (liger_kernel/ops/rms_norm.py, ``ctx.save_for_backward(X, W, RSTD)``) and its
+    LigerSiLUMulFunction keeps a and b only, recomputing silu(a) in backward (ops/swiglu.py); Transformer
+    Engine's fused LayerNormLinear keeps its input and fp32 rsigma beside the normalised ln_out that the linear
+    needs anyway (transformer_engine/pytorch/module/layernorm_linear.py), and its MLP saves what PyTorch's does.
+    """
+    if plan.kernels is not None:
+        return plan.kernels
+    if d.fused_lora_kernels:
+        return "unsloth"
+    if d.liger_kernels_with_fused_loss and loss == "fused":
+        return "liger"
+    return "none"
 
 
 def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:
