@@ -219,6 +219,12 @@ class Plan(_Strict):
         description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
         "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
     )
+    double_quant: bool | None = Field(
+        default=None,
+        description="nested quantization of an NF4 base's block constants (bitsandbytes bnb_4bit_use_double_quant: "
+        "8-bit absmax with an fp32 scale per 256 blocks, 0.127 instead of 0.5 bits per weight); None: the "
+        "framework's default (Unsloth and torchao's NF4: on; transformers' BitsAndBytesConfig: off)",
+    )
     padding: Padding | None = Field(
         default=None,
         description="how training batches get their length: 'packed' (samples packed into rows of seq_len), "
@@ -272,6 +278,8 @@ class Plan(_Strict):
             raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
         if self.nf4_quantization is not None and self.quantized != "nf4":
             raise ValueError("nf4_quantization: only an NF4 base (method 'qlora', quantization 'nf4') is quantized")
+        if self.double_quant is not None and self.quantized != "nf4":
+            raise ValueError("double_quant: only an NF4 base (method 'qlora', quantization 'nf4') has nested constants")
         if self.activation_offloading and self.mode != "train":
             raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
         effective = self.micro_batch_size * (self.gradient_accumulation_steps or 1) * self.gpus
@@ -324,6 +332,7 @@ _TRAINING_ONLY: tuple[tuple[str, object], ...] = (
     ("padding", None),
     ("nf4_quantization", None),
     ("kernels", None),
+    ("double_quant", None),
 )
 
 

@@ -138,6 +138,11 @@ class FrameworkDefaults:
     loss_grad_in_place: bool = False
     # torchtune 0.1.x pinned torchao==0.1 (pyproject.toml @v0.1.1), whose NF4 quantization is whole-tensor.
     nf4_whole_tensor: bool = False
+    # bitsandbytes' nested quantization of the NF4 absmax (QLoRA's double quantization): off in transformers'
+    # BitsAndBytesConfig (bnb_4bit_use_double_quant=False) and LitGPT's bnb.nf4; Unsloth loads every 4-bit
+    # model with bnb_4bit_use_double_quant = True (unsloth/models/llama.py, since its first release).
+    # torchao's NF4Tensor always quantizes the scales (quantization.NF4_DOUBLE_QUANT_BYTES).
+    bnb_double_quant: bool = False
 
 
 # Sources, per framework:
@@ -284,6 +289,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         note="Unsloth defaults",
         fused_lora_kernels=True,
         loss_grad_in_place=True,
+        bnb_double_quant=True,
         offload_in_flight_tensors=1,
     ),
 }
@@ -338,6 +344,7 @@ class Recipe:
     offload_in_flight_tensors: int = 5
     loss_grad_in_place: bool = False  # materialised logits take their gradient in place (Unsloth's Triton CE)
     kernels: Kernels = "none"
+    nf4_double_quant: bool = False  # a bitsandbytes NF4 base with nested (8-bit) block constants
     # RMSNorm keeps its input as it comes and an fp32 rstd per token, not an fp32 upcast (Liger, TE, compiled)
     fused_norm_saves: bool = False
     # SwiGLU keeps gate and up only and recomputes act(gate) in backward (Liger's LigerSiLUMulFunction, compiled)
@@ -522,6 +529,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         offload_in_flight_tensors=d.offload_in_flight_tensors,
         loss_grad_in_place=d.loss_grad_in_place,
         kernels=kernels,
+        nf4_double_quant=d.bnb_double_quant if plan.double_quant is None else plan.double_quant,
         fused_norm_saves=compiled or kernels in ("liger", "transformer-engine"),
         fused_swiglu_saves=compiled or kernels == "liger",
     )

@@ -88,3 +88,21 @@ def test_bad_versions_name_the_field(version: str, message: str) -> None:
 
 def test_a_newer_release_keeps_the_newest_defaults() -> None:
     assert resolve_recipe(_plan(framework_version="2031.1.1")) == resolve_recipe(_plan())
+
+
+def test_double_quant_saves_three_eighths_of_a_bit_per_weight() -> None:
+    from tests.conftest import LLAMA_8B
+
+    arch = architecture_from_config(LLAMA_8B)
+    from services.estimator.memory import weight_bytes
+
+    plain = make_plan(method="qlora")
+    nested = make_plan(method="qlora", double_quant=True)
+    q = weight_bytes(plain, arch, resolve_recipe(plain))[1]
+    saved = weight_bytes(plain, arch, resolve_recipe(plain))[0] - weight_bytes(nested, arch, resolve_recipe(nested))[0]
+    # QLoRA paper: 0.5 - 0.127 = 0.373 bits (0.0466 bytes) per quantized weight.
+    assert saved / q == pytest.approx(0.373 / 8, rel=2e-3)
+    # Unsloth always loads its 4-bit bases double-quantized; torchtune's torchao NF4 as well.
+    assert resolve_recipe(make_plan(framework="unsloth", method="qlora")).nf4_double_quant
+    with pytest.raises(ValidationError, match="double_quant"):
+        make_plan(method="lora", double_quant=True)
