@@ -50,6 +50,12 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--mode", "mode", {"choices": ["train", "inference"]}),
     ("--attention", "attention", {"choices": ["sdpa", "flash", "eager"]}),
     ("--padding", "padding", {"choices": ["packed", "max-length", "longest"]}),
+    ("--kernels", "kernels", {"choices": ["none", "liger", "unsloth", "transformer-engine"]}),
+    (
+        "--framework-version",
+        "framework_version",
+        {"metavar": "VERSION", "help": "the framework's release (transformers for hf-trainer), e.g. 2025.3.19"},
+    ),
 ]
 
 
@@ -82,6 +88,8 @@ def register(sub: Subparsers) -> None:
     est.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
     est.add_argument("--cpu-offload", dest="cpu_offload", action="store_true", default=None)
     est.add_argument("--optimizer-in-backward", dest="optimizer_in_backward", action="store_true", default=None)
+    est.add_argument("--double-quant", dest="double_quant", action="store_true", default=None)
+    est.add_argument("--no-double-quant", dest="double_quant", action="store_false")
     est.add_argument("--dataset-tokens", type=int_arg("--dataset-tokens"), metavar="N", help="tokens per epoch")
     est.add_argument("--examples", type=int_arg("--examples"), metavar="N", help="examples per epoch")
     est.add_argument("--avg-tokens", type=float, metavar="N", help="average tokens per example")
@@ -110,7 +118,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key)
         if value is not None:
             plan[key] = value
-    for key in ("gradient_checkpointing", "cpu_offload", "optimizer_in_backward"):
+    for key in ("gradient_checkpointing", "cpu_offload", "optimizer_in_backward", "double_quant"):
         if getattr(args, key) is not None:
             plan[key] = getattr(args, key)
     if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:

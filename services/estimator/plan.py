@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, StrictInt, field_validator, model_valida
 
 from services.core.json_limits import JsonInputError, check_value
 from services.core.request_models import ClosedModel
+from services.estimator.versions import RELEASES, parse_framework_version
 
 Method = Literal["full", "lora", "qlora"]
 Framework = Literal["hf-trainer", "torchtune", "litgpt", "torchtitan", "axolotl", "unsloth", "pytorch"]
@@ -34,6 +35,9 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 CheckpointGranularity = Literal["block", "selective"]
 AdapterDtype = Literal["fp32", "bf16", "fp16"]
 Padding = Literal["packed", "max-length", "longest"]
+# Fused training kernels patched into the model: Liger (linkedin/Liger-Kernel), Unsloth's Triton kernels (only
+# through Unsloth), NVIDIA Transformer Engine's fused norm + linear modules.
+Kernels = Literal["none", "liger", "unsloth", "transformer-engine"]
 
 ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -215,16 +219,45 @@ class Plan(_Strict):
         description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
         "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
     )
+    double_quant: bool | None = Field(
+        default=None,
+        description="nested quantization of an NF4 base's block constants (bitsandbytes bnb_4bit_use_double_quant: "
+        "8-bit absmax with an fp32 scale per 256 blocks, 0.127 instead of 0.5 bits per weight); None: the "
+        "framework's default (Unsloth and torchao's NF4: on; transformers' BitsAndBytesConfig: off)",
+    )
     padding: Padding | None = Field(
         default=None,
         description="how training batches get their length: 'packed' (samples packed into rows of seq_len), "
         "'max-length' (every sample padded to seq_len) or 'longest' (each batch padded to its longest sample, or "
         "unpadded at batch 1, so batch shapes vary from step to step); None: the framework's default",
     )
+    kernels: Kernels | None = Field(
+        default=None,
+        description="fused kernels patched into the model: 'liger' (Liger's RMSNorm, SwiGLU, RoPE and fused linear "
+        "cross-entropy: the Trainer's use_liger_kernel), 'unsloth' (Unsloth's own, framework 'unsloth' only), "
+        "'transformer-engine' (TE's fused norm + linear modules) or 'none'; None: the framework's default "
+        "(unsloth: 'unsloth'; hf-trainer with loss 'fused': 'liger'; else 'none')",
+    )
+    framework_version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=40,
+        description="the release of the framework the run uses (hf-trainer: transformers; pytorch: torch; else the "
+        "framework's own package, e.g. unsloth '2025.3.19', torchtune '0.2.1'): the defaults that changed between "
+        "releases follow it; None: the newest release known ("
+        + ", ".join(f"{f} {r[2]}" for f, r in RELEASES.items())
+        + ")",
+    )
     data: DataSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
+        if self.framework_version is not None:
+            parse_framework_version(self.framework, self.framework_version)
+        if self.framework == "unsloth" and self.kernels not in (None, "unsloth"):
+            raise ValueError(f"kernels: Unsloth always runs its own kernels; {self.kernels!r} does not apply to it")
+        if self.kernels == "unsloth" and self.framework != "unsloth":
+            raise ValueError("kernels: Unsloth's kernels come only with framework 'unsloth'")
         if self.mode == "inference":
             _check_serving(self)
         elif self.quantization is not None and self.quantization not in TRAINING_QUANTIZATIONS:
@@ -245,6 +278,8 @@ class Plan(_Strict):
             raise ValueError("cpu_offload: offloading needs sharding 'zero2', 'zero3' or 'fsdp'")
         if self.nf4_quantization is not None and self.quantized != "nf4":
             raise ValueError("nf4_quantization: only an NF4 base (method 'qlora', quantization 'nf4') is quantized")
+        if self.double_quant is not None and self.quantized != "nf4":
+            raise ValueError("double_quant: only an NF4 base (method 'qlora', quantization 'nf4') has nested constants")
         if self.activation_offloading and self.mode != "train":
             raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
         effective = self.micro_batch_size * (self.gradient_accumulation_steps or 1) * self.gpus
@@ -296,6 +331,8 @@ _TRAINING_ONLY: tuple[tuple[str, object], ...] = (
     ("adapter_dtype", None),
     ("padding", None),
     ("nf4_quantization", None),
+    ("kernels", None),
+    ("double_quant", None),
 )
 
 

@@ -9,18 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from packaging.version import Version
+
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import (
     ALL_LINEAR_ROLES,
     Attention,
     CheckpointGranularity,
     Framework,
+    Kernels,
     LoraRole,
     Loss,
     OptimizerImpl,
     Padding,
     Plan,
 )
+from services.estimator.versions import parse_framework_version
 
 # auto-gptq: a GPTQ checkpoint (config.json quantization_config.quant_method "gptq"), whatever the framework.
 QuantBackend = Literal["bitsandbytes", "torchao", "auto-gptq"]
@@ -127,6 +131,18 @@ class FrameworkDefaults:
     # (torchtune/training/_activation_offloading.py); Unsloth's offloaded checkpointing copies each block's
     # input non-blocking as the block runs (unsloth_zoo gradient_checkpointing.py): one in flight.
     offload_in_flight_tensors: int = 5
+    # Unsloth's Triton cross-entropy (unsloth/kernels/cross_entropy_loss.py, Fast_CrossEntropyLoss) takes the
+    # 16-bit logits as they are, keeps them with an fp32 log-sum-exp per row and writes the logits' gradient
+    # into them in backward: no fp32 copy and no second tokens x vocab tensor. Used whenever Unsloth
+    # materialises the logits (loss "standard": UNSLOTH_RETURN_LOGITS, or releases before its fused loss).
+    loss_grad_in_place: bool = False
+    # torchtune 0.1.x pinned torchao==0.1 (pyproject.toml @v0.1.1), whose NF4 quantization is whole-tensor.
+    nf4_whole_tensor: bool = False
+    # bitsandbytes' nested quantization of the NF4 absmax (QLoRA's double quantization): off in transformers'
+    # BitsAndBytesConfig (bnb_4bit_use_double_quant=False) and LitGPT's bnb.nf4; Unsloth loads every 4-bit
+    # model with bnb_4bit_use_double_quant = True (unsloth/models/llama.py, since its first release).
+    # torchao's NF4Tensor always quantizes the scales (quantization.NF4_DOUBLE_QUANT_BYTES).
+    bnb_double_quant: bool = False
 
 
 # Sources, per framework:
@@ -247,7 +263,10 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="torchtitan defaults",
         fsdp_accumulates_unsharded=False,
-        compiles_loss=False,
+        # torchtitan compiles the loss with the model since #1033 (2025-04-02, first in v0.1.0); v0.2.0's
+        # compile.components defaults to ["model", "loss"] (torchtitan/components/loss.py). Earlier trees
+        # (version.txt 0.0.2): versioned_defaults.
+        compiles_loss=True,
         fsdp1=False,
         padding="packed",
         fsdp_root_gathered=False,
@@ -269,6 +288,8 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         python_gelu=False,
         note="Unsloth defaults",
         fused_lora_kernels=True,
+        loss_grad_in_place=True,
+        bnb_double_quant=True,
         offload_in_flight_tensors=1,
     ),
 }
@@ -321,6 +342,13 @@ class Recipe:
     loss_keeps_chunks: bool = False
     fsdp_root_gathered: bool = True
     offload_in_flight_tensors: int = 5
+    loss_grad_in_place: bool = False  # materialised logits take their gradient in place (Unsloth's Triton CE)
+    kernels: Kernels = "none"
+    nf4_double_quant: bool = False  # a bitsandbytes NF4 base with nested (8-bit) block constants
+    # RMSNorm keeps its input as it comes and an fp32 rstd per token, not an fp32 upcast (Liger, TE, compiled)
+    fused_norm_saves: bool = False
+    # SwiGLU keeps gate and up only and recomputes act(gate) in backward (Liger's LigerSiLUMulFunction, compiled)
+    fused_swiglu_saves: bool = False
 
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
@@ -348,11 +376,51 @@ def deepspeed_precision(plan: Plan) -> str:
     return plan.precision
 
 
+# Unsloth 2025.8.5 to 2025.10.4 kept the whole logits for micro-batches of at most this many tokens ("< 1024
+# Normal Unsloth uses less VRAM!", unsloth/models/llama.py: ``if bsz*q_len <= 1024: RETURN_LOGITS = True``,
+# removed by commit 0ede099ef0, 2025-10-16).
+UNSLOTH_WHOLE_LOGITS_MAX_TOKENS = 1024
+
+
+def versioned_defaults(plan: Plan) -> FrameworkDefaults:
+    """The framework's defaults in the release the plan names (``framework_version``; None: the newest).
+
+    What changed, with its source:
+    - unsloth before 2025.8.5: the fused cross-entropy needed the optional cut_cross_entropy package
+      (``HAS_CUT_CROSS_ENTROPY``, unsloth_zoo/loss_utils.py since 2024.11; Unsloth's pyproject never required
+      it) and before 2024.11 did not exist, so a plain install materialises the whole 16-bit logits and runs
+      Unsloth's Triton cross-entropy on them. 2025.8.5 (commit 806bee2433, unsloth_zoo>=2025.8.4) calls
+      unsloth_zoo's chunked ``unsloth_fused_ce_loss`` instead, but until 2025.10.4 only above
+      UNSLOTH_WHOLE_LOGITS_MAX_TOKENS tokens per micro-batch.
+    - torchtune before 0.3.0: torch.nn.CrossEntropyLoss on the whole fp32 logits (the configs' ``loss``
+      @v0.2.1; CEWithChunkedOutputLoss came with #1390, 2024-08-28) and FSDP1 (the distributed recipes
+      import FullyShardedDataParallel @v0.2.1; training.shard_model with fully_shard @v0.3.0); before 0.2.0,
+      torchao 0.1's whole-tensor NF4 quantization.
+    - torchtitan before 0.1.0: the loss was not compiled with the model (train.py's
+      ``# if job_config.training.compile: loss_fn = torch.compile(loss_fn)`` left commented out, #859).
+    """
+    d = _DEFAULTS[plan.framework]
+    if plan.framework_version is None:
+        return d
+    version = parse_framework_version(plan.framework, plan.framework_version)
+    if plan.framework == "unsloth":
+        whole_logits = version < Version("2025.8.5") or (
+            version < Version("2025.10.5") and plan.tokens_per_micro_batch <= UNSLOTH_WHOLE_LOGITS_MAX_TOKENS
+        )
+        if whole_logits:
+            return replace(d, loss="standard", logits_fp32=False)
+    if plan.framework == "torchtune" and version < Version("0.3.0"):
+        return replace(d, loss="standard", fsdp1=True, nf4_whole_tensor=version < Version("0.2.0"))
+    if plan.framework == "torchtitan" and version < Version("0.1.0"):
+        return replace(d, compiles_loss=False)
+    return d
+
+
 def resolve_recipe(plan: Plan) -> Recipe:
     """Fill every choice the plan leaves open with its framework's default."""
     gptq = _gptq_checkpoint(plan)
     check_gptq_checkpoint(plan, gptq)
-    d = _DEFAULTS[plan.framework]
+    d = versioned_defaults(plan)
     weight_bytes, compute_bytes, residual_bytes = _bytes_of(deepspeed_precision(plan))
     kbit_upcast = kbit_fp32_upcast(plan, d) and not (
         d.recasts_kbit_for_flash and (plan.attention or d.attention) == "flash"
@@ -397,7 +465,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
     attention = plan.attention or d.attention
     compiled = (d.compile if plan.compile is None else plan.compile) and plan.is_training
     offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
-    loss = plan.loss or d.loss
+    loss = plan.loss or ("fused" if plan.kernels == "liger" else d.loss)
+    kernels = resolved_kernels(plan, d, loss)
     return Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
@@ -444,7 +513,8 @@ def resolve_recipe(plan: Plan) -> Recipe:
         unties_embeddings=d.unties_embeddings,
         bnb_dequant_cast=d.bnb_dequantizes_to_fp16 and not plan.precision.startswith("fp16"),
         # Current bitsandbytes (a CUDA kernel) and torchao >= 0.2 (pytorch/ao PR #196) quantize in chunks.
-        nf4_whole_tensor=plan.nf4_quantization == "whole-tensor",
+        nf4_whole_tensor=plan.nf4_quantization == "whole-tensor"
+        or (plan.nf4_quantization is None and d.nf4_whole_tensor and plan.quantized == "nf4"),
         fsdp1=d.fsdp1,
         fsdp_compute_params_16bit=fsdp_16bit,
         kbit_fp32_upcast=kbit_upcast,
@@ -452,12 +522,36 @@ def resolve_recipe(plan: Plan) -> Recipe:
         padding=plan.padding or d.padding,
         fused_qkv=d.fused_qkv,
         fused_lora_kernels=d.fused_lora_kernels,
-        fused_block_kernels=compiled or d.fused_lora_kernels or (d.liger_kernels_with_fused_loss and loss == "fused"),
+        fused_block_kernels=compiled or kernels in ("unsloth", "liger"),
         loss_chunks=d.loss_chunks,
         loss_keeps_chunks=d.loss_keeps_chunks,
         fsdp_root_gathered=d.fsdp_root_gathered,
         offload_in_flight_tensors=d.offload_in_flight_tensors,
+        loss_grad_in_place=d.loss_grad_in_place,
+        kernels=kernels,
+        nf4_double_quant=d.bnb_double_quant if plan.double_quant is None else plan.double_quant,
+        fused_norm_saves=compiled or kernels in ("liger", "transformer-engine"),
+        fused_swiglu_saves=compiled or kernels == "liger",
     )
+
+
+def resolved_kernels(plan: Plan, d: FrameworkDefaults, loss: Loss) -> Kernels:
+    """The fused kernels the run patches in: the plan's, else Unsloth's own under Unsloth, else Liger where the
+    framework's fused loss comes from it (the Trainer's use_liger_kernel), else none.
+
+    What each saves for backward (memory.activations): Liger's LigerRMSNormFunction keeps X as given, W and an
+    fp32 RSTD per row (liger_kernel/ops/rms_norm.py, ``ctx.save_for_backward(X, W, RSTD)``) and its
+    LigerSiLUMulFunction keeps a and b only, recomputing silu(a) in backward (ops/swiglu.py); Transformer
+    Engine's fused LayerNormLinear keeps its input and fp32 rsigma beside the normalised ln_out that the linear
+    needs anyway (transformer_engine/pytorch/module/layernorm_linear.py), and its MLP saves what PyTorch's does.
+    """
+    if plan.kernels is not None:
+        return plan.kernels
+    if d.fused_lora_kernels:
+        return "unsloth"
+    if d.liger_kernels_with_fused_loss and loss == "fused":
+        return "liger"
+    return "none"
 
 
 def kbit_fp32_upcast(plan: Plan, d: FrameworkDefaults) -> bool:

@@ -354,9 +354,9 @@ def test_compiled_chunked_loss_keeps_only_the_16_bit_logits() -> None:
     # The decoder's fp32 upcast is outside the compiled region: the standard loss keeps it as its input.
     standard = make_plan(framework="torchtune", micro_batch_size=1, seq_len=1000, compile=True, loss="standard")
     assert logits_bytes(standard, ARCH, resolve_recipe(standard)) == (1000 * V * (2 + 4), 1000 * V * 8)
-    # torchtitan (late 2024) compiled the blocks only: its loss is unchanged by compile.
-    titan = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000, compile=True)
-    titan_eager = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000)
+    # torchtitan of late 2024 (0.0.2) compiled the blocks only: its loss is unchanged by compile.
+    titan = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000, compile=True, framework_version="0.0.2")
+    titan_eager = make_plan(framework="torchtitan", micro_batch_size=1, seq_len=1000, framework_version="0.0.2")
     assert logits_bytes(titan, ARCH, resolve_recipe(titan)) == logits_bytes(
         titan_eager, ARCH, resolve_recipe(titan_eager)
     )

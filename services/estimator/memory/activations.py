@@ -153,7 +153,7 @@ def block_saved_bytes_per_token(
     # it, plus the normalized 16-bit tensor when its weight trains. torch's native LayerNorm keeps only
     # its input (and per-token mean/rstd); two LayerNorms over the same input (GPT-NeoX's parallel
     # residual) keep it once.
-    if arch.norm == "rms" and recipe.compiled:
+    if arch.norm == "rms" and recipe.fused_norm_saves:
         add("norms", block.norm_count * compiled_rms_norm_bytes_per_token(h, res))
     elif arch.norm == "rms":
         add("norms", block.norm_count * h * (4 + (res if full else 0)))
@@ -189,8 +189,8 @@ def block_saved_bytes_per_token(
         # HF MoE layers gather each expert's tokens (a copy) and scale its output by the routing weight.
         add("moe_routing", k * a * h * (2 if needs_input(mlp_in_lins) else 1))
     if block.mlp_gated:
-        # gate output, act(gate), up output; compiled, act(gate) is recomputed from the gate output.
-        add("mlp_hidden", k * (2 if recipe.compiled else 3) * a * inter)
+        # gate output, act(gate), up output; compiled or Liger's SwiGLU, act(gate) is recomputed from the gate output.
+        add("mlp_hidden", k * (2 if recipe.fused_swiglu_saves else 3) * a * inter)
     else:
         # Inductor fuses HF's Python gelu_new chain into one kernel that keeps only its input.
         gelu_saves = 4 if (recipe.python_gelu and arch.activation == "gelu_new" and not recipe.compiled) else 1
@@ -329,7 +329,7 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     h = arch.hidden_size
     norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
     norm_per_token = float(h * norm_in)
-    if recipe.compiled and arch.norm == "rms":
+    if recipe.fused_norm_saves and arch.norm == "rms":
         norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
     head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
     head_keeps_input = head_trains or (plan.quantized is not None and recipe.quantize_lm_head)

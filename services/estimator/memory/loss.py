@@ -33,6 +33,10 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
         return fused_linear_cross_entropy_bytes(tokens, arch.hidden_size, a)
     if recipe.compiled_loss:
         return compiled_loss_bytes(plan, arch, recipe)
+    if recipe.loss_grad_in_place and recipe.loss == "standard":
+        # Unsloth's Triton cross-entropy: the 16-bit logits, two fp32 values per token (loss, log-sum-exp),
+        # and a backward that overwrites the logits with their gradient.
+        return float(tokens * v * a + 8 * tokens), float(tokens * v * a)
     if recipe.loss == "chunked":
         chunk = chunked_loss_tokens(plan, recipe)
         fwd = tokens * v * (a + up) + chunk * v * up

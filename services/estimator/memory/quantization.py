@@ -53,6 +53,11 @@ def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
         return AWQ_BYTES
     if quant == "gptq":
         return GPTQ_BYTES
+    if recipe.quant_backend == "bitsandbytes" and recipe.nf4_double_quant:
+        # bnb_4bit_use_double_quant: the absmax quantized to 8 bits in blocks of 256 with an fp32 scale each
+        # (QLoRA paper section 2, "Double Quantization": 32/64 = 0.5 bits per parameter -> 8/64 + 32/(64*256)
+        # = 0.127), the layout torchao's NF4Tensor uses.
+        return NF4_DOUBLE_QUANT_BYTES
     return {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
 
 
