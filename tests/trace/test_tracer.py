@@ -113,3 +113,16 @@ def test_compiled_and_offloaded_plans_are_traced_eagerly() -> None:
     result = trace_plan(plan)
     assert any("traced eagerly" in n for n in result.notes)
     assert abs(result.disagreement_pct) <= 15, result
+
+
+def test_a_resolved_plan_traces_as_the_plan_does() -> None:
+    require_trace_extra()
+    from services.estimator.resolved import resolve_plan
+    from services.trace.tracer import trace_plan
+
+    plan = Plan.model_validate(
+        {"model": {"config": TINY}, "micro_batch_size": 2, "seq_len": 256, "method": "lora", "framework": "pytorch"}
+    )
+    bare, resolved = trace_plan(plan), trace_plan(resolve_plan(plan))
+    assert resolved.analytic_peak_allocated_gib == bare.analytic_peak_allocated_gib
+    assert resolved.peak_allocated_gib == bare.peak_allocated_gib
