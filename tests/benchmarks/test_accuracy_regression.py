@@ -35,7 +35,8 @@ HELD_OUT = {
         "fit_median": 9.2,
         "fit_p90": 24.1,
         "tokens_median": 6.3,
-        "refused_planner_rule_pct": 0.0,
+        # litgpt-74 (predicted at 0.97 of its card) is the one refusal of 58 (1.7%).
+        "refused_planner_rule_pct": 1.7,
         "band_coverage_pct": 76.2,
     },
 }
