@@ -1,4 +1,4 @@
-"""Fit the planner's headroom quantile (services.planner.evaluator.FIT_QUANTILE) on a declared split.
+"""Fit the planner's headroom quantile (services.estimator.fit.FIT_QUANTILE) on a declared split.
 
 The planner offers a card when the predicted device peak times the ``level`` quantile of measured / predicted
 in the setup's band category (services.estimator.uncertainty.quantile_ratio) is at most the card. A higher
@@ -30,9 +30,9 @@ from typing import Any
 
 from benchmarks.accuracy.band import residual_table
 from benchmarks.accuracy.run import CaseResult, evaluate_case, load_cases
+from services.estimator.fit import headroom_ratio
 from services.estimator.plan import Plan
 from services.estimator.uncertainty import Key, Pool, build_pools, category, quantile_ratio
-from services.planner.evaluator import headroom_ratio
 
 # The issue's target (gpuplan issue 26 item 8): refuse at most 2% of the runs that ran.
 TARGET_REFUSED_SHARE = 0.02

@@ -45,9 +45,9 @@ from benchmarks.accuracy.run import (
     load_cases,
     planner_refuses,
 )
+from services.estimator.fit import FIT_QUANTILE
 from services.estimator.plan import Plan
 from services.estimator.uncertainty import Key, Pool, band_from_pools, build_pools, category
-from services.planner.evaluator import FIT_QUANTILE
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -277,7 +277,7 @@ def report(sums: dict[str, dict[str, HeldoutSummary]], scored: dict[str, list[Sc
         "Counter: the measured peak against the predicted counter it was read from (a source that names no "
         "counter: max_memory_reserved). Fit bytes: the same peak against the device peak the fit check and "
         "the planner decide on (no reclaimable cache). Planner rule: the planner's own fit function "
-        "(services.planner.evaluator.fits_card): refused when the fit bytes times the headroom ratio of the case's "
+        "(services.estimator.fit.fits_card): refused when the fit bytes times the headroom ratio of the case's "
         f"category (the {FIT_QUANTILE:g} quantile of measured / predicted, from the scoring's residual table) exceed "
         f"the card less the default extra margin ({PLANNER_SAFETY_MARGIN:.0%}); offered tight: accepted by it, with "
         "the upper end of the device band above the card (the planner adds a 'tight' note); p90-band rule: refused "

@@ -33,11 +33,11 @@ from services.catalog.gpus import find_gpu
 from services.estimator.counters import UNNAMED_COUNTER, memory_counters
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import estimate
+from services.estimator.fit import fits_card, headroom_ratio
 from services.estimator.memory import GIB
 from services.estimator.plan import Plan
 from services.estimator.uncertainty import Key, Pool
 from services.planner.constraints import Constraints
-from services.planner.evaluator import fits_card, headroom_ratio
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "cases.jsonl"
@@ -79,13 +79,13 @@ class CaseResult:
     scored_counter: str = ""  # the counter predicted_gib is: the measured metric, reserved for unknown
     fit_gib: float | None = None  # the device peak the fit check and the planner decide on
     fit_error_pct: float | None = None  # signed, (fit_gib - measured) / measured
-    planner_refuses: bool | None = None  # the planner refuses the card (services.planner.evaluator.fits_card)
+    planner_refuses: bool | None = None  # the planner refuses the card (services.estimator.fit.fits_card)
     headroom_ratio: float | None = None  # what the planner multiplies fit_gib by (bundled residual table)
     low_confidence_estimate: bool = False  # the estimate's own confidence (generic architecture)
     derived: bool = False
 
 
-# The planner's default extra margin on top of its headroom ratio (services.planner.evaluator.fits_card).
+# The planner's default extra margin on top of its headroom ratio (services.estimator.fit.fits_card).
 PLANNER_SAFETY_MARGIN = Constraints().safety_margin
 
 
@@ -146,10 +146,11 @@ def evaluate_case(case: dict[str, Any]) -> CaseResult:
     peak = measured["peak_gib"]
     error = None if peak is None else (predicted - peak) / peak * 100
     fit_error = None if peak is None else (counters.fit_gib - peak) / peak * 100
-    fits = None if card_gib is None else counters.fit_gib <= card_gib
     low = result.confidence == "low"
-    refuses = None if card_gib is None else planner_refuses(plan, counters.fit_gib, card_gib, low)
     ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, low)
+    # The estimate's own fit on the card (FitReport.fits: the same rule as the planner's, without its margin).
+    fits = None if card_gib is None else fits_card(counters.fit_gib * GIB, ratio, card_gib)
+    refuses = None if card_gib is None else planner_refuses(plan, counters.fit_gib, card_gib, low)
 
     tps_measured = measured.get("tokens_per_s")
     scope = measured.get("tokens_per_s_scope")

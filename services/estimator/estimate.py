@@ -12,6 +12,7 @@ from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget
+from services.estimator.fit import fits_card, headroom_ratio
 from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
@@ -155,7 +156,8 @@ def estimate(
     counts = parameter_counts(arch)
     warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
-    fits = [_fit(spec, mem.peak_device) for spec in catalog]
+    ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, _low_confidence(arch))
+    fits = [_fit(spec, mem.peak_device, ratio) for spec in catalog]
     throughput: ThroughputReport | None = None
     fpt = flops_per_token(plan, arch, recipe)  # the same on every card: computed once
     if target is not None:
@@ -333,12 +335,14 @@ def cap_cache_to_card(mem: MemoryBreakdown, spec: GpuSpec) -> MemoryBreakdown:
     return replace(mem, cached_reclaimable=room)
 
 
-def _fit(spec: GpuSpec, device_bytes: float) -> FitReport:
+def _fit(spec: GpuSpec, device_bytes: float, ratio: float) -> FitReport:
+    """Whether the device peak fits ``spec`` by the planner's rule (services.estimator.fit), so the estimate's
+    table and the planner's pick never disagree on a card."""
     headroom = spec.memory_gib - device_bytes / GIB
     return FitReport(
         gpu=spec.name,
         memory_gib=spec.memory_gib,
-        fits=headroom >= 0,
+        fits=fits_card(device_bytes, ratio, spec.memory_gib),
         headroom_gib=round(headroom, 3),
         tight=0 <= headroom < TIGHT_HEADROOM * spec.memory_gib,
     )
@@ -530,6 +534,7 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
     parts["safety_margin"] = allocated * generic.safety_margin
     device = allocated + parts["safety_margin"]
     interval, intervals, basis = _bands(plan, {"allocated": allocated, "reserved": device, "device": device}, True)
+    generic_ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, True)
     mem = MemoryReport(
         interval_gib=interval,
         intervals_gib=intervals,
@@ -551,7 +556,7 @@ def _generic_estimate(plan: Plan, generic: GenericModel, catalog: tuple[GpuSpec,
         parameters=ParameterReport(total=p, trainable=trainable, active=p, embedding=0, attention=0, mlp=0, lm_head=0),
         mode=plan.mode,
         memory=mem,
-        fits=[_fit(spec, device) for spec in catalog],
+        fits=[_fit(spec, device, generic_ratio) for spec in catalog],
         throughput=None,
         costs=[],
         total_tokens=plan.data.total_tokens() if plan.data is not None else None,

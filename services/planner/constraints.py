@@ -34,7 +34,7 @@ class Constraints(ClosedModel):
         ge=0.0,
         le=0.5,
         description="extra share of each card's memory kept free (0.0-0.5), on top of the headroom the planner "
-        "sizes every setup with (services.planner.evaluator.headroom_ratio)",
+        "sizes every setup with (services.estimator.fit.headroom_ratio)",
     )
     preemptions_per_hour: float | None = Field(
         default=None,

@@ -9,11 +9,12 @@ from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links
+from services.estimator.fit import usable_card_bytes
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
 from services.planner.constraints import Constraints
 from services.planner.costs import RunCost
-from services.planner.evaluator import Config, Evaluator, usable_card_bytes
+from services.planner.evaluator import Config, Evaluator
 from services.planner.layouts import Layout, offer_links
 from services.planner.models import PricingMode
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
 from services.estimator.communication import Links
-from services.estimator.memory import GIB, MemoryBreakdown, ModelStates, model_states, peak_memory
+from services.estimator.fit import headroom_ratio
+from services.estimator.memory import MemoryBreakdown, ModelStates, model_states, peak_memory
 from services.estimator.padding import pads_to_longest_of_known_mean
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
@@ -26,7 +27,7 @@ from services.estimator.throughput import (
     lora_unfused_work,
     micro_batch_tokens,
 )
-from services.estimator.uncertainty import Key, Pool, bundled_pools, category, memory_band, quantile_ratio
+from services.estimator.uncertainty import memory_band
 
 
 @dataclass(frozen=True)
@@ -40,39 +41,6 @@ class Config:
     checkpointing: bool
     cpu_offload: bool = False
     optimizer: Optimizer | None = None  # None: the plan's
-
-
-# The quantile of the device band's measured / predicted a setup is sized on (the band is
-# services.estimator.uncertainty's, per category): fitted by benchmarks/accuracy/headroom.py on the declared
-# split it names; docs/planner.md gives its held-out effect.
-FIT_QUANTILE = 0.46
-
-
-def headroom_ratio(
-    framework: str,
-    method: str,
-    sharding: str,
-    gpus: int,
-    mode: str = "train",
-    low_confidence: bool = False,
-    pools: dict[Key, Pool] | None = None,
-    level: float = FIT_QUANTILE,
-) -> float:
-    """What the predicted device peak is multiplied by before it is set against the card: the ``level``
-    quantile of measured / predicted in the device band's category (``pools``: the bundled residual table),
-    never below 1, so that the planner offers no card the estimate's own fit check (peak <= card) refuses."""
-    key = category(framework, method, sharding, gpus, "device", mode)
-    return max(1.0, quantile_ratio(pools if pools is not None else bundled_pools(), key, level, low_confidence))
-
-
-def usable_card_bytes(memory_gib: float, safety_margin: float) -> float:
-    """Memory per GPU a setup may use: the card less the user's extra margin (constraints.safety_margin)."""
-    return memory_gib * (1.0 - safety_margin) * GIB
-
-
-def fits_card(peak_device_bytes: float, ratio: float, memory_gib: float, safety_margin: float) -> bool:
-    """The planner's fit rule: the predicted device peak times the headroom ratio is at most the usable card."""
-    return peak_device_bytes * ratio <= usable_card_bytes(memory_gib, safety_margin)
 
 
 class Evaluator:
@@ -155,7 +123,7 @@ class Evaluator:
         return found
 
     def headroom(self, cfg: Config) -> float:
-        """The headroom ratio of the setup's category (services.planner.evaluator.headroom_ratio)."""
+        """The headroom ratio of the setup's category (services.estimator.fit.headroom_ratio)."""
         key = (cfg.sharding, cfg.gpus)
         found = self._headroom.get(key)
         if found is None:
@@ -176,7 +144,7 @@ class Evaluator:
 
     def fits(self, cfg: Config, usable_bytes: float) -> bool:
         """Whether the setup's sized bytes per GPU stay within ``usable_bytes`` (one probe; the comparison of
-        :func:`fits_card`)."""
+        services.estimator.fit.fits_card)."""
         self.memory_probes += 1
         return self.sized_bytes(cfg) <= usable_bytes
 

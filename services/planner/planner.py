@@ -24,6 +24,7 @@ from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import synchronisation_fraction
+from services.estimator.fit import FIT_QUANTILE
 from services.estimator.memory import GIB, adapter_params
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -40,7 +41,7 @@ from services.planner.costs import (
     spot_note,
 )
 from services.planner.errors import PlannerError
-from services.planner.evaluator import FIT_QUANTILE, Config, Evaluator
+from services.planner.evaluator import Config, Evaluator
 from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers

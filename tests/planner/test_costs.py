@@ -155,8 +155,8 @@ def test_stale_prices_are_marked_against_the_callers_clock() -> None:
 
 
 def test_the_headroom_lies_between_the_point_estimate_and_the_upper_end_of_the_band() -> None:
+    from services.estimator.fit import headroom_ratio
     from services.estimator.uncertainty import bundled_pools, memory_band
-    from services.planner.evaluator import headroom_ratio
 
     # Every category of the bundled residual table: the planner never sizes below the point estimate, and a
     # setup whose band's upper end (p90) fits is never refused (between the two it is offered, marked tight).
