@@ -78,6 +78,9 @@ class FrameworkDefaults:
     # PEFT QLoRA guide calls it, TRL's SFTTrainer calls it for a non-sharded k-bit model, axolotl for
     # load_in_4bit/8bit. It casts every remaining 16-bit parameter (embeddings, norms, the head) to fp32
     # (peft/utils/other.py, "cast all non INT8 parameters to fp32").
+    # Not modelled: TRL's SFTTrainer no longer calls it (trl 1.16 sft_trainer.py has no call; see also trl#4577)
+    # and casts the adapters of a quantized model to bf16; the public Trainer cases (ms-swift, HF blog) fit
+    # the cast, so the default keeps it until a plan can say which script ran.
     prepares_kbit: bool = False
     # axolotl casts norms and embeddings back to the 16-bit dtype after prepare_model_for_kbit_training
     # when flash attention is on, which needs 16-bit inputs (axolotl/utils/models.py, ModelLoader.
