@@ -151,13 +151,7 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
         raise ExportError(
             "gradient_accumulation_steps", "torchtune's optimizer_in_bwd needs gradient_accumulation_steps 1"
         )
-    if resolve_recipe(plan).loss not in _LOSS:
-        raise ExportError("loss", f"{plan.loss!r}: allowed in torchtune: chunked (default), standard")
-    require_default(target, "attention", "torchtune's models run their own SDPA attention")
-    require_default(target, "logits_fp32", "torchtune's models upcast the output to fp32")
-    require_default(target, "checkpoint_granularity", "torchtune's activation checkpointing wraps whole layers")
-    require_default(target, "adapter_dtype", "torchtune keeps the adapters in the model dtype")
-    require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
+    # Checked before the loss: kernels 'liger' resolves the loss to 'fused', and the kernels are the cause.
     kernels = resolve_recipe(plan).kernels
     if kernels != "none":
         raise ExportError(
@@ -165,6 +159,13 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
             f"{kernels!r}: torchtune's recipes have no switch for fused kernels patched into the model; "
             "allowed here: 'none' or null (or export to hf-trainer/axolotl for 'liger')",
         )
+    if resolve_recipe(plan).loss not in _LOSS:
+        raise ExportError("loss", f"{plan.loss!r}: allowed in torchtune: chunked (default), standard")
+    require_default(target, "attention", "torchtune's models run their own SDPA attention")
+    require_default(target, "logits_fp32", "torchtune's models upcast the output to fp32")
+    require_default(target, "checkpoint_granularity", "torchtune's activation checkpointing wraps whole layers")
+    require_default(target, "adapter_dtype", "torchtune keeps the adapters in the model dtype")
+    require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
     if plan.double_quant is False:
         raise ExportError(
             "double_quant",
