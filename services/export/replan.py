@@ -168,6 +168,7 @@ def setup_for_format(
             f"the plan has {len(recs)} recommendation(s) for {fmt}; use 0..{max(len(recs) - 1, 0)}",
         )
     reasons: list[str] = []
+    refusals: list[ExportError] = []
     for rank, rec in enumerate(recs[index:], start=index):
         try:
             fitted, fit_notes = fit_setup(target_plan, rec, fmt, target_resolved)
@@ -176,6 +177,7 @@ def setup_for_format(
             export_retargeted(Retargeted(target_plan, fitted, (), target_resolved), fmt)
         except ExportError as exc:
             reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
+            refusals.append(exc)
             continue
         if framework_changed and index < len(planned):
             was, now = describe_setup(planned[index]), describe_setup(fitted)
@@ -187,6 +189,9 @@ def setup_for_format(
         # The plan's own sharding note is superseded by the setup's.
         kept = [n for n in notes if "sharding" not in n]
         return Retargeted(target_plan, fitted, (*kept, *fit_notes), target_resolved)
+    if refusals and len({(e.field, e.message) for e in refusals}) == 1:
+        # One plan setting refused on every setup (e.g. kernels the format has no switch for): name it.
+        raise ExportError(refusals[0].field, f"no recommended setup can run as {fmt}: {refusals[0].message}")
     raise ExportError("sharding", f"no recommended setup can run as {fmt}: {'; '.join(reasons)}")
 
 
