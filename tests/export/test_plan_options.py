@@ -16,6 +16,7 @@ import yaml
 
 from services.export import read_back
 from services.export.errors import ExportError
+from services.export.replan import retarget_plan
 from tests.export.helpers import export, llama_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +192,13 @@ def test_torchtune_refuses_a_release_its_config_does_not_fit() -> None:
     assert err.field == "framework_version" and "0.6.1" in err.message
     bundle = export(llama_plan("torchtune", "lora", framework_version="0.6.1"), "torchtune")
     assert "torchtune==0.6.1" in bundle.files["requirements.txt"].splitlines()
+
+
+def test_replanning_for_another_framework_drops_the_old_frameworks_release() -> None:
+    # A transformers release says nothing of axolotl's or torchtune's: pinning it as theirs would be wrong.
+    plan = llama_plan("hf-trainer", "lora", framework_version="5.23.1")
+    for fmt, package in (("axolotl", "axolotl"), ("torchtune", "torchtune")):
+        moved, notes = retarget_plan(plan, fmt)
+        assert moved.framework_version is None
+        assert any("framework_version 5.23.1 -> null" in note for note in notes)
+        assert f"{package}==5.23.1" not in export(moved, fmt).files["requirements.txt"]
