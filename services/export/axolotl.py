@@ -7,8 +7,12 @@ names, no optimizer in backward, no sgd, int8 not sharded, ZeRO-Offload with ada
   bf16, fp16 (adapters, or full under ZeRO) and fp32; bf16-mixed and fp16-mixed are refused.
 - gradient accumulation: a plan without ``gradient_accumulation_steps`` gets the steps that keep its
   effective batch on its GPUs (services/export/target.py ``accumulation_for``).
-- NF4 without double quantization (``bnb_config_kwargs``), like the estimate's bitsandbytes NF4; sample
-  packing to ``sequence_len`` (every micro-batch is micro_batch_size x sequence_len tokens).
+- NF4 with ``bnb_4bit_use_double_quant`` as the plan resolves it (``double_quant``, off by default;
+  ``bnb_config_kwargs``), like the estimate's bitsandbytes NF4; sample packing to ``sequence_len`` (every
+  micro-batch is micro_batch_size x sequence_len tokens).
+- kernels 'liger': axolotl's ``LigerPlugin`` with ``liger_rope``, ``liger_rms_norm``,
+  ``liger_glu_activation`` and ``liger_fused_linear_cross_entropy`` (the estimate's Liger norms, SwiGLU and
+  fused loss); 'transformer-engine' has no axolotl switch and is refused (hf.py ``check_trainer_kernels``).
 - sharding: FSDP2 (``fsdp_version: 2``) with ``offload_params`` for cpu_offload, or ``deepspeed:
   ds_config.json``; several GPUs without sharding run DDP.
 """
@@ -33,6 +37,7 @@ from services.export.hf import (
     check_trainer_plan,
     hf_optim,
     option_back,
+    uses_liger,
 )
 from services.export.models import Built
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
@@ -60,6 +65,8 @@ from services.export.target import Target, require_accumulation
 from services.export.zero import ds_config, read_zero, zero_assumptions
 
 CONFIG_FILE = "axolotl.yaml"
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+LIGER_KEYS = ("liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cross_entropy")
 
 
 def _check(target: Target) -> None:
@@ -81,7 +88,8 @@ def _adapter(target: Target) -> dict[str, Any]:
     section: dict[str, Any] = {"adapter": "qlora" if plan.quantized == "nf4" else "lora"}
     if plan.quantized == "nf4":
         section["load_in_4bit"] = True
-        section["bnb_config_kwargs"] = {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False}
+        double = resolve_recipe(plan).nf4_double_quant
+        section["bnb_config_kwargs"] = {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": double}
     elif plan.quantized == "int8":
         section["load_in_8bit"] = True
     section.update(lora_r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout)
@@ -141,6 +149,13 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
         gradient_checkpointing=plan.gradient_checkpointing,
         attn_implementation=HF_ATTENTION[resolve_recipe(plan).attention],
     )
+    if uses_liger(target):
+        # axolotl's Liger integration (axolotl/integrations/liger/args.py: LigerArgs) patches the model's
+        # norms, rotary, GLU and replaces the loss with the fused linear cross-entropy.
+        config["plugins"] = [LIGER_PLUGIN]
+        config.update(
+            liger_rope=True, liger_rms_norm=True, liger_glu_activation=True, liger_fused_linear_cross_entropy=True
+        )
     if plan.gradient_checkpointing:
         config["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if target.save_steps is not None:
@@ -238,7 +253,7 @@ class _Section(BaseModel):
 
 class _BnbKwargs(_Section):
     bnb_4bit_quant_type: Literal["nf4"] = "nf4"
-    bnb_4bit_use_double_quant: Literal[False]
+    bnb_4bit_use_double_quant: bool
 
 
 class _Fsdp(_Section):
@@ -269,6 +284,23 @@ class AxolotlConfig(_Section):
     fsdp_version: Literal[2] | None = None
     fsdp_config: _Fsdp | None = None
     deepspeed: str | None = None
+    plugins: list[str] = []
+    liger_rope: bool = False
+    liger_rms_norm: bool = False
+    liger_glu_activation: bool = False
+    liger_fused_linear_cross_entropy: bool = False
+
+
+def _kernels(config: AxolotlConfig) -> str | None:
+    """'liger' when the Liger plugin runs every kernel the estimate counts, None without it."""
+    switches = [getattr(config, key) for key in LIGER_KEYS]
+    if LIGER_PLUGIN not in config.plugins:
+        if any(switches):
+            raise ExportError(f"{CONFIG_FILE}:plugins", f"the liger_* keys need {LIGER_PLUGIN}")
+        return None
+    if not all(switches):
+        raise ExportError(f"{CONFIG_FILE}:plugins", f"{LIGER_PLUGIN} with only some of {', '.join(LIGER_KEYS)}")
+    return "liger"
 
 
 def _method(config: AxolotlConfig) -> tuple[str, str | None]:
@@ -282,7 +314,7 @@ def _method(config: AxolotlConfig) -> tuple[str, str | None]:
         if not config.load_in_4bit or config.load_in_8bit:
             raise ExportError(where, "qlora loads the base in 4 bit: set load_in_4bit only")
         if config.bnb_config_kwargs is None:
-            raise ExportError(f"{CONFIG_FILE}:bnb_config_kwargs", "missing: the plan's NF4 has no double quantization")
+            raise ExportError(f"{CONFIG_FILE}:bnb_config_kwargs", "missing: give bnb_4bit_use_double_quant")
         return "qlora", "nf4"
     if config.load_in_4bit:
         raise ExportError(where, "load_in_4bit needs adapter qlora")
@@ -348,5 +380,9 @@ def read_axolotl(files: Mapping[str, str], arch: Architecture) -> dict[str, Any]
         "checkpoint_granularity": None,
         "adapter_dtype": None,
         "kv_cache_dtype": None,
+        "kernels": _kernels(config),
+        "double_quant": True
+        if config.bnb_config_kwargs is not None and config.bnb_config_kwargs.bnb_4bit_use_double_quant
+        else None,
     }
     return {**fields, **_sharding_back(config, files, gpus)}

@@ -31,7 +31,7 @@ from services.export.trainer_formats import (
     read_deepspeed,
     read_hf_trainer,
 )
-from services.export.versions import CHECK_FILE, REQUIREMENTS_FILE, check_script, requirements_text
+from services.export.versions import CHECK_FILE, REQUIREMENTS_FILE, check_script, needs, requirements_text
 from services.planner.models import Recommendation
 
 _EXPORTERS: dict[Format, Callable[[Target], Built]] = {
@@ -85,6 +85,7 @@ def export_setup(
         replan_notes=tuple(replan_notes),
         resolved=resolved,
     )
+    needs(target)  # refuses a framework_version the files cannot run with before anything is written
     built = _EXPORTERS[target.fmt](target)
     files = {
         **built.files,

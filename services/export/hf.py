@@ -15,9 +15,13 @@ Rules (the estimator's hf-trainer defaults are PEFT + Trainer defaults, services
   paged-adamw -> paged_adamw_32bit; paged-adamw-8bit -> paged_adamw_8bit; adafactor -> adafactor.
   sgd is refused: the Trainer's "sgd" has no momentum, the plan's keeps a momentum buffer. The optimizer
   in backward and the for-loop AdamW have no Trainer form.
-- NF4 is bitsandbytes without double quantization (the estimate's 0.5 + 4/64 bytes per weight); with
-  FSDP or ZeRO-3 the 4-bit weights are stored in the compute dtype so they can be sharded. int8 weights
-  cannot be sharded (FSDP, ZeRO-3): refused.
+- NF4 is bitsandbytes with ``bnb_4bit_use_double_quant`` as the plan resolves it (``double_quant``; the
+  Trainer's default is off, the estimate's 0.5 + 4/64 bytes per weight); with FSDP or ZeRO-3 the 4-bit
+  weights are stored in the compute dtype so they can be sharded. int8 weights cannot be sharded
+  (FSDP, ZeRO-3): refused.
+- kernels: 'liger' is ``use_liger_kernel=True`` (Liger's norms, SwiGLU, RoPE and fused linear cross-entropy,
+  so the loss is 'fused'); 'none' is ``use_liger_kernel=False``; 'transformer-engine' has no Trainer switch
+  and is refused. A loss 'fused' without kernels resolves to Liger (services/estimator/recipe.py).
 - The loss, fp32 logits, checkpoint granularity and adapter dtype have no Trainer switch: a plan value
   other than the default (as memory) is refused.
 """
@@ -123,7 +127,7 @@ def check_trainer_plan(target: Target) -> None:
             "optimizer",
             f"{plan.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw' is offloaded",
         )
-    require_default(target, "loss", "the Trainer computes the standard cross-entropy")
+    check_trainer_kernels(target)
     require_default(target, "logits_fp32", "the Trainer's causal-LM loss always upcasts the logits to fp32")
     require_default(target, "checkpoint_granularity", "the Trainer's gradient checkpointing saves whole blocks")
     require_default(target, "adapter_dtype", "PEFT keeps the adapters in fp32 over a 16-bit base model")
@@ -136,6 +140,31 @@ def check_trainer_plan(target: Target) -> None:
             "'longest': train.py packs the samples into rows of seq_len, so every batch has one shape; "
             "use 'packed' or leave it null",
         )
+
+
+def uses_liger(target: Target) -> bool:
+    """Whether the run patches in Liger's kernels (the plan's ``kernels``, or its fused loss on the Trainer)."""
+    return resolve_recipe(target.plan).kernels == "liger"
+
+
+def check_trainer_kernels(target: Target) -> None:
+    """Refuse kernels and losses a Trainer-based format cannot switch on (see the module rules)."""
+    recipe = resolve_recipe(target.plan)
+    if recipe.kernels == "transformer-engine":
+        raise ExportError(
+            "kernels",
+            "'transformer-engine': the Trainer has no switch for Transformer Engine's fused norm + linear modules; "
+            "allowed here: 'liger' or 'none'",
+        )
+    if recipe.kernels == "liger":
+        if recipe.loss != "fused":
+            raise ExportError(
+                "loss",
+                f"{recipe.loss!r}: Liger's kernels (use_liger_kernel) replace the loss with its fused linear "
+                "cross-entropy; leave loss null or 'fused'",
+            )
+        return
+    require_default(target, "loss", "the Trainer computes the standard cross-entropy")
 
 
 def hf_optim(target: Target) -> HfOptim:
@@ -171,7 +200,8 @@ def quantization_config(target: Target) -> dict[str, Any] | None:
         "load_in_4bit": True,
         "bnb_4bit_quant_type": "nf4",
         "bnb_4bit_compute_dtype": dtype,
-        "bnb_4bit_use_double_quant": False,
+        # Nested quantization of the block constants, as the estimate resolved it (plan.double_quant).
+        "bnb_4bit_use_double_quant": resolve_recipe(plan).nf4_double_quant,
     }
     if plan.sharding in ("zero3", "fsdp"):
         # FSDP / ZeRO-3 shard tensors of one dtype: store the packed 4-bit weights as the compute dtype.
@@ -218,6 +248,8 @@ def training_args(target: Target, accumulation: int, sharding_args: Mapping[str,
         # transformers >= 5.23 names it activation_checkpointing (gradient_checkpointing is a deprecated alias).
         "activation_checkpointing": plan.gradient_checkpointing,
         "optim": hf_optim(target),
+        # TrainingArguments.use_liger_kernel (transformers >= 4.45) patches Liger's kernels into the model.
+        "use_liger_kernel": uses_liger(target),
         "logging_steps": 10,
         "report_to": "none",
     }
@@ -491,8 +523,7 @@ class QuantArgs(_Section):
     load_in_4bit: bool = False
     load_in_8bit: bool = False
     bnb_4bit_quant_type: Literal["nf4"] = "nf4"
-    # The estimate's bitsandbytes NF4 has no double quantization.
-    bnb_4bit_use_double_quant: Literal[False] = False
+    bnb_4bit_use_double_quant: bool = False
 
 
 class LoraArgs(_Section):
@@ -514,6 +545,7 @@ class TrainingArgs(_Section):
     fp16: bool = False
     activation_checkpointing: bool = False
     optim: HfOptim
+    use_liger_kernel: bool = False
     fsdp: bool = False
     fsdp_config: dict[str, Any] | None = None
     deepspeed: str | None = None
@@ -568,6 +600,8 @@ def plan_fields(args: HfArgs, arch: Architecture) -> dict[str, Any]:
         "checkpoint_granularity": None,
         "adapter_dtype": None,
         "kv_cache_dtype": None,
+        "kernels": "liger" if t.use_liger_kernel else None,
+        "double_quant": True if quant is not None and quant.bnb_4bit_use_double_quant else None,
     }
     if args.lora_config is not None:
         lora = args.lora_config

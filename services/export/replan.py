@@ -25,6 +25,7 @@ from services.estimator.estimate import estimate
 from services.estimator.plan import Plan, Sharding
 from services.estimator.recipe import resolve_recipe
 from services.estimator.resolved import ResolvedPlan
+from services.estimator.versions import RELEASES
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.export import export_setup
@@ -73,6 +74,13 @@ def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> t
             f"re-planned for {known}: the plan was sized with {plan.framework}'s defaults, the {known} export runs "
             f"{framework} (its loss, adapter dtype and accumulation defaults)"
         )
+        if plan.framework_version is not None:
+            # The release named is of the old framework's package: it says nothing of the new one's.
+            fields["framework_version"] = None
+            changes.append(
+                f"framework_version {plan.framework_version} -> null: it names a {RELEASES[plan.framework][0]} "
+                f"release, the {known} files pin {RELEASES[framework][0]}'s tested release"
+            )
     sharding = format_sharding(known, plan.sharding, plan.gpus)
     if sharding is not None:
         fields["sharding"] = sharding
@@ -146,6 +154,10 @@ def describe_setup(setup: Recommendation) -> str:
     )
 
 
+# Plan options no setup changes (the kernels, the NF4's double quantization, the framework's release).
+_SETUP_INDEPENDENT = ("kernels", "double_quant", "framework_version")
+
+
 def setup_for_format(
     plan: Plan | ResolvedPlan,
     fmt: str,
@@ -168,6 +180,7 @@ def setup_for_format(
             f"the plan has {len(recs)} recommendation(s) for {fmt}; use 0..{max(len(recs) - 1, 0)}",
         )
     reasons: list[str] = []
+    refusals: list[ExportError] = []
     for rank, rec in enumerate(recs[index:], start=index):
         try:
             fitted, fit_notes = fit_setup(target_plan, rec, fmt, target_resolved)
@@ -176,6 +189,7 @@ def setup_for_format(
             export_retargeted(Retargeted(target_plan, fitted, (), target_resolved), fmt)
         except ExportError as exc:
             reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
+            refusals.append(exc)
             continue
         if framework_changed and index < len(planned):
             was, now = describe_setup(planned[index]), describe_setup(fitted)
@@ -187,6 +201,10 @@ def setup_for_format(
         # The plan's own sharding note is superseded by the setup's.
         kept = [n for n in notes if "sharding" not in n]
         return Retargeted(target_plan, fitted, (*kept, *fit_notes), target_resolved)
+    for refusal in refusals:
+        if refusal.field in _SETUP_INDEPENDENT:
+            # A plan option the format cannot write refuses every setup that gets as far: name it, not sharding.
+            raise ExportError(refusal.field, f"no recommended setup can run as {fmt}: {refusal.message}")
     raise ExportError("sharding", f"no recommended setup can run as {fmt}: {'; '.join(reasons)}")
 
 

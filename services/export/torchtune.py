@@ -14,6 +14,9 @@ Rules:
   take FSDP2's sharded parameters), torch.optim.Adafactor. ``optimizer_in_bwd`` only in the full recipes
   and only without gradient accumulation.
 - loss: chunked = CEWithChunkedOutputLoss (the default), standard = torch.nn.CrossEntropyLoss.
+- kernels: the recipes have no switch for Liger's or Transformer Engine's kernels: only 'none' (or null).
+- double_quant: torchao's NF4 always quantizes its block scales again (``NF4Tensor``'s
+  ``double_quantize_scalers``, blocks of 256): true or null is what runs, false cannot be set and is refused.
 - The model must have a torchtune builder (services/export/data/torchtune_models.json).
 """
 
@@ -148,6 +151,14 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
         raise ExportError(
             "gradient_accumulation_steps", "torchtune's optimizer_in_bwd needs gradient_accumulation_steps 1"
         )
+    # Checked before the loss: kernels 'liger' resolves the loss to 'fused', and the kernels are the cause.
+    kernels = resolve_recipe(plan).kernels
+    if kernels != "none":
+        raise ExportError(
+            "kernels",
+            f"{kernels!r}: torchtune's recipes have no switch for fused kernels patched into the model; "
+            "allowed here: 'none' or null (or export to hf-trainer/axolotl for 'liger')",
+        )
     if resolve_recipe(plan).loss not in _LOSS:
         raise ExportError("loss", f"{plan.loss!r}: allowed in torchtune: chunked (default), standard")
     require_default(target, "attention", "torchtune's models run their own SDPA attention")
@@ -155,6 +166,12 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
     require_default(target, "checkpoint_granularity", "torchtune's activation checkpointing wraps whole layers")
     require_default(target, "adapter_dtype", "torchtune keeps the adapters in the model dtype")
     require_default(target, "nf4_quantization", "torchtune's current torchao quantizes NF4 in chunks")
+    if plan.double_quant is False:
+        raise ExportError(
+            "double_quant",
+            "false: torchao's NF4 (torchtune's QLoRA) always quantizes its block scales again and has no switch; "
+            "leave it null or true",
+        )
     if plan.padding == "longest":
         raise ExportError(
             "padding",

@@ -11,13 +11,24 @@ library fails at start with a line that says why instead of training with a sett
 - axolotl >= 0.19: the LoRA kernel switches (``lora_*_kernel``) and ``fsdp_version: 2`` the export writes.
 - TRL (not used by train.py, but hf_args.json loads as an ``SFTConfig``): >= 1.0 names it ``max_length``.
 
+- liger-kernel (hf formats with kernels 'liger'): transformers' ``use_liger_kernel`` needs >= 0.3.0; pinned at
+  0.8.1, the release axolotl 0.19 requires (axolotl installs its own).
+- A plan's ``framework_version`` (the package of its framework: transformers, torchtune, axolotl) is pinned in
+  requirements.txt instead of the tested release, so the run uses the release the estimate assumed; a
+  version outside the range the files need is refused (``framework_version``).
+
 torch itself is not pinned: install the build for your CUDA first (https://pytorch.org/get-started/).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from packaging.version import Version
+
+from services.estimator.recipe import resolve_recipe
+from services.estimator.versions import RELEASES
+from services.export.errors import ExportError
 from services.export.hf import ZERO_STAGES
 from services.export.target import Target
 
@@ -38,7 +49,28 @@ class Need:
 
 
 def needs(target: Target) -> list[Need]:
-    """What the exported files of ``target`` need installed."""
+    """What the exported files of ``target`` need installed, the plan's framework release pinned."""
+    out = _needs(target)
+    given = target.plan.framework_version
+    if given is None:
+        return out
+    package = RELEASES[target.plan.framework][0]
+    for i, need in enumerate(out):
+        if need.package != package:
+            continue
+        version = Version(given)
+        if version < Version(need.at_least) or (need.below is not None and version >= Version(need.below)):
+            wanted = f">= {need.at_least}" + (f", < {need.below}" if need.below else "")
+            raise ExportError(
+                "framework_version",
+                f"{package} {given}: the {target.fmt} files need {package} {wanted} ({need.why}); "
+                "plan with a release in that range or leave it null",
+            )
+        out[i] = replace(need, tested=given)
+    return out
+
+
+def _needs(target: Target) -> list[Need]:
     plan = target.plan
     out: list[Need] = []
     bnb = plan.quantized is not None or plan.optimizer in _BNB_OPTIMIZERS
@@ -70,6 +102,8 @@ def needs(target: Target) -> list[Need]:
             out.append(Need("peft", "0.21.2", "0.13", None, "LoraConfig(target_modules='all-linear')"))
         if bnb:
             out.append(Need("bitsandbytes", "0.50.2", "0.45", None, "NF4 / int8 weights or the 8-bit optimizer"))
+        if resolve_recipe(plan).kernels == "liger":
+            out.append(Need("liger-kernel", "0.8.1", "0.3.0", None, "use_liger_kernel in hf_args.json"))
     if plan.sharding in ZERO_STAGES:
         out.append(Need("deepspeed", "0.19.8", "0.16", None, "the ZeRO config ds_config.json"))
     return out

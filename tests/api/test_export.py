@@ -61,3 +61,17 @@ def test_another_framework_is_planned_again_not_refused(api: Api) -> None:
         notes = response.json()["notes"]
         assert any(n.startswith(f"re-planned for {fmt}") for n in notes), notes
         assert any(n.startswith(f"setup for {fmt}:") for n in notes), notes
+
+
+def test_export_writes_the_plans_kernels_and_double_quant_or_refuses_naming_them(api: Api) -> None:
+    request = {**QLORA_PLAN, "kernels": "liger", "double_quant": True}
+    plan_id = api.client.post("/v1/plans", json=request, headers=api.headers()).json()["id"]
+    assert api.wait_for_plan(plan_id)["status"] == "done"
+    response = api.client.get(f"/v1/plans/{plan_id}/export?format=hf-trainer", headers=api.headers())
+    assert response.status_code == 200, response.text
+    args = json.loads(response.json()["files"]["hf_args.json"])
+    assert args["training_args"]["use_liger_kernel"] is True
+    assert args["quantization_config"]["bnb_4bit_use_double_quant"] is True
+    # torchtune has no switch for Liger's kernels: refused with the field named, not dropped.
+    response = api.client.get(f"/v1/plans/{plan_id}/export?format=torchtune", headers=api.headers())
+    assert response.status_code == 422 and response.json()["field"] == "kernels", response.text

@@ -121,3 +121,22 @@ def test_a_busy_out_directory_is_left_alone(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--out" in result.stderr
     assert [p.name for p in (tmp_path / "busy").iterdir()] == ["x"]
     assert (tmp_path / "busy" / "x").read_text() == "keep me"
+
+
+def test_kernels_liger_is_exported_or_refused_naming_the_field(tmp_path: Path) -> None:
+    plan = {**json.loads(EXAMPLE.read_text()), "kernels": "liger"}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = tmp_path / "run"
+    result = gpuplan("export", "--plan", str(tmp_path / "plan.json"), "--format", "hf-trainer", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "hf_args.json").read_text())["training_args"]["use_liger_kernel"] is True
+    assert "liger-kernel==0.8.1" in (out / "requirements.txt").read_text().splitlines()
+    result = gpuplan(
+        "export", "--plan", str(tmp_path / "plan.json"), "--format", "axolotl", "--out", str(tmp_path / "ax")
+    )
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "ax" / "axolotl.yaml").read_text())["liger_fused_linear_cross_entropy"] is True
+    result = gpuplan("export", "--plan", str(tmp_path / "plan.json"), "--format", "torchtune")
+    assert result.returncode == 2 and "error: kernels:" in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr
+    )

@@ -170,7 +170,7 @@ def test_hf_target_module_names_follow_the_architecture() -> None:
         (
             "hf-trainer",
             "hf_args.json",
-            lambda d: d["quantization_config"].update(bnb_4bit_use_double_quant=True),
+            lambda d: d["quantization_config"].update(bnb_4bit_use_double_quant="yes"),
             "hf_args.json:quantization_config.bnb_4bit_use_double_quant",
         ),
         (
