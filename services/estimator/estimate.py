@@ -156,7 +156,7 @@ def estimate(
     counts = parameter_counts(arch)
     warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
-    ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, _low_confidence(arch))
+    ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, arch.low_confidence)
     fits = [_fit(spec, mem.peak_device, ratio) for spec in catalog]
     throughput: ThroughputReport | None = None
     fpt = flops_per_token(plan, arch, recipe)  # the same on every card: computed once
@@ -204,7 +204,7 @@ def estimate(
             lm_head=counts.lm_head,
         ),
         mode=plan.mode,
-        memory=_memory_report(mem, states.optimizer_states_paged, plan, low_confidence=_low_confidence(arch)),
+        memory=_memory_report(mem, states.optimizer_states_paged, plan, low_confidence=arch.low_confidence),
         fits=fits,
         throughput=throughput,
         costs=costs,
@@ -279,11 +279,6 @@ def utilisation_reproducing(
     if rate(lowest) >= tokens_per_s_per_gpu:
         return lowest, True
     return boundary(lambda u: rate(u) >= tokens_per_s_per_gpu), True
-
-
-def _low_confidence(arch: Architecture) -> bool:
-    """An architecture built from generic config keys carries confidence 'low' (when the model has it)."""
-    return getattr(arch, "confidence", None) == "low"
 
 
 def _bands(

@@ -39,8 +39,3 @@ def parse_framework_version(framework: str, text: str) -> Version:
             f"give a release from {first} to {newest}"
         )
     return version
-
-
-def current_version(framework: str) -> Version:
-    """The newest release whose defaults the estimator knows: what a plan without a version gets."""
-    return Version(RELEASES[framework][2])

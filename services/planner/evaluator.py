@@ -70,8 +70,6 @@ class Evaluator:
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
-        # An architecture built from generic config keys widens the band (services.estimator.uncertainty).
-        self.low_confidence = getattr(arch, "confidence", None) == "low"
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
         self.padding_varies = pads_to_longest_of_known_mean(
@@ -128,7 +126,7 @@ class Evaluator:
         found = self._headroom.get(key)
         if found is None:
             b = self.base
-            found = headroom_ratio(b.framework, b.method, cfg.sharding, cfg.gpus, b.mode, self.low_confidence)
+            found = headroom_ratio(b.framework, b.method, cfg.sharding, cfg.gpus, b.mode, self.arch.low_confidence)
             self._headroom[key] = found
         return found
 
@@ -139,7 +137,7 @@ class Evaluator:
     def band_high_bytes(self, cfg: Config) -> float:
         """The upper end (p90) of the setup's device band: above the usable card, the setup is tight."""
         b = self.base
-        band = memory_band(b.framework, b.method, cfg.sharding, cfg.gpus, "device", b.mode, self.low_confidence)
+        band = memory_band(b.framework, b.method, cfg.sharding, cfg.gpus, "device", b.mode, self.arch.low_confidence)
         return max(self.memory(cfg).peak_device * band.high_ratio, self.sized_bytes(cfg))
 
     def fits(self, cfg: Config, usable_bytes: float) -> bool:

@@ -99,6 +99,11 @@ class Architecture:
     expert_weight_stored_bits: float | None = None
 
     @property
+    def low_confidence(self) -> bool:
+        """Shapes read from generic config keys: the uncertainty band is widened for it (estimate and planner)."""
+        return self.confidence == "low"
+
+    @property
     def num_layers(self) -> int:
         return sum(b.count for b in self.blocks)
 
