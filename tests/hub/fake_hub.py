@@ -33,6 +33,7 @@ class FakeHub:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         self.delay_s = 0.0
+        self._lock = threading.Lock()
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,7 +76,12 @@ class FakeHub:
         if self.delay_s:
             time.sleep(self.delay_s)
         auth = req.headers.get("Authorization")
-        self.requests.append((req.command, req.path, auth))
+        ranged = req.headers.get("Range") if body else None
+        # One append per request, already labelled: the server is threaded (huggingface_hub reads shards in
+        # parallel), so a later rewrite of requests[-1] could label another thread's entry.
+        method = f"GET {ranged.removeprefix('bytes=')}" if ranged is not None else req.command
+        with self._lock:
+            self.requests.append((method, req.path, auth))
         path = unquote(req.path.split("?", 1)[0]).lstrip("/")
         repo_id, sep, rest = path.partition("/resolve/")
         if not sep:
@@ -92,11 +98,9 @@ class FakeHub:
             return self._error(req, 404, "EntryNotFound", "Entry not found")
         etag = hashlib.sha256(content).hexdigest()
         size = len(content)
-        ranged = req.headers.get("Range") if body else None
         if ranged is not None:
             # get_safetensors_metadata reads a header with "Range: bytes=0-100000", then bytes=8-N when longer
-            # (huggingface_hub/hf_api.py: parse_safetensors_file_metadata); recorded as "GET bytes=...".
-            self.requests[-1] = (f"GET {ranged.removeprefix('bytes=')}", req.path, auth)
+            # (huggingface_hub/hf_api.py: parse_safetensors_file_metadata); recorded as "GET 0-100000".
             first, _, last = ranged.removeprefix("bytes=").partition("-")
             start, end = int(first), min(int(last) if last else size - 1, size - 1)
             content = content[start : end + 1]
