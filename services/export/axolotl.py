@@ -25,7 +25,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from services.estimator.architecture import Architecture
-from services.estimator.recipe import resolve_recipe
 from services.export.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, DataFormat
 from services.export.errors import ExportError
 from services.export.hf import (
@@ -84,11 +83,11 @@ def _adapter(target: Target) -> dict[str, Any]:
     plan = target.plan
     if plan.method == "full":
         return {}
-    lora = lora_settings(plan)
+    lora = lora_settings(plan, target.recipe)
     section: dict[str, Any] = {"adapter": "qlora" if plan.quantized == "nf4" else "lora"}
     if plan.quantized == "nf4":
         section["load_in_4bit"] = True
-        double = resolve_recipe(plan).nf4_double_quant
+        double = target.recipe.nf4_double_quant
         section["bnb_config_kwargs"] = {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": double}
     elif plan.quantized == "int8":
         section["load_in_8bit"] = True
@@ -147,7 +146,7 @@ def axolotl_config(target: Target, accumulation: int) -> dict[str, Any]:
         weight_decay=rules.weight_decay,
         max_grad_norm=rules.max_grad_norm,
         gradient_checkpointing=plan.gradient_checkpointing,
-        attn_implementation=HF_ATTENTION[resolve_recipe(plan).attention],
+        attn_implementation=HF_ATTENTION[target.recipe.attention],
     )
     if uses_liger(target):
         # axolotl's Liger integration (axolotl/integrations/liger/args.py: LigerArgs) patches the model's
@@ -235,7 +234,7 @@ def export_axolotl(target: Target) -> Built:
     if target.plan.sharding in ZERO_STAGES:
         files[DS_FILE] = json_text(header, ds_config(target, accumulation))
     notes = ["axolotl.yaml trains on train.jsonl (datasets), packed to sequence_len"]
-    notes += lora_notes(target.plan)
+    notes += lora_notes(target.plan, target.recipe)
     if target.save_steps is not None:
         notes.append(f"checkpoints every {target.save_steps} optimizer steps (save_steps)")
     if target.nodes > 1:

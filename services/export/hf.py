@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict
 
 from services.estimator.architecture import Architecture
 from services.estimator.plan import Attention, Optimizer, OptimizerImpl, Precision
-from services.estimator.recipe import resolve_recipe
 from services.export.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, DataFormat
 from services.export.errors import ExportError
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
@@ -144,12 +143,12 @@ def check_trainer_plan(target: Target) -> None:
 
 def uses_liger(target: Target) -> bool:
     """Whether the run patches in Liger's kernels (the plan's ``kernels``, or its fused loss on the Trainer)."""
-    return resolve_recipe(target.plan).kernels == "liger"
+    return target.recipe.kernels == "liger"
 
 
 def check_trainer_kernels(target: Target) -> None:
     """Refuse kernels and losses a Trainer-based format cannot switch on (see the module rules)."""
-    recipe = resolve_recipe(target.plan)
+    recipe = target.recipe
     if recipe.kernels == "transformer-engine":
         raise ExportError(
             "kernels",
@@ -177,7 +176,7 @@ def hf_optim(target: Target) -> HfOptim:
             "per parameter; allowed: adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor (or torchtune)",
         )
     if plan.optimizer == "adamw":
-        impl = resolve_recipe(plan).optimizer_impl
+        impl = target.recipe.optimizer_impl
         if impl == "for-loop":
             raise ExportError(
                 "optimizer_impl",
@@ -201,7 +200,7 @@ def quantization_config(target: Target) -> dict[str, Any] | None:
         "bnb_4bit_quant_type": "nf4",
         "bnb_4bit_compute_dtype": dtype,
         # Nested quantization of the block constants, as the estimate resolved it (plan.double_quant).
-        "bnb_4bit_use_double_quant": resolve_recipe(plan).nf4_double_quant,
+        "bnb_4bit_use_double_quant": target.recipe.nf4_double_quant,
     }
     if plan.sharding in ("zero3", "fsdp"):
         # FSDP / ZeRO-3 shard tensors of one dtype: store the packed 4-bit weights as the compute dtype.
@@ -213,7 +212,7 @@ def lora_config(target: Target) -> dict[str, Any] | None:
     """PEFT ``LoraConfig`` arguments, or None for full fine-tuning."""
     if target.plan.method == "full":
         return None
-    lora = lora_settings(target.plan)
+    lora = lora_settings(target.plan, target.recipe)
     return {
         "r": lora.rank,
         "lora_alpha": lora.alpha,
@@ -295,7 +294,7 @@ def hf_sections(target: Target, accumulation: int, sharding_args: Mapping[str, A
     """Every argument of the generated script, by the call it goes to (the content of hf_args.json)."""
     plan = target.plan
     dtype, _, _ = precision_flags(plan.precision)
-    attention = resolve_recipe(plan).attention
+    attention = target.recipe.attention
     return {
         "model": {
             "pretrained_model_name_or_path": target.model_id,
@@ -324,7 +323,7 @@ def trainer_notes(target: Target) -> list[str]:
             f"(~{target.checkpoint_interval_s / 60:.0f} min); evaluation reads {VALIDATION_FILE} when it exists "
             "(without it evaluation is off)"
         )
-    notes += lora_notes(plan)
+    notes += lora_notes(plan, target.recipe)
     if plan.sharding == "fsdp" and plan.optimizer in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit"):
         notes.append("bitsandbytes optimizers under FSDP are not supported by every bitsandbytes release; test first")
     return notes

@@ -11,7 +11,7 @@ from typing import Literal
 
 from services.estimator.architecture import Architecture
 from services.estimator.plan import ALL_LINEAR_ROLES, LoraRole, Plan
-from services.estimator.recipe import resolve_recipe
+from services.estimator.recipe import Recipe
 from services.export.errors import ExportError
 
 ROLE_ORDER: tuple[LoraRole, ...] = (*ALL_LINEAR_ROLES, "lm_head")
@@ -30,7 +30,7 @@ class LoraSettings:
     targets: Targets
 
 
-def lora_settings(plan: Plan) -> LoraSettings:
+def lora_settings(plan: Plan, recipe: Recipe) -> LoraSettings:
     """The adapter settings the estimate used; alpha, when not given, is written as 2 x rank (no memory effect)."""
     lora = plan.lora
     rank = lora.rank if lora is not None else DEFAULT_RANK
@@ -40,16 +40,16 @@ def lora_settings(plan: Plan) -> LoraSettings:
         rank=rank,
         alpha=alpha,
         alpha_given=lora is not None and lora.alpha is not None,
-        dropout=resolve_recipe(plan).lora_dropout,
+        dropout=recipe.lora_dropout,
         targets=targets,
     )
 
 
-def lora_notes(plan: Plan) -> list[str]:
+def lora_notes(plan: Plan, recipe: Recipe) -> list[str]:
     """What the export wrote for LoRA settings the plan left open."""
     if plan.method == "full":
         return []
-    lora = lora_settings(plan)
+    lora = lora_settings(plan, recipe)
     if plan.lora is None:
         return [
             f"no lora settings given: wrote rank {lora.rank} on all linear layers with alpha {lora.alpha}, "

@@ -26,7 +26,7 @@ from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
 from services.estimator.memory import MemoryBreakdown, peak_memory
 from services.estimator.plan import Framework, Plan
-from services.estimator.recipe import resolve_recipe
+from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.resolved import ResolvedPlan
 from services.estimator.throughput import GPUS_PER_NODE
 from services.export.dataset import DEFAULT_DATA, DataFormat
@@ -52,6 +52,8 @@ class Target:
     fmt: Format
     plan: Plan
     arch: Architecture
+    # The applied plan's recipe, resolved once here: every exporter reads the framework's behaviour from it.
+    recipe: Recipe
     model_id: str
     gpu: str
     gpus_per_node: int
@@ -238,6 +240,8 @@ def resolve_target(
     else:
         _, arch = resolve_architecture(applied)
         model_id = model_id_of(applied)
+    # The caller's recipe holds while the setup changed nothing; GPUs or sharding can change its defaults.
+    recipe = resolved.recipe if resolved is not None and applied == resolved.plan else resolve_recipe(applied)
     gpus_per_node, nodes = node_shape(applied, setup)
     interval = checkpoint_interval_s
     if interval is None and setup is not None and setup.checkpoint_interval_minutes is not None:
@@ -247,6 +251,7 @@ def resolve_target(
         fmt=known,
         plan=applied,
         arch=arch,
+        recipe=recipe,
         model_id=model_id,
         gpu=gpu,
         gpus_per_node=gpus_per_node,

@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.estimator.architecture import Architecture
 from services.estimator.plan import ALL_LINEAR_ROLES, LoraRole, Optimizer, OptimizerImpl
-from services.estimator.recipe import resolve_recipe
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.models import Built
@@ -152,14 +151,14 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
             "gradient_accumulation_steps", "torchtune's optimizer_in_bwd needs gradient_accumulation_steps 1"
         )
     # Checked before the loss: kernels 'liger' resolves the loss to 'fused', and the kernels are the cause.
-    kernels = resolve_recipe(plan).kernels
+    kernels = target.recipe.kernels
     if kernels != "none":
         raise ExportError(
             "kernels",
             f"{kernels!r}: torchtune's recipes have no switch for fused kernels patched into the model; "
             "allowed here: 'none' or null (or export to hf-trainer/axolotl for 'liger')",
         )
-    if resolve_recipe(plan).loss not in _LOSS:
+    if target.recipe.loss not in _LOSS:
         raise ExportError("loss", f"{plan.loss!r}: allowed in torchtune: chunked (default), standard")
     require_default(target, "attention", "torchtune's models run their own SDPA attention")
     require_default(target, "logits_fp32", "torchtune's models upcast the output to fp32")
@@ -196,7 +195,7 @@ def _optimizer(target: Target, rules: Policy) -> dict[str, Any]:
     if plan.optimizer == "sgd":
         section["momentum"] = 0.9  # the estimate keeps one momentum buffer per parameter
     if plan.optimizer in ("adamw", "sgd"):
-        impl = resolve_recipe(plan).optimizer_impl
+        impl = target.recipe.optimizer_impl
         section.update(fused=impl == "fused", foreach=impl == "foreach")
     else:
         require_default(target, "optimizer_impl", "torch.optim.Adafactor's memory does not depend on it")
@@ -207,7 +206,7 @@ def _model(target: Target, entry: TorchtuneModel) -> dict[str, Any]:
     plan = target.plan
     if plan.method == "full":
         return {"_component_": f"{entry.module}.{entry.builder}"}
-    lora = lora_settings(plan)
+    lora = lora_settings(plan, target.recipe)
     roles: set[str] = set(ALL_LINEAR_ROLES if lora.targets == "all-linear" else lora.targets)
     mlp = roles & _MLP_ROLES
     if mlp and mlp != _MLP_ROLES:
@@ -313,7 +312,7 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
             "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
             "num_warmup_steps": rules.warmup_steps if rules.warmup_steps is not None else DEFAULT_WARMUP_STEPS,
         },
-        "loss": {"_component_": _LOSS[resolve_recipe(plan).loss]},
+        "loss": {"_component_": _LOSS[target.recipe.loss]},
         # torchtune cannot clip when the optimizer steps inside backward (the recipe refuses both).
         "clip_grad_norm": None if plan.optimizer_in_backward else rules.max_grad_norm,
         "compile": bool(plan.compile),
@@ -372,7 +371,7 @@ def export_torchtune(target: Target) -> Built:
         f"download the weights first: {download}",
         "config.yaml trains on train.jsonl (dataset), packed to max_seq_len",
     ]
-    notes += lora_notes(target.plan)
+    notes += lora_notes(target.plan, target.recipe)
     if target.checkpoint_interval_s is not None:
         notes.append(
             f"torchtune checkpoints at the end of each epoch: the {target.checkpoint_interval_s / 60:.0f}-minute "

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 from packaging.version import Version
 
-from services.estimator.recipe import resolve_recipe
 from services.estimator.versions import RELEASES
 from services.export.errors import ExportError
 from services.export.hf import ZERO_STAGES
@@ -102,7 +101,7 @@ def _needs(target: Target) -> list[Need]:
             out.append(Need("peft", "0.21.2", "0.13", None, "LoraConfig(target_modules='all-linear')"))
         if bnb:
             out.append(Need("bitsandbytes", "0.50.2", "0.45", None, "NF4 / int8 weights or the 8-bit optimizer"))
-        if resolve_recipe(plan).kernels == "liger":
+        if target.recipe.kernels == "liger":
             out.append(Need("liger-kernel", "0.8.1", "0.3.0", None, "use_liger_kernel in hf_args.json"))
     if plan.sharding in ZERO_STAGES:
         out.append(Need("deepspeed", "0.19.8", "0.16", None, "the ZeRO config ds_config.json"))
