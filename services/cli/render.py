@@ -19,6 +19,7 @@ _LABELS = {
     "temporaries": "backward/optimizer temporaries",
     "sharding_buffers": "gathered shards (FSDP/ZeRO-3)",
     "dequantized_weights": "dequantized 16-bit weights (4-bit base)",
+    "tied_embedding_gradient": "tied embedding's second gradient",
     "quantization_temporaries": "quantizing at load",
     "kv_cache": "KV cache",
     "allocator_reserve": "allocator reserve (fragmentation)",

@@ -562,3 +562,23 @@ def test_inference_peak_has_no_training_state() -> None:
     assert mem.peak_moment == "prefill" and mem.trainable_params == 0
     for training_part in ("gradients", "optimizer_states", "master_weights", "adapters", "logits_and_loss"):
         assert training_part not in mem.components
+
+
+def test_a_tied_embedding_holds_two_gradients_when_its_backward_runs() -> None:
+    # One Parameter is the input embedding and the head: at the embedding's backward the head's gradient waits
+    # in autograd's input buffer beside the embedding's new one, next to every block's gradient.
+    tied_config = {**LLAMA_8B, "tie_word_embeddings": True}
+    for config, extra in ((tied_config, V * H * 2), (LLAMA_8B, 0)):
+        plan = make_plan(model={"name": "llama-8b", "config": config}, method="full", precision="bf16")
+        arch = architecture_from_config(config)
+        recipe = resolve_recipe(plan)
+        states = model_states(plan, arch, recipe)
+        held = states.weights + states.optimizer_states + states.gradients + states.master_weights
+        moment = peak_memory(plan, arch, recipe).moments["tied_embedding_backward"]
+        assert moment == pytest.approx(held + extra)
+    # LoRA freezes the embedding: no gradient of it at all.
+    lora = make_plan(model={"name": "llama-8b", "config": tied_config}, method="lora")
+    arch, recipe = architecture_from_config(tied_config), resolve_recipe(lora)
+    s = model_states(lora, arch, recipe)
+    held = s.weights + s.adapters + s.optimizer_states + s.gradients + s.master_weights + s.ddp_buckets
+    assert peak_memory(lora, arch, recipe).moments["tied_embedding_backward"] == pytest.approx(held)

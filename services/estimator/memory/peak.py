@@ -123,6 +123,16 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
             "temporaries": acts.recompute + acts.backward_transient,
             "sharding_buffers": shard_bwd,
         },
+        # A tied embedding is one Parameter used twice: autograd holds the head's gradient in the leaf's input
+        # buffer until the embedding's backward (the step's last op) makes its own vocab x hidden gradient and the
+        # two are summed (torch/csrc/autograd/input_buffer.cpp InputBuffer::add; CUDA's embedding_dense_backward
+        # writes into one new tensor), so one more such tensor sits beside every block's gradient then.
+        "tied_embedding_backward": {
+            **static,
+            "gradients": persistent_grads + growing_grads,
+            "tied_embedding_gradient": tied_embedding_gradient_bytes(plan, arch, recipe),
+            "sharding_buffers": shard_bwd,
+        },
         "optimizer_step": {
             **static,
             "gradients": persistent_grads + growing_grads,
@@ -153,6 +163,13 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         other_lengths_cache=varying_length_cache_bytes(recipe, length_dependent),
         rebuilt_block_cache=REBUILT_BLOCK_CACHE * acts.recompute,
     )
+
+
+def tied_embedding_gradient_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """The embedding's own gradient of a trained tied embedding, made before it is added to the head's."""
+    if plan.method != "full" or not arch.tie_word_embeddings:
+        return 0.0
+    return float(arch.lm_head_matmul_params * recipe.weight_bytes)
 
 
 def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates) -> MemoryBreakdown:
