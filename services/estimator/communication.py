@@ -15,8 +15,9 @@ arXiv 2304.11277, section 3):
 
 A ring collective over n ranks moves (n-1)/n of the data per rank per phase (all-reduce: two phases) at
 the bus bandwidth of the slowest link it crosses (NCCL's ``busbw``, NVIDIA/nccl-tests doc/PERFORMANCE.md),
-plus one link latency per ring step. Within a node that is NVLink/NVSwitch or PCIe; across nodes the
-provider's network per node (NCCL runs one ring per NIC, so a node's whole network carries its share).
+plus a base latency and one link latency per ring step (NCCL's tuning model). Within a node that is
+NVLink/NVSwitch or PCIe; across nodes the provider's network per node (NCCL runs one ring per NIC, so a
+node's whole network carries its share).
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ NVLINK_BUS_EFFICIENCY = 0.87
 PCIE_P2P_BUS_EFFICIENCY = 0.63
 PCIE_NO_P2P_BUS_EFFICIENCY = 0.25
 NETWORK_BUS_EFFICIENCY = 0.87
-# One ring step's latency per link type. NVLink ~1 us and PCIe ~2 us are the order of NCCL's own tuning
-# model (src/graph/tuning.cc hardware latencies); PCIe without P2P: 14.8 us GPU-to-GPU measured by
-# p2pBandwidthLatencyTest in the same gist; network: ~5 us for an RDMA hop (ASSUMPTION, InfiniBand class).
-NVLINK_HOP_LATENCY_S = 1e-6
-PCIE_HOP_LATENCY_S = 2e-6
+# Latency of one ring collective, NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc, ring algorithm,
+# Simple protocol, the one NCCL picks for MB-sized messages like these buckets and layers): a base of 8.4 us
+# plus one hop latency per ring step, 3.4 us over NVLink, 5.7 us over PCIe and 14 us for the steps that cross
+# the network (nodes - 1 of the n - 1 steps of each phase). PCIe without P2P: 14.8 us GPU-to-GPU measured by
+# p2pBandwidthLatencyTest in the same gist as its bandwidth.
+RING_BASE_LATENCY_S = 8.4e-6
+NVLINK_HOP_LATENCY_S = 3.4e-6
+PCIE_HOP_LATENCY_S = 5.7e-6
 PCIE_NO_P2P_HOP_LATENCY_S = 14.8e-6
-NETWORK_HOP_LATENCY_S = 5e-6
+NETWORK_HOP_LATENCY_S = 14.0e-6
 # PyTorch DDP's gradient bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25).
 DDP_BUCKET_BYTES = 25 * 2**20
 # Synchronous data parallelism waits for the slowest GPU each step. Sinha et al. (SC22, "Not All GPUs Are
@@ -120,12 +124,18 @@ class Links:
         return found if math.isfinite(found) else self.intra_gb_per_s * 1e9
 
     def hop_latency_s(self) -> float:
-        """Latency of one ring step: the network's when the ring leaves the node."""
-        if self.nodes > 1:
-            return NETWORK_HOP_LATENCY_S
+        """Latency of one ring step between two GPUs of a node."""
         return {"NVLink": NVLINK_HOP_LATENCY_S, "PCIe": PCIE_HOP_LATENCY_S}.get(
             self.intra_kind, PCIE_NO_P2P_HOP_LATENCY_S
         )
+
+    def ring_latency_s(self, phases: int) -> float:
+        """Latency of one ring collective of ``phases`` passes (all-gather 1, all-reduce 2) over every GPU:
+        the base plus each of its phases x (n-1) steps, those that cross to the next node at the network's
+        hop latency (NCCL's tuning model)."""
+        steps = phases * (self.gpus - 1)
+        inter = min(steps, phases * (self.nodes - 1))
+        return RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
 
     def label(self) -> str:
         intra = f"{self.intra_kind} {self.intra_gb_per_s:g} GB/s per GPU"
@@ -139,7 +149,7 @@ def all_reduce_seconds(size_bytes: float, links: Links, collectives: int = 1) ->
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * 2 * (n - 1) * links.hop_latency_s()
+    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(2)
 
 
 def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> float:
@@ -147,7 +157,7 @@ def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> flo
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * (n - 1) * links.hop_latency_s()
+    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(1)
 
 
 def straggler_fraction(gpus: int, variation: float = GPU_PERFORMANCE_VARIATION) -> float:

@@ -41,8 +41,18 @@ def test_pcie_is_slower_than_nvlink_and_the_network_slower_than_both() -> None:
     no_p2p = all_reduce_seconds(size, Links(8, 1, "PCIe (no P2P)", 64.0))
     nodes = all_reduce_seconds(size, Links(8, 2, "NVLink", 450.0, 400.0))
     assert nvlink < nodes < pcie < no_p2p
-    # 2 (n-1)/n x 1 GB over 0.87 x 450 GB/s, plus 14 ring steps of 1 us.
-    assert nvlink == pytest.approx(2 * 7 / 8 * 1e9 / (0.87 * 450e9) + 14e-6)
+    # 2 (n-1)/n x 1 GB over 0.87 x 450 GB/s, plus NCCL's ring latency: 8.4 us and 14 steps of 3.4 us.
+    assert nvlink == pytest.approx(2 * 7 / 8 * 1e9 / (0.87 * 450e9) + 8.4e-6 + 14 * 3.4e-6)
+
+
+def test_only_the_ring_steps_that_leave_a_node_pay_the_network_latency() -> None:
+    # NCCL's tuning model (src/graph/tuning.cc, ring, Simple): an all-gather over 4 nodes of 8 GPUs has 31
+    # steps, 3 of them between nodes at 14 us, the other 28 over NVLink at 3.4 us, on top of a base of 8.4 us.
+    links = Links(8, 4, "NVLink", 450.0, 3200.0)
+    assert links.ring_latency_s(1) == pytest.approx(8.4e-6 + 28 * 3.4e-6 + 3 * 14e-6)
+    assert links.ring_latency_s(2) == pytest.approx(8.4e-6 + 56 * 3.4e-6 + 6 * 14e-6)
+    one_per_node = Links(1, 4, "NVLink", 450.0, 400.0)
+    assert one_per_node.ring_latency_s(1) == pytest.approx(8.4e-6 + 3 * 14e-6)
 
 
 def test_the_straggler_wait_grows_with_the_gpu_count() -> None:
