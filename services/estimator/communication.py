@@ -35,11 +35,12 @@ from services.estimator.architecture import Architecture, parameter_counts
 # - PCIe without peer-to-peer (GeForce cards: the driver disables P2P, so NCCL stages through host
 #   memory): all_reduce busbw 4.0 GB/s on 2 x RTX 2080 Ti over PCIe Gen3 x16 (16 GB/s), i.e. 0.25
 #   (nccl-tests run published as a gist, Anthony-Hoo/5b407716011b3b74df0ddbd7688d6562).
-# - Network (RDMA, InfiniBand/RoCE/EFA): the same ~87% of line rate assumed as for NVLink (ASSUMPTION).
+# - Network (RDMA): NCCL's maintainers expect 46-48 GB/s of ring busbw per 400 Gb/s NDR InfiniBand NIC
+#   (NVIDIA/nccl-tests issue 290), i.e. 0.94 of its 50 GB/s line rate; each of a node's NICs carries one ring.
 NVLINK_BUS_EFFICIENCY = 0.87
 PCIE_P2P_BUS_EFFICIENCY = 0.63
 PCIE_NO_P2P_BUS_EFFICIENCY = 0.25
-NETWORK_BUS_EFFICIENCY = 0.87
+NETWORK_BUS_EFFICIENCY = 0.94
 # Latency of one ring collective, NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc, ring algorithm,
 # Simple protocol, the one NCCL picks for MB-sized messages like these buckets and layers): a base of 8.4 us
 # plus one hop latency per ring step, 3.4 us over NVLink, 5.7 us over PCIe and 14 us for the steps that cross
