@@ -120,3 +120,10 @@ def test_the_synchronisation_overhead_is_what_its_declared_fit_gives(capsys) -> 
     split = fit_sync.fit_cases()
     assert len(split) >= 2 and all(c.base.links.gpus == 1 for c in split)
     assert fit_sync.main() == 0, capsys.readouterr().out
+
+
+def test_a_node_of_eight_ndr_nics_reaches_what_nccls_maintainers_quote() -> None:
+    # NVIDIA/nccl-tests issue 290: 46-48 GB/s of ring busbw per 400 Gb/s NDR NIC; one ring per NIC, so a node
+    # of 8 such NICs carries 8 x that (when NVLink inside the node is faster).
+    links = Links(8, 4, "NVLink", 900.0, 8 * 400.0)
+    assert 8 * 46e9 <= links.bus_bytes_per_s() <= 8 * 48e9
