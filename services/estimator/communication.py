@@ -53,6 +53,11 @@ PCIE_NO_P2P_HOP_LATENCY_S = 14.8e-6
 NETWORK_HOP_LATENCY_S = 14.0e-6
 # PyTorch DDP's gradient bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25).
 DDP_BUCKET_BYTES = 25 * 2**20
+# DeepSpeed ZeRO-3 keeps parameters below stage3_param_persistence_threshold (1e5 elements by default,
+# deepspeed/runtime/zero/config.py) whole on every rank and gathers the others one submodule at a time: one
+# all_gather_coalesced per fetch (partitioned_param_coordinator.py), so a pass makes about one collective per
+# partitioned module, where FSDP's auto-wrap makes one per transformer block.
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
 # Synchronous data parallelism waits for the slowest GPU each step. Sinha et al. (SC22, "Not All GPUs Are
 # Created Equal", arXiv 2208.11035) measured an average 8% performance variation between GPUs of one SKU
 # in the same cluster (max 22%); with per-GPU speeds spread evenly over that range, the expected slowest
@@ -86,6 +91,16 @@ def total_parameters(arch: Architecture) -> int:
     total = parameter_counts(arch).total
     _TOTALS[id(arch)] = (arch, total)
     return total
+
+
+def zero3_gathers_per_pass(arch: Architecture) -> int:
+    """All-gathers of one forward (or backward) pass under DeepSpeed ZeRO-3: one per block linear it partitions
+    (an expert group counted as one module, as transformers fuses them), at least one per block."""
+    per_block = (
+        max(1, sum(1 for lin in b.linears if lin.params // lin.copies >= ZERO3_PERSISTENCE_THRESHOLD))
+        for b in arch.blocks
+    )
+    return sum(n * b.count for n, b in zip(per_block, arch.blocks, strict=True))
 
 
 @dataclass(frozen=True)
@@ -221,12 +236,14 @@ def step_communication(
     backward_s: float,
     accumulation: int,
     sync_overhead: float = DATA_PARALLEL_SYNC_OVERHEAD,
+    gathers_per_pass: int | None = None,
 ) -> StepCommunication:
     """Communication per micro-batch of a data-parallel layout and the part of it that compute does not hide.
 
     ``grad_bytes``: trainable gradients as reduced; ``param_bytes_16bit``: trainable parameters as
     re-gathered after a ZeRO-1/2 step; ``gathered_weight_bytes``: every weight as stored (what FSDP/ZeRO-3
-    gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward).
+    gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward);
+    ``gathers_per_pass``: the all-gathers of one pass under ZeRO-3/FSDP where not one per layer.
     """
     a = max(1, accumulation)
     if links.gpus <= 1:
@@ -238,7 +255,7 @@ def step_communication(
     share = (n - 1) / n
     layers = max(1, layers)
     if sharding in ("zero3", "fsdp"):
-        gather = gather_seconds(gathered_weight_bytes, links, collectives=layers)
+        gather = gather_seconds(gathered_weight_bytes, links, collectives=gathers_per_pass or layers)
         scatter = gather_seconds(grad_bytes, links, collectives=layers)
         # Prefetch hides each layer's gather behind the previous layer's compute; the first layer of each
         # pass (and the last reduce-scatter) cannot be hidden.

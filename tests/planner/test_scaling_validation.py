@@ -127,3 +127,22 @@ def test_a_node_of_eight_ndr_nics_reaches_what_nccls_maintainers_quote() -> None
     # of 8 such NICs carries 8 x that (when NVLink inside the node is faster).
     links = Links(8, 4, "NVLink", 900.0, 8 * 400.0)
     assert 8 * 46e9 <= links.bus_bytes_per_s() <= 8 * 48e9
+
+
+def test_zero3_pays_a_ring_latency_per_gathered_module_fsdp_one_per_block() -> None:
+    # 16 nodes of 8: each all-gather costs NCCL's ring latency, 8.4 us + 112 x 3.4 us + 15 x 14 us; DeepSpeed
+    # ZeRO-3 gathers 7 modules of a Llama block where FSDP gathers the block once.
+    links = Links(8, 16, "NVLink", 450.0, 3200.0)
+    kwargs = dict(
+        grad_bytes=16e9,
+        param_bytes_16bit=16e9,
+        gathered_weight_bytes=16e9,
+        layers=32,
+        forward_s=1.0,
+        backward_s=2.0,
+        accumulation=1,
+    )
+    fsdp = step_communication("fsdp", links, **kwargs)  # type: ignore[arg-type]
+    zero3 = step_communication("zero3", links, gathers_per_pass=7 * 32, **kwargs)  # type: ignore[arg-type]
+    per_gather = 8.4e-6 + 112 * 3.4e-6 + 15 * 14e-6
+    assert zero3.seconds - fsdp.seconds == pytest.approx(2 * 6 * 32 * per_gather)
