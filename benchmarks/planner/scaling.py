@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.estimator.communication import Links, step_communication
+from services.estimator.communication import DATA_PARALLEL_SYNC_OVERHEAD, Links, step_communication
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -50,7 +50,7 @@ class Case:
         return self.target.throughput / self.base.throughput
 
 
-def _step_s(case: Case, links: Links, compute_s: float) -> float:
+def _step_s(case: Case, links: Links, compute_s: float, sync_overhead: float) -> float:
     comm = step_communication(
         case.sharding,
         links,
@@ -61,22 +61,25 @@ def _step_s(case: Case, links: Links, compute_s: float) -> float:
         forward_s=compute_s * case.forward_share,
         backward_s=compute_s * (1 - case.forward_share),
         accumulation=case.accumulation,
+        sync_overhead=sync_overhead,
     )
     return compute_s + comm.exposed_seconds + comm.straggler_seconds
 
 
-def predicted_ratio(case: Case) -> float:
-    """Per-GPU throughput at the target scale over the base scale, as the model predicts it."""
+def predicted_ratio(case: Case, sync_overhead: float = DATA_PARALLEL_SYNC_OVERHEAD) -> float:
+    """Per-GPU throughput at the target scale over the base scale, as the model predicts it (``sync_overhead``:
+    the data-parallel synchronisation overhead to use; benchmarks/planner/fit_sync.py fits it)."""
     measured_step = case.per_micro_batch / case.base.throughput
     lo, hi = 0.0, measured_step
     for _ in range(80):  # bisection: step time grows with compute
         mid = (lo + hi) / 2
-        if _step_s(case, case.base.links, mid) > measured_step:
+        if _step_s(case, case.base.links, mid, sync_overhead) > measured_step:
             hi = mid
         else:
             lo = mid
     compute = lo
-    return _step_s(case, case.base.links, compute) / _step_s(case, case.target.links, compute)
+    base = _step_s(case, case.base.links, compute, sync_overhead)
+    return base / _step_s(case, case.target.links, compute, sync_overhead)
 
 
 def _h100_node(nodes: int) -> Links:
@@ -213,7 +216,7 @@ CASES: tuple[Case, ...] = (
         # predicted 0.988, +28%, while it overlapped the all-reduce with the backward pass).
         0.06,
     ),
-    # The two cases behind DATA_PARALLEL_SYNC_OVERHEAD (in-sample: the prior is their mean residual).
+    # The two cases DATA_PARALLEL_SYNC_OVERHEAD is fitted on (benchmarks/planner/fit_sync.py: in-sample here).
     Case(
         "Llama-3.1-8B LoRA DDP, 1 -> 2 x RTX PRO 6000 (PCIe)",
         EXXACT + "; 4,962 tokens/s on one GPU, 9,541 on two",

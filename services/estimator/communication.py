@@ -15,8 +15,9 @@ arXiv 2304.11277, section 3):
 
 A ring collective over n ranks moves (n-1)/n of the data per rank per phase (all-reduce: two phases) at
 the bus bandwidth of the slowest link it crosses (NCCL's ``busbw``, NVIDIA/nccl-tests doc/PERFORMANCE.md),
-plus one link latency per ring step. Within a node that is NVLink/NVSwitch or PCIe; across nodes the
-provider's network per node (NCCL runs one ring per NIC, so a node's whole network carries its share).
+plus a base latency and one link latency per ring step (NCCL's tuning model). Within a node that is
+NVLink/NVSwitch or PCIe; across nodes the provider's network per node (NCCL runs one ring per NIC, so a
+node's whole network carries its share).
 """
 
 from __future__ import annotations
@@ -34,20 +35,29 @@ from services.estimator.architecture import Architecture, parameter_counts
 # - PCIe without peer-to-peer (GeForce cards: the driver disables P2P, so NCCL stages through host
 #   memory): all_reduce busbw 4.0 GB/s on 2 x RTX 2080 Ti over PCIe Gen3 x16 (16 GB/s), i.e. 0.25
 #   (nccl-tests run published as a gist, Anthony-Hoo/5b407716011b3b74df0ddbd7688d6562).
-# - Network (RDMA, InfiniBand/RoCE/EFA): the same ~87% of line rate assumed as for NVLink (ASSUMPTION).
+# - Network (RDMA): NCCL's maintainers expect 46-48 GB/s of ring busbw per 400 Gb/s NDR InfiniBand NIC
+#   (NVIDIA/nccl-tests issue 290), i.e. 0.94 of its 50 GB/s line rate; each of a node's NICs carries one ring.
 NVLINK_BUS_EFFICIENCY = 0.87
 PCIE_P2P_BUS_EFFICIENCY = 0.63
 PCIE_NO_P2P_BUS_EFFICIENCY = 0.25
-NETWORK_BUS_EFFICIENCY = 0.87
-# One ring step's latency per link type. NVLink ~1 us and PCIe ~2 us are the order of NCCL's own tuning
-# model (src/graph/tuning.cc hardware latencies); PCIe without P2P: 14.8 us GPU-to-GPU measured by
-# p2pBandwidthLatencyTest in the same gist; network: ~5 us for an RDMA hop (ASSUMPTION, InfiniBand class).
-NVLINK_HOP_LATENCY_S = 1e-6
-PCIE_HOP_LATENCY_S = 2e-6
+NETWORK_BUS_EFFICIENCY = 0.94
+# Latency of one ring collective, NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc, ring algorithm,
+# Simple protocol, the one NCCL picks for MB-sized messages like these buckets and layers): a base of 8.4 us
+# plus one hop latency per ring step, 3.4 us over NVLink, 5.7 us over PCIe and 14 us for the steps that cross
+# the network (nodes - 1 of the n - 1 steps of each phase). PCIe without P2P: 14.8 us GPU-to-GPU measured by
+# p2pBandwidthLatencyTest in the same gist as its bandwidth.
+RING_BASE_LATENCY_S = 8.4e-6
+NVLINK_HOP_LATENCY_S = 3.4e-6
+PCIE_HOP_LATENCY_S = 5.7e-6
 PCIE_NO_P2P_HOP_LATENCY_S = 14.8e-6
-NETWORK_HOP_LATENCY_S = 5e-6
+NETWORK_HOP_LATENCY_S = 14.0e-6
 # PyTorch DDP's gradient bucket size (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25).
 DDP_BUCKET_BYTES = 25 * 2**20
+# DeepSpeed ZeRO-3 keeps parameters below stage3_param_persistence_threshold (1e5 elements by default,
+# deepspeed/runtime/zero/config.py) whole on every rank and gathers the others one submodule at a time: one
+# all_gather_coalesced per fetch (partitioned_param_coordinator.py), so a pass makes about one collective per
+# partitioned module, where FSDP's auto-wrap makes one per transformer block.
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
 # Synchronous data parallelism waits for the slowest GPU each step. Sinha et al. (SC22, "Not All GPUs Are
 # Created Equal", arXiv 2208.11035) measured an average 8% performance variation between GPUs of one SKU
 # in the same cluster (max 22%); with per-GPU speeds spread evenly over that range, the expected slowest
@@ -62,14 +72,9 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 # Per-micro-batch synchronisation overhead of data-parallel training that neither the collectives' bytes
 # nor GPU speed variation account for (the DDP wrapper's per-forward buffer broadcast and per-parameter
 # autograd hooks, and each rank's host-side jitter, which a synchronous step exposes). A class prior, not
-# a mechanism with its own formula: the mean per-GPU loss left unexplained in the published single-node
-# data-parallel measurements with a one-GPU baseline where the modelled communication is negligible
-# (benchmarks/planner/scaling.py): Exxact, "LoRA Fine Tuning Benchmark on NVIDIA RTX PRO GPUs" (2026-06-04,
-# Llama-3.1-8B LoRA, HF Transformers DDP over PCIe): 2 x RTX PRO 6000 at 96.1% and 4 x RTX PRO 4500 at
-# 96.5% of one GPU's tokens/s per GPU, against the variation wait of 1.3% and 2.4% -> 2.6% and 1.1%
-# unexplained, 1.9% on average. It cancels between two multi-GPU scales, so the other validation cases do
-# not see it.
-DATA_PARALLEL_SYNC_OVERHEAD = 0.019
+# a mechanism with its own formula: fitted by benchmarks/planner/fit_sync.py on the scaling cases with a
+# one-GPU base (the only ones it does not cancel in), its held-out effect is printed there.
+DATA_PARALLEL_SYNC_OVERHEAD = 0.018
 
 
 _TOTALS: dict[int, tuple[Architecture, int]] = {}
@@ -86,6 +91,16 @@ def total_parameters(arch: Architecture) -> int:
     total = parameter_counts(arch).total
     _TOTALS[id(arch)] = (arch, total)
     return total
+
+
+def zero3_gathers_per_pass(arch: Architecture) -> int:
+    """All-gathers of one forward (or backward) pass under DeepSpeed ZeRO-3: one per block linear it partitions
+    (an expert group counted as one module, as transformers fuses them), at least one per block."""
+    per_block = (
+        max(1, sum(1 for lin in b.linears if lin.params // lin.copies >= ZERO3_PERSISTENCE_THRESHOLD))
+        for b in arch.blocks
+    )
+    return sum(n * b.count for n, b in zip(per_block, arch.blocks, strict=True))
 
 
 @dataclass(frozen=True)
@@ -125,12 +140,18 @@ class Links:
         return found if math.isfinite(found) else self.intra_gb_per_s * 1e9
 
     def hop_latency_s(self) -> float:
-        """Latency of one ring step: the network's when the ring leaves the node."""
-        if self.nodes > 1:
-            return NETWORK_HOP_LATENCY_S
+        """Latency of one ring step between two GPUs of a node."""
         return {"NVLink": NVLINK_HOP_LATENCY_S, "PCIe": PCIE_HOP_LATENCY_S}.get(
             self.intra_kind, PCIE_NO_P2P_HOP_LATENCY_S
         )
+
+    def ring_latency_s(self, phases: int) -> float:
+        """Latency of one ring collective of ``phases`` passes (all-gather 1, all-reduce 2) over every GPU:
+        the base plus each of its phases x (n-1) steps, those that cross to the next node at the network's
+        hop latency (NCCL's tuning model)."""
+        steps = phases * (self.gpus - 1)
+        inter = min(steps, phases * (self.nodes - 1))
+        return RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
 
     def label(self) -> str:
         intra = f"{self.intra_kind} {self.intra_gb_per_s:g} GB/s per GPU"
@@ -144,7 +165,7 @@ def all_reduce_seconds(size_bytes: float, links: Links, collectives: int = 1) ->
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * 2 * (n - 1) * links.hop_latency_s()
+    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(2)
 
 
 def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> float:
@@ -152,7 +173,7 @@ def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> flo
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * (n - 1) * links.hop_latency_s()
+    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(1)
 
 
 def straggler_fraction(gpus: int, variation: float = GPU_PERFORMANCE_VARIATION) -> float:
@@ -166,12 +187,13 @@ def straggler_fraction(gpus: int, variation: float = GPU_PERFORMANCE_VARIATION) 
     return variation * (gpus - 1) / (2 * (gpus + 1))
 
 
-def synchronisation_fraction(gpus: int) -> float:
+def synchronisation_fraction(gpus: int, sync_overhead: float = DATA_PARALLEL_SYNC_OVERHEAD) -> float:
     """Share of a micro-batch's compute a synchronous data-parallel step adds on ``gpus`` GPUs: the wait for
-    the slowest GPU plus the per-micro-batch synchronisation overhead (0 on one GPU)."""
+    the slowest GPU plus the per-micro-batch synchronisation overhead (0 on one GPU; ``sync_overhead``: the
+    overhead to use, for its fit in benchmarks/planner/fit_sync.py)."""
     if gpus <= 1:
         return 0.0
-    return straggler_fraction(gpus) + DATA_PARALLEL_SYNC_OVERHEAD
+    return straggler_fraction(gpus) + sync_overhead
 
 
 def overlap_interference_seconds(hidden_s: float) -> float:
@@ -213,24 +235,27 @@ def step_communication(
     forward_s: float,
     backward_s: float,
     accumulation: int,
+    sync_overhead: float = DATA_PARALLEL_SYNC_OVERHEAD,
+    gathers_per_pass: int | None = None,
 ) -> StepCommunication:
     """Communication per micro-batch of a data-parallel layout and the part of it that compute does not hide.
 
     ``grad_bytes``: trainable gradients as reduced; ``param_bytes_16bit``: trainable parameters as
     re-gathered after a ZeRO-1/2 step; ``gathered_weight_bytes``: every weight as stored (what FSDP/ZeRO-3
-    gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward).
+    gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward);
+    ``gathers_per_pass``: the all-gathers of one pass under ZeRO-3/FSDP where not one per layer.
     """
     a = max(1, accumulation)
     if links.gpus <= 1:
         return StepCommunication(0.0, 0.0, 0.0, 0.0, links.label())
-    straggler = synchronisation_fraction(links.gpus) * (forward_s + backward_s)
+    straggler = synchronisation_fraction(links.gpus, sync_overhead) * (forward_s + backward_s)
     if not hides_communication(links):
         forward_s = backward_s = 0.0
     n = links.gpus
     share = (n - 1) / n
     layers = max(1, layers)
     if sharding in ("zero3", "fsdp"):
-        gather = gather_seconds(gathered_weight_bytes, links, collectives=layers)
+        gather = gather_seconds(gathered_weight_bytes, links, collectives=gathers_per_pass or layers)
         scatter = gather_seconds(grad_bytes, links, collectives=layers)
         # Prefetch hides each layer's gather behind the previous layer's compute; the first layer of each
         # pass (and the last reduce-scatter) cannot be hidden.

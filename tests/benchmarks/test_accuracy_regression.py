@@ -25,7 +25,7 @@ HELD_OUT = {
         "counter_p90": 17.3,
         "fit_median": 9.9,
         "fit_p90": 30.8,
-        "tokens_median": 8.7,
+        "tokens_median": 9.0,
         "refused_planner_rule_pct": 1.4,
         "band_coverage_pct": 89.0,
     },

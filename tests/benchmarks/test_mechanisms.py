@@ -144,3 +144,27 @@ def test_replayed_steps_peak_where_the_estimator_says_and_cache_at_least_the_reb
     est = estimator_step(step)
     assert lora["peak_allocated_gib"] == pytest.approx(est["allocated_gib"], rel=0.02)
     assert lora["gap_gib"] >= REBUILT_BLOCK_CACHE * est["rebuilt_block_gib"]
+
+
+def test_zero3_gathers_one_collective_per_module_deepspeed_partitions() -> None:
+    """DeepSpeed ZeRO-3 fetches each submodule's partitioned parameters with one coalesced all-gather: the
+    estimator's gathers per pass against the modules of a transformers Llama-3.1-8B layer (meta device) whose
+    own parameters reach the installed DeepSpeed's default persistence threshold."""
+    require_trace_extra()
+    import torch
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from services.catalog.models import find_model
+    from services.estimator.architecture import architecture_from_config
+    from services.estimator.communication import ZERO3_PERSISTENCE_THRESHOLD, zero3_gathers_per_pass
+
+    threshold = DeepSpeedZeroConfig().param_persistence_threshold
+    assert threshold == ZERO3_PERSISTENCE_THRESHOLD
+    config = find_model("meta-llama/Llama-3.1-8B").config
+    with torch.device("meta"):
+        layer = LlamaDecoderLayer(LlamaConfig(**config), 0)
+    partitioned = sum(1 for m in layer.modules() if sum(p.numel() for p in m.parameters(recurse=False)) >= threshold)
+    arch = architecture_from_config(config)
+    assert zero3_gathers_per_pass(arch) == partitioned * arch.num_layers

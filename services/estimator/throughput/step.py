@@ -19,6 +19,7 @@ from services.estimator.communication import (
     offload_streaming_seconds,
     step_communication,
     total_parameters,
+    zero3_gathers_per_pass,
 )
 from services.estimator.memory import (
     ModelStates,
@@ -166,6 +167,7 @@ def data_parallel_communication(
         forward_s=compute_s * forward_share,
         backward_s=compute_s * (1.0 - forward_share),
         accumulation=plan.gradient_accumulation_steps or 1,
+        gathers_per_pass=zero3_gathers_per_pass(arch) if plan.sharding == "zero3" else None,
     )
 
 
