@@ -17,6 +17,17 @@ def test_activation_rules_match_transformers_within_10_percent() -> None:
         assert abs(row["error_pct"]) <= 10, row
 
 
+def test_gemma2_logit_softcap_keeps_one_more_logits_tensor() -> None:
+    """Gemma 2's tanh(logits / cap) * cap keeps the tanh output: what the estimator adds for it is what autograd
+    saves in transformers' Gemma2ForCausalLM (a one-layer model with and without final_logit_softcapping)."""
+    require_trace_extra()
+    from benchmarks.mechanisms.run import final_softcap_saved_bytes_per_token
+
+    measured, predicted = final_softcap_saved_bytes_per_token()
+    assert measured > 0
+    assert predicted == pytest.approx(measured, rel=0.02)
+
+
 def test_kernels_per_block_match_a_transformers_llama_layer() -> None:
     """The kernel counts behind the dispatch floor, counted on the real LlamaDecoderLayer (no timing here:
     the host time per kernel is a benchmark, python -m benchmarks.mechanisms.dispatch)."""

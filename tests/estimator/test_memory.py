@@ -562,3 +562,47 @@ def test_inference_peak_has_no_training_state() -> None:
     assert mem.peak_moment == "prefill" and mem.trainable_params == 0
     for training_part in ("gradients", "optimizer_states", "master_weights", "adapters", "logits_and_loss"):
         assert training_part not in mem.components
+
+
+def _gemma2(**fields: object) -> tuple:
+    from services.catalog.models import find_model
+
+    config = dict(find_model("google/gemma-2-2b").config)
+    caps = fields.pop("caps", True)
+    if not caps:
+        config.update(attn_logit_softcapping=None, final_logit_softcapping=None)
+    plan = make_plan(model={"name": "gemma-2-2b", "config": config}, seq_len=2048, micro_batch_size=2, **fields)
+    return plan, architecture_from_config(config), resolve_recipe(plan)
+
+
+def test_gemma2_on_sdpa_runs_soft_capped_eager_attention() -> None:
+    """transformers' Gemma2 has no SDPA path (``_supports_sdpa = False``): a plan on SDPA is the eager plan, and
+    the cap's tanh keeps one more score matrix than eager attention without a cap."""
+    lora = {"method": "lora", "framework": "hf-trainer"}
+    sdpa, eager = peak_memory(*_gemma2(**lora)), peak_memory(*_gemma2(attention="eager", **lora))
+    assert sdpa.peak_allocated == eager.peak_allocated
+    capped = sdpa.activations_per_layer_per_token
+    plain = peak_memory(*_gemma2(caps=False, attention="eager", **lora)).activations_per_layer_per_token
+    assert capped["attention_scores"] > plain["attention_scores"]
+    # Without caps the same SDPA plan keeps no score matrix at all.
+    assert "attention_scores" not in peak_memory(*_gemma2(caps=False, **lora)).activations_per_layer_per_token
+
+
+def test_gemma2_caps_cost_nothing_where_a_kernel_or_the_framework_skips_them() -> None:
+    """flash-attn caps inside its kernel, torchtune's gemma2 keeps SDPA and caps the final norm, not the logits
+    (Gemma2FinalNorm), and Liger's fused linear cross-entropy caps chunk by chunk."""
+    for fields in (
+        {"method": "lora", "framework": "hf-trainer", "attention": "flash", "loss": "fused"},
+        {"method": "lora", "framework": "torchtune"},
+    ):
+        capped, uncapped = _gemma2(**fields), _gemma2(caps=False, **fields)
+        assert peak_memory(*capped).peak_allocated == peak_memory(*uncapped).peak_allocated, fields
+
+
+def test_gemma2_capped_logits_keep_one_more_logits_tensor_through_backward() -> None:
+    """The head's tanh output lives from the end of forward to the cap's backward, after the loss's own."""
+    fields = {"method": "lora", "framework": "hf-trainer", "attention": "flash"}
+    capped, uncapped = _gemma2(**fields), _gemma2(caps=False, **fields)
+    (fwd, bwd), (fwd0, bwd0) = logits_bytes(*capped), logits_bytes(*uncapped)
+    logits_tensor = capped[0].tokens_per_micro_batch * capped[1].vocab_size * 2  # bf16 head output
+    assert (fwd - fwd0, bwd - bwd0) == (logits_tensor, logits_tensor)

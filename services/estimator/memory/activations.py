@@ -14,11 +14,29 @@ from services.estimator.memory.states import lora_roles_of
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
+# Frameworks that run soft-capped attention (Gemma 2) outside SDPA: transformers' Gemma2 model (the Trainer,
+# axolotl, a hand-written loop over it) and LitGPT. torchtune's gemma2 builders keep SDPA and skip the
+# attention cap ("Since `nn.SPDA` doesn't support SoftCapping, soft capping is skipped",
+# torchtune/models/gemma2/_component_builders.py); Unsloth runs its own kernels.
+SOFTCAP_EAGER_FRAMEWORKS = frozenset({"hf-trainer", "pytorch", "axolotl", "litgpt"})
+
+
+def attention_softcapped(arch: Architecture, recipe: Recipe) -> bool:
+    """Whether attention scores are soft-capped by PyTorch ops (tanh of the scores, outside any kernel)."""
+    return bool(arch.attention_logit_softcap) and recipe.framework in SOFTCAP_EAGER_FRAMEWORKS
+
 
 def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
     # transformers' BLOOM and T5 have no SDPA path, and Falcon falls back to math attention (scores
     # kept in fp32) when a padding mask is present (measured in benchmarks/mechanisms).
     if arch.model_type in ("bloom", "t5", "mt5", "falcon"):
+        return "eager"
+    # SDPA has no soft-capping: transformers' Gemma2 refuses it (``_supports_sdpa = False  # sdpa does not
+    # support softcapping``, modeling_gemma2.py in 5.x; 4.42-4.47 swapped a default "sdpa" for "eager" in
+    # Gemma2PreTrainedModel._check_and_enable_sdpa), and LitGPT takes its own eager path when
+    # attention_logit_softcapping is set (MultiHeadSelfAttention._use_eager_sdpa). flash-attn (>= 2.6) caps
+    # inside its kernel, so "flash" stays flash.
+    if recipe.attention == "sdpa" and attention_softcapped(arch, recipe):
         return "eager"
     return recipe.attention
 
@@ -172,6 +190,11 @@ def block_saved_bytes_per_token(
             # Eager attention keeps the score matrix: softmax output in fp32 (HF upcasts) and its
             # 16-bit copy for the value matmul, plus the dropout mask when dropout is active.
             add("attention_scores", heads * seq_len * (4 + a))
+            if attention_softcapped(arch, recipe):
+                # scores / cap, tanh, * cap (eager_attention_forward with softcap): tanh keeps its output,
+                # one more score matrix in the compute dtype. (LitGPT's newer eager path keeps the tanh and
+                # softmax outputs in fp32 instead: 8 bytes per score either way at 16-bit.)
+                add("attention_scores", heads * seq_len * a)
             if recipe.model_dropout and arch.attention_dropout > 0:
                 add("attention_scores", heads * seq_len * 1)
         add("attention_output_proj_input", input_copies(out_proj) * a * heads * hd)
