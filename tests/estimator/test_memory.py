@@ -15,6 +15,7 @@ from services.estimator.memory import (
     adapter_params,
     block_saved_bytes_per_token,
     bnb_dequantize_bytes,
+    dequantized_weight_bytes,
     gptq_dequantized_bytes,
     logits_bytes,
     model_states,
@@ -606,3 +607,23 @@ def test_gemma2_capped_logits_keep_one_more_logits_tensor_through_backward() -> 
     (fwd, bwd), (fwd0, bwd0) = logits_bytes(*capped), logits_bytes(*uncapped)
     logits_tensor = capped[0].tokens_per_micro_batch * capped[1].vocab_size * 2  # bf16 head output
     assert (fwd - fwd0, bwd - bwd0) == (logits_tensor, logits_tensor)
+
+
+def test_int8_lora_backward_holds_one_dequantized_weight_in_the_inputs_dtype() -> None:
+    """bitsandbytes' MatMul8bitLt.backward makes ``state.CB.to(ctx.dtype_A)`` for the input gradient: the
+    largest linear of Llama-3.1-8B (MLP, 14336 x 4096) in fp32, since prepare_model_for_kbit_training's fp32
+    embeddings and norms make the block's inputs fp32 and Linear8bitLt casts nothing."""
+    plan = make_plan(
+        method="lora",
+        quantization="int8",
+        precision="bf16",
+        framework="hf-trainer",
+        gradient_checkpointing=True,
+        seq_len=256,
+        micro_batch_size=1,
+    )
+    # (the head's copy, one block linear's copy): transformers leaves lm_head unquantized
+    assert dequantized_weight_bytes(plan, ARCH, resolve_recipe(plan)) == (0.0, 14336 * 4096 * 4)
+    # Serving dequantizes nothing to keep: no backward.
+    infer = make_plan(mode="inference", quantization="int8", precision="bf16")
+    assert "dequantized_weights" not in peak_memory(infer, ARCH, resolve_recipe(infer)).components
