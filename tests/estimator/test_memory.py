@@ -627,3 +627,14 @@ def test_int8_lora_backward_holds_one_dequantized_weight_in_the_inputs_dtype() -
     # Serving dequantizes nothing to keep: no backward.
     infer = make_plan(mode="inference", quantization="int8", precision="bf16")
     assert "dequantized_weights" not in peak_memory(infer, ARCH, resolve_recipe(infer)).components
+
+
+def test_liger_swiglu_backward_allocates_only_the_products_gradient() -> None:
+    """LigerSiLUMulFunction.backward stores the gate's and up's gradients into the saved gate and up outputs
+    (liger_kernel/ops/swiglu.py), so a block's backward holds one new MLP-wide gradient (from down_proj's
+    backward) where PyTorch's silu(gate) * up makes two more."""
+    fields = {"method": "lora", "framework": "hf-trainer", "seq_len": 4096, "micro_batch_size": 2}
+    liger, plain = make_plan(kernels="liger", **fields), make_plan(kernels="none", loss="fused", **fields)
+    plain_transient = activation_bytes(plain, ARCH, resolve_recipe(plain)).backward_transient
+    liger_transient = activation_bytes(liger, ARCH, resolve_recipe(liger)).backward_transient
+    assert plain_transient - liger_transient == 2 * 4096 * INTER * 2  # one bf16 tokens x 14336 tensor fewer

@@ -286,9 +286,13 @@ def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: 
 def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe, plan: Plan) -> float:
     """Gradients alive while one block's backward runs: the MLP hidden gradients (gate, up and their
     product) and two residual-stream gradients, in the compute dtype. Unsloth's LoRA_MLP backward makes one
-    hidden-wide gradient and turns it, e and g into the three it needs in place (swiglu_DWf_DW_dfg_kernel)."""
+    hidden-wide gradient and turns it, e and g into the three it needs in place (swiglu_DWf_DW_dfg_kernel);
+    Liger's LigerSiLUMulFunction.backward writes the gate's and up's gradients into its saved a and b
+    (liger_kernel/ops/swiglu.py, ``_swiglu_backward_kernel`` stores da into a_ptr, db into b_ptr), so only the
+    product's gradient is new."""
     a = recipe.compute_bytes
-    hidden_grads = 1 if unsloth_fused_block(block, plan, recipe) else 2
+    in_place_swiglu = recipe.kernels == "liger" and block.mlp_gated
+    hidden_grads = 1 if unsloth_fused_block(block, plan, recipe) or in_place_swiglu else 2
     return (
         block.experts_per_token * hidden_grads * a * block.intermediate_size
         + 2 * recipe.residual_bytes * arch.hidden_size
