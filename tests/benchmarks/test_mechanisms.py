@@ -155,3 +155,17 @@ def test_replayed_steps_peak_where_the_estimator_says_and_cache_at_least_the_reb
     est = estimator_step(step)
     assert lora["peak_allocated_gib"] == pytest.approx(est["allocated_gib"], rel=0.02)
     assert lora["gap_gib"] >= REBUILT_BLOCK_CACHE * est["rebuilt_block_gib"]
+
+
+def test_eager_attention_and_gemma_norms_match_transformers_within_2_percent() -> None:
+    """Eager attention keeps q, k, v and its score matrices but no output or log-sum-exp, and Gemma's RMSNorm
+    keeps its fp32 product for a trained weight: the per-layer rules against transformers' Llama (eager) and
+    Gemma 2 (eager, soft-capped) layers."""
+    require_trace_extra()
+    from benchmarks.mechanisms.run import SCENARIOS, measure_scenario
+
+    chosen = [s for s in SCENARIOS if s[0] == "llama full eager" or s[0].startswith("gemma2")]
+    assert len(chosen) == 3
+    for scenario in chosen:
+        row = measure_scenario(*scenario)
+        assert abs(row["error_pct"]) <= 2, row

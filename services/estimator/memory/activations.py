@@ -54,9 +54,11 @@ def kv_heads_copied(block: Block, arch: Architecture, recipe: Recipe) -> bool:
     return arch.model_type != "gpt_bigcode"
 
 
-def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear]) -> float:
+def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear], eager: bool) -> float:
     """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
-    algorithm 2), where a kept *view* keeps its whole base tensor alive.
+    algorithm 2), where a kept *view* keeps its whole base tensor alive. Eager attention keeps q and k for
+    the score matmul and v for the value matmul, but neither an output (the value matmul's output is saved
+    only by a consumer that needs it, counted there) nor a log-sum-exp (its scores are counted apart).
 
     LitGPT computes q, k and v with one fused linear and, for multi-head attention, passes v on as a
     view of that output, so saving v keeps all of it (q and k are new tensors after RoPE). Repeating
@@ -76,6 +78,8 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
             v = fused_bytes
         else:
             q, k, v = fused_bytes, 0, 0
+    if eager:
+        return q + k + v
     return q + k + v + a * heads * hd + 4 * heads
 
 
@@ -174,7 +178,7 @@ def block_saved_bytes_per_token(
     if arch.norm == "rms" and recipe.fused_norm_saves:
         add("norms", block.norm_count * compiled_rms_norm_bytes_per_token(h, res))
     elif arch.norm == "rms":
-        add("norms", block.norm_count * h * (4 + (res if full else 0)))
+        add("norms", block.norm_count * h * (4 + (rms_norm_scaled_bytes(arch, recipe) if full else 0)))
     else:
         distinct_inputs = 1 if block.parallel_residual else block.norm_count
         add("norms", distinct_inputs * h * res)
@@ -185,7 +189,7 @@ def block_saved_bytes_per_token(
     impl = _attention_impl(arch, recipe)
     for qkv, out_proj, _cross in attn_sets:
         add("attention_input", input_copies(qkv) * a * h)
-        add("attention_qkv_out", _attention_saves(block, arch, recipe, qkv))
+        add("attention_qkv_out", _attention_saves(block, arch, recipe, qkv, impl == "eager"))
         if impl == "eager":
             # Eager attention keeps the score matrix: softmax output in fp32 (HF upcasts) and its
             # 16-bit copy for the value matmul, plus the dropout mask when dropout is active.
@@ -249,6 +253,19 @@ def block_saved_bytes_per_token(
                 add("lora", sum(heads * hd if r == "q" else kv_heads * hd for r in enabled) * recipe.adapter_bytes)
         add("lora", copies * lin.in_features * input_bytes)
     return saves
+
+
+# Gemma's RMSNorm scales in fp32 and casts after: ``output * (1.0 + self.weight.float())`` then
+# ``type_as(x)`` (GemmaRMSNorm / Gemma2RMSNorm / Gemma3RMSNorm, "Llama does x.to(float16) * w whilst Gemma is
+# (x * w).to(float16)", transformers PR #29402).
+FP32_SCALED_RMS_NORM_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "gemma3"})
+
+
+def rms_norm_scaled_bytes(arch: Architecture, recipe: Recipe) -> int:
+    """Bytes per element of the normalised tensor an RMSNorm keeps for its weight's gradient: Llama's
+    ``weight * x.to(input_dtype)`` keeps the tensor in the residual dtype, Gemma's fp32 product keeps it in
+    fp32."""
+    return 4 if arch.model_type in FP32_SCALED_RMS_NORM_TYPES else recipe.residual_bytes
 
 
 def compiled_rms_norm_bytes_per_token(hidden: int, input_bytes: int) -> float:
@@ -356,6 +373,8 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     h = arch.hidden_size
     norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
     norm_per_token = float(h * norm_in)
+    if arch.norm == "rms" and plan.method == "full" and arch.model_type in FP32_SCALED_RMS_NORM_TYPES:
+        norm_per_token += 4 * h  # the final norm's fp32 product, kept for its weight's gradient
     if recipe.fused_norm_saves and arch.norm == "rms":
         norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
     head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
