@@ -70,6 +70,19 @@ GPT2 = {
     "embd_pdrop": 0.0,
     "attn_pdrop": 0.0,
 }
+# Gemma 2 soft-caps its attention scores and logits (config attn_logit_softcapping, final_logit_softcapping,
+# 50 and 30 by default); transformers runs it with eager attention (no SDPA path).
+GEMMA2 = {
+    "model_type": "gemma2",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "query_pre_attn_scalar": 32,
+    "vocab_size": 1000,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
 QV = {"r": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 for label, cfg, lora, attn, autocast, plan in (
     ("llama full bf16", LLAMA, None, "sdpa", False, {"framework": "pytorch"}),
@@ -104,6 +117,16 @@ for label, cfg, lora, attn, autocast, plan in (
     ("phi3 full bf16 (fused qkv)", PHI3, None, "sdpa", False, {"framework": "pytorch"}),
     ("falcon full bf16 (fused qkv, MQA)", FALCON, None, "sdpa", False, {"framework": "pytorch"}),
     ("gpt2 full bf16 (fused c_attn)", GPT2, None, "sdpa", False, {"framework": "pytorch"}),
+    # The plan asks for SDPA (the default); the estimator must see that Gemma 2 runs eager and soft-capped.
+    (
+        "gemma2 LoRA q,v (soft-capped, eager)",
+        GEMMA2,
+        QV,
+        "eager",
+        False,
+        {"framework": "pytorch", "method": "lora", "lora": {"rank": 8, "targets": ["q", "v"], "dropout": 0.0}},
+    ),
+    ("gemma2 full bf16 (soft-capped, eager)", GEMMA2, None, "eager", False, {"framework": "pytorch"}),
 ):
     SCENARIOS.append((label, cfg, lora, attn, autocast, plan))
 
@@ -176,6 +199,26 @@ def measure_scenario(
         "predicted_bytes_per_token_per_layer": predicted,
         "error_pct": round((predicted - measured) / measured * 100, 1),
     }
+
+
+def final_softcap_saved_bytes_per_token() -> tuple[float, float]:
+    """(measured, predicted) bytes per token that Gemma 2's logit soft-capping adds to what autograd keeps:
+    a one-layer model with and without final_logit_softcapping, and the estimator's logits at the end of
+    forward for the same two configs."""
+    from services.estimator.architecture import architecture_from_config
+    from services.estimator.memory.loss import logits_bytes
+    from services.estimator.plan import Plan
+    from services.estimator.recipe import resolve_recipe
+
+    warnings.filterwarnings("ignore")
+    uncapped = {**GEMMA2, "final_logit_softcapping": None}
+    measured = (_measure(GEMMA2, None, "eager", False, 1) - _measure(uncapped, None, "eager", False, 1)) / (2 * TOKENS)
+    predicted = []
+    for cfg in (GEMMA2, uncapped):
+        config = {**cfg, "num_hidden_layers": 1}
+        plan = Plan.model_validate({"model": {"config": config}, "seq_len": TOKENS, "framework": "pytorch"})
+        predicted.append(logits_bytes(plan, architecture_from_config(config), resolve_recipe(plan))[0])
+    return measured, (predicted[0] - predicted[1]) / plan.tokens_per_micro_batch
 
 
 def main() -> int:

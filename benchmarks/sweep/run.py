@@ -7,7 +7,9 @@ caching allocator (its allocated and reserved peaks), and the analytic estimate'
 longer than the per-config limit is skipped and recorded as such.
 
 Run: ``python -m benchmarks.sweep.run`` (traces; needs the trace extra; writes benchmarks/results/sweep.json
-and sweep.md); ``python -m benchmarks.sweep.run --report`` rewrites sweep.md from sweep.json.
+and sweep.md); ``python -m benchmarks.sweep.run --report`` rewrites sweep.md from sweep.json;
+``--only gemma-2-2b`` re-traces the configs whose id contains it and puts their rows into sweep.json in place
+of the cached ones.
 """
 
 from __future__ import annotations
@@ -145,11 +147,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{row['id']:32} {row['status']}: {row['reason']}", flush=True)
     data = {"configs": len(configs), "seconds": round(time.perf_counter() - start), "rows": rows}
-    if not args.only and not args.limit:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        write_report(data, RESULTS / "sweep.md")
+    if args.only and not args.limit and cache.exists():
+        # A subset re-traced: its rows replace theirs in the cached sweep, the rest stay as they were.
+        data = merged_rows(json.loads(cache.read_text(encoding="utf-8")), rows)
+    elif args.only or args.limit:
+        return 0
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_report(data, RESULTS / "sweep.md")
     return 0
+
+
+def merged_rows(cached: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cached sweep with ``rows`` in place of the cached rows of the same config ids (the run time is the
+    full sweep's)."""
+    fresh = {row["id"]: row for row in rows}
+    merged = [fresh.pop(row["id"], row) for row in cached["rows"]]
+    return {**cached, "rows": merged + list(fresh.values())}
 
 
 if __name__ == "__main__":

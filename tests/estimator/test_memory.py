@@ -15,6 +15,7 @@ from services.estimator.memory import (
     adapter_params,
     block_saved_bytes_per_token,
     bnb_dequantize_bytes,
+    dequantized_weight_bytes,
     gptq_dequantized_bytes,
     logits_bytes,
     model_states,
@@ -582,3 +583,78 @@ def test_a_tied_embedding_holds_two_gradients_when_its_backward_runs() -> None:
     s = model_states(lora, arch, recipe)
     held = s.weights + s.adapters + s.optimizer_states + s.gradients + s.master_weights + s.ddp_buckets
     assert peak_memory(lora, arch, recipe).moments["tied_embedding_backward"] == pytest.approx(held)
+
+
+def _gemma2(**fields: object) -> tuple:
+    from services.catalog.models import find_model
+
+    config = dict(find_model("google/gemma-2-2b").config)
+    caps = fields.pop("caps", True)
+    if not caps:
+        config.update(attn_logit_softcapping=None, final_logit_softcapping=None)
+    plan = make_plan(model={"name": "gemma-2-2b", "config": config}, seq_len=2048, micro_batch_size=2, **fields)
+    return plan, architecture_from_config(config), resolve_recipe(plan)
+
+
+def test_gemma2_on_sdpa_runs_soft_capped_eager_attention() -> None:
+    """transformers' Gemma2 has no SDPA path (``_supports_sdpa = False``): a plan on SDPA is the eager plan, and
+    the cap's tanh keeps one more score matrix than eager attention without a cap."""
+    lora = {"method": "lora", "framework": "hf-trainer"}
+    sdpa, eager = peak_memory(*_gemma2(**lora)), peak_memory(*_gemma2(attention="eager", **lora))
+    assert sdpa.peak_allocated == eager.peak_allocated
+    capped = sdpa.activations_per_layer_per_token
+    plain = peak_memory(*_gemma2(caps=False, attention="eager", **lora)).activations_per_layer_per_token
+    assert capped["attention_scores"] > plain["attention_scores"]
+    # Without caps the same SDPA plan keeps no score matrix at all.
+    assert "attention_scores" not in peak_memory(*_gemma2(caps=False, **lora)).activations_per_layer_per_token
+
+
+def test_gemma2_caps_cost_nothing_where_a_kernel_or_the_framework_skips_them() -> None:
+    """flash-attn caps inside its kernel, torchtune's gemma2 keeps SDPA and caps the final norm, not the logits
+    (Gemma2FinalNorm), and Liger's fused linear cross-entropy caps chunk by chunk."""
+    for fields in (
+        {"method": "lora", "framework": "hf-trainer", "attention": "flash", "loss": "fused"},
+        {"method": "lora", "framework": "torchtune"},
+    ):
+        capped, uncapped = _gemma2(**fields), _gemma2(caps=False, **fields)
+        assert peak_memory(*capped).peak_allocated == peak_memory(*uncapped).peak_allocated, fields
+
+
+def test_gemma2_capped_logits_keep_one_more_logits_tensor_through_backward() -> None:
+    """The head's tanh output lives from the end of forward to the cap's backward, after the loss's own."""
+    fields = {"method": "lora", "framework": "hf-trainer", "attention": "flash"}
+    capped, uncapped = _gemma2(**fields), _gemma2(caps=False, **fields)
+    (fwd, bwd), (fwd0, bwd0) = logits_bytes(*capped), logits_bytes(*uncapped)
+    logits_tensor = capped[0].tokens_per_micro_batch * capped[1].vocab_size * 2  # bf16 head output
+    assert (fwd - fwd0, bwd - bwd0) == (logits_tensor, logits_tensor)
+
+
+def test_int8_lora_backward_holds_one_dequantized_weight_in_the_inputs_dtype() -> None:
+    """bitsandbytes' MatMul8bitLt.backward makes ``state.CB.to(ctx.dtype_A)`` for the input gradient: the
+    largest linear of Llama-3.1-8B (MLP, 14336 x 4096) in fp32, since prepare_model_for_kbit_training's fp32
+    embeddings and norms make the block's inputs fp32 and Linear8bitLt casts nothing."""
+    plan = make_plan(
+        method="lora",
+        quantization="int8",
+        precision="bf16",
+        framework="hf-trainer",
+        gradient_checkpointing=True,
+        seq_len=256,
+        micro_batch_size=1,
+    )
+    # (the head's copy, one block linear's copy): transformers leaves lm_head unquantized
+    assert dequantized_weight_bytes(plan, ARCH, resolve_recipe(plan)) == (0.0, 14336 * 4096 * 4)
+    # Serving dequantizes nothing to keep: no backward.
+    infer = make_plan(mode="inference", quantization="int8", precision="bf16")
+    assert "dequantized_weights" not in peak_memory(infer, ARCH, resolve_recipe(infer)).components
+
+
+def test_liger_swiglu_backward_allocates_only_the_products_gradient() -> None:
+    """LigerSiLUMulFunction.backward stores the gate's and up's gradients into the saved gate and up outputs
+    (liger_kernel/ops/swiglu.py), so a block's backward holds one new MLP-wide gradient (from down_proj's
+    backward) where PyTorch's silu(gate) * up makes two more."""
+    fields = {"method": "lora", "framework": "hf-trainer", "seq_len": 4096, "micro_batch_size": 2}
+    liger, plain = make_plan(kernels="liger", **fields), make_plan(kernels="none", loss="fused", **fields)
+    plain_transient = activation_bytes(plain, ARCH, resolve_recipe(plain)).backward_transient
+    liger_transient = activation_bytes(liger, ARCH, resolve_recipe(liger)).backward_transient
+    assert plain_transient - liger_transient == 2 * 4096 * INTER * 2  # one bf16 tokens x 14336 tensor fewer

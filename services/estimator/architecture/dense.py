@@ -18,6 +18,15 @@ from services.estimator.architecture.model import Architecture, Block, Linear, N
 from services.estimator.errors import EstimatorError
 
 
+def _softcap(c: Config, key: str, gemma2_default: float) -> float:
+    """A logit soft-cap from the config, 0 for none. Gemma2Config defaults both caps when the key is absent
+    (attn_logit_softcapping=50.0, final_logit_softcapping=30.0, transformers configuration_gemma2.py); an
+    explicit null turns the cap off, as Gemma 3 configs do."""
+    if key not in c.raw:
+        return gemma2_default if c.model_type == "gemma2" else 0.0
+    return c.get_float(key, default=0.0)
+
+
 def llama_like(c: Config) -> Architecture:
     """llama, mistral, qwen2, qwen3, olmo, olmo2, olmoe, granite, seed_oss, stablelm, gemma(2,3), mixtral,
     qwen2_moe, qwen3_moe.
@@ -160,6 +169,8 @@ def llama_like(c: Config) -> Architecture:
         notes=tuple(notes),
         hidden_dropout=hidden_dropout_of(c),
         attention_dropout=attention_dropout_of(c),
+        attention_logit_softcap=_softcap(c, "attn_logit_softcapping", 50.0),
+        final_logit_softcap=_softcap(c, "final_logit_softcapping", 30.0),
     )
 
 

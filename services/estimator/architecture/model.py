@@ -97,6 +97,10 @@ class Architecture:
     # Bits per parameter the published checkpoint stores for the experts' weight matrices (gpt-oss: MXFP4,
     # 4 bits plus one 8-bit scale per 32 values = 4.25); None where the checkpoint is in the model dtype.
     expert_weight_stored_bits: float | None = None
+    # Gemma 2's logit soft-capping, cap * tanh(x / cap) (config attn_logit_softcapping, final_logit_softcapping;
+    # 0 where none): the memory cost is the kept tanh output, so only whether a cap is set matters.
+    attention_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
 
     @property
     def low_confidence(self) -> bool:

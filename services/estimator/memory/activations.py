@@ -14,11 +14,29 @@ from services.estimator.memory.states import lora_roles_of
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
+# Frameworks that run soft-capped attention (Gemma 2) outside SDPA: transformers' Gemma2 model (the Trainer,
+# axolotl, a hand-written loop over it) and LitGPT. torchtune's gemma2 builders keep SDPA and skip the
+# attention cap ("Since `nn.SPDA` doesn't support SoftCapping, soft capping is skipped",
+# torchtune/models/gemma2/_component_builders.py); Unsloth runs its own kernels.
+SOFTCAP_EAGER_FRAMEWORKS = frozenset({"hf-trainer", "pytorch", "axolotl", "litgpt"})
+
+
+def attention_softcapped(arch: Architecture, recipe: Recipe) -> bool:
+    """Whether attention scores are soft-capped by PyTorch ops (tanh of the scores, outside any kernel)."""
+    return bool(arch.attention_logit_softcap) and recipe.framework in SOFTCAP_EAGER_FRAMEWORKS
+
 
 def _attention_impl(arch: Architecture, recipe: Recipe) -> str:
     # transformers' BLOOM and T5 have no SDPA path, and Falcon falls back to math attention (scores
     # kept in fp32) when a padding mask is present (measured in benchmarks/mechanisms).
     if arch.model_type in ("bloom", "t5", "mt5", "falcon"):
+        return "eager"
+    # SDPA has no soft-capping: transformers' Gemma2 refuses it (``_supports_sdpa = False  # sdpa does not
+    # support softcapping``, modeling_gemma2.py in 5.x; 4.42-4.47 swapped a default "sdpa" for "eager" in
+    # Gemma2PreTrainedModel._check_and_enable_sdpa), and LitGPT takes its own eager path when
+    # attention_logit_softcapping is set (MultiHeadSelfAttention._use_eager_sdpa). flash-attn (>= 2.6) caps
+    # inside its kernel, so "flash" stays flash.
+    if recipe.attention == "sdpa" and attention_softcapped(arch, recipe):
         return "eager"
     return recipe.attention
 
@@ -36,9 +54,11 @@ def kv_heads_copied(block: Block, arch: Architecture, recipe: Recipe) -> bool:
     return arch.model_type != "gpt_bigcode"
 
 
-def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear]) -> float:
+def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list[Linear], eager: bool) -> float:
     """Bytes per token SDPA keeps: q, k, v, the output and the fp32 log-sum-exp (FlashAttention-2,
-    algorithm 2), where a kept *view* keeps its whole base tensor alive.
+    algorithm 2), where a kept *view* keeps its whole base tensor alive. Eager attention keeps q and k for
+    the score matmul and v for the value matmul, but neither an output (the value matmul's output is saved
+    only by a consumer that needs it, counted there) nor a log-sum-exp (its scores are counted apart).
 
     LitGPT computes q, k and v with one fused linear and, for multi-head attention, passes v on as a
     view of that output, so saving v keeps all of it (q and k are new tensors after RoPE). Repeating
@@ -58,6 +78,8 @@ def _attention_saves(block: Block, arch: Architecture, recipe: Recipe, qkv: list
             v = fused_bytes
         else:
             q, k, v = fused_bytes, 0, 0
+    if eager:
+        return q + k + v
     return q + k + v + a * heads * hd + 4 * heads
 
 
@@ -156,7 +178,7 @@ def block_saved_bytes_per_token(
     if arch.norm == "rms" and recipe.fused_norm_saves:
         add("norms", block.norm_count * compiled_rms_norm_bytes_per_token(h, res))
     elif arch.norm == "rms":
-        add("norms", block.norm_count * h * (4 + (res if full else 0)))
+        add("norms", block.norm_count * h * (4 + (rms_norm_scaled_bytes(arch, recipe) if full else 0)))
     else:
         distinct_inputs = 1 if block.parallel_residual else block.norm_count
         add("norms", distinct_inputs * h * res)
@@ -167,11 +189,16 @@ def block_saved_bytes_per_token(
     impl = _attention_impl(arch, recipe)
     for qkv, out_proj, _cross in attn_sets:
         add("attention_input", input_copies(qkv) * a * h)
-        add("attention_qkv_out", _attention_saves(block, arch, recipe, qkv))
+        add("attention_qkv_out", _attention_saves(block, arch, recipe, qkv, impl == "eager"))
         if impl == "eager":
             # Eager attention keeps the score matrix: softmax output in fp32 (HF upcasts) and its
             # 16-bit copy for the value matmul, plus the dropout mask when dropout is active.
             add("attention_scores", heads * seq_len * (4 + a))
+            if attention_softcapped(arch, recipe):
+                # scores / cap, tanh, * cap (eager_attention_forward with softcap): tanh keeps its output,
+                # one more score matrix in the compute dtype. (LitGPT's newer eager path keeps the tanh and
+                # softmax outputs in fp32 instead: 8 bytes per score either way at 16-bit.)
+                add("attention_scores", heads * seq_len * a)
             if recipe.model_dropout and arch.attention_dropout > 0:
                 add("attention_scores", heads * seq_len * 1)
         add("attention_output_proj_input", input_copies(out_proj) * a * heads * hd)
@@ -228,6 +255,19 @@ def block_saved_bytes_per_token(
     return saves
 
 
+# Gemma's RMSNorm scales in fp32 and casts after: ``output * (1.0 + self.weight.float())`` then
+# ``type_as(x)`` (GemmaRMSNorm / Gemma2RMSNorm / Gemma3RMSNorm, "Llama does x.to(float16) * w whilst Gemma is
+# (x * w).to(float16)", transformers PR #29402).
+FP32_SCALED_RMS_NORM_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "gemma3"})
+
+
+def rms_norm_scaled_bytes(arch: Architecture, recipe: Recipe) -> int:
+    """Bytes per element of the normalised tensor an RMSNorm keeps for its weight's gradient: Llama's
+    ``weight * x.to(input_dtype)`` keeps the tensor in the residual dtype, Gemma's fp32 product keeps it in
+    fp32."""
+    return 4 if arch.model_type in FP32_SCALED_RMS_NORM_TYPES else recipe.residual_bytes
+
+
 def compiled_rms_norm_bytes_per_token(hidden: int, input_bytes: int) -> float:
     """What one RMSNorm keeps under torch.compile: its input in the residual dtype and the fp32 rstd.
 
@@ -263,9 +303,13 @@ def _checkpointed_block_bytes_per_token(block: Block, arch: Architecture, plan: 
 def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe: Recipe, plan: Plan) -> float:
     """Gradients alive while one block's backward runs: the MLP hidden gradients (gate, up and their
     product) and two residual-stream gradients, in the compute dtype. Unsloth's LoRA_MLP backward makes one
-    hidden-wide gradient and turns it, e and g into the three it needs in place (swiglu_DWf_DW_dfg_kernel)."""
+    hidden-wide gradient and turns it, e and g into the three it needs in place (swiglu_DWf_DW_dfg_kernel);
+    Liger's LigerSiLUMulFunction.backward writes the gate's and up's gradients into its saved a and b
+    (liger_kernel/ops/swiglu.py, ``_swiglu_backward_kernel`` stores da into a_ptr, db into b_ptr), so only the
+    product's gradient is new."""
     a = recipe.compute_bytes
-    hidden_grads = 1 if unsloth_fused_block(block, plan, recipe) else 2
+    in_place_swiglu = recipe.kernels == "liger" and block.mlp_gated
+    hidden_grads = 1 if unsloth_fused_block(block, plan, recipe) or in_place_swiglu else 2
     return (
         block.experts_per_token * hidden_grads * a * block.intermediate_size
         + 2 * recipe.residual_bytes * arch.hidden_size
@@ -329,6 +373,8 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     h = arch.hidden_size
     norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
     norm_per_token = float(h * norm_in)
+    if arch.norm == "rms" and plan.method == "full" and arch.model_type in FP32_SCALED_RMS_NORM_TYPES:
+        norm_per_token += 4 * h  # the final norm's fp32 product, kept for its weight's gradient
     if recipe.fused_norm_saves and arch.norm == "rms":
         norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
     head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets

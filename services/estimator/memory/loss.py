@@ -30,23 +30,41 @@ def logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float,
     a = recipe.compute_bytes
     up = 4 if recipe.logits_fp32 else a
     if recipe.loss == "fused":
+        # Liger's and Unsloth's fused losses take the cap as an argument and apply it chunk by chunk.
         return fused_linear_cross_entropy_bytes(tokens, arch.hidden_size, a)
     if recipe.compiled_loss:
         return compiled_loss_bytes(plan, arch, recipe)
     if recipe.loss_grad_in_place and recipe.loss == "standard":
         # Unsloth's Triton cross-entropy: the 16-bit logits, two fp32 values per token (loss, log-sum-exp),
-        # and a backward that overwrites the logits with their gradient.
+        # and a backward that overwrites the logits with their gradient (it soft-caps inside the kernel).
         return float(tokens * v * a + 8 * tokens), float(tokens * v * a)
+    capped = softcapped_logits_bytes(plan, arch, recipe)
     if recipe.loss == "chunked":
         chunk = chunked_loss_tokens(plan, recipe)
         fwd = tokens * v * (a + up) + chunk * v * up
         bwd = tokens * v * up + chunk * v * 2 * up
         if recipe.loss_keeps_chunks:
             bwd += tokens * v * a  # LitGPT keeps the logits chunks referenced through backward
-        return float(fwd), float(bwd)
+        return float(fwd + capped), float(bwd + capped)
     fwd = tokens * v * (a + 2 * up)  # logits, upcast copy, kept log-probabilities
     bwd = tokens * v * 3 * up
-    return float(fwd), float(bwd)
+    return float(fwd + capped), float(bwd + capped)
+
+
+def softcapped_logits_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Bytes of the tanh output a soft-capped head keeps for backward, at the end of forward and at the start
+    of backward alike.
+
+    transformers' Gemma2ForCausalLM.forward computes ``logits / cap``, ``torch.tanh``, ``* cap`` on the head's
+    output (modeling_gemma2.py) and LitGPT's GPT.forward applies ``do_softcapping`` (``tanh(x / thresh) *
+    thresh``) to every head chunk: tanh saves its output (TanhBackward0 keeps ``result``), so one more tokens x
+    vocab tensor in the head's dtype lives from the forward until the cap's backward, beside the returned logits
+    (the division and the scalar product save nothing). torchtune's gemma2 caps the final norm's output, not
+    the logits (Gemma2FinalNorm, torchtune/models/gemma2/_component_builders.py): hidden-wide, not counted.
+    """
+    if not arch.final_logit_softcap or recipe.framework not in ("hf-trainer", "pytorch", "axolotl", "litgpt"):
+        return 0.0
+    return float(plan.tokens_per_micro_batch * arch.vocab_size * recipe.compute_bytes)
 
 
 def fused_linear_cross_entropy_bytes(tokens: float, hidden: int, compute_bytes: int) -> tuple[float, float]:

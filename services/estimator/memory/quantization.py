@@ -115,10 +115,43 @@ def gptq_dequantized_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tu
     return 0.0, copy * block + 3.0 * largest
 
 
+def int8_input_bytes(recipe: Recipe) -> int:
+    """Bytes per element of what reaches a bitsandbytes int8 linear, the dtype its backward dequantizes to.
+
+    Linear8bitLt passes its input to MatMul8bitLt as it comes (unlike Linear4bit it casts nothing to a compute
+    dtype, and the custom autograd Function is outside autocast), and returns its output in that dtype: the
+    residual stream's, fp32 under the -mixed precisions or after prepare_model_for_kbit_training's fp32
+    embeddings and norms (recipe.residual_bytes), which the MLP's down projection inherits through gate and up.
+    """
+    return recipe.residual_bytes
+
+
+def bnb_int8_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(output head, largest block linear) bytes of the copy a bitsandbytes int8 layer dequantizes in backward.
+
+    MatMul8bitLt.backward computes the input gradient from a dequantized weight, ``CB =
+    state.CB.to(ctx.dtype_A, copy=True).mul_(state.SCB.unsqueeze(1).mul(1.0 / 127.0))`` then
+    ``torch.matmul(grad_output, CB)`` (bitsandbytes/autograd/_functions.py, 0.37 to 0.49; before 0.45 a weight
+    held in the col_turing/col_ampere layout goes through ``undo_layout`` first): the layer's whole weight in
+    the input's dtype, a temporary of that one backward. On cards without int8 tensor cores (compute
+    capability below 7.5: V100, P100; ``supports_igemmlt``) bitsandbytes before 0.45 runs the forward the same
+    way, ``F.linear(A_wo_outliers, state.CB.to(A.dtype))``, a copy of the same size that is gone before the
+    forward ends, so it raises no moment of the step above the backward's and the estimate needs no card.
+    """
+    if plan.quantized != "int8" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
+        return 0.0, 0.0
+    per = int8_input_bytes(recipe)
+    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
+    return float(head * per), float(block * per)
+
+
 def dequantized_weight_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     """(end of forward and start of backward, during backward) bytes of dequantized weight copies."""
     if recipe.quant_backend == "auto-gptq":
         return gptq_dequantized_bytes(plan, arch, recipe)
+    if plan.quantized == "int8":
+        return bnb_int8_dequantize_bytes(plan, arch, recipe)
     return bnb_dequantize_bytes(plan, arch, recipe)
 
 
