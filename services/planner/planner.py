@@ -43,6 +43,7 @@ from services.planner.costs import (
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
 from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
+from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
@@ -134,7 +135,7 @@ def plan_setups(
     warnings = [*_plan_warnings(ctx.plan, ctx.arch.max_position_embeddings), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
-    pricer = Pricer(ctx, scan.offers)
+    pricer = Pricer(ctx, scan)
     entries, qualified = rank_entries(ctx, scan, pricer, top_n)
     rejections = [*scan.rejections, *_rejections(ctx, scan)]
     for setups in unqualified_offers(ctx, scan, pricer, qualified):
@@ -142,10 +143,13 @@ def plan_setups(
     if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")
 
-    built: dict[tuple[int, str], Recommendation] = {}
+    built: dict[tuple[int, Layout, Config, str], Recommendation] = {}
 
     def recommend(e: Entry) -> Recommendation:
-        key = (id(e.candidate), e.cost.pricing)
+        # An entry is one pricing of one setup of one offer: those values name it (an offer has one setup per
+        # layout and configuration).
+        c = e.candidate
+        key = (c.offer_index, c.layout, c.cfg, e.cost.pricing)
         if key not in built:
             built[key] = _recommendation(ctx, e, now)
         return built[key]

@@ -20,14 +20,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
 from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, Setup
-from services.planner.costs import download_seconds, startup_seconds
+from services.planner.costs import DEFAULT_DOWNLOAD_GBIT_PER_S, DEFAULT_STARTUP_S
 from services.planner.host_ram import host_ram_available_bytes
-from services.planner.models import PricingMode, Rejection
+from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, precision_rejection
 from services.planner.search import (
     NARROW_SEARCH,
@@ -37,132 +39,239 @@ from services.planner.search import (
     shape_setups,
 )
 
-# (bound, GPUs, nodes, seconds, offer index, sequence number, setup, pricing); the sequence number keeps
-# heap comparisons away from the setup.
-Bound = tuple[float, int, int, float, int, int, Setup, PricingMode]
 CENT = 0.005
 # An entry the simpler-first rule moves up passes at most this many others in a chain (8 GPUs spot -> 1 GPU spot
 # -> 1 GPU on demand -> ...): the pruning keeps entries up to kth / (1 - tolerance) ** this.
 SIMPLER_CHAIN = 3
 # An offload setup slower than this share of the first GPU-only setup says so first.
 SLOW_SHARE = 0.25
+# The provider/region filter, the card and its precision verdict of an offer: a card, or why it is left out.
+Verdict = tuple[GpuSpec | None, Rejection | None, str | None]
+# What decides an offer's setups: card, node size, whole nodes only, intra-node link as written, inter-node
+# Gbit/s, host RAM per node (services.planner.search.shape_setups reads nothing else of the offer).
+LayoutKey = tuple[str, int, bool, str, float | None, float | None]
+
+
+@dataclass
+class OfferGroup:
+    """The offers of one layout key: one search gives all of them the same setups (or none)."""
+
+    spec: GpuSpec
+    indices: list[int]
+    setups: list[Setup] = field(default_factory=list)
+
+
+@dataclass
+class Bounds:
+    """Every (offer, setup, pricing) as arrays, in rank order of the lower bound of its cost: the bound, then
+    fewer GPUs, fewer nodes, the shorter run, the offer's position, the setup's position, on demand first."""
+
+    bound: np.ndarray
+    offer: np.ndarray
+    setup: np.ndarray  # position in the offer's setups
+    spot: np.ndarray  # bool
+    card: np.ndarray  # position in Scan.card_names
+
+    @classmethod
+    def empty(cls) -> Bounds:
+        e = np.empty(0)
+        return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(bool), e.astype(np.int64))
 
 
 @dataclass
 class Scan:
-    """One pass over the catalog: what was filtered out, the cards seen, and every priced bound."""
+    """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout and the
+    lower bounds of every pricing."""
 
     offers: tuple[Offer, ...]
     rejections: list[Rejection] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cards: dict[str, tuple[GpuSpec, list[Offer]]] = field(default_factory=dict)
     fitting_cards: set[str] = field(default_factory=set)
-    setups_of: dict[int, list[Setup]] = field(default_factory=dict)
+    groups: list[OfferGroup] = field(default_factory=list)
+    group_of: dict[int, OfferGroup] = field(default_factory=dict)  # offers with fitting setups, in index order
     # Offers with no setup because their nodes' host RAM cannot hold the offloaded states: index -> those setups.
     ram_blocked: dict[int, list[RamBlocked]] = field(default_factory=dict)
-    bounds: list[Bound] = field(default_factory=list)
+    card_names: list[str] = field(default_factory=list)
+    bounds: Bounds = field(default_factory=Bounds.empty)
+
+    def setups_of(self, index: int) -> list[Setup]:
+        return self.group_of[index].setups
+
+
+def _verdict(
+    ctx: PlanContext, offer: Offer, specs: tuple[GpuSpec, ...], found: dict[str, GpuSpec | EstimatorError]
+) -> Verdict:
+    """(card, rejection, warning) of an offer by its provider, region, country and card name."""
+    excluded = filter_rejection(ctx.constraints, offer)
+    if excluded is not None:
+        return None, excluded, None
+    spec = found.get(offer.gpu)
+    if spec is None:
+        try:
+            spec = find_gpu(offer.gpu, specs)
+        except EstimatorError as exc:
+            spec = exc
+        found[offer.gpu] = spec
+    if isinstance(spec, EstimatorError):
+        unknown = Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
+        return None, unknown, f"offer {offer.provider} / {offer.gpu}: {spec.message}"
+    unsupported = precision_rejection(ctx.plan, spec, offer)
+    return (None, unsupported, None) if unsupported is not None else (spec, None, None)
 
 
 def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpec, ...]) -> Scan:
-    """Filter the offers, match their cards, search their shapes, and bound each pricing's cost."""
+    """Filter the offers, match their cards, group them by layout, search each layout once, and bound each
+    pricing's cost as arrays over the group's offers."""
     scan = Scan(offers)
     found_specs: dict[str, GpuSpec | EstimatorError] = {}
-    spot_ok = ctx.constraints.spot_allowed
-    download_bytes = ctx.sizes.model_download_bytes
+    verdicts: dict[tuple[str, str, str, str], Verdict] = {}
+    groups: dict[LayoutKey, OfferGroup] = {}
     for index, offer in enumerate(offers):
-        ctx.budget.check("constraints", NARROW_SEARCH)
-        excluded = filter_rejection(ctx.constraints, offer)
-        if excluded is not None:
-            scan.rejections.append(excluded)
-            continue
-        spec = found_specs.get(offer.gpu)
+        where = (offer.provider, offer.region, offer.country, offer.gpu)
+        verdict = verdicts.get(where)
+        if verdict is None:
+            verdict = verdicts[where] = _verdict(ctx, offer, specs, found_specs)
+        spec, rejection, warning = verdict
         if spec is None:
-            try:
-                spec = find_gpu(offer.gpu, specs)
-            except EstimatorError as exc:
-                spec = exc
-            found_specs[offer.gpu] = spec
-        if isinstance(spec, EstimatorError):
-            scan.rejections.append(
-                Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
-            )
-            scan.warnings.append(f"offer {offer.provider} / {offer.gpu}: {spec.message}")
-            continue
-        unsupported = precision_rejection(ctx.plan, spec, offer)
-        if unsupported is not None:
-            scan.rejections.append(unsupported)
+            scan.rejections.append(rejection)  # type: ignore[arg-type]
+            if warning is not None:
+                scan.warnings.append(warning)
             continue
         scan.cards.setdefault(spec.name, (spec, []))[1].append(offer)
-        setups = shape_setups(ctx, offer, spec)
-        if not setups:
-            blocked = ram_blocked_setups(ctx, offer, spec) if offer.host_ram_gib_per_node is not None else []
+        key = (
+            spec.name,
+            offer.gpus_per_node,
+            offer.whole_nodes_only,
+            offer.interconnect,
+            offer.inter_node_gbit_per_s,
+            offer.host_ram_gib_per_node,
+        )
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = OfferGroup(spec, [])
+        group.indices.append(index)
+    scan.groups = list(groups.values())
+    fitting: list[OfferGroup] = []
+    for group in scan.groups:
+        ctx.budget.check("constraints", NARROW_SEARCH)
+        first = offers[group.indices[0]]
+        group.setups = shape_setups(ctx, first, group.spec)
+        if group.setups:
+            scan.fitting_cards.add(group.spec.name)
+            fitting.append(group)
+        elif first.host_ram_gib_per_node is not None:
+            blocked = ram_blocked_setups(ctx, first, group.spec)
             if blocked:
-                scan.ram_blocked[index] = blocked
-            continue
-        scan.fitting_cards.add(spec.name)
-        scan.setups_of[index] = setups
-        fixed_s = startup_seconds(offer) + download_seconds(offer, download_bytes)
-        spot_price = offer.spot_usd_per_hour if spot_ok else None
-        bounds = scan.bounds
-        for s in setups:
-            gpus, nodes = s.layout.gpus, s.layout.nodes
-            seconds = s.training_s + fixed_s
-            bounds.append(
-                (
-                    seconds * gpus * offer.on_demand_usd_per_hour / 3600.0,
-                    gpus,
-                    nodes,
-                    seconds,
-                    index,
-                    len(bounds),
-                    s,
-                    "on_demand",
-                )
-            )
-            if spot_price is not None:
-                bounds.append(
-                    (seconds * gpus * spot_price / 3600.0, gpus, nodes, seconds, index, len(bounds), s, "spot")
-                )
+                for index in group.indices:
+                    scan.ram_blocked[index] = blocked
+    scan.ram_blocked = dict(sorted(scan.ram_blocked.items()))
+    scan.group_of = dict(sorted((i, g) for g in fitting for i in g.indices))
+    scan.card_names = sorted(scan.fitting_cards)
+    scan.bounds = _bounds(ctx, scan, fitting)
     return scan
+
+
+def _bounds(ctx: PlanContext, scan: Scan, groups: list[OfferGroup]) -> Bounds:
+    """Start-up, model download and training at the hourly price, for every offer, setup and pricing in one
+    vector pass (the same sums as costs.startup_seconds + costs.download_seconds, element by element)."""
+    offers = scan.offers
+    card_of = {name: i for i, name in enumerate(scan.card_names)}
+    pair_offer: list[int] = []
+    rows: list[tuple[float, int, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position, card
+    counts: list[int] = []
+    for group in groups:
+        card = card_of[group.spec.name]
+        for position, s in enumerate(group.setups):
+            pair_offer.extend(group.indices)
+            rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position, card))
+            counts.append(len(group.indices))
+    if not rows:
+        return Bounds.empty()
+    members = sorted(scan.group_of)
+    column = np.full(len(offers), np.nan)
+
+    def per_offer(values: list[float]) -> np.ndarray:
+        out = column.copy()
+        out[members] = values
+        return out
+
+    chosen = [offers[i] for i in members]
+    price = per_offer([o.on_demand_usd_per_hour for o in chosen])
+    startup = per_offer([DEFAULT_STARTUP_S if o.startup_s is None else o.startup_s for o in chosen])
+    gbit = per_offer([o.download_gbit_per_s or DEFAULT_DOWNLOAD_GBIT_PER_S for o in chosen])
+    spot_ok = ctx.constraints.spot_allowed
+    spot_price = per_offer(
+        [np.nan if o.spot_usd_per_hour is None or not spot_ok else o.spot_usd_per_hour for o in chosen]
+    )
+    fixed = startup + ctx.sizes.model_download_bytes / (gbit / 8.0 * 1e9)
+
+    index = np.array(pair_offer, dtype=np.int64)
+    repeat = np.array(counts, dtype=np.int64)
+    training, gpus, nodes, position, card = (np.repeat(np.array(c), repeat) for c in zip(*rows, strict=True))
+    seconds = training + fixed[index]
+    on_demand = seconds * gpus * price[index] / 3600.0
+    spot_rate = spot_price[index]
+    has = ~np.isnan(spot_rate)
+    spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
+    is_spot = np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool)))
+
+    def both(a: np.ndarray) -> np.ndarray:
+        return np.concatenate((a, a[has]))
+
+    bound = np.concatenate((on_demand, spot))
+    gpus_, nodes_, seconds_, index_, position_, card_ = (both(a) for a in (gpus, nodes, seconds, index, position, card))
+    order = np.lexsort((is_spot, position_, index_, seconds_, nodes_, gpus_, bound))
+    return Bounds(bound[order], index_[order], position_[order], is_spot[order], card_[order])
 
 
 class Pricer:
     """Full prices of (offer, setup) pairs, each computed once."""
 
-    def __init__(self, ctx: PlanContext, offers: tuple[Offer, ...]) -> None:
+    def __init__(self, ctx: PlanContext, scan: Scan) -> None:
         self.ctx = ctx
-        self.offers = offers
+        self.scan = scan
         self._priced: dict[tuple[int, int], Candidate] = {}
 
-    def candidate(self, index: int, setup: Setup) -> Candidate:
-        key = (index, id(setup))
+    def candidate(self, index: int, position: int) -> Candidate:
+        """The offer's setup at ``position`` of its setups, priced."""
+        key = (index, position)
         found = self._priced.get(key)
         if found is None:
-            found = price_setup(self.ctx, index, self.offers[index], setup)
+            setup = self.scan.setups_of(index)[position]
+            found = price_setup(self.ctx, index, self.scan.offers[index], setup)
             self._priced[key] = found
         return found
 
 
 def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tuple[list[Entry], set[int]]:
-    """The priced entries that meet the constraints, in rank order, and the offers that have one."""
-    bounds = list(scan.bounds)
-    heapq.heapify(bounds)
+    """The priced entries that meet the constraints, in rank order, and the offers that have one.
+
+    Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
+    its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
+    left out closes the card: its later entries are not visited (the per-card orders are merged)."""
+    b = scan.bounds
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
     qualified: set[int] = set()
     widen = _widening(ctx.constraints.prefer_simpler_within)
-    while bounds:
-        bound, _, _, _, index, _, s, pricing = heapq.heappop(bounds)
+    cards = len(scan.fitting_cards)
+    heads = _card_heads(scan)
+    while heads:
+        rank, card, members, at = heapq.heappop(heads)
+        bound = float(b.bound[rank])
         kth = -top[0] * widen if len(top) >= top_n else math.inf
-        every_card_done = len(card_best) == len(scan.fitting_cards)
-        if bound > kth + CENT and every_card_done and all(bound > b + CENT for b in card_best.values()):
+        if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
             break
-        best = card_best.get(s.spec.name, math.inf)
+        best = card_best.get(card, math.inf)
         if bound > kth + CENT and bound > best + CENT:
-            continue
-        c = pricer.candidate(index, s)
-        cost = c.on_demand if pricing == "on_demand" else c.spot
+            continue  # the card is closed
+        index = int(b.offer[rank])
+        if at + 1 < len(members):
+            heapq.heappush(heads, (int(members[at + 1]), card, members, at + 1))
+        c = pricer.candidate(index, int(b.setup[rank]))
+        cost = c.spot if b.spot[rank] else c.on_demand
         if cost is None or not qualifies(ctx.constraints, cost):
             continue
         qualified.add(index)
@@ -172,9 +281,21 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
             heapq.heappush(top, -value)
         elif value < -top[0]:
             heapq.heapreplace(top, -value)
-        card_best[s.spec.name] = min(best, value)
+        card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
     return prefer_simpler(entries, ctx.constraints.prefer_simpler_within), qualified
+
+
+def _card_heads(scan: Scan) -> list[tuple[int, str, np.ndarray, int]]:
+    """Per card, its entries' ranks in bound order, as a heap of (first rank, card, ranks, 0)."""
+    b = scan.bounds
+    heads = []
+    for i, name in enumerate(scan.card_names):
+        members = np.flatnonzero(b.card == i)
+        if len(members):
+            heads.append((int(members[0]), name, members, 0))
+    heapq.heapify(heads)
+    return heads
 
 
 def _widening(tolerance: float) -> float:
@@ -318,10 +439,10 @@ def unqualified_offers(ctx: PlanContext, scan: Scan, pricer: Pricer, qualified: 
     if c.budget_usd is None and c.deadline_hours is None:
         return []
     out = []
-    for index, setups in scan.setups_of.items():
+    for index, group in scan.group_of.items():
         if index in qualified:
             continue
-        priced = [pricer.candidate(index, s) for s in setups]
+        priced = [pricer.candidate(index, position) for position in range(len(group.setups))]
         if all(p.qualifies_with is None for p in priced):
             out.append(priced)
     return out
