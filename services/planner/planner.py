@@ -195,19 +195,32 @@ def plan_context(
 
 def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     """A memory rejection per card with no fitting setup (saying so where host RAM was the limit), and one per
-    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups."""
-    blocked: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
-    for index, setups in scan.ram_blocked.items():
-        blocked.setdefault(setups[0].spec.name, []).append((scan.offers[index], setups))
+    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups.
+
+    Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
+    first: dict[tuple[int, str], list[int]] = {}  # (group, provider) -> [first offer, offers]
+    for position, group in enumerate(scan.groups):
+        if not group.ram_blocked:
+            continue
+        for index in group.indices:
+            seen = first.setdefault((position, scan.offers[index].provider), [index, 0])
+            seen[1] += 1
+    blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
+    for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
+        group = scan.groups[position]
+        blocked.setdefault(group.spec.name, []).append((scan.offers[index], group.ram_blocked, count))
     out = []
     for card, (spec, offers) in scan.cards.items():
         if card not in scan.fitting_cards:
-            out.append(memory_rejection(ctx, spec, offers, blocked.get(card, [])))
+            alike = [(offer, setups) for offer, setups, _ in blocked.get(card, [])]
+            out.append(memory_rejection(ctx, spec, offers, alike))
         else:
-            by_provider: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
-            for offer, setups in blocked.get(card, []):
-                by_provider.setdefault(offer.provider, []).append((offer, setups))
-            out.extend(host_ram_rejection(ctx, spec, of_provider) for of_provider in by_provider.values())
+            by_provider: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
+            for offer, setups, count in blocked.get(card, []):
+                by_provider.setdefault(offer.provider, []).append((offer, setups, count))
+            for of_provider in by_provider.values():
+                alike = [(offer, setups) for offer, setups, _ in of_provider]
+                out.append(host_ram_rejection(ctx, spec, alike, offers=sum(n for _, _, n in of_provider)))
     return out
 
 

@@ -1,11 +1,12 @@
 """Ranking a catalog: every offer's fitting setups, priced in order of a lower bound of their cost.
 
-What fits and how fast depends on the card and the node shape, not on the price, so the setups come from
-the shape cache (services.planner.search). Each (offer, setup, pricing) gets a lower bound of its
-expected cost: start-up, model download and training at the hourly price (the full cost only adds
-checkpoints, rework and billing rounding). Entries are priced in full in increasing order of that bound
-(a heap: only the cheapest few are taken out), until a bound can reach neither the top N nor the best
-of a card that still has none: over thousands of offers only a few dozen are priced.
+What fits and how fast depends on the card and the node shape, not on the price. Offers are grouped by what
+their setups depend on (card, node size, whole nodes only, intra-node link kind, inter-node network, host RAM),
+each group is searched once (services.planner.search), and every (offer, setup, pricing) of a card gets a lower
+bound of its expected cost in one array pass: start-up, model download and training at the hourly price (the
+full cost only adds checkpoints, rework and billing rounding). Entries are priced in full in increasing order of
+that bound, until a bound can reach neither the top N nor the best of a card that still has none: over
+thousands of offers only a few dozen are priced.
 
 The priced entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
 more nodes, spot or CPU offload ranks above a simpler one only when it is cheaper by more than
@@ -16,14 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
-from collections.abc import Callable
+import operator
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.catalog.offers import Offer
+from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
 from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, Setup
@@ -45,184 +50,247 @@ CENT = 0.005
 SIMPLER_CHAIN = 3
 # An offload setup slower than this share of the first GPU-only setup says so first.
 SLOW_SHARE = 0.25
-# The provider/region filter, the card and its precision verdict of an offer: a card, or why it is left out.
-Verdict = tuple[GpuSpec | None, Rejection | None, str | None]
-# What decides an offer's setups: card, node size, whole nodes only, intra-node link as written, inter-node
-# Gbit/s, host RAM per node (services.planner.search.shape_setups reads nothing else of the offer).
-LayoutKey = tuple[str, int, bool, str, float | None, float | None]
+# Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
+# visits a card's entries only until its first one left out, a handful over thousands of offers.
+FIRST_CHUNK = 64
+# What decides an offer's setups (services.planner.search.shape_setups reads nothing else of it), as written.
+_SHAPE = operator.attrgetter(
+    "gpu", "interconnect", "gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node"
+)
+# An entry in rank order: lower bound, GPUs, nodes, seconds, offer index, setup position, spot (on demand first).
+EntryKey = tuple[float, int, int, float, int, int, bool]
 
 
 @dataclass
 class OfferGroup:
-    """The offers of one layout key: one search gives all of them the same setups (or none)."""
+    """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM):
+    one search gives all of them the same setups, or the same ones their host RAM cannot hold."""
 
     spec: GpuSpec
-    indices: list[int]
+    indices: list[int]  # ascending
     setups: list[Setup] = field(default_factory=list)
+    ram_blocked: list[RamBlocked] = field(default_factory=list)
 
 
 @dataclass
-class Bounds:
-    """Every (offer, setup, pricing) as arrays, in rank order of the lower bound of its cost: the bound, then
-    fewer GPUs, fewer nodes, the shorter run, the offer's position, the setup's position, on demand first."""
+class CardBounds:
+    """Every (offer, setup, pricing) of one card with the lower bound of its cost, as arrays (unordered)."""
 
     bound: np.ndarray
+    gpus: np.ndarray
+    nodes: np.ndarray
+    seconds: np.ndarray
     offer: np.ndarray
-    setup: np.ndarray  # position in the offer's setups
-    spot: np.ndarray  # bool
-    card: np.ndarray  # position in Scan.card_names
+    position: np.ndarray  # of the setup among the offer's setups
+    spot: np.ndarray
 
-    @classmethod
-    def empty(cls) -> Bounds:
-        e = np.empty(0)
-        return cls(e, e.astype(np.int64), e.astype(np.int64), e.astype(bool), e.astype(np.int64))
+    def in_rank_order(self, first: int = FIRST_CHUNK) -> Iterator[EntryKey]:
+        """The entries in rank order, sorted a chunk at a time: the ``first`` lowest bounds (with every tie of
+        the last), then four times as many, and so on."""
+        rest = np.arange(len(self.bound))
+        size = first
+        while len(rest):
+            if len(rest) > size:
+                values = self.bound[rest]
+                cut = np.partition(values, size - 1)[size - 1]
+                low = values <= cut
+                chunk, rest = rest[low], rest[~low]
+            else:
+                chunk, rest = rest, rest[:0]
+            keys = (self.spot, self.position, self.offer, self.seconds, self.nodes, self.gpus, self.bound)
+            chunk = chunk[np.lexsort(tuple(k[chunk] for k in keys))]
+            yield from zip(*(k[chunk].tolist() for k in reversed(keys)), strict=True)
+            size *= 4
 
 
 @dataclass
 class Scan:
-    """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout and the
-    lower bounds of every pricing."""
+    """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout, and the
+    lower bounds of every pricing per card."""
 
     offers: tuple[Offer, ...]
     rejections: list[Rejection] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cards: dict[str, tuple[GpuSpec, list[Offer]]] = field(default_factory=dict)
     fitting_cards: set[str] = field(default_factory=set)
-    groups: list[OfferGroup] = field(default_factory=list)
-    group_of: dict[int, OfferGroup] = field(default_factory=dict)  # offers with fitting setups, in index order
-    # Offers with no setup because their nodes' host RAM cannot hold the offloaded states: index -> those setups.
-    ram_blocked: dict[int, list[RamBlocked]] = field(default_factory=dict)
-    card_names: list[str] = field(default_factory=list)
-    bounds: Bounds = field(default_factory=Bounds.empty)
+    groups: list[OfferGroup] = field(default_factory=list)  # in order of their first offer
+    # Per offer, the position in ``groups`` of its group where it has fitting setups, else -1.
+    fitting_group: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    bounds: dict[str, CardBounds] = field(default_factory=dict)
 
     def setups_of(self, index: int) -> list[Setup]:
-        return self.group_of[index].setups
+        return self.groups[int(self.fitting_group[index])].setups
+
+    def fitting_offers(self) -> np.ndarray:
+        """The offers with fitting setups, ascending."""
+        return np.flatnonzero(self.fitting_group >= 0)
+
+    def ram_blocked_groups(self) -> list[OfferGroup]:
+        """Groups with no setup because their nodes' host RAM cannot hold the offloaded states."""
+        return [g for g in self.groups if g.ram_blocked]
 
 
-def _verdict(
-    ctx: PlanContext, offer: Offer, specs: tuple[GpuSpec, ...], found: dict[str, GpuSpec | EstimatorError]
-) -> Verdict:
-    """(card, rejection, warning) of an offer by its provider, region, country and card name."""
-    excluded = filter_rejection(ctx.constraints, offer)
-    if excluded is not None:
-        return None, excluded, None
-    spec = found.get(offer.gpu)
-    if spec is None:
+def _card(
+    spec_of: dict[str, GpuSpec | EstimatorError], name: str, specs: tuple[GpuSpec, ...]
+) -> GpuSpec | EstimatorError:
+    found = spec_of.get(name)
+    if found is None:
         try:
-            spec = find_gpu(offer.gpu, specs)
+            found = find_gpu(name, specs)
         except EstimatorError as exc:
-            spec = exc
-        found[offer.gpu] = spec
-    if isinstance(spec, EstimatorError):
-        unknown = Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
-        return None, unknown, f"offer {offer.provider} / {offer.gpu}: {spec.message}"
-    unsupported = precision_rejection(ctx.plan, spec, offer)
-    return (None, unsupported, None) if unsupported is not None else (spec, None, None)
+            found = exc
+        spec_of[name] = found
+    return found
+
+
+def _allowed(ctx: PlanContext, scan: Scan) -> list[int]:
+    """The offers the provider and region constraints allow, each excluded one with its rejection."""
+    c = ctx.constraints
+    if not (c.providers or c.regions):
+        return list(range(len(scan.offers)))
+    verdict: dict[tuple[str, str, str], bool] = {}
+    kept = []
+    for index, offer in enumerate(scan.offers):
+        where = (offer.provider, offer.region, offer.country)
+        ok = verdict.get(where)
+        if ok is None:
+            ok = verdict[where] = filter_rejection(c, offer) is None
+        if ok:
+            kept.append(index)
+        else:
+            scan.rejections.append(filter_rejection(c, offer))  # type: ignore[arg-type]
+    return kept
+
+
+def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
+    """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by
+    layout (in order of their first offer)."""
+    offers = scan.offers
+    kept = _allowed(ctx, scan)
+    by_shape: defaultdict[tuple[object, ...], list[int]] = defaultdict(list)
+    for index, shape in zip(kept, map(_SHAPE, (offers[i] for i in kept)), strict=True):
+        by_shape[shape].append(index)
+    spec_of: dict[str, GpuSpec | EstimatorError] = {}
+    kinds: dict[tuple[str, str], str] = {}
+    rejected: dict[tuple[str, str], Rejection | None] = {}
+    unknown: list[tuple[int, str]] = []
+    layouts: dict[tuple[object, ...], list[list[int]]] = {}
+    spec_of_layout: dict[tuple[object, ...], GpuSpec] = {}
+    for (gpu, interconnect, *rest), indices in by_shape.items():
+        spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError):
+            for i in indices:
+                o = offers[i]
+                scan.rejections.append(
+                    Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=spec.message)
+                )
+                unknown.append((i, f"offer {o.provider} / {o.gpu}: {spec.message}"))
+            continue
+        if precision_rejection(ctx.plan, spec, offers[indices[0]]) is not None:
+            for i in indices:  # one rejection per offer, as each names its provider
+                key = (spec.name, offers[i].provider)
+                if key not in rejected:
+                    rejected[key] = precision_rejection(ctx.plan, spec, offers[i])
+                scan.rejections.append(rejected[key])  # type: ignore[arg-type]
+            continue
+        kind = kinds.get((spec.name, interconnect))  # type: ignore[arg-type]
+        if kind is None:
+            kind = kinds[(spec.name, interconnect)] = intra_node_kind(spec, interconnect)  # type: ignore[arg-type,index]
+        layout = (spec.name, kind, *rest)
+        layouts.setdefault(layout, []).append(indices)
+        spec_of_layout[layout] = spec
+    scan.warnings.extend(text for _, text in sorted(unknown))
+    groups = []
+    for layout, parts in layouts.items():
+        indices = parts[0] if len(parts) == 1 else sorted(itertools.chain.from_iterable(parts))
+        groups.append(OfferGroup(spec_of_layout[layout], indices))
+    groups.sort(key=lambda g: g.indices[0])
+    scan.groups = groups
+    per_card: dict[str, list[OfferGroup]] = {}
+    for g in groups:  # cards in order of their first offer
+        per_card.setdefault(g.spec.name, []).append(g)
+    for name, of_card in per_card.items():
+        indices = sorted(itertools.chain.from_iterable(g.indices for g in of_card))
+        scan.cards[name] = (of_card[0].spec, [offers[i] for i in indices])
 
 
 def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpec, ...]) -> Scan:
     """Filter the offers, match their cards, group them by layout, search each layout once, and bound each
-    pricing's cost as arrays over the group's offers."""
+    pricing's cost as arrays over the offers."""
     scan = Scan(offers)
-    found_specs: dict[str, GpuSpec | EstimatorError] = {}
-    verdicts: dict[tuple[str, str, str, str], Verdict] = {}
-    groups: dict[LayoutKey, OfferGroup] = {}
-    for index, offer in enumerate(offers):
-        where = (offer.provider, offer.region, offer.country, offer.gpu)
-        verdict = verdicts.get(where)
-        if verdict is None:
-            verdict = verdicts[where] = _verdict(ctx, offer, specs, found_specs)
-        spec, rejection, warning = verdict
-        if spec is None:
-            scan.rejections.append(rejection)  # type: ignore[arg-type]
-            if warning is not None:
-                scan.warnings.append(warning)
-            continue
-        scan.cards.setdefault(spec.name, (spec, []))[1].append(offer)
-        key = (
-            spec.name,
-            offer.gpus_per_node,
-            offer.whole_nodes_only,
-            offer.interconnect,
-            offer.inter_node_gbit_per_s,
-            offer.host_ram_gib_per_node,
-        )
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = OfferGroup(spec, [])
-        group.indices.append(index)
-    scan.groups = list(groups.values())
-    fitting: list[OfferGroup] = []
-    for group in scan.groups:
+    _group_offers(ctx, scan, specs)
+    scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
+    for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
         first = offers[group.indices[0]]
         group.setups = shape_setups(ctx, first, group.spec)
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
-            fitting.append(group)
+            scan.fitting_group[group.indices] = position
         elif first.host_ram_gib_per_node is not None:
-            blocked = ram_blocked_setups(ctx, first, group.spec)
-            if blocked:
-                for index in group.indices:
-                    scan.ram_blocked[index] = blocked
-    scan.ram_blocked = dict(sorted(scan.ram_blocked.items()))
-    scan.group_of = dict(sorted((i, g) for g in fitting for i in g.indices))
-    scan.card_names = sorted(scan.fitting_cards)
-    scan.bounds = _bounds(ctx, scan, fitting)
+            group.ram_blocked = ram_blocked_setups(ctx, first, group.spec)
+    scan.bounds = _bounds(ctx, scan)
     return scan
 
 
-def _bounds(ctx: PlanContext, scan: Scan, groups: list[OfferGroup]) -> Bounds:
-    """Start-up, model download and training at the hourly price, for every offer, setup and pricing in one
-    vector pass (the same sums as costs.startup_seconds + costs.download_seconds, element by element)."""
-    offers = scan.offers
-    card_of = {name: i for i, name in enumerate(scan.card_names)}
-    pair_offer: list[int] = []
-    rows: list[tuple[float, int, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position, card
-    counts: list[int] = []
-    for group in groups:
-        card = card_of[group.spec.name]
-        for position, s in enumerate(group.setups):
-            pair_offer.extend(group.indices)
-            rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position, card))
-            counts.append(len(group.indices))
-    if not rows:
-        return Bounds.empty()
-    members = sorted(scan.group_of)
-    column = np.full(len(offers), np.nan)
+def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
+    """Per card, start-up, model download and training at the hourly price for every offer, setup and pricing,
+    in one vector pass (the same sums as costs.startup_seconds + costs.download_seconds, element by element)."""
+    members = scan.fitting_offers()
+    if not len(members):
+        return {}
+    chosen = [scan.offers[i] for i in members.tolist()]
+    column = np.full(len(scan.offers), np.nan)
 
     def per_offer(values: list[float]) -> np.ndarray:
         out = column.copy()
         out[members] = values
         return out
 
-    chosen = [offers[i] for i in members]
+    spot_ok = ctx.constraints.spot_allowed
     price = per_offer([o.on_demand_usd_per_hour for o in chosen])
     startup = per_offer([DEFAULT_STARTUP_S if o.startup_s is None else o.startup_s for o in chosen])
     gbit = per_offer([o.download_gbit_per_s or DEFAULT_DOWNLOAD_GBIT_PER_S for o in chosen])
-    spot_ok = ctx.constraints.spot_allowed
     spot_price = per_offer(
         [np.nan if o.spot_usd_per_hour is None or not spot_ok else o.spot_usd_per_hour for o in chosen]
     )
     fixed = startup + ctx.sizes.model_download_bytes / (gbit / 8.0 * 1e9)
 
-    index = np.array(pair_offer, dtype=np.int64)
-    repeat = np.array(counts, dtype=np.int64)
-    training, gpus, nodes, position, card = (np.repeat(np.array(c), repeat) for c in zip(*rows, strict=True))
-    seconds = training + fixed[index]
-    on_demand = seconds * gpus * price[index] / 3600.0
-    spot_rate = spot_price[index]
-    has = ~np.isnan(spot_rate)
-    spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
-    is_spot = np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool)))
+    per_card: dict[str, list[OfferGroup]] = {}
+    for g in scan.groups:
+        if g.setups:
+            per_card.setdefault(g.spec.name, []).append(g)
+    out = {}
+    for name, groups in per_card.items():
+        pair_offer: list[int] = []
+        rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
+        counts: list[int] = []
+        for group in groups:
+            for position, s in enumerate(group.setups):
+                pair_offer.extend(group.indices)
+                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
+                counts.append(len(group.indices))
+        index = np.array(pair_offer, dtype=np.int64)
+        training, gpus, nodes, position = (np.repeat(np.array(c), counts) for c in zip(*rows, strict=True))
+        seconds = training + fixed[index]
+        on_demand = seconds * gpus * price[index] / 3600.0
+        spot_rate = spot_price[index]
+        has = ~np.isnan(spot_rate)
+        spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
 
-    def both(a: np.ndarray) -> np.ndarray:
-        return np.concatenate((a, a[has]))
+        def both(a: np.ndarray, has: np.ndarray = has) -> np.ndarray:
+            return np.concatenate((a, a[has]))
 
-    bound = np.concatenate((on_demand, spot))
-    gpus_, nodes_, seconds_, index_, position_, card_ = (both(a) for a in (gpus, nodes, seconds, index, position, card))
-    order = np.lexsort((is_spot, position_, index_, seconds_, nodes_, gpus_, bound))
-    return Bounds(bound[order], index_[order], position_[order], is_spot[order], card_[order])
+        out[name] = CardBounds(
+            bound=np.concatenate((on_demand, spot)),
+            gpus=both(gpus),
+            nodes=both(nodes),
+            seconds=both(seconds),
+            offer=both(index),
+            position=both(position),
+            spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
+        )
+    return out
 
 
 class Pricer:
@@ -249,29 +317,34 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
-    left out closes the card: its later entries are not visited (the per-card orders are merged)."""
-    b = scan.bounds
+    left out closes the card: its later entries are never put in order (the per-card orders are merged)."""
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
     qualified: set[int] = set()
     widen = _widening(ctx.constraints.prefer_simpler_within)
     cards = len(scan.fitting_cards)
-    heads = _card_heads(scan)
+    heads: list[tuple[EntryKey, str, Iterator[EntryKey]]] = []
+    for name, bounds in scan.bounds.items():
+        ordered = bounds.in_rank_order()
+        first = next(ordered, None)
+        if first is not None:
+            heads.append((first, name, ordered))
+    heapq.heapify(heads)  # entry keys are unique (offer, setup, pricing): the card and iterator are never compared
     while heads:
-        rank, card, members, at = heapq.heappop(heads)
-        bound = float(b.bound[rank])
+        key, card, ordered = heapq.heappop(heads)
+        bound, index, position, spot = key[0], key[4], key[5], key[6]
         kth = -top[0] * widen if len(top) >= top_n else math.inf
         if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
             break
         best = card_best.get(card, math.inf)
         if bound > kth + CENT and bound > best + CENT:
             continue  # the card is closed
-        index = int(b.offer[rank])
-        if at + 1 < len(members):
-            heapq.heappush(heads, (int(members[at + 1]), card, members, at + 1))
-        c = pricer.candidate(index, int(b.setup[rank]))
-        cost = c.spot if b.spot[rank] else c.on_demand
+        following = next(ordered, None)
+        if following is not None:
+            heapq.heappush(heads, (following, card, ordered))
+        c = pricer.candidate(index, position)
+        cost = c.spot if spot else c.on_demand
         if cost is None or not qualifies(ctx.constraints, cost):
             continue
         qualified.add(index)
@@ -284,18 +357,6 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
     return prefer_simpler(entries, ctx.constraints.prefer_simpler_within), qualified
-
-
-def _card_heads(scan: Scan) -> list[tuple[int, str, np.ndarray, int]]:
-    """Per card, its entries' ranks in bound order, as a heap of (first rank, card, ranks, 0)."""
-    b = scan.bounds
-    heads = []
-    for i, name in enumerate(scan.card_names):
-        members = np.flatnonzero(b.card == i)
-        if len(members):
-            heads.append((int(members[0]), name, members, 0))
-    heapq.heapify(heads)
-    return heads
 
 
 def _widening(tolerance: float) -> float:
@@ -439,10 +500,10 @@ def unqualified_offers(ctx: PlanContext, scan: Scan, pricer: Pricer, qualified: 
     if c.budget_usd is None and c.deadline_hours is None:
         return []
     out = []
-    for index, group in scan.group_of.items():
+    for index in scan.fitting_offers().tolist():
         if index in qualified:
             continue
-        priced = [pricer.candidate(index, position) for position in range(len(group.setups))]
+        priced = [pricer.candidate(index, position) for position in range(len(scan.setups_of(index)))]
         if all(p.qualifies_with is None for p in priced):
             out.append(priced)
     return out

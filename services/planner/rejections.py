@@ -146,13 +146,16 @@ def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]
     return text, s.host_ram_bytes_per_node / GIB, available / GIB, s.layout.gpus
 
 
-def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> Rejection:
+def host_ram_rejection(
+    ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]], offers: int | None = None
+) -> Rejection:
     """One provider's offers of a card that fits elsewhere, left out because their nodes' host RAM cannot hold
     what their only fitting setups (CPU offload) put there; the numbers are those of the offer that comes
-    closest."""
+    closest. ``offers``: how many offers ``blocked`` stands for, where it lists one of each alike set."""
     shortfalls = [(_host_ram_shortfall(ctx, offer, setups), offer) for offer, setups in blocked]
     (text, needed, available, gpus), offer = min(shortfalls, key=lambda x: x[0][1] - x[0][2])
-    more = f" (and {len(blocked) - 1} more offers of {offer.provider} like it)" if len(blocked) > 1 else ""
+    count = len(blocked) if offers is None else offers
+    more = f" (and {count - 1} more offers of {offer.provider} like it)" if count > 1 else ""
     fix = (
         f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
         f"offer of the {spec.name} (see the recommendations)"
