@@ -202,7 +202,7 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     for position, group in enumerate(scan.groups):
         if not group.ram_blocked:
             continue
-        for index in group.indices:
+        for index in group.indices.tolist():
             seen = first.setdefault((position, scan.offers[index].provider), [index, 0])
             seen[1] += 1
     blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
@@ -210,10 +210,10 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         group = scan.groups[position]
         blocked.setdefault(group.spec.name, []).append((scan.offers[index], group.ram_blocked, count))
     out = []
-    for card, (spec, offers) in scan.cards.items():
+    for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
             alike = [(offer, setups) for offer, setups, _ in blocked.get(card, [])]
-            out.append(memory_rejection(ctx, spec, offers, alike))
+            out.append(memory_rejection(ctx, spec, scan.card_offers(card), alike))
         else:
             by_provider: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
             for offer, setups, count in blocked.get(card, []):

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import math
 import operator
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -67,7 +65,7 @@ class OfferGroup:
     one search gives all of them the same setups, or the same ones their host RAM cannot hold."""
 
     spec: GpuSpec
-    indices: list[int]  # ascending
+    indices: np.ndarray  # the offers' positions in the catalog, ascending
     setups: list[Setup] = field(default_factory=list)
     ram_blocked: list[RamBlocked] = field(default_factory=list)
 
@@ -111,7 +109,7 @@ class Scan:
     offers: tuple[Offer, ...]
     rejections: list[Rejection] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    cards: dict[str, tuple[GpuSpec, list[Offer]]] = field(default_factory=dict)
+    cards: dict[str, GpuSpec] = field(default_factory=dict)  # in order of their first offer
     fitting_cards: set[str] = field(default_factory=set)
     groups: list[OfferGroup] = field(default_factory=list)  # in order of their first offer
     # Per offer, the position in ``groups`` of its group where it has fitting setups, else -1.
@@ -120,6 +118,11 @@ class Scan:
 
     def setups_of(self, index: int) -> list[Setup]:
         return self.groups[int(self.fitting_group[index])].setups
+
+    def card_offers(self, name: str) -> list[Offer]:
+        """The offers of a card, in catalog order."""
+        of_card = [g.indices for g in self.groups if g.spec.name == name]
+        return [self.offers[i] for i in np.sort(np.concatenate(of_card)).tolist()]
 
     def fitting_offers(self) -> np.ndarray:
         """The offers with fitting setups, ascending."""
@@ -143,11 +146,11 @@ def _card(
     return found
 
 
-def _allowed(ctx: PlanContext, scan: Scan) -> list[int]:
-    """The offers the provider and region constraints allow, each excluded one with its rejection."""
+def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
+    """The offers the provider and region constraints allow (None: all), each excluded one with its rejection."""
     c = ctx.constraints
     if not (c.providers or c.regions):
-        return list(range(len(scan.offers)))
+        return None
     verdict: dict[tuple[str, str, str], bool] = {}
     kept = []
     for index, offer in enumerate(scan.offers):
@@ -159,59 +162,71 @@ def _allowed(ctx: PlanContext, scan: Scan) -> list[int]:
             kept.append(index)
         else:
             scan.rejections.append(filter_rejection(c, offer))  # type: ignore[arg-type]
-    return kept
+    return np.array(kept, dtype=np.int64)
 
 
 def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
     """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by
-    layout (in order of their first offer)."""
+    layout (groups and cards in order of their first offer)."""
     offers = scan.offers
     kept = _allowed(ctx, scan)
-    by_shape: defaultdict[tuple[object, ...], list[int]] = defaultdict(list)
-    for index, shape in zip(kept, map(_SHAPE, (offers[i] for i in kept)), strict=True):
-        by_shape[shape].append(index)
+    allowed = offers if kept is None else [offers[i] for i in kept.tolist()]
+    shape_ids: dict[tuple[object, ...], int] = {}
+    ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
     spec_of: dict[str, GpuSpec | EstimatorError] = {}
     kinds: dict[tuple[str, str], str] = {}
-    rejected: dict[tuple[str, str], Rejection | None] = {}
-    unknown: list[tuple[int, str]] = []
-    layouts: dict[tuple[object, ...], list[list[int]]] = {}
-    spec_of_layout: dict[tuple[object, ...], GpuSpec] = {}
-    for (gpu, interconnect, *rest), indices in by_shape.items():
+    layout_ids: dict[tuple[object, ...], int] = {}
+    layout_specs: list[GpuSpec] = []
+    rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
+    of_shape = np.empty(len(shape_ids), dtype=np.int64)
+    for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
         spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
-        if isinstance(spec, EstimatorError):
-            for i in indices:
-                o = offers[i]
-                scan.rejections.append(
-                    Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=spec.message)
-                )
-                unknown.append((i, f"offer {o.provider} / {o.gpu}: {spec.message}"))
-            continue
-        if precision_rejection(ctx.plan, spec, offers[indices[0]]) is not None:
-            for i in indices:  # one rejection per offer, as each names its provider
-                key = (spec.name, offers[i].provider)
-                if key not in rejected:
-                    rejected[key] = precision_rejection(ctx.plan, spec, offers[i])
-                scan.rejections.append(rejected[key])  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
+            rejected[shape_id] = spec
+            of_shape[shape_id] = -1
             continue
         kind = kinds.get((spec.name, interconnect))  # type: ignore[arg-type]
         if kind is None:
             kind = kinds[(spec.name, interconnect)] = intra_node_kind(spec, interconnect)  # type: ignore[arg-type,index]
         layout = (spec.name, kind, *rest)
-        layouts.setdefault(layout, []).append(indices)
-        spec_of_layout[layout] = spec
-    scan.warnings.extend(text for _, text in sorted(unknown))
-    groups = []
-    for layout, parts in layouts.items():
-        indices = parts[0] if len(parts) == 1 else sorted(itertools.chain.from_iterable(parts))
-        groups.append(OfferGroup(spec_of_layout[layout], indices))
-    groups.sort(key=lambda g: g.indices[0])
+        if layout not in layout_ids:
+            layout_ids[layout] = len(layout_specs)
+            layout_specs.append(spec)
+        of_shape[shape_id] = layout_ids[layout]
+    position = np.arange(len(allowed)) if kept is None else kept
+    if len(ids):
+        group_of = of_shape[ids]
+        if rejected:
+            _reject_cards(ctx, scan, position[group_of < 0].tolist(), ids[group_of < 0].tolist(), rejected)
+    else:
+        group_of = ids
+    order = np.argsort(group_of, kind="stable")
+    sizes = np.bincount(group_of[group_of >= 0], minlength=len(layout_specs))
+    skip = len(group_of) - int(sizes.sum())  # the rejected offers sort first (-1)
+    members = np.split(position[order[skip:]], np.cumsum(sizes)[:-1]) if len(layout_specs) else []
+    groups = [OfferGroup(spec, indices) for spec, indices in zip(layout_specs, members, strict=True)]
+    groups.sort(key=lambda g: int(g.indices[0]))
     scan.groups = groups
-    per_card: dict[str, list[OfferGroup]] = {}
     for g in groups:  # cards in order of their first offer
-        per_card.setdefault(g.spec.name, []).append(g)
-    for name, of_card in per_card.items():
-        indices = sorted(itertools.chain.from_iterable(g.indices for g in of_card))
-        scan.cards[name] = (of_card[0].spec, [offers[i] for i in indices])
+        scan.cards.setdefault(g.spec.name, g.spec)
+
+
+def _reject_cards(
+    ctx: PlanContext, scan: Scan, indices: list[int], shapes: list[int], why: dict[int, GpuSpec | EstimatorError]
+) -> None:
+    """A rejection for each offer of an unknown card (with a warning) or of a card without the plan's precision
+    (each names its provider)."""
+    precision: dict[tuple[str, str], Rejection | None] = {}
+    for index, shape in zip(indices, shapes, strict=True):
+        o, spec = scan.offers[index], why[shape]
+        if isinstance(spec, EstimatorError):
+            scan.rejections.append(Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=spec.message))
+            scan.warnings.append(f"offer {o.provider} / {o.gpu}: {spec.message}")
+            continue
+        key = (spec.name, o.provider)
+        if key not in precision:
+            precision[key] = precision_rejection(ctx.plan, spec, o)
+        scan.rejections.append(precision[key])  # type: ignore[arg-type]
 
 
 def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpec, ...]) -> Scan:
@@ -262,15 +277,15 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             per_card.setdefault(g.spec.name, []).append(g)
     out = {}
     for name, groups in per_card.items():
-        pair_offer: list[int] = []
+        pair_offer: list[np.ndarray] = []
         rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
         counts: list[int] = []
         for group in groups:
             for position, s in enumerate(group.setups):
-                pair_offer.extend(group.indices)
+                pair_offer.append(group.indices)
                 rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
                 counts.append(len(group.indices))
-        index = np.array(pair_offer, dtype=np.int64)
+        index = np.concatenate(pair_offer)
         training, gpus, nodes, position = (np.repeat(np.array(c), counts) for c in zip(*rows, strict=True))
         seconds = training + fixed[index]
         on_demand = seconds * gpus * price[index] / 3600.0
