@@ -136,9 +136,9 @@ def plan_setups(
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan)
-    entries, qualified = rank_entries(ctx, scan, pricer, top_n)
+    entries = rank_entries(ctx, scan, pricer, top_n)
     rejections = [*scan.rejections, *_rejections(ctx, scan)]
-    for setups in unqualified_offers(ctx, scan, pricer, qualified):
+    for setups in unqualified_offers(ctx, scan):
         rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
     if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")

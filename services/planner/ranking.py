@@ -29,8 +29,8 @@ from services.catalog.offers import Offer
 from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
-from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, Setup
-from services.planner.costs import DEFAULT_DOWNLOAD_GBIT_PER_S, DEFAULT_STARTUP_S
+from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, RamBlocked, Setup
+from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.host_ram import host_ram_available_bytes
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, precision_rejection
@@ -72,7 +72,8 @@ class OfferGroup:
 
 @dataclass
 class CardBounds:
-    """Every (offer, setup, pricing) of one card with the lower bound of its cost, as arrays (unordered)."""
+    """Every (offer, setup, pricing) of one card with the lower bound of its cost, as arrays (unordered): first
+    each (offer, setup) on demand, then on spot those with a spot price (``spot_pair``: which pair each is)."""
 
     bound: np.ndarray
     gpus: np.ndarray
@@ -81,12 +82,22 @@ class CardBounds:
     offer: np.ndarray
     position: np.ndarray  # of the setup among the offer's setups
     spot: np.ndarray
+    spot_pair: np.ndarray
+    # With a budget or a deadline: each entry's full expected cost and hours, and whether it meets both.
+    cost: np.ndarray | None = None
+    hours: np.ndarray | None = None
+    qualifies: np.ndarray | None = None
 
-    def in_rank_order(self, first: int = FIRST_CHUNK) -> Iterator[EntryKey]:
-        """The entries in rank order, sorted a chunk at a time: the ``first`` lowest bounds (with every tie of
-        the last), then four times as many, and so on."""
+    @property
+    def pairs(self) -> int:
+        return len(self.bound) - len(self.spot_pair)
+
+    def in_rank_order(self, first: int = FIRST_CHUNK) -> Iterator[tuple[EntryKey, int]]:
+        """(key, row) of the entries in rank order, sorted a chunk at a time: the ``first`` lowest bounds (with
+        every tie of the last), then four times as many, and so on."""
         rest = np.arange(len(self.bound))
         size = first
+        keys = (self.spot, self.position, self.offer, self.seconds, self.nodes, self.gpus, self.bound)
         while len(rest):
             if len(rest) > size:
                 values = self.bound[rest]
@@ -95,9 +106,8 @@ class CardBounds:
                 chunk, rest = rest[low], rest[~low]
             else:
                 chunk, rest = rest, rest[:0]
-            keys = (self.spot, self.position, self.offer, self.seconds, self.nodes, self.gpus, self.bound)
             chunk = chunk[np.lexsort(tuple(k[chunk] for k in keys))]
-            yield from zip(*(k[chunk].tolist() for k in reversed(keys)), strict=True)
+            yield from zip(zip(*(k[chunk].tolist() for k in reversed(keys)), strict=True), chunk.tolist(), strict=True)
             size *= 4
 
 
@@ -250,27 +260,16 @@ def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpe
 
 def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
     """Per card, start-up, model download and training at the hourly price for every offer, setup and pricing,
-    in one vector pass (the same sums as costs.startup_seconds + costs.download_seconds, element by element)."""
+    in one vector pass; with a budget or a deadline, also every full price (costs.run_costs)."""
     members = scan.fitting_offers()
     if not len(members):
         return {}
-    chosen = [scan.offers[i] for i in members.tolist()]
-    column = np.full(len(scan.offers), np.nan)
-
-    def per_offer(values: list[float]) -> np.ndarray:
-        out = column.copy()
-        out[members] = values
-        return out
-
-    spot_ok = ctx.constraints.spot_allowed
-    price = per_offer([o.on_demand_usd_per_hour for o in chosen])
-    startup = per_offer([DEFAULT_STARTUP_S if o.startup_s is None else o.startup_s for o in chosen])
-    gbit = per_offer([o.download_gbit_per_s or DEFAULT_DOWNLOAD_GBIT_PER_S for o in chosen])
-    spot_price = per_offer(
-        [np.nan if o.spot_usd_per_hour is None or not spot_ok else o.spot_usd_per_hour for o in chosen]
-    )
-    fixed = startup + ctx.sizes.model_download_bytes / (gbit / 8.0 * 1e9)
-
+    columns = offer_columns([scan.offers[i] for i in members.tolist()], ctx.sizes.model_download_bytes)
+    row_of = np.full(len(scan.offers), -1, dtype=np.int64)
+    row_of[members] = np.arange(len(members))
+    c = ctx.constraints
+    spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
+    fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
     per_card: dict[str, list[OfferGroup]] = {}
     for g in scan.groups:
         if g.setups:
@@ -286,17 +285,18 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
                 rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
                 counts.append(len(group.indices))
         index = np.concatenate(pair_offer)
-        training, gpus, nodes, position = (np.repeat(np.array(c), counts) for c in zip(*rows, strict=True))
-        seconds = training + fixed[index]
-        on_demand = seconds * gpus * price[index] / 3600.0
-        spot_rate = spot_price[index]
+        row = row_of[index]
+        training, gpus, nodes, position = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
+        seconds = training + fixed[row]
+        on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
+        spot_rate = spot_price[row]
         has = ~np.isnan(spot_rate)
         spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
 
         def both(a: np.ndarray, has: np.ndarray = has) -> np.ndarray:
             return np.concatenate((a, a[has]))
 
-        out[name] = CardBounds(
+        bounds = CardBounds(
             bound=np.concatenate((on_demand, spot)),
             gpus=both(gpus),
             nodes=both(nodes),
@@ -304,8 +304,56 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             offer=both(index),
             position=both(position),
             spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
+            spot_pair=np.flatnonzero(has),
         )
+        if c.budget_usd is not None or c.deadline_hours is not None:
+            _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
+        out[name] = bounds
     return out
+
+
+def _full_prices(
+    ctx: PlanContext,
+    bounds: CardBounds,
+    columns: OfferColumns,
+    gpus: np.ndarray,
+    nodes: np.ndarray,
+    training: np.ndarray,
+    has: np.ndarray,
+) -> None:
+    """Every entry's expected cost and hours as ``price_setup`` prices it, and whether it meets the budget and
+    the deadline (``qualifies``)."""
+    c = ctx.constraints
+    sizes = ctx.sizes
+    shape = RunShape(
+        0,
+        1,
+        0.0,
+        sizes.model_download_bytes,
+        sizes.checkpoint_bytes,
+        sizes.final_upload_bytes,
+        sizes.checkpoint_write_s,
+    )
+    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    cost, hours = run_costs(columns, gpus, nodes, training, shape, "on_demand", restart_s=restart_s)
+    if has.any():
+        spot_cost, spot_hours = run_costs(
+            columns.take(has),
+            gpus[has],
+            nodes[has],
+            training[has],
+            shape,
+            "spot",
+            preemptions_per_node_hour=c.preemptions_per_hour,
+            restart_s=restart_s,
+        )
+        cost, hours = np.concatenate((cost, spot_cost)), np.concatenate((hours, spot_hours))
+    ok = np.ones(len(cost), dtype=bool)
+    if c.budget_usd is not None:
+        ok &= cost <= c.budget_usd
+    if c.deadline_hours is not None:
+        ok &= hours <= c.deadline_hours
+    bounds.cost, bounds.hours, bounds.qualifies = cost, hours, ok
 
 
 class Pricer:
@@ -327,8 +375,8 @@ class Pricer:
         return found
 
 
-def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tuple[list[Entry], set[int]]:
-    """The priced entries that meet the constraints, in rank order, and the offers that have one.
+def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> list[Entry]:
+    """The priced entries that meet the constraints, in rank order.
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
@@ -336,18 +384,17 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
-    qualified: set[int] = set()
     widen = _widening(ctx.constraints.prefer_simpler_within)
     cards = len(scan.fitting_cards)
-    heads: list[tuple[EntryKey, str, Iterator[EntryKey]]] = []
+    heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
         ordered = bounds.in_rank_order()
         first = next(ordered, None)
         if first is not None:
-            heads.append((first, name, ordered))
-    heapq.heapify(heads)  # entry keys are unique (offer, setup, pricing): the card and iterator are never compared
+            heads.append((*first, name, ordered))
+    heapq.heapify(heads)  # entry keys are unique (offer, setup, pricing): nothing after them is compared
     while heads:
-        key, card, ordered = heapq.heappop(heads)
+        key, row, card, ordered = heapq.heappop(heads)
         bound, index, position, spot = key[0], key[4], key[5], key[6]
         kth = -top[0] * widen if len(top) >= top_n else math.inf
         if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
@@ -357,12 +404,14 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
             continue  # the card is closed
         following = next(ordered, None)
         if following is not None:
-            heapq.heappush(heads, (following, card, ordered))
+            heapq.heappush(heads, (*following, card, ordered))
+        verdict = scan.bounds[card].qualifies
+        if verdict is not None and not verdict[row]:
+            continue  # priced as arrays: it breaks the budget or the deadline
         c = pricer.candidate(index, position)
         cost = c.spot if spot else c.on_demand
         if cost is None or not qualifies(ctx.constraints, cost):
             continue
-        qualified.add(index)
         entries.append(Entry(c, cost))
         value = cost.expected_cost_usd
         if len(top) < top_n:
@@ -371,7 +420,7 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
             heapq.heapreplace(top, -value)
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
-    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within), qualified
+    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within)
 
 
 def _widening(tolerance: float) -> float:
@@ -508,17 +557,44 @@ def _caveats(out: list[Entry]) -> list[Entry]:
     return result
 
 
-def unqualified_offers(ctx: PlanContext, scan: Scan, pricer: Pricer, qualified: set[int]) -> list[list[Candidate]]:
+def unqualified_offers(ctx: PlanContext, scan: Scan) -> list[list[PricedSetup]]:
     """Offers with fitting setups none of which meets the budget and deadline under any pricing (only
-    with a budget or a deadline: without them every fitting setup qualifies)."""
+    with a budget or a deadline: without them every fitting setup qualifies), each with its setups priced
+    (from the arrays of ``_full_prices``), in catalog order."""
     c = ctx.constraints
     if c.budget_usd is None and c.deadline_hours is None:
         return []
-    out = []
-    for index in scan.fitting_offers().tolist():
-        if index in qualified:
-            continue
-        priced = [pricer.candidate(index, position) for position in range(len(scan.setups_of(index)))]
-        if all(p.qualifies_with is None for p in priced):
-            out.append(priced)
+    meets = np.zeros(len(scan.offers), dtype=bool)
+    parts = []
+    for b in scan.bounds.values():
+        if b.cost is None or b.hours is None or b.qualifies is None:
+            continue  # not priced in full: never the case with a budget or a deadline
+        n = b.pairs
+        spot_cost = np.full(n, np.nan)
+        spot_hours = np.full(n, np.nan)
+        spot_cost[b.spot_pair], spot_hours[b.spot_pair] = b.cost[n:], b.hours[n:]
+        pair_ok = b.qualifies[:n].copy()
+        pair_ok[b.spot_pair] |= b.qualifies[n:]
+        meets[b.offer[:n][pair_ok]] = True
+        parts.append((b.offer[:n], b.position[:n], b.cost[:n], b.hours[:n], spot_cost, spot_hours))
+    if not parts:
+        return []
+    index, position, cost, hours, spot_cost, spot_hours = (np.concatenate(p) for p in zip(*parts, strict=True))
+    left = ~meets[index]
+    index, position, cost, hours, spot_cost, spot_hours = (
+        a[left] for a in (index, position, cost, hours, spot_cost, spot_hours)
+    )
+    order = np.lexsort((position, index))
+    out: list[list[PricedSetup]] = []
+    last = -1
+    for i, p, od, od_h, sp, sp_h in zip(
+        *(a[order].tolist() for a in (index, position, cost, hours, spot_cost, spot_hours)), strict=True
+    ):
+        if i != last:
+            out.append([])
+            last = i
+        spot = not math.isnan(sp)
+        out[-1].append(
+            PricedSetup(scan.offers[i], scan.setups_of(i)[p], od, od_h, sp if spot else None, sp_h if spot else None)
+        )
     return out

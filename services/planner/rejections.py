@@ -10,7 +10,7 @@ from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
-from services.planner.context import Candidate, PlanContext, RamBlocked
+from services.planner.context import Candidate, PlanContext, PricedSetup, RamBlocked
 from services.planner.evaluator import Evaluator
 from services.planner.host_ram import (
     host_ram_available_bytes,
@@ -26,6 +26,8 @@ from services.planner.search import config_for
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
 # GPU counts a suggestion may name (beyond max_gpus, flagged as such).
 SUGGESTION_GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128)
+# A setup priced on demand and maybe on spot, in full (a candidate) or as the ranking's arrays give it.
+Priced = Candidate | PricedSetup
 
 
 def gpus_label(n: int) -> str:
@@ -232,21 +234,21 @@ def memory_rejection(
     )
 
 
-def _setup_label(c: Candidate) -> str:
+def _setup_label(c: Priced) -> str:
     return f"{c.layout.gpus} x {c.spec.name}"
 
 
-def _meets_budget(constraints: Constraints, c: Candidate) -> bool:
+def _meets_budget(constraints: Constraints, c: Priced) -> bool:
     budget = constraints.budget_usd
     return budget is None or c.cost_usd <= budget or (c.spot_cost_usd is not None and c.spot_cost_usd <= budget)
 
 
-def _meets_deadline(constraints: Constraints, c: Candidate) -> bool:
+def _meets_deadline(constraints: Constraints, c: Priced) -> bool:
     deadline = constraints.deadline_hours
-    return deadline is None or c.hours <= deadline or (c.spot is not None and c.spot.hours <= deadline)
+    return deadline is None or c.hours <= deadline or (c.spot_hours is not None and c.spot_hours <= deadline)
 
 
-def constraint_rejection(constraints: Constraints, offer: Offer, setups: list[Candidate]) -> Rejection:
+def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequence[Priced]) -> Rejection:
     """An offer whose fitting setups all break the budget or the deadline (or never meet both at once)."""
     cheapest = min(setups, key=lambda c: c.cost_usd)
     fastest = min(setups, key=lambda c: c.hours)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from benchmarks.planner.run import generated_catalog
+from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
 from services.estimator.plan import Plan
 from services.planner import Constraints, plan_setups
@@ -185,3 +186,33 @@ def record() -> None:
 if __name__ == "__main__":
     record()
     sys.exit(0)
+
+
+@pytest.mark.parametrize(
+    "constraints",
+    [
+        {"budget_usd": 5.0},
+        {"deadline_hours": 2.0, "preemptions_per_hour": 0.3, "restart_minutes": 7.5},
+        {"budget_usd": 50.0, "preemptions_per_hour": 0.0},
+    ],
+)
+def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, Any]) -> None:
+    # Every (offer, setup, pricing) the arrays price, against costs.run_cost through search.price_setup.
+    from services.planner.planner import plan_context
+    from services.planner.ranking import scan_offers
+    from services.planner.search import price_setup
+
+    offers = CATALOGS["generated_400_enriched"]()
+    _, ctx = plan_context(_plan("full", B70), Constraints(**constraints))
+    scan = scan_offers(ctx, offers, gpu_specs())
+    checked = 0
+    for bounds in scan.bounds.values():
+        assert bounds.cost is not None and bounds.hours is not None
+        for row in range(len(bounds.bound)):
+            index, position = int(bounds.offer[row]), int(bounds.position[row])
+            c = price_setup(ctx, index, offers[index], scan.setups_of(index)[position])
+            cost = c.spot if bounds.spot[row] else c.on_demand
+            assert cost is not None
+            assert (float(bounds.cost[row]), float(bounds.hours[row])) == (cost.expected_cost_usd, cost.hours)
+            checked += 1
+    assert checked > 500
