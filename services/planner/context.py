@@ -71,7 +71,7 @@ class PlanContext:
         return found
 
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    _needs: dict[tuple[str, Layout, bool], tuple[float, ...]] = field(default_factory=dict)
+    _needs: dict[tuple[str, Layout, bool], tuple[tuple[Config, ...], tuple[float, ...]]] = field(default_factory=dict)
     _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
