@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -250,28 +251,42 @@ class OfferColumns:
         return OfferColumns(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
 
 
-def offer_columns(offers: Sequence[Offer], model_download_bytes: float) -> OfferColumns:
-    """The columns of ``offers`` that pricing reads (one pass over them)."""
-    risks = {p: spot_risk(p) for p in {o.provider for o in offers}}
-    risk = [risks[o.provider] for o in offers]
+def _column(offers: Sequence[Offer], name: str, optional: bool = False) -> np.ndarray:
+    values = map(operator.attrgetter(name), offers)
+    if optional:
+        values = (math.nan if v is None else v for v in values)  # type: ignore[assignment]
+    return np.fromiter(values, dtype=float, count=len(offers))
 
-    def col(values: list[float | None]) -> np.ndarray:
-        return np.array([np.nan if v is None else v for v in values], dtype=float)
 
-    startup = col([startup_seconds(o) for o in offers])
-    gbit = col([o.download_gbit_per_s or DEFAULT_DOWNLOAD_GBIT_PER_S for o in offers])
+def offer_columns(offers: Sequence[Offer], model_download_bytes: float, full: bool = True) -> OfferColumns:
+    """The columns of ``offers`` that pricing reads (None becomes NaN); without ``full``, only those the lower
+    bound of a cost reads (prices, start-up, download), the others NaN."""
+    startup = _column(offers, "startup_s", optional=True)
+    gbit = _column(offers, "download_gbit_per_s", optional=True)
+    # startup_seconds and download_seconds, element by element (a download rate of 0 or none: the default)
+    startup = np.where(np.isnan(startup), DEFAULT_STARTUP_S, startup)
+    gbit = np.where(np.isnan(gbit) | (gbit == 0), DEFAULT_DOWNLOAD_GBIT_PER_S, gbit)
+    unread = np.full(len(offers), np.nan)
+    increment = minimum = preemption = unread
+    risk = np.full((len(offers), 3), np.nan)
+    if full:
+        increment = _column(offers, "billing_increment_s")
+        minimum = _column(offers, "billing_minimum_s")
+        preemption = _column(offers, "preemption_per_hour", optional=True)
+        risk_of = {p: spot_risk(p) for p in {o.provider for o in offers}}
+        figures = {p: (r.preemptions_per_node_hour, r.wait_hours, r.no_capacity_share) for p, r in risk_of.items()}
+        risk = np.array([figures[o.provider] for o in offers], dtype=float).reshape(len(offers), 3)
     return OfferColumns(
-        on_demand_usd_per_hour=col([o.on_demand_usd_per_hour for o in offers]),
-        spot_usd_per_hour=col([o.spot_usd_per_hour for o in offers]),
+        on_demand_usd_per_hour=_column(offers, "on_demand_usd_per_hour"),
+        spot_usd_per_hour=_column(offers, "spot_usd_per_hour", optional=True),
         startup_s=startup,
-        # download_seconds, element by element
         download_s=model_download_bytes / (gbit / 8.0 * 1e9),
-        billing_increment_s=col([o.billing_increment_s for o in offers]),
-        billing_minimum_s=col([o.billing_minimum_s for o in offers]),
-        preemption_per_hour=col([o.preemption_per_hour for o in offers]),
-        risk_preemptions_per_node_hour=col([r.preemptions_per_node_hour for r in risk]),
-        risk_wait_hours=col([r.wait_hours for r in risk]),
-        risk_no_capacity_share=col([r.no_capacity_share for r in risk]),
+        billing_increment_s=increment,
+        billing_minimum_s=minimum,
+        preemption_per_hour=preemption,
+        risk_preemptions_per_node_hour=risk[:, 0],
+        risk_wait_hours=risk[:, 1],
+        risk_no_capacity_share=risk[:, 2],
     )
 
 

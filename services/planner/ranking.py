@@ -264,10 +264,11 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
     members = scan.fitting_offers()
     if not len(members):
         return {}
-    columns = offer_columns([scan.offers[i] for i in members.tolist()], ctx.sizes.model_download_bytes)
     row_of = np.full(len(scan.offers), -1, dtype=np.int64)
     row_of[members] = np.arange(len(members))
     c = ctx.constraints
+    full = c.budget_usd is not None or c.deadline_hours is not None
+    columns = offer_columns([scan.offers[i] for i in members.tolist()], ctx.sizes.model_download_bytes, full)
     spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
     fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
     per_card: dict[str, list[OfferGroup]] = {}
@@ -306,7 +307,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
             spot_pair=np.flatnonzero(has),
         )
-        if c.budget_usd is not None or c.deadline_hours is not None:
+        if full:
             _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
         out[name] = bounds
     return out
