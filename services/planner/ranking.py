@@ -396,7 +396,7 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
     heapq.heapify(heads)  # entry keys are unique (offer, setup, pricing): nothing after them is compared
     while heads:
         key, row, card, ordered = heapq.heappop(heads)
-        bound, index, position, spot = key[0], key[4], key[5], key[6]
+        bound, _, _, _, index, position, spot = key
         kth = -top[0] * widen if len(top) >= top_n else math.inf
         if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
             break
