@@ -4,10 +4,12 @@
 planner (commit 011bb6a, before offers were grouped by layout and priced as arrays) over generated catalogs of a
 few hundred offers: several methods (70B full included), spot on and off, budgets, deadlines, filters, CPU
 offload, 8-bit optimizers and offers that give their own start-up, download and preemption figures. Each case
-is planned again and compared field by field.
+is planned again and compared field by field. The catalogs are benchmarks.planner.run.generated_catalog's
+(seeded), so a change to that generator needs a new recording too.
 
-An estimator change that moves outputs on purpose moves these too: re-record them from the commit before the
-change (``python -m tests.planner.test_vectorised_equivalence``) and say so in its message.
+An estimator change that moves outputs on purpose moves these too: re-record them in that commit
+(``python -m tests.planner.test_vectorised_equivalence``), with the planner's own code unchanged, and say so
+in its message.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
 from services.estimator.plan import Plan
 from services.planner import Constraints, plan_setups
+from services.planner.planner import plan_context
+from services.planner.ranking import scan_offers
+from services.planner.search import price_setup
 
 REFERENCE = Path(__file__).parent / "data" / "vectorised_reference.json.gz"
 NOW = datetime(2026, 11, 3, tzinfo=UTC)
@@ -198,10 +203,6 @@ if __name__ == "__main__":
 )
 def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, Any]) -> None:
     # Every (offer, setup, pricing) the arrays price, against costs.run_cost through search.price_setup.
-    from services.planner.planner import plan_context
-    from services.planner.ranking import scan_offers
-    from services.planner.search import price_setup
-
     offers = CATALOGS["generated_400_enriched"]()
     _, ctx = plan_context(_plan("full", B70), Constraints(**constraints))
     scan = scan_offers(ctx, offers, gpu_specs())
