@@ -1,9 +1,10 @@
-"""Speed of a whole plan over the bundled catalog and over a generated catalog of 5,000 offers
-(DESIGN.md: a plan over 5,000 offers under 150 ms).
+"""Speed of a whole plan over the bundled catalog and over generated catalogs of 5,000 and 50,000 offers
+(issue 24: CPU time under 25 ms at 5,000 offers and under 150 ms at 50,000, 70B full fine-tune included).
 
 Plans Llama-3.1-8B with QLoRA, LoRA and full fine-tuning (and a 70B full fine-tune, the heavier search)
 from scratch each time (architecture, search, pricing, rejections and their fixes), and reports the
-median of several rounds. The generated catalog is deterministic (seeded): 60 providers, every bundled
+median of several rounds, as CPU time (time.process_time: what the plan costs on an idle core) beside the
+wall-clock. The generated catalogs are deterministic (seeded): 60 providers, every bundled
 GPU, node sizes 1-8, whole-node and per-GPU offers, networks from none to 3200 Gbit/s, per-second to
 hourly billing, half of them with spot prices, and host RAM unknown on a third of them, else 16 to 256 GiB
 per GPU (the span of AWS GPU instances: g5.xlarge 16 GiB for one A10G, p5.48xlarge 2048 GiB for 8 H100),
@@ -28,10 +29,12 @@ from services.estimator.plan import Method, Plan
 from services.planner import plan_setups
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-TARGET_MS = 150.0
-REPEAT = 10
+# CPU-time targets by catalog (issue 24 step 5); the bundled catalog has none of its own.
+TARGETS_MS: dict[str, float | None] = {"bundled": None, "generated_5000": 25.0, "generated_50000": 150.0}
+REPEAT = 5
 ROUNDS = 5
 GENERATED_OFFERS = 5000
+LARGE_OFFERS = 50_000
 HOST_RAM_GIB_PER_GPU = (16.0, 32.0, 64.0, 128.0, 256.0)
 
 
@@ -111,7 +114,11 @@ def main() -> int:
         # A heavier search: most cards need several nodes, the smallest get rejections with suggestions.
         "llama-3.1-70b_full": _plan("full", "meta-llama/Llama-3.1-70B"),
     }
-    catalogs = {"bundled": bundled_offers(), "generated_5000": generated_catalog()}
+    catalogs = {
+        "bundled": bundled_offers(),
+        "generated_5000": generated_catalog(),
+        "generated_50000": generated_catalog(LARGE_OFFERS),
+    }
     rows: dict[str, Any] = {}
     for (name, plan), (catalog, offers) in [(c, k) for k in catalogs.items() for c in cases.items()]:
         name = f"{name}@{catalog}"
@@ -119,6 +126,8 @@ def main() -> int:
         medians, cpu_medians = _round_medians(plan, offers)
         best = result.recommendations[0] if result.recommendations else None
         rows[name] = {
+            "catalog": catalog,
+            "target_cpu_ms": TARGETS_MS[catalog],
             "median_ms": round(statistics.median(medians) * 1e3, 3),
             "median_cpu_ms": round(statistics.median(cpu_medians) * 1e3, 3),
             "min_round_median_ms": round(min(medians) * 1e3, 3),
@@ -134,23 +143,28 @@ def main() -> int:
             else f"{best.gpus} x {best.gpu} ({best.provider}, {best.pricing}) ${best.expected_cost_usd:.2f}",
         }
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    rows["_machine"] = {"cpus": os.cpu_count(), "load_average_1min": load, "target_ms": TARGET_MS}
+    rows["_machine"] = {"cpus": os.cpu_count(), "load_average_1min": load, "targets_cpu_ms": TARGETS_MS}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "planner.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    slowest_wall = slowest_cpu = 0.0
+    missed = []
     for name, row in rows.items():
         if name.startswith("_"):
             continue
-        slowest_wall = max(slowest_wall, row["median_ms"])
-        slowest_cpu = max(slowest_cpu, row["median_cpu_ms"])
+        target = row["target_cpu_ms"]
+        verdict = (
+            "no target"
+            if target is None
+            else f"target {target:g}: " + ("met" if row["median_cpu_ms"] < target else "MISSED")
+        )
+        if target is not None and row["median_cpu_ms"] >= target:
+            missed.append(name)
         print(
-            f"{name:38} median {row['median_ms']:7.2f} ms wall, {row['median_cpu_ms']:7.2f} ms CPU (rounds "
-            f"{row['min_round_median_ms']:.2f}-{row['max_round_median_ms']:.2f}), "
+            f"{name:38} median {row['median_cpu_ms']:7.2f} ms CPU ({verdict}), {row['median_ms']:7.2f} ms wall "
+            f"(rounds {row['min_round_median_ms']:.2f}-{row['max_round_median_ms']:.2f}), "
             f"{row['candidates_evaluated']} candidates, cheapest {row['cheapest']}"
         )
-    print(f"load average {load}; slowest median {slowest_wall:.1f} ms wall, {slowest_cpu:.1f} ms CPU")
-    print(f"target < {TARGET_MS:g} ms (CPU time): {'met' if slowest_cpu < TARGET_MS else 'MISSED'}")
-    return 0 if slowest_cpu < TARGET_MS else 1
+    print(f"load average {load}; targets missed: {', '.join(missed) if missed else 'none'}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ class PlanContext:
         return found
 
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    _needs: dict[tuple[str, Layout, bool], tuple[float, ...]] = field(default_factory=dict)
+    _needs: dict[tuple[str, Layout, bool], tuple[tuple[Config, ...], tuple[float, ...]]] = field(default_factory=dict)
     _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
@@ -146,8 +146,37 @@ class Candidate:
     def spot_cost_usd(self) -> float | None:
         return None if self.spot is None else self.spot.expected_cost_usd
 
+    @property
+    def spot_hours(self) -> float | None:
+        return None if self.spot is None else self.spot.hours
+
     def pricings(self) -> tuple[RunCost, ...]:
         return (self.on_demand,) if self.spot is None else (self.on_demand, self.spot)
+
+
+@dataclass(frozen=True)
+class PricedSetup:
+    """A setup on one offer with only what a budget or deadline rejection reports: its expected cost and hours on
+    demand and (where priced) on spot."""
+
+    offer: Offer
+    setup: Setup
+    cost_usd: float
+    hours: float
+    spot_cost_usd: float | None
+    spot_hours: float | None
+
+    @property
+    def spec(self) -> GpuSpec:
+        return self.setup.spec
+
+    @property
+    def layout(self) -> Layout:
+        return self.setup.layout
+
+    @property
+    def peak_device_bytes(self) -> float:
+        return self.setup.peak_device_bytes
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,13 @@ Defaults where an offer does not say (each an ASSUMPTION unless a source is name
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from services.catalog.offers import Offer
 from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
@@ -28,6 +33,8 @@ from services.planner.models import PricingMode
 from services.planner.spot import (
     AWS_GPU_PREEMPTIONS_PER_NODE_HOUR,
     CAPACITY_WAIT_CAP_HOURS,
+    EIGHT_GPU_NODE_SCARCITY,
+    SCARCITY_NODE_GPUS,
     SpotRisk,
     node_scarcity,
     on_demand_fallback_hours,
@@ -221,3 +228,129 @@ def spot_note(cost: RunCost, nodes: int, on_demand_usd: float) -> str:
         f"come back within {CAPACITY_WAIT_CAP_HOURS:g} h and the job finishes on demand "
         f"(${cost.on_demand_fallback_usd:,.2f} expected); on demand the same setup is ${on_demand_usd:,.2f}"
     )
+
+
+@dataclass(frozen=True)
+class OfferColumns:
+    """What ``run_cost`` reads of each offer, as arrays over the offers priced together (NaN: not given)."""
+
+    on_demand_usd_per_hour: np.ndarray
+    spot_usd_per_hour: np.ndarray
+    startup_s: np.ndarray
+    download_s: np.ndarray
+    billing_increment_s: np.ndarray
+    billing_minimum_s: np.ndarray
+    preemption_per_hour: np.ndarray
+    # The provider's sourced spot figures (services.planner.spot.spot_risk).
+    risk_preemptions_per_node_hour: np.ndarray
+    risk_wait_hours: np.ndarray
+    risk_no_capacity_share: np.ndarray
+
+    def take(self, rows: np.ndarray) -> OfferColumns:
+        """The columns of the offers at ``rows`` (positions or a mask), repeated as often as named."""
+        return OfferColumns(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+
+
+def _column(offers: Sequence[Offer], name: str, optional: bool = False) -> np.ndarray:
+    values = map(operator.attrgetter(name), offers)
+    if optional:
+        values = (math.nan if v is None else v for v in values)  # type: ignore[assignment]
+    return np.fromiter(values, dtype=float, count=len(offers))
+
+
+def offer_columns(offers: Sequence[Offer], model_download_bytes: float, full: bool = True) -> OfferColumns:
+    """The columns of ``offers`` that pricing reads (None becomes NaN); without ``full``, only those the lower
+    bound of a cost reads (prices, start-up, download), the others NaN."""
+    startup = _column(offers, "startup_s", optional=True)
+    gbit = _column(offers, "download_gbit_per_s", optional=True)
+    # startup_seconds and download_seconds, element by element (a download rate of 0 or none: the default)
+    startup = np.where(np.isnan(startup), DEFAULT_STARTUP_S, startup)
+    gbit = np.where(np.isnan(gbit) | (gbit == 0), DEFAULT_DOWNLOAD_GBIT_PER_S, gbit)
+    unread = np.full(len(offers), np.nan)
+    increment = minimum = preemption = unread
+    risk = np.full((len(offers), 3), np.nan)
+    if full:
+        increment = _column(offers, "billing_increment_s")
+        minimum = _column(offers, "billing_minimum_s")
+        preemption = _column(offers, "preemption_per_hour", optional=True)
+        risk_of = {p: spot_risk(p) for p in {o.provider for o in offers}}
+        figures = {p: (r.preemptions_per_node_hour, r.wait_hours, r.no_capacity_share) for p, r in risk_of.items()}
+        risk = np.array([figures[o.provider] for o in offers], dtype=float).reshape(len(offers), 3)
+    return OfferColumns(
+        on_demand_usd_per_hour=_column(offers, "on_demand_usd_per_hour"),
+        spot_usd_per_hour=_column(offers, "spot_usd_per_hour", optional=True),
+        startup_s=startup,
+        download_s=model_download_bytes / (gbit / 8.0 * 1e9),
+        billing_increment_s=increment,
+        billing_minimum_s=minimum,
+        preemption_per_hour=preemption,
+        risk_preemptions_per_node_hour=risk[:, 0],
+        risk_wait_hours=risk[:, 1],
+        risk_no_capacity_share=risk[:, 2],
+    )
+
+
+def run_costs(
+    offers: OfferColumns,
+    gpus: np.ndarray,
+    nodes: np.ndarray,
+    training_s: np.ndarray,
+    sizes: RunShape,
+    pricing: PricingMode,
+    *,
+    preemptions_per_node_hour: float | None = None,
+    restart_s: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(expected cost USD, expected hours) of ``run_cost`` for many runs at once: run i on the offer of row i of
+    ``offers`` with ``gpus[i]`` GPUs on ``nodes[i]`` nodes training ``training_s[i]`` seconds (``sizes`` gives the
+    bytes and write time, its other fields unused). The same operations in the same order as ``run_cost``, so the
+    same numbers to the last bit (exponentials through math.exp)."""
+    spot = pricing == "spot"
+    per_gpu = offers.spot_usd_per_hour if spot else offers.on_demand_usd_per_hour
+    price = per_gpu * gpus
+    per_s = price / 3600.0
+    startup_s, download_s = offers.startup_s, offers.download_s
+    if spot:
+        if preemptions_per_node_hour is not None:
+            node_rate = np.full(len(gpus), float(preemptions_per_node_hour))
+        else:
+            g = np.clip(gpus // nodes, 1, SCARCITY_NODE_GPUS)
+            scarcity = 1.0 + (EIGHT_GPU_NODE_SCARCITY - 1.0) * (g - 1) / (SCARCITY_NODE_GPUS - 1)
+            sourced = offers.risk_preemptions_per_node_hour * scarcity
+            node_rate = np.where(np.isnan(offers.preemption_per_hour), sourced, offers.preemption_per_hour)
+        rate = node_rate * nodes
+    else:
+        rate = FAILURES_PER_GPU_HOUR * gpus
+    write_s = sizes.checkpoint_write_s / nodes
+    # checkpoint_interval_s
+    with np.errstate(divide="ignore"):
+        optimum = np.where(
+            (rate > 0) & (write_s > 0), np.sqrt(2.0 * write_s * (3600.0 / np.where(rate > 0, rate, 1.0))), np.inf
+        )
+    cap = np.maximum(DEFAULT_MAX_INTERVAL_S, MAX_WRITE_SHARE_INVERSE * write_s)
+    interval = np.maximum(np.minimum(np.minimum(optimum, cap), np.maximum(training_s, MIN_INTERVAL_S)), MIN_INTERVAL_S)
+    writes = np.maximum(0.0, np.ceil(training_s / interval) - 1)
+    checkpoint_s = writes * write_s + sizes.final_upload_bytes / UPLOAD_BYTES_PER_S
+    restart = restart_s if restart_s is not None else startup_s + download_s
+    base_s = startup_s + download_s + training_s + checkpoint_s
+    preemptions = (training_s + checkpoint_s) / 3600.0 * rate
+    rework_s = preemptions * (restart + interval / 2.0)
+    used_s = base_s + rework_s
+    # billed_seconds
+    increment, minimum = offers.billing_increment_s, offers.billing_minimum_s
+    rounded = np.where(increment > 1, np.ceil(used_s / increment - 1e-9) * increment, used_s)
+    billed_s = np.maximum(rounded, minimum)
+    cost = billed_s * per_s
+    hours = used_s / 3600.0
+    if spot:
+        wait_h = preemptions * offers.risk_wait_hours
+        job_h = (training_s + checkpoint_s) / 3600.0
+        lam = rate * offers.risk_no_capacity_share
+        extra_per_h = np.maximum(offers.on_demand_usd_per_hour - per_gpu, 0.0) * gpus
+        # on_demand_fallback_hours
+        lost = [math.exp(-x) for x in (lam * job_h).tolist()]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fallback_h = np.where((lam > 0) & (job_h > 0), job_h - (1.0 - np.array(lost)) / lam, 0.0)
+        cost = cost + fallback_h * extra_per_h
+        hours = hours + wait_h
+    return cost, hours

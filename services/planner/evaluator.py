@@ -20,6 +20,7 @@ from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.throughput import (
     FlopsPerToken,
     Throughput,
+    default_links,
     dispatch_seconds,
     estimate_throughput,
     flops_per_token,
@@ -170,6 +171,12 @@ class Evaluator:
     def throughput(self, cfg: Config, spec: GpuSpec, links: Links | None = None, spill: bool = True) -> Throughput:
         """Tokens/s of the setup on ``spec`` connected by ``links``; ``spill`` charges paged optimizer states
         that do not fit beside the predicted peak their trip over PCIe (off for the one-GPU reference)."""
+        # Keyed on the links the estimate uses: one GPU moves nothing between GPUs, whatever its links
+        # (throughput.step.data_parallel_communication), and no links means the card's default ones.
+        if cfg.gpus <= 1:
+            links = None
+        elif links is None:
+            links = default_links(cfg.gpus, spec)
         key = (spec.name, links, cfg, spill)
         found = self._throughput.get(key)
         if found is None:

@@ -43,6 +43,7 @@ from services.planner.costs import (
 from services.planner.errors import PlannerError
 from services.planner.evaluator import Config, Evaluator
 from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
+from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
@@ -134,18 +135,21 @@ def plan_setups(
     warnings = [*_plan_warnings(ctx.plan, ctx.arch.max_position_embeddings), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
-    pricer = Pricer(ctx, scan.offers)
-    entries, qualified = rank_entries(ctx, scan, pricer, top_n)
+    pricer = Pricer(ctx, scan)
+    entries = rank_entries(ctx, scan, pricer, top_n)
     rejections = [*scan.rejections, *_rejections(ctx, scan)]
-    for setups in unqualified_offers(ctx, scan, pricer, qualified):
+    for setups in unqualified_offers(ctx, scan):
         rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
     if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")
 
-    built: dict[tuple[int, str], Recommendation] = {}
+    built: dict[tuple[int, Layout, Config, str], Recommendation] = {}
 
     def recommend(e: Entry) -> Recommendation:
-        key = (id(e.candidate), e.cost.pricing)
+        # An entry is one pricing of one setup of one offer: those values name it (an offer has one setup per
+        # layout and configuration).
+        c = e.candidate
+        key = (c.offer_index, c.layout, c.cfg, e.cost.pricing)
         if key not in built:
             built[key] = _recommendation(ctx, e, now)
         return built[key]
@@ -191,19 +195,32 @@ def plan_context(
 
 def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     """A memory rejection per card with no fitting setup (saying so where host RAM was the limit), and one per
-    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups."""
-    blocked: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
-    for index, setups in scan.ram_blocked.items():
-        blocked.setdefault(setups[0].spec.name, []).append((scan.offers[index], setups))
+    provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups.
+
+    Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
+    first: dict[tuple[int, str], list[int]] = {}  # (group, provider) -> [first offer, offers]
+    for position, group in enumerate(scan.groups):
+        if not group.ram_blocked:
+            continue
+        for index in group.indices.tolist():
+            seen = first.setdefault((position, scan.offers[index].provider), [index, 0])
+            seen[1] += 1
+    blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
+    for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
+        group = scan.groups[position]
+        blocked.setdefault(group.spec.name, []).append((scan.offers[index], group.ram_blocked, count))
     out = []
-    for card, (spec, offers) in scan.cards.items():
+    for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
-            out.append(memory_rejection(ctx, spec, offers, blocked.get(card, [])))
+            alike = [(offer, setups) for offer, setups, _ in blocked.get(card, [])]
+            out.append(memory_rejection(ctx, spec, scan.card_offers(card), alike))
         else:
-            by_provider: dict[str, list[tuple[Offer, list[RamBlocked]]]] = {}
-            for offer, setups in blocked.get(card, []):
-                by_provider.setdefault(offer.provider, []).append((offer, setups))
-            out.extend(host_ram_rejection(ctx, spec, of_provider) for of_provider in by_provider.values())
+            by_provider: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
+            for offer, setups, count in blocked.get(card, []):
+                by_provider.setdefault(offer.provider, []).append((offer, setups, count))
+            for of_provider in by_provider.values():
+                alike = [(offer, setups) for offer, setups, _ in of_provider]
+                out.append(host_ram_rejection(ctx, spec, alike, offers=sum(n for _, _, n in of_provider)))
     return out
 
 

@@ -1,11 +1,12 @@
 """Ranking a catalog: every offer's fitting setups, priced in order of a lower bound of their cost.
 
-What fits and how fast depends on the card and the node shape, not on the price, so the setups come from
-the shape cache (services.planner.search). Each (offer, setup, pricing) gets a lower bound of its
-expected cost: start-up, model download and training at the hourly price (the full cost only adds
-checkpoints, rework and billing rounding). Entries are priced in full in increasing order of that bound
-(a heap: only the cheapest few are taken out), until a bound can reach neither the top N nor the best
-of a card that still has none: over thousands of offers only a few dozen are priced.
+What fits and how fast depends on the card and the node shape, not on the price. Offers are grouped by what
+their setups depend on (card, node size, whole nodes only, intra-node link kind, inter-node network, host RAM),
+each group is searched once (services.planner.search), and every (offer, setup, pricing) of a card gets a lower
+bound of its expected cost in one array pass: start-up, model download and training at the hourly price (the
+full cost only adds checkpoints, rework and billing rounding). Entries are priced in full in increasing order of
+that bound, until a bound can reach neither the top N nor the best of a card that still has none: over
+thousands of offers only a few dozen are priced.
 
 The priced entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
 more nodes, spot or CPU offload ranks above a simpler one only when it is cheaper by more than
@@ -17,17 +18,21 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.catalog.offers import Offer
+from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
-from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, Setup
-from services.planner.costs import download_seconds, startup_seconds
+from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, RamBlocked, Setup
+from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.host_ram import host_ram_available_bytes
-from services.planner.models import PricingMode, Rejection
+from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, precision_rejection
 from services.planner.search import (
     NARROW_SEARCH,
@@ -37,144 +42,386 @@ from services.planner.search import (
     shape_setups,
 )
 
-# (bound, GPUs, nodes, seconds, offer index, sequence number, setup, pricing); the sequence number keeps
-# heap comparisons away from the setup.
-Bound = tuple[float, int, int, float, int, int, Setup, PricingMode]
 CENT = 0.005
 # An entry the simpler-first rule moves up passes at most this many others in a chain (8 GPUs spot -> 1 GPU spot
 # -> 1 GPU on demand -> ...): the pruning keeps entries up to kth / (1 - tolerance) ** this.
 SIMPLER_CHAIN = 3
 # An offload setup slower than this share of the first GPU-only setup says so first.
 SLOW_SHARE = 0.25
+# Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
+# visits a card's entries only until its first one left out, a handful over thousands of offers.
+FIRST_CHUNK = 64
+# What decides an offer's setups (services.planner.search.shape_setups reads nothing else of it), as written.
+_SHAPE = operator.attrgetter(
+    "gpu", "interconnect", "gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node"
+)
+# An entry in rank order: lower bound, GPUs, nodes, seconds, offer index, setup position, spot (on demand first).
+EntryKey = tuple[float, int, int, float, int, int, bool]
+
+
+@dataclass
+class OfferGroup:
+    """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM):
+    one search gives all of them the same setups, or the same ones their host RAM cannot hold."""
+
+    spec: GpuSpec
+    indices: np.ndarray  # the offers' positions in the catalog, ascending
+    setups: list[Setup] = field(default_factory=list)
+    ram_blocked: list[RamBlocked] = field(default_factory=list)
+
+
+@dataclass
+class CardBounds:
+    """Every (offer, setup, pricing) of one card with the lower bound of its cost, as arrays (unordered): first
+    each (offer, setup) on demand, then on spot those with a spot price (``spot_pair``: which pair each is)."""
+
+    bound: np.ndarray
+    gpus: np.ndarray
+    nodes: np.ndarray
+    seconds: np.ndarray
+    offer: np.ndarray
+    position: np.ndarray  # of the setup among the offer's setups
+    spot: np.ndarray
+    spot_pair: np.ndarray
+    # With a budget or a deadline: each entry's full expected cost and hours, and whether it meets both.
+    cost: np.ndarray | None = None
+    hours: np.ndarray | None = None
+    qualifies: np.ndarray | None = None
+
+    @property
+    def pairs(self) -> int:
+        return len(self.bound) - len(self.spot_pair)
+
+    def in_rank_order(self, first: int = FIRST_CHUNK) -> Iterator[tuple[EntryKey, int]]:
+        """(key, row) of the entries in rank order, sorted a chunk at a time: the ``first`` lowest bounds (with
+        every tie of the last), then four times as many, and so on."""
+        rest = np.arange(len(self.bound))
+        size = first
+        keys = (self.spot, self.position, self.offer, self.seconds, self.nodes, self.gpus, self.bound)
+        while len(rest):
+            if len(rest) > size:
+                values = self.bound[rest]
+                cut = np.partition(values, size - 1)[size - 1]
+                low = values <= cut
+                chunk, rest = rest[low], rest[~low]
+            else:
+                chunk, rest = rest, rest[:0]
+            chunk = chunk[np.lexsort(tuple(k[chunk] for k in keys))]
+            yield from zip(zip(*(k[chunk].tolist() for k in reversed(keys)), strict=True), chunk.tolist(), strict=True)
+            size *= 4
 
 
 @dataclass
 class Scan:
-    """One pass over the catalog: what was filtered out, the cards seen, and every priced bound."""
+    """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout, and the
+    lower bounds of every pricing per card."""
 
     offers: tuple[Offer, ...]
     rejections: list[Rejection] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    cards: dict[str, tuple[GpuSpec, list[Offer]]] = field(default_factory=dict)
+    cards: dict[str, GpuSpec] = field(default_factory=dict)  # in order of their first offer
     fitting_cards: set[str] = field(default_factory=set)
-    setups_of: dict[int, list[Setup]] = field(default_factory=dict)
-    # Offers with no setup because their nodes' host RAM cannot hold the offloaded states: index -> those setups.
-    ram_blocked: dict[int, list[RamBlocked]] = field(default_factory=dict)
-    bounds: list[Bound] = field(default_factory=list)
+    groups: list[OfferGroup] = field(default_factory=list)  # in order of their first offer
+    # Per offer, the position in ``groups`` of its group where it has fitting setups, else -1.
+    fitting_group: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    bounds: dict[str, CardBounds] = field(default_factory=dict)
+
+    def setups_of(self, index: int) -> list[Setup]:
+        return self.groups[int(self.fitting_group[index])].setups
+
+    def card_offers(self, name: str) -> list[Offer]:
+        """The offers of a card, in catalog order."""
+        of_card = [g.indices for g in self.groups if g.spec.name == name]
+        return [self.offers[i] for i in np.sort(np.concatenate(of_card)).tolist()]
+
+    def fitting_offers(self) -> np.ndarray:
+        """The offers with fitting setups, ascending."""
+        return np.flatnonzero(self.fitting_group >= 0)
+
+    def ram_blocked_groups(self) -> list[OfferGroup]:
+        """Groups with no setup because their nodes' host RAM cannot hold the offloaded states."""
+        return [g for g in self.groups if g.ram_blocked]
+
+
+def _card(
+    spec_of: dict[str, GpuSpec | EstimatorError], name: str, specs: tuple[GpuSpec, ...]
+) -> GpuSpec | EstimatorError:
+    found = spec_of.get(name)
+    if found is None:
+        try:
+            found = find_gpu(name, specs)
+        except EstimatorError as exc:
+            found = exc
+        spec_of[name] = found
+    return found
+
+
+def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
+    """The offers the provider and region constraints allow (None: all), each excluded one with its rejection."""
+    c = ctx.constraints
+    if not (c.providers or c.regions):
+        return None
+    verdict: dict[tuple[str, str, str], bool] = {}
+    kept = []
+    for index, offer in enumerate(scan.offers):
+        where = (offer.provider, offer.region, offer.country)
+        ok = verdict.get(where)
+        if ok is None:
+            ok = verdict[where] = filter_rejection(c, offer) is None
+        if ok:
+            kept.append(index)
+        else:
+            scan.rejections.append(filter_rejection(c, offer))  # type: ignore[arg-type]
+    return np.array(kept, dtype=np.int64)
+
+
+def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
+    """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by
+    layout (groups and cards in order of their first offer)."""
+    offers = scan.offers
+    kept = _allowed(ctx, scan)
+    allowed = offers if kept is None else [offers[i] for i in kept.tolist()]
+    shape_ids: dict[tuple[object, ...], int] = {}
+    ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
+    spec_of: dict[str, GpuSpec | EstimatorError] = {}
+    kinds: dict[tuple[str, str], str] = {}
+    layout_ids: dict[tuple[object, ...], int] = {}
+    layout_specs: list[GpuSpec] = []
+    rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
+    of_shape = np.empty(len(shape_ids), dtype=np.int64)
+    for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
+        spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
+            rejected[shape_id] = spec
+            of_shape[shape_id] = -1
+            continue
+        kind = kinds.get((spec.name, interconnect))  # type: ignore[arg-type]
+        if kind is None:
+            kind = kinds[(spec.name, interconnect)] = intra_node_kind(spec, interconnect)  # type: ignore[arg-type,index]
+        layout = (spec.name, kind, *rest)
+        if layout not in layout_ids:
+            layout_ids[layout] = len(layout_specs)
+            layout_specs.append(spec)
+        of_shape[shape_id] = layout_ids[layout]
+    position = np.arange(len(allowed)) if kept is None else kept
+    if len(ids):
+        group_of = of_shape[ids]
+        if rejected:
+            _reject_cards(ctx, scan, position[group_of < 0].tolist(), ids[group_of < 0].tolist(), rejected)
+    else:
+        group_of = ids
+    order = np.argsort(group_of, kind="stable")
+    sizes = np.bincount(group_of[group_of >= 0], minlength=len(layout_specs))
+    skip = len(group_of) - int(sizes.sum())  # the rejected offers sort first (-1)
+    members = np.split(position[order[skip:]], np.cumsum(sizes)[:-1]) if len(layout_specs) else []
+    groups = [OfferGroup(spec, indices) for spec, indices in zip(layout_specs, members, strict=True)]
+    groups.sort(key=lambda g: int(g.indices[0]))
+    scan.groups = groups
+    for g in groups:  # cards in order of their first offer
+        scan.cards.setdefault(g.spec.name, g.spec)
+
+
+def _reject_cards(
+    ctx: PlanContext, scan: Scan, indices: list[int], shapes: list[int], why: dict[int, GpuSpec | EstimatorError]
+) -> None:
+    """A rejection for each offer of an unknown card (with a warning) or of a card without the plan's precision
+    (each names its provider)."""
+    precision: dict[tuple[str, str], Rejection | None] = {}
+    for index, shape in zip(indices, shapes, strict=True):
+        o, spec = scan.offers[index], why[shape]
+        if isinstance(spec, EstimatorError):
+            scan.rejections.append(Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=spec.message))
+            scan.warnings.append(f"offer {o.provider} / {o.gpu}: {spec.message}")
+            continue
+        key = (spec.name, o.provider)
+        if key not in precision:
+            precision[key] = precision_rejection(ctx.plan, spec, o)
+        scan.rejections.append(precision[key])  # type: ignore[arg-type]
 
 
 def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpec, ...]) -> Scan:
-    """Filter the offers, match their cards, search their shapes, and bound each pricing's cost."""
+    """Filter the offers, match their cards, group them by layout, search each layout once, and bound each
+    pricing's cost as arrays over the offers."""
     scan = Scan(offers)
-    found_specs: dict[str, GpuSpec | EstimatorError] = {}
-    spot_ok = ctx.constraints.spot_allowed
-    download_bytes = ctx.sizes.model_download_bytes
-    for index, offer in enumerate(offers):
+    _group_offers(ctx, scan, specs)
+    scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
+    for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
-        excluded = filter_rejection(ctx.constraints, offer)
-        if excluded is not None:
-            scan.rejections.append(excluded)
-            continue
-        spec = found_specs.get(offer.gpu)
-        if spec is None:
-            try:
-                spec = find_gpu(offer.gpu, specs)
-            except EstimatorError as exc:
-                spec = exc
-            found_specs[offer.gpu] = spec
-        if isinstance(spec, EstimatorError):
-            scan.rejections.append(
-                Rejection(gpu=offer.gpu, provider=offer.provider, kind="unknown_gpu", reason=spec.message)
-            )
-            scan.warnings.append(f"offer {offer.provider} / {offer.gpu}: {spec.message}")
-            continue
-        unsupported = precision_rejection(ctx.plan, spec, offer)
-        if unsupported is not None:
-            scan.rejections.append(unsupported)
-            continue
-        scan.cards.setdefault(spec.name, (spec, []))[1].append(offer)
-        setups = shape_setups(ctx, offer, spec)
-        if not setups:
-            blocked = ram_blocked_setups(ctx, offer, spec) if offer.host_ram_gib_per_node is not None else []
-            if blocked:
-                scan.ram_blocked[index] = blocked
-            continue
-        scan.fitting_cards.add(spec.name)
-        scan.setups_of[index] = setups
-        fixed_s = startup_seconds(offer) + download_seconds(offer, download_bytes)
-        spot_price = offer.spot_usd_per_hour if spot_ok else None
-        bounds = scan.bounds
-        for s in setups:
-            gpus, nodes = s.layout.gpus, s.layout.nodes
-            seconds = s.training_s + fixed_s
-            bounds.append(
-                (
-                    seconds * gpus * offer.on_demand_usd_per_hour / 3600.0,
-                    gpus,
-                    nodes,
-                    seconds,
-                    index,
-                    len(bounds),
-                    s,
-                    "on_demand",
-                )
-            )
-            if spot_price is not None:
-                bounds.append(
-                    (seconds * gpus * spot_price / 3600.0, gpus, nodes, seconds, index, len(bounds), s, "spot")
-                )
+        first = offers[group.indices[0]]
+        group.setups = shape_setups(ctx, first, group.spec)
+        if group.setups:
+            scan.fitting_cards.add(group.spec.name)
+            scan.fitting_group[group.indices] = position
+        elif first.host_ram_gib_per_node is not None:
+            group.ram_blocked = ram_blocked_setups(ctx, first, group.spec)
+    scan.bounds = _bounds(ctx, scan)
     return scan
+
+
+def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
+    """Per card, start-up, model download and training at the hourly price for every offer, setup and pricing,
+    in one vector pass; with a budget or a deadline, also every full price (costs.run_costs)."""
+    members = scan.fitting_offers()
+    if not len(members):
+        return {}
+    row_of = np.full(len(scan.offers), -1, dtype=np.int64)
+    row_of[members] = np.arange(len(members))
+    c = ctx.constraints
+    full = c.budget_usd is not None or c.deadline_hours is not None
+    columns = offer_columns([scan.offers[i] for i in members.tolist()], ctx.sizes.model_download_bytes, full)
+    spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
+    fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
+    per_card: dict[str, list[OfferGroup]] = {}
+    for g in scan.groups:
+        if g.setups:
+            per_card.setdefault(g.spec.name, []).append(g)
+    out = {}
+    for name, groups in per_card.items():
+        pair_offer: list[np.ndarray] = []
+        rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
+        counts: list[int] = []
+        for group in groups:
+            for position, s in enumerate(group.setups):
+                pair_offer.append(group.indices)
+                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
+                counts.append(len(group.indices))
+        index = np.concatenate(pair_offer)
+        row = row_of[index]
+        training, gpus, nodes, position = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
+        seconds = training + fixed[row]
+        on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
+        spot_rate = spot_price[row]
+        has = ~np.isnan(spot_rate)
+        spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
+
+        def both(a: np.ndarray, has: np.ndarray = has) -> np.ndarray:
+            return np.concatenate((a, a[has]))
+
+        bounds = CardBounds(
+            bound=np.concatenate((on_demand, spot)),
+            gpus=both(gpus),
+            nodes=both(nodes),
+            seconds=both(seconds),
+            offer=both(index),
+            position=both(position),
+            spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
+            spot_pair=np.flatnonzero(has),
+        )
+        if full:
+            _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
+        out[name] = bounds
+    return out
+
+
+def _full_prices(
+    ctx: PlanContext,
+    bounds: CardBounds,
+    columns: OfferColumns,
+    gpus: np.ndarray,
+    nodes: np.ndarray,
+    training: np.ndarray,
+    has: np.ndarray,
+) -> None:
+    """Every entry's expected cost and hours as ``price_setup`` prices it, and whether it meets the budget and
+    the deadline (``qualifies``)."""
+    c = ctx.constraints
+    sizes = ctx.sizes
+    shape = RunShape(
+        0,
+        1,
+        0.0,
+        sizes.model_download_bytes,
+        sizes.checkpoint_bytes,
+        sizes.final_upload_bytes,
+        sizes.checkpoint_write_s,
+    )
+    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    cost, hours = run_costs(columns, gpus, nodes, training, shape, "on_demand", restart_s=restart_s)
+    if has.any():
+        spot_cost, spot_hours = run_costs(
+            columns.take(has),
+            gpus[has],
+            nodes[has],
+            training[has],
+            shape,
+            "spot",
+            preemptions_per_node_hour=c.preemptions_per_hour,
+            restart_s=restart_s,
+        )
+        cost, hours = np.concatenate((cost, spot_cost)), np.concatenate((hours, spot_hours))
+    ok = np.ones(len(cost), dtype=bool)
+    if c.budget_usd is not None:
+        ok &= cost <= c.budget_usd
+    if c.deadline_hours is not None:
+        ok &= hours <= c.deadline_hours
+    bounds.cost, bounds.hours, bounds.qualifies = cost, hours, ok
 
 
 class Pricer:
     """Full prices of (offer, setup) pairs, each computed once."""
 
-    def __init__(self, ctx: PlanContext, offers: tuple[Offer, ...]) -> None:
+    def __init__(self, ctx: PlanContext, scan: Scan) -> None:
         self.ctx = ctx
-        self.offers = offers
+        self.scan = scan
         self._priced: dict[tuple[int, int], Candidate] = {}
 
-    def candidate(self, index: int, setup: Setup) -> Candidate:
-        key = (index, id(setup))
+    def candidate(self, index: int, position: int) -> Candidate:
+        """The offer's setup at ``position`` of its setups, priced."""
+        key = (index, position)
         found = self._priced.get(key)
         if found is None:
-            found = price_setup(self.ctx, index, self.offers[index], setup)
+            setup = self.scan.setups_of(index)[position]
+            found = price_setup(self.ctx, index, self.scan.offers[index], setup)
             self._priced[key] = found
         return found
 
 
-def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tuple[list[Entry], set[int]]:
-    """The priced entries that meet the constraints, in rank order, and the offers that have one."""
-    bounds = list(scan.bounds)
-    heapq.heapify(bounds)
+def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> list[Entry]:
+    """The priced entries that meet the constraints, in rank order.
+
+    Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
+    its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
+    left out closes the card: its later entries are never put in order (the per-card orders are merged)."""
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
-    qualified: set[int] = set()
     widen = _widening(ctx.constraints.prefer_simpler_within)
-    while bounds:
-        bound, _, _, _, index, _, s, pricing = heapq.heappop(bounds)
+    cards = len(scan.fitting_cards)
+    heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
+    for name, bounds in scan.bounds.items():
+        ordered = bounds.in_rank_order()
+        first = next(ordered, None)
+        if first is not None:
+            heads.append((*first, name, ordered))
+    heapq.heapify(heads)  # entry keys are unique (offer, setup, pricing): nothing after them is compared
+    while heads:
+        key, row, card, ordered = heapq.heappop(heads)
+        bound, _, _, _, index, position, spot = key
         kth = -top[0] * widen if len(top) >= top_n else math.inf
-        every_card_done = len(card_best) == len(scan.fitting_cards)
-        if bound > kth + CENT and every_card_done and all(bound > b + CENT for b in card_best.values()):
+        if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
             break
-        best = card_best.get(s.spec.name, math.inf)
+        best = card_best.get(card, math.inf)
         if bound > kth + CENT and bound > best + CENT:
-            continue
-        c = pricer.candidate(index, s)
-        cost = c.on_demand if pricing == "on_demand" else c.spot
+            continue  # the card is closed
+        following = next(ordered, None)
+        if following is not None:
+            heapq.heappush(heads, (*following, card, ordered))
+        verdict = scan.bounds[card].qualifies
+        if verdict is not None and not verdict[row]:
+            continue  # priced as arrays: it breaks the budget or the deadline
+        c = pricer.candidate(index, position)
+        cost = c.spot if spot else c.on_demand
         if cost is None or not qualifies(ctx.constraints, cost):
             continue
-        qualified.add(index)
         entries.append(Entry(c, cost))
         value = cost.expected_cost_usd
         if len(top) < top_n:
             heapq.heappush(top, -value)
         elif value < -top[0]:
             heapq.heapreplace(top, -value)
-        card_best[s.spec.name] = min(best, value)
+        card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
-    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within), qualified
+    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within)
 
 
 def _widening(tolerance: float) -> float:
@@ -311,17 +558,44 @@ def _caveats(out: list[Entry]) -> list[Entry]:
     return result
 
 
-def unqualified_offers(ctx: PlanContext, scan: Scan, pricer: Pricer, qualified: set[int]) -> list[list[Candidate]]:
+def unqualified_offers(ctx: PlanContext, scan: Scan) -> list[list[PricedSetup]]:
     """Offers with fitting setups none of which meets the budget and deadline under any pricing (only
-    with a budget or a deadline: without them every fitting setup qualifies)."""
+    with a budget or a deadline: without them every fitting setup qualifies), each with its setups priced
+    (from the arrays of ``_full_prices``), in catalog order."""
     c = ctx.constraints
     if c.budget_usd is None and c.deadline_hours is None:
         return []
-    out = []
-    for index, setups in scan.setups_of.items():
-        if index in qualified:
-            continue
-        priced = [pricer.candidate(index, s) for s in setups]
-        if all(p.qualifies_with is None for p in priced):
-            out.append(priced)
+    meets = np.zeros(len(scan.offers), dtype=bool)
+    parts = []
+    for b in scan.bounds.values():
+        if b.cost is None or b.hours is None or b.qualifies is None:
+            continue  # not priced in full: never the case with a budget or a deadline
+        n = b.pairs
+        spot_cost = np.full(n, np.nan)
+        spot_hours = np.full(n, np.nan)
+        spot_cost[b.spot_pair], spot_hours[b.spot_pair] = b.cost[n:], b.hours[n:]
+        pair_ok = b.qualifies[:n].copy()
+        pair_ok[b.spot_pair] |= b.qualifies[n:]
+        meets[b.offer[:n][pair_ok]] = True
+        parts.append((b.offer[:n], b.position[:n], b.cost[:n], b.hours[:n], spot_cost, spot_hours))
+    if not parts:
+        return []
+    index, position, cost, hours, spot_cost, spot_hours = (np.concatenate(p) for p in zip(*parts, strict=True))
+    left = ~meets[index]
+    index, position, cost, hours, spot_cost, spot_hours = (
+        a[left] for a in (index, position, cost, hours, spot_cost, spot_hours)
+    )
+    order = np.lexsort((position, index))
+    out: list[list[PricedSetup]] = []
+    last = -1
+    for i, p, od, od_h, sp, sp_h in zip(
+        *(a[order].tolist() for a in (index, position, cost, hours, spot_cost, spot_hours)), strict=True
+    ):
+        if i != last:
+            out.append([])
+            last = i
+        spot = not math.isnan(sp)
+        out[-1].append(
+            PricedSetup(scan.offers[i], scan.setups_of(i)[p], od, od_h, sp if spot else None, sp_h if spot else None)
+        )
     return out

@@ -10,7 +10,7 @@ from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split
 from services.planner.constraints import Constraints
-from services.planner.context import Candidate, PlanContext, RamBlocked
+from services.planner.context import Candidate, PlanContext, PricedSetup, RamBlocked
 from services.planner.evaluator import Evaluator
 from services.planner.host_ram import (
     host_ram_available_bytes,
@@ -26,6 +26,8 @@ from services.planner.search import config_for
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
 # GPU counts a suggestion may name (beyond max_gpus, flagged as such).
 SUGGESTION_GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128)
+# A setup priced on demand and maybe on spot, in full (a candidate) or as the ranking's arrays give it.
+Priced = Candidate | PricedSetup
 
 
 def gpus_label(n: int) -> str:
@@ -131,28 +133,41 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
-def _host_ram_shortfall(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]) -> tuple[str, float, float, int]:
-    """Why the offer's offload setups do not fit its nodes' host RAM: the leanest one's need against the node's
-    RAM, in words, with (needed GiB, node GiB, GPUs)."""
+def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, float, RamBlocked]:
+    """(needed GiB, node GiB, the setup) of the offer's offload setup that needs the least host RAM."""
     s = min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
     available = host_ram_available_bytes(offer, s.layout) or 0.0
+    return s.host_ram_bytes_per_node / GIB, available / GIB, s
+
+
+def _closest(ctx: PlanContext, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> tuple[int, str, float, float, int]:
+    """Of offers whose offload setups do not fit their nodes' host RAM, the one that comes closest (the first of
+    equals): its position, why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB
+    and GPUs."""
+    leanest = [_leanest_offload(offer, setups) for offer, setups in blocked]
+    at = min(range(len(leanest)), key=lambda i: leanest[i][0] - leanest[i][1])
+    needed, available, s = leanest[at]
+    offer = blocked[at][0]
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
     margin = host_ram_margin(ctx)
     text = (
         f"with CPU offload it fits {_where(s.layout.gpus, s.layout.gpus_per_node)} ({s.cfg.sharding}) but needs "
         f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; {offer.provider}'s node has "
-        f"{available / GIB:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
+        f"{available:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
     )
-    return text, s.host_ram_bytes_per_node / GIB, available / GIB, s.layout.gpus
+    return at, text, needed, available, s.layout.gpus
 
 
-def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> Rejection:
+def host_ram_rejection(
+    ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]], offers: int | None = None
+) -> Rejection:
     """One provider's offers of a card that fits elsewhere, left out because their nodes' host RAM cannot hold
     what their only fitting setups (CPU offload) put there; the numbers are those of the offer that comes
-    closest."""
-    shortfalls = [(_host_ram_shortfall(ctx, offer, setups), offer) for offer, setups in blocked]
-    (text, needed, available, gpus), offer = min(shortfalls, key=lambda x: x[0][1] - x[0][2])
-    more = f" (and {len(blocked) - 1} more offers of {offer.provider} like it)" if len(blocked) > 1 else ""
+    closest. ``offers``: how many offers ``blocked`` stands for, where it lists one of each alike set."""
+    at, text, needed, available, gpus = _closest(ctx, blocked)
+    offer = blocked[at][0]
+    count = len(blocked) if offers is None else offers
+    more = f" (and {count - 1} more offers of {offer.provider} like it)" if count > 1 else ""
     fix = (
         f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
         f"offer of the {spec.name} (see the recommendations)"
@@ -210,8 +225,7 @@ def memory_rejection(
     suggestion = fit_suggestion(ctx, usable, fewest, offers)
     host_needed = host_available = None
     if ram_blocked:
-        shortfalls = [_host_ram_shortfall(ctx, offer, setups) for offer, setups in ram_blocked]
-        text, host_needed, host_available, _ = min(shortfalls, key=lambda x: x[1] - x[2])
+        _, text, host_needed, host_available, _ = _closest(ctx, ram_blocked)
         reason += f"; {text}"
     return Rejection(
         gpu=spec.name,
@@ -229,21 +243,21 @@ def memory_rejection(
     )
 
 
-def _setup_label(c: Candidate) -> str:
+def _setup_label(c: Priced) -> str:
     return f"{c.layout.gpus} x {c.spec.name}"
 
 
-def _meets_budget(constraints: Constraints, c: Candidate) -> bool:
+def _meets_budget(constraints: Constraints, c: Priced) -> bool:
     budget = constraints.budget_usd
     return budget is None or c.cost_usd <= budget or (c.spot_cost_usd is not None and c.spot_cost_usd <= budget)
 
 
-def _meets_deadline(constraints: Constraints, c: Candidate) -> bool:
+def _meets_deadline(constraints: Constraints, c: Priced) -> bool:
     deadline = constraints.deadline_hours
-    return deadline is None or c.hours <= deadline or (c.spot is not None and c.spot.hours <= deadline)
+    return deadline is None or c.hours <= deadline or (c.spot_hours is not None and c.spot_hours <= deadline)
 
 
-def constraint_rejection(constraints: Constraints, offer: Offer, setups: list[Candidate]) -> Rejection:
+def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequence[Priced]) -> Rejection:
     """An offer whose fitting setups all break the budget or the deadline (or never meet both at once)."""
     cheapest = min(setups, key=lambda c: c.cost_usd)
     fastest = min(setups, key=lambda c: c.hours)

@@ -122,15 +122,15 @@ def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = Tru
     each with the fitting micro-batch (a divisor no larger than the largest that fits) that consumes the data
     fastest on this card (``_faster_padded_micro_batch``): every extra sample pads the others to a longer
     longest one, so a smaller micro-batch with more accumulation can be the faster."""
-    configs = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
-    if not ctx.evaluator.padding_varies:
-        return configs
     key = (spec.name, gpus, offload)
     cached = ctx._card_configs.get(key)
     if cached is None:
-        split = batch_split(ctx.effective_batch_size, gpus)
-        chosen = (_faster_padded_micro_batch(ctx, spec, split, cfg) for cfg in configs)
-        cached = ctx._card_configs[key] = tuple(dict.fromkeys(chosen))  # two may settle on one micro-batch
+        cached = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
+        if ctx.evaluator.padding_varies:
+            split = batch_split(ctx.effective_batch_size, gpus)
+            chosen = (_faster_padded_micro_batch(ctx, spec, split, cfg) for cfg in cached)
+            cached = tuple(dict.fromkeys(chosen))  # two may settle on one micro-batch
+        ctx._card_configs[key] = cached
     return cached
 
 
@@ -382,13 +382,12 @@ def _config_needs(
     ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
 ) -> tuple[tuple[Config, ...], tuple[float, ...]]:
     """The fitting configurations of a layout and the host RAM per node each needs (0 without offload)."""
-    configs = card_configs(ctx, spec, layout.gpus, offload)
     key = (spec.name, layout, offload)
-    needs = ctx._needs.get(key)
-    if needs is None:
-        needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
-        ctx._needs[key] = needs
-    return configs, needs
+    found = ctx._needs.get(key)
+    if found is None:
+        configs = card_configs(ctx, spec, layout.gpus, offload)
+        found = ctx._needs[key] = (configs, tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs))
+    return found
 
 
 def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[RamBlocked]:
