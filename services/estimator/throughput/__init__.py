@@ -5,7 +5,6 @@ large GEMMs, ``step`` the step time, communication and run cost that put them to
 """
 
 from services.estimator.throughput.kernels import (
-    _BY_IDENTITY,
     BACKWARD_KERNELS_PER_FORWARD,
     BLOCK_CONTAINER_MODULES,
     BNB_DEQUANT_BYTES,
@@ -21,6 +20,7 @@ from services.estimator.throughput.kernels import (
     ZERO3_HOST_OPS_PER_MODULE_FORWARD,
     ZERO3_HOST_OPS_PER_TRAINED_TENSOR,
     block_linear_gemms,
+    clear_work_caches,
     dispatch_seconds,
     forward_replay_share,
     gptq_dequant_passes,
@@ -53,6 +53,7 @@ from services.estimator.throughput.step import (
     INTER_NODE_GB_PER_S,
     FlopsPerToken,
     RunCost,
+    StepWork,
     Throughput,
     compute_width,
     data_parallel_communication,
@@ -60,6 +61,7 @@ from services.estimator.throughput.step import (
     estimate_throughput,
     flops_per_token,
     run_cost,
+    step_work,
 )
 
 __all__ = [
@@ -91,11 +93,12 @@ __all__ = [
     "ZERO3_HOST_OPS_PER_MODULE_BACKWARD",
     "ZERO3_HOST_OPS_PER_MODULE_FORWARD",
     "ZERO3_HOST_OPS_PER_TRAINED_TENSOR",
-    "_BY_IDENTITY",
     "FlopsPerToken",
     "RunCost",
+    "StepWork",
     "Throughput",
     "block_linear_gemms",
+    "clear_work_caches",
     "compute_width",
     "data_parallel_communication",
     "default_links",
@@ -112,6 +115,7 @@ __all__ = [
     "micro_batch_tokens",
     "run_cost",
     "step_elementwise_bytes",
+    "step_work",
     "utilisation_or_prior",
     "zero_hook_seconds",
 ]
