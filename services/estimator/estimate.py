@@ -153,7 +153,7 @@ def estimate(
     mem = peak_memory(plan, arch, recipe)
     if target is not None:
         mem = cap_cache_to_card(mem, target)
-    states = model_states(plan, arch, recipe)
+    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
     warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
@@ -246,7 +246,7 @@ def utilisation_reproducing(
     resolved = as_resolved(plan)
     plan, arch, recipe = resolved.plan, resolved.architecture, resolved.recipe
     mem = cap_cache_to_card(peak_memory(plan, arch, recipe), gpu)
-    states = model_states(plan, arch, recipe)
+    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
     fpt = flops_per_token(plan, arch, recipe)
 
     rates: dict[float, float] = {}

@@ -4,6 +4,8 @@
 large GEMMs, ``step`` the step time, communication and run cost that put them together.
 """
 
+from services.estimator.architecture.parse import canonical_architecture
+from services.estimator.recipe import canonical_recipe
 from services.estimator.throughput.kernels import (
     BACKWARD_KERNELS_PER_FORWARD,
     BLOCK_CONTAINER_MODULES,
@@ -20,7 +22,6 @@ from services.estimator.throughput.kernels import (
     ZERO3_HOST_OPS_PER_MODULE_FORWARD,
     ZERO3_HOST_OPS_PER_TRAINED_TENSOR,
     block_linear_gemms,
-    clear_work_caches,
     dispatch_seconds,
     forward_replay_share,
     gptq_dequant_passes,
@@ -30,6 +31,9 @@ from services.estimator.throughput.kernels import (
     micro_batch_tokens,
     step_elementwise_bytes,
     zero_hook_seconds,
+)
+from services.estimator.throughput.kernels import (
+    clear_work_caches as _clear_kernel_caches,
 )
 from services.estimator.throughput.rates import (
     ADA_MATMUL_SHARES,
@@ -55,6 +59,7 @@ from services.estimator.throughput.step import (
     RunCost,
     StepWork,
     Throughput,
+    clear_step_caches,
     compute_width,
     data_parallel_communication,
     default_links,
@@ -63,6 +68,16 @@ from services.estimator.throughput.step import (
     run_cost,
     step_work,
 )
+
+
+def clear_work_caches() -> None:
+    """Forget every memo of GPU-independent work and the interned architectures and recipes (tests that count
+    the work of one estimate start from none)."""
+    _clear_kernel_caches()
+    clear_step_caches()
+    canonical_architecture.clear()
+    canonical_recipe.clear()
+
 
 __all__ = [
     "ADA_MATMUL_SHARES",

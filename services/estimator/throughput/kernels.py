@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from services.estimator.architecture import Architecture
 from services.estimator.elementwise import elementwise_bytes_per_token
+from services.estimator.memory.activations import clear_activation_cache
+from services.estimator.memory.states import clear_adapter_caches
 from services.estimator.padding import batch_row_tokens
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -75,6 +77,8 @@ def clear_work_caches() -> None:
     """Forget the memoised work (tests that count the work of one estimate start from none)."""
     for memo in (_gemm_work_of, _lora_work_of, _hooked):
         memo.cache_clear()
+    clear_adapter_caches()
+    clear_activation_cache()
 
 
 def forward_replay_share(plan: Plan, recipe: Recipe) -> float:

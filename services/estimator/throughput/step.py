@@ -20,6 +20,7 @@ from services.estimator.communication import (
     step_communication,
     total_parameters,
 )
+from services.estimator.memo import Memo
 from services.estimator.memory import (
     ModelStates,
     adapter_params,
@@ -32,6 +33,7 @@ from services.estimator.recipe import Recipe
 from services.estimator.throughput.kernels import (
     BNB_DEQUANT_BYTES,
     GPTQ_DEQUANT_BYTES,
+    WORK_CACHE_SIZE,
     block_linear_gemms,
     dispatch_seconds,
     forward_replay_share,
@@ -81,6 +83,12 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     full); activation checkpointing replays the forward (+2N, llm-foundry HFU accounting); causal
     flash attention computes half the score matrix (2 * 2 * s/2 * d per layer forward).
     """
+    # The key holds every plan field the count reads.
+    key = (arch, recipe, plan.seq_len, plan.is_training, plan.method, plan.gradient_checkpointing)
+    return _FLOPS.get(key, lambda: _flops_per_token(plan, arch, recipe))
+
+
+def _flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerToken:
     seq = plan.seq_len
     matmul = float(arch.lm_head_matmul_params)
     attn_fwd = 0.0
@@ -138,12 +146,29 @@ def step_work(plan: Plan, arch: Architecture, recipe: Recipe, flops: FlopsPerTok
         tokens=micro_batch_tokens(plan, recipe),
         lora_bytes_per_token=lora_bytes,
         lora_kernels_per_layer=lora_kernels,
-        elementwise_bytes_per_token=step_elementwise_bytes(plan, arch, recipe),
+        elementwise_bytes_per_token=_elementwise(plan, arch, recipe),
         weight_passes=1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0)),
         dispatch_s=dispatch_seconds(plan, arch, recipe, lora_kernels),
         quantized_params=quantized_params(arch, recipe) if plan.quantized is not None else 0,
         data_tokens_per_token=data_tokens_per_processed_token(plan, recipe),
     )
+
+
+# Memos by value of the plan-shape work every card shares (the planner prices one plan on thousands of setups).
+_FLOPS: Memo[FlopsPerToken] = Memo(WORK_CACHE_SIZE)
+_ELEMENTWISE: Memo[float] = Memo(WORK_CACHE_SIZE)
+
+
+def clear_step_caches() -> None:
+    """Forget the memoised FLOPs and element-wise bytes."""
+    _FLOPS.clear()
+    _ELEMENTWISE.clear()
+
+
+def _elementwise(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """``step_elementwise_bytes``, memoised on the plan fields it reads."""
+    key = (arch, recipe, plan.is_training, plan.method, plan.seq_len, plan.gradient_checkpointing)
+    return _ELEMENTWISE.get(key, lambda: step_elementwise_bytes(plan, arch, recipe))
 
 
 def compute_width(plan: Plan) -> float:
