@@ -77,20 +77,9 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 DATA_PARALLEL_SYNC_OVERHEAD = 0.018
 
 
-_TOTALS: dict[int, tuple[Architecture, int]] = {}
-
-
 def total_parameters(arch: Architecture) -> int:
-    """Every parameter of the model (what FSDP/ZeRO-3 gather), counted once per architecture object: a
-    planning call asks for it for thousands of setups of the same model."""
-    hit = _TOTALS.get(id(arch))
-    if hit is not None and hit[0] is arch:
-        return hit[1]
-    if len(_TOTALS) > 64:
-        _TOTALS.clear()
-    total = parameter_counts(arch).total
-    _TOTALS[id(arch)] = (arch, total)
-    return total
+    """Every parameter of the model (what FSDP/ZeRO-3 gather; counted once per architecture)."""
+    return parameter_counts(arch).total
 
 
 def zero3_gathers_per_pass(arch: Architecture) -> int:

@@ -24,6 +24,7 @@ from services.estimator.throughput import (
     estimate_throughput,
     flops_per_token,
     run_cost,
+    step_work,
     utilisation_or_prior,
 )
 from services.estimator.uncertainty import memory_band
@@ -152,14 +153,14 @@ def estimate(
     mem = peak_memory(plan, arch, recipe)
     if target is not None:
         mem = cap_cache_to_card(mem, target)
-    states = model_states(plan, arch, recipe)
+    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
     counts = parameter_counts(arch)
     warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
     ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, arch.low_confidence)
     fits = [_fit(spec, mem.peak_device, ratio) for spec in catalog]
     throughput: ThroughputReport | None = None
-    fpt = flops_per_token(plan, arch, recipe)  # the same on every card: computed once
+    work = step_work(plan, arch, recipe)  # the same on every card: computed once
     if target is not None:
         throughput = _throughput_report(
             estimate_throughput(
@@ -171,7 +172,7 @@ def estimate(
                 utilisation,
                 utilisation_source,
                 peak_device_bytes=mem.peak_device,
-                flops=fpt,
+                work=work,
             ),
             target,
             plan,
@@ -180,13 +181,17 @@ def estimate(
     costs = []
     by_name = {s.name: s for s in catalog}
     fit_by_name = {f.gpu: f.fits for f in fits}
+    per_card: dict[str, Throughput] = {}  # offers of one card share its throughput
     for offer in offers:
         if budget is not None:
             budget.check("plan", "estimate against fewer offers")
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue
-        tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, flops=fpt)
+        tp = per_card.get(spec.name)
+        if tp is None:
+            tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, work=work)
+            per_card[spec.name] = tp
         costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
     costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
 
@@ -241,7 +246,7 @@ def utilisation_reproducing(
     resolved = as_resolved(plan)
     plan, arch, recipe = resolved.plan, resolved.architecture, resolved.recipe
     mem = cap_cache_to_card(peak_memory(plan, arch, recipe), gpu)
-    states = model_states(plan, arch, recipe)
+    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
     fpt = flops_per_token(plan, arch, recipe)
 
     rates: dict[float, float] = {}

@@ -6,12 +6,13 @@ framework code or documentation it comes from; an explicit plan field always win
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from packaging.version import Version
 
 from services.estimator.errors import EstimatorError
+from services.estimator.memo import Canonical
 from services.estimator.plan import (
     ALL_LINEAR_ROLES,
     Attention,
@@ -353,6 +354,23 @@ class Recipe:
     # SwiGLU keeps gate and up only and recomputes act(gate) in backward (Liger's LigerSiLUMulFunction, compiled)
     fused_swiglu_saves: bool = False
 
+    def __hash__(self) -> int:
+        # By value, as the generated hash, but computed once: the memos of per-token work key on the recipe.
+        found = self.__dict__.get("_value_hash")
+        if found is None:
+            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_value_hash", found)
+        return found
+
+    def __getstate__(self) -> dict[str, object]:
+        # A str hash differs between processes (PYTHONHASHSEED): a pickled copy hashes itself again.
+        return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}
+
+
+# Resolved recipes interned by value (services.estimator.memo.Canonical).
+CANONICAL_RECIPES = 256
+canonical_recipe: Canonical[Recipe] = Canonical(CANONICAL_RECIPES)
+
 
 def _bytes_of(precision: str) -> tuple[int, int, int]:
     """(weight bytes, compute bytes, residual-stream bytes) for a plan precision."""
@@ -470,7 +488,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
     offloading = d.activation_offloading if plan.activation_offloading is None else plan.activation_offloading
     loss = plan.loss or ("fused" if plan.kernels == "liger" else d.loss)
     kernels = resolved_kernels(plan, d, loss)
-    return Recipe(
+    recipe = Recipe(
         framework=plan.framework,
         weight_bytes=weight_bytes,
         compute_bytes=compute_bytes,
@@ -536,6 +554,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         fused_norm_saves=compiled or kernels in ("liger", "transformer-engine"),
         fused_swiglu_saves=compiled or kernels == "liger",
     )
+    return canonical_recipe(recipe)
 
 
 def resolved_kernels(plan: Plan, d: FrameworkDefaults, loss: Loss) -> Kernels:

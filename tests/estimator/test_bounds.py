@@ -29,10 +29,9 @@ def _config(hf_id: str, **change: Any) -> dict[str, Any]:
 def _lines_executed(run: Callable[[], object]) -> int:
     """Lines of gpuplan's own code executed by ``run``: a deterministic measure of its work (from empty
     per-plan caches, so what earlier tests left in them does not change the count)."""
-    from services.estimator import communication, throughput
+    from services.estimator.throughput import clear_work_caches
 
-    throughput._BY_IDENTITY.clear()
-    communication._TOTALS.clear()
+    clear_work_caches()
     count = 0
 
     def tracer(frame: FrameType, event: str, _arg: object) -> Any:

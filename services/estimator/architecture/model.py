@@ -5,7 +5,8 @@ A parameter count here equals ``sum(p.numel() for p in model.parameters())`` of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Literal
 
 Role = str  # a LoRA target role: q, k, v, o, gate, up, down (lm_head is handled separately)
@@ -24,11 +25,12 @@ class Linear:
     bias: bool = False
     copies: int = 1
 
-    @property
+    # Derived values are cached on the (frozen) instance: an estimate reads them many times per layer.
+    @cached_property
     def params(self) -> int:
         return self.copies * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
 
-    @property
+    @cached_property
     def is_attention(self) -> bool:
         return bool(set(self.roles) & {"q", "k", "v", "o"})
 
@@ -52,15 +54,15 @@ class Block:
     num_experts: int = 1
     parallel_residual: bool = False
 
-    @property
+    @cached_property
     def linear_params(self) -> int:
         return sum(lin.params for lin in self.linears)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return self.linear_params + self.norm_params + self.other_params
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters a token passes through (experts scaled by experts_per_token / num_experts)."""
         total = self.norm_params + self.other_params
@@ -102,12 +104,30 @@ class Architecture:
     attention_logit_softcap: float = 0.0
     final_logit_softcap: float = 0.0
 
+    def __hash__(self) -> int:
+        # By value, as the generated hash, but computed once: the memos of GPU-independent work
+        # (services/estimator/throughput/kernels.py) look the architecture up on every estimate.
+        found = self.__dict__.get("_value_hash")
+        if found is None:
+            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_value_hash", found)
+        return found
+
+    def __getstate__(self) -> dict[str, object]:
+        # A str hash differs between processes (PYTHONHASHSEED): a pickled copy hashes itself again.
+        return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}
+
+    @cached_property
+    def parameters(self) -> ParameterCounts:
+        """Parameter counts per component, counted once per architecture (``parameter_counts``)."""
+        return _count_parameters(self)
+
     @property
     def low_confidence(self) -> bool:
         """Shapes read from generic config keys: the uncertainty band is widened for it (estimate and planner)."""
         return self.confidence == "low"
 
-    @property
+    @cached_property
     def num_layers(self) -> int:
         return sum(b.count for b in self.blocks)
 
@@ -122,11 +142,11 @@ class Architecture:
         """The output projection's weights as used in the matmul, tied or not."""
         return self.hidden_size * self.vocab_size
 
-    @property
+    @cached_property
     def is_moe(self) -> bool:
         return any(b.num_experts > 1 for b in self.blocks)
 
-    @property
+    @cached_property
     def largest_block_params(self) -> int:
         return max(b.params for b in self.blocks)
 
@@ -152,6 +172,11 @@ class ParameterCounts:
 
 
 def parameter_counts(arch: Architecture) -> ParameterCounts:
+    """Parameter counts per component; ``total`` matches the HF model's ``numel`` sum."""
+    return arch.parameters
+
+
+def _count_parameters(arch: Architecture) -> ParameterCounts:
     attention = sum(lin.params * b.count for b in arch.blocks for lin in b.linears if lin.is_attention)
     mlp = sum(lin.params * b.count for b in arch.blocks for lin in b.linears if not lin.is_attention)
     norms = sum(b.norm_params * b.count for b in arch.blocks) + arch.extra_params

@@ -16,6 +16,7 @@ from services.estimator.architecture.remote import baichuan, chatglm, internlm2,
 from services.estimator.architecture.sizes import check_architecture_sizes
 from services.estimator.bounds import check_config_sizes
 from services.estimator.errors import EstimatorError
+from services.estimator.memo import Canonical
 
 _FAMILIES: dict[str, Callable[[Config], Architecture]] = {
     "llama": llama_like,
@@ -62,6 +63,9 @@ _FAMILIES: dict[str, Callable[[Config], Architecture]] = {
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+# Parsed architectures interned by value (services.estimator.memo.Canonical).
+CANONICAL_ARCHITECTURES = 256
+canonical_architecture: Canonical[Architecture] = Canonical(CANONICAL_ARCHITECTURES)
 
 
 def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
@@ -90,4 +94,4 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
                 "model.config.num_key_value_heads",
                 f"{block.num_kv_heads} must be positive and divide num_attention_heads ({block.num_heads})",
             )
-    return arch
+    return canonical_architecture(arch)

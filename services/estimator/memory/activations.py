@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.estimator.architecture import Architecture, Block, Linear
+from services.estimator.memo import Memo
 from services.estimator.memory.states import lora_roles_of
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -335,38 +336,73 @@ def offload_stash_bytes(largest_tensor: float, offloaded: float, recipe: Recipe)
 def _largest_saved_tensor_bytes(block: Block, arch: Architecture, plan: Plan, recipe: Recipe) -> float:
     """The biggest single tensor a block saves: its input under checkpointing, else the widest of the
     residual stream, an MLP hidden tensor and the attention output."""
-    tokens = plan.tokens_per_micro_batch
+    return float(
+        _largest_saved_bytes_per_token(block, arch, plan.gradient_checkpointing, recipe) * plan.tokens_per_micro_batch
+    )
+
+
+def _largest_saved_bytes_per_token(block: Block, arch: Architecture, checkpointing: bool, recipe: Recipe) -> int:
     residual = recipe.residual_bytes * arch.hidden_size
-    if plan.gradient_checkpointing:
-        return float(residual * tokens)
+    if checkpointing:
+        return residual
     a = recipe.compute_bytes
-    widest = max(residual, 4 * arch.hidden_size, a * block.intermediate_size, a * block.num_heads * block.head_dim)
-    return float(widest * tokens)
+    return max(residual, 4 * arch.hidden_size, a * block.intermediate_size, a * block.num_heads * block.head_dim)
+
+
+# Per-token activation terms of each block memoised by value: what they read of the plan is its method, whether
+# it is quantized, its checkpointing and (for eager attention's scores) its sequence length.
+ACTIVATION_CACHE_SIZE = 256
+
+_Terms = tuple[tuple[dict[str, float], float, float, int, float], ...]
+
+
+def _per_token_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
+    """Per block: (saved bytes by holder, their sum, bytes kept for backward, widest saved tensor, backward
+    transient), all per token; the key holds every plan field they read."""
+    key = (arch, recipe, plan.method, plan.quantized, plan.gradient_checkpointing, plan.seq_len)
+    return _TERMS.get(key, lambda: _compute_terms(arch, plan, recipe))
+
+
+def _compute_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
+    out = []
+    for block in arch.blocks:
+        per_token = block_saved_bytes_per_token(block, arch, plan, recipe, plan.seq_len)
+        block_total = sum(per_token.values())
+        kept = (
+            _checkpointed_block_bytes_per_token(block, arch, plan, recipe)
+            if plan.gradient_checkpointing
+            else block_total
+        )
+        widest = _largest_saved_bytes_per_token(block, arch, plan.gradient_checkpointing, recipe)
+        transient = backward_transient_bytes_per_token(block, arch, recipe, plan)
+        out.append((per_token, block_total, kept, widest, transient))
+    return tuple(out)
+
+
+_TERMS: Memo[_Terms] = Memo(ACTIVATION_CACHE_SIZE)
+
+
+def clear_activation_cache() -> None:
+    """Forget the memoised per-token terms (tests that count the work of one estimate start from none)."""
+    _TERMS.clear()
 
 
 def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activations:
     tokens = plan.tokens_per_micro_batch
-    seq = plan.seq_len
     saved = 0.0
     biggest_block = 0.0
     biggest_kept = 0.0
     biggest_tensor = 0.0
     biggest_breakdown: dict[str, float] = {}
     transient = 0.0
-    for block in arch.blocks:
-        per_token = block_saved_bytes_per_token(block, arch, plan, recipe, seq)
-        block_total = sum(per_token.values())
+    terms = _per_token_terms(arch, plan, recipe)
+    for block, (per_token, block_total, kept, widest, transient_per_token) in zip(arch.blocks, terms, strict=True):
         if block_total > biggest_block:
-            biggest_block, biggest_breakdown = block_total, per_token
-        kept = (
-            _checkpointed_block_bytes_per_token(block, arch, plan, recipe)
-            if plan.gradient_checkpointing
-            else block_total
-        )
+            biggest_block, biggest_breakdown = block_total, dict(per_token)
         saved += block.count * kept * tokens
         biggest_kept = max(biggest_kept, kept * tokens)
-        biggest_tensor = max(biggest_tensor, _largest_saved_tensor_bytes(block, arch, plan, recipe))
-        transient = max(transient, backward_transient_bytes_per_token(block, arch, recipe, plan) * tokens)
+        biggest_tensor = max(biggest_tensor, float(widest * tokens))
+        transient = max(transient, transient_per_token * tokens)
 
     # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
     # embedding dropout mask.

@@ -50,6 +50,8 @@ class MemoryBreakdown:
     # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc): FSDP1's stream pools and
     # the segments batches of other lengths left. Not part of the peaks.
     cached_reclaimable: float = 0.0
+    # The model states the peak was built from (the estimate reports them and prices the step with them).
+    states: ModelStates | None = None
 
 
 def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
@@ -232,8 +234,10 @@ def _finish(
     if grads_long_lived:
         keys.append("gradients")
 
+    zeros = (0.0,) * len(keys)
+
     def cache_beyond(parts: dict[str, float], total: float) -> float:
-        long_lived = sum(parts.get(k, 0.0) for k in keys)
+        long_lived = sum(map(parts.get, keys, zeros))
         extra = FRAGMENTATION_OF_DYNAMIC * (total - long_lived)
         if parts.get("activations"):
             extra += rounding  # the kept activations' segment tails, while they are alive
@@ -249,7 +253,7 @@ def _finish(
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
     if other_lengths_cache:
         # The segments of other batch lengths sit beside the training step's moments, not the model load.
-        long_lived = sum(components.get(k, 0.0) for k in keys)
+        long_lived = sum(map(components.get, keys, zeros))
         step_peak = max(total for name, total in totals.items() if name != "model_load")
         step_reserved = step_peak + FRAGMENTATION_OF_DYNAMIC * max(0.0, step_peak - long_lived)
         pools_extra += max(0.0, step_reserved + other_lengths_cache - reserved)
@@ -267,4 +271,5 @@ def _finish(
         trainable_params=states.trainable_params,
         activations_per_layer_per_token=per_layer,
         cached_reclaimable=pools_extra,
+        states=states,
     )

@@ -7,8 +7,10 @@ Sources: the DeepSpeed ZeRO paper (Rajbhandari et al. 2020, arXiv 1910.02054) an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from services.estimator.architecture import Architecture, Linear, parameter_counts
+from services.estimator.architecture.parse import canonical_architecture
 from services.estimator.memory.quantization import (
     int8_row_scale_bytes,
     quantized_bytes_per_weight,
@@ -51,10 +53,25 @@ def lora_adapter_params(linear: Linear, recipe: Recipe) -> int:
     return linear.copies * recipe.lora_rank * (linear.in_features + out)
 
 
+# Adapter sizes memoised by value (architecture, LoRA targets, rank): an estimate and the planner ask many times.
+ADAPTER_CACHE_SIZE = 256
+
+
 def adapter_params(arch: Architecture, recipe: Recipe) -> int:
-    total = sum(lora_adapter_params(lin, recipe) * b.count for b in arch.blocks for lin in b.linears)
-    if "lm_head" in recipe.lora_targets:
-        total += recipe.lora_rank * (arch.hidden_size + arch.vocab_size)
+    return _adapter_params(arch, recipe.lora_targets, recipe.lora_rank)
+
+
+@lru_cache(maxsize=ADAPTER_CACHE_SIZE)
+def _adapter_params(arch: Architecture, targets: tuple[str, ...], rank: int) -> int:
+    total = 0
+    for b in arch.blocks:
+        for lin in b.linears:
+            roles = sum(1 for role in lin.roles if role in targets)
+            if roles:
+                out = lin.out_features * roles // len(lin.roles)
+                total += b.count * lin.copies * rank * (lin.in_features + out)
+    if "lm_head" in targets:
+        total += rank * (arch.hidden_size + arch.vocab_size)
     return total
 
 
@@ -115,7 +132,7 @@ def adafactor_state_elements(arch: Architecture, plan: Plan, recipe: Recipe) -> 
 def held_architecture(arch: Architecture, recipe: Recipe) -> Architecture:
     """The model as the framework holds it in memory: LitGPT keeps a tied output head as its own matrix."""
     if recipe.unties_embeddings and arch.tie_word_embeddings:
-        return replace(arch, tie_word_embeddings=False)
+        return canonical_architecture(replace(arch, tie_word_embeddings=False))
     return arch
 
 
@@ -245,18 +262,31 @@ def fsdp_no_sync_gradient_bytes(trainable: int, gpus: int, recipe: Recipe) -> fl
     return float(trainable * recipe.compute_bytes + trainable * recipe.weight_bytes / gpus)
 
 
+def clear_adapter_caches() -> None:
+    """Forget the memoised adapter sizes (tests that count the work of one estimate start from none)."""
+    _adapter_params.cache_clear()
+    _largest_tensor.cache_clear()
+
+
 def _largest_trainable_tensor(arch: Architecture, plan: Plan, recipe: Recipe) -> int:
     if plan.method == "full":
+        return _largest_tensor(arch, (), 0, True)
+    return _largest_tensor(arch, recipe.lora_targets, recipe.lora_rank, False)
+
+
+@lru_cache(maxsize=ADAPTER_CACHE_SIZE)
+def _largest_tensor(arch: Architecture, targets: tuple[str, ...], rank: int, full: bool) -> int:
+    if full:
         biggest_linear = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
         return max(biggest_linear, arch.embedding_params)
     sizes = [
-        recipe.lora_rank * max(lin.in_features, lin.out_features)
+        rank * max(lin.in_features, lin.out_features)
         for b in arch.blocks
         for lin in b.linears
-        if lora_roles_of(lin, recipe)
+        if any(role in targets for role in lin.roles)
     ]
-    if "lm_head" in recipe.lora_targets:
-        sizes.append(recipe.lora_rank * arch.vocab_size)
+    if "lm_head" in targets:
+        sizes.append(rank * arch.vocab_size)
     return max(sizes, default=0)
 
 

@@ -4,8 +4,9 @@
 large GEMMs, ``step`` the step time, communication and run cost that put them together.
 """
 
+from services.estimator.architecture.parse import canonical_architecture
+from services.estimator.recipe import canonical_recipe
 from services.estimator.throughput.kernels import (
-    _BY_IDENTITY,
     BACKWARD_KERNELS_PER_FORWARD,
     BLOCK_CONTAINER_MODULES,
     BNB_DEQUANT_BYTES,
@@ -31,6 +32,9 @@ from services.estimator.throughput.kernels import (
     step_elementwise_bytes,
     zero_hook_seconds,
 )
+from services.estimator.throughput.kernels import (
+    clear_work_caches as _clear_kernel_caches,
+)
 from services.estimator.throughput.rates import (
     ADA_MATMUL_SHARES,
     END_TO_END_OVER_MATMUL,
@@ -53,14 +57,27 @@ from services.estimator.throughput.step import (
     INTER_NODE_GB_PER_S,
     FlopsPerToken,
     RunCost,
+    StepWork,
     Throughput,
+    clear_step_caches,
     compute_width,
     data_parallel_communication,
     default_links,
     estimate_throughput,
     flops_per_token,
     run_cost,
+    step_work,
 )
+
+
+def clear_work_caches() -> None:
+    """Forget every memo of GPU-independent work and the interned architectures and recipes (tests that count
+    the work of one estimate start from none)."""
+    _clear_kernel_caches()
+    clear_step_caches()
+    canonical_architecture.clear()
+    canonical_recipe.clear()
+
 
 __all__ = [
     "ADA_MATMUL_SHARES",
@@ -91,11 +108,12 @@ __all__ = [
     "ZERO3_HOST_OPS_PER_MODULE_BACKWARD",
     "ZERO3_HOST_OPS_PER_MODULE_FORWARD",
     "ZERO3_HOST_OPS_PER_TRAINED_TENSOR",
-    "_BY_IDENTITY",
     "FlopsPerToken",
     "RunCost",
+    "StepWork",
     "Throughput",
     "block_linear_gemms",
+    "clear_work_caches",
     "compute_width",
     "data_parallel_communication",
     "default_links",
@@ -112,6 +130,7 @@ __all__ = [
     "micro_batch_tokens",
     "run_cost",
     "step_elementwise_bytes",
+    "step_work",
     "utilisation_or_prior",
     "zero_hook_seconds",
 ]

@@ -4,14 +4,12 @@ and element-wise passes, and the block linears as GEMM shapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from functools import lru_cache
 
 from services.estimator.architecture import Architecture
 from services.estimator.elementwise import elementwise_bytes_per_token
-from services.estimator.memory import (
-    lora_roles_of,
-)
+from services.estimator.memory.activations import clear_activation_cache
+from services.estimator.memory.states import clear_adapter_caches
 from services.estimator.padding import batch_row_tokens
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -70,24 +68,17 @@ GPTQ_DEQUANT_BYTES = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2) + 2
 BNB_DEQUANT_BYTES = 4.6
 GPTQ_DEQUANT_KERNELS_PER_LINEAR = 9
 
-# GPU-independent work of the last plans, keyed by the identity of their (frozen) architecture and
-# recipe objects: the estimate and the planner evaluate one plan on every card, and hashing or comparing
-# the nested dataclasses would cost more than recomputing.
-_BY_IDENTITY: dict[tuple[object, ...], tuple[object, object, object]] = {}
-_BY_IDENTITY_MAX = 256
-T = TypeVar("T")
+# GPU-independent work of the last plan shapes, memoised by value (the architecture hashes itself once; the
+# other keys are the plain values the work reads): the planner prices one plan on every card.
+WORK_CACHE_SIZE = 256
 
 
-def _cached(kind: str, arch: Architecture, recipe: Recipe, key: tuple[object, ...], compute: Callable[[], T]) -> T:
-    k = (kind, id(arch), id(recipe), *key)
-    hit = _BY_IDENTITY.get(k)
-    if hit is not None and hit[0] is arch and hit[1] is recipe:
-        return hit[2]  # type: ignore[return-value]
-    value = compute()
-    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
-        _BY_IDENTITY.clear()
-    _BY_IDENTITY[k] = (arch, recipe, value)
-    return value
+def clear_work_caches() -> None:
+    """Forget the memoised work (tests that count the work of one estimate start from none)."""
+    for memo in (_gemm_work_of, _lora_work_of, _hooked):
+        memo.cache_clear()
+    clear_adapter_caches()
+    clear_activation_cache()
 
 
 def forward_replay_share(plan: Plan, recipe: Recipe) -> float:
@@ -139,7 +130,8 @@ def zero_hook_seconds(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
     if not plan.is_training or plan.sharding not in ("zero2", "zero3"):
         return 0.0
     replay = forward_replay_share(plan, recipe)
-    modules, tensors = _cached("zero", arch, recipe, (plan.method == "full",), lambda: _hooked(arch, recipe, plan))
+    full = plan.method == "full"
+    modules, tensors = _hooked(arch, () if full else recipe.lora_targets, full)
     ops = float(tensors) * (
         ZERO3_HOST_OPS_PER_TRAINED_TENSOR if plan.sharding == "zero3" else ZERO2_HOST_OPS_PER_TRAINED_TENSOR
     )
@@ -148,15 +140,15 @@ def zero_hook_seconds(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
     return ops * HOST_SECONDS_PER_OP
 
 
-def _hooked(arch: Architecture, recipe: Recipe, plan: Plan) -> tuple[int, int]:
+@lru_cache(maxsize=WORK_CACHE_SIZE)
+def _hooked(arch: Architecture, targets: tuple[str, ...], full: bool) -> tuple[int, int]:
     """(modules called, trained tensors) over the blocks: a linear is one module and one weight (+ a bias), a
     mixture-of-experts linear one module holding every expert's weights (transformers' grouped experts), a
     norm one module of one tensor (two for LayerNorm); a LoRA adapter adds PEFT's modules and its A and B."""
-    full = plan.method == "full"
     norm_tensors = 2 if arch.norm == "layer" else (0 if arch.norm == "nonparam" else 1)
     modules = tensors = 0
     for b in arch.blocks:
-        adapted = 0 if full else sum(1 for lin in b.linears if lora_roles_of(lin, recipe))
+        adapted = 0 if full else sum(1 for lin in b.linears if _adapted_roles(lin.roles, targets))
         modules += b.count * (
             BLOCK_CONTAINER_MODULES + len(b.linears) + b.norm_count + PEFT_MODULES_PER_ADAPTED_LINEAR * adapted
         )
@@ -189,16 +181,18 @@ def block_linear_gemms(
     tokens = micro_batch_tokens(plan, recipe) if tokens is None else tokens
     training, full = plan.is_training, plan.method == "full"
     width = recipe.compute_bytes
-    total, least_intensity, gemms = _cached(
-        "gemms",
-        arch,
-        recipe,
-        (tokens, training, full, replay, width),
-        lambda: _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width),
-    )
+    total, least_intensity, gemms = _gemm_work_of(arch, tokens, training, full, replay, width)
     if flops_per_s / bytes_per_s <= least_intensity:  # every GEMM is math-bound on this card
         return total, total / flops_per_s
     return total, sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
+
+
+@lru_cache(maxsize=WORK_CACHE_SIZE)
+def _gemm_work_of(
+    arch: Architecture, tokens: float, training: bool, full: bool, replay: float, width: int
+) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """``_gemm_work`` of the block linears of one micro-batch shape (memoised: the planner asks per card)."""
+    return _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width)
 
 
 def _gemm_work(
@@ -214,7 +208,7 @@ def _gemm_work(
 def _linear_gemm_shapes(
     arch: Architecture, tokens: float, training: bool, weight_grads: bool, replay: float
 ) -> tuple[tuple[float, float, float, float], ...]:
-    """(m, k, n, how many) of each block-linear GEMM of a micro-batch; cached, as the planner asks per card."""
+    """(m, k, n, how many) of each block-linear GEMM of a micro-batch."""
     out: list[tuple[float, float, float, float]] = []
     for b in arch.blocks:
         for lin in b.linears:
@@ -289,37 +283,45 @@ def lora_unfused_work(plan: Plan, arch: Architecture, recipe: Recipe) -> tuple[f
     if plan.method == "full" or recipe.fused_lora_kernels or recipe.compiled or not plan.is_training:
         return 0.0, 0
     replay = forward_replay_share(plan, recipe)
-    return _cached("lora", arch, recipe, (replay,), lambda: _lora_unfused_work(arch, recipe, replay))
+    return _lora_work_of(
+        arch, recipe.lora_targets, recipe.compute_bytes, recipe.adapter_input_bytes, recipe.lora_dropout > 0.0, replay
+    )
 
 
 def step_elementwise_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
-    """Bytes per token of the step's element-wise kernels (services.estimator.elementwise); cached per plan shape."""
-    replay = forward_replay_share(plan, recipe)
-    key = (plan.is_training, plan.method == "full", plan.seq_len, replay)  # the recipe holds the framework
-    return _cached("elementwise", arch, recipe, key, lambda: elementwise_bytes_per_token(plan, arch, recipe, replay))
+    """Bytes per token of the step's element-wise kernels (services.estimator.elementwise)."""
+    return elementwise_bytes_per_token(plan, arch, recipe, forward_replay_share(plan, recipe))
 
 
-def _lora_unfused_work(arch: Architecture, recipe: Recipe, replay: float) -> tuple[float, int]:
-    """``lora_unfused_work`` for a trained LoRA plan; cached, as the planner asks once per card."""
-    dropout = recipe.lora_dropout > 0.0
+def _adapted_roles(roles: tuple[str, ...], targets: tuple[str, ...]) -> int:
+    """How many of a linear's roles carry a LoRA adapter (``lora_roles_of`` on plain values)."""
+    return sum(1 for role in roles if role in targets)
+
+
+@lru_cache(maxsize=WORK_CACHE_SIZE)
+def _lora_work_of(
+    arch: Architecture,
+    targets: tuple[str, ...],
+    compute_bytes: int,
+    adapter_input_bytes: int,
+    dropout: bool,
+    replay: float,
+) -> tuple[float, int]:
+    """``lora_unfused_work`` for a trained LoRA plan (memoised: the planner asks once per card)."""
     total = 0.0
     kernels = 0
     layers = max(1, arch.num_layers)
     for b in arch.blocks:
         for lin in b.linears:
-            roles = lora_roles_of(lin, recipe)
+            roles = _adapted_roles(lin.roles, targets)
             if not roles:
                 continue
-            d_out = lin.out_features * len(roles) // len(lin.roles)
-            fwd, bwd = lora_unfused_bytes_per_token(
-                lin.in_features, d_out, recipe.compute_bytes, recipe.adapter_input_bytes, dropout
-            )
+            d_out = lin.out_features * roles // len(lin.roles)
+            fwd, bwd = lora_unfused_bytes_per_token(lin.in_features, d_out, compute_bytes, adapter_input_bytes, dropout)
             # Expert copies each see their share of the tokens: per token the traffic is experts_per_token x.
             share = b.experts_per_token if lin.copies > 1 else 1
             total += b.count * share * (fwd * (1.0 + replay) + bwd)
             kernels += (
-                b.count
-                * lin.copies
-                * lora_unfused_kernels_per_linear(recipe.adapter_input_bytes, recipe.compute_bytes, dropout)
+                b.count * lin.copies * lora_unfused_kernels_per_linear(adapter_input_bytes, compute_bytes, dropout)
             )
     return total, -(-kernels // layers)

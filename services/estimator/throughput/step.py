@@ -21,6 +21,7 @@ from services.estimator.communication import (
     total_parameters,
     zero3_gathers_per_pass,
 )
+from services.estimator.memo import Memo
 from services.estimator.memory import (
     ModelStates,
     adapter_params,
@@ -33,6 +34,7 @@ from services.estimator.recipe import Recipe
 from services.estimator.throughput.kernels import (
     BNB_DEQUANT_BYTES,
     GPTQ_DEQUANT_BYTES,
+    WORK_CACHE_SIZE,
     block_linear_gemms,
     dispatch_seconds,
     forward_replay_share,
@@ -82,6 +84,12 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     full); activation checkpointing replays the forward (+2N, llm-foundry HFU accounting); causal
     flash attention computes half the score matrix (2 * 2 * s/2 * d per layer forward).
     """
+    # The key holds every plan field the count reads.
+    key = (arch, recipe, plan.seq_len, plan.is_training, plan.method, plan.gradient_checkpointing)
+    return _FLOPS.get(key, lambda: _flops_per_token(plan, arch, recipe))
+
+
+def _flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerToken:
     seq = plan.seq_len
     matmul = float(arch.lm_head_matmul_params)
     attn_fwd = 0.0
@@ -114,6 +122,54 @@ def flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPerT
     width = max(b.num_heads * b.head_dim for b in arch.blocks)
     model = 6.0 * n_active + 12.0 * layers * width * seq
     return FlopsPerToken(fwd, bwd, recompute, model)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The parts of a step's cost that no GPU changes, worked out once per plan and priced on every card."""
+
+    flops: FlopsPerToken
+    tokens: float  # per micro-batch, pad tokens included
+    lora_bytes_per_token: float
+    lora_kernels_per_layer: int
+    elementwise_bytes_per_token: float
+    weight_passes: int  # passes that stream the weights: forward, backward, replay
+    dispatch_s: float
+    quantized_params: int
+    data_tokens_per_token: float
+
+
+def step_work(plan: Plan, arch: Architecture, recipe: Recipe, flops: FlopsPerToken | None = None) -> StepWork:
+    """``StepWork`` of the plan (``flops``: its FLOPs per token when the caller has them)."""
+    lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
+    return StepWork(
+        flops=flops if flops is not None else flops_per_token(plan, arch, recipe),
+        tokens=micro_batch_tokens(plan, recipe),
+        lora_bytes_per_token=lora_bytes,
+        lora_kernels_per_layer=lora_kernels,
+        elementwise_bytes_per_token=_elementwise(plan, arch, recipe),
+        weight_passes=1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0)),
+        dispatch_s=dispatch_seconds(plan, arch, recipe, lora_kernels),
+        quantized_params=quantized_params(arch, recipe) if plan.quantized is not None else 0,
+        data_tokens_per_token=data_tokens_per_processed_token(plan, recipe),
+    )
+
+
+# Memos by value of the plan-shape work every card shares (the planner prices one plan on thousands of setups).
+_FLOPS: Memo[FlopsPerToken] = Memo(WORK_CACHE_SIZE)
+_ELEMENTWISE: Memo[float] = Memo(WORK_CACHE_SIZE)
+
+
+def clear_step_caches() -> None:
+    """Forget the memoised FLOPs and element-wise bytes."""
+    _FLOPS.clear()
+    _ELEMENTWISE.clear()
+
+
+def _elementwise(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """``step_elementwise_bytes``, memoised on the plan fields it reads."""
+    key = (arch, recipe, plan.is_training, plan.method, plan.seq_len, plan.gradient_checkpointing)
+    return _ELEMENTWISE.get(key, lambda: step_elementwise_bytes(plan, arch, recipe))
 
 
 def compute_width(plan: Plan) -> float:
@@ -182,19 +238,22 @@ def estimate_throughput(
     peak_device_bytes: float | None = None,
     links: Links | None = None,
     flops: FlopsPerToken | None = None,
+    work: StepWork | None = None,
 ) -> Throughput:
     """Tokens/s of the plan on ``gpu`` (x plan.gpus), with the time split by what it is spent on.
 
     ``peak_device_bytes`` (the memory estimate) lets paged optimizer states that do not fit beside it
     cost their round trip over PCIe every optimizer step. ``links`` says how the GPUs are connected
     (default: one node of up to 8 on the card's own link, nodes of 8 over the assumed fabric beyond).
-    ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU).
+    ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU);
+    ``work``: its whole ``step_work``, for a caller that prices one plan on many cards.
     """
     peak = gpu.dense_tflops(plan.precision) * 1e12
     util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
-    fpt = flops if flops is not None else flops_per_token(plan, arch, recipe)
-    tokens = micro_batch_tokens(plan, recipe)
+    work = work if work is not None else step_work(plan, arch, recipe, flops)
+    fpt = work.flops
+    tokens = work.tokens
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
 
     # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
@@ -202,22 +261,21 @@ def estimate_throughput(
     linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth, tokens)
     compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
     # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
-    lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
-    compute += lora_bytes * tokens / bandwidth
+    compute += work.lora_bytes_per_token * tokens / bandwidth
     # Norms, rotary, activations, residual adds and the loss: memory-bound kernels of their own in eager mode.
-    compute += step_elementwise_bytes(plan, arch, recipe) * tokens / bandwidth
+    compute += work.elementwise_bytes_per_token * tokens / bandwidth
     # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
-    passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
+    passes = work.weight_passes
     weight_read = passes * (states.weights + states.adapters) / bandwidth
     compute = max(compute, weight_read)
-    compute = max(compute, dispatch_seconds(plan, arch, recipe, lora_kernels))
+    compute = max(compute, work.dispatch_s)
 
     # QLoRA dequantises every 4-bit weight to 16-bit before its matmuls (BNB_DEQUANT_BYTES or, for a GPTQ
     # checkpoint, GPTQ_DEQUANT_BYTES per weight): bandwidth-bound work on top of the matmuls.
     dequant = 0.0
     if plan.quantized is not None:
         # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
-        q = quantized_params(arch, recipe)
+        q = work.quantized_params
         if recipe.quant_backend == "auto-gptq":
             dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES / bandwidth
         else:
@@ -257,7 +315,7 @@ def estimate_throughput(
     return Throughput(
         tokens_per_s=total,
         tokens_per_s_per_gpu=per_gpu,
-        data_tokens_per_s=total * data_tokens_per_processed_token(plan, recipe),
+        data_tokens_per_s=total * work.data_tokens_per_token,
         step_seconds=step,
         mfu=mfu,
         utilisation_assumed=util,

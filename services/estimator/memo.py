@@ -1,0 +1,64 @@
+"""A bounded memo keyed by value, for work an estimate repeats on the same plan shape (pure: no I/O)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class Memo(Generic[V]):
+    """Results by a hashable key of plain values (and frozen objects that hash by value), the least recently
+    used dropped beyond ``maxsize``. For a function whose arguments are not all hashable (a pydantic plan):
+    the caller puts every field the work reads into the key. Safe across the API's threads."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._maxsize = maxsize
+        self._items: OrderedDict[Hashable, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, compute: Callable[[], V]) -> V:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+        value = compute()  # outside the lock; two threads may both compute one key, with the same result
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._maxsize:
+                self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class Canonical(Generic[V]):
+    """One instance per distinct value (frozen dataclasses that hash by value): interning what a parse or a
+    resolution builds afresh lets the memos above find their keys by identity instead of comparing them field
+    by field. Bounded like ``Memo``; a value beyond the bound is simply not interned."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._maxsize = maxsize
+        self._items: OrderedDict[Hashable, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: V) -> V:
+        with self._lock:
+            found = self._items.get(value)
+            if found is not None:
+                self._items.move_to_end(value)
+                return found
+            self._items[value] = value
+            while len(self._items) > self._maxsize:
+                self._items.popitem(last=False)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
