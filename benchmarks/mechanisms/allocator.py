@@ -1,35 +1,26 @@
 """How much PyTorch's caching allocator reserves beyond the live tensors in steady training steps, by replay.
 
-The estimator adds ``FRAGMENTATION_OF_DYNAMIC`` (15% of the memory that churns within a step) between the
-allocated and the reserved peak (services/estimator/memory.py). This script checks that figure without a
-GPU: it runs real transformers Llama training steps on the ``meta`` device (shapes and lifetimes as on a
-GPU, no data), records every storage the step allocates and when it dies (a ``TorchDispatchMode`` and
-storage weak references, polled after each op), and replays that sequence through a model of
-CUDACachingAllocator's rules (c10/cuda/CUDACachingAllocator.cpp): sizes rounded to 512 bytes; requests up
-to 1 MiB from 2 MiB segments (small pool), up to 10 MiB from 20 MiB segments, larger ones from their own
-segment rounded to 2 MiB; best fit by size; a block split when what is left is at least 512 bytes (small
-pool) or more than 1 MiB (large pool); adjacent free blocks of a segment merged on free; segments never
-returned. One stream, no ``max_split_size``, no expandable segments.
+The estimator's ALLOCATOR_GAP (services/estimator/memory/allocator.py) is what this script writes. It runs
+real transformers Llama training steps on the ``meta`` device (shapes and lifetimes as on a GPU, no data),
+records every storage the step allocates and when it dies (a ``TorchDispatchMode`` and storage weak
+references, polled after each op), and replays that sequence through a model of CUDACachingAllocator's rules
+(c10/cuda/CUDACachingAllocator.cpp): sizes rounded to 512 bytes; requests up to 1 MiB from 2 MiB segments
+(small pool), up to 10 MiB from 20 MiB segments, larger ones from their own segment rounded to 2 MiB; best
+fit by size; a block split when what is left is at least 512 bytes (small pool) or more than 1 MiB (large
+pool); adjacent free blocks of a segment merged on free; segments kept, except that a segment that would not
+fit first frees every wholly free cached segment and retries (release_cached_blocks). One stream, no
+``max_split_size``, no expandable segments.
 
 Attention is emulated as flash attention (it keeps q, k, v, the output and the fp32 log-sum-exp; on
 ``meta`` SDPA would take the math path and keep the score matrix). Two steps run, so the optimizer states
 the first step creates are in the second's segments.
 
-Findings (benchmarks/results/allocator.json; Llama-3-8B-, Llama-3.2-1B- and Qwen2.5-7B-shaped steps cut to 8
-layers, LoRA adapters in fp32 as get_peft_model makes them):
-
-- The replayed allocated peak of the real transformers/PEFT code equals the estimator's within 0.5% at
-  2048 tokens; for full fine-tuning at 4096-8192 tokens the estimator is 3-4% above it.
-- The reserved-over-allocated gap is not the estimator's 15% of the churning memory. Without
-  checkpointing it is about 0.17 of the kept activations (0.7 of the estimator's). Under checkpointing
-  it is 1.66-2.55 times one rebuilt block for LoRA (about twice the estimator's gap) and 2.6-14 times for
-  full fine-tuning, where AdamW's states, created in the first step inside freed activation segments,
-  push the second step's activations into new ones (11.7 GiB at 8192 tokens against the estimator's 2.0).
-- How much of that gap the allocator gives back before an out-of-memory (it frees wholly free cached
-  segments and retries) depends on the shapes: with a card just large enough, a tenth of it stays for
-  the Llama-3-8B shape, nearly all of it for the Qwen2.5-7B one. So the estimator shows the lower end of
-  the checkpointed ratio, 1.6 rebuilt blocks (``REBUILT_BLOCK_CACHE``), as cache the counters read and
-  keeps it out of the fit, where a test against replays under the card's limit is still to do.
+Each row gives two gaps over the allocated peak: the counter gap (reserved peak with memory to spare, what
+max_memory_reserved reads) and the fit gap (the least capacity the steps run in, what the allocator cannot
+give back). ``derive_gaps`` turns them into ALLOCATOR_GAP: per cell (the unit: kept activations without
+checkpointing, one rebuilt block with it; full fine-tuning, whose first AdamW step creates the model's
+states in segments the activations freed, or a frozen base), the median ratio to the unit. Results and
+figures: benchmarks/results/allocator.json, docs/accuracy.md.
 
 Needs the ``trace`` extra (torch, transformers, peft). Run: ``python -m benchmarks.mechanisms.allocator``.
 """
