@@ -149,3 +149,18 @@ def test_replayed_steps_peak_where_the_estimator_says_and_reserve_its_gap() -> N
         for r in json.loads((RESULTS / "allocator.json").read_text())["rows"]
     }[("llama-3.2-1b", "lora", True, 2048, 1)]
     assert (lora["gap_gib"], lora["unavoidable_gap_gib"]) == (stored["gap_gib"], stored["unavoidable_gap_gib"])
+
+
+def test_fsdp1s_unshard_pool_holds_the_root_and_three_units_and_its_reduce_scatter_pool_only_shards() -> None:
+    """FSDP1's buffers placed where torch/distributed/fsdp allocates them (record_fsdp1_steps) around a real
+    transformers step: the unshard stream's pool peaks at the root plus three units (in use, prefetched,
+    awaiting the rate limiter), as fsdp1_stream_pool_bytes says; the post-backward pool at the sharded
+    gradients (no unit-sized cast without a separate reduce dtype)."""
+    require_trace_extra()
+    from benchmarks.mechanisms.allocator import Step, estimator_step, replay_fsdp1_steps
+
+    step = Step("full", True, 512, layers=4, gpus=4)
+    replayed, est = replay_fsdp1_steps(step), estimator_step(step)
+    assert replayed["unshard_pool_peak_gib"] == pytest.approx(est["fsdp1_stream_pool_gib"], rel=0.01)
+    params = 4 * 218_112_000 + 2 * 128_256 * 4096 + 4096  # four Llama-3-8B blocks, embeddings, head, norm
+    assert replayed["post_backward_pool_peak_gib"] == pytest.approx(params * 2 / 4 / 2**30, rel=0.01)
