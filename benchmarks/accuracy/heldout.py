@@ -70,7 +70,7 @@ CASE_DERIVED = (
 POINT_NOTE = (
     "No constant of the point estimate (memory or tokens/s) is fitted from these cases by a script, so the "
     "held-out point errors equal the in-sample ones. Constants chosen by hand while this benchmark was read "
-    "(e.g. FRAGMENTATION_OF_DYNAMIC, REBUILT_BLOCK_CACHE, the utilisation "
+    "(e.g. the utilisation "
     "priors) have no script to re-derive them without a source: the held-out point figures still carry "
     "whatever that tuning gained."
 )

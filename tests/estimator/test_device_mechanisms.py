@@ -10,6 +10,7 @@ from services.estimator.memory import (
     CUDA_CONTEXT_BYTES,
     NF4_BNB_BYTES,
     activation_bytes,
+    allocator_gap_bytes,
     block_saved_bytes_per_token,
     fsdp1_stream_pool_bytes,
     nccl_buffer_bytes,
@@ -130,10 +131,11 @@ def test_fsdp1_stream_pools_are_cached_but_not_needed() -> None:
     recipe = resolve_recipe(plan)
     unit = ARCH.largest_block_params * 2
     root = (ARCH.embedding_params + ARCH.lm_head_params) * 2
-    grad_unit = ARCH.largest_block_params * 4
-    assert fsdp1_stream_pool_bytes(plan, ARCH, recipe) == pytest.approx(3 * unit + root + grad_unit * 1.25)
+    assert fsdp1_stream_pool_bytes(plan, ARCH, recipe) == pytest.approx(3 * unit + root)
     mem = peak_memory(plan, ARCH, recipe)
-    assert 0 < mem.cached_reclaimable <= fsdp1_stream_pool_bytes(plan, ARCH, recipe)
+    # Beside the part of the step's gap a card just large enough gives back (allocator_gap_bytes).
+    counter_gap, fit_gap = allocator_gap_bytes(plan, activation_bytes(plan, ARCH, recipe), 1.0)
+    assert 0 < mem.cached_reclaimable - (counter_gap - fit_gap) <= fsdp1_stream_pool_bytes(plan, ARCH, recipe)
     # The fit is checked on the device peak, which leaves the reclaimable cache out.
     report = estimate(plan)
     assert report.memory.reclaimable_cache_gib == pytest.approx(mem.cached_reclaimable / 1024**3, abs=1e-3)

@@ -509,7 +509,6 @@ def test_the_reserved_peak_is_the_largest_moment_with_its_cache_whichever_moment
     more per micro-batch moves the allocated peak to the step, and the reserved peak must not fall with it
     (hypothesis found this on Qwen2.5-7B, QLoRA, 41 tokens)."""
     from services.catalog.models import find_model
-    from services.estimator.memory import FRAGMENTATION_OF_DYNAMIC
     from services.estimator.plan import Plan
 
     arch = architecture_from_config(find_model("Qwen/Qwen2.5-7B").config)
@@ -531,9 +530,7 @@ def test_the_reserved_peak_is_the_largest_moment_with_its_cache_whichever_moment
     assert a.peak_moment == "model_load" and b.peak_moment != "model_load"
     assert b.peak_allocated > a.peak_allocated
     assert b.peak_device >= a.peak_device
-    load = a.components
-    churn = load["quantization_temporaries"]
-    assert b.peak_reserved == pytest.approx(a.peak_allocated + FRAGMENTATION_OF_DYNAMIC * churn)
+    assert b.peak_reserved >= a.peak_reserved
     assert sum(b.components.values()) == pytest.approx(b.peak_device)
 
 

@@ -9,11 +9,11 @@ from services.catalog.gpus import find_gpu
 from services.estimator.architecture import architecture_from_config
 from services.estimator.estimate import cap_cache_to_card, estimate
 from services.estimator.memory import (
-    FRAGMENTATION_OF_DYNAMIC,
-    REBUILT_BLOCK_CACHE,
+    ALLOCATOR_GAP,
     activation_bytes,
     activation_rounding_bytes,
     allocator_block_bytes,
+    allocator_gap_bytes,
     allocator_segment_bytes,
     logits_bytes,
     peak_memory,
@@ -92,10 +92,12 @@ def test_other_lengths_show_in_the_counters_but_not_in_the_peaks() -> None:
     assert mv.peak_allocated == mp.peak_allocated
     assert mv.peak_reserved == mp.peak_reserved
     assert mv.peak_device == mp.peak_device
-    # Packed rows leave no cache of other lengths, only what checkpointed rebuilds leave beyond the
-    # fragmentation (REBUILT_BLOCK_CACHE rebuilt blocks).
-    rebuilt = REBUILT_BLOCK_CACHE * activation_bytes(packed, ARCH, rp).recompute
-    assert mp.cached_reclaimable == pytest.approx(rebuilt - mp.components["allocator_reserve"], rel=1e-9)
+    # Packed rows leave no cache of other lengths, only the part of the step's gap the counters read
+    # with memory to spare beyond what the fit keeps.
+    acts = activation_bytes(packed, ARCH, rp)
+    counter_gap, fit_gap = allocator_gap_bytes(packed, acts, 0.0)
+    assert mp.components["allocator_reserve"] == pytest.approx(fit_gap, rel=1e-9)
+    assert mp.cached_reclaimable == pytest.approx(counter_gap - fit_gap, rel=1e-9)
     # One more step's length-dependent memory: the kept activations plus the larger of the loss's two
     # moments and one block's recomputation in backward.
     acts = activation_bytes(varying, ARCH, rv)
@@ -103,11 +105,7 @@ def test_other_lengths_show_in_the_counters_but_not_in_the_peaks() -> None:
     length_dependent = acts.saved + max(fwd, bwd, acts.recompute + acts.backward_transient)
     # The step peaks at a training moment here, so the whole of it is cache beyond the reserved peak.
     assert mv.peak_moment != "model_load"
-    step_reserved = mv.peak_allocated + FRAGMENTATION_OF_DYNAMIC * (
-        mv.peak_allocated - sum(mv.components.get(k, 0.0) for k in ("weights", "adapters", "optimizer_states"))
-    )
-    other_lengths = step_reserved + length_dependent - mv.peak_reserved
-    assert mv.cached_reclaimable == pytest.approx(other_lengths + mp.cached_reclaimable, rel=1e-9)
+    other_lengths = mv.cached_reclaimable - mp.cached_reclaimable
     assert other_lengths == pytest.approx(length_dependent, rel=0.01)
 
 
@@ -120,3 +118,31 @@ def test_the_cache_never_holds_more_than_the_card_has_left() -> None:
     assert cap_cache_to_card(mem, card).cached_reclaimable == pytest.approx(room)
     report = estimate(plan, "A100 80GB")
     assert report.memory.peak_device_gib + report.memory.reclaimable_cache_gib == pytest.approx(80.0, abs=1e-3)
+
+
+def test_the_allocator_gap_is_what_the_replay_derived() -> None:
+    """ALLOCATOR_GAP is the medians benchmarks/mechanisms/allocator.py wrote from its replays, and they
+    follow from the rows it wrote by the rule the constant states."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.mechanisms.allocator import derive_gaps
+
+    result = json.loads((Path(__file__).parents[2] / "benchmarks/results/allocator.json").read_text())
+    assert {cell: list(gap) for cell, gap in ALLOCATOR_GAP.items()} == result["allocator_gap"]
+    assert derive_gaps(result["rows"]) == result["allocator_gap"]
+
+
+def test_the_gap_takes_its_unit_from_checkpointing_and_its_cell_from_the_optimizer_states() -> None:
+    lora = make_plan(method="lora", lora={"rank": 8}, seq_len=2048, gradient_checkpointing=False)
+    acts = activation_bytes(lora, ARCH, resolve_recipe(lora))
+    assert allocator_gap_bytes(lora, acts, 1.0) == pytest.approx(
+        tuple(g * acts.saved for g in ALLOCATOR_GAP["kept/frozen"])
+    )
+    full = make_plan(method="full", seq_len=2048, gradient_checkpointing=True)
+    acts = activation_bytes(full, ARCH, resolve_recipe(full))
+    rebuilt = ALLOCATOR_GAP["rebuilt/full"]
+    assert allocator_gap_bytes(full, acts, 1.0) == pytest.approx(tuple(g * acts.recompute for g in rebuilt))
+    # States kept off the GPU (CPU offload, paged) are not created in freed segments.
+    frozen = ALLOCATOR_GAP["rebuilt/frozen"]
+    assert allocator_gap_bytes(full, acts, 0.0) == pytest.approx(tuple(g * acts.recompute for g in frozen))

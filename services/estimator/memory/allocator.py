@@ -9,33 +9,27 @@ from __future__ import annotations
 import math
 
 from services.estimator.architecture import Architecture
-from services.estimator.memory.activations import _checkpointed_block_bytes_per_token, block_saved_bytes_per_token
+from services.estimator.memory.activations import (
+    Activations,
+    _checkpointed_block_bytes_per_token,
+    block_saved_bytes_per_token,
+)
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
-# The caching allocator's extra reservation over the live tensors *within* a step of fixed shapes, as a
-# share of the memory that is allocated and freed within the step (activations, gradients in backward,
-# temporaries): blocks freed between kept ones leave holes that the next, differently sized request
-# cannot use. Runs that log both counters show reserved 10-20% above allocated
-# (shared/reference/memory_estimators.md). GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract)
-# states that its virtual-memory stitching reduces GPU memory use by 9.2 GB on average (up to 25 GB) and
-# fragmentation by 15% (up to 33%) against PyTorch's caching allocator, over eight LLMs on A100-80GB: a
-# reduction of the whole reserved pool's fragmentation, not a share of the memory freed within a step.
-# 0.15 of the churning part reuses that number for a different quantity and is a hand choice (kind
-# "tuned" in services/estimator/constants.toml: kept where the in-sample benchmark scored best, issue 26);
-# long-lived model states stay packed. The public cases that log max_memory_reserved still read 8-11%
-# above this estimate (docs/accuracy.md). Steps of changing shape add varying_length_cache_bytes.
-FRAGMENTATION_OF_DYNAMIC = 0.15
-# Under activation checkpointing the allocator keeps more cached: every block's backward rebuilds that
-# block's activations between the gradients still alive from the block after it, so the blocks freed by
-# one rebuild rarely fit the next one's requests in place. Replaying real transformers/PEFT steps through
-# the allocator's rules (python -m benchmarks.mechanisms.allocator, benchmarks/results/allocator.json:
-# Llama-3.2-1B-, Llama-3-8B- and Qwen2.5-7B-shaped LoRA and full fine-tuning steps) puts the cache beyond
-# the allocated peak at 1.66-2.55 times one rebuilt block for LoRA (2.6-14 for full fine-tuning, where
-# AdamW's first states sit in freed segments). How much of it the allocator can give back before an
-# out-of-memory depends on the shapes (all but a tenth for the Llama-3-8B shape, almost none for the
-# Qwen2.5-7B one), so it is shown at the replays' lower end in what the counters read, not in the fit.
-REBUILT_BLOCK_CACHE = 1.6
+# What the caching allocator reserves beyond the allocated peak of steady training steps of fixed shapes,
+# as (counter gap, fit gap) per unit, by cell (allocator_gap_bytes). Measured by replaying real
+# transformers/PEFT steps through CUDACachingAllocator's rules (best fit, split and merge rules, segments
+# kept; c10/cuda/CUDACachingAllocator.cpp): python -m benchmarks.mechanisms.allocator writes these medians
+# (benchmarks/results/allocator.json, allocator_gap). The counter gap is what max_memory_reserved reads with
+# memory to spare; the fit gap what stays when the card is just large enough (release_cached_blocks frees
+# wholly free segments and retries before out-of-memory).
+ALLOCATOR_GAP = {
+    "kept/frozen": (0.18, 0.10),
+    "kept/full": (0.74, 0.38),
+    "rebuilt/frozen": (1.73, 0.20),
+    "rebuilt/full": (7.09, 2.96),
+}
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every request is rounded up to
 # kMinBlockSize (512 bytes); requests up to kSmallSize (1 MiB) are carved from 2 MiB segments
 # (kSmallBuffer); requests below kMinLargeAlloc (10 MiB) share 20 MiB segments (kLargeBuffer); larger
@@ -80,6 +74,23 @@ def segment_tail_bytes(request: float) -> int:
     if request < ALLOCATOR_MIN_LARGE_ALLOC_BYTES:
         return 0
     return allocator_segment_bytes(request) - allocator_block_bytes(request)
+
+
+def allocator_gap_bytes(plan: Plan, acts: Activations, optimizer_states: float) -> tuple[float, float]:
+    """(counter, fit) bytes the caching allocator reserves beyond a training step's allocated peak.
+
+    Without checkpointing, blocks freed in backward between still-kept activations leave holes in
+    proportion to the kept activations. With it, each block's rebuild is allocated between the gradients
+    alive from the block after it, so what stays cached scales with one rebuilt block. Full fine-tuning's
+    first optimizer step creates AdamW's states (lazily, torch/optim/adamw.py _init_group) in segments the
+    step's activations freed (best fit), pushing the next step's activations into new ones.
+    """
+    if not plan.is_training:
+        return 0.0, 0.0
+    unit = acts.recompute if plan.gradient_checkpointing else acts.saved
+    states = "full" if plan.method == "full" and optimizer_states > 0 else "frozen"
+    counter, fit = ALLOCATOR_GAP[f"{'rebuilt' if plan.gradient_checkpointing else 'kept'}/{states}"]
+    return counter * unit, fit * unit
 
 
 def activation_rounding_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:

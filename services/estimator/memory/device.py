@@ -43,14 +43,19 @@ def nccl_buffer_bytes(plan: Plan) -> float:
 
 
 def fsdp1_stream_pool_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
-    """Bytes FSDP1 holds in the caching allocator's pools of its own CUDA streams.
+    """Bytes FSDP1 holds in the caching allocator's pool of its unshard stream.
 
-    FSDP1 all-gathers on an unshard stream and reduce-scatters on a post-backward stream and hands the
-    buffers to the compute stream with Tensor.record_stream, so their blocks return only to those
-    streams' pools and the compute stream cannot reuse them (the recordStream behaviour FSDP2 removed:
-    torchtitan docs/fsdp.md reports 7% lower peak memory for FSDP2 on Llama-7B). The unshard pool
-    holds the unit in use plus the in-flight all-gathers the rate limiter allows, and the root unit;
-    the post-backward pool one unit's unsharded gradient and its reduced shard.
+    FSDP1 allocates a unit's unsharded flat parameter inside ``with unshard_stream``
+    (torch/distributed/fsdp/_runtime_utils.py _unshard -> FlatParamHandle._alloc_padded_unsharded_flat_param)
+    and frees it on the compute stream after record_stream (_free_unsharded_flat_param), so its block
+    returns to the unshard stream's pool, which the compute stream cannot use (the recordStream behaviour
+    FSDP2 removed: torchtitan docs/fsdp.md reports 7% lower peak memory for FSDP2 on Llama-7B). The pool
+    holds the unit in use, the one BACKWARD_PRE prefetches and the one whose free event the rate limiter
+    has not yet waited on, and the root unit (benchmarks/mechanisms/allocator.py record_fsdp1_steps:
+    root + 3 units). The post-backward stream makes one unit-sized tensor only to cast a gradient to
+    another reduce dtype (_post_backward_hook: flat_param.grad.to(handle._reduce_dtype)), which
+    accelerate's MixedPrecision (reduce_dtype = param_dtype) and pure 16-bit or fp32 runs never do; its
+    reduce-scatter outputs are the sharded gradients themselves.
     """
     if not recipe.fsdp1 or plan.sharding != "fsdp" or plan.gpus == 1:
         return 0.0
@@ -58,8 +63,4 @@ def fsdp1_stream_pool_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> f
     if plan.quantized is not None:
         unit = sharded_working_bytes(plan, arch, recipe)[0] / 2  # 4-bit blocks gather as stored
     root = float((arch.embedding_params + arch.lm_head_params) * recipe.compute_bytes)
-    unshard = (1 + FSDP1_INFLIGHT_ALL_GATHERS) * unit + root
-    grad_unit = 0.0
-    if plan.is_training and plan.method == "full":
-        grad_unit = arch.largest_block_params * (4 if recipe.weight_bytes == 4 else recipe.compute_bytes)
-    return unshard + grad_unit * (1 + 1 / plan.gpus)
+    return (1 + FSDP1_INFLIGHT_ALL_GATHERS) * unit + root

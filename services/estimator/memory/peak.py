@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from services.estimator.architecture import Architecture
 from services.estimator.memory.activations import activation_bytes
 from services.estimator.memory.allocator import (
-    FRAGMENTATION_OF_DYNAMIC,
-    REBUILT_BLOCK_CACHE,
     activation_rounding_bytes,
+    allocator_gap_bytes,
     varying_length_cache_bytes,
 )
 from services.estimator.memory.device import CUDA_CONTEXT_BYTES, fsdp1_stream_pool_bytes, nccl_buffer_bytes
@@ -159,11 +158,10 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         moments,
         states,
         acts.per_layer_per_token,
-        grads_long_lived=bool(persistent_grads),
+        step_gap=allocator_gap_bytes(plan, acts, states.optimizer_states),
         stream_pools=fsdp1_stream_pool_bytes(plan, arch, recipe),
         rounding=activation_rounding_bytes(plan, arch, recipe),
         other_lengths_cache=varying_length_cache_bytes(recipe, length_dependent),
-        rebuilt_block_cache=REBUILT_BLOCK_CACHE * acts.recompute,
     )
 
 
@@ -212,54 +210,42 @@ def _finish(
     moments: dict[str, dict[str, float]],
     states: ModelStates,
     per_layer: dict[str, float],
-    grads_long_lived: bool = False,
+    step_gap: tuple[float, float] = (0.0, 0.0),
     stream_pools: float = 0.0,
     rounding: float = 0.0,
     other_lengths_cache: float = 0.0,
-    rebuilt_block_cache: float = 0.0,
 ) -> MemoryBreakdown:
     """The peaks from the moments: allocated at the largest moment; reserved adds what the caching
-    allocator holds beyond the live tensors then (fragmentation of the churning memory, segment tails
+    allocator cannot give back beyond the step's live tensors (the fit part of ``step_gap``, segment tails
     of the kept activations); device adds the CUDA context and NCCL. Cached blocks the allocator may give
-    back before failing (FSDP1 stream pools, segments of other batch lengths, the cache checkpointed
-    rebuilds leave beyond the fragmentation) are reported apart.
+    back before failing (the rest of ``step_gap``, FSDP1 stream pools, segments of other batch lengths)
+    are reported apart.
     """
     totals = {name: sum(parts.values()) for name, parts in moments.items()}
     peak_name = max(totals, key=lambda name: totals[name])
     components = {k: v for k, v in moments[peak_name].items() if v}
     allocated = totals[peak_name]
-    # Tensors allocated once and kept (model states, accumulated gradients) pack tightly; what is
-    # allocated and freed every step fragments the cache.
-    keys = ["weights", "adapters", "master_weights", "optimizer_states", "ddp_buckets", "kv_cache"]
-    if grads_long_lived:
-        keys.append("gradients")
+    counter_gap, fit_gap = step_gap
 
-    zeros = (0.0,) * len(keys)
-
-    def cache_beyond(parts: dict[str, float], total: float) -> float:
-        long_lived = sum(map(parts.get, keys, zeros))
-        extra = FRAGMENTATION_OF_DYNAMIC * (total - long_lived)
-        if parts.get("activations"):
-            extra += rounding  # the kept activations' segment tails, while they are alive
-        return extra
+    def cache_beyond(name: str, parts: dict[str, float]) -> float:
+        if name == "model_load":  # the step's gap was measured over training steps, not the load
+            return 0.0
+        return fit_gap + (rounding if parts.get("activations") else 0.0)
 
     # The reserved peak is the largest moment's live tensors plus its cache, which may be another moment than
     # the allocated peak's (a load-time spike of temporaries beside a step with more kept tensors); what it
     # holds beyond the allocated peak is the allocator's reserve.
-    reserved = max(totals[name] + cache_beyond(parts, totals[name]) for name, parts in moments.items())
-    fragmentation = reserved - allocated
+    reserved = max(totals[name] + cache_beyond(name, parts) for name, parts in moments.items())
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
     # blocks, so they show in the counters but do not make a run fail.
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
-    if other_lengths_cache:
-        # The segments of other batch lengths sit beside the training step's moments, not the model load.
-        long_lived = sum(map(components.get, keys, zeros))
-        step_peak = max(total for name, total in totals.items() if name != "model_load")
-        step_reserved = step_peak + FRAGMENTATION_OF_DYNAMIC * max(0.0, step_peak - long_lived)
-        pools_extra += max(0.0, step_reserved + other_lengths_cache - reserved)
-    pools_extra += max(0.0, rebuilt_block_cache - fragmentation)
+    step_moments = [name for name in totals if name != "model_load"]
+    if step_moments:
+        # With memory to spare the counters read the whole gap and the segments of other batch lengths.
+        step_peak = max(totals[name] + cache_beyond(name, moments[name]) for name in step_moments)
+        pools_extra += max(0.0, step_peak + (counter_gap - fit_gap) + other_lengths_cache - reserved)
     context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
-    components["allocator_reserve"] = fragmentation
+    components["allocator_reserve"] = reserved - allocated
     components["cuda_context"] = float(context)
     return MemoryBreakdown(
         components=components,
