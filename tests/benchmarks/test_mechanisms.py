@@ -116,7 +116,8 @@ def test_zero_hook_counts_match_transformers_and_peft_modules() -> None:
                 "lora": {"rank": 8, "targets": "all-linear"} if method == "lora" else None,
             }
         )
-        assert _hooked(arch, resolve_recipe(plan), plan) == (3 * modules, 3 * tensors), method
+        recipe, full = resolve_recipe(plan), method == "full"
+        assert _hooked(arch, () if full else recipe.lora_targets, full) == (3 * modules, 3 * tensors), method
 
 
 def test_the_allocator_model_follows_the_caching_allocator_rules() -> None:
@@ -155,7 +156,11 @@ def test_replayed_steps_peak_where_the_estimator_says_and_reserve_its_gap() -> N
     lora = replay_training_steps(step)
     est = estimator_step(step)
     assert lora["peak_allocated_gib"] == pytest.approx(est["allocated_gib"], rel=0.02)
-    assert lora["gap_gib"] >= REBUILT_BLOCK_CACHE * est["rebuilt_block_gib"]
+    stored = {
+        (r["shape"], r["method"], r["checkpointing"], r["tokens"], r["batch"]): r
+        for r in json.loads((RESULTS / "allocator.json").read_text())["rows"]
+    }[("llama-3.2-1b", "lora", True, 2048, 1)]
+    assert (lora["gap_gib"], lora["unavoidable_gap_gib"]) == (stored["gap_gib"], stored["unavoidable_gap_gib"])
 
 
 def test_zero3_gathers_one_collective_per_module_deepspeed_partitions() -> None:
@@ -195,12 +200,6 @@ def test_eager_attention_and_gemma_norms_match_transformers_within_2_percent() -
         row = measure_scenario(*scenario)
         assert abs(row["error_pct"]) <= 2, row
 
-
-    stored = {
-        (r["shape"], r["method"], r["checkpointing"], r["tokens"], r["batch"]): r
-        for r in json.loads((RESULTS / "allocator.json").read_text())["rows"]
-    }[("llama-3.2-1b", "lora", True, 2048, 1)]
-    assert (lora["gap_gib"], lora["unavoidable_gap_gib"]) == (stored["gap_gib"], stored["unavoidable_gap_gib"])
 
 
 def test_fsdp1s_unshard_pool_holds_the_root_and_three_units_and_its_reduce_scatter_pool_only_shards() -> None:
