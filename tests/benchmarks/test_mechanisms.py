@@ -201,7 +201,6 @@ def test_eager_attention_and_gemma_norms_match_transformers_within_2_percent() -
         assert abs(row["error_pct"]) <= 2, row
 
 
-
 def test_fsdp1s_unshard_pool_holds_the_root_and_three_units_and_its_reduce_scatter_pool_only_shards() -> None:
     """FSDP1's buffers placed where torch/distributed/fsdp allocates them (record_fsdp1_steps) around a real
     transformers step: the unshard stream's pool peaks at the root plus three units (in use, prefetched,
