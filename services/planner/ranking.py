@@ -287,7 +287,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
                 counts.append(len(group.indices))
         index = np.concatenate(pair_offer)
         row = row_of[index]
-        training, gpus, nodes, position = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
+        training, gpus, nodes, positions = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
         on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
         spot_rate = spot_price[row]
@@ -303,7 +303,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             nodes=both(nodes),
             seconds=both(seconds),
             offer=both(index),
-            position=both(position),
+            position=both(positions),
             spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
             spot_pair=np.flatnonzero(has),
         )
