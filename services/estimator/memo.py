@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from dataclasses import fields
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -44,21 +45,25 @@ class Canonical(Generic[V]):
     by field. Bounded like ``Memo``; a value beyond the bound is simply not interned."""
 
     def __init__(self, maxsize: int) -> None:
-        self._maxsize = maxsize
-        self._items: OrderedDict[Hashable, V] = OrderedDict()
-        self._lock = threading.Lock()
+        self._memo: Memo[V] = Memo(maxsize)
 
     def __call__(self, value: V) -> V:
-        with self._lock:
-            found = self._items.get(value)
-            if found is not None:
-                self._items.move_to_end(value)
-                return found
-            self._items[value] = value
-            while len(self._items) > self._maxsize:
-                self._items.popitem(last=False)
-            return value
+        return self._memo.get(value, lambda: value)
 
     def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
+        self._memo.clear()
+
+
+def value_hash_once(self: Any) -> int:
+    """A frozen dataclass's hash by value, as the generated one, computed once: set ``__hash__ = value_hash_once``
+    (and ``__getstate__ = state_without_hash``) in the class body, where the dataclass decorator keeps it."""
+    found: int | None = self.__dict__.get("_value_hash")
+    if found is None:
+        found = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        object.__setattr__(self, "_value_hash", found)
+    return found
+
+
+def state_without_hash(self: Any) -> dict[str, object]:
+    """The pickled state without the kept hash: a str hash differs between processes (PYTHONHASHSEED)."""
+    return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}

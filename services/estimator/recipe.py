@@ -6,13 +6,13 @@ framework code or documentation it comes from; an explicit plan field always win
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from packaging.version import Version
 
 from services.estimator.errors import EstimatorError
-from services.estimator.memo import Canonical
+from services.estimator.memo import Canonical, state_without_hash, value_hash_once
 from services.estimator.plan import (
     ALL_LINEAR_ROLES,
     Attention,
@@ -354,17 +354,9 @@ class Recipe:
     # SwiGLU keeps gate and up only and recomputes act(gate) in backward (Liger's LigerSiLUMulFunction, compiled)
     fused_swiglu_saves: bool = False
 
-    def __hash__(self) -> int:
-        # By value, as the generated hash, but computed once: the memos of per-token work key on the recipe.
-        found = self.__dict__.get("_value_hash")
-        if found is None:
-            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_value_hash", found)
-        return found
-
-    def __getstate__(self) -> dict[str, object]:
-        # A str hash differs between processes (PYTHONHASHSEED): a pickled copy hashes itself again.
-        return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}
+    # Hashed by value once: the memos look it up on every estimate (services/estimator/memo.py).
+    __hash__ = value_hash_once
+    __getstate__ = state_without_hash
 
 
 # Resolved recipes interned by value (services.estimator.memo.Canonical).

@@ -103,16 +103,10 @@ class Setup:
     host_ram_bytes_per_node: float  # offloaded states in CPU memory (0 without offload)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A setup on one offer, priced on demand and (where the offer has spot and spot is allowed) on spot."""
+class _OnSetup:
+    """What a priced setup reads from its setup: the card, the layout and the device peak."""
 
-    offer: Offer
-    offer_index: int
     setup: Setup
-    on_demand: RunCost
-    spot: RunCost | None
-    qualifies_with: PricingMode | None  # None: breaks the budget or the deadline under every pricing
 
     @property
     def spec(self) -> GpuSpec:
@@ -123,12 +117,24 @@ class Candidate:
         return self.setup.layout
 
     @property
-    def cfg(self) -> Config:
-        return self.setup.cfg
-
-    @property
     def peak_device_bytes(self) -> float:
         return self.setup.peak_device_bytes
+
+
+@dataclass(frozen=True)
+class Candidate(_OnSetup):
+    """A setup on one offer, priced on demand and (where the offer has spot and spot is allowed) on spot."""
+
+    offer: Offer
+    offer_index: int
+    setup: Setup
+    on_demand: RunCost
+    spot: RunCost | None
+    qualifies_with: PricingMode | None  # None: breaks the budget or the deadline under every pricing
+
+    @property
+    def cfg(self) -> Config:
+        return self.setup.cfg
 
     @property
     def throughput(self) -> Throughput:
@@ -155,7 +161,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class PricedSetup:
+class PricedSetup(_OnSetup):
     """A setup on one offer with only what a budget or deadline rejection reports: its expected cost and hours on
     demand and (where priced) on spot."""
 
@@ -165,18 +171,6 @@ class PricedSetup:
     hours: float
     spot_cost_usd: float | None
     spot_hours: float | None
-
-    @property
-    def spec(self) -> GpuSpec:
-        return self.setup.spec
-
-    @property
-    def layout(self) -> Layout:
-        return self.setup.layout
-
-    @property
-    def peak_device_bytes(self) -> float:
-        return self.setup.peak_device_bytes
 
 
 @dataclass(frozen=True)

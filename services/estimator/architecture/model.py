@@ -5,9 +5,11 @@ A parameter count here equals ``sum(p.numel() for p in model.parameters())`` of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
+
+from services.estimator.memo import state_without_hash, value_hash_once
 
 Role = str  # a LoRA target role: q, k, v, o, gate, up, down (lm_head is handled separately)
 NormKind = Literal["rms", "layer", "nonparam"]
@@ -104,18 +106,9 @@ class Architecture:
     attention_logit_softcap: float = 0.0
     final_logit_softcap: float = 0.0
 
-    def __hash__(self) -> int:
-        # By value, as the generated hash, but computed once: the memos of GPU-independent work
-        # (services/estimator/throughput/kernels.py) look the architecture up on every estimate.
-        found = self.__dict__.get("_value_hash")
-        if found is None:
-            found = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_value_hash", found)
-        return found
-
-    def __getstate__(self) -> dict[str, object]:
-        # A str hash differs between processes (PYTHONHASHSEED): a pickled copy hashes itself again.
-        return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}
+    # Hashed by value once: the memos look it up on every estimate (services/estimator/memo.py).
+    __hash__ = value_hash_once
+    __getstate__ = state_without_hash
 
     @cached_property
     def parameters(self) -> ParameterCounts:
