@@ -197,3 +197,26 @@ def test_fsdp_no_sync_keeps_16bit_unsharded_gradients() -> None:
     assert model_states(no_accumulation, ARCH, resolve_recipe(no_accumulation)).gradients == pytest.approx(
         TOTAL * 4 / 8
     )
+
+
+@pytest.mark.parametrize("sharding", ["fsdp", "zero3"])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_sharded_qlora_keeps_the_nf4_constants_whole_on_every_rank(sharding: str, double_quant: bool) -> None:
+    # Only the packed 4-bit codes (half a byte per weight) are partitioned; bitsandbytes' quant_state (an
+    # fp32 absmax per 64 weights, or with nested quantization an 8-bit one plus an fp32 scale per 256
+    # blocks) stays whole, so the weights per rank fall as 1/n towards that floor, not towards zero.
+    constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
+    per_rank = {}
+    for gpus in (2, 8):
+        plan = make_plan(
+            method="qlora", lora={"rank": 8}, gpus=gpus, sharding=sharding, double_quant=double_quant
+        )
+        recipe = resolve_recipe(plan)
+        q = quantized_params(ARCH, recipe)
+        per_rank[gpus] = peak_memory(plan, ARCH, recipe).states.weights
+        sharded = (q * 0.5 + (TOTAL - q) * 2) / gpus
+        assert per_rank[gpus] == pytest.approx(sharded + q * constants)
+    assert per_rank[2] - per_rank[8] == pytest.approx((q * 0.5 + (TOTAL - q) * 2) * (1 / 2 - 1 / 8))
+    # A 16-bit base has no constants: its weights shard to nothing.
+    lora = make_plan(method="lora", lora={"rank": 8}, gpus=8, sharding=sharding)
+    assert peak_memory(lora, ARCH, resolve_recipe(lora)).states.weights == pytest.approx(TOTAL * 2 / 8)

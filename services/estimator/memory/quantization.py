@@ -12,7 +12,9 @@ from services.estimator.recipe import Recipe
 
 # NF4 / int8 storage per quantized weight element (bytes), including the quantization constants.
 # bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper, section 2).
-NF4_BNB_BYTES = 0.5 + 4 / 64
+# The packed 4-bit codes alone, the part FSDP and ZeRO-3 shard.
+NF4_CODE_BYTES = 0.5
+NF4_BNB_BYTES = NF4_CODE_BYTES + 4 / 64
 # torchao NF4Tensor (torchtune): block 64, absmax quantized to int8 with an fp32 scaler per 256 blocks,
 # the same layout as QLoRA's double quantization.
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -59,6 +61,21 @@ def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
         # = 0.127), the layout torchao's NF4Tensor uses.
         return NF4_DOUBLE_QUANT_BYTES
     return {"torchao": NF4_DOUBLE_QUANT_BYTES, "auto-gptq": GPTQ_BYTES}.get(recipe.quant_backend, NF4_BNB_BYTES)
+
+
+def unsharded_quant_constant_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:
+    """Bytes of a bitsandbytes NF4 base's block constants (absmax, nested or not) that every rank holds whole
+    under FSDP or ZeRO-3.
+
+    bitsandbytes keeps them in ``quant_state``, an attribute beside the parameter, not a parameter or a
+    buffer: FSDP and ZeRO-3 partition only the packed 4-bit codes (bnb_4bit_quant_storage), and Linear4bit
+    reads the whole state back from the module after a gather (bitsandbytes/nn/modules.py,
+    fix_4bit_weight_quant_state_from_module). Answer.AI's train.py quantizes on every rank for the same
+    reason ("FSDP only syncs parameters and buffers, so the quant_state isn't copied", load_and_quantize).
+    """
+    if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or plan.sharding not in ("fsdp", "zero3"):
+        return 0.0
+    return quantized_params(arch, recipe) * (quantized_bytes_per_weight(plan, recipe) - NF4_CODE_BYTES)
 
 
 def int8_row_scale_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> float:

@@ -15,6 +15,7 @@ from services.estimator.memory.quantization import (
     int8_row_scale_bytes,
     quantized_bytes_per_weight,
     quantized_params,
+    unsharded_quant_constant_bytes,
 )
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -209,12 +210,9 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
     elif recipe.fsdp_accumulates_unsharded and recipe.fsdp_compute_params_16bit:
         grads = fsdp_no_sync_gradient_bytes(trainable, n, recipe)
     if shard in ("zero3", "fsdp"):
-        # Not modelled (issue 26 item 6): bitsandbytes keeps an NF4 weight's absmax in quant_state, an
-        # attribute outside the parameter (bitsandbytes/nn/modules.py, fix_4bit_weight_quant_state_from_module;
-        # fsdp_qlora train.py load_param: "FSDP only syncs parameters and buffers, so the quant_state isn't
-        # copied"), so every rank holds all of it and gathers the 0.5-byte codes only. Counting it moved
-        # held-out medium+high counter p90 17.3% -> 17.6% (answerai-2, already over-predicted), so it waits.
-        weights /= n
+        # An NF4 base's block constants are not partitioned: every rank holds them whole.
+        replicated = unsharded_quant_constant_bytes(plan, arch, recipe)
+        weights = (weights - replicated) / n + replicated
         adapters /= n
 
     ddp = 0.0
