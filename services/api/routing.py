@@ -9,18 +9,25 @@ rest, from parsing to the rendered response, on a worker thread in an event loop
 loop only waits for it. The thread holds the GIL while it computes, so the loop runs in the GIL's switch
 intervals (1 ms under `gpuplan serve`, services/api/server.py).
 
-Each request gets a fresh loop, so nothing created in it (FastAPI's exit stacks, anyio's worker
-threads, which stop when that loop's root task ends) outlives the request or crosses loops.
+The worker loops are a few long-lived threads per process, each running an anyio event loop behind a
+:class:`~anyio.from_thread.BlockingPortal`: starting a loop per request cost more than the estimate
+itself, and the portal's root task keeps anyio's worker threads (where the plain ``def`` dependencies and
+endpoints run) alive between requests. Each request still opens its own FastAPI exit stacks in the worker
+loop, so nothing a request enters crosses loops. Requests go round-robin over the loops, so one slow body
+stalls at most the requests queued behind it on one of them, never the main loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import threading
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
+from anyio.from_thread import BlockingPortal
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
@@ -32,22 +39,64 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def run_in_own_loop(handler: Handler, request: Request) -> Response:
-    """Run ``handler(request)`` to its response in a new event loop in this (worker) thread."""
+# Worker loops per process: more than one, so a slow body holds up only the requests behind it on its loop.
+WORKER_LOOPS = 4
+
+
+async def _run_with_own_stacks(handler: Handler, request: Request) -> Response:
+    """``handler(request)`` in the worker loop, with FastAPI's exit stacks opened in that loop."""
     scope = request.scope
     saved = {key: scope[key] for key in _STACK_KEYS if key in scope}
-
-    async def main() -> Response:
+    try:
         async with AsyncExitStack() as middleware, AsyncExitStack() as inner, AsyncExitStack() as function:
             scope.update(zip(_STACK_KEYS, (middleware, inner, function), strict=True))
             return await handler(request)
-
-    try:
-        return anyio.run(main)
     finally:
         for key in _STACK_KEYS:
             scope.pop(key, None)
         scope.update(saved)
+
+
+class _WorkerLoops:
+    """Daemon threads each running an event loop behind a portal, started on first use in each process
+    (a process forked or spawned by the server starts its own)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._lock = threading.Lock()
+        self._portals: list[BlockingPortal] = []
+        self._next = itertools.count()
+
+    def _start(self) -> BlockingPortal:
+        ready = threading.Event()
+        box: list[BlockingPortal] = []
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                box.append(portal)
+                ready.set()
+                await portal.sleep_until_stopped()
+
+        threading.Thread(target=anyio.run, args=(serve,), name="gpuplan-off-loop", daemon=True).start()
+        ready.wait()
+        return box[0]
+
+    def portal(self) -> BlockingPortal:
+        if len(self._portals) < self._count:
+            with self._lock:
+                while len(self._portals) < self._count:
+                    self._portals.append(self._start())
+        return self._portals[next(self._next) % self._count]
+
+
+_LOOPS = _WorkerLoops(WORKER_LOOPS)
+
+
+async def run_in_worker_loop(handler: Handler, request: Request) -> Response:
+    """Run ``handler(request)`` to its response on a worker loop; the caller's loop only awaits it (a
+    cancelled wait cancels the request there)."""
+    future = _LOOPS.portal().start_task_soon(_run_with_own_stacks, handler, request)
+    return await asyncio.wrap_future(future)
 
 
 def off_loop(endpoint: F) -> F:
@@ -70,6 +119,6 @@ class OffLoopRoute(APIRoute):
 
         async def run_off_loop(request: Request) -> Response:
             await request.body()  # read here; FastAPI's handler reads the cached bytes
-            return await anyio.to_thread.run_sync(run_in_own_loop, handler, request)
+            return await run_in_worker_loop(handler, request)
 
         return run_off_loop

@@ -183,13 +183,14 @@ def estimate(
     fit_by_name = {f.gpu: f.fits for f in fits}
     per_card: dict[str, Throughput] = {}  # offers of one card share its throughput
     for offer in offers:
-        if budget is not None:
-            budget.check("plan", "estimate against fewer offers")
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue
         tp = per_card.get(spec.name)
         if tp is None:
+            # The budget is read where the work is (one throughput estimate per card), not per offer.
+            if budget is not None:
+                budget.check("plan", "estimate against fewer offers")
             tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, work=work)
             per_card[spec.name] = tp
         costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
@@ -377,7 +378,8 @@ def _cost(
             total_tokens, tp.data_tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour
         )
         hours, on_demand, spot = round(cost.hours, 3), cost.on_demand_usd, cost.spot_usd
-    return CostReport(
+    # Built without validation: every field is computed here from validated offers and estimates.
+    return CostReport.model_construct(
         provider=offer.provider,
         gpu=spec.name,
         gpus=plan.gpus,
