@@ -9,12 +9,12 @@ rest, from parsing to the rendered response, on a worker thread in an event loop
 loop only waits for it. The thread holds the GIL while it computes, so the loop runs in the GIL's switch
 intervals (1 ms under `gpuplan serve`, services/api/server.py).
 
-The worker loops are a few long-lived threads per process, each running an anyio event loop behind a
-:class:`~anyio.from_thread.BlockingPortal`: starting a loop per request cost more than the estimate
-itself, and the portal's root task keeps anyio's worker threads (where the plain ``def`` dependencies and
-endpoints run) alive between requests. Each request still opens its own FastAPI exit stacks in the worker
-loop, so nothing a request enters crosses loops. Requests go round-robin over the loops, so one slow body
-stalls at most the requests queued behind it on one of them, never the main loop.
+The worker loops are a few long-lived threads per process, each running an anyio event loop: starting a
+loop per request cost more than the estimate itself, and the loop's root task keeps anyio's worker threads
+(where the plain ``def`` dependencies and endpoints run) alive between requests. Each request still opens
+its own FastAPI exit stacks in the worker loop, so nothing a request enters crosses loops. Requests go
+round-robin over the loops, so one slow body stalls at most the requests queued behind it on one of them,
+never the main loop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import anyio
-from anyio.from_thread import BlockingPortal
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
@@ -58,44 +57,45 @@ async def _run_with_own_stacks(handler: Handler, request: Request) -> Response:
 
 
 class _WorkerLoops:
-    """Daemon threads each running an event loop behind a portal, started on first use in each process
-    (a process forked or spawned by the server starts its own)."""
+    """Daemon threads each running an anyio event loop, started on first use in each process (a process
+    forked or spawned by the server starts its own)."""
 
     def __init__(self, count: int) -> None:
         self._count = count
         self._lock = threading.Lock()
-        self._portals: list[BlockingPortal] = []
+        self._loops: list[asyncio.AbstractEventLoop] = []
         self._next = itertools.count()
 
-    def _start(self) -> BlockingPortal:
+    def _start(self) -> asyncio.AbstractEventLoop:
         ready = threading.Event()
-        box: list[BlockingPortal] = []
+        box: list[asyncio.AbstractEventLoop] = []
 
         async def serve() -> None:
-            async with BlockingPortal() as portal:
-                box.append(portal)
-                ready.set()
-                await portal.sleep_until_stopped()
+            # anyio's run: its root task keeps the loop's worker threads alive between requests.
+            box.append(asyncio.get_running_loop())
+            ready.set()
+            await anyio.sleep_forever()
 
         threading.Thread(target=anyio.run, args=(serve,), name="gpuplan-off-loop", daemon=True).start()
         ready.wait()
         return box[0]
 
-    def portal(self) -> BlockingPortal:
-        if len(self._portals) < self._count:
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if len(self._loops) < self._count:
             with self._lock:
-                while len(self._portals) < self._count:
-                    self._portals.append(self._start())
-        return self._portals[next(self._next) % self._count]
+                while len(self._loops) < self._count:
+                    self._loops.append(self._start())
+        return self._loops[next(self._next) % self._count]
 
 
 _LOOPS = _WorkerLoops(WORKER_LOOPS)
 
 
 async def run_in_worker_loop(handler: Handler, request: Request) -> Response:
-    """Run ``handler(request)`` to its response on a worker loop; the caller's loop only awaits it (a
-    cancelled wait cancels the request there)."""
-    future = _LOOPS.portal().start_task_soon(_run_with_own_stacks, handler, request)
+    """Run ``handler(request)`` to its response on a worker loop. Handing it over never blocks the caller's
+    loop (``run_coroutine_threadsafe`` only schedules), which then just awaits the result; a cancelled wait
+    cancels the request there."""
+    future = asyncio.run_coroutine_threadsafe(_run_with_own_stacks(handler, request), _LOOPS.loop())
     return await asyncio.wrap_future(future)
 
 
