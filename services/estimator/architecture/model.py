@@ -143,6 +143,16 @@ class Architecture:
     def largest_block_params(self) -> int:
         return max(b.params for b in self.blocks)
 
+    @cached_property
+    def largest_linear_weights(self) -> int:
+        """Weights of the largest block linear (in x out): the size of one layer's temporary weight copy."""
+        return max(lin.in_features * lin.out_features for b in self.blocks for lin in b.linears)
+
+    @cached_property
+    def block_linear_weights(self) -> int:
+        """Weights of every block linear, all layers (no biases): what a quantized base stores in 4/8 bits."""
+        return sum(b.count * lin.copies * lin.in_features * lin.out_features for b in self.blocks for lin in b.linears)
+
 
 @dataclass(frozen=True)
 class ParameterCounts:

@@ -37,7 +37,7 @@ FP8_BYTES = 1.0
 
 def quantized_params(arch: Architecture, recipe: Recipe) -> int:
     """Weights stored 4/8-bit: every block linear (not biases), plus the head where the framework does."""
-    total = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    total = arch.block_linear_weights
     if recipe.quantize_lm_head:
         total += arch.lm_head_matmul_params if not arch.tie_word_embeddings else 0
     return total
@@ -104,7 +104,7 @@ def bnb_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tupl
     if plan.quantized != "nf4" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
         return 0.0, 0.0
     per = recipe.compute_bytes + (2 if recipe.bnb_dequant_cast else 0)  # + the fp16 copy before the cast
-    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    block = arch.largest_linear_weights
     head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
     return float(head * per), float(block * per)
 
@@ -128,7 +128,7 @@ def gptq_dequantized_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> tu
         saved = copy * quantized_params(arch, recipe)
         return saved, saved
     block = max(sum(lin.copies * lin.in_features * lin.out_features for lin in b.linears) for b in arch.blocks)
-    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    largest = arch.largest_linear_weights
     return 0.0, copy * block + 3.0 * largest
 
 
@@ -158,7 +158,7 @@ def bnb_int8_dequantize_bytes(plan: Plan, arch: Architecture, recipe: Recipe) ->
     if plan.quantized != "int8" or recipe.quant_backend != "bitsandbytes" or not plan.is_training:
         return 0.0, 0.0
     per = int8_input_bytes(recipe)
-    block = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    block = arch.largest_linear_weights
     head = arch.lm_head_matmul_params if recipe.quantize_lm_head and not arch.tie_word_embeddings else 0
     return float(head * per), float(block * per)
 
@@ -188,7 +188,7 @@ def quantization_load_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> f
     is stored quantized: nothing is quantized while it loads."""
     if plan.quantized != "nf4" or recipe.quant_backend == "auto-gptq":
         return 0.0
-    largest = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    largest = arch.largest_linear_weights
     if recipe.quantize_lm_head and not arch.tie_word_embeddings:
         largest = max(largest, arch.lm_head_matmul_params)
     if recipe.nf4_whole_tensor:

@@ -275,7 +275,7 @@ def _largest_trainable_tensor(arch: Architecture, plan: Plan, recipe: Recipe) ->
 @lru_cache(maxsize=ADAPTER_CACHE_SIZE)
 def _largest_tensor(arch: Architecture, targets: tuple[str, ...], rank: int, full: bool) -> int:
     if full:
-        biggest_linear = max(lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+        biggest_linear = arch.largest_linear_weights
         return max(biggest_linear, arch.embedding_params)
     sizes = [
         rank * max(lin.in_features, lin.out_features)
@@ -336,5 +336,5 @@ def autocast_weight_copy_bytes(arch: Architecture, recipe: Recipe, checkpointed_
         # cached_cast); a frozen weight's copy lives only as a tensor autograd saves, and a checkpointed
         # block saves none: only the head's copy (its matmul is outside the blocks) is kept.
         return float(arch.lm_head_matmul_params * recipe.compute_bytes)
-    matmul = sum(b.count * lin.copies * lin.in_features * lin.out_features for b in arch.blocks for lin in b.linears)
+    matmul = arch.block_linear_weights
     return float((matmul + arch.lm_head_matmul_params) * recipe.compute_bytes)
