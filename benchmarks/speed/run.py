@@ -24,7 +24,7 @@ from services.catalog.gpus import find_gpu
 from services.catalog.models import find_model
 from services.estimator.architecture import architecture_from_config
 from services.estimator.estimate import estimate
-from services.estimator.memory import model_states, peak_memory
+from services.estimator.memory import peak_memory
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.resolved import resolve_plan
@@ -115,7 +115,7 @@ def main() -> int:
         # One estimate from scratch: parse the config, resolve defaults, memory, throughput on one GPU.
         arch = architecture_from_config(config)
         recipe = resolve_recipe(PLAN)
-        states = peak_memory(PLAN, arch, recipe).states or model_states(PLAN, arch, recipe)
+        states = peak_memory(PLAN, arch, recipe).states
         estimate_throughput(PLAN, arch, recipe, states, gpu)
 
     resolved = resolve_plan(PLAN)
@@ -124,7 +124,7 @@ def main() -> int:
         # The same from the plan resolved once (architecture and recipe), as the API, the planner and the
         # tasks hand it down; what llm-analysis's training() does on its configs.
         plan, arch, recipe = resolved.plan, resolved.architecture, resolved.recipe
-        states = peak_memory(plan, arch, recipe).states or model_states(plan, arch, recipe)
+        states = peak_memory(plan, arch, recipe).states
         estimate_throughput(plan, arch, recipe, states, gpu)
 
     def full() -> None:

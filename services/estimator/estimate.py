@@ -13,7 +13,7 @@ from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget
 from services.estimator.fit import fits_card, headroom_ratio
-from services.estimator.memory import GIB, MemoryBreakdown, model_states, peak_memory
+from services.estimator.memory import GIB, MemoryBreakdown, peak_memory
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe, framework_note
@@ -153,7 +153,7 @@ def estimate(
     mem = peak_memory(plan, arch, recipe)
     if target is not None:
         mem = cap_cache_to_card(mem, target)
-    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
+    states = mem.states
     counts = parameter_counts(arch)
     warnings = [*resolved.notes, *_warnings(plan, arch, recipe, mem, target)]
 
@@ -247,7 +247,7 @@ def utilisation_reproducing(
     resolved = as_resolved(plan)
     plan, arch, recipe = resolved.plan, resolved.architecture, resolved.recipe
     mem = cap_cache_to_card(peak_memory(plan, arch, recipe), gpu)
-    states = mem.states if mem.states is not None else model_states(plan, arch, recipe)
+    states = mem.states
     fpt = flops_per_token(plan, arch, recipe)
 
     rates: dict[float, float] = {}

@@ -44,13 +44,13 @@ class MemoryBreakdown:
     moments: dict[str, float]
     trainable_params: int
     activations_per_layer_per_token: dict[str, float]
+    # The model states the peak was built from (the estimate reports them and prices the step with them).
+    states: ModelStates
     # Cached blocks beyond the peak that the counters and nvidia-smi show when memory is plentiful but
     # that the caching allocator frees and retries with before it reports out-of-memory
     # (CUDACachingAllocator: release_cached_blocks on a failed cudaMalloc): FSDP1's stream pools and
     # the segments batches of other lengths left. Not part of the peaks.
     cached_reclaimable: float = 0.0
-    # The model states the peak was built from (the estimate reports them and prices the step with them).
-    states: ModelStates | None = None
 
 
 def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
