@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from services.api.errors import install_error_handlers
-from services.api.routing import OffLoopRoute, off_loop
+from services.api.routing import WORKER_LOOPS, OffLoopRoute, off_loop
 
 
 class Body(BaseModel):
@@ -35,7 +35,7 @@ def _app() -> tuple[FastAPI, dict[str, int]]:
 
     @router.post("/with-body")
     async def with_body(body: Body, dep: Annotated[str, Depends(dependency)]) -> dict[str, Any]:
-        return {"thread": threading.get_ident(), "n": body.n, "dep": dep}
+        return {"thread": threading.get_ident(), "name": threading.current_thread().name, "n": body.n, "dep": dep}
 
     @router.get("/without-body")
     async def without_body() -> dict[str, Any]:
@@ -68,3 +68,13 @@ def test_a_validation_error_off_the_loop_is_the_api_s_422() -> None:
         answer = client.post("/with-body", json={"n": "abc"})
         assert answer.status_code == 422
         assert answer.json()["message"].startswith("n: input should be a valid integer")
+
+
+def test_off_loop_requests_share_a_few_long_lived_worker_loops() -> None:
+    # Starting an event loop per request cost more than an estimate; the worker loops are started once.
+    app, _ = _app()
+    with TestClient(app) as client:
+        answers = [client.post("/with-body", json={"n": i}).json() for i in range(3 * WORKER_LOOPS)]
+    assert [a["n"] for a in answers] == list(range(3 * WORKER_LOOPS))
+    assert {a["name"] for a in answers} == {"gpuplan-off-loop"}
+    assert len({a["thread"] for a in answers}) <= WORKER_LOOPS
