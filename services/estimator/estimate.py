@@ -378,8 +378,7 @@ def _cost(
             total_tokens, tp.data_tokens_per_s, plan.gpus, offer.on_demand_usd_per_hour, offer.spot_usd_per_hour
         )
         hours, on_demand, spot = round(cost.hours, 3), cost.on_demand_usd, cost.spot_usd
-    # Built without validation: every field is computed here from validated offers and estimates.
-    return CostReport.model_construct(
+    return CostReport(
         provider=offer.provider,
         gpu=spec.name,
         gpus=plan.gpus,
