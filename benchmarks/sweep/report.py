@@ -195,9 +195,12 @@ FIXED = (
     "Trainer rows without checkpointing moved down by 0.01-2.53 GiB (full fine-tuning and checkpointed rows "
     "did not move); llama-3.2-1b-10 went from +6.4% to -1.5%, mistral-7b-v0.1-09 (the one QLoRA stand-in "
     "row) from +7.1% to -1.6%, olmoe-1b-7b-0924-11 from +8.1% to +3.9%. What is left of llama-3.2-1b-10's "
-    "-1.5% is analytic (0.5 GiB): K and V counted expanded to every head, where transformers' SDPA path "
-    "passes `enable_gqa` without a mask (integrations/sdpa_attention.py `use_gqa_in_sdpa`), and the first "
-    "block's input norm, which keeps nothing when the frozen embedding's output needs no gradient.",
+    "-1.5% (0.48 GiB) is two analytic terms, less the adapters' 16-bit casts autocast caches (0.02 GiB): K "
+    "and V kept expanded to every head (0.375 GiB), which transformers' SDPA path does under a padding mask, "
+    "the Trainer recipe's 'longest' padding, while the trace passes no mask and gets `enable_gqa` "
+    "(integrations/sdpa_attention.py `use_gqa_in_sdpa`); and the first block's input norm (0.125 GiB), which "
+    "keeps nothing when the frozen embedding's output needs no gradient (LoRA without checkpointing, so no "
+    "enable_input_require_grads), a small analytic overcount left unchanged.",
 )
 
 
