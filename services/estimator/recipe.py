@@ -338,6 +338,9 @@ class Recipe:
     kbit_fp32_upcast: bool = False  # the unquantized parameters of a k-bit base are held in fp32
     unquantized_weight_bytes: int = 2  # bytes per element of the parameters a quantized base leaves 16-bit
     padding: Padding = "longest"  # how batches get their length; "longest" makes batch shapes vary
+    # The forward runs under torch.autocast: the -mixed precisions, and the Trainer's bf16=True on a 16-bit
+    # model (accelerate's prepare_model wraps model.forward in autocast for mixed_precision "bf16").
+    autocast: bool = False
     # What the framework's code does, from FrameworkDefaults (its sources are given there).
     fused_qkv: bool = False
     fused_lora_kernels: bool = False
@@ -496,6 +499,7 @@ def resolve_recipe(plan: Plan) -> Recipe:
         checkpoint_granularity=plan.checkpoint_granularity or d.checkpoint_granularity,
         adapter_bytes=adapter_bytes,
         adapter_input_bytes=adapter_input,
+        autocast=autocast,
         lora_dropout=(lora.dropout if lora is not None and lora.dropout is not None else d.lora_dropout),
         lora_targets=targets,
         lora_rank=rank,

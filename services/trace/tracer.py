@@ -327,7 +327,10 @@ def _run_step(
         ids = torch.randint(0, int(config.get("vocab_size") or arch.vocab_size), (plan.micro_batch_size, plan.seq_len))
         tracker = FrozenAwareTracker()
         tracker.track_external(model, optimizer)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.weight_bytes != recipe.compute_bytes)
+        # The plan's autocast, not only the -mixed precisions': the Trainer's bf16 recipe runs a 16-bit model
+        # under autocast too, so PEFT's fp32 adapters get autocast's 16-bit copy of their input, not the fp32
+        # one of peft/tuners/tuners_utils.py ``_cast_input_dtype`` (recipe.py, FrameworkDefaults.autocast).
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast)
         if recorder is not None:
             states = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
             for tensor in [*model.parameters(), *model.buffers(), *states, ids]:

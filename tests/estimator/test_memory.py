@@ -210,6 +210,15 @@ def test_peft_fp32_adapters_keep_their_own_copy_of_the_input() -> None:
     assert saves["lora"] == 8 * 2
 
 
+def test_the_recipe_says_when_the_forward_runs_under_autocast() -> None:
+    # The -mixed precisions, and the Trainer's bf16 on a bf16 model (accelerate wraps its forward); the trace
+    # follows this flag (services/trace/tracer.py).
+    assert resolve_recipe(make_plan(precision="bf16", framework="hf-trainer")).autocast
+    assert resolve_recipe(make_plan(precision="bf16-mixed", framework="pytorch")).autocast
+    assert not resolve_recipe(make_plan(precision="bf16", framework="pytorch")).autocast
+    assert not resolve_recipe(make_plan(precision="fp32", framework="hf-trainer")).autocast
+
+
 def test_eager_attention_keeps_the_score_matrix() -> None:
     sdpa = make_plan(seq_len=2048)
     eager = make_plan(seq_len=2048, attention="eager")
