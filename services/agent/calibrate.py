@@ -127,9 +127,13 @@ def run_calibration(plan: Plan, config: dict[str, Any], warmup_steps: int, timed
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     ids = torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, plan.seq_len), device=device)
+    # The forward under the plan's autocast (recipe.autocast: the -mixed precisions, and the Trainer's 16-bit
+    # recipe, which accelerate runs under autocast too), in its compute dtype, as the estimate it calibrates.
+    compute = torch.bfloat16 if plan.precision.startswith("bf16") else torch.float16
 
     def step() -> None:
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast(device.type, dtype=compute, enabled=recipe.autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
