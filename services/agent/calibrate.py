@@ -83,15 +83,18 @@ def run_calibration(plan: Plan, config: dict[str, Any], warmup_steps: int, timed
     hf_config = AutoConfig.for_model(config["model_type"], **fields)
     hf_config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     nf4 = plan.quantized == "nf4"
+    # Built where it trains (random init of an 8B model takes minutes on a CPU), except an NF4 base, whose
+    # 16-bit weights are quantized as each layer moves to the GPU (quantize_nf4).
+    with torch.device("cpu" if nf4 else device):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     if plan.quantized is not None and not nf4:
         comparable = False
         notes.append(f"{plan.quantized} base is not calibrated here: ran as 16-bit LoRA (not comparable)")
     if nf4:
         missing = nf4_unavailable(cuda)
         if missing is None:
-            replaced = quantize_nf4(model, dtype, double_quant=True, device=device)
+            replaced = quantize_nf4(model, dtype, double_quant=recipe.nf4_double_quant, device=device)
             notes.append(f"QLoRA: {replaced} linear layers on a 4-bit NF4 base (bitsandbytes)")
         else:
             comparable = False
