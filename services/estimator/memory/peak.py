@@ -102,7 +102,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         },
         "start_of_backward": {
             **static,
-            "gradients": persistent_grads + head_grad,
+            "gradients": persistent_grads,
             "activations": acts.saved,
             "autocast_weight_copies": casts,
             "logits_and_loss": logit_bwd,
