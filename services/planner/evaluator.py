@@ -19,6 +19,7 @@ from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.throughput import (
     FlopsPerToken,
+    StepWork,
     Throughput,
     default_links,
     dispatch_seconds,
@@ -27,6 +28,7 @@ from services.estimator.throughput import (
     large_gemm_flops_per_s,
     lora_unfused_work,
     micro_batch_tokens,
+    step_work,
 )
 from services.estimator.uncertainty import memory_band
 
@@ -70,6 +72,7 @@ class Evaluator:
         self._memory: dict[Config, MemoryBreakdown] = {}
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
+        self._work: dict[Config, StepWork] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
@@ -164,6 +167,15 @@ class Evaluator:
             self._flops[key] = found
         return found
 
+    def _step_work(self, cfg: Config) -> StepWork:
+        # What a step costs that no card changes (throughput.step.step_work): one per configuration, priced on
+        # every card and link that configuration is searched on.
+        found = self._work.get(cfg)
+        if found is None:
+            found = step_work(self.plan(cfg), self.arch, self._recipe(cfg), self._flops_per_token(cfg))
+            self._work[cfg] = found
+        return found
+
     def model_states(self, cfg: Config) -> ModelStates:
         """Weights, gradients and optimizer states per GPU of the setup."""
         return self._model_states(cfg)
@@ -192,7 +204,7 @@ class Evaluator:
                 utilisation_source=source,
                 peak_device_bytes=peak,
                 links=links,
-                flops=self._flops_per_token(cfg),
+                work=self._step_work(cfg),
             )
             self._throughput[key] = found
         return found
