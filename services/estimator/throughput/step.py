@@ -227,6 +227,55 @@ def data_parallel_communication(
     )
 
 
+@dataclass(frozen=True)
+class CardStep:
+    """The part of a step's time on one card that no link changes (everything but the gradient and weight
+    traffic between GPUs), with what that traffic is worked out from: ``over_links`` finishes the step."""
+
+    plan: Plan
+    arch: Architecture
+    recipe: Recipe
+    states: ModelStates
+    gpu: GpuSpec
+    work: StepWork
+    peak_flops_per_s: float
+    utilisation: float
+    utilisation_source: str
+    compute_s: float
+    dequant_s: float
+    offload_streaming_s: float
+    optimizer_s: float
+
+    def over_links(self, links: Links | None = None) -> Throughput:
+        """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
+        plan, fpt, compute = self.plan, self.work.flops, self.compute_s
+        comm = data_parallel_communication(plan, self.arch, self.recipe, self.states, self.gpu, fpt, compute, links)
+        exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+        if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+            exposed_comm += self.offload_streaming_s
+        step = compute + self.dequant_s + exposed_comm + self.optimizer_s
+        tokens = self.work.tokens
+        per_gpu = tokens / step
+        total = per_gpu * plan.gpus
+        mfu = fpt.model_flops * per_gpu / self.peak_flops_per_s
+        return Throughput(
+            tokens_per_s=total,
+            tokens_per_s_per_gpu=per_gpu,
+            data_tokens_per_s=total * self.work.data_tokens_per_token,
+            step_seconds=step,
+            mfu=mfu,
+            utilisation_assumed=self.utilisation,
+            flops_per_token=fpt,
+            seconds={
+                "compute": compute,
+                "dequantization": self.dequant_s,
+                "communication": exposed_comm,
+                "optimizer": self.optimizer_s,
+            },
+            utilisation_source=self.utilisation_source,
+        )
+
+
 def estimate_throughput(
     plan: Plan,
     arch: Architecture,
@@ -248,6 +297,24 @@ def estimate_throughput(
     ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU);
     ``work``: its whole ``step_work``, for a caller that prices one plan on many cards.
     """
+    step = card_step(plan, arch, recipe, states, gpu, utilisation, utilisation_source, peak_device_bytes, flops, work)
+    return step.over_links(links)
+
+
+def card_step(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    states: ModelStates,
+    gpu: GpuSpec,
+    utilisation: float | None = None,
+    utilisation_source: str | None = None,
+    peak_device_bytes: float | None = None,
+    flops: FlopsPerToken | None = None,
+    work: StepWork | None = None,
+) -> CardStep:
+    """The step of ``estimate_throughput`` on ``gpu`` before its links: a caller that prices one setup over
+    several links (the planner: an offer's intra-node link kinds and networks) works it out once."""
     peak = gpu.dense_tflops(plan.precision) * 1e12
     util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
@@ -282,12 +349,11 @@ def estimate_throughput(
             dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
-    comm = data_parallel_communication(plan, arch, recipe, states, gpu, fpt, compute, links)
-    exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+    streaming = 0.0
     if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
         weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
         shard = total_parameters(arch) * weight_width / plan.gpus
-        exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
+        streaming = offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
     optimizer = 0.0
     if plan.is_training:
@@ -308,25 +374,20 @@ def estimate_throughput(
             optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
         optimizer /= accumulation
 
-    step = compute + dequant + exposed_comm + optimizer
-    per_gpu = tokens / step
-    total = per_gpu * plan.gpus
-    mfu = fpt.model_flops * per_gpu / peak
-    return Throughput(
-        tokens_per_s=total,
-        tokens_per_s_per_gpu=per_gpu,
-        data_tokens_per_s=total * work.data_tokens_per_token,
-        step_seconds=step,
-        mfu=mfu,
-        utilisation_assumed=util,
-        flops_per_token=fpt,
-        seconds={
-            "compute": compute,
-            "dequantization": dequant,
-            "communication": exposed_comm,
-            "optimizer": optimizer,
-        },
+    return CardStep(
+        plan=plan,
+        arch=arch,
+        recipe=recipe,
+        states=states,
+        gpu=gpu,
+        work=work,
+        peak_flops_per_s=peak,
+        utilisation=util,
         utilisation_source=source,
+        compute_s=compute,
+        dequant_s=dequant,
+        offload_streaming_s=streaming,
+        optimizer_s=optimizer,
     )
 
 
