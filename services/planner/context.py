@@ -29,6 +29,16 @@ RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
 
 
 @dataclass(frozen=True)
+class ConfigNeeds:
+    """The fitting configurations of a card on a layout, the host RAM per node each needs (0 without offload),
+    and each as a configuration that a node's RAM cannot hold (to explain a rejection)."""
+
+    configs: tuple[Config, ...]
+    needs: tuple[float, ...]
+    blocked: tuple[RamBlocked, ...]
+
+
+@dataclass(frozen=True)
 class RunSizes:
     """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
 
@@ -71,7 +81,14 @@ class PlanContext:
         return found
 
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    _needs: dict[tuple[str, Layout, bool], tuple[tuple[Config, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
+    _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
+    # Per (card, offer interconnect, node size, network): the multi-node layouts in order, with their links.
+    _multi: dict[tuple[str, str, int, float | None], tuple[tuple[Layout, Links], ...]] = field(default_factory=dict)
+    # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
+    _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
+    # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
+    _usable_ram: dict[tuple[float, int, int], float] = field(default_factory=dict)
     _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:

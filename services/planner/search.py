@@ -31,10 +31,19 @@ from services.estimator.communication import Links, intra_node_kind
 from services.estimator.plan import Optimizer, Sharding
 from services.planner.batching import BatchSplit, batch_split
 from services.planner.constraints import Constraints
-from services.planner.context import EIGHT_BIT_OPTIMIZERS, Candidate, PlanContext, RamBlocked, RamKey, Setup, ShapeKey
+from services.planner.context import (
+    EIGHT_BIT_OPTIMIZERS,
+    Candidate,
+    ConfigNeeds,
+    PlanContext,
+    RamBlocked,
+    RamKey,
+    Setup,
+    ShapeKey,
+)
 from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config, Evaluator
-from services.planner.host_ram import _blocked, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
+from services.planner.host_ram import _blocked, host_ram_bytes_per_node, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import PricingMode
 
@@ -231,13 +240,12 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     key = (*base[:4], offer.inter_node_gbit_per_s)
     cached = ctx._shapes.get(key)
     if cached is None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         grown = list(found)
         # More nodes are searched to do without offload; offload on several nodes only where no node fits.
         offload = not found
-        for layout in multi:
+        for layout, links in _multi_layouts(ctx, offer, spec):
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload)
+            more = layout_setups(ctx, spec, layout, links, offload)
             grown.extend(more)
             if _enough(ctx, more):
                 break
@@ -273,18 +281,18 @@ def _ram_search(
     cached = ctx._ram_shapes.get(key)
     if cached is not None:
         return cached
-    found = [s for s in found_anywhere if host_ram_fits(ctx, offer, s)]
-    blocked = [_blocked(s) for s in found_anywhere if not host_ram_fits(ctx, offer, s)]
+    holds = [_holds(ctx, offer, s) for s in found_anywhere]
+    found = [s for s, ok in zip(found_anywhere, holds, strict=True) if ok]
+    blocked = [_blocked(s) for s, ok in zip(found_anywhere, holds, strict=True) if not ok]
     grown = list(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         offload = not found
-        for index, layout in enumerate(multi):
+        for index, (layout, links) in enumerate(_multi_layouts(ctx, offer, spec)):
             if not offload and not ctx.plan.cpu_offload:
                 grown.extend(s for step in _plain_walk(ctx, offer, spec)[index:] for s in step)
                 break
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = _ram_layout_setups(ctx, offer, spec, layout, offload, blocked)
+            more = _ram_layout_setups(ctx, offer, spec, layout, links, offload, blocked)
             grown.extend(more)
             if _enough(ctx, more):
                 break
@@ -296,22 +304,76 @@ def _ram_search(
 
 
 def _ram_layout_setups(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, layout: Layout, offload: bool, blocked: list[RamBlocked]
+    ctx: PlanContext,
+    offer: Offer,
+    spec: GpuSpec,
+    layout: Layout,
+    links: Links,
+    offload: bool,
+    blocked: list[RamBlocked],
 ) -> list[Setup]:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
     holds none of them, no setup's speed is computed."""
-    configs, needs = _config_needs(ctx, spec, layout, offload)
-    usable = usable_host_ram_bytes(ctx, offer, layout)
-    if usable is not None and all(need > usable for need in needs):
-        blocked.extend(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
+    needs = _config_needs(ctx, spec, layout, offload)
+    usable = _usable_ram(ctx, offer, layout)
+    if usable is not None and all(need > usable for need in needs.needs):
+        blocked.extend(needs.blocked)
         return []
+    setups = layout_setups(ctx, spec, layout, links, offload)
+    if usable is None:
+        return list(setups)
     kept = []
-    for s in layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload):
-        if host_ram_fits(ctx, offer, s):
+    for s, as_blocked in zip(setups, _layout_blocked(ctx, spec, layout, links, offload), strict=True):
+        if s.host_ram_bytes_per_node <= 0 or s.host_ram_bytes_per_node <= usable:
             kept.append(s)
         else:
-            blocked.append(_blocked(s))
+            blocked.append(as_blocked)
     return kept
+
+
+def _layout_blocked(
+    ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool
+) -> tuple[RamBlocked, ...]:
+    """Each of ``layout_setups`` as a configuration a node's host RAM cannot hold (built once per entry)."""
+    key = (spec.name, layout, links, offload)
+    found = ctx._blocked.get(key)
+    if found is None:
+        found = ctx._blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
+    return found
+
+
+def _usable_ram(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
+    """``usable_host_ram_bytes``, memoised on what it reads (the RAM per node, the node size, the layout's GPUs
+    per node): thousands of offers share a few."""
+    ram = offer.host_ram_gib_per_node
+    if ram is None:
+        return None
+    key = (ram, offer.gpus_per_node, layout.gpus_per_node)
+    found = ctx._usable_ram.get(key)
+    if found is None:
+        found = usable_host_ram_bytes(ctx, offer, layout)
+        if found is not None:
+            ctx._usable_ram[key] = found
+    return found
+
+
+def _holds(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
+    """``host_ram_fits`` through the memoised usable RAM."""
+    if setup.host_ram_bytes_per_node <= 0:
+        return True
+    usable = _usable_ram(ctx, offer, setup.layout)
+    return usable is None or setup.host_ram_bytes_per_node <= usable
+
+
+def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[tuple[Layout, Links], ...]:
+    """The offer's multi-node layouts in order (``gpu_layouts``), each with its links: what the node-count walks
+    read, memoised per card, interconnect, node size and network (whole nodes or not, the same layouts)."""
+    key = (spec.name, offer.interconnect, offer.gpus_per_node, offer.inter_node_gbit_per_s)
+    found = ctx._multi.get(key)
+    if found is None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        found = ctx._multi[key] = tuple((layout, ctx.links(spec, offer, layout)) for layout in multi)
+    return found
 
 
 def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
@@ -320,15 +382,14 @@ def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setu
     key = (*shape_key(spec, offer)[:4], offer.inter_node_gbit_per_s)
     walk = ctx._plain_walks.get(key)
     if walk is None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         walk = []
         done = False
-        for layout in multi:
+        for layout, links in _multi_layouts(ctx, offer, spec):
             if done:
                 walk.append([])
                 continue
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), False)
+            more = layout_setups(ctx, spec, layout, links, False)
             walk.append(more)
             done = _enough(ctx, more)
         ctx._plain_walks[key] = walk
@@ -357,7 +418,7 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
 
 def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
     """``_ram_key`` for a shape, network and RAM size not met before."""
-    holds = tuple(host_ram_fits(ctx, offer, s) for s in found)
+    holds = tuple(_holds(ctx, offer, s) for s in found)
     inter = offer.inter_node_gbit_per_s
     if ctx.plan.cpu_offload:
         return (base, inter, holds, offer.host_ram_gib_per_node)
@@ -366,27 +427,27 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
     beyond: object = ()
     if inter is not None and not any(holds):
         beyond = None
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        for index, layout in enumerate(multi):
-            configs, needs = _config_needs(ctx, spec, layout, True)
-            usable = usable_host_ram_bytes(ctx, offer, layout)
-            fits = tuple(usable is None or need <= usable for need in needs)
-            plain = any(not cfg.cpu_offload for cfg in configs)
-            if plain or any(ok and cfg.cpu_offload for cfg, ok in zip(configs, fits, strict=True)):
+        for index, (layout, _) in enumerate(_multi_layouts(ctx, offer, spec)):
+            needs = _config_needs(ctx, spec, layout, True)
+            usable = _usable_ram(ctx, offer, layout)
+            fits = tuple(usable is None or need <= usable for need in needs.needs)
+            plain = any(not cfg.cpu_offload for cfg in needs.configs)
+            if plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
                 beyond = (index, fits)
                 break
     return (base, inter, holds, beyond)
 
 
-def _config_needs(
-    ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
-) -> tuple[tuple[Config, ...], tuple[float, ...]]:
-    """The fitting configurations of a layout and the host RAM per node each needs (0 without offload)."""
+def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool) -> ConfigNeeds:
+    """The fitting configurations of a layout, the host RAM per node each needs (0 without offload), and each as
+    blocked by a RAM that cannot hold it."""
     key = (spec.name, layout, offload)
     found = ctx._needs.get(key)
     if found is None:
         configs = card_configs(ctx, spec, layout.gpus, offload)
-        found = ctx._needs[key] = (configs, tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs))
+        needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
+        blocked = tuple(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
+        found = ctx._needs[key] = ConfigNeeds(configs, needs, blocked)
     return found
 
 
