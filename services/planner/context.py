@@ -8,7 +8,7 @@ from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
-from services.estimator.communication import Links
+from services.estimator.communication import Links, intra_node_kind
 from services.estimator.fit import usable_card_bytes
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
@@ -69,6 +69,17 @@ class PlanContext:
     _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
+
+    _link_kinds: dict[tuple[str, str], str] = field(default_factory=dict)
+    _host_ram_needs: dict[tuple[Config, int], float] = field(default_factory=dict)
+
+    def link_kind(self, spec: GpuSpec, interconnect: str) -> str:
+        """``intra_node_kind`` of the card under an offer's interconnect string (memoised: a few of each)."""
+        key = (spec.name, interconnect)
+        found = self._link_kinds.get(key)
+        if found is None:
+            found = self._link_kinds[key] = intra_node_kind(spec, interconnect)
+        return found
 
     def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
         """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""

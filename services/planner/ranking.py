@@ -26,7 +26,6 @@ import numpy as np
 
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.catalog.offers import Offer
-from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
 from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, RamBlocked, Setup
@@ -184,20 +183,22 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     shape_ids: dict[tuple[object, ...], int] = {}
     ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
     spec_of: dict[str, GpuSpec | EstimatorError] = {}
-    kinds: dict[tuple[str, str], str] = {}
     layout_ids: dict[tuple[object, ...], int] = {}
     layout_specs: list[GpuSpec] = []
     rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
     of_shape = np.empty(len(shape_ids), dtype=np.int64)
+    runs: dict[str, bool] = {}  # card -> whether it runs the plan's precision (the offer plays no part)
     for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
         spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
-        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
+        if not isinstance(spec, EstimatorError):
+            ok = runs.get(spec.name)
+            if ok is None:
+                ok = runs[spec.name] = precision_rejection(ctx.plan, spec, allowed[0]) is None
+        if isinstance(spec, EstimatorError) or not ok:
             rejected[shape_id] = spec
             of_shape[shape_id] = -1
             continue
-        kind = kinds.get((spec.name, interconnect))  # type: ignore[arg-type]
-        if kind is None:
-            kind = kinds[(spec.name, interconnect)] = intra_node_kind(spec, interconnect)  # type: ignore[arg-type,index]
+        kind = ctx.link_kind(spec, interconnect)  # type: ignore[arg-type]
         layout = (spec.name, kind, *rest)
         if layout not in layout_ids:
             layout_ids[layout] = len(layout_specs)

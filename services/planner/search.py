@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
-from services.estimator.communication import Links, intra_node_kind
+from services.estimator.communication import Links
 from services.estimator.plan import Optimizer, Sharding
 from services.planner.batching import BatchSplit, batch_split
 from services.planner.constraints import Constraints
@@ -208,10 +208,11 @@ NARROW_SEARCH = (
 )
 
 
-def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
+def shape_key(ctx: PlanContext, spec: GpuSpec, offer: Offer) -> ShapeKey:
     """What the search depends on besides the price and the host RAM: the card, the node shape and the link
     kind it really is."""
-    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
+    kind = ctx.link_kind(spec, offer.interconnect)
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, kind, None)
 
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
@@ -230,7 +231,7 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     only when the search has to go beyond one node. Where the offer gives its host RAM and the search meets
     offload, the setups the RAM cannot hold are dropped (``_ram_search``).
     """
-    base = shape_key(spec, offer)
+    base = shape_key(ctx, spec, offer)
     found, fastest, enough = _single_node(ctx, offer, spec, base)
     ram_key = _ram_key(ctx, offer, spec, base, found)
     if ram_key is not None:
@@ -379,7 +380,7 @@ def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[tuple
 def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
     """The setups without offload on the offer's multi-node layouts, growing until they are enough (then
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
-    key = (*shape_key(spec, offer)[:4], offer.inter_node_gbit_per_s)
+    key = (*shape_key(ctx, spec, offer)[:4], offer.inter_node_gbit_per_s)
     walk = ctx._plain_walks.get(key)
     if walk is None:
         walk = []
@@ -453,7 +454,7 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
 
 def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[RamBlocked]:
     """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
-    base = shape_key(spec, offer)
+    base = shape_key(ctx, spec, offer)
     key = _ram_key(ctx, offer, spec, base, _single_node(ctx, offer, spec, base)[0])
     found = None if key is None else ctx._ram_shapes.get(key)
     return [] if found is None else found[1]

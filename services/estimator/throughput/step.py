@@ -196,26 +196,38 @@ def data_parallel_communication(
     links: Links | None,
 ) -> StepCommunication:
     """Gradient and weight traffic of the plan's layout per micro-batch (services.estimator.communication)."""
+    return _traffic_over(_traffic(plan, arch, recipe, states, fpt, compute_s), plan, gpu, links)
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """What a layout's communication moves per micro-batch and the compute it may hide behind, before the links
+    (the arguments of ``step_communication`` besides them)."""
+
+    grad_bytes: float
+    param_bytes_16bit: float
+    gathered_weight_bytes: float
+    layers: int
+    forward_s: float
+    backward_s: float
+    accumulation: int
+    gathers_per_pass: int | None
+
+
+_NO_TRAFFIC = _Traffic(0.0, 0.0, 0.0, 1, 0.0, 0.0, 1, None)
+_ONE_GPU = Links(1, 1, "NVLink", 0.0)
+
+
+def _traffic(
+    plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates, fpt: FlopsPerToken, compute_s: float
+) -> _Traffic:
     if not plan.is_training or plan.gpus <= 1:
-        return step_communication(
-            "none",
-            Links(1, 1, "NVLink", 0.0),
-            grad_bytes=0.0,
-            param_bytes_16bit=0.0,
-            gathered_weight_bytes=0.0,
-            layers=1,
-            forward_s=0.0,
-            backward_s=0.0,
-            accumulation=1,
-        )
-    links = links if links is not None else default_links(plan.gpus, gpu)
+        return _NO_TRAFFIC
     grad_width = compute_width(plan)  # gradients are reduced in the compute dtype
     # A quantized base is gathered as stored: its codes and quantisation constants per weight.
     weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else grad_width
     forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
-    return step_communication(
-        plan.sharding,
-        links,
+    return _Traffic(
         grad_bytes=states.trainable_params * grad_width,
         param_bytes_16bit=states.trainable_params * grad_width,
         gathered_weight_bytes=total_parameters(arch) * weight_width,
@@ -224,6 +236,33 @@ def data_parallel_communication(
         backward_s=compute_s * (1.0 - forward_share),
         accumulation=plan.gradient_accumulation_steps or 1,
         gathers_per_pass=zero3_gathers_per_pass(arch) if plan.sharding == "zero3" else None,
+    )
+
+
+def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | None) -> StepCommunication:
+    if traffic is _NO_TRAFFIC:
+        return step_communication(
+            "none",
+            _ONE_GPU,
+            grad_bytes=0.0,
+            param_bytes_16bit=0.0,
+            gathered_weight_bytes=0.0,
+            layers=1,
+            forward_s=0.0,
+            backward_s=0.0,
+            accumulation=1,
+        )
+    return step_communication(
+        plan.sharding,
+        links if links is not None else default_links(plan.gpus, gpu),
+        grad_bytes=traffic.grad_bytes,
+        param_bytes_16bit=traffic.param_bytes_16bit,
+        gathered_weight_bytes=traffic.gathered_weight_bytes,
+        layers=traffic.layers,
+        forward_s=traffic.forward_s,
+        backward_s=traffic.backward_s,
+        accumulation=traffic.accumulation,
+        gathers_per_pass=traffic.gathers_per_pass,
     )
 
 
@@ -245,11 +284,12 @@ class CardStep:
     dequant_s: float
     offload_streaming_s: float
     optimizer_s: float
+    traffic: _Traffic
 
     def over_links(self, links: Links | None = None) -> Throughput:
         """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
         plan, fpt, compute = self.plan, self.work.flops, self.compute_s
-        comm = data_parallel_communication(plan, self.arch, self.recipe, self.states, self.gpu, fpt, compute, links)
+        comm = _traffic_over(self.traffic, plan, self.gpu, links)
         exposed_comm = comm.exposed_seconds + comm.straggler_seconds
         if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
             exposed_comm += self.offload_streaming_s
@@ -388,6 +428,7 @@ def card_step(
         dequant_s=dequant,
         offload_streaming_s=streaming,
         optimizer_s=optimizer,
+        traffic=_traffic(plan, arch, recipe, states, fpt, compute),
     )
 
 
