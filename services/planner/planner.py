@@ -16,6 +16,7 @@ and the cheapest change that fits.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -67,6 +68,7 @@ _REJECTION_ORDER = (
     "provider",
     "region",
 )
+_REJECTION_RANK = {kind: rank for rank, kind in enumerate(_REJECTION_ORDER)}
 
 
 def _check_plannable(plan: Plan, top_n: int) -> float:
@@ -163,7 +165,7 @@ def plan_setups(
         plan_effective_batch_size=ctx.effective_batch_size,
         recommendations=[recommend(e) for e in entries[:top_n]],
         best_per_gpu=[recommend(e) for e in best_per_gpu.values()],
-        rejections=sorted(rejections, key=lambda r: (_REJECTION_ORDER.index(r.kind), r.gpu, r.provider or "")),
+        rejections=sorted(rejections, key=lambda r: (_REJECTION_RANK[r.kind], r.gpu, r.provider or "")),
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,
         assumptions=_assumptions(ctx),
@@ -202,9 +204,12 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     for position, group in enumerate(scan.groups):
         if not group.ram_blocked:
             continue
-        for index in group.indices.tolist():
-            seen = first.setdefault((position, scan.offers[index].provider), [index, 0])
-            seen[1] += 1
+        indices = group.indices.tolist()  # ascending
+        providers = [scan.offers[index].provider for index in indices]
+        counts = Counter(providers)
+        # Reversed, each provider's first offer is written last.
+        for provider, index in dict(zip(reversed(providers), reversed(indices), strict=True)).items():
+            first[(position, provider)] = [index, counts[provider]]
     blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
     for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
         group = scan.groups[position]

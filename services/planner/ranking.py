@@ -478,16 +478,23 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
         head[group] = at
         return members[at] if at < len(members) else None
 
+    # Per group, within one step (nothing is taken while it looks): the costs below which an entry of the group is
+    # cheaper by more than the tolerance than the cheapest entry left of each simpler group.
+    limits: dict[tuple[int, int, int, int], list[float]] = {}
+
     def admissible(i: int) -> bool:
-        for g in simpler_groups[keys[i]]:
-            j = cheapest_left(g)
-            if j is not None and costs[i] >= (1.0 - tolerance) * costs[j]:
-                return False
-        return True
+        key = keys[i]
+        below = limits.get(key)
+        if below is None:
+            heads = (cheapest_left(g) for g in simpler_groups[key])
+            below = limits[key] = [(1.0 - tolerance) * costs[j] for j in heads if j is not None]
+        cost = costs[i]
+        return not any(cost >= limit for limit in below)
 
     left = list(range(len(entries)))
     out: list[Entry] = []
     while left:
+        limits.clear()
         pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
         taken[i] = True
