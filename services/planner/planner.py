@@ -68,7 +68,6 @@ _REJECTION_ORDER = (
     "provider",
     "region",
 )
-_REJECTION_RANK = {kind: rank for rank, kind in enumerate(_REJECTION_ORDER)}
 
 
 def _check_plannable(plan: Plan, top_n: int) -> float:
@@ -156,6 +155,7 @@ def plan_setups(
             built[key] = _recommendation(ctx, e, now)
         return built[key]
 
+    order = {kind: rank for rank, kind in enumerate(_REJECTION_ORDER)}
     best_per_gpu: dict[str, Entry] = {}
     for e in entries:
         best_per_gpu.setdefault(e.candidate.spec.name, e)
@@ -165,7 +165,7 @@ def plan_setups(
         plan_effective_batch_size=ctx.effective_batch_size,
         recommendations=[recommend(e) for e in entries[:top_n]],
         best_per_gpu=[recommend(e) for e in best_per_gpu.values()],
-        rejections=sorted(rejections, key=lambda r: (_REJECTION_RANK[r.kind], r.gpu, r.provider or "")),
+        rejections=sorted(rejections, key=lambda r: (order[r.kind], r.gpu, r.provider or "")),
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,
         assumptions=_assumptions(ctx),

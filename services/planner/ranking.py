@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.catalog.gpus import GpuSpec, find_gpu
+from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_key
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
@@ -142,17 +142,27 @@ class Scan:
         return [g for g in self.groups if g.ram_blocked]
 
 
-def _card(
-    spec_of: dict[str, GpuSpec | EstimatorError], name: str, specs: tuple[GpuSpec, ...]
-) -> GpuSpec | EstimatorError:
-    found = spec_of.get(name)
-    if found is None:
-        try:
-            found = find_gpu(name, specs)
-        except EstimatorError as exc:
-            found = exc
-        spec_of[name] = found
-    return found
+class _CardNames:
+    """``find_gpu`` for the card names of one catalog, each name matched once: the exact pass from one table of the
+    cards' normalised names (services.catalog.gpus.exact_gpu_names), the forgiving pass for the names it misses."""
+
+    def __init__(self, specs: tuple[GpuSpec, ...]) -> None:
+        self.specs = specs
+        self.exact = exact_gpu_names(specs)
+        self.found: dict[str, GpuSpec | EstimatorError] = {}
+
+    def find(self, name: str) -> GpuSpec | EstimatorError:
+        """The card ``name`` means, or the error ``find_gpu`` raises for it."""
+        found = self.found.get(name)
+        if found is None:
+            found = self.exact.get(gpu_name_key(name))
+            if found is None:
+                try:
+                    found = find_gpu(name, self.specs)
+                except EstimatorError as exc:
+                    found = exc
+            self.found[name] = found
+        return found
 
 
 def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
@@ -182,28 +192,34 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     allowed = offers if kept is None else [offers[i] for i in kept.tolist()]
     shape_ids: dict[tuple[object, ...], int] = {}
     ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
-    spec_of: dict[str, GpuSpec | EstimatorError] = {}
+    names = _CardNames(specs)
     layout_ids: dict[tuple[object, ...], int] = {}
     layout_specs: list[GpuSpec] = []
     rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
-    of_shape = np.empty(len(shape_ids), dtype=np.int64)
-    runs: dict[str, bool] = {}  # card -> whether it runs the plan's precision (the offer plays no part)
+    # Per (card name as written, interconnect): the card and its link kind, or why its offers are left out (an
+    # unknown card, or one without the plan's precision: the offer plays no part in either).
+    cards: dict[tuple[str, str], tuple[GpuSpec, str] | GpuSpec | EstimatorError] = {}
+    of_shape_ids: list[int] = []
     for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
-        spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
-        if not isinstance(spec, EstimatorError):
-            ok = runs.get(spec.name)
-            if ok is None:
-                ok = runs[spec.name] = precision_rejection(ctx.plan, spec, allowed[0]) is None
-        if isinstance(spec, EstimatorError) or not ok:
-            rejected[shape_id] = spec
-            of_shape[shape_id] = -1
+        card = cards.get((gpu, interconnect))  # type: ignore[arg-type]
+        if card is None:
+            spec = names.find(gpu)  # type: ignore[arg-type]
+            if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
+                card = spec
+            else:
+                card = (spec, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
+            cards[(gpu, interconnect)] = card  # type: ignore[index]
+        if not isinstance(card, tuple):
+            rejected[shape_id] = card
+            of_shape_ids.append(-1)
             continue
-        kind = ctx.link_kind(spec, interconnect)  # type: ignore[arg-type]
+        spec, kind = card
         layout = (spec.name, kind, *rest)
-        if layout not in layout_ids:
-            layout_ids[layout] = len(layout_specs)
+        group = layout_ids.setdefault(layout, len(layout_specs))
+        if group == len(layout_specs):
             layout_specs.append(spec)
-        of_shape[shape_id] = layout_ids[layout]
+        of_shape_ids.append(group)
+    of_shape = np.array(of_shape_ids, dtype=np.int64)
     position = np.arange(len(allowed)) if kept is None else kept
     if len(ids):
         group_of = of_shape[ids]
@@ -214,7 +230,9 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     order = np.argsort(group_of, kind="stable")
     sizes = np.bincount(group_of[group_of >= 0], minlength=len(layout_specs))
     skip = len(group_of) - int(sizes.sum())  # the rejected offers sort first (-1)
-    members = np.split(position[order[skip:]], np.cumsum(sizes)[:-1]) if len(layout_specs) else []
+    ordered = position[order[skip:]]
+    ends = np.cumsum(sizes).tolist()
+    members = [ordered[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
     groups = [OfferGroup(spec, indices) for spec, indices in zip(layout_specs, members, strict=True)]
     groups.sort(key=lambda g: int(g.indices[0]))
     scan.groups = groups
