@@ -496,26 +496,50 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
         head[group] = at
         return members[at] if at < len(members) else None
 
-    # Per group, within one step (nothing is taken while it looks): the costs below which an entry of the group is
-    # cheaper by more than the tolerance than the cheapest entry left of each simpler group.
-    limits: dict[tuple[int, int, int, int], list[float]] = {}
+    # Per group, the cost its entries must stay under to be cheaper by more than the tolerance than the cheapest
+    # entry left of every simpler group: the least of those limits (with finite numbers, each check's verdict is
+    # the one against every limit), and which simpler group sets it. Taking a group's cheapest entry moves only
+    # that group's limit: a more complex group recomputes its own only where that group set it.
+    exact = math.isfinite(tolerance) and all(math.isfinite(c) for c in costs)
+    limits: dict[tuple[int, int, int, int], tuple[float, tuple[int, int, int, int] | None]] = {}
+
+    def limit(key: tuple[int, int, int, int]) -> float:
+        found = limits.get(key)
+        if found is None:
+            least, by = math.inf, None
+            for g in simpler_groups[key]:
+                j = cheapest_left(g)
+                if j is not None and (1.0 - tolerance) * costs[j] < least:
+                    least, by = (1.0 - tolerance) * costs[j], g
+            found = limits[key] = (least, by)
+        return found[0]
 
     def admissible(i: int) -> bool:
-        key = keys[i]
-        below = limits.get(key)
-        if below is None:
-            heads = (cheapest_left(g) for g in simpler_groups[key])
-            below = limits[key] = [(1.0 - tolerance) * costs[j] for j in heads if j is not None]
-        cost = costs[i]
-        return not any(cost >= limit for limit in below)
+        if exact:
+            return costs[i] < limit(keys[i])
+        for g in simpler_groups[keys[i]]:
+            j = cheapest_left(g)
+            if j is not None and costs[i] >= (1.0 - tolerance) * costs[j]:
+                return False
+        return True
 
     left = list(range(len(entries)))
     out: list[Entry] = []
     while left:
-        limits.clear()
         pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
         taken[i] = True
+        group = keys[i]
+        j = cheapest_left(group)
+        moved = None if j is None else (1.0 - tolerance) * costs[j]
+        for g in complex_groups[group]:
+            known = limits.get(g)
+            if known is None:
+                continue
+            if known[1] == group:
+                del limits[g]
+            elif moved is not None and moved < known[0]:
+                limits[g] = (moved, group)
         out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
     return _caveats(out)
 
