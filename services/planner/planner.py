@@ -47,7 +47,13 @@ from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
 from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
-from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
+from services.planner.rejections import (
+    constraint_rejection,
+    gpus_label,
+    host_ram_rejection,
+    leanest_offload,
+    memory_rejection,
+)
 from services.planner.spot import (
     CAPACITY_WAIT_CAP_HOURS,
     CHECKPOINT_WRITE_BYTES_PER_S,
@@ -210,10 +216,14 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         # Reversed, each provider's first offer is written last.
         for provider, index in dict(zip(reversed(providers), reversed(indices), strict=True)).items():
             first[(position, provider)] = [index, counts[provider]]
+    # The rejections read only the leanest of an offer's blocked setups (rejections.leanest_offload): one per group.
+    leanest: dict[int, list[RamBlocked]] = {}
     blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
     for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
         group = scan.groups[position]
-        blocked.setdefault(group.spec.name, []).append((scan.offers[index], group.ram_blocked, count))
+        if position not in leanest:
+            leanest[position] = [leanest_offload(group.ram_blocked)]
+        blocked.setdefault(group.spec.name, []).append((scan.offers[index], leanest[position], count))
     out = []
     for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
