@@ -84,7 +84,8 @@ class PlanContext:
     def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
         """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""
         inter = offer.inter_node_gbit_per_s if layout.nodes > 1 else None
-        key = (spec.name, offer.interconnect, layout, inter)
+        # The links read the interconnect string only through the link kind it gives the card.
+        key = (spec.name, self.link_kind(spec, offer.interconnect), layout, inter)
         found = self._links.get(key)
         if found is None:
             found = offer_links(spec, offer, layout)
@@ -94,7 +95,7 @@ class PlanContext:
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
     # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
     _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
-    # Per (card, offer interconnect, node size, network): the multi-node layouts in order, with their links.
+    # Per (card, link kind, node size, network): the multi-node layouts in order, with their links.
     _multi: dict[tuple[str, str, int, float | None], tuple[tuple[Layout, Links], ...]] = field(default_factory=dict)
     # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
     _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)

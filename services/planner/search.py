@@ -368,8 +368,8 @@ def _holds(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
 
 def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[tuple[Layout, Links], ...]:
     """The offer's multi-node layouts in order (``gpu_layouts``), each with its links: what the node-count walks
-    read, memoised per card, interconnect, node size and network (whole nodes or not, the same layouts)."""
-    key = (spec.name, offer.interconnect, offer.gpus_per_node, offer.inter_node_gbit_per_s)
+    read, memoised per card, link kind, node size and network (whole nodes or not, the same layouts)."""
+    key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
     found = ctx._multi.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
