@@ -31,11 +31,13 @@ RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
 @dataclass(frozen=True)
 class ConfigNeeds:
     """The fitting configurations of a card on a layout, the host RAM per node each needs (0 without offload),
-    and each as a configuration that a node's RAM cannot hold (to explain a rejection)."""
+    and each as a configuration that a node's RAM cannot hold (to explain a rejection); ``plain``: whether one
+    fits without offload."""
 
     configs: tuple[Config, ...]
     needs: tuple[float, ...]
     blocked: tuple[RamBlocked, ...]
+    plain: bool
 
 
 @dataclass(frozen=True)

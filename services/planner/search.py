@@ -282,7 +282,7 @@ def _ram_search(
     cached = ctx._ram_shapes.get(key)
     if cached is not None:
         return cached
-    holds = [_holds(ctx, offer, s) for s in found_anywhere]
+    holds = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
     found = [s for s, ok in zip(found_anywhere, holds, strict=True) if ok]
     blocked = [_blocked(s) for s, ok in zip(found_anywhere, holds, strict=True) if not ok]
     grown = list(found)
@@ -432,8 +432,7 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
             needs = _config_needs(ctx, spec, layout, True)
             usable = _usable_ram(ctx, offer, layout)
             fits = tuple(usable is None or need <= usable for need in needs.needs)
-            plain = any(not cfg.cpu_offload for cfg in needs.configs)
-            if plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
+            if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
                 beyond = (index, fits)
                 break
     return (base, inter, holds, beyond)
@@ -448,7 +447,8 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
         configs = card_configs(ctx, spec, layout.gpus, offload)
         needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
         blocked = tuple(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
-        found = ctx._needs[key] = ConfigNeeds(configs, needs, blocked)
+        plain = any(not cfg.cpu_offload for cfg in configs)
+        found = ctx._needs[key] = ConfigNeeds(configs, needs, blocked, plain)
     return found
 
 
