@@ -72,6 +72,8 @@ class PlanContext:
     _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
 
+    # Per largest fitting configuration: the same with each smaller micro-batch (services.planner.search).
+    _smaller: dict[Config, tuple[Config, ...]] = field(default_factory=dict)
     _link_kinds: dict[tuple[str, str], str] = field(default_factory=dict)
     _host_ram_needs: dict[tuple[Config, int], float] = field(default_factory=dict)
 

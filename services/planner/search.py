@@ -149,11 +149,13 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
     the floors leave out per-micro-batch costs (weight reads, dequantisation, small GEMMs) that favour the
     larger one, so they only propose."""
     ev = ctx.evaluator
-    smaller = [
-        config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
-        for m in split.micro_batch_sizes
-        if m < largest.micro_batch_size
-    ]
+    smaller = ctx._smaller.get(largest)
+    if smaller is None:  # the same on every card
+        smaller = ctx._smaller[largest] = tuple(
+            config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
+            for m in split.micro_batch_sizes
+            if m < largest.micro_batch_size
+        )
     if not smaller:
         return largest
     floors = {c: ev.sample_seconds_floor(c, spec) for c in (largest, *smaller)}
