@@ -40,6 +40,19 @@ class ConfigNeeds:
     plain: bool
 
 
+@dataclass
+class NodeStep:
+    """One multi-node layout of an offer shape (``offer``: the first offer of that shape met), and what the
+    node-count walks of services.planner.search read of it, each worked out on first use (most walks stop after
+    a few steps): its links, and per offload flag its setups, whether they are enough to stop growing and
+    whether one offloads. A cache of one planning call."""
+
+    layout: Layout
+    offer: Offer
+    links: Links | None = None
+    read: dict[bool, tuple[list[Setup], bool, bool]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RunSizes:
     """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
@@ -65,6 +78,8 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Per single-node shape key: each of its setups (the first list of ``_single``) as blocked by the host RAM.
+    _single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
     _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
     _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
@@ -100,7 +115,7 @@ class PlanContext:
     # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
     _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
     # Per (card, link kind, node size, network): the multi-node layouts in order, with their links.
-    _multi: dict[tuple[str, str, int, float | None], tuple[tuple[Layout, Links], ...]] = field(default_factory=dict)
+    _multi: dict[tuple[str, str, int, float | None], tuple[NodeStep, ...]] = field(default_factory=dict)
     # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
     _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).

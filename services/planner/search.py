@@ -35,6 +35,7 @@ from services.planner.context import (
     EIGHT_BIT_OPTIMIZERS,
     Candidate,
     ConfigNeeds,
+    NodeStep,
     PlanContext,
     RamBlocked,
     RamKey,
@@ -246,11 +247,11 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
         grown = list(found)
         # More nodes are searched to do without offload; offload on several nodes only where no node fits.
         offload = not found
-        for layout, links in _multi_layouts(ctx, offer, spec):
+        for step in _multi_layouts(ctx, offer, spec):
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, links, offload)
+            more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
-            if _enough(ctx, more):
+            if enough:
                 break
         cached = _fastest_per_count(grown)
         ctx._shapes[key] = cached
@@ -286,20 +287,23 @@ def _ram_search(
         return cached
     holds = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
     found = [s for s, ok in zip(found_anywhere, holds, strict=True) if ok]
-    blocked = [_blocked(s) for s, ok in zip(found_anywhere, holds, strict=True) if not ok]
+    as_blocked = ctx._single_blocked.get(key[0])
+    if as_blocked is None:
+        as_blocked = ctx._single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
+    blocked = [b for b, ok in zip(as_blocked, holds, strict=True) if not ok]
     grown = list(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
         offload = not found
-        for index, (layout, links) in enumerate(_multi_layouts(ctx, offer, spec)):
+        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
             if not offload and not ctx.plan.cpu_offload:
-                grown.extend(s for step in _plain_walk(ctx, offer, spec)[index:] for s in step)
+                grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
                 break
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = _ram_layout_setups(ctx, offer, spec, layout, links, offload, blocked)
+            more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
             grown.extend(more)
-            if _enough(ctx, more):
+            if enough:
                 break
-            if offload and any(s.cfg.cpu_offload for s in more):
+            if offload and offloads:
                 offload = False
     cached = (_fastest_per_count(grown), blocked)
     ctx._ram_shapes[key] = cached
@@ -307,31 +311,45 @@ def _ram_search(
 
 
 def _ram_layout_setups(
-    ctx: PlanContext,
-    offer: Offer,
-    spec: GpuSpec,
-    layout: Layout,
-    links: Links,
-    offload: bool,
-    blocked: list[RamBlocked],
-) -> list[Setup]:
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[RamBlocked]
+) -> tuple[list[Setup], bool, bool]:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
-    holds none of them, no setup's speed is computed."""
+    holds none of them, no setup's speed is computed. With whether those kept are enough (``_enough``) and
+    whether one offloads."""
+    layout = step.layout
     needs = _config_needs(ctx, spec, layout, offload)
     usable = _usable_ram(ctx, offer, layout)
     if usable is not None and all(need > usable for need in needs.needs):
         blocked.extend(needs.blocked)
-        return []
-    setups = layout_setups(ctx, spec, layout, links, offload)
+        return [], _enough(ctx, []), False
+    setups, enough, offloads = _step_setups(ctx, spec, step, offload)
     if usable is None:
-        return list(setups)
+        return list(setups), enough, offloads
     kept = []
-    for s, as_blocked in zip(setups, _layout_blocked(ctx, spec, layout, links, offload), strict=True):
+    as_blocked_all = _layout_blocked(ctx, spec, layout, _step_links(ctx, spec, step), offload)
+    for s, as_blocked in zip(setups, as_blocked_all, strict=True):
         if s.host_ram_bytes_per_node <= 0 or s.host_ram_bytes_per_node <= usable:
             kept.append(s)
         else:
             blocked.append(as_blocked)
-    return kept
+    if len(kept) == len(setups):
+        return kept, enough, offloads
+    return kept, _enough(ctx, kept), any(s.cfg.cpu_offload for s in kept)
+
+
+def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
+    if step.links is None:
+        step.links = ctx.links(spec, step.offer, step.layout)
+    return step.links
+
+
+def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> tuple[list[Setup], bool, bool]:
+    """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
+    found = step.read.get(offload)
+    if found is None:
+        setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
+        found = step.read[offload] = (setups, _enough(ctx, setups), any(s.cfg.cpu_offload for s in setups))
+    return found
 
 
 def _layout_blocked(
@@ -368,14 +386,14 @@ def _holds(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
     return usable is None or setup.host_ram_bytes_per_node <= usable
 
 
-def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[tuple[Layout, Links], ...]:
-    """The offer's multi-node layouts in order (``gpu_layouts``), each with its links: what the node-count walks
-    read, memoised per card, link kind, node size and network (whole nodes or not, the same layouts)."""
+def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[NodeStep, ...]:
+    """The offer's multi-node layouts in order (``gpu_layouts``) as the node-count walks read them, memoised per
+    card, link kind, node size and network (whole nodes or not, the same layouts; the same links)."""
     key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
     found = ctx._multi.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        found = ctx._multi[key] = tuple((layout, ctx.links(spec, offer, layout)) for layout in multi)
+        found = ctx._multi[key] = tuple(NodeStep(layout, offer) for layout in multi)
     return found
 
 
@@ -387,14 +405,13 @@ def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setu
     if walk is None:
         walk = []
         done = False
-        for layout, links in _multi_layouts(ctx, offer, spec):
+        for step in _multi_layouts(ctx, offer, spec):
             if done:
                 walk.append([])
                 continue
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, links, False)
+            more, done, _ = _step_setups(ctx, spec, step, False)
             walk.append(more)
-            done = _enough(ctx, more)
         ctx._plain_walks[key] = walk
     return walk
 
@@ -430,9 +447,9 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
     beyond: object = ()
     if inter is not None and not any(holds):
         beyond = None
-        for index, (layout, _) in enumerate(_multi_layouts(ctx, offer, spec)):
-            needs = _config_needs(ctx, spec, layout, True)
-            usable = _usable_ram(ctx, offer, layout)
+        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
+            needs = _config_needs(ctx, spec, step.layout, True)
+            usable = _usable_ram(ctx, offer, step.layout)
             fits = tuple(usable is None or need <= usable for need in needs.needs)
             if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
                 beyond = (index, fits)
