@@ -75,6 +75,7 @@ class Evaluator:
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
         self._work: dict[Config, StepWork] = {}
         self._card_steps: dict[tuple[str, Config, bool], CardStep] = {}
+        self._default_links: dict[tuple[str, int], Links] = {}
         self._floor_work: dict[Config, tuple[float, float]] = {}
         self._gemm_rates: dict[str, float] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
@@ -192,7 +193,9 @@ class Evaluator:
         if cfg.gpus <= 1:
             links = None
         elif links is None:
-            links = default_links(cfg.gpus, spec)
+            links = self._default_links.get((spec.name, cfg.gpus))
+            if links is None:
+                links = self._default_links[(spec.name, cfg.gpus)] = default_links(cfg.gpus, spec)
         key = (spec.name, links, cfg, spill)
         found = self._throughput.get(key)
         if found is None:
