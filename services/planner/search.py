@@ -338,6 +338,7 @@ def _ram_layout_setups(
 
 
 def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
+    """The links of a multi-node step (``PlanContext.links`` of its offer), worked out when a walk reaches it."""
     if step.links is None:
         step.links = ctx.links(spec, step.offer, step.layout)
     return step.links
