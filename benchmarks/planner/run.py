@@ -77,17 +77,19 @@ def generated_catalog(n: int = GENERATED_OFFERS, seed: int = 7) -> tuple[Offer, 
     return tuple(offers)
 
 
-def _plan(method: Method, model: str = "meta-llama/Llama-3.1-8B") -> Plan:
-    return Plan.model_validate(
-        {
-            "model": {"name": model},
-            "method": method,
-            "micro_batch_size": 4,
-            "gradient_accumulation_steps": 4,
-            "seq_len": 2048,
-            "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3},
-        }
-    )
+def benchmark_plan(method: Method, model: str = "meta-llama/Llama-3.1-8B", **fields: Any) -> Plan:
+    """The benchmark's plan (micro-batch 4 x 4 accumulation steps, 2,048-token rows, 10,000 examples of 512 tokens
+    for 3 epochs) for ``model`` and ``method``, with ``fields`` overriding its top-level fields."""
+    body: dict[str, Any] = {
+        "model": {"name": model},
+        "method": method,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 4,
+        "seq_len": 2048,
+        "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3},
+    }
+    body.update(fields)
+    return Plan.model_validate(body)
 
 
 def _round_medians(plan: Plan, offers: tuple[Offer, ...]) -> tuple[list[float], list[float]]:
@@ -108,11 +110,11 @@ def _round_medians(plan: Plan, offers: tuple[Offer, ...]) -> tuple[list[float], 
 
 def main() -> int:
     cases = {
-        "llama-3.1-8b_qlora": _plan("qlora"),
-        "llama-3.1-8b_lora": _plan("lora"),
-        "llama-3.1-8b_full": _plan("full"),
+        "llama-3.1-8b_qlora": benchmark_plan("qlora"),
+        "llama-3.1-8b_lora": benchmark_plan("lora"),
+        "llama-3.1-8b_full": benchmark_plan("full"),
         # A heavier search: most cards need several nodes, the smallest get rejections with suggestions.
-        "llama-3.1-70b_full": _plan("full", "meta-llama/Llama-3.1-70B"),
+        "llama-3.1-70b_full": benchmark_plan("full", "meta-llama/Llama-3.1-70B"),
     }
     catalogs = {
         "bundled": bundled_offers(),

@@ -84,6 +84,21 @@ def _normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", _NOISE.sub("", name.lower()))
 
 
+def exact_gpu_names(specs: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
+    """``find_gpu``'s exact pass as one table: each normalised name or alias to the first card that has it (a
+    caller matching many names normalises each card once, and calls ``find_gpu`` only for names not in it)."""
+    table: dict[str, GpuSpec] = {}
+    for spec in specs:
+        for known in (spec.name, *spec.aliases):
+            table.setdefault(_normalize(known), spec)
+    return table
+
+
+def gpu_name_key(name: str) -> str:
+    """The normalised name ``find_gpu`` and ``exact_gpu_names`` match on."""
+    return _normalize(name)
+
+
 def _model_and_memory(name: str) -> tuple[str, int | None]:
     lowered = _NOISE.sub("", name.lower())
     memory = re.search(r"(\d+)\s*g(i)?b", lowered)

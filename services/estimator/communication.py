@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
@@ -123,10 +124,19 @@ class Links:
 
     def bus_bytes_per_s(self) -> float:
         """Bus bandwidth of a ring over every GPU: the slower of the node's links and its network."""
+        return self._bus_bytes_per_s
+
+    # Worked out once per links (the planner prices thousands of setups on a few hundred of them).
+    @cached_property
+    def _bus_bytes_per_s(self) -> float:
         inter = self.inter_bus_bytes_per_s
         intra = self.intra_bus_bytes_per_s if self.gpus_per_node > 1 else math.inf
         found = min(intra, inter if inter is not None else math.inf)
         return found if math.isfinite(found) else self.intra_gb_per_s * 1e9
+
+    @cached_property
+    def _ring_latencies_s(self) -> dict[int, float]:
+        return {}
 
     def hop_latency_s(self) -> float:
         """Latency of one ring step between two GPUs of a node."""
@@ -138,9 +148,13 @@ class Links:
         """Latency of one ring collective of ``phases`` passes (all-gather 1, all-reduce 2) over every GPU:
         the base plus each of its phases x (n-1) steps, those that cross to the next node at the network's
         hop latency (NCCL's tuning model)."""
-        steps = phases * (self.gpus - 1)
-        inter = min(steps, phases * (self.nodes - 1))
-        return RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
+        found = self._ring_latencies_s.get(phases)
+        if found is None:
+            steps = phases * (self.gpus - 1)
+            inter = min(steps, phases * (self.nodes - 1))
+            found = RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
+            self._ring_latencies_s[phases] = found
+        return found
 
     def label(self) -> str:
         intra = f"{self.intra_kind} {self.intra_gb_per_s:g} GB/s per GPU"

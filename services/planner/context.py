@@ -8,7 +8,7 @@ from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
-from services.estimator.communication import Links
+from services.estimator.communication import Links, intra_node_kind
 from services.estimator.fit import usable_card_bytes
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
@@ -26,6 +26,31 @@ ShapeKey = tuple[str, int, bool, str, float | None]
 # (shape key of one node, inter-node Gbit/s, which single-node setups the host RAM holds, and where offload
 # first fits it on more nodes: see _ram_key).
 RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
+
+
+@dataclass(frozen=True)
+class ConfigNeeds:
+    """The fitting configurations of a card on a layout, the host RAM per node each needs (0 without offload),
+    and each as a configuration that a node's RAM cannot hold (to explain a rejection); ``plain``: whether one
+    fits without offload."""
+
+    configs: tuple[Config, ...]
+    needs: tuple[float, ...]
+    blocked: tuple[RamBlocked, ...]
+    plain: bool
+
+
+@dataclass
+class NodeStep:
+    """One multi-node layout of an offer shape (``offer``: the first offer of that shape met), and what the
+    node-count walks of services.planner.search read of it, each worked out on first use (most walks stop after
+    a few steps): its links, and per offload flag its setups, whether they are enough to stop growing and
+    whether one offloads. A cache of one planning call."""
+
+    layout: Layout
+    offer: Offer
+    links: Links | None = None
+    read: dict[bool, tuple[list[Setup], bool, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,6 +78,8 @@ class PlanContext:
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
     _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Per single-node shape key: each of its setups (the first list of ``_single``) as blocked by the host RAM.
+    _single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
     _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
     _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
@@ -60,10 +87,24 @@ class PlanContext:
     _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
 
+    # Per largest fitting configuration: the same with each smaller micro-batch (services.planner.search).
+    _smaller: dict[Config, tuple[Config, ...]] = field(default_factory=dict)
+    _link_kinds: dict[tuple[str, str], str] = field(default_factory=dict)
+    _host_ram_needs: dict[tuple[Config, int], float] = field(default_factory=dict)
+
+    def link_kind(self, spec: GpuSpec, interconnect: str) -> str:
+        """``intra_node_kind`` of the card under an offer's interconnect string (memoised: a few of each)."""
+        key = (spec.name, interconnect)
+        found = self._link_kinds.get(key)
+        if found is None:
+            found = self._link_kinds[key] = intra_node_kind(spec, interconnect)
+        return found
+
     def links(self, spec: GpuSpec, offer: Offer, layout: Layout) -> Links:
         """The links of a layout of this offer (memoised: thousands of offers share a few shapes)."""
         inter = offer.inter_node_gbit_per_s if layout.nodes > 1 else None
-        key = (spec.name, offer.interconnect, layout, inter)
+        # The links read the interconnect string only through the link kind it gives the card.
+        key = (spec.name, self.link_kind(spec, offer.interconnect), layout, inter)
         found = self._links.get(key)
         if found is None:
             found = offer_links(spec, offer, layout)
@@ -71,7 +112,14 @@ class PlanContext:
         return found
 
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    _needs: dict[tuple[str, Layout, bool], tuple[tuple[Config, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
+    _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
+    # Per (card, link kind, node size, network): the multi-node layouts in order, with their links.
+    _multi: dict[tuple[str, str, int, float | None], tuple[NodeStep, ...]] = field(default_factory=dict)
+    # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
+    _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
+    # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
+    _usable_ram: dict[tuple[float, int, int], float] = field(default_factory=dict)
     _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:

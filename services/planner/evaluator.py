@@ -18,15 +18,18 @@ from services.estimator.padding import pads_to_longest_of_known_mean
 from services.estimator.plan import Optimizer, Plan, Sharding
 from services.estimator.recipe import Recipe, resolve_recipe
 from services.estimator.throughput import (
+    CardStep,
     FlopsPerToken,
+    StepWork,
     Throughput,
+    card_step,
     default_links,
     dispatch_seconds,
-    estimate_throughput,
     flops_per_token,
     large_gemm_flops_per_s,
     lora_unfused_work,
     micro_batch_tokens,
+    step_work,
 )
 from services.estimator.uncertainty import memory_band
 
@@ -70,6 +73,11 @@ class Evaluator:
         self._memory: dict[Config, MemoryBreakdown] = {}
         self._throughput: dict[tuple[str, Links | None, Config, bool], Throughput] = {}
         self._flops: dict[tuple[bool, Sharding, bool, bool, Optimizer | None, int], FlopsPerToken] = {}
+        self._work: dict[Config, StepWork] = {}
+        self._card_steps: dict[tuple[str, Config, bool], CardStep] = {}
+        self._default_links: dict[tuple[str, int], Links] = {}
+        self._floor_work: dict[Config, tuple[float, float]] = {}
+        self._gemm_rates: dict[str, float] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
@@ -164,6 +172,15 @@ class Evaluator:
             self._flops[key] = found
         return found
 
+    def _step_work(self, cfg: Config) -> StepWork:
+        # What a step costs that no card changes (throughput.step.step_work): one per configuration, priced on
+        # every card and link that configuration is searched on.
+        found = self._work.get(cfg)
+        if found is None:
+            found = step_work(self.plan(cfg), self.arch, self._recipe(cfg), self._flops_per_token(cfg))
+            self._work[cfg] = found
+        return found
+
     def model_states(self, cfg: Config) -> ModelStates:
         """Weights, gradients and optimizer states per GPU of the setup."""
         return self._model_states(cfg)
@@ -176,13 +193,23 @@ class Evaluator:
         if cfg.gpus <= 1:
             links = None
         elif links is None:
-            links = default_links(cfg.gpus, spec)
+            links = self._default_links.get((spec.name, cfg.gpus))
+            if links is None:
+                links = self._default_links[(spec.name, cfg.gpus)] = default_links(cfg.gpus, spec)
         key = (spec.name, links, cfg, spill)
         found = self._throughput.get(key)
         if found is None:
-            peak = self.memory(cfg).peak_device if spill else None
+            found = self._card_step(cfg, spec, spill).over_links(links)
+            self._throughput[key] = found
+        return found
+
+    def _card_step(self, cfg: Config, spec: GpuSpec, spill: bool) -> CardStep:
+        # The step on the card before its links: one per card, shared by the offers' link kinds and networks.
+        key = (spec.name, cfg, spill)
+        found = self._card_steps.get(key)
+        if found is None:
             util, source = self.utilisation.get(spec.name, (None, None))
-            found = estimate_throughput(
+            found = card_step(
                 self.plan(cfg),
                 self.arch,
                 self._recipe(cfg),
@@ -190,19 +217,32 @@ class Evaluator:
                 spec,
                 utilisation=util,
                 utilisation_source=source,
-                peak_device_bytes=peak,
-                links=links,
-                flops=self._flops_per_token(cfg),
+                peak_device_bytes=self.memory(cfg).peak_device if spill else None,
+                work=self._step_work(cfg),
             )
-            self._throughput[key] = found
+            self._card_steps[key] = found
         return found
 
     def sample_seconds_floor(self, cfg: Config, spec: GpuSpec) -> float:
         """Seconds one sample costs on ``spec`` by the step's two floors, the kernel dispatch and its processed
         tokens at the large-GEMM rate, over the samples of the micro-batch: what decides the micro-batch
         under padding to the longest sample (more samples amortise the dispatch but pad to a longer row)."""
-        plan, recipe = self.plan(cfg), self._recipe(cfg)
-        rate = large_gemm_flops_per_s(plan, spec, self.utilisation.get(spec.name, (None, None))[0])
-        _, lora_kernels = lora_unfused_work(plan, self.arch, recipe)
-        compute = micro_batch_tokens(plan, recipe) * self._flops_per_token(cfg).hardware / rate
-        return max(dispatch_seconds(plan, self.arch, recipe, lora_kernels), compute) / cfg.micro_batch_size
+        dispatch, flops = self._floors(cfg)
+        rate = self._gemm_rates.get(spec.name)
+        if rate is None:
+            rate = large_gemm_flops_per_s(self.base, spec, self.utilisation.get(spec.name, (None, None))[0])
+            self._gemm_rates[spec.name] = rate
+        return max(dispatch, flops / rate) / cfg.micro_batch_size
+
+    def _floors(self, cfg: Config) -> tuple[float, float]:
+        # The card-independent halves of the floors: the dispatch seconds and the hardware FLOPs of a micro-batch.
+        found = self._floor_work.get(cfg)
+        if found is None:
+            plan, recipe = self.plan(cfg), self._recipe(cfg)
+            _, lora_kernels = lora_unfused_work(plan, self.arch, recipe)
+            found = (
+                dispatch_seconds(plan, self.arch, recipe, lora_kernels),
+                micro_batch_tokens(plan, recipe) * self._flops_per_token(cfg).hardware,
+            )
+            self._floor_work[cfg] = found
+        return found

@@ -15,6 +15,14 @@ def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> fl
     shards too): what the same setup would keep per GPU without offload, with gradients sharded."""
     if not cfg.cpu_offload:
         return 0.0
+    key = (cfg, layout.gpus_per_node)
+    found = ctx._host_ram_needs.get(key)
+    if found is None:
+        found = ctx._host_ram_needs[key] = _offloaded_bytes_per_gpu(ctx, cfg) * layout.gpus_per_node
+    return found
+
+
+def _offloaded_bytes_per_gpu(ctx: PlanContext, cfg: Config) -> float:
     kept = ctx.evaluator.model_states(
         Config(cfg.gpus, cfg.sharding, cfg.micro_batch_size, cfg.accumulation_steps, cfg.checkpointing, False, None)
     )
@@ -23,7 +31,7 @@ def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> fl
     per_gpu += kept.trainable_params * grad_width / cfg.gpus
     if cfg.sharding in ("zero3", "fsdp"):
         per_gpu += kept.weights + kept.adapters
-    return per_gpu * layout.gpus_per_node
+    return per_gpu
 
 
 def host_ram_available_bytes(offer: Offer, layout: Layout) -> float | None:

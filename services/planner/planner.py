@@ -16,6 +16,7 @@ and the cheapest change that fits.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -46,7 +47,13 @@ from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
 from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
-from services.planner.rejections import constraint_rejection, gpus_label, host_ram_rejection, memory_rejection
+from services.planner.rejections import (
+    constraint_rejection,
+    gpus_label,
+    host_ram_rejection,
+    leanest_offload,
+    memory_rejection,
+)
 from services.planner.spot import (
     CAPACITY_WAIT_CAP_HOURS,
     CHECKPOINT_WRITE_BYTES_PER_S,
@@ -154,6 +161,7 @@ def plan_setups(
             built[key] = _recommendation(ctx, e, now)
         return built[key]
 
+    order = {kind: rank for rank, kind in enumerate(_REJECTION_ORDER)}
     best_per_gpu: dict[str, Entry] = {}
     for e in entries:
         best_per_gpu.setdefault(e.candidate.spec.name, e)
@@ -163,7 +171,7 @@ def plan_setups(
         plan_effective_batch_size=ctx.effective_batch_size,
         recommendations=[recommend(e) for e in entries[:top_n]],
         best_per_gpu=[recommend(e) for e in best_per_gpu.values()],
-        rejections=sorted(rejections, key=lambda r: (_REJECTION_ORDER.index(r.kind), r.gpu, r.provider or "")),
+        rejections=sorted(rejections, key=lambda r: (order[r.kind], r.gpu, r.provider or "")),
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,
         assumptions=_assumptions(ctx),
@@ -202,13 +210,20 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     for position, group in enumerate(scan.groups):
         if not group.ram_blocked:
             continue
-        for index in group.indices.tolist():
-            seen = first.setdefault((position, scan.offers[index].provider), [index, 0])
-            seen[1] += 1
+        indices = group.indices.tolist()  # ascending
+        providers = [scan.offers[index].provider for index in indices]
+        counts = Counter(providers)
+        # Reversed, each provider's first offer is written last.
+        for provider, index in dict(zip(reversed(providers), reversed(indices), strict=True)).items():
+            first[(position, provider)] = [index, counts[provider]]
+    # The rejections read only the leanest of an offer's blocked setups (rejections.leanest_offload): one per group.
+    leanest: dict[int, list[RamBlocked]] = {}
     blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
     for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
         group = scan.groups[position]
-        blocked.setdefault(group.spec.name, []).append((scan.offers[index], group.ram_blocked, count))
+        if position not in leanest:
+            leanest[position] = [leanest_offload(group.ram_blocked)]
+        blocked.setdefault(group.spec.name, []).append((scan.offers[index], leanest[position], count))
     out = []
     for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:

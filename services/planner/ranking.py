@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.catalog.gpus import GpuSpec, find_gpu
+from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_key
 from services.catalog.offers import Offer
-from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
 from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, RamBlocked, Setup
@@ -143,17 +142,27 @@ class Scan:
         return [g for g in self.groups if g.ram_blocked]
 
 
-def _card(
-    spec_of: dict[str, GpuSpec | EstimatorError], name: str, specs: tuple[GpuSpec, ...]
-) -> GpuSpec | EstimatorError:
-    found = spec_of.get(name)
-    if found is None:
-        try:
-            found = find_gpu(name, specs)
-        except EstimatorError as exc:
-            found = exc
-        spec_of[name] = found
-    return found
+class _CardNames:
+    """``find_gpu`` for the card names of one catalog, each name matched once: the exact pass from one table of the
+    cards' normalised names (services.catalog.gpus.exact_gpu_names), the forgiving pass for the names it misses."""
+
+    def __init__(self, specs: tuple[GpuSpec, ...]) -> None:
+        self.specs = specs
+        self.exact = exact_gpu_names(specs)
+        self.found: dict[str, GpuSpec | EstimatorError] = {}
+
+    def find(self, name: str) -> GpuSpec | EstimatorError:
+        """The card ``name`` means, or the error ``find_gpu`` raises for it."""
+        found = self.found.get(name)
+        if found is None:
+            found = self.exact.get(gpu_name_key(name))
+            if found is None:
+                try:
+                    found = find_gpu(name, self.specs)
+                except EstimatorError as exc:
+                    found = exc
+            self.found[name] = found
+        return found
 
 
 def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
@@ -183,26 +192,34 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     allowed = offers if kept is None else [offers[i] for i in kept.tolist()]
     shape_ids: dict[tuple[object, ...], int] = {}
     ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
-    spec_of: dict[str, GpuSpec | EstimatorError] = {}
-    kinds: dict[tuple[str, str], str] = {}
+    names = _CardNames(specs)
     layout_ids: dict[tuple[object, ...], int] = {}
     layout_specs: list[GpuSpec] = []
     rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
-    of_shape = np.empty(len(shape_ids), dtype=np.int64)
+    # Per (card name as written, interconnect): the card and its link kind, or why its offers are left out (an
+    # unknown card, or one without the plan's precision: the offer plays no part in either).
+    cards: dict[tuple[str, str], tuple[GpuSpec, str] | GpuSpec | EstimatorError] = {}
+    of_shape_ids: list[int] = []
     for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
-        spec = _card(spec_of, gpu, specs)  # type: ignore[arg-type]
-        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
-            rejected[shape_id] = spec
-            of_shape[shape_id] = -1
+        card = cards.get((gpu, interconnect))  # type: ignore[arg-type]
+        if card is None:
+            spec = names.find(gpu)  # type: ignore[arg-type]
+            if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
+                card = spec
+            else:
+                card = (spec, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
+            cards[(gpu, interconnect)] = card  # type: ignore[index]
+        if not isinstance(card, tuple):
+            rejected[shape_id] = card
+            of_shape_ids.append(-1)
             continue
-        kind = kinds.get((spec.name, interconnect))  # type: ignore[arg-type]
-        if kind is None:
-            kind = kinds[(spec.name, interconnect)] = intra_node_kind(spec, interconnect)  # type: ignore[arg-type,index]
+        spec, kind = card
         layout = (spec.name, kind, *rest)
-        if layout not in layout_ids:
-            layout_ids[layout] = len(layout_specs)
+        group = layout_ids.setdefault(layout, len(layout_specs))
+        if group == len(layout_specs):
             layout_specs.append(spec)
-        of_shape[shape_id] = layout_ids[layout]
+        of_shape_ids.append(group)
+    of_shape = np.array(of_shape_ids, dtype=np.int64)
     position = np.arange(len(allowed)) if kept is None else kept
     if len(ids):
         group_of = of_shape[ids]
@@ -213,7 +230,9 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     order = np.argsort(group_of, kind="stable")
     sizes = np.bincount(group_of[group_of >= 0], minlength=len(layout_specs))
     skip = len(group_of) - int(sizes.sum())  # the rejected offers sort first (-1)
-    members = np.split(position[order[skip:]], np.cumsum(sizes)[:-1]) if len(layout_specs) else []
+    ordered = position[order[skip:]]
+    ends = np.cumsum(sizes).tolist()
+    members = [ordered[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
     groups = [OfferGroup(spec, indices) for spec, indices in zip(layout_specs, members, strict=True)]
     groups.sort(key=lambda g: int(g.indices[0]))
     scan.groups = groups
@@ -477,7 +496,27 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
         head[group] = at
         return members[at] if at < len(members) else None
 
+    # Per group, the cost its entries must stay under to be cheaper by more than the tolerance than the cheapest
+    # entry left of every simpler group: the least of those limits (with finite numbers, each check's verdict is
+    # the one against every limit), and which simpler group sets it. Taking a group's cheapest entry moves only
+    # that group's limit: a more complex group recomputes its own only where that group set it.
+    exact = math.isfinite(tolerance) and all(math.isfinite(c) for c in costs)
+    limits: dict[tuple[int, int, int, int], tuple[float, tuple[int, int, int, int] | None]] = {}
+
+    def limit(key: tuple[int, int, int, int]) -> float:
+        found = limits.get(key)
+        if found is None:
+            least, by = math.inf, None
+            for g in simpler_groups[key]:
+                j = cheapest_left(g)
+                if j is not None and (1.0 - tolerance) * costs[j] < least:
+                    least, by = (1.0 - tolerance) * costs[j], g
+            found = limits[key] = (least, by)
+        return found[0]
+
     def admissible(i: int) -> bool:
+        if exact:
+            return costs[i] < limit(keys[i])
         for g in simpler_groups[keys[i]]:
             j = cheapest_left(g)
             if j is not None and costs[i] >= (1.0 - tolerance) * costs[j]:
@@ -490,6 +529,17 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
         pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
         taken[i] = True
+        group = keys[i]
+        j = cheapest_left(group)
+        moved = None if j is None else (1.0 - tolerance) * costs[j]
+        for g in complex_groups[group]:
+            known = limits.get(g)
+            if known is None:
+                continue
+            if known[1] == group:
+                del limits[g]
+            elif moved is not None and moved < known[0]:
+                limits[g] = (moved, group)
         out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
     return _caveats(out)
 

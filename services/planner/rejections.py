@@ -133,9 +133,15 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
+def leanest_offload(setups: list[RamBlocked]) -> RamBlocked:
+    """The offload setup that needs the least host RAM (the first of equals; fewer GPUs first): all that the
+    rejections below read of an offer's blocked setups."""
+    return min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
+
+
 def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, float, RamBlocked]:
     """(needed GiB, node GiB, the setup) of the offer's offload setup that needs the least host RAM."""
-    s = min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
+    s = leanest_offload(setups)
     available = host_ram_available_bytes(offer, s.layout) or 0.0
     return s.host_ram_bytes_per_node / GIB, available / GIB, s
 

@@ -27,14 +27,24 @@ from __future__ import annotations
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
-from services.estimator.communication import Links, intra_node_kind
+from services.estimator.communication import Links
 from services.estimator.plan import Optimizer, Sharding
 from services.planner.batching import BatchSplit, batch_split
 from services.planner.constraints import Constraints
-from services.planner.context import EIGHT_BIT_OPTIMIZERS, Candidate, PlanContext, RamBlocked, RamKey, Setup, ShapeKey
+from services.planner.context import (
+    EIGHT_BIT_OPTIMIZERS,
+    Candidate,
+    ConfigNeeds,
+    NodeStep,
+    PlanContext,
+    RamBlocked,
+    RamKey,
+    Setup,
+    ShapeKey,
+)
 from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config, Evaluator
-from services.planner.host_ram import _blocked, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
+from services.planner.host_ram import _blocked, host_ram_bytes_per_node, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import PricingMode
 
@@ -140,11 +150,13 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
     the floors leave out per-micro-batch costs (weight reads, dequantisation, small GEMMs) that favour the
     larger one, so they only propose."""
     ev = ctx.evaluator
-    smaller = [
-        config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
-        for m in split.micro_batch_sizes
-        if m < largest.micro_batch_size
-    ]
+    smaller = ctx._smaller.get(largest)
+    if smaller is None:  # the same on every card
+        smaller = ctx._smaller[largest] = tuple(
+            config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
+            for m in split.micro_batch_sizes
+            if m < largest.micro_batch_size
+        )
     if not smaller:
         return largest
     floors = {c: ev.sample_seconds_floor(c, spec) for c in (largest, *smaller)}
@@ -199,10 +211,11 @@ NARROW_SEARCH = (
 )
 
 
-def shape_key(spec: GpuSpec, offer: Offer) -> ShapeKey:
+def shape_key(ctx: PlanContext, spec: GpuSpec, offer: Offer) -> ShapeKey:
     """What the search depends on besides the price and the host RAM: the card, the node shape and the link
     kind it really is."""
-    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, intra_node_kind(spec, offer.interconnect), None)
+    kind = ctx.link_kind(spec, offer.interconnect)
+    return (spec.name, offer.gpus_per_node, offer.whole_nodes_only, kind, None)
 
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
@@ -221,7 +234,7 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     only when the search has to go beyond one node. Where the offer gives its host RAM and the search meets
     offload, the setups the RAM cannot hold are dropped (``_ram_search``).
     """
-    base = shape_key(spec, offer)
+    base = shape_key(ctx, spec, offer)
     found, fastest, enough = _single_node(ctx, offer, spec, base)
     ram_key = _ram_key(ctx, offer, spec, base, found)
     if ram_key is not None:
@@ -231,15 +244,14 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     key = (*base[:4], offer.inter_node_gbit_per_s)
     cached = ctx._shapes.get(key)
     if cached is None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         grown = list(found)
         # More nodes are searched to do without offload; offload on several nodes only where no node fits.
         offload = not found
-        for layout in multi:
+        for step in _multi_layouts(ctx, offer, spec):
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload)
+            more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
-            if _enough(ctx, more):
+            if enough:
                 break
         cached = _fastest_per_count(grown)
         ctx._shapes[key] = cached
@@ -273,22 +285,25 @@ def _ram_search(
     cached = ctx._ram_shapes.get(key)
     if cached is not None:
         return cached
-    found = [s for s in found_anywhere if host_ram_fits(ctx, offer, s)]
-    blocked = [_blocked(s) for s in found_anywhere if not host_ram_fits(ctx, offer, s)]
+    holds = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
+    found = [s for s, ok in zip(found_anywhere, holds, strict=True) if ok]
+    as_blocked = ctx._single_blocked.get(key[0])
+    if as_blocked is None:
+        as_blocked = ctx._single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
+    blocked = [b for b, ok in zip(as_blocked, holds, strict=True) if not ok]
     grown = list(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         offload = not found
-        for index, layout in enumerate(multi):
+        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
             if not offload and not ctx.plan.cpu_offload:
-                grown.extend(s for step in _plain_walk(ctx, offer, spec)[index:] for s in step)
+                grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
                 break
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = _ram_layout_setups(ctx, offer, spec, layout, offload, blocked)
+            more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
             grown.extend(more)
-            if _enough(ctx, more):
+            if enough:
                 break
-            if offload and any(s.cfg.cpu_offload for s in more):
+            if offload and offloads:
                 offload = False
     cached = (_fastest_per_count(grown), blocked)
     ctx._ram_shapes[key] = cached
@@ -296,41 +311,108 @@ def _ram_search(
 
 
 def _ram_layout_setups(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, layout: Layout, offload: bool, blocked: list[RamBlocked]
-) -> list[Setup]:
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[RamBlocked]
+) -> tuple[list[Setup], bool, bool]:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
-    holds none of them, no setup's speed is computed."""
-    configs, needs = _config_needs(ctx, spec, layout, offload)
-    usable = usable_host_ram_bytes(ctx, offer, layout)
-    if usable is not None and all(need > usable for need in needs):
-        blocked.extend(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
-        return []
+    holds none of them, no setup's speed is computed. With whether those kept are enough (``_enough``) and
+    whether one offloads."""
+    layout = step.layout
+    needs = _config_needs(ctx, spec, layout, offload)
+    usable = _usable_ram(ctx, offer, layout)
+    if usable is not None and all(need > usable for need in needs.needs):
+        blocked.extend(needs.blocked)
+        return [], _enough(ctx, []), False
+    setups, enough, offloads = _step_setups(ctx, spec, step, offload)
+    if usable is None:
+        return list(setups), enough, offloads
     kept = []
-    for s in layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), offload):
-        if host_ram_fits(ctx, offer, s):
+    as_blocked_all = _layout_blocked(ctx, spec, layout, _step_links(ctx, spec, step), offload)
+    for s, as_blocked in zip(setups, as_blocked_all, strict=True):
+        if s.host_ram_bytes_per_node <= 0 or s.host_ram_bytes_per_node <= usable:
             kept.append(s)
         else:
-            blocked.append(_blocked(s))
-    return kept
+            blocked.append(as_blocked)
+    if len(kept) == len(setups):
+        return kept, enough, offloads
+    return kept, _enough(ctx, kept), any(s.cfg.cpu_offload for s in kept)
+
+
+def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
+    """The links of a multi-node step (``PlanContext.links`` of its offer), worked out when a walk reaches it."""
+    if step.links is None:
+        step.links = ctx.links(spec, step.offer, step.layout)
+    return step.links
+
+
+def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> tuple[list[Setup], bool, bool]:
+    """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
+    found = step.read.get(offload)
+    if found is None:
+        setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
+        found = step.read[offload] = (setups, _enough(ctx, setups), any(s.cfg.cpu_offload for s in setups))
+    return found
+
+
+def _layout_blocked(
+    ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool
+) -> tuple[RamBlocked, ...]:
+    """Each of ``layout_setups`` as a configuration a node's host RAM cannot hold (built once per entry)."""
+    key = (spec.name, layout, links, offload)
+    found = ctx._blocked.get(key)
+    if found is None:
+        found = ctx._blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
+    return found
+
+
+def _usable_ram(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
+    """``usable_host_ram_bytes``, memoised on what it reads (the RAM per node, the node size, the layout's GPUs
+    per node): thousands of offers share a few."""
+    ram = offer.host_ram_gib_per_node
+    if ram is None:
+        return None
+    key = (ram, offer.gpus_per_node, layout.gpus_per_node)
+    found = ctx._usable_ram.get(key)
+    if found is None:
+        found = usable_host_ram_bytes(ctx, offer, layout)
+        if found is not None:
+            ctx._usable_ram[key] = found
+    return found
+
+
+def _holds(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
+    """``host_ram_fits`` through the memoised usable RAM."""
+    if setup.host_ram_bytes_per_node <= 0:
+        return True
+    usable = _usable_ram(ctx, offer, setup.layout)
+    return usable is None or setup.host_ram_bytes_per_node <= usable
+
+
+def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[NodeStep, ...]:
+    """The offer's multi-node layouts in order (``gpu_layouts``) as the node-count walks read them, memoised per
+    card, link kind, node size and network (whole nodes or not, the same layouts; the same links)."""
+    key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
+    found = ctx._multi.get(key)
+    if found is None:
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        found = ctx._multi[key] = tuple(NodeStep(layout, offer) for layout in multi)
+    return found
 
 
 def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
     """The setups without offload on the offer's multi-node layouts, growing until they are enough (then
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
-    key = (*shape_key(spec, offer)[:4], offer.inter_node_gbit_per_s)
+    key = (*shape_key(ctx, spec, offer)[:4], offer.inter_node_gbit_per_s)
     walk = ctx._plain_walks.get(key)
     if walk is None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
         walk = []
         done = False
-        for layout in multi:
+        for step in _multi_layouts(ctx, offer, spec):
             if done:
                 walk.append([])
                 continue
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more = layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout), False)
+            more, done, _ = _step_setups(ctx, spec, step, False)
             walk.append(more)
-            done = _enough(ctx, more)
         ctx._plain_walks[key] = walk
     return walk
 
@@ -357,7 +439,7 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
 
 def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
     """``_ram_key`` for a shape, network and RAM size not met before."""
-    holds = tuple(host_ram_fits(ctx, offer, s) for s in found)
+    holds = tuple(_holds(ctx, offer, s) for s in found)
     inter = offer.inter_node_gbit_per_s
     if ctx.plan.cpu_offload:
         return (base, inter, holds, offer.host_ram_gib_per_node)
@@ -366,33 +448,33 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
     beyond: object = ()
     if inter is not None and not any(holds):
         beyond = None
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        for index, layout in enumerate(multi):
-            configs, needs = _config_needs(ctx, spec, layout, True)
-            usable = usable_host_ram_bytes(ctx, offer, layout)
-            fits = tuple(usable is None or need <= usable for need in needs)
-            plain = any(not cfg.cpu_offload for cfg in configs)
-            if plain or any(ok and cfg.cpu_offload for cfg, ok in zip(configs, fits, strict=True)):
+        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
+            needs = _config_needs(ctx, spec, step.layout, True)
+            usable = _usable_ram(ctx, offer, step.layout)
+            fits = tuple(usable is None or need <= usable for need in needs.needs)
+            if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
                 beyond = (index, fits)
                 break
     return (base, inter, holds, beyond)
 
 
-def _config_needs(
-    ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
-) -> tuple[tuple[Config, ...], tuple[float, ...]]:
-    """The fitting configurations of a layout and the host RAM per node each needs (0 without offload)."""
+def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool) -> ConfigNeeds:
+    """The fitting configurations of a layout, the host RAM per node each needs (0 without offload), and each as
+    blocked by a RAM that cannot hold it."""
     key = (spec.name, layout, offload)
     found = ctx._needs.get(key)
     if found is None:
         configs = card_configs(ctx, spec, layout.gpus, offload)
-        found = ctx._needs[key] = (configs, tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs))
+        needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
+        blocked = tuple(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
+        plain = any(not cfg.cpu_offload for cfg in configs)
+        found = ctx._needs[key] = ConfigNeeds(configs, needs, blocked, plain)
     return found
 
 
 def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[RamBlocked]:
     """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
-    base = shape_key(spec, offer)
+    base = shape_key(ctx, spec, offer)
     key = _ram_key(ctx, offer, spec, base, _single_node(ctx, offer, spec, base)[0])
     found = None if key is None else ctx._ram_shapes.get(key)
     return [] if found is None else found[1]

@@ -24,10 +24,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.planner.run import generated_catalog
+from benchmarks.planner.run import benchmark_plan, generated_catalog
 from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
-from services.estimator.plan import Plan
 from services.planner import Constraints, plan_setups
 from services.planner.planner import plan_context
 from services.planner.ranking import scan_offers
@@ -59,19 +58,6 @@ CATALOGS = {
     "generated_300": lambda: generated_catalog(300, seed=7),
     "generated_400_enriched": lambda: _enriched(generated_catalog(400, seed=11)),
 }
-
-
-def _plan(method: str, model: str = "meta-llama/Llama-3.1-8B", **fields: Any) -> Plan:
-    body: dict[str, Any] = {
-        "model": {"name": model},
-        "method": method,
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 4,
-        "seq_len": 2048,
-        "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3},
-    }
-    body.update(fields)
-    return Plan.model_validate(body)
 
 
 B8, B70 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"
@@ -137,7 +123,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
 def run_case(name: str) -> dict[str, Any]:
     catalog, plan_args, constraints, top_n = CASES[name]
     plan_args = dict(plan_args)
-    plan = _plan(plan_args.pop("method"), plan_args.pop("model", B8), **plan_args)
+    plan = benchmark_plan(plan_args.pop("method"), plan_args.pop("model", B8), **plan_args)
     result = plan_setups(plan, CATALOGS[catalog](), None, Constraints(**constraints), top_n=top_n, now=NOW)
     return json.loads(result.model_dump_json())
 
@@ -204,7 +190,7 @@ if __name__ == "__main__":
 def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, Any]) -> None:
     # Every (offer, setup, pricing) the arrays price, against costs.run_cost through search.price_setup.
     offers = CATALOGS["generated_400_enriched"]()
-    _, ctx = plan_context(_plan("full", B70), Constraints(**constraints))
+    _, ctx = plan_context(benchmark_plan("full", B70), Constraints(**constraints))
     scan = scan_offers(ctx, offers, gpu_specs())
     checked = 0
     for bounds in scan.bounds.values():

@@ -196,26 +196,38 @@ def data_parallel_communication(
     links: Links | None,
 ) -> StepCommunication:
     """Gradient and weight traffic of the plan's layout per micro-batch (services.estimator.communication)."""
+    return _traffic_over(_traffic(plan, arch, recipe, states, fpt, compute_s), plan, gpu, links)
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """What a layout's communication moves per micro-batch and the compute it may hide behind, before the links
+    (the arguments of ``step_communication`` besides them)."""
+
+    grad_bytes: float
+    param_bytes_16bit: float
+    gathered_weight_bytes: float
+    layers: int
+    forward_s: float
+    backward_s: float
+    accumulation: int
+    gathers_per_pass: int | None
+
+
+_NO_TRAFFIC = _Traffic(0.0, 0.0, 0.0, 1, 0.0, 0.0, 1, None)
+_ONE_GPU = Links(1, 1, "NVLink", 0.0)
+
+
+def _traffic(
+    plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates, fpt: FlopsPerToken, compute_s: float
+) -> _Traffic:
     if not plan.is_training or plan.gpus <= 1:
-        return step_communication(
-            "none",
-            Links(1, 1, "NVLink", 0.0),
-            grad_bytes=0.0,
-            param_bytes_16bit=0.0,
-            gathered_weight_bytes=0.0,
-            layers=1,
-            forward_s=0.0,
-            backward_s=0.0,
-            accumulation=1,
-        )
-    links = links if links is not None else default_links(plan.gpus, gpu)
+        return _NO_TRAFFIC
     grad_width = compute_width(plan)  # gradients are reduced in the compute dtype
     # A quantized base is gathered as stored: its codes and quantisation constants per weight.
     weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else grad_width
     forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
-    return step_communication(
-        plan.sharding,
-        links,
+    return _Traffic(
         grad_bytes=states.trainable_params * grad_width,
         param_bytes_16bit=states.trainable_params * grad_width,
         gathered_weight_bytes=total_parameters(arch) * weight_width,
@@ -225,6 +237,83 @@ def data_parallel_communication(
         accumulation=plan.gradient_accumulation_steps or 1,
         gathers_per_pass=zero3_gathers_per_pass(arch) if plan.sharding == "zero3" else None,
     )
+
+
+def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | None) -> StepCommunication:
+    if traffic is _NO_TRAFFIC:
+        return step_communication(
+            "none",
+            _ONE_GPU,
+            grad_bytes=0.0,
+            param_bytes_16bit=0.0,
+            gathered_weight_bytes=0.0,
+            layers=1,
+            forward_s=0.0,
+            backward_s=0.0,
+            accumulation=1,
+        )
+    return step_communication(
+        plan.sharding,
+        links if links is not None else default_links(plan.gpus, gpu),
+        grad_bytes=traffic.grad_bytes,
+        param_bytes_16bit=traffic.param_bytes_16bit,
+        gathered_weight_bytes=traffic.gathered_weight_bytes,
+        layers=traffic.layers,
+        forward_s=traffic.forward_s,
+        backward_s=traffic.backward_s,
+        accumulation=traffic.accumulation,
+        gathers_per_pass=traffic.gathers_per_pass,
+    )
+
+
+@dataclass(frozen=True)
+class CardStep:
+    """The part of a step's time on one card that no link changes (everything but the gradient and weight
+    traffic between GPUs), with what that traffic is worked out from: ``over_links`` finishes the step."""
+
+    plan: Plan
+    arch: Architecture
+    recipe: Recipe
+    states: ModelStates
+    gpu: GpuSpec
+    work: StepWork
+    peak_flops_per_s: float
+    utilisation: float
+    utilisation_source: str
+    compute_s: float
+    dequant_s: float
+    offload_streaming_s: float
+    optimizer_s: float
+    traffic: _Traffic
+
+    def over_links(self, links: Links | None = None) -> Throughput:
+        """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
+        plan, fpt, compute = self.plan, self.work.flops, self.compute_s
+        comm = _traffic_over(self.traffic, plan, self.gpu, links)
+        exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+        if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+            exposed_comm += self.offload_streaming_s
+        step = compute + self.dequant_s + exposed_comm + self.optimizer_s
+        tokens = self.work.tokens
+        per_gpu = tokens / step
+        total = per_gpu * plan.gpus
+        mfu = fpt.model_flops * per_gpu / self.peak_flops_per_s
+        return Throughput(
+            tokens_per_s=total,
+            tokens_per_s_per_gpu=per_gpu,
+            data_tokens_per_s=total * self.work.data_tokens_per_token,
+            step_seconds=step,
+            mfu=mfu,
+            utilisation_assumed=self.utilisation,
+            flops_per_token=fpt,
+            seconds={
+                "compute": compute,
+                "dequantization": self.dequant_s,
+                "communication": exposed_comm,
+                "optimizer": self.optimizer_s,
+            },
+            utilisation_source=self.utilisation_source,
+        )
 
 
 def estimate_throughput(
@@ -248,6 +337,24 @@ def estimate_throughput(
     ``flops``: the plan's FLOPs per token when the caller has them already (they do not depend on the GPU);
     ``work``: its whole ``step_work``, for a caller that prices one plan on many cards.
     """
+    step = card_step(plan, arch, recipe, states, gpu, utilisation, utilisation_source, peak_device_bytes, flops, work)
+    return step.over_links(links)
+
+
+def card_step(
+    plan: Plan,
+    arch: Architecture,
+    recipe: Recipe,
+    states: ModelStates,
+    gpu: GpuSpec,
+    utilisation: float | None = None,
+    utilisation_source: str | None = None,
+    peak_device_bytes: float | None = None,
+    flops: FlopsPerToken | None = None,
+    work: StepWork | None = None,
+) -> CardStep:
+    """The step of ``estimate_throughput`` on ``gpu`` before its links: a caller that prices one setup over
+    several links (the planner: an offer's intra-node link kinds and networks) works it out once."""
     peak = gpu.dense_tflops(plan.precision) * 1e12
     util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
@@ -282,12 +389,11 @@ def estimate_throughput(
             dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
 
     accumulation = plan.gradient_accumulation_steps or 1
-    comm = data_parallel_communication(plan, arch, recipe, states, gpu, fpt, compute, links)
-    exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+    streaming = 0.0
     if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
         weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
         shard = total_parameters(arch) * weight_width / plan.gpus
-        exposed_comm += offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
+        streaming = offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
     optimizer = 0.0
     if plan.is_training:
@@ -308,25 +414,21 @@ def estimate_throughput(
             optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
         optimizer /= accumulation
 
-    step = compute + dequant + exposed_comm + optimizer
-    per_gpu = tokens / step
-    total = per_gpu * plan.gpus
-    mfu = fpt.model_flops * per_gpu / peak
-    return Throughput(
-        tokens_per_s=total,
-        tokens_per_s_per_gpu=per_gpu,
-        data_tokens_per_s=total * work.data_tokens_per_token,
-        step_seconds=step,
-        mfu=mfu,
-        utilisation_assumed=util,
-        flops_per_token=fpt,
-        seconds={
-            "compute": compute,
-            "dequantization": dequant,
-            "communication": exposed_comm,
-            "optimizer": optimizer,
-        },
+    return CardStep(
+        plan=plan,
+        arch=arch,
+        recipe=recipe,
+        states=states,
+        gpu=gpu,
+        work=work,
+        peak_flops_per_s=peak,
+        utilisation=util,
         utilisation_source=source,
+        compute_s=compute,
+        dequant_s=dequant,
+        offload_streaming_s=streaming,
+        optimizer_s=optimizer,
+        traffic=_traffic(plan, arch, recipe, states, fpt, compute),
     )
 
 
