@@ -51,7 +51,7 @@ def test_report_renders_groups_from_stored_rows(tmp_path: Path) -> None:
     sample = _sample()
     text = render(sample)
     assert f"configs: {len(sample['rows'])}" in text
-    assert "### Full fine-tuning: the head's gradient" in text
+    assert "### Full fine-tuning of tied models" in text
     assert "## Failed or skipped" in text
     write_report(sample, tmp_path / "sweep.md")
     assert (tmp_path / "sweep.md").read_text(encoding="utf-8") == text
