@@ -208,9 +208,7 @@ def test_sharded_qlora_keeps_the_nf4_constants_whole_on_every_rank(sharding: str
     constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
     per_rank = {}
     for gpus in (2, 8):
-        plan = make_plan(
-            method="qlora", lora={"rank": 8}, gpus=gpus, sharding=sharding, double_quant=double_quant
-        )
+        plan = make_plan(method="qlora", lora={"rank": 8}, gpus=gpus, sharding=sharding, double_quant=double_quant)
         recipe = resolve_recipe(plan)
         q = quantized_params(ARCH, recipe)
         per_rank[gpus] = peak_memory(plan, ARCH, recipe).states.weights
