@@ -94,6 +94,13 @@ def exact_gpu_names(specs: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
     return table
 
 
+@functools.lru_cache(maxsize=8)
+def _exact_table(specs: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
+    # Per catalog (the bundled one, or a caller's): normalising every card's names on each look-up cost more
+    # than the rest of find_gpu.
+    return exact_gpu_names(specs)
+
+
 def gpu_name_key(name: str) -> str:
     """The normalised name ``find_gpu`` and ``exact_gpu_names`` match on."""
     return _normalize(name)
@@ -112,9 +119,9 @@ def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
     wanted = _normalize(name)
     if not wanted:
         raise EstimatorError("gpu", "empty GPU name")
-    for spec in specs:
-        if wanted in {_normalize(n) for n in (spec.name, *spec.aliases)}:
-            return spec
+    exact = _exact_table(specs).get(wanted)
+    if exact is not None:
+        return exact
     # Same model and memory size, ignoring form-factor words (sxm4, pcie, nvl, ...).
     model, memory = _model_and_memory(name)
     candidates = []

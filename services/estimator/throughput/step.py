@@ -9,6 +9,7 @@ communication + the optimizer step, amortised over the micro-batches of an optim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
@@ -239,19 +240,25 @@ def _traffic(
     )
 
 
+@cache
+def _no_communication() -> StepCommunication:
+    """A step that moves nothing between GPUs (one GPU, or no training): the same answer every time."""
+    return step_communication(
+        "none",
+        _ONE_GPU,
+        grad_bytes=0.0,
+        param_bytes_16bit=0.0,
+        gathered_weight_bytes=0.0,
+        layers=1,
+        forward_s=0.0,
+        backward_s=0.0,
+        accumulation=1,
+    )
+
+
 def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | None) -> StepCommunication:
     if traffic is _NO_TRAFFIC:
-        return step_communication(
-            "none",
-            _ONE_GPU,
-            grad_bytes=0.0,
-            param_bytes_16bit=0.0,
-            gathered_weight_bytes=0.0,
-            layers=1,
-            forward_s=0.0,
-            backward_s=0.0,
-            accumulation=1,
-        )
+        return _no_communication()
     return step_communication(
         plan.sharding,
         links if links is not None else default_links(plan.gpus, gpu),
