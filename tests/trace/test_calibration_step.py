@@ -7,23 +7,14 @@ from typing import Any
 
 import pytest
 
+from benchmarks.device.grid import SMOKE_CONFIG
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from tests.conftest import require_trace_extra
 
 pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 256,
-}
+TINY = SMOKE_CONFIG  # the device grid's smoke model: a tiny Llama any CPU trains in a second
 
 
 @pytest.mark.parametrize(
