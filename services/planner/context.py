@@ -119,7 +119,7 @@ class PlanContext:
     # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
     _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
-    _usable_ram: dict[tuple[float, int, int], float] = field(default_factory=dict)
+    _usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
     _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:

@@ -59,9 +59,19 @@ def host_ram_margin(ctx: PlanContext) -> float:
 
 def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
     """The host RAM per node an offload setup may fill: the node's RAM less the host RAM margin; None when
-    unknown."""
+    unknown. Memoised per plan on what it reads (the RAM per node, the node size, the layout's GPUs per node):
+    thousands of offers share a few."""
+    key = (offer.host_ram_gib_per_node, offer.gpus_per_node, layout.gpus_per_node)
+    if key in ctx._usable_ram:
+        return ctx._usable_ram[key]
     available = host_ram_available_bytes(offer, layout)
-    return None if available is None else available * (1.0 - host_ram_margin(ctx))
+    found = ctx._usable_ram[key] = None if available is None else available * (1.0 - host_ram_margin(ctx))
+    return found
+
+
+def holds(need_bytes: float, usable_bytes: float | None) -> bool:
+    """Whether a node's usable host RAM holds what a setup offloads (nothing offloaded, or RAM unknown: yes)."""
+    return need_bytes <= 0 or usable_bytes is None or need_bytes <= usable_bytes
 
 
 def _blocked(s: Setup) -> RamBlocked:
@@ -70,7 +80,4 @@ def _blocked(s: Setup) -> RamBlocked:
 
 def host_ram_fits(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
     """Whether the node's host RAM holds what the setup offloads (True when the offer does not say)."""
-    if setup.host_ram_bytes_per_node <= 0:
-        return True
-    usable = usable_host_ram_bytes(ctx, offer, setup.layout)
-    return usable is None or setup.host_ram_bytes_per_node <= usable
+    return holds(setup.host_ram_bytes_per_node, usable_host_ram_bytes(ctx, offer, setup.layout))

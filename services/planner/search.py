@@ -44,7 +44,7 @@ from services.planner.context import (
 )
 from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config, Evaluator
-from services.planner.host_ram import _blocked, host_ram_bytes_per_node, usable_host_ram_bytes
+from services.planner.host_ram import _blocked, holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import PricingMode
 
@@ -285,12 +285,12 @@ def _ram_search(
     cached = ctx._ram_shapes.get(key)
     if cached is not None:
         return cached
-    holds = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
-    found = [s for s, ok in zip(found_anywhere, holds, strict=True) if ok]
+    held = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
+    found = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
     as_blocked = ctx._single_blocked.get(key[0])
     if as_blocked is None:
         as_blocked = ctx._single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
-    blocked = [b for b, ok in zip(as_blocked, holds, strict=True) if not ok]
+    blocked = [b for b, ok in zip(as_blocked, held, strict=True) if not ok]
     grown = list(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
         offload = not found
@@ -318,7 +318,7 @@ def _ram_layout_setups(
     whether one offloads."""
     layout = step.layout
     needs = _config_needs(ctx, spec, layout, offload)
-    usable = _usable_ram(ctx, offer, layout)
+    usable = usable_host_ram_bytes(ctx, offer, layout)
     if usable is not None and all(need > usable for need in needs.needs):
         blocked.extend(needs.blocked)
         return [], _enough(ctx, []), False
@@ -328,7 +328,7 @@ def _ram_layout_setups(
     kept = []
     as_blocked_all = _layout_blocked(ctx, spec, layout, _step_links(ctx, spec, step), offload)
     for s, as_blocked in zip(setups, as_blocked_all, strict=True):
-        if s.host_ram_bytes_per_node <= 0 or s.host_ram_bytes_per_node <= usable:
+        if holds(s.host_ram_bytes_per_node, usable):
             kept.append(s)
         else:
             blocked.append(as_blocked)
@@ -362,29 +362,6 @@ def _layout_blocked(
     if found is None:
         found = ctx._blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
     return found
-
-
-def _usable_ram(ctx: PlanContext, offer: Offer, layout: Layout) -> float | None:
-    """``usable_host_ram_bytes``, memoised on what it reads (the RAM per node, the node size, the layout's GPUs
-    per node): thousands of offers share a few."""
-    ram = offer.host_ram_gib_per_node
-    if ram is None:
-        return None
-    key = (ram, offer.gpus_per_node, layout.gpus_per_node)
-    found = ctx._usable_ram.get(key)
-    if found is None:
-        found = usable_host_ram_bytes(ctx, offer, layout)
-        if found is not None:
-            ctx._usable_ram[key] = found
-    return found
-
-
-def _holds(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:
-    """``host_ram_fits`` through the memoised usable RAM."""
-    if setup.host_ram_bytes_per_node <= 0:
-        return True
-    usable = _usable_ram(ctx, offer, setup.layout)
-    return usable is None or setup.host_ram_bytes_per_node <= usable
 
 
 def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[NodeStep, ...]:
@@ -439,23 +416,23 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
 
 def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
     """``_ram_key`` for a shape, network and RAM size not met before."""
-    holds = tuple(_holds(ctx, offer, s) for s in found)
+    held = tuple(host_ram_fits(ctx, offer, s) for s in found)
     inter = offer.inter_node_gbit_per_s
     if ctx.plan.cpu_offload:
-        return (base, inter, holds, offer.host_ram_gib_per_node)
-    if all(holds) and found:
+        return (base, inter, held, offer.host_ram_gib_per_node)
+    if all(held) and found:
         return None
     beyond: object = ()
-    if inter is not None and not any(holds):
+    if inter is not None and not any(held):
         beyond = None
         for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
             needs = _config_needs(ctx, spec, step.layout, True)
-            usable = _usable_ram(ctx, offer, step.layout)
-            fits = tuple(usable is None or need <= usable for need in needs.needs)
+            usable = usable_host_ram_bytes(ctx, offer, step.layout)
+            fits = tuple(holds(need, usable) for need in needs.needs)
             if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
                 beyond = (index, fits)
                 break
-    return (base, inter, holds, beyond)
+    return (base, inter, held, beyond)
 
 
 def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool) -> ConfigNeeds:
