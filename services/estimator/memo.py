@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import fields
 from typing import Any, Generic, TypeVar
@@ -12,26 +11,25 @@ V = TypeVar("V")
 
 
 class Memo(Generic[V]):
-    """Results by a hashable key of plain values (and frozen objects that hash by value), the least recently
-    used dropped beyond ``maxsize``. For a function whose arguments are not all hashable (a pydantic plan):
-    the caller puts every field the work reads into the key. Safe across the API's threads."""
+    """Results by a hashable key of plain values (and frozen objects that hash by value), the oldest dropped
+    beyond ``maxsize``. For a function whose arguments are not all hashable (a pydantic plan): the caller puts
+    every field the work reads into the key. Safe across the API's threads: a hit is one dict read (atomic
+    under the GIL), only an insertion takes the lock."""
 
     def __init__(self, maxsize: int) -> None:
         self._maxsize = maxsize
-        self._items: OrderedDict[Hashable, V] = OrderedDict()
+        self._items: dict[Hashable, V] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, compute: Callable[[], V]) -> V:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-                return found
+        found = self._items.get(key)
+        if found is not None:
+            return found
         value = compute()  # outside the lock; two threads may both compute one key, with the same result
         with self._lock:
             self._items[key] = value
             while len(self._items) > self._maxsize:
-                self._items.popitem(last=False)
+                del self._items[next(iter(self._items))]  # dicts keep insertion order: the oldest first
         return value
 
     def clear(self) -> None:

@@ -263,7 +263,7 @@ def constants() -> dict[str, Any]:
 
 def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
     # A literal, arithmetic of literals, a derived dict, a pydantic Field default and a constructor keyword.
-    assert constants["services.estimator.memory.allocator.ALLOCATOR_MIN_BLOCK_BYTES"] == 512
+    assert constants["services.estimator.memory.segments.ALLOCATOR_MIN_BLOCK_BYTES"] == 512
     assert constants["services.estimator.memory.device.NCCL_LL128_BUFFER_BYTES"] == 120 * 640 * 8 * 8
     assert "hopper" in constants["services.estimator.throughput.rates.UTILISATION_PRIOR"]
     assert constants["services.planner.constraints.Constraints.prefer_simpler_within"] == 0.10

@@ -19,17 +19,8 @@ from services.estimator.memory.activations import (
 )
 from services.estimator.memory.allocator import (
     ALLOCATOR_GAP,
-    ALLOCATOR_LARGE_BUFFER_BYTES,
-    ALLOCATOR_MIN_BLOCK_BYTES,
-    ALLOCATOR_MIN_LARGE_ALLOC_BYTES,
-    ALLOCATOR_ROUND_LARGE_BYTES,
-    ALLOCATOR_SMALL_BUFFER_BYTES,
-    ALLOCATOR_SMALL_SIZE_BYTES,
     activation_rounding_bytes,
-    allocator_block_bytes,
     allocator_gap_bytes,
-    allocator_segment_bytes,
-    segment_tail_bytes,
     varying_length_cache_bytes,
 )
 from services.estimator.memory.device import (
@@ -63,6 +54,17 @@ from services.estimator.memory.quantization import (
     quantization_load_bytes,
     quantized_bytes_per_weight,
     quantized_params,
+)
+from services.estimator.memory.segments import (
+    ALLOCATOR_LARGE_BUFFER_BYTES,
+    ALLOCATOR_MIN_BLOCK_BYTES,
+    ALLOCATOR_MIN_LARGE_ALLOC_BYTES,
+    ALLOCATOR_ROUND_LARGE_BYTES,
+    ALLOCATOR_SMALL_BUFFER_BYTES,
+    ALLOCATOR_SMALL_SIZE_BYTES,
+    allocator_block_bytes,
+    allocator_segment_bytes,
+    segment_tail_bytes,
 )
 from services.estimator.memory.states import (
     ADAM8BIT_STATE_BYTES,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from services.estimator.architecture import Architecture, Block, Linear
 from services.estimator.memo import Memo
+from services.estimator.memory.segments import segment_tail_bytes
 from services.estimator.memory.states import lora_roles_of
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
@@ -325,6 +326,11 @@ class Activations:
     per_layer_per_token: dict[str, float]  # breakdown of one (the largest) block, bytes/token
     offloaded: float = 0.0  # bytes moved to host memory by activation offloading
     refetched: float = 0.0  # offloaded bytes back on the GPU while one block's backward runs
+    # Segment tails of the kept activations, alive at the step's peak. Each layer's saved tensors are taken
+    # one per kind (per_layer_per_token's keys, or the block input alone under checkpointing): this
+    # undercounts tensors of a kind, whose tails are each under 2 MiB. LLM widths are multiples of large
+    # powers of two, so the tails are often zero.
+    segment_tails: float = 0.0
 
 
 def offload_stash_bytes(largest_tensor: float, offloaded: float, recipe: Recipe) -> float:
@@ -356,7 +362,7 @@ ACTIVATION_CACHE_SIZE = 256
 _Terms = tuple[tuple[dict[str, float], float, float, int, float], ...]
 
 
-def _per_token_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
+def per_token_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
     """Per block: (saved bytes by holder, their sum, bytes kept for backward, widest saved tensor, backward
     transient), all per token; the key holds every plan field they read."""
     key = (arch, recipe, plan.method, plan.quantized, plan.gradient_checkpointing, plan.seq_len)
@@ -395,11 +401,14 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     biggest_tensor = 0.0
     biggest_breakdown: dict[str, float] = {}
     transient = 0.0
-    terms = _per_token_terms(arch, plan, recipe)
+    tails = 0.0
+    terms = per_token_terms(arch, plan, recipe)
     for block, (per_token, block_total, kept, widest, transient_per_token) in zip(arch.blocks, terms, strict=True):
         if block_total > biggest_block:
             biggest_block, biggest_breakdown = block_total, dict(per_token)
         saved += block.count * kept * tokens
+        kinds = (kept,) if plan.gradient_checkpointing else per_token.values()
+        tails += block.count * sum(segment_tail_bytes(kind * tokens) for kind in kinds)
         biggest_kept = max(biggest_kept, kept * tokens)
         biggest_tensor = max(biggest_tensor, float(widest * tokens))
         transient = max(transient, transient_per_token * tokens)
@@ -429,5 +438,7 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
         # brought back from the CPU": torchtune docs, memory_optimizations.rst).
         offloaded = saved + norm_and_masks
         kept_on_gpu = offload_stash_bytes(biggest_tensor, offloaded, recipe) + head_input
-        return Activations(kept_on_gpu, recompute, transient, biggest_breakdown, offloaded, biggest_kept)
-    return Activations(saved + norm_and_masks + head_input, recompute, transient, biggest_breakdown)
+        return Activations(kept_on_gpu, recompute, transient, biggest_breakdown, offloaded, biggest_kept, tails)
+    return Activations(
+        saved + norm_and_masks + head_input, recompute, transient, biggest_breakdown, segment_tails=tails
+    )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from services.estimator.architecture import Architecture
 from services.estimator.memory.activations import activation_bytes
 from services.estimator.memory.allocator import (
-    activation_rounding_bytes,
     allocator_gap_bytes,
     varying_length_cache_bytes,
 )
@@ -30,6 +29,30 @@ from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
 GIB = 1024**3
+
+# What each moment holds, in the order the breakdown lists it.
+_STATES = ("weights", "adapters", "master_weights", "optimizer_states", "gradients", "ddp_buckets")
+_PARTS: dict[str, tuple[str, ...]] = {
+    "end_of_forward": (
+        *_STATES,
+        *("activations", "autocast_weight_copies", "logits_and_loss", "sharding_buffers", "dequantized_weights"),
+    ),
+    "start_of_backward": (
+        *_STATES,
+        *("activations", "autocast_weight_copies", "logits_and_loss", "sharding_buffers", "dequantized_weights"),
+    ),
+    "during_backward": (
+        *_STATES,
+        *("activations", "autocast_weight_copies", "temporaries", "sharding_buffers", "dequantized_weights"),
+    ),
+    "end_of_backward": (*_STATES, "temporaries", "sharding_buffers"),
+    "tied_embedding_backward": (*_STATES, "tied_embedding_gradient", "sharding_buffers"),
+    "optimizer_step": (*_STATES, "temporaries"),
+    "model_load": ("weights", "adapters", "quantization_temporaries"),
+    "prefill": ("weights", "adapters", "kv_cache", "activations", "logits"),
+}
+# Where each moment holds its kept activations (the allocator's segment tails go with them), if it does.
+_ACTIVATIONS_AT = {name: parts.index("activations") for name, parts in _PARTS.items() if "activations" in parts}
 
 
 @dataclass(frozen=True)
@@ -83,69 +106,38 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
     # bitsandbytes: the head's matmul runs last in forward and first in backward; block linears run during
     # backward. GPTQ: the copies autograd saves (gptq_dequantized_bytes).
     dequant_head, dequant_block = dequantized_weight_bytes(plan, arch, recipe)
-    static = {
-        "weights": states.weights,
-        "adapters": states.adapters,
-        "master_weights": states.master_weights,
-        "optimizer_states": states.optimizer_states,
-        "gradients": persistent_grads,
-        "ddp_buckets": states.ddp_buckets,
-    }
-    moments: dict[str, dict[str, float]] = {
-        "end_of_forward": {
-            **static,
-            "activations": acts.saved,
-            "autocast_weight_copies": casts,
-            "logits_and_loss": logit_fwd,
-            "sharding_buffers": shard_fwd,
-            "dequantized_weights": dequant_head,
-        },
-        "start_of_backward": {
-            **static,
-            "gradients": persistent_grads,
-            "activations": acts.saved,
-            "autocast_weight_copies": casts,
-            "logits_and_loss": logit_bwd,
-            "sharding_buffers": shard_bwd,
-            "dequantized_weights": dequant_head,
-        },
-        "during_backward": {
-            **static,
-            "gradients": persistent_grads + head_grad,
-            "activations": acts.saved,
-            "autocast_weight_copies": casts,
-            "temporaries": acts.recompute + acts.backward_transient + acts.refetched,
-            "sharding_buffers": shard_bwd,
-            "dequantized_weights": dequant_block,
-        },
-        "end_of_backward": {
-            **static,
-            "gradients": persistent_grads + growing_grads,
-            "temporaries": acts.recompute + acts.backward_transient,
-            "sharding_buffers": shard_bwd,
-        },
+    static = (states.weights, states.adapters, states.master_weights, states.optimizer_states)
+    ddp, all_grads = states.ddp_buckets, persistent_grads + growing_grads
+    # The parts of each moment, in _PARTS's order (only the peak moment's are named: _finish).
+    moments: dict[str, tuple[float, ...]] = {
+        "end_of_forward": (*static, persistent_grads, ddp, acts.saved, casts, logit_fwd, shard_fwd, dequant_head),
+        "start_of_backward": (*static, persistent_grads, ddp, acts.saved, casts, logit_bwd, shard_bwd, dequant_head),
+        "during_backward": (
+            *static,
+            persistent_grads + head_grad,
+            ddp,
+            acts.saved,
+            casts,
+            acts.recompute + acts.backward_transient + acts.refetched,
+            shard_bwd,
+            dequant_block,
+        ),
+        "end_of_backward": (*static, all_grads, ddp, acts.recompute + acts.backward_transient, shard_bwd),
         # A tied embedding is one Parameter used twice: autograd holds the head's gradient in the leaf's input
         # buffer until the embedding's backward (the step's last op) makes its own vocab x hidden gradient and the
         # two are summed (torch/csrc/autograd/input_buffer.cpp InputBuffer::add; CUDA's embedding_dense_backward
         # writes into one new tensor), so one more such tensor sits beside every block's gradient then.
-        "tied_embedding_backward": {
-            **static,
-            "gradients": persistent_grads + growing_grads,
-            "tied_embedding_gradient": tied_embedding_gradient_bytes(plan, arch, recipe),
-            "sharding_buffers": shard_bwd,
-        },
-        "optimizer_step": {
-            **static,
-            "gradients": persistent_grads + growing_grads,
-            "temporaries": states.optimizer_temporaries,
-        },
+        "tied_embedding_backward": (
+            *static,
+            all_grads,
+            ddp,
+            tied_embedding_gradient_bytes(plan, arch, recipe),
+            shard_bwd,
+        ),
+        "optimizer_step": (*static, all_grads, ddp, states.optimizer_temporaries),
         # The counters run from process start, so the load counts: the quantized model, its adapters and
         # the temporaries of quantizing one weight (the optimizer states do not exist yet).
-        "model_load": {
-            "weights": states.weights,
-            "adapters": states.adapters,
-            "quantization_temporaries": quantization_load_bytes(plan, arch, recipe),
-        },
+        "model_load": (states.weights, states.adapters, quantization_load_bytes(plan, arch, recipe)),
     }
     # What a batch's length scales: the activations and logits of the longest moment of the step.
     length_dependent = max(
@@ -160,7 +152,7 @@ def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdo
         acts.per_layer_per_token,
         step_gap=allocator_gap_bytes(plan, acts, states.optimizer_states),
         stream_pools=fsdp1_stream_pool_bytes(plan, arch, recipe),
-        rounding=activation_rounding_bytes(plan, arch, recipe),
+        rounding=acts.segment_tails,
         other_lengths_cache=varying_length_cache_bytes(recipe, length_dependent),
     )
 
@@ -193,21 +185,13 @@ def _inference_peak(plan: Plan, arch: Architecture, recipe: Recipe, states: Mode
     )  # prefill of the whole context, one layer at a time
     logits = plan.micro_batch_size * arch.vocab_size * 4.0  # last position only, fp32
     weights = states.weights / (plan.gpus if plan.sharding in ("zero3", "fsdp") else 1)
-    moments = {
-        "prefill": {
-            "weights": weights,
-            "adapters": states.adapters,
-            "kv_cache": kv,
-            "activations": layer,
-            "logits": logits,
-        },
-    }
+    moments: dict[str, tuple[float, ...]] = {"prefill": (weights, states.adapters, kv, layer, logits)}
     return _finish(plan, moments, states, {})
 
 
 def _finish(
     plan: Plan,
-    moments: dict[str, dict[str, float]],
+    moments: dict[str, tuple[float, ...]],
     states: ModelStates,
     per_layer: dict[str, float],
     step_gap: tuple[float, float] = (0.0, 0.0),
@@ -215,35 +199,36 @@ def _finish(
     rounding: float = 0.0,
     other_lengths_cache: float = 0.0,
 ) -> MemoryBreakdown:
-    """The peaks from the moments: allocated at the largest moment; reserved adds what the caching
-    allocator cannot give back beyond the step's live tensors (the fit part of ``step_gap``, segment tails
-    of the kept activations); device adds the CUDA context and NCCL. Cached blocks the allocator may give
-    back before failing (the rest of ``step_gap``, FSDP1 stream pools, segments of other batch lengths)
-    are reported apart.
+    """The peaks from the moments (each moment's parts in ``_PARTS``'s order): allocated at the largest
+    moment; reserved adds what the caching allocator cannot give back beyond the step's live tensors (the
+    fit part of ``step_gap``, segment tails of the kept activations); device adds the CUDA context and NCCL.
+    Cached blocks the allocator may give back before failing (the rest of ``step_gap``, FSDP1 stream pools,
+    segments of other batch lengths) are reported apart.
     """
-    totals = {name: sum(parts.values()) for name, parts in moments.items()}
-    peak_name = max(totals, key=lambda name: totals[name])
-    components = {k: v for k, v in moments[peak_name].items() if v}
+    totals = {name: sum(parts) for name, parts in moments.items()}
+    peak_name = max(totals, key=totals.__getitem__)
+    components = {k: v for k, v in zip(_PARTS[peak_name], moments[peak_name], strict=True) if v}
     allocated = totals[peak_name]
     counter_gap, fit_gap = step_gap
-
-    def cache_beyond(name: str, parts: dict[str, float]) -> float:
-        if name == "model_load":  # the step's gap was measured over training steps, not the load
-            return 0.0
-        return fit_gap + (rounding if parts.get("activations") else 0.0)
+    # Each moment's live tensors plus its cache. The step's gap was measured over training steps, not the load.
+    with_cache = {
+        name: total
+        if name == "model_load"
+        else total + fit_gap + (rounding if name in _ACTIVATIONS_AT and moments[name][_ACTIVATIONS_AT[name]] else 0.0)
+        for name, total in totals.items()
+    }
 
     # The reserved peak is the largest moment's live tensors plus its cache, which may be another moment than
     # the allocated peak's (a load-time spike of temporaries beside a step with more kept tensors); what it
     # holds beyond the allocated peak is the allocator's reserve.
-    reserved = max(totals[name] + cache_beyond(name, parts) for name, parts in moments.items())
+    reserved = max(with_cache.values())
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
     # blocks, so they show in the counters but do not make a run fail.
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
-    step_moments = [name for name in totals if name != "model_load"]
-    if step_moments:
+    step_peaks = [total for name, total in with_cache.items() if name != "model_load"]
+    if step_peaks:
         # With memory to spare the counters read the whole gap and the segments of other batch lengths.
-        step_peak = max(totals[name] + cache_beyond(name, moments[name]) for name in step_moments)
-        pools_extra += max(0.0, step_peak + (counter_gap - fit_gap) + other_lengths_cache - reserved)
+        pools_extra += max(0.0, max(step_peaks) + (counter_gap - fit_gap) + other_lengths_cache - reserved)
     context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
     components["allocator_reserve"] = reserved - allocated
     components["cuda_context"] = float(context)
