@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class Memo(Generic[V]):
@@ -65,3 +66,28 @@ def value_hash_once(self: Any) -> int:
 def state_without_hash(self: Any) -> dict[str, object]:
     """The pickled state without the kept hash: a str hash differs between processes (PYTHONHASHSEED)."""
     return {k: v for k, v in self.__dict__.items() if k != "_value_hash"}
+
+
+def quick_init(cls: type[T]) -> type[T]:
+    """A frozen dataclass's ``__init__`` that fills the instance's ``__dict__`` at once instead of one
+    ``object.__setattr__`` per field (the generated one): about half the cost for the results an estimate builds
+    thousands of times in a plan. Same signature and defaults; the instance stays frozen. Apply above
+    ``@dataclass(frozen=True)``; fields with a default factory or ``init=False`` are refused."""
+    params, names, env = [], [], {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if not f.init or f.default_factory is not MISSING:
+            raise TypeError(f"quick_init: {cls.__name__}.{f.name} needs the dataclass's own __init__")
+        names.append(f.name)
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            env[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = ", ".join(f"{name!r}: {name}" for name in names)
+    source = f"def __init__(self, {', '.join(params)}):\n    _set(self, '__dict__', {{{body}}})\n"
+    env["_set"] = object.__setattr__
+    exec(source, env)  # generated from the class's own field names, as dataclasses does
+    init = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls

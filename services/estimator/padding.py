@@ -167,8 +167,10 @@ def data_tokens_per_processed_token(plan: Plan, recipe: Recipe) -> float:
     mean length, the mean over the padded length otherwise (a truncated sample's cut tail counts as
     consumed, so a mean above ``seq_len`` gives more than 1)."""
     mean = mean_example_tokens(plan)
+    if mean is None:
+        return 1.0
     processed = processed_tokens_per_example(plan, recipe)
-    if mean is None or processed is None or processed <= 0:
+    if processed is None or processed <= 0:
         return 1.0
     return mean / processed
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.estimator.architecture import Architecture, Block, Linear
-from services.estimator.memo import Memo
+from services.estimator.memo import Memo, quick_init
 from services.estimator.memory.segments import segment_tail_bytes
 from services.estimator.memory.states import lora_roles_of
 from services.estimator.plan import Plan
@@ -318,6 +318,7 @@ def backward_transient_bytes_per_token(block: Block, arch: Architecture, recipe:
     )
 
 
+@quick_init
 @dataclass(frozen=True)
 class Activations:
     saved: float  # bytes kept on the GPU for backward at the end of the forward pass

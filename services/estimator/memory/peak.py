@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.estimator.architecture import Architecture
+from services.estimator.memo import quick_init
 from services.estimator.memory.activations import activation_bytes
 from services.estimator.memory.allocator import (
     allocator_gap_bytes,
@@ -55,6 +56,7 @@ _PARTS: dict[str, tuple[str, ...]] = {
 _ACTIVATIONS_AT = {name: parts.index("activations") for name, parts in _PARTS.items() if "activations" in parts}
 
 
+@quick_init
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per GPU of each component at the peak moment, and the three peaks."""

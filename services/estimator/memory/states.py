@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from services.estimator.architecture import Architecture, Linear, parameter_counts
 from services.estimator.architecture.parse import canonical_architecture
+from services.estimator.memo import quick_init
 from services.estimator.memory.quantization import (
     int8_row_scale_bytes,
     quantized_bytes_per_weight,
@@ -24,6 +25,7 @@ from services.estimator.recipe import Recipe
 ADAM8BIT_STATE_BYTES = 1 + 4 / 2048
 
 
+@quick_init
 @dataclass(frozen=True)
 class ModelStates:
     """Long-lived bytes per GPU: weights, adapters, master copies, gradients, optimizer states."""

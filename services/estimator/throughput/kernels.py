@@ -103,11 +103,9 @@ def dispatch_seconds(plan: Plan, arch: Architecture, recipe: Recipe, lora_kernel
     if plan.is_training:
         passes += BACKWARD_KERNELS_PER_FORWARD + (1 if plan.gradient_checkpointing else 0)
     kernels = arch.num_layers * (KERNELS_PER_BLOCK_FORWARD + lora_kernels_per_layer) * DISPATCH_SECONDS_PER_KERNEL
-    return (
-        kernels * passes
-        + gptq_dequant_passes(plan, recipe) * _gptq_dequant_kernel_seconds(arch)
-        + zero_hook_seconds(plan, arch, recipe)
-    )
+    gptq_passes = gptq_dequant_passes(plan, recipe)
+    gptq = gptq_passes * _gptq_dequant_kernel_seconds(arch) if gptq_passes else 0.0
+    return kernels * passes + gptq + zero_hook_seconds(plan, arch, recipe)
 
 
 def gptq_dequant_passes(plan: Plan, recipe: Recipe) -> float:

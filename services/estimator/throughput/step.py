@@ -22,7 +22,7 @@ from services.estimator.communication import (
     total_parameters,
     zero3_gathers_per_pass,
 )
-from services.estimator.memo import Memo
+from services.estimator.memo import Memo, quick_init
 from services.estimator.memory import (
     ModelStates,
     adapter_params,
@@ -65,6 +65,7 @@ class FlopsPerToken:
         return self.forward + self.backward + self.recompute
 
 
+@quick_init
 @dataclass(frozen=True)
 class Throughput:
     tokens_per_s: float  # over all GPUs of the plan; tokens processed, pad tokens included
@@ -125,6 +126,7 @@ def _flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPer
     return FlopsPerToken(fwd, bwd, recompute, model)
 
 
+@quick_init
 @dataclass(frozen=True)
 class StepWork:
     """The parts of a step's cost that no GPU changes, worked out once per plan and priced on every card."""
@@ -200,6 +202,7 @@ def data_parallel_communication(
     return _traffic_over(_traffic(plan, arch, recipe, states, fpt, compute_s), plan, gpu, links)
 
 
+@quick_init
 @dataclass(frozen=True)
 class _Traffic:
     """What a layout's communication moves per micro-batch and the compute it may hide behind, before the links
@@ -273,6 +276,7 @@ def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | No
     )
 
 
+@quick_init
 @dataclass(frozen=True)
 class CardStep:
     """The part of a step's time on one card that no link changes (everything but the gradient and weight
