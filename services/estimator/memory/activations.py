@@ -356,16 +356,27 @@ def _largest_saved_bytes_per_token(block: Block, arch: Architecture, checkpointi
     return max(residual, 4 * arch.hidden_size, a * block.intermediate_size, a * block.num_heads * block.head_dim)
 
 
-# Per-token activation terms of each block memoised by value: what they read of the plan is its method, whether
-# it is quantized, its checkpointing and (for eager attention's scores) its sequence length.
+# Per-token activation terms memoised by value: what they read of the plan is its method, whether it is
+# quantized, its checkpointing and (for eager attention's scores) its sequence length.
 ACTIVATION_CACHE_SIZE = 256
 
-_Terms = tuple[tuple[dict[str, float], float, float, int, float], ...]
+
+@dataclass(frozen=True)
+class _Terms:
+    """Per token, what a plan's activations are made of (``activation_terms``)."""
+
+    # Per block: (saved bytes by holder, their sum, bytes kept for backward, widest saved tensor, backward
+    # transient).
+    blocks: tuple[tuple[dict[str, float], float, float, int, float], ...]
+    # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
+    # embedding dropout mask.
+    norm_per_token: float
+    head_input_width: int
+    dropout_mask: bool
 
 
-def per_token_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
-    """Per block: (saved bytes by holder, their sum, bytes kept for backward, widest saved tensor, backward
-    transient), all per token; the key holds every plan field they read."""
+def activation_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
+    """The per-token terms of the plan's activations; the key holds every plan field they read."""
     key = (arch, recipe, plan.method, plan.quantized, plan.gradient_checkpointing, plan.seq_len)
     return _TERMS.get(key, lambda: _compute_terms(arch, plan, recipe))
 
@@ -383,7 +394,21 @@ def _compute_terms(arch: Architecture, plan: Plan, recipe: Recipe) -> _Terms:
         widest = _largest_saved_bytes_per_token(block, arch, plan.gradient_checkpointing, recipe)
         transient = backward_transient_bytes_per_token(block, arch, recipe, plan)
         out.append((per_token, block_total, kept, widest, transient))
-    return tuple(out)
+    h = arch.hidden_size
+    norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
+    norm_per_token = float(h * norm_in)
+    if arch.norm == "rms" and plan.method == "full" and arch.model_type in FP32_SCALED_RMS_NORM_TYPES:
+        norm_per_token += 4 * h  # the final norm's fp32 product, kept for its weight's gradient
+    if recipe.fused_norm_saves and arch.norm == "rms":
+        norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
+    head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
+    head_keeps_input = head_trains or (plan.quantized is not None and recipe.quantize_lm_head)
+    return _Terms(
+        blocks=tuple(out),
+        norm_per_token=norm_per_token,
+        head_input_width=recipe.compute_bytes if head_keeps_input else 0,
+        dropout_mask=bool(recipe.model_dropout and arch.hidden_dropout > 0),
+    )
 
 
 _TERMS: Memo[_Terms] = Memo(ACTIVATION_CACHE_SIZE)
@@ -403,31 +428,26 @@ def activation_bytes(plan: Plan, arch: Architecture, recipe: Recipe) -> Activati
     biggest_breakdown: dict[str, float] = {}
     transient = 0.0
     tails = 0.0
-    terms = per_token_terms(arch, plan, recipe)
-    for block, (per_token, block_total, kept, widest, transient_per_token) in zip(arch.blocks, terms, strict=True):
+    terms = activation_terms(arch, plan, recipe)
+    checkpointed = plan.gradient_checkpointing
+    for block, (per_token, block_total, kept, widest, transient_per_token) in zip(
+        arch.blocks, terms.blocks, strict=True
+    ):
         if block_total > biggest_block:
             biggest_block, biggest_breakdown = block_total, dict(per_token)
         saved += block.count * kept * tokens
-        kinds = (kept,) if plan.gradient_checkpointing else per_token.values()
-        tails += block.count * sum(segment_tail_bytes(kind * tokens) for kind in kinds)
+        if checkpointed:
+            tails += block.count * segment_tail_bytes(kept * tokens)
+        else:
+            tails += block.count * sum(segment_tail_bytes(kind * tokens) for kind in per_token.values())
         biggest_kept = max(biggest_kept, kept * tokens)
         biggest_tensor = max(biggest_tensor, float(widest * tokens))
         transient = max(transient, transient_per_token * tokens)
 
-    # Final norm and the head's input (kept when the head trains or is a bitsandbytes layer), and the
-    # embedding dropout mask.
     h = arch.hidden_size
-    norm_in = 4 if arch.norm == "rms" else recipe.residual_bytes
-    norm_per_token = float(h * norm_in)
-    if arch.norm == "rms" and plan.method == "full" and arch.model_type in FP32_SCALED_RMS_NORM_TYPES:
-        norm_per_token += 4 * h  # the final norm's fp32 product, kept for its weight's gradient
-    if recipe.fused_norm_saves and arch.norm == "rms":
-        norm_per_token = compiled_rms_norm_bytes_per_token(h, recipe.residual_bytes)
-    head_trains = plan.method == "full" or "lm_head" in recipe.lora_targets
-    head_keeps_input = head_trains or (plan.quantized is not None and recipe.quantize_lm_head)
-    head_input = tokens * h * (recipe.compute_bytes if head_keeps_input else 0)
-    norm_and_masks = tokens * norm_per_token
-    if recipe.model_dropout and arch.hidden_dropout > 0:
+    head_input = tokens * h * terms.head_input_width
+    norm_and_masks = tokens * terms.norm_per_token
+    if terms.dropout_mask:
         norm_and_masks += tokens * h
 
     recompute = biggest_block * tokens if plan.gradient_checkpointing else 0.0
