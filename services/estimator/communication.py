@@ -28,6 +28,7 @@ from functools import cached_property
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
+from services.estimator.memo import quick_init, state_without_hash, value_hash_once
 
 # Share of a link's one-direction peak that NCCL's ring collectives reach (bus bandwidth / spec):
 # - NVLink/NVSwitch: ~87-88% measured on 8 x H200 (stas00/ml-engineering network/README.md).
@@ -103,6 +104,10 @@ class Links:
     intra_gb_per_s: float  # per GPU, one direction, datasheet
     inter_node_gbit_per_s: float | None = None  # per node, None on one node
 
+    # Memo keys in the planner hash links thousands of times: the hash is worked out once.
+    __hash__ = value_hash_once
+    __getstate__ = state_without_hash
+
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
@@ -157,6 +162,10 @@ class Links:
         return found
 
     def label(self) -> str:
+        return self._label
+
+    @cached_property
+    def _label(self) -> str:
         intra = f"{self.intra_kind} {self.intra_gb_per_s:g} GB/s per GPU"
         if self.nodes == 1:
             return intra
@@ -216,6 +225,7 @@ def hides_communication(links: Links) -> bool:
     return links.intra_kind != "PCIe (no P2P)" or links.gpus_per_node == 1
 
 
+@quick_init
 @dataclass(frozen=True)
 class StepCommunication:
     """Communication of one micro-batch on every GPU (per-optimizer-step parts amortised)."""
