@@ -375,12 +375,12 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
     offloaded states shrink as nodes are added, so beyond it the search does without offload)."""
     if offer.host_ram_gib_per_node is None:
         return None
-    if not ctx.plan.cpu_offload and found and not any(s.cfg.cpu_offload for s in found):
-        return None
     memo = (base, offer.inter_node_gbit_per_s, offer.host_ram_gib_per_node)
     if memo in ctx._ram_keys:
         return ctx._ram_keys[memo]
-    key = _ram_key_of(ctx, offer, spec, base, found)
+    key = None
+    if ctx.plan.cpu_offload or not found or any(s.cfg.cpu_offload for s in found):
+        key = _ram_key_of(ctx, offer, spec, base, found)
     ctx._ram_keys[memo] = key
     return key
 
