@@ -2,7 +2,8 @@
 
 The optimizer sees ``micro_batch_size x gradient_accumulation_steps x gpus`` samples per step; changing
 it changes the training (the learning-rate schedule was tuned for it), so every candidate keeps it, or,
-where the GPUs cannot split it evenly, takes the smallest larger one.
+where the GPUs cannot split it evenly, takes the smallest larger one. The largest micro-batch of a split
+that fits a card is found by bisection over its divisors (``largest_fitting_micro_batch``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from services.estimator.plan import Plan
+from services.estimator.plan import Optimizer, Plan, Sharding
+from services.planner.evaluator import Config, Evaluator
 
 
 def effective_batch_size(plan: Plan) -> int:
@@ -56,3 +58,54 @@ def batch_split(effective: int, gpus: int) -> BatchSplit:
     or the smallest effective batch above it that ``gpus`` GPUs can reach."""
     per_gpu = samples_per_gpu(effective, gpus)
     return BatchSplit(gpus, per_gpu, divisors(per_gpu), per_gpu * gpus)
+
+
+def config_for(
+    split: BatchSplit,
+    sharding: Sharding,
+    micro_batch_size: int,
+    checkpointing: bool,
+    cpu_offload: bool = False,
+    optimizer: Optimizer | None = None,
+) -> Config:
+    return Config(
+        split.gpus,
+        sharding,
+        micro_batch_size,
+        split.accumulation_steps(micro_batch_size),
+        checkpointing,
+        cpu_offload,
+        optimizer,
+    )
+
+
+def largest_fitting_micro_batch(
+    evaluator: Evaluator,
+    split: BatchSplit,
+    sharding: Sharding,
+    checkpointing: bool,
+    usable_bytes: float,
+    cpu_offload: bool = False,
+    optimizer: Optimizer | None = None,
+) -> int | None:
+    """The largest micro-batch (a divisor of the per-GPU samples) whose peak fits, or None.
+
+    Tries the smallest first (shared by every card, so usually cached), then the largest, then bisects.
+    """
+    sizes = split.micro_batch_sizes
+
+    def fits(m: int) -> bool:
+        return evaluator.fits(config_for(split, sharding, m, checkpointing, cpu_offload, optimizer), usable_bytes)
+
+    if not fits(sizes[0]):
+        return None
+    if len(sizes) == 1 or fits(sizes[-1]):
+        return sizes[-1]
+    lo, hi = 0, len(sizes) - 1  # sizes[lo] fits, sizes[hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(sizes[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return sizes[lo]

@@ -53,6 +53,25 @@ class NodeStep:
     read: dict[bool, tuple[list[Setup], bool, bool]] = field(default_factory=dict)
 
 
+@dataclass
+class NodeWalk:
+    """The multi-node layouts of one card, link kind, node size and network, in order, and what the node-count
+    walks of services.planner.search found on them, each worked out on first use. Whole nodes or not, an offer
+    shape has the same multi-node layouts and links, so its shapes share one walk; and a walk adds only GPU
+    counts above one node, so a shape's setups are its own single-node ones followed by the walk's."""
+
+    steps: tuple[NodeStep, ...]
+    # The setups without offload per step, growing until they are enough (then empty lists).
+    plain: list[list[Setup]] | None = None
+    # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
+    grown: dict[bool, list[Setup]] = field(default_factory=dict)
+    # Per host RAM GiB per node: where offload first fits that RAM on more nodes (search._beyond).
+    beyond: dict[float | None, object] = field(default_factory=dict)
+    # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU
+    # count and the configurations the RAM cannot hold.
+    ram: dict[tuple[bool, object], tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RunSizes:
     """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
@@ -76,13 +95,11 @@ class PlanContext:
     evaluator: Evaluator
     budget: CpuBudget = field(default_factory=unlimited)
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
-    _shapes: dict[ShapeKey, list[Setup]] = field(default_factory=dict)
     _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
     # Per single-node shape key: each of its setups (the first list of ``_single``) as blocked by the host RAM.
     _single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
     _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
-    _plain_walks: dict[ShapeKey, list[list[Setup]]] = field(default_factory=dict)
     _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
@@ -114,8 +131,8 @@ class PlanContext:
     _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
     # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
     _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
-    # Per (card, link kind, node size, network): the multi-node layouts in order, with their links.
-    _multi: dict[tuple[str, str, int, float | None], tuple[NodeStep, ...]] = field(default_factory=dict)
+    # Per (card, link kind, node size, network): the multi-node layouts in order and the walks over them.
+    _walks: dict[tuple[str, str, int, float | None], NodeWalk] = field(default_factory=dict)
     # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
     _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).

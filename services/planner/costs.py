@@ -251,18 +251,22 @@ class OfferColumns:
         return OfferColumns(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
 
 
-def _column(offers: Sequence[Offer], name: str, optional: bool = False) -> np.ndarray:
-    values = map(operator.attrgetter(name), offers)
-    if optional:
-        values = (math.nan if v is None else v for v in values)  # type: ignore[assignment]
-    return np.fromiter(values, dtype=float, count=len(offers))
+def _columns(offers: Sequence[Offer], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named attributes of ``offers`` as float arrays, read in one pass (NumPy makes a None NaN)."""
+    dtype = np.dtype([(name, float) for name in names])
+    table = np.fromiter(map(operator.attrgetter(*names), offers), dtype=dtype, count=len(offers))
+    return {name: table[name] for name in names}
+
+
+_PRICED = ("on_demand_usd_per_hour", "spot_usd_per_hour", "startup_s", "download_gbit_per_s")
+_BILLED = ("billing_increment_s", "billing_minimum_s", "preemption_per_hour")
 
 
 def offer_columns(offers: Sequence[Offer], model_download_bytes: float, full: bool = True) -> OfferColumns:
     """The columns of ``offers`` that pricing reads (None becomes NaN); without ``full``, only those the lower
     bound of a cost reads (prices, start-up, download), the others NaN."""
-    startup = _column(offers, "startup_s", optional=True)
-    gbit = _column(offers, "download_gbit_per_s", optional=True)
+    read = _columns(offers, _PRICED + _BILLED if full else _PRICED)
+    startup, gbit = read["startup_s"], read["download_gbit_per_s"]
     # startup_seconds and download_seconds, element by element (a download rate of 0 or none: the default)
     startup = np.where(np.isnan(startup), DEFAULT_STARTUP_S, startup)
     gbit = np.where(np.isnan(gbit) | (gbit == 0), DEFAULT_DOWNLOAD_GBIT_PER_S, gbit)
@@ -270,15 +274,13 @@ def offer_columns(offers: Sequence[Offer], model_download_bytes: float, full: bo
     increment = minimum = preemption = unread
     risk = np.full((len(offers), 3), np.nan)
     if full:
-        increment = _column(offers, "billing_increment_s")
-        minimum = _column(offers, "billing_minimum_s")
-        preemption = _column(offers, "preemption_per_hour", optional=True)
+        increment, minimum, preemption = (read[name] for name in _BILLED)
         risk_of = {p: spot_risk(p) for p in {o.provider for o in offers}}
         figures = {p: (r.preemptions_per_node_hour, r.wait_hours, r.no_capacity_share) for p, r in risk_of.items()}
         risk = np.array([figures[o.provider] for o in offers], dtype=float).reshape(len(offers), 3)
     return OfferColumns(
-        on_demand_usd_per_hour=_column(offers, "on_demand_usd_per_hour"),
-        spot_usd_per_hour=_column(offers, "spot_usd_per_hour", optional=True),
+        on_demand_usd_per_hour=read["on_demand_usd_per_hour"],
+        spot_usd_per_hour=read["spot_usd_per_hour"],
         startup_s=startup,
         download_s=model_download_bytes / (gbit / 8.0 * 1e9),
         billing_increment_s=increment,

@@ -7,7 +7,7 @@ depends on the card and its links, so it is kept per (card, link) and shared by 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture
@@ -34,9 +34,9 @@ from services.estimator.throughput import (
 from services.estimator.uncertainty import memory_band
 
 
-@dataclass(frozen=True)
-class Config:
-    """Everything about a setup that changes memory or speed, besides the card."""
+class Config(NamedTuple):
+    """Everything about a setup that changes memory or speed, besides the card (a named tuple: every estimate
+    of the search is memoised on it, and a tuple hashes and compares in C, a dataclass in Python)."""
 
     gpus: int
     sharding: Sharding

@@ -15,7 +15,7 @@ Rules (Offer schema v2):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
@@ -26,9 +26,8 @@ MULTI_GPU_SHARDINGS: tuple[Sharding, ...] = ("none", "zero2", "fsdp")
 OFFLOAD_SHARDINGS: tuple[Sharding, ...] = ("fsdp", "zero2")
 
 
-@dataclass(frozen=True)
-class Layout:
-    """GPUs per node times nodes."""
+class Layout(NamedTuple):
+    """GPUs per node times nodes (a named tuple: the search's memo keys hold it)."""
 
     gpus_per_node: int
     nodes: int

@@ -264,15 +264,19 @@ def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpe
     scan = Scan(offers)
     _group_offers(ctx, scan, specs)
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
+    fitting: list[int] = []
     for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
         first = offers[group.indices[0]]
         group.setups = shape_setups(ctx, first, group.spec)
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
-            scan.fitting_group[group.indices] = position
+            fitting.append(position)
         elif first.host_ram_gib_per_node is not None:
             group.ram_blocked = ram_blocked_setups(ctx, first, group.spec)
+    if fitting:
+        members = [scan.groups[position].indices for position in fitting]
+        scan.fitting_group[np.concatenate(members)] = np.repeat(fitting, [len(m) for m in members])
     scan.bounds = _bounds(ctx, scan)
     return scan
 

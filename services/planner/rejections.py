@@ -8,7 +8,7 @@ from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
-from services.planner.batching import batch_split
+from services.planner.batching import batch_split, config_for
 from services.planner.constraints import Constraints
 from services.planner.context import Candidate, PlanContext, PricedSetup, RamBlocked
 from services.planner.evaluator import Evaluator
@@ -20,7 +20,6 @@ from services.planner.host_ram import (
 )
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import Rejection, RejectionKind
-from services.planner.search import config_for
 
 # Cheaper fine-tuning methods to suggest, least change first.
 CHEAPER_METHODS: dict[Method, tuple[Method, ...]] = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}

@@ -29,13 +29,14 @@ from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.communication import Links
 from services.estimator.plan import Optimizer, Sharding
-from services.planner.batching import BatchSplit, batch_split
+from services.planner.batching import BatchSplit, batch_split, config_for, largest_fitting_micro_batch
 from services.planner.constraints import Constraints
 from services.planner.context import (
     EIGHT_BIT_OPTIMIZERS,
     Candidate,
     ConfigNeeds,
     NodeStep,
+    NodeWalk,
     PlanContext,
     RamBlocked,
     RamKey,
@@ -43,61 +44,10 @@ from services.planner.context import (
     ShapeKey,
 )
 from services.planner.costs import RunCost, RunShape, run_cost
-from services.planner.evaluator import Config, Evaluator
+from services.planner.evaluator import Config
 from services.planner.host_ram import _blocked, holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 from services.planner.models import PricingMode
-
-
-def config_for(
-    split: BatchSplit,
-    sharding: Sharding,
-    micro_batch_size: int,
-    checkpointing: bool,
-    cpu_offload: bool = False,
-    optimizer: Optimizer | None = None,
-) -> Config:
-    return Config(
-        split.gpus,
-        sharding,
-        micro_batch_size,
-        split.accumulation_steps(micro_batch_size),
-        checkpointing,
-        cpu_offload,
-        optimizer,
-    )
-
-
-def largest_fitting_micro_batch(
-    evaluator: Evaluator,
-    split: BatchSplit,
-    sharding: Sharding,
-    checkpointing: bool,
-    usable_bytes: float,
-    cpu_offload: bool = False,
-    optimizer: Optimizer | None = None,
-) -> int | None:
-    """The largest micro-batch (a divisor of the per-GPU samples) whose peak fits, or None.
-
-    Tries the smallest first (shared by every card, so usually cached), then the largest, then bisects.
-    """
-    sizes = split.micro_batch_sizes
-
-    def fits(m: int) -> bool:
-        return evaluator.fits(config_for(split, sharding, m, checkpointing, cpu_offload, optimizer), usable_bytes)
-
-    if not fits(sizes[0]):
-        return None
-    if len(sizes) == 1 or fits(sizes[-1]):
-        return sizes[-1]
-    lo, hi = 0, len(sizes) - 1  # sizes[lo] fits, sizes[hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(sizes[mid]):
-            lo = mid
-        else:
-            hi = mid
-    return sizes[lo]
 
 
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
@@ -241,21 +191,25 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
         return _ram_search(ctx, offer, spec, ram_key, found)[0]
     if enough or offer.inter_node_gbit_per_s is None:
         return fastest
-    key = (*base[:4], offer.inter_node_gbit_per_s)
-    cached = ctx._shapes.get(key)
-    if cached is None:
-        grown = list(found)
-        # More nodes are searched to do without offload; offload on several nodes only where no node fits.
-        offload = not found
-        for step in _multi_layouts(ctx, offer, spec):
+    # More nodes are searched to do without offload; offload on several nodes only where no node fits.
+    return fastest + _grown(ctx, offer, spec, not found)
+
+
+def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list[Setup]:
+    """The fastest setup per GPU count on more nodes of the offer's shape, adding nodes until they are enough
+    (``_enough``); with offload where ``offload``. No host RAM limit."""
+    walk = _walk(ctx, offer, spec)
+    found = walk.grown.get(offload)
+    if found is None:
+        grown: list[Setup] = []
+        for step in walk.steps:
             ctx.budget.check("constraints", NARROW_SEARCH)
             more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
             if enough:
                 break
-        cached = _fastest_per_count(grown)
-        ctx._shapes[key] = cached
-    return cached
+        found = walk.grown[offload] = _fastest_per_count(grown)
+    return found
 
 
 def _single_node(
@@ -291,22 +245,40 @@ def _ram_search(
     if as_blocked is None:
         as_blocked = ctx._single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
     blocked = [b for b, ok in zip(as_blocked, held, strict=True) if not ok]
-    grown = list(found)
+    fastest = _fastest_per_count(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
-        offload = not found
-        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
-            if not offload and not ctx.plan.cpu_offload:
-                grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
-                break
-            ctx.budget.check("constraints", NARROW_SEARCH)
-            more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
-            grown.extend(more)
-            if enough:
-                break
-            if offload and offloads:
-                offload = False
-    cached = (_fastest_per_count(grown), blocked)
+        more, more_blocked = _ram_walk(ctx, offer, spec, not found, key[3])
+        fastest, blocked = fastest + more, blocked + more_blocked
+    cached = (fastest, blocked)
     ctx._ram_shapes[key] = cached
+    return cached
+
+
+def _ram_walk(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool, decided: object
+) -> tuple[list[Setup], list[RamBlocked]]:
+    """The multi-node part of ``_ram_search`` (fastest setups per GPU count, configurations the RAM cannot
+    hold): it reads of the single-node search only whether offload is still to be tried, and of the host RAM only
+    what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it."""
+    walk = _walk(ctx, offer, spec)
+    key = (offload, decided)
+    cached = walk.ram.get(key)
+    if cached is not None:
+        return cached
+    grown: list[Setup] = []
+    blocked: list[RamBlocked] = []
+    for index, step in enumerate(walk.steps):
+        if not offload and not ctx.plan.cpu_offload:
+            grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
+            break
+        ctx.budget.check("constraints", NARROW_SEARCH)
+        more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
+        grown.extend(more)
+        if enough:
+            break
+        if offload and offloads:
+            offload = False
+    cached = walk.ram[key] = (_fastest_per_count(grown), blocked)
     return cached
 
 
@@ -364,34 +336,33 @@ def _layout_blocked(
     return found
 
 
-def _multi_layouts(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> tuple[NodeStep, ...]:
-    """The offer's multi-node layouts in order (``gpu_layouts``) as the node-count walks read them, memoised per
+def _walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> NodeWalk:
+    """The offer's multi-node layouts in order (``gpu_layouts``) and the node-count walks over them, memoised per
     card, link kind, node size and network (whole nodes or not, the same layouts; the same links)."""
     key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
-    found = ctx._multi.get(key)
+    found = ctx._walks.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        found = ctx._multi[key] = tuple(NodeStep(layout, offer) for layout in multi)
+        found = ctx._walks[key] = NodeWalk(tuple(NodeStep(layout, offer) for layout in multi))
     return found
 
 
 def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
     """The setups without offload on the offer's multi-node layouts, growing until they are enough (then
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
-    key = (*shape_key(ctx, spec, offer)[:4], offer.inter_node_gbit_per_s)
-    walk = ctx._plain_walks.get(key)
-    if walk is None:
-        walk = []
+    walk = _walk(ctx, offer, spec)
+    if walk.plain is None:
+        plain: list[list[Setup]] = []
         done = False
-        for step in _multi_layouts(ctx, offer, spec):
+        for step in walk.steps:
             if done:
-                walk.append([])
+                plain.append([])
                 continue
             ctx.budget.check("constraints", NARROW_SEARCH)
             more, done, _ = _step_setups(ctx, spec, step, False)
-            walk.append(more)
-        ctx._plain_walks[key] = walk
-    return walk
+            plain.append(more)
+        walk.plain = plain
+    return walk.plain
 
 
 def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
@@ -404,12 +375,12 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
     offloaded states shrink as nodes are added, so beyond it the search does without offload)."""
     if offer.host_ram_gib_per_node is None:
         return None
-    if not ctx.plan.cpu_offload and found and not any(s.cfg.cpu_offload for s in found):
-        return None
     memo = (base, offer.inter_node_gbit_per_s, offer.host_ram_gib_per_node)
     if memo in ctx._ram_keys:
         return ctx._ram_keys[memo]
-    key = _ram_key_of(ctx, offer, spec, base, found)
+    key = None
+    if ctx.plan.cpu_offload or not found or any(s.cfg.cpu_offload for s in found):
+        key = _ram_key_of(ctx, offer, spec, base, found)
     ctx._ram_keys[memo] = key
     return key
 
@@ -424,15 +395,27 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
         return None
     beyond: object = ()
     if inter is not None and not any(held):
-        beyond = None
-        for index, step in enumerate(_multi_layouts(ctx, offer, spec)):
-            needs = _config_needs(ctx, spec, step.layout, True)
-            usable = usable_host_ram_bytes(ctx, offer, step.layout)
-            fits = tuple(holds(need, usable) for need in needs.needs)
-            if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
-                beyond = (index, fits)
-                break
+        beyond = _beyond(ctx, offer, spec)
     return (base, inter, held, beyond)
+
+
+def _beyond(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> object:
+    """The first multi-node step of the offer's walk on which offload fits its host RAM or a setup needs none,
+    with which configurations there the RAM holds (None: no such step); per walk and RAM size."""
+    walk = _walk(ctx, offer, spec)
+    ram = offer.host_ram_gib_per_node
+    if ram in walk.beyond:
+        return walk.beyond[ram]
+    beyond: object = None
+    for index, step in enumerate(walk.steps):
+        needs = _config_needs(ctx, spec, step.layout, True)
+        usable = usable_host_ram_bytes(ctx, offer, step.layout)
+        fits = tuple(holds(need, usable) for need in needs.needs)
+        if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
+            beyond = (index, fits)
+            break
+    walk.beyond[ram] = beyond
+    return beyond
 
 
 def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool) -> ConfigNeeds:
