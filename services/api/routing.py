@@ -20,6 +20,7 @@ never the main loop.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import threading
 from collections.abc import Callable, Coroutine
@@ -76,7 +77,12 @@ class _WorkerLoops:
             ready.set()
             await anyio.sleep_forever()
 
-        threading.Thread(target=anyio.run, args=(serve,), name="gpuplan-off-loop", daemon=True).start()
+        # uvloop where it is installed (uvicorn[standard] brings it, and runs the main loop on it): each
+        # hand-over to a worker thread and back costs less CPU on it (about 75 against 95 us).
+        options = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
+        threading.Thread(
+            target=anyio.run, args=(serve,), kwargs={"backend_options": options}, name="gpuplan-off-loop", daemon=True
+        ).start()
         ready.wait()
         return box[0]
 
