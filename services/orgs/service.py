@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from services.core.db import utcnow
@@ -249,24 +249,29 @@ def rotate_key(
     return key, new
 
 
-# The columns a principal is made of, read as plain rows (no ORM objects: the API reads a key on every
-# request), so the query runs on a Session or on a bare Connection alike.
-_PRINCIPAL_COLUMNS = select(
-    ApiKey.id,
-    ApiKey.organization_id,
-    Organization.name,
-    ApiKey.prefix,
-    ApiKey.platform_admin,
-    ApiKey.scopes,
-    ApiKey.expires_at,
-    ApiKey.node_id,
-    ApiKey.run_id,
-).join(Organization, Organization.id == ApiKey.organization_id)
+# The query of a principal, read as plain rows (no ORM objects), so it runs on a Session or on a bare
+# Connection alike; built once with the hash as a bound parameter, since the API reads a key on every
+# request and building the statement (and its cache key) cost more than running it.
+_PRINCIPAL_OF_HASH = (
+    select(
+        ApiKey.id,
+        ApiKey.organization_id,
+        Organization.name,
+        ApiKey.prefix,
+        ApiKey.platform_admin,
+        ApiKey.scopes,
+        ApiKey.expires_at,
+        ApiKey.node_id,
+        ApiKey.run_id,
+    )
+    .join(Organization, Organization.id == ApiKey.organization_id)
+    .where(ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
+)
 
 
 def principal_for_hash(session: Session | Connection, key_hash: str) -> Principal | None:
     """The caller behind a key hash, or None for an unknown, revoked or expired key."""
-    row = session.execute(_PRINCIPAL_COLUMNS.where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))).first()
+    row = session.execute(_PRINCIPAL_OF_HASH, {"key_hash": key_hash}).first()
     if row is None:
         return None
     key_id, organization_id, org_name, prefix, platform_admin, scopes_text, expires_at, node_id, run_id = row
