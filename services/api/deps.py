@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.limits import check_failures, check_rate, make_counters, record_failure
+from services.api.routing import run_blocking
 from services.core.db import unit_of_work
 from services.core.errors import Forbidden, Unauthorized
 from services.core.leases import record_outbox
@@ -95,12 +96,18 @@ def _caller(db: Database, authorization: str | None) -> Principal:
     return principal
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     db: Annotated[Database, Depends(get_db)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    """The authenticated caller, refused (403) when its key's scopes do not cover this route."""
+    """The authenticated caller, refused (403) when its key's scopes do not cover this route. It reads the
+    database: in place on a worker loop (an off-loop route, services/api/routing.py), on a worker thread
+    from the main loop."""
+    return await run_blocking(_principal, request, db, authorization)
+
+
+def _principal(request: Request, db: Database, authorization: str | None) -> Principal:
     address = request.client.host if request.client else "unknown"
     check_failures(db.counters, address, db.settings.auth_failures_per_minute)
     try:
