@@ -252,14 +252,44 @@ def _threads(url: str, key: str, method: str, body: dict[str, Any] | None, durat
     }
 
 
-def _load(url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int) -> dict[str, Any]:
+def _group_cpu_s(group: int) -> float | None:
+    """User + system CPU seconds of every live process in process group ``group`` (the server and its
+    worker processes), from /proc (proc(5): fields 14 and 15 of /proc/PID/stat, in clock ticks); None where
+    there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    ticks = 0
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+        if int(fields[2]) == group:  # fields[0] is the state (field 3), so pgrp (field 5) is fields[2]
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _load(
+    url: str, key: str, method: str, body: dict[str, Any] | None, duration_s: int, group: int | None = None
+) -> dict[str, Any]:
+    """One load run; with the server's process group, also its CPU time per request: what the server
+    spends on one request, which a busy machine (other processes on the same cores) changes far less
+    than requests/s."""
+    before = _group_cpu_s(group) if group is not None else None
     if shutil.which("wrk"):
-        return _wrk(url, key, method, body, duration_s)
-    return _threads(url, key, method, body, duration_s)
+        out = _wrk(url, key, method, body, duration_s)
+    else:
+        out = _threads(url, key, method, body, duration_s)
+    after = _group_cpu_s(group) if group is not None else None
+    if before is not None and after is not None and out["requests"]:
+        out["server_cpu_ms_per_request"] = round((after - before) * 1e3 / out["requests"], 3)
+    return out
 
 
 @contextmanager
-def _server(db_url: str, workers: int, workdir: Path) -> Iterator[str]:
+def _server(db_url: str, workers: int, workdir: Path) -> Iterator[tuple[str, int]]:
+    """The server's base URL and its process group (it and its worker processes)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(
@@ -289,7 +319,7 @@ def _server(db_url: str, workers: int, workdir: Path) -> Iterator[str]:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("server did not start:\n" + (workdir / "serve.log").read_text()[-2000:])
             time.sleep(0.2)
-        yield base
+        yield base, server.pid  # started in a session of its own: its pid is the group's id
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
@@ -317,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with _database(args.sqlite, workdir) as db_url:
         key, org_id = _setup(db_url)
-        with _server(db_url, args.workers, workdir) as base:
+        with _server(db_url, args.workers, workdir) as (base, group):
             headers = {"Authorization": f"Bearer {key}"}
             for _ in range(100):  # warm-up: connections, caches, the model resolution
                 httpx.post(f"{base}/v1/estimate", json=BODY, headers=headers, timeout=10)
@@ -325,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             # estimate, so the ratio of their medians compares them under the same load on the machine.
             rounds = []
             for _ in range(args.rounds):
-                healthz = _load(f"{base}/healthz", key, "GET", None, duration_s)
-                estimate = _load(f"{base}/v1/estimate", key, "POST", BODY, duration_s)
+                healthz = _load(f"{base}/healthz", key, "GET", None, duration_s, group)
+                estimate = _load(f"{base}/v1/estimate", key, "POST", BODY, duration_s, group)
                 rounds.append({"healthz": healthz, "estimate": estimate})
             result["rounds"] = rounds
             result["estimate"] = _median_round([r["estimate"] for r in rounds])
@@ -334,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             result["estimate_to_healthz"] = round(
                 result["estimate"]["requests_per_s"] / result["healthz"]["requests_per_s"], 3
             )
+            for name in ("estimate", "healthz"):
+                cpu = [r[name]["server_cpu_ms_per_request"] for r in rounds if "server_cpu_ms_per_request" in r[name]]
+                if cpu:
+                    result[f"{name}_server_cpu_ms_per_request"] = statistics.median(cpu)
             result["target_estimate_requests_per_s"] = ESTIMATE_TARGET_PER_S
             stored = 0
             result["list"] = {}

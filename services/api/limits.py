@@ -5,7 +5,8 @@ answered 429 with Retry-After.
   `limits` library's MovingWindowRateLimiter: each hit's time is kept, and a request is let through when
   fewer than the limit fall in the 60 s before it), so no burst of twice the limit straddles the edge of
   a fixed minute. The hits live in Redis when GPUPLAN_REDIS_URL is set (shared by every API process; the
-  library's Lua scripts make each check-and-add atomic), and in this process otherwise. Should Redis
+  library's Lua scripts make each check-and-add atomic), and in this process otherwise (the same window,
+  kept here: see :class:`InProcessCounters`). Should Redis
   fail, the request is let through and the failure logged: a limiter outage must not take the API down
   with it.
 - Failed sign-ins: at most GPUPLAN_AUTH_FAILURES_PER_MINUTE requests with a missing, unknown or revoked
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from collections import deque
 
 from limits import RateLimitItemPerMinute
-from limits.storage import MemoryStorage, Storage, storage_from_string
+from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
 from services.core.errors import TooManyRequests
@@ -36,7 +39,8 @@ NAMESPACE = "gpuplan"
 
 
 class Counters:
-    """Moving-window counts of named events (a key's requests, an address's failed sign-ins)."""
+    """Moving-window counts of named events (a key's requests, an address's failed sign-ins), in the
+    storage of the `limits` library (Redis)."""
 
     def __init__(self, storage: Storage) -> None:
         self.limiter = MovingWindowRateLimiter(storage)
@@ -55,8 +59,69 @@ class Counters:
         return max(1, min(WINDOW_S, math.ceil(stats.reset_time - time.time())))
 
 
+class InProcessCounters(Counters):
+    """The same moving window in this process: per name, the times of its events in the last minute,
+    oldest first.
+
+    The library's MemoryStorage inserted each hit at the front of a list (a copy of the whole window:
+    thousands of entries at a high limit) and started a Timer thread to expire entries about once per
+    request; here a hit appends to a deque and expired times leave from its head as the name is next
+    counted, so a request costs a few microseconds whatever the limit. Names whose window has emptied
+    are dropped in a sweep every ``SWEEP_EVERY`` counts, so the table holds only recent names.
+    """
+
+    SWEEP_EVERY = 4096
+
+    def __init__(self) -> None:  # no library storage: the limiter methods are all overridden
+        self._events: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+        self._until_sweep = self.SWEEP_EVERY
+
+    def _window(self, name: str, now: float) -> deque[float] | None:
+        """``name``'s events still in the window (an event counts while it is less than WINDOW_S old)."""
+        events = self._events.get(name)
+        if events is not None:
+            edge = now - WINDOW_S
+            while events and events[0] <= edge:
+                events.popleft()
+        return events
+
+    def _sweep(self, now: float) -> None:
+        self._until_sweep = self.SWEEP_EVERY
+        for name in list(self._events):
+            if not self._window(name, now):
+                del self._events[name]
+
+    def hit(self, name: str, limit_per_minute: int) -> bool:
+        now = time.time()  # wall time, as the library and Redis keep (tests move it)
+        with self._lock:
+            self._until_sweep -= 1
+            if self._until_sweep <= 0:
+                self._sweep(now)
+            events = self._window(name, now)
+            if events is None:
+                events = self._events[name] = deque()
+            if len(events) >= limit_per_minute:
+                return False
+            events.append(now)
+            return True
+
+    def allows(self, name: str, limit_per_minute: int) -> bool:
+        with self._lock:
+            events = self._window(name, time.time())
+            return events is None or len(events) < limit_per_minute
+
+    def retry_after_s(self, name: str, limit_per_minute: int) -> int:
+        now = time.time()
+        with self._lock:
+            events = self._window(name, now)
+            # The oldest event that keeps the count at the limit leaves the window first.
+            oldest = events[max(0, len(events) - limit_per_minute)] if events else now
+        return max(1, min(WINDOW_S, math.ceil(oldest + WINDOW_S - now)))
+
+
 def in_process_counters() -> Counters:
-    return Counters(MemoryStorage())
+    return InProcessCounters()
 
 
 def redis_counters(url: str) -> Counters:

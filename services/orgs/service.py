@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Connection, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from services.core.db import utcnow
@@ -249,33 +249,49 @@ def rotate_key(
     return key, new
 
 
-def principal_for_hash(session: Session, key_hash: str) -> Principal | None:
+# The query of a principal, read as plain rows (no ORM objects), so it runs on a Session or on a bare
+# Connection alike; built once with the hash as a bound parameter, since the API reads a key on every
+# request and building the statement (and its cache key) cost more than running it.
+_PRINCIPAL_OF_HASH = (
+    select(
+        ApiKey.id,
+        ApiKey.organization_id,
+        Organization.name,
+        ApiKey.prefix,
+        ApiKey.platform_admin,
+        ApiKey.scopes,
+        ApiKey.expires_at,
+        ApiKey.node_id,
+        ApiKey.run_id,
+    )
+    .join(Organization, Organization.id == ApiKey.organization_id)
+    .where(ApiKey.key_hash == bindparam("key_hash"), ApiKey.revoked_at.is_(None))
+)
+
+
+def principal_for_hash(session: Session | Connection, key_hash: str) -> Principal | None:
     """The caller behind a key hash, or None for an unknown, revoked or expired key."""
-    row = session.execute(
-        select(ApiKey, Organization.name)
-        .join(Organization, Organization.id == ApiKey.organization_id)
-        .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
-    ).first()
+    row = session.execute(_PRINCIPAL_OF_HASH, {"key_hash": key_hash}).first()
     if row is None:
         return None
-    found, org_name = row
-    if found.expires_at is not None and found.expires_at <= utcnow():
+    key_id, organization_id, org_name, prefix, platform_admin, scopes_text, expires_at, node_id, run_id = row
+    if expires_at is not None and expires_at <= utcnow():
         return None
-    scopes = parse_scopes(found.scopes)
+    scopes = parse_scopes(scopes_text)
     return Principal(
-        organization_id=found.organization_id,
+        organization_id=organization_id,
         organization_name=org_name,
         admin="admin" in scopes,
-        platform_admin=found.platform_admin,
-        key_id=found.id,
-        key_prefix=found.prefix,
+        platform_admin=platform_admin,
+        key_id=key_id,
+        key_prefix=prefix,
         scopes=scopes,
-        node_id=found.node_id,
-        run_id=found.run_id,
+        node_id=node_id,
+        run_id=run_id,
     )
 
 
-def authenticate(session: Session, authorization: str | None) -> Principal:
+def authenticate(session: Session | Connection, authorization: str | None) -> Principal:
     """The caller behind an ``Authorization: Bearer KEY`` header, or 401."""
     if not authorization:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
-from services.api.limits import check_rate, in_process_counters, redis_counters
+from services.api.limits import InProcessCounters, check_rate, in_process_counters, redis_counters
 from services.core.errors import TooManyRequests
 from services.core.settings import Settings
 from tests.api.conftest import QLORA_PLAN, Api
@@ -86,6 +86,26 @@ def test_counters_in_process_and_in_redis_are_a_moving_window(monkeypatch: pytes
     # Redis down: the request is let through (and logged), not failed.
     check_rate(redis_counters("redis://127.0.0.1:9/0"), key, 1)
     check_rate(redis_counters("redis://127.0.0.1:9/0"), key, 1)
+
+
+def test_in_process_counters_hold_a_high_limit_exactly_and_forget_idle_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    counters = in_process_counters()
+    assert isinstance(counters, InProcessCounters)
+    assert all(counters.hit("key:a", 5000) for _ in range(5000))
+    assert not counters.hit("key:a", 5000) and not counters.allows("key:a", 5000)
+    clock[0] += 30
+    assert counters.retry_after_s("key:a", 5000) == 30  # when the hits of t=1000 leave the window
+    clock[0] += 30.001
+    assert counters.allows("key:a", 5000) and counters.hit("key:a", 5000)
+    # Names not counted for a minute are dropped by the sweep.
+    for i in range(InProcessCounters.SWEEP_EVERY):
+        counters.hit(f"addr:{i}", 10)
+    clock[0] += 61
+    for _ in range(InProcessCounters.SWEEP_EVERY):
+        counters.hit("key:b", 10_000_000)
+    assert set(counters._events) == {"key:b"}
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -11,7 +13,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from services.api.errors import install_error_handlers
-from services.api.routing import WORKER_LOOPS, OffLoopRoute, off_loop
+from services.api.routing import MOST_WORKER_LOOPS, OffLoopRoute, off_loop
 
 
 class Body(BaseModel):
@@ -74,7 +76,34 @@ def test_off_loop_requests_share_a_few_long_lived_worker_loops() -> None:
     # Starting an event loop per request cost more than an estimate; the worker loops are started once.
     app, _ = _app()
     with TestClient(app) as client:
-        answers = [client.post("/with-body", json={"n": i}).json() for i in range(3 * WORKER_LOOPS)]
-    assert [a["n"] for a in answers] == list(range(3 * WORKER_LOOPS))
+        answers = [client.post("/with-body", json={"n": i}).json() for i in range(3 * MOST_WORKER_LOOPS)]
+    assert [a["n"] for a in answers] == list(range(3 * MOST_WORKER_LOOPS))
     assert {a["name"] for a in answers} == {"gpuplan-off-loop"}
-    assert len({a["thread"] for a in answers}) <= WORKER_LOOPS
+    assert len({a["thread"] for a in answers}) <= MOST_WORKER_LOOPS
+
+
+def test_a_plain_endpoint_runs_in_its_worker_loop_and_a_slow_one_holds_up_no_other_request() -> None:
+    # A plain def endpoint off the loop runs in the worker loop's own thread (not sent to yet another
+    # thread), so a loop serves one such request at a time: the next request goes to an idle loop.
+    app = FastAPI()
+    router = APIRouter(route_class=OffLoopRoute)
+    gate = threading.Event()
+
+    @router.post("/plain")
+    def plain(body: Body, dep: Annotated[str, Depends(dependency)]) -> dict[str, Any]:
+        if body.n == 0:
+            gate.wait(10)
+        return {"name": threading.current_thread().name, "n": body.n, "dep": dep}
+
+    app.include_router(router)
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(client.post, "/plain", json={"n": 0})
+        time.sleep(0.3)  # it has taken a loop and waits there
+        start = time.monotonic()
+        fast = client.post("/plain", json={"n": 1}).json()
+        waited_s = time.monotonic() - start
+        held = not gate.is_set()
+        gate.set()
+        assert slow.result().json()["n"] == 0
+    assert held and waited_s < 5
+    assert fast == {"name": "gpuplan-off-loop", "n": 1, "dep": "dep"}
