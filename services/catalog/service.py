@@ -8,6 +8,7 @@ import is one transaction: it lands whole or not at all.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -378,6 +379,10 @@ def catalog_offers(session: Session, organization_id: str | None = None) -> tupl
         if len(_OFFERS_CACHE) >= _OFFERS_CACHE_SIZE:
             _OFFERS_CACHE.pop(next(iter(_OFFERS_CACHE)))
         _OFFERS_CACHE[key] = result
+    # The cached offers live as long as the process: the cyclic garbage collector stops scanning them
+    # (gc.freeze, as the API does for its modules at start). A full collection otherwise walks every offer of
+    # every cached version, which made a 70B plan over 5,000 offers about a quarter slower.
+    gc.freeze()
     return result
 
 
