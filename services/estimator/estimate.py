@@ -128,6 +128,10 @@ def _gib(value: float) -> float:
     return round(value / GIB, 3)
 
 
+# Cards estimated between two reads of the CPU budget (a few tens of microseconds of work each).
+BUDGET_CHECK_EVERY_CARDS = 8
+
+
 def estimate(
     plan: Plan | ResolvedPlan,
     gpu: str | GpuSpec | None = None,
@@ -188,8 +192,9 @@ def estimate(
             continue
         tp = per_card.get(spec.name)
         if tp is None:
-            # The budget is read where the work is (one throughput estimate per card), not per offer.
-            if budget is not None:
+            # The budget is read where the work is (throughput estimates per card), every few cards: reading a
+            # thread's CPU clock is a system call, dearer than one card's estimate on some kernels.
+            if budget is not None and len(per_card) % BUDGET_CHECK_EVERY_CARDS == 0:
                 budget.check("plan", "estimate against fewer offers")
             tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, work=work)
             per_card[spec.name] = tp
