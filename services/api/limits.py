@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections import deque
+from typing import Protocol
 
 from limits import RateLimitItemPerMinute
 from limits.storage import Storage, storage_from_string
@@ -38,29 +39,41 @@ WINDOW_S = 60
 NAMESPACE = "gpuplan"
 
 
-class Counters:
-    """Moving-window counts of named events (a key's requests, an address's failed sign-ins), in the
-    storage of the `limits` library (Redis)."""
+class Counters(Protocol):
+    """Moving-window counts of named events (a key's requests, an address's failed sign-ins)."""
+
+    def hit(self, name: str, limit_per_minute: int) -> bool:
+        """Count one event under ``name`` if fewer than the limit fell in the last minute; False: refused."""
+        ...
+
+    def allows(self, name: str, limit_per_minute: int) -> bool:
+        """Whether one more event under ``name`` would be within the limit (nothing counted)."""
+        ...
+
+    def retry_after_s(self, name: str, limit_per_minute: int) -> int:
+        """Seconds until the oldest event of the window leaves it (at least 1)."""
+        ...
+
+
+class StorageCounters:
+    """:class:`Counters` in a storage of the `limits` library (Redis)."""
 
     def __init__(self, storage: Storage) -> None:
         self.limiter = MovingWindowRateLimiter(storage)
 
     def hit(self, name: str, limit_per_minute: int) -> bool:
-        """Count one event under ``name`` if fewer than the limit fell in the last minute; False: refused."""
         return bool(self.limiter.hit(RateLimitItemPerMinute(limit_per_minute, namespace=NAMESPACE), name))
 
     def allows(self, name: str, limit_per_minute: int) -> bool:
-        """Whether one more event under ``name`` would be within the limit (nothing counted)."""
         return bool(self.limiter.test(RateLimitItemPerMinute(limit_per_minute, namespace=NAMESPACE), name))
 
     def retry_after_s(self, name: str, limit_per_minute: int) -> int:
-        """Seconds until the oldest event of the window leaves it (at least 1)."""
         stats = self.limiter.get_window_stats(RateLimitItemPerMinute(limit_per_minute, namespace=NAMESPACE), name)
         return max(1, min(WINDOW_S, math.ceil(stats.reset_time - time.time())))
 
 
-class InProcessCounters(Counters):
-    """The same moving window in this process: per name, the times of its events in the last minute,
+class InProcessCounters:
+    """:class:`Counters` in this process, the same moving window: per name, the times of its events in the last minute,
     oldest first.
 
     The library's MemoryStorage inserted each hit at the front of a list (a copy of the whole window:
@@ -72,7 +85,7 @@ class InProcessCounters(Counters):
 
     SWEEP_EVERY = 4096
 
-    def __init__(self) -> None:  # no library storage: the limiter methods are all overridden
+    def __init__(self) -> None:
         self._events: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
         self._until_sweep = self.SWEEP_EVERY
@@ -128,7 +141,7 @@ def redis_counters(url: str) -> Counters:
     # The library's Redis storage: short timeouts, so a broker that hangs costs a request little.
     storage = storage_from_string(url, socket_timeout=0.5, socket_connect_timeout=0.5)
     assert isinstance(storage, Storage)  # a redis:// URL names the synchronous storage
-    return Counters(storage)
+    return StorageCounters(storage)
 
 
 def make_counters(settings: Settings) -> Counters:
