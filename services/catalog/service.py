@@ -21,6 +21,7 @@ from sqlalchemy import column as sql_column
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu, gpu_specs
+from services.catalog.market import Market
 from services.catalog.offers import Offer, bundled_offers
 from services.catalog.pricelist import PriceListError, offer_key, parse_price_list, parse_rows
 from services.catalog.repository import CatalogRepository
@@ -347,7 +348,7 @@ def own_version_id(session: Session, organization_id: str | None) -> str | None:
 # Catalog versions never change once written (an import writes a new one), so the planner's offers of a
 # (public version, own version) pair are computed once per process and shared: loading 5,000 offers
 # through the ORM costs 250-450 ms on the 2-core machine, the cache lookup two indexed queries.
-_OFFERS_CACHE: dict[tuple[str | None, str | None], tuple[Offer, ...]] = {}
+_OFFERS_CACHE: dict[tuple[str | None, str | None], Market] = {}
 _OFFERS_CACHE_SIZE = 64
 _OFFERS_CACHE_LOCK = threading.Lock()
 
@@ -359,9 +360,10 @@ def _version_offers(session: Session, version_id: str) -> list[Offer]:
     return [Offer(**dict(zip(names, row, strict=True))) for row in rows]
 
 
-def catalog_offers(session: Session, organization_id: str | None = None) -> tuple[Offer, ...]:
+def catalog_offers(session: Session, organization_id: str | None = None) -> Market:
     """The planner's offers for an organization (the public catalog with its own offers laid over it), or
-    the public catalog alone; cheapest on demand first."""
+    the public catalog alone; cheapest on demand first. Cached per version as a Market, so the columns plans
+    read of the offers are read once per version."""
     repo = CatalogRepository(session)
     public = repo.active_version("offers", None)
     own = repo.active_version("offers", organization_id) if organization_id is not None else None
@@ -374,7 +376,7 @@ def catalog_offers(session: Session, organization_id: str | None = None) -> tupl
         mine = _version_offers(session, own.id)
         own_keys = {offer_key(o) for o in mine}
         offers = [o for o in offers if offer_key(o) not in own_keys] + mine
-    result = tuple(sorted(offers, key=lambda o: (o.on_demand_usd_per_hour, offer_key(o))))
+    result = Market(sorted(offers, key=lambda o: (o.on_demand_usd_per_hour, offer_key(o))))
     with _OFFERS_CACHE_LOCK:
         if len(_OFFERS_CACHE) >= _OFFERS_CACHE_SIZE:
             _OFFERS_CACHE.pop(next(iter(_OFFERS_CACHE)))

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from services.catalog.market import Market
 from services.catalog.offers import Offer
 from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
 from services.planner.models import PricingMode
@@ -251,33 +250,29 @@ class OfferColumns:
         return OfferColumns(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
 
 
-def _columns(offers: Sequence[Offer], names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The named attributes of ``offers`` as float arrays, read in one pass (NumPy makes a None NaN)."""
-    dtype = np.dtype([(name, float) for name in names])
-    table = np.fromiter(map(operator.attrgetter(*names), offers), dtype=dtype, count=len(offers))
-    return {name: table[name] for name in names}
-
-
 _PRICED = ("on_demand_usd_per_hour", "spot_usd_per_hour", "startup_s", "download_gbit_per_s")
 _BILLED = ("billing_increment_s", "billing_minimum_s", "preemption_per_hour")
 
 
-def offer_columns(offers: Sequence[Offer], model_download_bytes: float, full: bool = True) -> OfferColumns:
-    """The columns of ``offers`` that pricing reads (None becomes NaN); without ``full``, only those the lower
-    bound of a cost reads (prices, start-up, download), the others NaN."""
-    read = _columns(offers, _PRICED + _BILLED if full else _PRICED)
+def offer_columns(market: Market, rows: np.ndarray, model_download_bytes: float, full: bool = True) -> OfferColumns:
+    """The columns that pricing reads of the offers of ``market`` at ``rows`` (None becomes NaN); without ``full``,
+    only those the lower bound of a cost reads (prices, start-up, download), the others NaN."""
+    read = {name: column[rows] for name, column in market.floats(_PRICED + _BILLED if full else _PRICED).items()}
     startup, gbit = read["startup_s"], read["download_gbit_per_s"]
     # startup_seconds and download_seconds, element by element (a download rate of 0 or none: the default)
     startup = np.where(np.isnan(startup), DEFAULT_STARTUP_S, startup)
     gbit = np.where(np.isnan(gbit) | (gbit == 0), DEFAULT_DOWNLOAD_GBIT_PER_S, gbit)
-    unread = np.full(len(offers), np.nan)
+    unread = np.full(len(rows), np.nan)
     increment = minimum = preemption = unread
-    risk = np.full((len(offers), 3), np.nan)
+    risk = np.full((len(rows), 3), np.nan)
     if full:
         increment, minimum, preemption = (read[name] for name in _BILLED)
-        risk_of = {p: spot_risk(p) for p in {o.provider for o in offers}}
-        figures = {p: (r.preemptions_per_node_hour, r.wait_hours, r.no_capacity_share) for p, r in risk_of.items()}
-        risk = np.array([figures[o.provider] for o in offers], dtype=float).reshape(len(offers), 3)
+        ids, providers = market.codes(("provider",))
+        figures = [spot_risk(str(p)) for (p,) in providers]
+        per_provider = np.array(
+            [(r.preemptions_per_node_hour, r.wait_hours, r.no_capacity_share) for r in figures], dtype=float
+        ).reshape(len(providers), 3)
+        risk = per_provider[ids[rows]]
     return OfferColumns(
         on_demand_usd_per_hour=read["on_demand_usd_per_hour"],
         spot_usd_per_hour=read["spot_usd_per_hour"],

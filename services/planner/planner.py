@@ -16,11 +16,13 @@ and the cheapest change that fits.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
+import numpy as np
+
 from services.catalog.gpus import GpuSpec, gpu_specs
+from services.catalog.market import as_market
 from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget, unlimited
@@ -133,12 +135,12 @@ def plan_setups(
     """
     _check_plannable(plan.plan if isinstance(plan, ResolvedPlan) else plan, top_n)
     constraints = constraints if constraints is not None else Constraints()
-    offers = tuple(offers) if offers is not None else bundled_offers()
+    offers = as_market(offers if offers is not None else bundled_offers())
     specs = specs if specs is not None else gpu_specs()
     name, ctx = plan_context(plan, constraints, utilisation, budget)
     total_tokens = ctx.total_tokens
 
-    scan = scan_offers(ctx, tuple(offers), specs)
+    scan = scan_offers(ctx, offers, specs)
     warnings = [*_plan_warnings(ctx.plan, ctx.arch.max_position_embeddings), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
@@ -206,16 +208,15 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups.
 
     Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
-    first: dict[tuple[int, str], list[int]] = {}  # (group, provider) -> [first offer, offers]
+    first: dict[tuple[int, int], list[int]] = {}  # (group, provider) -> [first offer, offers]
+    provider_of = scan.offers.codes(("provider",))[0]
     for position, group in enumerate(scan.groups):
         if not group.ram_blocked:
             continue
-        indices = group.indices.tolist()  # ascending
-        providers = [scan.offers[index].provider for index in indices]
-        counts = Counter(providers)
-        # Reversed, each provider's first offer is written last.
-        for provider, index in dict(zip(reversed(providers), reversed(indices), strict=True)).items():
-            first[(position, provider)] = [index, counts[provider]]
+        providers, at, counts = np.unique(provider_of[group.indices], return_index=True, return_counts=True)
+        firsts = group.indices[at].tolist()
+        for provider, index, count in zip(providers.tolist(), firsts, counts.tolist(), strict=True):
+            first[(position, provider)] = [index, count]
     # The rejections read only the leanest of an offer's blocked setups (rejections.leanest_offload): one per group.
     leanest: dict[int, list[RamBlocked]] = {}
     blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}

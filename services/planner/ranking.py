@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_key
+from services.catalog.market import Market, as_market
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
 from services.estimator.memory import GIB
@@ -51,9 +51,11 @@ SLOW_SHARE = 0.25
 # visits a card's entries only until its first one left out, a handful over thousands of offers.
 FIRST_CHUNK = 64
 # What decides an offer's setups (services.planner.search.shape_setups reads nothing else of it), as written.
-_SHAPE = operator.attrgetter(
-    "gpu", "interconnect", "gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node"
-)
+# The card as written with its interconnect (which decide the card and its link kind), and the node shape.
+_CARD = ("gpu", "interconnect")
+_NODE = ("gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node")
+# What the provider and region constraints read of an offer (services.planner.rejections.filter_rejection).
+_PLACE = ("provider", "region", "country")
 # An entry in rank order: lower bound, GPUs, nodes, seconds, offer index, setup position, spot (on demand first).
 EntryKey = tuple[float, int, int, float, int, int, bool]
 
@@ -115,7 +117,7 @@ class Scan:
     """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout, and the
     lower bounds of every pricing per card."""
 
-    offers: tuple[Offer, ...]
+    offers: Market
     rejections: list[Rejection] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cards: dict[str, GpuSpec] = field(default_factory=dict)  # in order of their first offer
@@ -170,98 +172,108 @@ def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
     c = ctx.constraints
     if not (c.providers or c.regions):
         return None
-    verdict: dict[tuple[str, str, str], bool] = {}
-    kept = []
-    for index, offer in enumerate(scan.offers):
-        where = (offer.provider, offer.region, offer.country)
-        ok = verdict.get(where)
-        if ok is None:
-            ok = verdict[where] = filter_rejection(c, offer) is None
-        if ok:
-            kept.append(index)
-        else:
-            scan.rejections.append(filter_rejection(c, offer))  # type: ignore[arg-type]
-    return np.array(kept, dtype=np.int64)
+    ids, places = scan.offers.codes(_PLACE)
+    verdicts = np.array([filter_rejection(c, scan.offers[first]) is None for first in _firsts(ids, len(places))])
+    ok = verdicts[ids] if len(ids) else np.zeros(0, dtype=bool)
+    for index in np.flatnonzero(~ok).tolist():
+        scan.rejections.append(filter_rejection(c, scan.offers[index]))  # type: ignore[arg-type]
+    return np.flatnonzero(ok)
+
+
+def _firsts(ids: np.ndarray, count: int) -> list[int]:
+    """The position of the first offer of each of ``count`` codes (every code occurs: Market.codes)."""
+    first = np.full(count, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids)))
+    return first.tolist()
 
 
 def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
     """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by
     layout (groups and cards in order of their first offer)."""
-    offers = scan.offers
     kept = _allowed(ctx, scan)
-    allowed = offers if kept is None else [offers[i] for i in kept.tolist()]
-    shape_ids: dict[tuple[object, ...], int] = {}
-    ids = np.array([shape_ids.setdefault(shape, len(shape_ids)) for shape in map(_SHAPE, allowed)], dtype=np.int64)
+    pair_ids, pairs = scan.offers.codes(_CARD)
+    rest_ids, rests = scan.offers.codes(_NODE)
+    position = np.arange(len(scan.offers)) if kept is None else kept
+    if kept is not None:
+        pair_ids, rest_ids = pair_ids[kept], rest_ids[kept]
+    present = np.zeros(len(pairs), dtype=bool)
+    present[pair_ids] = True
     names = _CardNames(specs)
-    layout_ids: dict[tuple[object, ...], int] = {}
-    layout_specs: list[GpuSpec] = []
-    rejected: dict[int, GpuSpec | EstimatorError] = {}  # shape id -> why its offers are left out
-    # Per (card name as written, interconnect): the card and its link kind, or why its offers are left out (an
-    # unknown card, or one without the plan's precision: the offer plays no part in either).
-    cards: dict[tuple[str, str], tuple[GpuSpec, str] | GpuSpec | EstimatorError] = {}
-    of_shape_ids: list[int] = []
-    for shape_id, (gpu, interconnect, *rest) in enumerate(shape_ids):
-        card = cards.get((gpu, interconnect))  # type: ignore[arg-type]
-        if card is None:
-            spec = names.find(gpu)  # type: ignore[arg-type]
-            if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, allowed[0]) is not None:
-                card = spec
-            else:
-                card = (spec, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
-            cards[(gpu, interconnect)] = card  # type: ignore[index]
-        if not isinstance(card, tuple):
-            rejected[shape_id] = card
-            of_shape_ids.append(-1)
+    # Per (card name as written, interconnect): the position of its (card, link kind) among ``cards``, or -1 with
+    # why its offers are left out (an unknown card, or one without the plan's precision).
+    cards: dict[tuple[str, str], int] = {}
+    card_of_pair = np.full(len(pairs), -1, dtype=np.int64)
+    rejected: dict[int, GpuSpec | EstimatorError] = {}
+    card_specs: list[GpuSpec] = []
+    for pair in np.flatnonzero(present).tolist():
+        gpu, interconnect = pairs[pair]
+        spec = names.find(gpu)  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, scan.offers[0]) is not None:
+            rejected[pair] = spec
             continue
-        spec, kind = card
-        layout = (spec.name, kind, *rest)
-        group = layout_ids.setdefault(layout, len(layout_specs))
-        if group == len(layout_specs):
-            layout_specs.append(spec)
-        of_shape_ids.append(group)
-    of_shape = np.array(of_shape_ids, dtype=np.int64)
-    position = np.arange(len(allowed)) if kept is None else kept
-    if len(ids):
-        group_of = of_shape[ids]
-        if rejected:
-            _reject_cards(ctx, scan, position[group_of < 0].tolist(), ids[group_of < 0].tolist(), rejected)
-    else:
-        group_of = ids
+        card = (spec.name, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
+        card_of_pair[pair] = cards.setdefault(card, len(cards))
+        if card_of_pair[pair] == len(card_specs):
+            card_specs.append(spec)
+    card_of = card_of_pair[pair_ids]
+    if rejected:
+        out = card_of < 0
+        _reject_cards(ctx, scan, position[out], pair_ids[out], rejected)
+    # A layout is a (card, link kind) with a node shape: one code per pair of them, then the groups in order of
+    # their first offer.
+    ok = card_of >= 0
+    layout = card_of[ok] * len(rests) + rest_ids[ok]
+    members = position[ok]
+    codes, first, group_of = np.unique(layout, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty_like(by_first)
+    rank[by_first] = np.arange(len(by_first))
+    group_of = rank[group_of.reshape(-1)]
     order = np.argsort(group_of, kind="stable")
-    sizes = np.bincount(group_of[group_of >= 0], minlength=len(layout_specs))
-    skip = len(group_of) - int(sizes.sum())  # the rejected offers sort first (-1)
-    ordered = position[order[skip:]]
-    ends = np.cumsum(sizes).tolist()
-    members = [ordered[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
-    groups = [OfferGroup(spec, indices) for spec, indices in zip(layout_specs, members, strict=True)]
-    groups.sort(key=lambda g: int(g.indices[0]))
-    scan.groups = groups
-    for g in groups:  # cards in order of their first offer
+    ends = np.cumsum(np.bincount(group_of, minlength=len(codes))).tolist()
+    starts = [0, *ends[:-1]] if ends else []
+    ordered = members[order]
+    scan.groups = [
+        OfferGroup(card_specs[code // len(rests)], ordered[start:end])
+        for code, start, end in zip(codes[by_first].tolist(), starts, ends, strict=True)
+    ]
+    for g in scan.groups:  # cards in order of their first offer
         scan.cards.setdefault(g.spec.name, g.spec)
 
 
 def _reject_cards(
-    ctx: PlanContext, scan: Scan, indices: list[int], shapes: list[int], why: dict[int, GpuSpec | EstimatorError]
+    ctx: PlanContext, scan: Scan, indices: np.ndarray, pairs: np.ndarray, why: dict[int, GpuSpec | EstimatorError]
 ) -> None:
-    """A rejection for each offer of an unknown card (with a warning) or of a card without the plan's precision
-    (each names its provider)."""
-    precision: dict[tuple[str, str], Rejection | None] = {}
-    for index, shape in zip(indices, shapes, strict=True):
-        o, spec = scan.offers[index], why[shape]
-        if isinstance(spec, EstimatorError):
-            scan.rejections.append(Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=spec.message))
-            scan.warnings.append(f"offer {o.provider} / {o.gpu}: {spec.message}")
-            continue
-        key = (spec.name, o.provider)
-        if key not in precision:
-            precision[key] = precision_rejection(ctx.plan, spec, o)
-        scan.rejections.append(precision[key])  # type: ignore[arg-type]
+    """A rejection for each offer (``indices``, with the code of its card as written, ``pairs``) of an unknown card
+    (with a warning) or of a card without the plan's precision (one per card and provider, shared by its offers).
+    The planner sorts the rejections by kind, card and provider, so unknown cards can come first."""
+    codes = range(int(pairs.max()) + 1)
+    unknown = np.array([isinstance(why.get(pair), EstimatorError) for pair in codes])[pairs]
+    for index, pair in zip(indices[unknown].tolist(), pairs[unknown].tolist(), strict=True):
+        o, error = scan.offers[index], why[pair]
+        assert isinstance(error, EstimatorError)
+        scan.rejections.append(Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=error.message))
+        scan.warnings.append(f"offer {o.provider} / {o.gpu}: {error.message}")
+    indices, pairs = indices[~unknown], pairs[~unknown]
+    if not len(indices):
+        return
+    # One rejection per card (as matched, whatever its interconnect) and provider.
+    card_codes: dict[str, int] = {}
+    card = np.array([card_codes.setdefault(getattr(why.get(pair), "name", ""), len(card_codes)) for pair in codes])
+    providers = scan.offers.codes(("provider",))[0][indices]
+    _, first, inverse = np.unique(card[pairs] * (int(providers.max()) + 1) + providers, True, True)
+    found = [
+        precision_rejection(ctx.plan, why[pair], scan.offers[index])  # type: ignore[arg-type]
+        for pair, index in zip(pairs[first].tolist(), indices[first].tolist(), strict=True)
+    ]
+    scan.rejections.extend(map(found.__getitem__, inverse.reshape(-1).tolist()))  # type: ignore[arg-type]
 
 
-def scan_offers(ctx: PlanContext, offers: tuple[Offer, ...], specs: tuple[GpuSpec, ...]) -> Scan:
+def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec, ...]) -> Scan:
     """Filter the offers, match their cards, group them by layout, search each layout once, and bound each
     pricing's cost as arrays over the offers."""
-    scan = Scan(offers)
+    scan = Scan(as_market(offers))
+    offers = scan.offers
     _group_offers(ctx, scan, specs)
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
@@ -291,7 +303,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
     row_of[members] = np.arange(len(members))
     c = ctx.constraints
     full = c.budget_usd is not None or c.deadline_hours is not None
-    columns = offer_columns([scan.offers[i] for i in members.tolist()], ctx.sizes.model_download_bytes, full)
+    columns = offer_columns(scan.offers, members, ctx.sizes.model_download_bytes, full)
     spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
     fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
     per_card: dict[str, list[OfferGroup]] = {}
@@ -400,7 +412,8 @@ class Pricer:
 
 
 def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> list[Entry]:
-    """The priced entries that meet the constraints, in rank order.
+    """The priced entries that meet the constraints, in rank order, as far as the planner reads them (the first
+    ``top_n``, and the first of each card: ``prefer_simpler``).
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
@@ -444,7 +457,7 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
             heapq.heapreplace(top, -value)
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
-    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within)
+    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within, top_n)
 
 
 def _widening(tolerance: float) -> float:
@@ -474,9 +487,11 @@ def setup_label(e: Entry) -> str:
     return f"{c.layout.gpus} x {c.spec.name}{nodes} {pricing}{offload} at {c.offer.provider}"
 
 
-def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
+def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = None) -> list[Entry]:
     """``entries`` (in cost order) reordered so that one ranks above a simpler one only when its expected cost is
-    lower by more than ``tolerance``, with a note on each entry the rule concerns.
+    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only as far as
+    the planner reads (the first ``top_n``, the first of every card, the first without CPU offload): a prefix of
+    the whole order.
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
     left; a simplest entry always qualifies, so every step takes one. Pairs of which neither is simpler (2 GPUs on
@@ -529,7 +544,11 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
 
     left = list(range(len(entries)))
     out: list[Entry] = []
+    cards = {e.candidate.spec.name for e in entries}
+    plain_to_come = any(not e.candidate.cfg.cpu_offload for e in entries)  # _caveats reads the first one
     while left:
+        if top_n is not None and len(out) >= top_n and not cards and not plain_to_come:
+            break
         pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
         taken[i] = True
@@ -545,6 +564,8 @@ def prefer_simpler(entries: list[Entry], tolerance: float) -> list[Entry]:
             elif moved is not None and moved < known[0]:
                 limits[g] = (moved, group)
         out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
+        cards.discard(entries[i].candidate.spec.name)
+        plain_to_come = plain_to_come and entries[i].candidate.cfg.cpu_offload
     return _caveats(out)
 
 
