@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,7 @@ from services.planner.rejections import (
     host_ram_rejection,
     leanest_offload,
     memory_rejection,
+    ram_shortfall,
 )
 from services.planner.spot import (
     CAPACITY_WAIT_CAP_HOURS,
@@ -209,34 +211,47 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
 
     Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
     first: dict[tuple[int, int], list[int]] = {}  # (group, provider) -> [first offer, offers]
-    provider_of = scan.offers.codes(("provider",))[0]
-    for position, group in enumerate(scan.groups):
-        if not group.ram_blocked:
-            continue
-        providers, at, counts = np.unique(provider_of[group.indices], return_index=True, return_counts=True)
-        firsts = group.indices[at].tolist()
-        for provider, index, count in zip(providers.tolist(), firsts, counts.tolist(), strict=True):
-            first[(position, provider)] = [index, count]
-    # The rejections read only the leanest of an offer's blocked setups (rejections.leanest_offload): one per group.
-    leanest: dict[int, list[RamBlocked]] = {}
-    blocked: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
-    for (position, _), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
-        group = scan.groups[position]
-        if position not in leanest:
-            leanest[position] = [leanest_offload(group.ram_blocked)]
-        blocked.setdefault(group.spec.name, []).append((scan.offers[index], leanest[position], count))
+    blocked_groups = [position for position, group in enumerate(scan.groups) if group.ram_blocked]
+    if blocked_groups:
+        members = [scan.groups[position].indices for position in blocked_groups]
+        indices = np.concatenate(members)
+        providers = scan.offers.codes(("provider",))
+        # One code per (group, provider): its first offer (the groups' indices ascend) and how many offers it has.
+        of = np.repeat(blocked_groups, [len(m) for m in members]) * len(providers[1]) + providers[0][indices]
+        codes, at, counts = np.unique(of, return_index=True, return_counts=True)
+        for code, index, count in zip(codes.tolist(), indices[at].tolist(), counts.tolist(), strict=True):
+            first[divmod(code, len(providers[1]))] = [index, count]
+    # Each group's leanest blocked setup (all the rejections read of its setups) and how far its nodes' RAM falls
+    # short of it (every offer of a group has the same node RAM); per card, the offer that comes closest, and per
+    # provider of the card the same with how many offers it stands for (rejections._closest: first of equals).
+    closeness: dict[int, tuple[list[RamBlocked], float]] = {}
+    closest: dict[str, tuple[tuple[Offer, list[RamBlocked]], float]] = {}
+    by_provider: dict[str, dict[int, list[Any]]] = {}
+    for (position, provider), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
+        group, offer = scan.groups[position], scan.offers[index]
+        found = closeness.get(position)
+        if found is None:
+            setups = [leanest_offload(group.ram_blocked)]
+            found = closeness[position] = (setups, ram_shortfall(offer, setups))
+        row, short = (offer, found[0]), found[1]
+        card = group.spec.name
+        if card not in closest or short < closest[card][1]:
+            closest[card] = (row, short)
+        held = by_provider.setdefault(card, {}).get(provider)
+        if held is None:
+            by_provider[card][provider] = [row, short, count]
+        else:
+            if short < held[1]:
+                held[0], held[1] = row, short
+            held[2] += count
     out = []
     for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
-            alike = [(offer, setups) for offer, setups, _ in blocked.get(card, [])]
+            alike = [closest[card][0]] if card in closest else []
             out.append(memory_rejection(ctx, spec, scan.card_offers(card), alike))
         else:
-            by_provider: dict[str, list[tuple[Offer, list[RamBlocked], int]]] = {}
-            for offer, setups, count in blocked.get(card, []):
-                by_provider.setdefault(offer.provider, []).append((offer, setups, count))
-            for of_provider in by_provider.values():
-                alike = [(offer, setups) for offer, setups, _ in of_provider]
-                out.append(host_ram_rejection(ctx, spec, alike, offers=sum(n for _, _, n in of_provider)))
+            for row, _, count in by_provider.get(card, {}).values():
+                out.append(host_ram_rejection(ctx, spec, [row], offers=count))
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -219,23 +220,24 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     if rejected:
         out = card_of < 0
         _reject_cards(ctx, scan, position[out], pair_ids[out], rejected)
-    # A layout is a (card, link kind) with a node shape: one code per pair of them, then the groups in order of
-    # their first offer.
+    # A layout is a (card, link kind) with a node shape: one code per pair of them; groups in order of their first
+    # offer. Codes are small integers, so first offers and membership come from dense tables and a radix sort.
     ok = card_of >= 0
     layout = card_of[ok] * len(rests) + rest_ids[ok]
     members = position[ok]
-    codes, first, group_of = np.unique(layout, return_index=True, return_inverse=True)
-    by_first = np.argsort(first, kind="stable")
-    rank = np.empty_like(by_first)
-    rank[by_first] = np.arange(len(by_first))
-    group_of = rank[group_of.reshape(-1)]
-    order = np.argsort(group_of, kind="stable")
+    first = np.full(len(card_specs) * len(rests), len(layout), dtype=np.int64)
+    np.minimum.at(first, layout, np.arange(len(layout)))
+    codes = np.flatnonzero(first < len(layout))
+    codes = codes[np.argsort(first[codes])]
+    rank = np.zeros(len(first), dtype=np.int16 if len(codes) < 2**15 else np.int64)
+    rank[codes] = np.arange(len(codes))
+    group_of = rank[layout]
     ends = np.cumsum(np.bincount(group_of, minlength=len(codes))).tolist()
     starts = [0, *ends[:-1]] if ends else []
-    ordered = members[order]
+    ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
     scan.groups = [
         OfferGroup(card_specs[code // len(rests)], ordered[start:end])
-        for code, start, end in zip(codes[by_first].tolist(), starts, ends, strict=True)
+        for code, start, end in zip(codes.tolist(), starts, ends, strict=True)
     ]
     for g in scan.groups:  # cards in order of their first offer
         scan.cards.setdefault(g.spec.name, g.spec)
@@ -475,7 +477,7 @@ def complexity(e: Entry) -> tuple[int, int, int, int]:
 
 def is_simpler(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Whether complexity ``a`` is simpler than ``b``: no larger in any respect and smaller in one."""
-    return a != b and all(x <= y for x, y in zip(a, b, strict=True))
+    return a != b and all(map(operator.le, a, b))
 
 
 def setup_label(e: Entry) -> str:

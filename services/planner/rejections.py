@@ -145,12 +145,18 @@ def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, flo
     return s.host_ram_bytes_per_node / GIB, available / GIB, s
 
 
+def ram_shortfall(offer: Offer, setups: list[RamBlocked]) -> float:
+    """GiB by which the offer's node RAM falls short of its leanest offload setup: what ``_closest`` ranks on."""
+    needed, available, _ = _leanest_offload(offer, setups)
+    return needed - available
+
+
 def _closest(ctx: PlanContext, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> tuple[int, str, float, float, int]:
     """Of offers whose offload setups do not fit their nodes' host RAM, the one that comes closest (the first of
     equals): its position, why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB
     and GPUs."""
     leanest = [_leanest_offload(offer, setups) for offer, setups in blocked]
-    at = min(range(len(leanest)), key=lambda i: leanest[i][0] - leanest[i][1])
+    at = min(range(len(leanest)), key=lambda i: leanest[i][0] - leanest[i][1])  # ram_shortfall
     needed, available, s = leanest[at]
     offer = blocked[at][0]
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
