@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.catalog.market import Market
 from services.catalog.offers import bundled_offers
 from services.catalog.pricelist import parse_price_list
 from services.catalog.service import KEEP_INACTIVE_VERSIONS, active_offers, catalog_offers, import_offers
@@ -38,6 +39,9 @@ def test_an_import_upserts_its_providers_and_keeps_the_rest(factory: sessionmake
         assert (result.added, result.updated, result.kept, result.removed) == (1, 1, len(bundled_offers()) - 1, 0)
     with unit_of_work(factory) as session:
         after = catalog_offers(session)
+        # A Market per version: the columns plans read are kept with the cached version, and a new version is a
+        # new Market (no column of the old one carries over).
+        assert isinstance(after, Market) and catalog_offers(session) is after and after is not before
     assert len(after) == len(before) + 1
     assert [o.on_demand_usd_per_hour for o in after if (o.provider, o.gpu) == ("cloudrux", "L4")] == [0.70]
     assert {o for o in before if o.provider == "aws"} == {o for o in after if o.provider == "aws"}

@@ -107,6 +107,34 @@ def test_every_pair_of_a_random_table_obeys_the_rule() -> None:
                 assert a.cost.expected_cost_usd < 0.9 * b.cost.expected_cost_usd, (costs(out), a, b)
 
 
+def test_with_top_n_the_order_stops_once_the_planner_has_what_it_reads() -> None:
+    # The planner reads the first N, each card's first entry and the first without offload: ordering only that far
+    # must give a prefix of the whole order, notes included, holding all three.
+    rng = random.Random(5)
+    for _ in range(200):
+        table = sorted(
+            (
+                entry(
+                    round(rng.uniform(1.0, 2.0), 2),
+                    gpus=rng.choice([1, 2, 4, 8]),
+                    spot=rng.random() < 0.5,
+                    offload=rng.random() < 0.3,
+                    card=rng.choice(["A40", "L4", "H100"]),
+                    speed=rng.choice([100.0, 1000.0]),
+                )
+                for _ in range(rng.randint(1, 14))
+            ),
+            key=lambda e: e.cost.expected_cost_usd,
+        )
+        top_n = rng.randint(1, 5)
+        whole, head = prefer_simpler(table, 0.10), prefer_simpler(table, 0.10, top_n)
+        assert head == whole[: len(head)]
+        assert len(head) >= min(top_n, len(table))
+        assert {e.candidate.spec.name for e in head} == {e.candidate.spec.name for e in table}
+        if any(not e.candidate.cfg.cpu_offload for e in table):
+            assert any(not e.candidate.cfg.cpu_offload for e in head)
+
+
 def test_unverified_host_ram_and_slow_offload_say_so_in_the_first_line() -> None:
     slow = entry(1.00, offload=True, speed=50.0, host_ram_gib=None)
     fast = entry(5.00, gpus=16, nodes=2, speed=10_000.0, card="H100 SXM")
