@@ -174,18 +174,19 @@ def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
     if not (c.providers or c.regions):
         return None
     ids, places = scan.offers.codes(_PLACE)
-    verdicts = np.array([filter_rejection(c, scan.offers[first]) is None for first in _firsts(ids, len(places))])
+    firsts = _firsts(ids, len(places)).tolist()
+    verdicts = np.array([filter_rejection(c, scan.offers[first]) is None for first in firsts])
     ok = verdicts[ids] if len(ids) else np.zeros(0, dtype=bool)
     for index in np.flatnonzero(~ok).tolist():
         scan.rejections.append(filter_rejection(c, scan.offers[index]))  # type: ignore[arg-type]
     return np.flatnonzero(ok)
 
 
-def _firsts(ids: np.ndarray, count: int) -> list[int]:
-    """The position of the first offer of each of ``count`` codes (every code occurs: Market.codes)."""
+def _firsts(ids: np.ndarray, count: int) -> np.ndarray:
+    """Per code below ``count``, the position of its first occurrence in ``ids`` (``len(ids)`` where it has none)."""
     first = np.full(count, len(ids), dtype=np.int64)
     np.minimum.at(first, ids, np.arange(len(ids)))
-    return first.tolist()
+    return first
 
 
 def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
@@ -225,8 +226,7 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     ok = card_of >= 0
     layout = card_of[ok] * len(rests) + rest_ids[ok]
     members = position[ok]
-    first = np.full(len(card_specs) * len(rests), len(layout), dtype=np.int64)
-    np.minimum.at(first, layout, np.arange(len(layout)))
+    first = _firsts(layout, len(card_specs) * len(rests))
     codes = np.flatnonzero(first < len(layout))
     codes = codes[np.argsort(first[codes])]
     rank = np.zeros(len(first), dtype=np.int16 if len(codes) < 2**15 else np.int64)
