@@ -229,7 +229,7 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     first = _firsts(layout, len(card_specs) * len(rests))
     codes = np.flatnonzero(first < len(layout))
     codes = codes[np.argsort(first[codes])]
-    rank = np.zeros(len(first), dtype=np.int16 if len(codes) < 2**15 else np.int64)
+    rank = np.zeros(len(first), dtype=np.int16 if len(codes) <= np.iinfo(np.int16).max else np.int64)
     rank[codes] = np.arange(len(codes))
     group_of = rank[layout]
     ends = np.cumsum(np.bincount(group_of, minlength=len(codes))).tolist()
