@@ -16,9 +16,8 @@ and the cheapest change that fits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 
@@ -210,48 +209,54 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups.
 
     Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
-    first: dict[tuple[int, int], list[int]] = {}  # (group, provider) -> [first offer, offers]
-    blocked_groups = [position for position, group in enumerate(scan.groups) if group.ram_blocked]
-    if blocked_groups:
-        members = [scan.groups[position].indices for position in blocked_groups]
-        indices = np.concatenate(members)
-        providers = scan.offers.codes(("provider",))
-        # One code per (group, provider): its first offer (the groups' indices ascend) and how many offers it has.
-        of = np.repeat(blocked_groups, [len(m) for m in members]) * len(providers[1]) + providers[0][indices]
-        codes, at, counts = np.unique(of, return_index=True, return_counts=True)
-        for code, index, count in zip(codes.tolist(), indices[at].tolist(), counts.tolist(), strict=True):
-            first[divmod(code, len(providers[1]))] = [index, count]
-    # Each group's leanest blocked setup (all the rejections read of its setups) and how far its nodes' RAM falls
-    # short of it (every offer of a group has the same node RAM); per card, the offer that comes closest, and per
-    # provider of the card the same with how many offers it stands for (rejections._closest: first of equals).
-    closeness: dict[int, tuple[list[RamBlocked], float]] = {}
-    closest: dict[str, tuple[tuple[Offer, list[RamBlocked]], float]] = {}
-    by_provider: dict[str, dict[int, list[Any]]] = {}
-    for (position, provider), (index, count) in sorted(first.items(), key=lambda item: item[1][0]):
-        group, offer = scan.groups[position], scan.offers[index]
-        found = closeness.get(position)
-        if found is None:
-            setups = [leanest_offload(group.ram_blocked)]
-            found = closeness[position] = (setups, ram_shortfall(offer, setups))
-        row, short = (offer, found[0]), found[1]
-        card = group.spec.name
-        if card not in closest or short < closest[card][1]:
-            closest[card] = (row, short)
-        held = by_provider.setdefault(card, {}).get(provider)
-        if held is None:
-            by_provider[card][provider] = [row, short, count]
-        else:
-            if short < held[1]:
-                held[0], held[1] = row, short
-            held[2] += count
+    closest: dict[str, tuple[Offer, list[RamBlocked]]] = {}
+    by_provider: dict[str, list[tuple[tuple[Offer, list[RamBlocked]], int]]] = {}
+    blocked = [group for group in scan.groups if group.ram_blocked]
+    if blocked:
+        # Per blocked group, its leanest blocked setup (all the rejections read of its setups) and how far its
+        # nodes' RAM falls short of it (every offer of a group has the same node RAM); then per offer of them, its
+        # group, card and provider.
+        leanest = [[leanest_offload(group.ram_blocked)] for group in blocked]
+        shortfall = np.array(
+            [ram_shortfall(scan.offers[int(g.indices[0])], s) for g, s in zip(blocked, leanest, strict=True)]
+        )
+        card_codes: dict[str, int] = {}
+        card_of_group = np.array([card_codes.setdefault(g.spec.name, len(card_codes)) for g in blocked])
+        cards = list(card_codes)
+        group_of = np.repeat(np.arange(len(blocked)), [len(g.indices) for g in blocked])
+        indices = np.concatenate([g.indices for g in blocked])
+        provider_of, providers = scan.offers.codes(("provider",))
+        short, card_of = shortfall[group_of], card_of_group[group_of]
+
+        def per_key(key: np.ndarray) -> Iterator[tuple[int, tuple[Offer, list[RamBlocked]], int]]:
+            """Per distinct ``key`` of the offers, in order of its first offer: the key, its closest offer
+            (rejections._closest: the least shortfall, the first of equals) with its group's leanest setup, and
+            how many offers have the key."""
+            order = np.lexsort((indices, short, key))
+            keys = key[order]
+            starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+            counts = np.diff(np.concatenate((starts, [len(keys)])))
+            by_first = np.argsort(np.minimum.reduceat(indices[order], starts))
+            for code, at, count in zip(
+                keys[starts][by_first].tolist(),
+                order[starts][by_first].tolist(),
+                counts[by_first].tolist(),
+                strict=True,
+            ):
+                yield code, (scan.offers[int(indices[at])], leanest[int(group_of[at])]), count
+
+        for code, row, _ in per_key(card_of):
+            closest[cards[code]] = row
+        for code, row, count in per_key(card_of * len(providers) + provider_of[indices]):
+            by_provider.setdefault(cards[code // len(providers)], []).append((row, count))
     out = []
     for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
-            alike = [closest[card][0]] if card in closest else []
+            alike = [closest[card]] if card in closest else []
             out.append(memory_rejection(ctx, spec, scan.card_offers(card), alike))
         else:
-            for row, _, count in by_provider.get(card, {}).values():
-                out.append(host_ram_rejection(ctx, spec, [row], offers=count))
+            for closest_row, count in by_provider.get(card, []):
+                out.append(host_ram_rejection(ctx, spec, [closest_row], offers=count))
     return out
 
 
