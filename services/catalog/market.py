@@ -17,7 +17,7 @@ import numpy as np
 from services.catalog.offers import Offer
 
 # (per offer, the position of its values among the distinct ones; the distinct values in order of first offer)
-Codes = tuple[np.ndarray, list[tuple[object, ...]]]
+Codes = tuple[np.ndarray, tuple[tuple[object, ...], ...]]
 
 
 class Market(tuple[Offer, ...]):
@@ -38,7 +38,7 @@ class Market(tuple[Offer, ...]):
             distinct: dict[tuple[object, ...], int] = {}
             values = map(_getter(fields), self)
             ids = np.fromiter((distinct.setdefault(v, len(distinct)) for v in values), dtype=np.int64, count=len(self))
-            found = self._codes[fields] = (ids, list(distinct))
+            found = self._codes[fields] = (ids, tuple(distinct))  # kept and shared: immutable
         return found
 
     def floats(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:

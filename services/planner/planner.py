@@ -34,7 +34,7 @@ from services.estimator.recipe import Recipe
 from services.estimator.resolved import ResolvedPlan, as_resolved
 from services.planner.batching import effective_batch_size
 from services.planner.constraints import Constraints
-from services.planner.context import Candidate, Entry, PlanContext, RamBlocked, RunSizes
+from services.planner.context import Candidate, Entry, PlanContext, RunSizes
 from services.planner.costs import (
     DEFAULT_DOWNLOAD_GBIT_PER_S,
     DEFAULT_PREEMPTION_PER_NODE_HOUR,
@@ -50,6 +50,7 @@ from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
 from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
 from services.planner.rejections import (
+    RamBlockedOffer,
     constraint_rejection,
     gpus_label,
     host_ram_rejection,
@@ -209,8 +210,8 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     provider of a fitting card whose offers' nodes cannot hold in host RAM their only fitting (offload) setups.
 
     Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
-    closest: dict[str, tuple[Offer, list[RamBlocked]]] = {}
-    by_provider: dict[str, list[tuple[tuple[Offer, list[RamBlocked]], int]]] = {}
+    closest: dict[str, RamBlockedOffer] = {}
+    by_provider: dict[str, list[tuple[RamBlockedOffer, int]]] = {}
     blocked = [group for group in scan.groups if group.ram_blocked]
     if blocked:
         # Per blocked group, its leanest blocked setup (all the rejections read of its setups) and how far its
@@ -228,9 +229,9 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         provider_of, providers = scan.offers.codes(("provider",))
         short, card_of = shortfall[group_of], card_of_group[group_of]
 
-        def per_key(key: np.ndarray) -> Iterator[tuple[int, tuple[Offer, list[RamBlocked]], int]]:
+        def per_key(key: np.ndarray) -> Iterator[tuple[int, RamBlockedOffer, int]]:
             """Per distinct ``key`` of the offers, in order of its first offer: the key, its closest offer
-            (rejections._closest: the least shortfall, the first of equals) with its group's leanest setup, and
+            (the least ``ram_shortfall``, the first of equals) with its group's leanest setup, and
             how many offers have the key."""
             order = np.lexsort((indices, short, key))
             keys = key[order]
@@ -252,11 +253,10 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     out = []
     for card, spec in scan.cards.items():
         if card not in scan.fitting_cards:
-            alike = [closest[card]] if card in closest else []
-            out.append(memory_rejection(ctx, spec, scan.card_offers(card), alike))
+            out.append(memory_rejection(ctx, spec, scan.card_offers(card), closest.get(card)))
         else:
             for closest_row, count in by_provider.get(card, []):
-                out.append(host_ram_rejection(ctx, spec, [closest_row], offers=count))
+                out.append(host_ram_rejection(ctx, spec, closest_row, offers=count))
     return out
 
 

@@ -145,20 +145,21 @@ def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, flo
     return s.host_ram_bytes_per_node / GIB, available / GIB, s
 
 
+# An offer whose offload setups its nodes' host RAM cannot hold, with those setups (the closest of a set: the
+# planner picks it by ``ram_shortfall``, the first of equals).
+RamBlockedOffer = tuple[Offer, list[RamBlocked]]
+
+
 def ram_shortfall(offer: Offer, setups: list[RamBlocked]) -> float:
-    """GiB by which the offer's node RAM falls short of its leanest offload setup: what ``_closest`` ranks on."""
+    """GiB by which the offer's node RAM falls short of its leanest offload setup: how close it comes."""
     needed, available, _ = _leanest_offload(offer, setups)
     return needed - available
 
 
-def _closest(ctx: PlanContext, blocked: Sequence[tuple[Offer, list[RamBlocked]]]) -> tuple[int, str, float, float, int]:
-    """Of offers whose offload setups do not fit their nodes' host RAM, the one that comes closest (the first of
-    equals): its position, why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB
-    and GPUs."""
-    leanest = [_leanest_offload(offer, setups) for offer, setups in blocked]
-    at = min(range(len(leanest)), key=lambda i: leanest[i][0] - leanest[i][1])  # ram_shortfall
-    needed, available, s = leanest[at]
-    offer = blocked[at][0]
+def _ram_text(ctx: PlanContext, blocked: RamBlockedOffer) -> tuple[str, float, float, int]:
+    """Why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB and GPUs."""
+    offer, setups = blocked
+    needed, available, s = _leanest_offload(offer, setups)
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
     margin = host_ram_margin(ctx)
     text = (
@@ -166,19 +167,16 @@ def _closest(ctx: PlanContext, blocked: Sequence[tuple[Offer, list[RamBlocked]]]
         f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; {offer.provider}'s node has "
         f"{available:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
     )
-    return at, text, needed, available, s.layout.gpus
+    return text, needed, available, s.layout.gpus
 
 
-def host_ram_rejection(
-    ctx: PlanContext, spec: GpuSpec, blocked: Sequence[tuple[Offer, list[RamBlocked]]], offers: int | None = None
-) -> Rejection:
-    """One provider's offers of a card that fits elsewhere, left out because their nodes' host RAM cannot hold
-    what their only fitting setups (CPU offload) put there; the numbers are those of the offer that comes
-    closest. ``offers``: how many offers ``blocked`` stands for, where it lists one of each alike set."""
-    at, text, needed, available, gpus = _closest(ctx, blocked)
-    offer = blocked[at][0]
-    count = len(blocked) if offers is None else offers
-    more = f" (and {count - 1} more offers of {offer.provider} like it)" if count > 1 else ""
+def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, closest: RamBlockedOffer, offers: int) -> Rejection:
+    """One provider's ``offers`` offers of a card that fits elsewhere, left out because their nodes' host RAM cannot
+    hold what their only fitting setups (CPU offload) put there; the numbers are those of ``closest``, the offer
+    that comes closest."""
+    text, needed, available, gpus = _ram_text(ctx, closest)
+    offer = closest[0]
+    more = f" (and {offers - 1} more offers of {offer.provider} like it)" if offers > 1 else ""
     fix = (
         f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
         f"offer of the {spec.name} (see the recommendations)"
@@ -198,12 +196,12 @@ def host_ram_rejection(
 
 
 def memory_rejection(
-    ctx: PlanContext, spec: GpuSpec, offers: list[Offer], ram_blocked: Sequence[tuple[Offer, list[RamBlocked]]] = ()
+    ctx: PlanContext, spec: GpuSpec, offers: list[Offer], ram_blocked: RamBlockedOffer | None = None
 ) -> Rejection:
     """A card on which no setup fits, with what the leanest setups need against what it has, and the fix.
 
-    ``ram_blocked``: offers whose CPU-offload setups fit the GPUs but not the nodes' host RAM; the reason then
-    says so in numbers (the offer whose nodes come closest), and the fix goes on to more GPUs or nodes."""
+    ``ram_blocked``: where some offers' CPU-offload setups fit the GPUs but not the nodes' host RAM, the one whose
+    nodes come closest; the reason then says so in numbers, and the fix goes on to more GPUs or nodes."""
     counts = sorted(
         {layout.gpus for offer in offers for group in gpu_layouts(offer, ctx.constraints.max_gpus) for layout in group}
     )
@@ -235,8 +233,8 @@ def memory_rejection(
         need, fewest = need_most, most
     suggestion = fit_suggestion(ctx, usable, fewest, offers)
     host_needed = host_available = None
-    if ram_blocked:
-        _, text, host_needed, host_available, _ = _closest(ctx, ram_blocked)
+    if ram_blocked is not None:
+        text, host_needed, host_available, _ = _ram_text(ctx, ram_blocked)
         reason += f"; {text}"
     return Rejection(
         gpu=spec.name,
