@@ -415,7 +415,7 @@ class Pricer:
 
 def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> list[Entry]:
     """The priced entries that meet the constraints, in rank order, as far as the planner reads them (the first
-    ``top_n``, and the first of each card: ``prefer_simpler``).
+    ``top_n``, then each other card's first: ``prefer_simpler``).
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
@@ -491,9 +491,9 @@ def setup_label(e: Entry) -> str:
 
 def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = None) -> list[Entry]:
     """``entries`` (in cost order) reordered so that one ranks above a simpler one only when its expected cost is
-    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only as far as
-    the planner reads (the first ``top_n``, the first of every card, the first without CPU offload): a prefix of
-    the whole order.
+    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only what the
+    planner reads: the first ``top_n`` of the whole order, then the first entry of each card not among them, in
+    order (the offload cautions still measure against the first entry without CPU offload, wherever it ranks).
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
     left; a simplest entry always qualifies, so every step takes one. Pairs of which neither is simpler (2 GPUs on
@@ -547,7 +547,8 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
     left = list(range(len(entries)))
     out: list[Entry] = []
     cards = {e.candidate.spec.name for e in entries}
-    plain_to_come = any(not e.candidate.cfg.cpu_offload for e in entries)  # _caveats reads the first one
+    plain: Entry | None = None  # the first entry without CPU offload (_caveats)
+    plain_to_come = any(not e.candidate.cfg.cpu_offload for e in entries)
     while left:
         if top_n is not None and len(out) >= top_n and not cards and not plain_to_come:
             break
@@ -565,10 +566,13 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
                 del limits[g]
             elif moved is not None and moved < known[0]:
                 limits[g] = (moved, group)
-        out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
-        cards.discard(entries[i].candidate.spec.name)
-        plain_to_come = plain_to_come and entries[i].candidate.cfg.cpu_offload
-    return _caveats(out)
+        card = entries[i].candidate.spec.name
+        if top_n is None or len(out) < top_n or card in cards:
+            out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
+        cards.discard(card)
+        if plain_to_come and not entries[i].candidate.cfg.cpu_offload:
+            plain, plain_to_come = entries[i], False
+    return _caveats(out, plain)
 
 
 def _simpler_notes(
@@ -606,10 +610,9 @@ def _simpler_notes(
     return dataclasses.replace(e, tail=(*e.tail, *notes)) if notes else e
 
 
-def _caveats(out: list[Entry]) -> list[Entry]:
-    """A first note on each offload setup whose host RAM is unverified, or that runs at under SLOW_SHARE of the
-    first-ranked setup without offload."""
-    gpu_only = next((e for e in out if not e.candidate.cfg.cpu_offload), None)
+def _caveats(out: list[Entry], gpu_only: Entry | None) -> list[Entry]:
+    """A first note on each offload setup whose host RAM is unverified, or that runs at under SLOW_SHARE of
+    ``gpu_only``, the first-ranked setup without offload."""
     result = []
     for e in out:
         c = e.candidate
