@@ -221,7 +221,8 @@ def _single_node(
         layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
         found: list[Setup] = []
         for layout in layouts:
-            found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
+            if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
+                found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
         single = (found, _fastest_per_count(found), _enough(ctx, found))
         ctx._single[base] = single
     return single
@@ -320,8 +321,12 @@ def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool)
     """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
     found = step.read.get(offload)
     if found is None:
-        setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
-        found = step.read[offload] = (setups, _enough(ctx, setups), any(s.cfg.cpu_offload for s in setups))
+        if card_configs(ctx, spec, step.layout.gpus, offload):  # the links only for a step on which something fits
+            setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
+            found = (setups, _enough(ctx, setups), any(s.cfg.cpu_offload for s in setups))
+        else:
+            found = ([], False, False)
+        step.read[offload] = found
     return found
 
 
