@@ -53,7 +53,7 @@ from services.planner.rejections import (
     RamBlockedOffer,
     constraint_rejection,
     gpus_label,
-    host_ram_rejection,
+    host_ram_rejections,
     leanest_offload,
     memory_rejection,
     ram_shortfall,
@@ -255,8 +255,7 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         if card not in scan.fitting_cards:
             out.append(memory_rejection(ctx, spec, scan.card_offers(card), closest.get(card)))
         else:
-            for closest_row, count in by_provider.get(card, []):
-                out.append(host_ram_rejection(ctx, spec, closest_row, offers=count))
+            out.extend(host_ram_rejections(ctx, spec, by_provider.get(card, [])))
     return out
 
 

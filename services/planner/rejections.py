@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
@@ -159,40 +159,60 @@ def ram_shortfall(offer: Offer, setups: list[RamBlocked]) -> float:
 def _ram_text(ctx: PlanContext, blocked: RamBlockedOffer) -> tuple[str, float, float, int]:
     """Why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB and GPUs."""
     offer, setups = blocked
+    before, after, needed, available, gpus = _ram_parts(ctx, offer, setups)
+    return f"{before}{offer.provider}{after}", needed, available, gpus
+
+
+def _ram_parts(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]) -> tuple[str, str, float, float, int]:
+    """``_ram_text``'s words before and after the provider's name, needed GiB, node GiB and GPUs."""
     needed, available, s = _leanest_offload(offer, setups)
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
     margin = host_ram_margin(ctx)
-    text = (
+    before = (
         f"with CPU offload it fits {_where(s.layout.gpus, s.layout.gpus_per_node)} ({s.cfg.sharding}) but needs "
-        f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; {offer.provider}'s node has "
-        f"{available:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
+        f"{s.host_ram_bytes_per_node / GIB:,.0f} GiB of host RAM per node; "
     )
-    return text, needed, available, s.layout.gpus
+    after = f"'s node has {available:,.0f} GiB ({usable / GIB:,.0f} GiB usable with the {margin * 100:g}% margin)"
+    return before, after, needed, available, s.layout.gpus
 
 
-def host_ram_rejection(ctx: PlanContext, spec: GpuSpec, closest: RamBlockedOffer, offers: int) -> Rejection:
-    """One provider's ``offers`` offers of a card that fits elsewhere, left out because their nodes' host RAM cannot
-    hold what their only fitting setups (CPU offload) put there; the numbers are those of ``closest``, the offer
-    that comes closest."""
-    text, needed, available, gpus = _ram_text(ctx, closest)
-    offer = closest[0]
-    more = f" (and {offers - 1} more offers of {offer.provider} like it)" if offers > 1 else ""
-    fix = (
-        f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
-        f"offer of the {spec.name} (see the recommendations)"
-    )
-    return Rejection(
-        gpu=spec.name,
-        provider=offer.provider,
-        kind="memory",
-        reason=f"host RAM: {text}{more}; nothing else fits this offer",
-        gpu_memory_gib=spec.memory_gib,
-        gpus=gpus,
-        fix=fix,
-        suggestion=fix,
-        host_ram_needed_gib_per_node=round(needed, 1),
-        host_ram_gib_per_node=round(available, 1),
-    )
+def host_ram_rejections(
+    ctx: PlanContext, spec: GpuSpec, rows: Iterable[tuple[RamBlockedOffer, int]]
+) -> list[Rejection]:
+    """Per row, one provider's ``offers`` offers of a card that fits elsewhere, left out because their nodes' host
+    RAM cannot hold what their only fitting setups (CPU offload) put there; the numbers are those of the row's
+    offer that comes closest. Rows of one node RAM and leanest setup share their words but the provider's name,
+    worked out once."""
+    words: dict[tuple[object, ...], tuple[str, str, float, float, int, str]] = {}
+    out = []
+    for (offer, setups), offers in rows:
+        s = leanest_offload(setups)
+        key = (offer.host_ram_gib_per_node, offer.gpus_per_node, s.layout, s.cfg.sharding, s.host_ram_bytes_per_node)
+        found = words.get(key)
+        if found is None:
+            before, after, needed, available, gpus = _ram_parts(ctx, offer, [s])
+            fix = (
+                f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
+                f"offer of the {spec.name} (see the recommendations)"
+            )
+            found = words[key] = (before, after, needed, available, gpus, fix)
+        before, after, needed, available, gpus, fix = found
+        more = f" (and {offers - 1} more offers of {offer.provider} like it)" if offers > 1 else ""
+        out.append(
+            Rejection(
+                gpu=spec.name,
+                provider=offer.provider,
+                kind="memory",
+                reason=f"host RAM: {before}{offer.provider}{after}{more}; nothing else fits this offer",
+                gpu_memory_gib=spec.memory_gib,
+                gpus=gpus,
+                fix=fix,
+                suggestion=fix,
+                host_ram_needed_gib_per_node=round(needed, 1),
+                host_ram_gib_per_node=round(available, 1),
+            )
+        )
+    return out
 
 
 def memory_rejection(
