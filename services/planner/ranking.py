@@ -39,6 +39,7 @@ from services.planner.search import (
     price_setup,
     qualifies,
     ram_blocked_setups,
+    settled_on_one_node,
     shape_setups,
 )
 
@@ -63,8 +64,9 @@ EntryKey = tuple[float, int, int, float, int, int, bool]
 
 @dataclass
 class OfferGroup:
-    """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM):
-    one search gives all of them the same setups, or the same ones their host RAM cannot hold."""
+    """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM), or of
+    one node shape (the same but network and host RAM) where those do not change the search: one search gives all
+    of them the same setups, or the same ones their host RAM cannot hold."""
 
     spec: GpuSpec
     indices: np.ndarray  # the offers' positions in the catalog, ascending
@@ -189,9 +191,12 @@ def _firsts(ids: np.ndarray, count: int) -> np.ndarray:
     return first
 
 
-def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> None:
-    """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by
-    layout (groups and cards in order of their first offer)."""
+def _group_offers(
+    ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]
+) -> list[tuple[OfferGroup, list[OfferGroup]]]:
+    """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by node
+    shape (card, link kind, node size, whole nodes only), each with its offers grouped by layout (adding the network
+    and the host RAM); shapes, their layouts and the cards in order of their first offer."""
     kept = _allowed(ctx, scan)
     pair_ids, pairs = scan.offers.codes(_CARD)
     rest_ids, rests = scan.offers.codes(_NODE)
@@ -221,26 +226,40 @@ def _group_offers(ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]) -> N
     if rejected:
         out = card_of < 0
         _reject_cards(ctx, scan, position[out], pair_ids[out], rejected)
-    # A layout is a (card, link kind) with a node shape: one code per pair of them; groups in order of their first
-    # offer. Codes are small integers, so first offers and membership come from dense tables and a radix sort.
+    # A layout is a (card, link kind) with a node shape, network and host RAM: one code per pair of them; a shape is
+    # the same with only the node size and whether whole nodes only (what the single-node search reads).
     ok = card_of >= 0
-    layout = card_of[ok] * len(rests) + rest_ids[ok]
-    members = position[ok]
-    first = _firsts(layout, len(card_specs) * len(rests))
-    codes = np.flatnonzero(first < len(layout))
-    codes = codes[np.argsort(first[codes])]
-    rank = np.zeros(len(first), dtype=np.int16 if len(codes) <= np.iinfo(np.int16).max else np.int64)
-    rank[codes] = np.arange(len(codes))
-    group_of = rank[layout]
-    ends = np.cumsum(np.bincount(group_of, minlength=len(codes))).tolist()
+    members, card_of, rest_ids = position[ok], card_of[ok], rest_ids[ok]
+    shape_codes: dict[tuple[object, ...], int] = {}
+    shape_of_rest = np.array([shape_codes.setdefault(rest[:2], len(shape_codes)) for rest in rests], dtype=np.int64)
+    shape_of_offer = card_of * len(shape_codes) + shape_of_rest[rest_ids]
+    layout_of_offer = card_of * len(rests) + rest_ids
+    shapes = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
+    layouts = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
+    in_shape: dict[int, list[OfferGroup]] = {}
+    for code, indices in layouts:
+        shape = (code // len(rests)) * len(shape_codes) + int(shape_of_rest[code % len(rests)])
+        in_shape.setdefault(shape, []).append(OfferGroup(card_specs[code // len(rests)], indices))
+    found = [(OfferGroup(card_specs[code // len(shape_codes)], indices), in_shape[code]) for code, indices in shapes]
+    for group, _ in found:  # cards in order of their first offer
+        scan.cards.setdefault(group.spec.name, group.spec)
+    return found
+
+
+def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``members`` grouped by their ``codes`` (each below ``count``): per code present, in order of its first member,
+    the code and its members in order. Codes are small integers, so first members and membership come from dense
+    tables and a radix sort."""
+    first = _firsts(codes, count)
+    present = np.flatnonzero(first < len(codes))
+    present = present[np.argsort(first[present])]
+    rank = np.zeros(count, dtype=np.int16 if len(present) <= np.iinfo(np.int16).max else np.int64)
+    rank[present] = np.arange(len(present))
+    group_of = rank[codes]
+    ends = np.cumsum(np.bincount(group_of, minlength=len(present))).tolist()
     starts = [0, *ends[:-1]] if ends else []
     ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
-    scan.groups = [
-        OfferGroup(card_specs[code // len(rests)], ordered[start:end])
-        for code, start, end in zip(codes.tolist(), starts, ends, strict=True)
-    ]
-    for g in scan.groups:  # cards in order of their first offer
-        scan.cards.setdefault(g.spec.name, g.spec)
+    return [(code, ordered[start:end]) for code, start, end in zip(present.tolist(), starts, ends, strict=True)]
 
 
 def _reject_cards(
@@ -276,7 +295,11 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     pricing's cost as arrays over the offers."""
     scan = Scan(as_market(offers))
     offers = scan.offers
-    _group_offers(ctx, scan, specs)
+    for shape, layouts in _group_offers(ctx, scan, specs):
+        # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
+        settled = settled_on_one_node(ctx, offers[shape.indices[0]], shape.spec)
+        scan.groups.extend([shape] if settled else layouts)
+    scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):

@@ -195,6 +195,14 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     return fastest + _grown(ctx, offer, spec, not found)
 
 
+def settled_on_one_node(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> bool:
+    """Whether ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
+    only) the same setups whatever its network and host RAM: one node is enough (``_enough``) and no setup on it
+    offloads, so neither more nodes nor the host RAM are searched."""
+    found, _, enough = _single_node(ctx, offer, spec, shape_key(ctx, spec, offer))
+    return enough and not ctx.plan.cpu_offload and not any(s.cfg.cpu_offload for s in found)
+
+
 def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list[Setup]:
     """The fastest setup per GPU count on more nodes of the offer's shape, adding nodes until they are enough
     (``_enough``); with offload where ``offload``. No host RAM limit."""
