@@ -16,6 +16,7 @@ more nodes, spot or CPU offload ranks above a simpler one only when it is cheape
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import operator
@@ -193,10 +194,10 @@ def _firsts(ids: np.ndarray, count: int) -> np.ndarray:
 
 def _group_offers(
     ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]
-) -> list[tuple[OfferGroup, list[OfferGroup]]]:
+) -> list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]]:
     """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by node
     shape (card, link kind, node size, whole nodes only), each with its offers grouped by layout (adding the network
-    and the host RAM); shapes, their layouts and the cards in order of their first offer."""
+    and the host RAM) on request; shapes, their layouts and the cards in order of their first offer."""
     kept = _allowed(ctx, scan)
     pair_ids, pairs = scan.offers.codes(_CARD)
     rest_ids, rests = scan.offers.codes(_NODE)
@@ -234,22 +235,45 @@ def _group_offers(
     shape_of_rest = np.array([shape_codes.setdefault(rest[:2], len(shape_codes)) for rest in rests], dtype=np.int64)
     shape_of_offer = card_of * len(shape_codes) + shape_of_rest[rest_ids]
     layout_of_offer = card_of * len(rests) + rest_ids
-    shapes = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
-    layouts = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
-    in_shape: dict[int, list[OfferGroup]] = {}
-    for code, indices in layouts:
-        shape = (code // len(rests)) * len(shape_codes) + int(shape_of_rest[code % len(rests)])
-        in_shape.setdefault(shape, []).append(OfferGroup(card_specs[code // len(rests)], indices))
-    found = [(OfferGroup(card_specs[code // len(shape_codes)], indices), in_shape[code]) for code, indices in shapes]
+    shapes, shape_members = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
+    layouts, layout_members = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
+    # Each shape's layouts (positions among ``layouts``, in order of their first offer): made into groups only for the
+    # shapes whose search reads the network or the host RAM.
+    shape_of_layout = (layouts // len(rests)) * len(shape_codes) + shape_of_rest[layouts % len(rests)]
+    order = np.argsort(shape_of_layout, kind="stable")
+    ranked = shape_of_layout[order]
+    starts = np.searchsorted(ranked, shapes, "left").tolist()
+    ends = np.searchsorted(ranked, shapes, "right").tolist()
+
+    def layout_groups(spec: GpuSpec, positions: np.ndarray) -> list[OfferGroup]:
+        return [OfferGroup(spec, layout_members[i]) for i in positions.tolist()]
+
+    found: list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]] = []
+    for code, indices, start, end in zip(shapes.tolist(), shape_members, starts, ends, strict=True):
+        spec = card_specs[code // len(shape_codes)]
+        found.append((OfferGroup(spec, indices), functools.partial(layout_groups, spec, order[start:end])))
     for group, _ in found:  # cards in order of their first offer
         scan.cards.setdefault(group.spec.name, group.spec)
     return found
 
 
-def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """``members`` grouped by their ``codes`` (each below ``count``): per code present, in order of its first member,
-    the code and its members in order. Codes are small integers, so first members and membership come from dense
-    tables and a radix sort."""
+class _Slices:
+    """``ordered[starts[i]:ends[i]]`` for the ``i`` asked for (a group's members, sliced only when read)."""
+
+    def __init__(self, ordered: np.ndarray, starts: list[int], ends: list[int]) -> None:
+        self.ordered, self.starts, self.ends = ordered, starts, ends
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ordered[self.starts[i] : self.ends[i]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return map(self.__getitem__, range(len(self.starts)))
+
+
+def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> tuple[np.ndarray, _Slices]:
+    """``members`` grouped by their ``codes`` (each below ``count``): the codes present, in order of their first
+    member, and each one's members in order. Codes are small integers, so first members and membership come from
+    dense tables and a radix sort."""
     first = _firsts(codes, count)
     present = np.flatnonzero(first < len(codes))
     present = present[np.argsort(first[present])]
@@ -259,7 +283,7 @@ def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> list[tuple
     ends = np.cumsum(np.bincount(group_of, minlength=len(present))).tolist()
     starts = [0, *ends[:-1]] if ends else []
     ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
-    return [(code, ordered[start:end]) for code, start, end in zip(present.tolist(), starts, ends, strict=True)]
+    return present, _Slices(ordered, starts, ends)
 
 
 def _reject_cards(
@@ -298,7 +322,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     for shape, layouts in _group_offers(ctx, scan, specs):
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
         settled = settled_on_one_node(ctx, offers[shape.indices[0]], shape.spec)
-        scan.groups.extend([shape] if settled else layouts)
+        scan.groups.extend([shape] if settled else layouts())
     scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
