@@ -164,7 +164,7 @@ def estimate(
     ratio = headroom_ratio(plan.framework, plan.method, plan.sharding, plan.gpus, plan.mode, arch.low_confidence)
     fits = [_fit(spec, mem.peak_device, ratio) for spec in catalog]
     throughput: ThroughputReport | None = None
-    work = step_work(plan, arch, recipe)  # the same on every card: computed once
+    work = step_work(plan, arch, recipe, states)  # the same on every card: computed once
     if target is not None:
         throughput = _throughput_report(
             estimate_throughput(

@@ -177,7 +177,9 @@ class Evaluator:
         # every card and link that configuration is searched on.
         found = self._work.get(cfg)
         if found is None:
-            found = step_work(self.plan(cfg), self.arch, self._recipe(cfg), self._flops_per_token(cfg))
+            found = step_work(
+                self.plan(cfg), self.arch, self._recipe(cfg), self._model_states(cfg), self._flops_per_token(cfg)
+            )
             self._work[cfg] = found
         return found
 

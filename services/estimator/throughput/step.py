@@ -140,13 +140,17 @@ class StepWork:
     dispatch_s: float
     quantized_params: int
     data_tokens_per_token: float
+    traffic: _Traffic  # what the layout's communication moves (step_communication's arguments but the links)
 
 
-def step_work(plan: Plan, arch: Architecture, recipe: Recipe, flops: FlopsPerToken | None = None) -> StepWork:
-    """``StepWork`` of the plan (``flops``: its FLOPs per token when the caller has them)."""
+def step_work(
+    plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates, flops: FlopsPerToken | None = None
+) -> StepWork:
+    """``StepWork`` of the plan with its model ``states`` (``flops``: its FLOPs per token when the caller has them)."""
     lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
+    flops = flops if flops is not None else flops_per_token(plan, arch, recipe)
     return StepWork(
-        flops=flops if flops is not None else flops_per_token(plan, arch, recipe),
+        flops=flops,
         tokens=micro_batch_tokens(plan, recipe),
         lora_bytes_per_token=lora_bytes,
         lora_kernels_per_layer=lora_kernels,
@@ -155,6 +159,7 @@ def step_work(plan: Plan, arch: Architecture, recipe: Recipe, flops: FlopsPerTok
         dispatch_s=dispatch_seconds(plan, arch, recipe, lora_kernels),
         quantized_params=quantized_params(arch, recipe) if plan.quantized is not None else 0,
         data_tokens_per_token=data_tokens_per_processed_token(plan, recipe),
+        traffic=_traffic(plan, arch, recipe, states, flops),
     )
 
 
@@ -199,45 +204,40 @@ def data_parallel_communication(
     links: Links | None,
 ) -> StepCommunication:
     """Gradient and weight traffic of the plan's layout per micro-batch (services.estimator.communication)."""
-    return _traffic_over(_traffic(plan, arch, recipe, states, fpt, compute_s), plan, gpu, links)
+    return _traffic_over(_traffic(plan, arch, recipe, states, fpt), plan, gpu, links, compute_s)
 
 
 @quick_init
 @dataclass(frozen=True)
 class _Traffic:
-    """What a layout's communication moves per micro-batch and the compute it may hide behind, before the links
-    (the arguments of ``step_communication`` besides them)."""
+    """What a layout's communication moves per micro-batch and the share of the compute in the forward pass (the
+    arguments of ``step_communication`` besides the links and the compute time: the same on every card)."""
 
     grad_bytes: float
     param_bytes_16bit: float
     gathered_weight_bytes: float
     layers: int
-    forward_s: float
-    backward_s: float
+    forward_share: float
     accumulation: int
     gathers_per_pass: int | None
 
 
-_NO_TRAFFIC = _Traffic(0.0, 0.0, 0.0, 1, 0.0, 0.0, 1, None)
+_NO_TRAFFIC = _Traffic(0.0, 0.0, 0.0, 1, 0.0, 1, None)
 _ONE_GPU = Links(1, 1, "NVLink", 0.0)
 
 
-def _traffic(
-    plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates, fpt: FlopsPerToken, compute_s: float
-) -> _Traffic:
+def _traffic(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates, fpt: FlopsPerToken) -> _Traffic:
     if not plan.is_training or plan.gpus <= 1:
         return _NO_TRAFFIC
     grad_width = compute_width(plan)  # gradients are reduced in the compute dtype
     # A quantized base is gathered as stored: its codes and quantisation constants per weight.
     weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else grad_width
-    forward_share = fpt.forward / fpt.hardware if fpt.hardware else 0.5
     return _Traffic(
         grad_bytes=states.trainable_params * grad_width,
         param_bytes_16bit=states.trainable_params * grad_width,
         gathered_weight_bytes=total_parameters(arch) * weight_width,
         layers=arch.num_layers,
-        forward_s=compute_s * forward_share,
-        backward_s=compute_s * (1.0 - forward_share),
+        forward_share=fpt.forward / fpt.hardware if fpt.hardware else 0.5,
         accumulation=plan.gradient_accumulation_steps or 1,
         gathers_per_pass=zero3_gathers_per_pass(arch) if plan.sharding == "zero3" else None,
     )
@@ -259,7 +259,9 @@ def _no_communication() -> StepCommunication:
     )
 
 
-def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | None) -> StepCommunication:
+def _traffic_over(
+    traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | None, compute_s: float
+) -> StepCommunication:
     if traffic is _NO_TRAFFIC:
         return _no_communication()
     return step_communication(
@@ -269,8 +271,8 @@ def _traffic_over(traffic: _Traffic, plan: Plan, gpu: GpuSpec, links: Links | No
         param_bytes_16bit=traffic.param_bytes_16bit,
         gathered_weight_bytes=traffic.gathered_weight_bytes,
         layers=traffic.layers,
-        forward_s=traffic.forward_s,
-        backward_s=traffic.backward_s,
+        forward_s=compute_s * traffic.forward_share,
+        backward_s=compute_s * (1.0 - traffic.forward_share),
         accumulation=traffic.accumulation,
         gathers_per_pass=traffic.gathers_per_pass,
     )
@@ -295,12 +297,11 @@ class CardStep:
     dequant_s: float
     offload_streaming_s: float
     optimizer_s: float
-    traffic: _Traffic
 
     def over_links(self, links: Links | None = None) -> Throughput:
         """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
         plan, fpt, compute = self.plan, self.work.flops, self.compute_s
-        comm = _traffic_over(self.traffic, plan, self.gpu, links)
+        comm = _traffic_over(self.work.traffic, plan, self.gpu, links, compute)
         exposed_comm = comm.exposed_seconds + comm.straggler_seconds
         if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
             exposed_comm += self.offload_streaming_s
@@ -369,7 +370,7 @@ def card_step(
     peak = gpu.dense_tflops(plan.precision) * 1e12
     util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
-    work = work if work is not None else step_work(plan, arch, recipe, flops)
+    work = work if work is not None else step_work(plan, arch, recipe, states, flops)
     fpt = work.flops
     tokens = work.tokens
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
@@ -439,7 +440,6 @@ def card_step(
         dequant_s=dequant,
         offload_streaming_s=streaming,
         optimizer_s=optimizer,
-        traffic=_traffic(plan, arch, recipe, states, fpt, compute),
     )
 
 
