@@ -321,15 +321,15 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     offers = scan.offers
     for shape, layouts in _group_offers(ctx, scan, specs):
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
-        settled = settled_on_one_node(ctx, offers[shape.indices[0]], shape.spec)
-        scan.groups.extend([shape] if settled else layouts())
+        shape.setups = settled_on_one_node(ctx, offers[shape.indices[0]], shape.spec) or []
+        scan.groups.extend([shape] if shape.setups else layouts())
     scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
         first = offers[group.indices[0]]
-        group.setups = shape_setups(ctx, first, group.spec)
+        group.setups = group.setups or shape_setups(ctx, first, group.spec)
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
             fitting.append(position)

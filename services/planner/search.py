@@ -109,9 +109,9 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
         )
     if not smaller:
         return largest
-    floors = {c: ev.sample_seconds_floor(c, spec) for c in (largest, *smaller)}
-    proposal = min(smaller, key=lambda c: (floors[c], -c.micro_batch_size))
-    if floors[proposal] >= floors[largest] * 0.99:
+    # The least floor, ties to the larger micro-batch (the micro-batches are distinct: the configs are not compared).
+    floor, _, proposal = min((ev.sample_seconds_floor(c, spec), -c.micro_batch_size, c) for c in smaller)
+    if floor >= ev.sample_seconds_floor(largest, spec) * 0.99:
         return largest
     faster = ev.throughput(proposal, spec).data_tokens_per_s > ev.throughput(largest, spec).data_tokens_per_s
     return proposal if faster else largest
@@ -195,12 +195,13 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     return fastest + _grown(ctx, offer, spec, not found)
 
 
-def settled_on_one_node(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> bool:
-    """Whether ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
-    only) the same setups whatever its network and host RAM: one node is enough (``_enough``) and no setup on it
-    offloads, so neither more nodes nor the host RAM are searched."""
-    found, _, enough = _single_node(ctx, offer, spec, shape_key(ctx, spec, offer))
-    return enough and not ctx.plan.cpu_offload and not any(s.cfg.cpu_offload for s in found)
+def settled_on_one_node(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup] | None:
+    """The setups ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
+    only) whatever its network and host RAM, where it does: one node is enough (``_enough``) and no setup on it
+    offloads, so neither more nodes nor the host RAM are searched. None where the search reads them."""
+    found, fastest, enough = _single_node(ctx, offer, spec, shape_key(ctx, spec, offer))
+    settled = enough and not ctx.plan.cpu_offload and not any(s.cfg.cpu_offload for s in found)
+    return fastest if settled else None
 
 
 def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list[Setup]:
