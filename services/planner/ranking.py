@@ -40,7 +40,7 @@ from services.planner.search import (
     price_setup,
     qualifies,
     ram_blocked_setups,
-    settled_on_one_node,
+    settled_setups,
     shape_setups,
 )
 
@@ -321,7 +321,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     offers = scan.offers
     for shape, layouts in _group_offers(ctx, scan, specs):
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
-        shape.setups = settled_on_one_node(ctx, offers[shape.indices[0]], shape.spec) or []
+        shape.setups = settled_setups(ctx, offers[shape.indices[0]], shape.spec) or []
         scan.groups.extend([shape] if shape.setups else layouts())
     scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)

@@ -195,7 +195,7 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     return fastest + _grown(ctx, offer, spec, not found)
 
 
-def settled_on_one_node(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup] | None:
+def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup] | None:
     """The setups ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
     only) whatever its network and host RAM, where it does: one node is enough (``_enough``) and no setup on it
     offloads, so neither more nodes nor the host RAM are searched. None where the search reads them."""

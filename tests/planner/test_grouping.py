@@ -1,0 +1,56 @@
+"""Offers are grouped before they are searched: by node shape, and by layout (network, host RAM) only where the
+search reads them. Every offer must get the setups its own search gives it, however it was grouped."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.planner.run import benchmark_plan, generated_catalog
+from services.catalog.gpus import gpu_specs
+from services.catalog.market import Market
+from services.planner import Constraints
+from services.planner.planner import plan_context
+from services.planner.ranking import scan_offers
+from services.planner.search import shape_setups
+
+OFFERS = Market(generated_catalog(600, seed=11))
+
+
+@pytest.mark.parametrize(
+    ("method", "model"),
+    [("qlora", "meta-llama/Llama-3.1-8B"), ("full", "meta-llama/Llama-3.1-8B"), ("full", "meta-llama/Llama-3.1-70B")],
+)
+def test_each_offer_gets_the_setups_of_its_own_search(method: str, model: str) -> None:
+    plan = benchmark_plan(method, model)  # type: ignore[arg-type]
+    _, ctx = plan_context(plan, Constraints())
+    scan = scan_offers(ctx, OFFERS, gpu_specs())
+    _, alone = plan_context(plan, Constraints())  # a fresh search per offer: nothing kept from the grouped one
+    fitting = 0
+    for group in scan.groups:
+        for index in group.indices.tolist():
+            offer = OFFERS[index]
+            own = shape_setups(alone, offer, group.spec)
+            assert [(s.layout, s.cfg, s.training_s) for s in group.setups] == [
+                (s.layout, s.cfg, s.training_s) for s in own
+            ], (offer, group.spec.name)
+            fitting += bool(own)
+    assert fitting  # the plan fits somewhere
+
+
+def test_a_shape_that_one_node_settles_is_one_group_whatever_its_networks_and_host_ram() -> None:
+    # 8B QLoRA fits one GPU of every card it can run on: one node settles every shape.
+    _, ctx = plan_context(benchmark_plan("qlora"), Constraints())
+    scan = scan_offers(ctx, OFFERS, gpu_specs())
+    shapes = []
+    for g in scan.groups:
+        first = OFFERS[int(g.indices[0])]
+        shapes.append(
+            (g.spec.name, ctx.link_kind(g.spec, first.interconnect), first.gpus_per_node, first.whole_nodes_only)
+        )
+        assert {shapes[-1]} == {
+            (g.spec.name, ctx.link_kind(g.spec, o.interconnect), o.gpus_per_node, o.whole_nodes_only)
+            for o in map(OFFERS.__getitem__, g.indices.tolist())
+        }
+    assert len(shapes) == len(set(shapes))  # one group per shape
+    mixed = [g for g in scan.groups if len({OFFERS[i].inter_node_gbit_per_s for i in g.indices.tolist()}) > 1]
+    assert mixed and any(len({OFFERS[i].host_ram_gib_per_node for i in g.indices.tolist()}) > 1 for g in mixed)
