@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from celery import Celery, signals
 
-from services.core import tracing
+from services.core import collector, tracing
 from services.core.settings import Settings, get_settings
 
 # Only queues that carry a task: calibration runs and checkpoint syncs happen on the GPU nodes (their
@@ -96,3 +96,9 @@ def _trace_worker_process(**_: object) -> None:
     """Each pool process traces its tasks when GPUPLAN_OTLP_ENDPOINT is set (an SDK per process: the
     exporter's thread does not survive the fork)."""
     tracing.instrument_worker(get_settings().otlp_endpoint)
+
+
+@signals.worker_process_init.connect
+def _settle_worker_process(**_: object) -> None:
+    """Each pool process settles its garbage collector as the API's processes do (services.core.collector)."""
+    collector.settle()

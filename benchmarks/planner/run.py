@@ -14,7 +14,6 @@ Run: ``python -m benchmarks.planner.run`` (writes benchmarks/results/planner.jso
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import random
@@ -27,6 +26,7 @@ from typing import Any
 from services.catalog.gpus import gpu_specs
 from services.catalog.market import Market
 from services.catalog.offers import Offer, bundled_offers
+from services.core import collector
 from services.estimator.plan import Method, Plan
 from services.planner import plan_setups
 
@@ -142,12 +142,12 @@ def main() -> int:
     }
     # The catalogs are held the way a serving process holds its cached price list: a Market per version, whose
     # columns the first plan reads and later plans reuse, frozen out of the garbage collector's scans
-    # (services.catalog.service.catalog_offers). What the first plan after a price update pays to read the columns
+    # (services.catalog.service.catalog_offers), in a process whose collector is settled as the API's and the
+    # workers' are (services.core.collector). What the first plan after a price update pays to read the columns
     # is measured apart (market_columns_cpu_ms).
     columns_ms = {name: _market_columns_ms(cases["llama-3.1-8b_qlora"], offers) for name, offers in generated.items()}
     catalogs = {name: Market(offers) for name, offers in generated.items()}
-    gc.collect()
-    gc.freeze()
+    collector.settle()
     rows: dict[str, Any] = {}
     for (name, plan), (catalog, offers) in [(c, k) for k in catalogs.items() for c in cases.items()]:
         name = f"{name}@{catalog}"

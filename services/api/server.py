@@ -17,13 +17,13 @@ closed (the application sees ``http.disconnect``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from services.core import collector
 from services.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -106,11 +106,9 @@ def configure(settings: Settings) -> None:
 
 
 def settle(app: FastAPI) -> FastAPI:
-    """After the app is built: its modules, schemas and tables live as long as the process, so the cyclic
-    garbage collector stops scanning them (gc.freeze). A full collection holds the GIL, and with them in
-    it one took about 0.5 s while a large request's objects were alive, stalling the event loop."""
-    gc.collect()
-    gc.freeze()
+    """After the app is built, the process's garbage collector settles (services.core.collector.settle): what the
+    app built lives as long as the process and is frozen out of collections."""
+    collector.settle()
     return app
 
 
