@@ -90,21 +90,30 @@ def largest_fitting_micro_batch(
 ) -> int | None:
     """The largest micro-batch (a divisor of the per-GPU samples) whose peak fits, or None.
 
-    Tries the smallest first (shared by every card, so usually cached), then the largest, then bisects.
+    Tries the smallest first, then the largest, then bisects; each probe compares the micro-batch's sized bytes
+    (``Evaluator.sized_by_micro_batch``: the same on every card) with the card's ``usable_bytes``.
     """
     sizes = split.micro_batch_sizes
+    key = (split.gpus, split.samples_per_gpu, sharding, checkpointing, cpu_offload, optimizer)
+    sized = evaluator.sized_by_micro_batch(key, len(sizes))
 
-    def fits(m: int) -> bool:
-        return evaluator.fits(config_for(split, sharding, m, checkpointing, cpu_offload, optimizer), usable_bytes)
+    def fits(index: int) -> bool:
+        evaluator.memory_probes += 1
+        found = sized[index]
+        if found is None:
+            cfg = config_for(split, sharding, sizes[index], checkpointing, cpu_offload, optimizer)
+            found = sized[index] = evaluator.sized_bytes(cfg)
+        return found <= usable_bytes
 
-    if not fits(sizes[0]):
+    if not fits(0):
         return None
-    if len(sizes) == 1 or fits(sizes[-1]):
-        return sizes[-1]
-    lo, hi = 0, len(sizes) - 1  # sizes[lo] fits, sizes[hi] does not
+    last = len(sizes) - 1
+    if last == 0 or fits(last):
+        return sizes[last]
+    lo, hi = 0, last  # sizes[lo] fits, sizes[hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(sizes[mid]):
+        if fits(mid):
             lo = mid
         else:
             hi = mid

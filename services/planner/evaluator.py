@@ -47,6 +47,10 @@ class Config(NamedTuple):
     optimizer: Optimizer | None = None  # None: the plan's
 
 
+# A setup but for its micro-batch: GPUs, samples per GPU, sharding, checkpointing, CPU offload, optimizer.
+SeriesKey = tuple[int, int, Sharding, bool, bool, Optimizer | None]
+
+
 class Evaluator:
     """Memoised estimator calls for variants of one base plan (same method, precision, optimizer).
 
@@ -66,7 +70,7 @@ class Evaluator:
         self.arch = arch
         # Calibrated hardware utilisation by GPU name (value, source); other cards use the priors.
         self.utilisation = dict(utilisation or {})
-        self.memory_probes = 0
+        self.memory_probes = 0  # micro-batch sizes compared with a card (batching.largest_fitting_micro_batch)
         self._plans: dict[Config, Plan] = {}
         self._recipes: dict[tuple[Sharding, bool, bool, Optimizer | None], Recipe] = {}
         self._states: dict[tuple[int, Sharding, bool, bool, Optimizer | None], ModelStates] = {}
@@ -79,6 +83,7 @@ class Evaluator:
         self._floor_work: dict[Config, tuple[float, float]] = {}
         self._gemm_rates: dict[str, float] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
+        self._sized_series: dict[SeriesKey, list[float | None]] = {}
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
         self.padding_varies = pads_to_longest_of_known_mean(
@@ -149,11 +154,15 @@ class Evaluator:
         band = memory_band(b.framework, b.method, cfg.sharding, cfg.gpus, "device", b.mode, self.arch.low_confidence)
         return max(self.memory(cfg).peak_device * band.high_ratio, self.sized_bytes(cfg))
 
-    def fits(self, cfg: Config, usable_bytes: float) -> bool:
-        """Whether the setup's sized bytes per GPU stay within ``usable_bytes`` (one probe; the comparison of
-        services.estimator.fit.fits_card)."""
-        self.memory_probes += 1
-        return self.sized_bytes(cfg) <= usable_bytes
+    def sized_by_micro_batch(self, key: SeriesKey, sizes: int) -> list[float | None]:
+        """The ``sized_bytes`` of a batch split's ``sizes`` micro-batch sizes in ascending order, the rest of the
+        setup fixed by ``key``, each None until a probe fills it in (services.planner.batching.
+        largest_fitting_micro_batch): every card's search reads one list, and a probe is one comparison with the
+        card's usable bytes (services.estimator.fit.fits_card's)."""
+        found = self._sized_series.get(key)
+        if found is None:
+            found = self._sized_series[key] = [None] * sizes
+        return found
 
     def _flops_per_token(self, cfg: Config) -> FlopsPerToken:
         # FLOPs per token depend on the recipe and on checkpointing, not on the GPU; on the micro-batch only
