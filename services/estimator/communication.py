@@ -94,6 +94,7 @@ def zero3_gathers_per_pass(arch: Architecture) -> int:
     return sum(n * b.count for n, b in zip(per_block, arch.blocks, strict=True))
 
 
+@quick_init
 @dataclass(frozen=True)
 class Links:
     """How the GPUs of a setup are connected: within a node, and between nodes."""

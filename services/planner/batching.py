@@ -53,6 +53,7 @@ class BatchSplit:
         return self.samples_per_gpu // micro_batch_size
 
 
+@functools.lru_cache(maxsize=4096)
 def batch_split(effective: int, gpus: int) -> BatchSplit:
     """The micro-batch sizes m (with accumulation a) such that m x a x gpus is the effective batch,
     or the smallest effective batch above it that ``gpus`` GPUs can reach."""

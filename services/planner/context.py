@@ -10,6 +10,7 @@ from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links, intra_node_kind
 from services.estimator.fit import usable_card_bytes
+from services.estimator.memo import quick_init
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
 from services.planner.constraints import Constraints
@@ -154,6 +155,7 @@ class PlanContext:
         return usable_card_bytes(spec.memory_gib, self.constraints.safety_margin)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Setup:
     """A configuration that fits a card on a layout, with its speed (independent of any price)."""
