@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import MISSING, fields
+from functools import cache
 from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
@@ -56,11 +57,18 @@ class Canonical(Generic[V]):
 def value_hash_once(self: Any) -> int:
     """A frozen dataclass's hash by value, as the generated one, computed once: set ``__hash__ = value_hash_once``
     (and ``__getstate__ = state_without_hash``) in the class body, where the dataclass decorator keeps it."""
-    found: int | None = self.__dict__.get("_value_hash")
+    state = self.__dict__
+    found: int | None = state.get("_value_hash")
     if found is None:
-        found = hash(tuple(getattr(self, f.name) for f in fields(self)))
-        object.__setattr__(self, "_value_hash", found)
+        found = hash(tuple(map(state.__getitem__, _field_names(type(self)))))
+        state["_value_hash"] = found
     return found
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names in order (``dataclasses.fields`` builds them anew on every call)."""
+    return tuple(f.name for f in fields(cls))
 
 
 def state_without_hash(self: Any) -> dict[str, object]:
