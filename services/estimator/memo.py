@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import MISSING, fields
-from functools import cache
 from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
@@ -65,10 +64,15 @@ def value_hash_once(self: Any) -> int:
     return found
 
 
-@cache
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    """A dataclass's field names in order (``dataclasses.fields`` builds them anew on every call)."""
-    return tuple(f.name for f in fields(cls))
+    """A dataclass's field names in order, kept per class (``dataclasses.fields`` builds them anew on every call)."""
+    found = _FIELD_NAMES.get(cls)
+    if found is None:
+        found = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return found
 
 
 def state_without_hash(self: Any) -> dict[str, object]:
