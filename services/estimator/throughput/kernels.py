@@ -175,27 +175,37 @@ def block_linear_gemms(
     ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``. ``tokens``: the micro-batch's
     tokens when the caller has them (``micro_batch_tokens``).
     """
+    work = linear_gemm_work(plan, arch, recipe, tokens)
+    return work[0], linear_gemm_seconds(work, flops_per_s, bytes_per_s)
+
+
+# (total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of a micro-batch's block linears.
+GemmWork = tuple[float, float, tuple[tuple[float, float], ...]]
+
+
+def linear_gemm_work(plan: Plan, arch: Architecture, recipe: Recipe, tokens: float | None = None) -> GemmWork:
+    """The block linears' GEMMs of one micro-batch as ``linear_gemm_seconds`` prices them on a card (the same on
+    every card). ``tokens``: the micro-batch's tokens when the caller has them (``micro_batch_tokens``)."""
     replay = forward_replay_share(plan, recipe)
     tokens = micro_batch_tokens(plan, recipe) if tokens is None else tokens
-    training, full = plan.is_training, plan.method == "full"
-    width = recipe.compute_bytes
-    total, least_intensity, gemms = _gemm_work_of(arch, tokens, training, full, replay, width)
+    return _gemm_work_of(arch, tokens, plan.is_training, plan.method == "full", replay, recipe.compute_bytes)
+
+
+def linear_gemm_seconds(work: GemmWork, flops_per_s: float, bytes_per_s: float) -> float:
+    """Roofline seconds of the GEMMs of ``linear_gemm_work`` on a card of those rates."""
+    total, least_intensity, gemms = work
     if flops_per_s / bytes_per_s <= least_intensity:  # every GEMM is math-bound on this card
-        return total, total / flops_per_s
-    return total, sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
+        return total / flops_per_s
+    return sum(max(f / flops_per_s, nbytes / bytes_per_s) for f, nbytes in gemms)
 
 
 @lru_cache(maxsize=WORK_CACHE_SIZE)
-def _gemm_work_of(
-    arch: Architecture, tokens: float, training: bool, full: bool, replay: float, width: int
-) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+def _gemm_work_of(arch: Architecture, tokens: float, training: bool, full: bool, replay: float, width: int) -> GemmWork:
     """``_gemm_work`` of the block linears of one micro-batch shape (memoised: the planner asks per card)."""
     return _gemm_work(_linear_gemm_shapes(arch, tokens, training, full, replay), width)
 
 
-def _gemm_work(
-    shapes: tuple[tuple[float, float, float, float], ...], width: int
-) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+def _gemm_work(shapes: tuple[tuple[float, float, float, float], ...], width: int) -> GemmWork:
     """(total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of the shapes: ``gemm_seconds``'s terms."""
     gemms = tuple((t * 2.0 * m * k * n, t * (m * k + k * n + m * n) * width) for m, k, n, t in shapes)
     total = sum(f for f, _ in gemms)

@@ -36,10 +36,12 @@ from services.estimator.throughput.kernels import (
     BNB_DEQUANT_BYTES,
     GPTQ_DEQUANT_BYTES,
     WORK_CACHE_SIZE,
-    block_linear_gemms,
+    GemmWork,
     dispatch_seconds,
     forward_replay_share,
     gptq_dequant_passes,
+    linear_gemm_seconds,
+    linear_gemm_work,
     lora_unfused_work,
     micro_batch_tokens,
     step_elementwise_bytes,
@@ -129,16 +131,21 @@ def _flops_per_token(plan: Plan, arch: Architecture, recipe: Recipe) -> FlopsPer
 @quick_init
 @dataclass(frozen=True)
 class StepWork:
-    """The parts of a step's cost that no GPU changes, worked out once per plan and priced on every card."""
+    """The parts of a step's cost that no GPU changes, worked out once per plan and priced on every card: the
+    work of one micro-batch as FLOPs, bytes and seconds, which ``card_step`` divides by the card's rates."""
 
     flops: FlopsPerToken
     tokens: float  # per micro-batch, pad tokens included
-    lora_bytes_per_token: float
-    lora_kernels_per_layer: int
-    elementwise_bytes_per_token: float
-    weight_passes: int  # passes that stream the weights: forward, backward, replay
+    gemms: GemmWork  # the block linears' GEMMs (linear_gemm_work)
+    other_flops: float  # the hardware FLOPs beside the block linears: attention, head, adapters' own
+    lora_bytes: float  # unfused LoRA adapters' memory passes over the activations
+    elementwise_bytes: float  # norms, rotary, activations, residual adds and the loss
+    weight_read_bytes: float  # every pass (forward, backward, replay) streams the weights at least once
     dispatch_s: float
-    quantized_params: int
+    dequant_bytes: float  # a quantized base dequantised before its matmuls
+    streamed_shard_bytes: float | None  # an offloaded parameter shard streamed in per micro-batch (FSDP/ZeRO-3)
+    optimizer_params: float  # trainable parameters each GPU's optimizer step updates
+    optimizer_bytes: float  # what that step reads and writes on the GPU (0 with CPU offload)
     data_tokens_per_token: float
     traffic: _Traffic  # what the layout's communication moves (step_communication's arguments but the links)
 
@@ -149,15 +156,48 @@ def step_work(
     """``StepWork`` of the plan with its model ``states`` (``flops``: its FLOPs per token when the caller has them)."""
     lora_bytes, lora_kernels = lora_unfused_work(plan, arch, recipe)
     flops = flops if flops is not None else flops_per_token(plan, arch, recipe)
+    tokens = micro_batch_tokens(plan, recipe)
+    gemms = linear_gemm_work(plan, arch, recipe, tokens)
+    passes = 1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0))
+
+    # QLoRA dequantises every 4-bit weight to 16-bit before its matmuls (BNB_DEQUANT_BYTES or, for a GPTQ
+    # checkpoint, GPTQ_DEQUANT_BYTES per weight): bandwidth-bound work on top of the matmuls. Under FSDP/ZeRO-3
+    # each GPU gathers and dequantises every layer itself: no division by GPUs.
+    dequant = 0.0
+    if plan.quantized is not None:
+        q = quantized_params(arch, recipe)
+        if recipe.quant_backend == "auto-gptq":
+            dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES
+        else:
+            dequant = passes * q * BNB_DEQUANT_BYTES
+
+    shard = None
+    if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+        weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
+        shard = total_parameters(arch) * weight_width / plan.gpus
+
+    trainable = 0.0
+    optimizer_bytes = 0.0
+    if plan.is_training:
+        trainable = states.trainable_params / (plan.gpus if plan.sharding in ("zero1", "zero2", "zero3", "fsdp") else 1)
+        if not plan.cpu_offload:
+            # AdamW reads param, grad, m, v and writes param, m, v: ~16 B/param in 16-bit, 28 in fp32.
+            touched = 7 * (4 if recipe.weight_bytes == 4 or recipe.master_weights else 2)
+            optimizer_bytes = trainable * touched
+
     return StepWork(
         flops=flops,
-        tokens=micro_batch_tokens(plan, recipe),
-        lora_bytes_per_token=lora_bytes,
-        lora_kernels_per_layer=lora_kernels,
-        elementwise_bytes_per_token=_elementwise(plan, arch, recipe),
-        weight_passes=1 if not plan.is_training else (2 + (1 if plan.gradient_checkpointing else 0)),
+        tokens=tokens,
+        gemms=gemms,
+        other_flops=max(0.0, flops.hardware * tokens - gemms[0]),
+        lora_bytes=lora_bytes * tokens,
+        elementwise_bytes=_elementwise(plan, arch, recipe) * tokens,
+        weight_read_bytes=passes * (states.weights + states.adapters),
         dispatch_s=dispatch_seconds(plan, arch, recipe, lora_kernels),
-        quantized_params=quantized_params(arch, recipe) if plan.quantized is not None else 0,
+        dequant_bytes=dequant,
+        streamed_shard_bytes=shard,
+        optimizer_params=trainable,
+        optimizer_bytes=optimizer_bytes,
         data_tokens_per_token=data_tokens_per_processed_token(plan, recipe),
         traffic=_traffic(plan, arch, recipe, states, flops),
     )
@@ -371,60 +411,38 @@ def card_step(
     util = utilisation_or_prior(gpu, utilisation)
     source = utilisation_source or f"prior for {gpu.gpu_class} GPUs"
     work = work if work is not None else step_work(plan, arch, recipe, states, flops)
-    fpt = work.flops
-    tokens = work.tokens
     bandwidth = gpu.hbm_bandwidth_gb_per_s * 1e9
+    rate = peak * util
 
-    # Block linears at their real GEMM shapes (roofline per GEMM), the rest (attention, head, adapters'
-    # own FLOPs) at the large-GEMM rate.
-    linear_flops, linear_s = block_linear_gemms(plan, arch, recipe, peak * util, bandwidth, tokens)
-    compute = max(0.0, fpt.hardware * tokens - linear_flops) / (peak * util) + linear_s
-    # Unfused LoRA adapters: memory-bound passes over the activations beside the GEMMs.
-    compute += work.lora_bytes_per_token * tokens / bandwidth
-    # Norms, rotary, activations, residual adds and the loss: memory-bound kernels of their own in eager mode.
-    compute += work.elementwise_bytes_per_token * tokens / bandwidth
-    # Weight reads: every pass (forward, backward, replay) streams the weights at least once.
-    passes = work.weight_passes
-    weight_read = passes * (states.weights + states.adapters) / bandwidth
-    compute = max(compute, weight_read)
+    # Block linears at their real GEMM shapes (roofline per GEMM), the rest at the large-GEMM rate; then the
+    # memory-bound passes beside them (unfused LoRA adapters, element-wise kernels in eager mode), at least the
+    # weight reads and the kernel dispatch.
+    compute = work.other_flops / rate + linear_gemm_seconds(work.gemms, rate, bandwidth)
+    compute += work.lora_bytes / bandwidth
+    compute += work.elementwise_bytes / bandwidth
+    compute = max(compute, work.weight_read_bytes / bandwidth)
     compute = max(compute, work.dispatch_s)
+    dequant = work.dequant_bytes / bandwidth
 
-    # QLoRA dequantises every 4-bit weight to 16-bit before its matmuls (BNB_DEQUANT_BYTES or, for a GPTQ
-    # checkpoint, GPTQ_DEQUANT_BYTES per weight): bandwidth-bound work on top of the matmuls.
-    dequant = 0.0
-    if plan.quantized is not None:
-        # Under FSDP/ZeRO-3 each GPU gathers and dequantises every layer itself: no division by GPUs.
-        q = work.quantized_params
-        if recipe.quant_backend == "auto-gptq":
-            dequant = gptq_dequant_passes(plan, recipe) * q * GPTQ_DEQUANT_BYTES / bandwidth
-        else:
-            dequant = passes * q * BNB_DEQUANT_BYTES / bandwidth
-
-    accumulation = plan.gradient_accumulation_steps or 1
+    shard = work.streamed_shard_bytes
     streaming = 0.0
-    if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
-        weight_width = quantized_bytes_per_weight(plan, recipe) if plan.quantized else compute_width(plan)
-        shard = total_parameters(arch) * weight_width / plan.gpus
+    if shard is not None:
         streaming = offload_streaming_seconds(shard, gpu.pcie_gb_per_s * 1e9, arch.num_layers, compute)
 
     optimizer = 0.0
     if plan.is_training:
-        trainable_per_gpu = states.trainable_params / (
-            plan.gpus if plan.sharding in ("zero1", "zero2", "zero3", "fsdp") else 1
-        )
+        trainable_per_gpu = work.optimizer_params
         if plan.cpu_offload:
             optimizer = trainable_per_gpu / CPU_ADAM_PARAMS_PER_S + 4.0 * trainable_per_gpu / (gpu.pcie_gb_per_s * 1e9)
         else:
-            # AdamW reads param, grad, m, v and writes param, m, v: ~16 B/param in 16-bit, 28 in fp32.
-            touched = 7 * (4 if recipe.weight_bytes == 4 or recipe.master_weights else 2)
-            optimizer = trainable_per_gpu * touched / bandwidth
+            optimizer = work.optimizer_bytes / bandwidth
         if states.optimizer_states_paged and peak_device_bytes is not None:
             # bitsandbytes paged states live in unified memory: what does not fit in the GPU's free
             # memory is paged in for the optimizer step and out again (NVIDIA unified memory paging).
             free = max(0.0, gpu.memory_gib * 2**30 - peak_device_bytes)
             spilled = max(0.0, states.optimizer_states_paged - free)
             optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
-        optimizer /= accumulation
+        optimizer /= plan.gradient_accumulation_steps or 1
 
     return CardStep(
         plan=plan,
