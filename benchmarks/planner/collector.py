@@ -18,7 +18,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from benchmarks.planner.run import RESULTS, benchmark_plan, generated_catalog
+from benchmarks.planner.run import RESULTS, benchmark_cases, generated_catalog
 from services.catalog.market import Market
 from services.core.collector import YOUNG_GENERATION_THRESHOLD
 from services.planner import plan_setups
@@ -45,12 +45,7 @@ class _Clock:
 
 
 def main() -> int:
-    plans = {
-        "llama-3.1-8b_qlora": benchmark_plan("qlora"),
-        "llama-3.1-8b_lora": benchmark_plan("lora"),
-        "llama-3.1-8b_full": benchmark_plan("full"),
-        "llama-3.1-70b_full": benchmark_plan("full", "meta-llama/Llama-3.1-70B"),
-    }
+    plans = benchmark_cases()
     market = Market(generated_catalog())
     for plan in plans.values():
         plan_setups(plan, market)

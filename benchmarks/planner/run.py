@@ -127,14 +127,19 @@ def _market_columns_ms(plan: Plan, offers: tuple[Offer, ...]) -> float:
     return round((statistics.median(fresh) - statistics.median(warm)) * 1e3, 3)
 
 
-def main() -> int:
-    cases = {
+def benchmark_cases() -> dict[str, Plan]:
+    """The benchmark's plans by name: Llama-3.1-8B with QLoRA, LoRA and full fine-tuning, and Llama-3.1-70B full."""
+    return {
         "llama-3.1-8b_qlora": benchmark_plan("qlora"),
         "llama-3.1-8b_lora": benchmark_plan("lora"),
         "llama-3.1-8b_full": benchmark_plan("full"),
         # A heavier search: most cards need several nodes, the smallest get rejections with suggestions.
         "llama-3.1-70b_full": benchmark_plan("full", "meta-llama/Llama-3.1-70B"),
     }
+
+
+def main() -> int:
+    cases = benchmark_cases()
     generated = {
         "bundled": bundled_offers(),
         "generated_5000": generated_catalog(),
