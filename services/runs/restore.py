@@ -101,14 +101,18 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
     beside = [(to / f"{entry.path}.partial", to / entry.path) for entry in stored.beside]
     for entry, (target, _) in zip(stored.beside, beside, strict=True):
         downloaded += _fetch_verified(s3, bucket, f"{base}/{BESIDE_PREFIX}/{entry.path}", target, entry)
-    stamp = time.time()
+    # One mtime for every file, the `latest` written here included: the file system stamps a new file from a
+    # coarser clock than time.time_ns, which can lag it by a tick, and a tag file older than its shards reads as
+    # a checkpoint being rewritten (services.runs.complete).
+    stamp = time.time_ns()
     for path in [*partial.rglob("*"), partial, *(target for target, _ in beside)]:
-        os.utime(path, (stamp, stamp))
+        os.utime(path, ns=(stamp, stamp))
     partial.rename(final)
     for target, place in beside:
         target.replace(place)
     if re.fullmatch(r"global_step\d+", stored.dir_name):
         latest = to / f"{DEEPSPEED_LATEST}.partial"
         latest.write_text(stored.dir_name)
+        os.utime(latest, ns=(stamp, stamp))
         latest.replace(to / DEEPSPEED_LATEST)
     return RestoreResult(stored.step, final, len(stored.files), stored.total_bytes, downloaded)

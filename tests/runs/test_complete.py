@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -253,6 +254,39 @@ def test_no_incomplete_checkpoint_is_ever_durable_latest_restored_or_a_reason_to
     assert restored.step == new and completeness(restored.directory, new).complete
     if layout.name == "deepspeed":
         assert (tmp_path / "restore-new" / "latest").read_text() == f"global_step{new}"
+
+
+def test_a_restored_deepspeed_checkpoint_is_complete_when_the_wall_clock_runs_ahead_of_the_file_system(
+    run_env: RunEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file system stamps a new file from a coarser clock than the wall clock restore reads; restore's own
+    `latest` must not come out older than the shards it stamped (the clock is 60 s ahead here, a tick in life)."""
+    env = run_env
+    _, run = _run_keep_last_one(env)
+    s3 = make_s3_client(env.s3)
+    root = tmp_path / "out"
+    root.mkdir()
+    disk = Disk(root)
+    layout = next(x for x in LAYOUTS if x.name == "deepspeed")
+    for relative, data in layout.writes(3):
+        disk.write(relative, data)
+    done = sync_pass(
+        s3,
+        run["bucket"],
+        run["prefix"],
+        env.run_id,
+        root,
+        env.api,
+        SyncOptions(settle_s=SETTLE_S),
+        now=disk.pause(PAUSE_S),
+    )
+    assert [u.manifest.step for u in done.uploaded] == [3], done
+    ahead_ns = time.time_ns() + 60 * 10**9
+    monkeypatch.setattr(time, "time_ns", lambda: ahead_ns)  # restore reads the one time module, as everything does
+    monkeypatch.setattr(time, "time", lambda: ahead_ns / 1e9)
+    restored = restore_checkpoint(s3, run["bucket"], run["prefix"], env.api.choose(None, False), tmp_path / "to")
+    assert restored.step == 3
+    assert completeness(restored.directory, 3).complete, completeness(restored.directory, 3)
 
 
 def test_torchtunes_last_epoch_counts_only_with_every_shard_whole_and_settled(run_env: RunEnv, tmp_path: Path) -> None:
