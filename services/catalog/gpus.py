@@ -7,8 +7,10 @@ import difflib
 import functools
 import io
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from types import MappingProxyType
 
 from services.core.errors import EstimatorError
 
@@ -84,21 +86,16 @@ def _normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", _NOISE.sub("", name.lower()))
 
 
-def exact_gpu_names(specs: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
-    """``find_gpu``'s exact pass as one table: each normalised name or alias to the first card that has it (a
-    caller matching many names normalises each card once, and calls ``find_gpu`` only for names not in it)."""
+@functools.lru_cache(maxsize=8)
+def exact_gpu_names(specs: tuple[GpuSpec, ...]) -> Mapping[str, GpuSpec]:
+    """``find_gpu``'s exact pass as one read-only table: each normalised name or alias to the first card that has
+    it (a caller matching many names calls ``find_gpu`` only for names not in it). Built once per card list (the
+    bundled one, or a caller's): normalising every card's names cost more than the rest of a look-up."""
     table: dict[str, GpuSpec] = {}
     for spec in specs:
         for known in (spec.name, *spec.aliases):
             table.setdefault(_normalize(known), spec)
-    return table
-
-
-@functools.lru_cache(maxsize=8)
-def _exact_table(specs: tuple[GpuSpec, ...]) -> dict[str, GpuSpec]:
-    # Per catalog (the bundled one, or a caller's): normalising every card's names on each look-up cost more
-    # than the rest of find_gpu.
-    return exact_gpu_names(specs)
+    return MappingProxyType(table)
 
 
 def gpu_name_key(name: str) -> str:
@@ -119,7 +116,7 @@ def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
     wanted = _normalize(name)
     if not wanted:
         raise EstimatorError("gpu", "empty GPU name")
-    exact = _exact_table(specs).get(wanted)
+    exact = exact_gpu_names(specs).get(wanted)
     if exact is not None:
         return exact
     # Same model and memory size, ignoring form-factor words (sxm4, pcie, nvl, ...).

@@ -214,6 +214,11 @@ class Evaluator:
             self._throughput[key] = found
         return found
 
+    def data_tokens_per_s_ceiling(self, cfg: Config, spec: GpuSpec) -> float:
+        """An upper bound of ``throughput(cfg, spec, links).data_tokens_per_s`` on any links, from the step on the
+        card alone (throughput.step.CardStep.data_tokens_per_s_ceiling)."""
+        return self._card_step(cfg, spec, True).data_tokens_per_s_ceiling()
+
     def _card_step(self, cfg: Config, spec: GpuSpec, spill: bool) -> CardStep:
         # The step on the card before its links: one per card, shared by the offers' link kinds and networks.
         key = (spec.name, cfg, spill)

@@ -113,8 +113,10 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
     floor, _, proposal = min((ev.sample_seconds_floor(c, spec), -c.micro_batch_size, c) for c in smaller)
     if floor >= ev.sample_seconds_floor(largest, spec) * 0.99:
         return largest
-    faster = ev.throughput(proposal, spec).data_tokens_per_s > ev.throughput(largest, spec).data_tokens_per_s
-    return proposal if faster else largest
+    rate = ev.throughput(proposal, spec).data_tokens_per_s
+    if ev.data_tokens_per_s_ceiling(largest, spec) < rate:  # faster than ``largest`` on any links: its own not needed
+        return proposal
+    return proposal if rate > ev.throughput(largest, spec).data_tokens_per_s else largest
 
 
 def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = True) -> tuple[Config, ...]:

@@ -338,6 +338,14 @@ class CardStep:
     offload_streaming_s: float
     optimizer_s: float
 
+    def _step_seconds(self, exposed_comm: float) -> float:
+        return self.compute_s + self.dequant_s + exposed_comm + self.optimizer_s
+
+    def data_tokens_per_s_ceiling(self) -> float:
+        """``over_links(links).data_tokens_per_s`` with no time between the GPUs: at least as high on any links, as
+        computed too (the exposed time it adds is never negative, and the same operations round monotonically)."""
+        return self.work.tokens / self._step_seconds(0.0) * self.plan.gpus * self.work.data_tokens_per_token
+
     def over_links(self, links: Links | None = None) -> Throughput:
         """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
         plan, fpt, compute = self.plan, self.work.flops, self.compute_s
@@ -345,7 +353,7 @@ class CardStep:
         exposed_comm = comm.exposed_seconds + comm.straggler_seconds
         if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
             exposed_comm += self.offload_streaming_s
-        step = compute + self.dequant_s + exposed_comm + self.optimizer_s
+        step = self._step_seconds(exposed_comm)
         tokens = self.work.tokens
         per_gpu = tokens / step
         total = per_gpu * plan.gpus
