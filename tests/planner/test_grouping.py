@@ -3,15 +3,20 @@ search reads them. Every offer must get the setups its own search gives it, howe
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from benchmarks.planner.run import benchmark_plan, generated_catalog
 from services.catalog.gpus import gpu_specs
 from services.catalog.market import Market
+from services.estimator.communication import links_for
 from services.planner import Constraints
+from services.planner.context import PlanContext
+from services.planner.evaluator import Config, Evaluator
 from services.planner.planner import plan_context
 from services.planner.ranking import scan_offers
-from services.planner.search import shape_setups
+from services.planner.search import card_configs, shape_setups
 
 OFFERS = Market(generated_catalog(600, seed=11))
 
@@ -54,3 +59,37 @@ def test_a_shape_that_one_node_settles_is_one_group_whatever_its_networks_and_ho
     assert len(shapes) == len(set(shapes))  # one group per shape
     mixed = [g for g in scan.groups if len({OFFERS[i].inter_node_gbit_per_s for i in g.indices.tolist()}) > 1]
     assert mixed and any(len({OFFERS[i].host_ram_gib_per_node for i in g.indices.tolist()}) > 1 for g in mixed)
+
+
+@pytest.mark.parametrize("method", ["qlora", "full"])
+def test_the_padded_micro_batch_is_the_one_both_full_estimates_choose(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under padding to the longest sample the search compares a smaller micro-batch with the largest that fits, and
+    # skips the largest's full estimate where the smaller one beats its ceiling (no time between GPUs). The choice
+    # must be the one comparing both full estimates, and the ceiling above the rate on every kind of link.
+    plan = benchmark_plan(method)  # type: ignore[arg-type]
+    specs = [s for s in gpu_specs() if s.bf16_tflops]
+    counts = (1, 2, 4, 8)
+
+    def choices(ctx: PlanContext) -> list[tuple[Config, ...]]:
+        return [card_configs(ctx, spec, gpus) for spec in specs for gpus in counts]
+
+    _, ctx = plan_context(plan, Constraints())
+    assert ctx.evaluator.padding_varies
+    chosen = choices(ctx)
+    _, reference = plan_context(plan, Constraints())
+    monkeypatch.setattr(Evaluator, "data_tokens_per_s_ceiling", lambda self, cfg, spec: math.inf)
+    assert chosen == choices(reference)
+    monkeypatch.undo()
+
+    # The shortcut is taken: fewer full estimates than comparing both every time.
+    assert len(ctx.evaluator._throughput) < len(reference.evaluator._throughput)
+    ev = ctx.evaluator
+    for spec, gpus, configs in zip([s for s in specs for _ in counts], counts * len(specs), chosen, strict=True):
+        for cfg in configs:
+            every_link = [links_for(spec, gpus, 1, kind) for kind in ("", "PCIe")] + [
+                links_for(spec, max(1, gpus // 2), 2, "", gbit) for gbit in (100.0, 3200.0)
+            ]
+            ceiling = ev.data_tokens_per_s_ceiling(cfg, spec)
+            assert all(ceiling >= ev.throughput(cfg, spec, links).data_tokens_per_s for links in every_link)
