@@ -130,7 +130,7 @@ class Evaluator:
         """Peak memory per GPU of the setup."""
         found = self._memory.get(cfg)
         if found is None:
-            found = peak_memory(self.plan(cfg), self.arch, self._recipe(cfg))
+            found = peak_memory(self.plan(cfg), self.arch, self._recipe(cfg), self._model_states(cfg))
             self._memory[cfg] = found
         return found
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from services.estimator.architecture import architecture_from_config, parameter_counts
@@ -25,6 +27,7 @@ from services.estimator.memory import (
     sharded_working_bytes,
     weight_bytes,
 )
+from services.estimator.plan import Framework
 from services.estimator.recipe import resolve_recipe
 from tests.conftest import LLAMA_8B, make_plan
 
@@ -664,3 +667,20 @@ def test_liger_swiglu_backward_allocates_only_the_products_gradient() -> None:
     plain_transient = activation_bytes(plain, ARCH, resolve_recipe(plain)).backward_transient
     liger_transient = activation_bytes(liger, ARCH, resolve_recipe(liger)).backward_transient
     assert plain_transient - liger_transient == 2 * 4096 * INTER * 2  # one bf16 tokens x 14336 tensor fewer
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("sharding", ["none", "zero2", "fsdp"])
+@pytest.mark.parametrize("framework", get_args(Framework))
+def test_model_states_held_for_a_layout_give_every_micro_batch_its_own_peak(
+    method: str, sharding: str, framework: str
+) -> None:
+    # The planner's evaluator keeps one ModelStates per layout and hands it to peak_memory for every micro-batch
+    # size and checkpointing it probes there: each peak must be the one peak_memory works out from scratch.
+    layout = {"method": method, "gpus": 4, "sharding": sharding, "framework": framework}
+    first = make_plan(**layout, micro_batch_size=1, gradient_checkpointing=True)
+    held = model_states(first, ARCH, resolve_recipe(first))
+    for micro_batch, checkpointing in [(8, False), (32, True)]:
+        plan = make_plan(**layout, micro_batch_size=micro_batch, gradient_checkpointing=checkpointing)
+        recipe = resolve_recipe(plan)
+        assert peak_memory(plan, ARCH, recipe, held) == peak_memory(plan, ARCH, recipe)

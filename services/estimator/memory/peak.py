@@ -78,9 +78,11 @@ class MemoryBreakdown:
     cached_reclaimable: float = 0.0
 
 
-def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe) -> MemoryBreakdown:
+def peak_memory(plan: Plan, arch: Architecture, recipe: Recipe, states: ModelStates | None = None) -> MemoryBreakdown:
+    """Memory per GPU at each moment of a step of ``plan`` and the peaks (``states``: its ``model_states``, where the
+    caller holds them already: a search probing micro-batch sizes of one layout)."""
     arch = held_architecture(arch, recipe)
-    states = model_states(plan, arch, recipe)
+    states = states if states is not None else model_states(plan, arch, recipe)
     if not plan.is_training:
         return _inference_peak(plan, arch, recipe, states)
 
