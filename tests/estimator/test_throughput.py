@@ -7,6 +7,7 @@ import pytest
 from services.catalog.gpus import find_gpu
 from services.estimator.architecture import architecture_from_config, parameter_counts
 from services.estimator.memory import model_states
+from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.estimator.throughput import (
     UTILISATION_PRIOR,
@@ -136,15 +137,19 @@ def test_gemm_roofline_is_math_bound_for_long_rows_and_memory_bound_for_few() ->
 
 
 def test_block_linear_gemms_match_flop_accounting_at_large_m_and_slow_down_at_small_m() -> None:
-    from services.estimator.throughput import block_linear_gemms
+    from services.estimator.throughput import linear_gemm_seconds, linear_gemm_work
+
+    def block_linear_gemms(plan: Plan) -> tuple[float, float]:
+        work = linear_gemm_work(plan, ARCH, resolve_recipe(plan))
+        return work[0], linear_gemm_seconds(work, 200e12, 2e12)
 
     big = make_plan(seq_len=4096, micro_batch_size=2)
-    flops, seconds = block_linear_gemms(big, ARCH, resolve_recipe(big), 200e12, 2e12)
+    flops, seconds = block_linear_gemms(big)
     linear = L * (2 * H * H + 2 * H * 1024 + 3 * H * 14336)
     assert flops == pytest.approx(3 * 2 * linear * 8192)  # forward, input and weight gradients
     assert seconds == pytest.approx(flops / 200e12)
     small = make_plan(seq_len=16, micro_batch_size=1)
-    flops_s, seconds_s = block_linear_gemms(small, ARCH, resolve_recipe(small), 200e12, 2e12)
+    flops_s, seconds_s = block_linear_gemms(small)
     assert seconds_s > 5 * flops_s / 200e12
 
 

@@ -157,35 +157,22 @@ def _hooked(arch: Architecture, targets: tuple[str, ...], full: bool) -> tuple[i
     return modules, tensors
 
 
-def block_linear_gemms(
-    plan: Plan,
-    arch: Architecture,
-    recipe: Recipe,
-    flops_per_s: float,
-    bytes_per_s: float,
-    tokens: float | None = None,
-) -> tuple[float, float]:
-    """(FLOPs, roofline seconds) of every block linear's GEMMs in one micro-batch.
+# (total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of a micro-batch's block linears.
+GemmWork = tuple[float, float, tuple[tuple[float, float], ...]]
+
+
+def linear_gemm_work(plan: Plan, arch: Architecture, recipe: Recipe, tokens: float | None = None) -> GemmWork:
+    """Every block linear's GEMMs in one micro-batch, as ``linear_gemm_seconds`` prices them on a card (the same on
+    every card).
 
     The GEMMs of a linear (Narayanan et al. 2021, arXiv 2104.04473, section 5.1: forward, the
     input-gradient and the weight-gradient matmul, each 2mkn): forward at m = tokens, the input
     gradient (m x n @ n x k), the weight gradient (k x m @ m x n) only for trained weights, and the
     forward again under activation checkpointing (half of it for selective). Expert linears of a
     mixture-of-experts layer each see tokens x experts_per_token / experts rows. Same accounting as
-    ``flops_per_token``, so for large m the seconds equal FLOPs / ``flops_per_s``. ``tokens``: the micro-batch's
-    tokens when the caller has them (``micro_batch_tokens``).
+    ``flops_per_token``, so for large m the seconds equal FLOPs / the large-GEMM rate. ``tokens``: the
+    micro-batch's tokens when the caller has them (``micro_batch_tokens``).
     """
-    work = linear_gemm_work(plan, arch, recipe, tokens)
-    return work[0], linear_gemm_seconds(work, flops_per_s, bytes_per_s)
-
-
-# (total FLOPs, least FLOPs per byte, (FLOPs, bytes) per GEMM) of a micro-batch's block linears.
-GemmWork = tuple[float, float, tuple[tuple[float, float], ...]]
-
-
-def linear_gemm_work(plan: Plan, arch: Architecture, recipe: Recipe, tokens: float | None = None) -> GemmWork:
-    """The block linears' GEMMs of one micro-batch as ``linear_gemm_seconds`` prices them on a card (the same on
-    every card). ``tokens``: the micro-batch's tokens when the caller has them (``micro_batch_tokens``)."""
     replay = forward_replay_share(plan, recipe)
     tokens = micro_batch_tokens(plan, recipe) if tokens is None else tokens
     return _gemm_work_of(arch, tokens, plan.is_training, plan.method == "full", replay, recipe.compute_bytes)
