@@ -48,7 +48,7 @@ from services.planner.evaluator import Config, Evaluator
 from services.planner.host_ram import host_ram_available_bytes, host_ram_margin
 from services.planner.layouts import Layout
 from services.planner.models import PlannerResult, Recommendation, Rejection
-from services.planner.ranking import Pricer, Scan, rank_entries, scan_offers, unqualified_offers
+from services.planner.ranking import Pricer, rank_entries, unqualified_offers
 from services.planner.rejections import (
     RamBlockedOffer,
     constraint_rejection,
@@ -58,6 +58,7 @@ from services.planner.rejections import (
     memory_rejection,
     ram_shortfall,
 )
+from services.planner.scan import Scan, scan_offers
 from services.planner.spot import (
     CAPACITY_WAIT_CAP_HOURS,
     CHECKPOINT_WRITE_BYTES_PER_S,

@@ -15,7 +15,7 @@ from services.planner import Constraints
 from services.planner.context import PlanContext
 from services.planner.evaluator import Config, Evaluator
 from services.planner.planner import plan_context
-from services.planner.ranking import scan_offers
+from services.planner.scan import scan_offers
 from services.planner.search import card_configs, shape_setups
 
 OFFERS = Market(generated_catalog(600, seed=11))

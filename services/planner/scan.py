@@ -1,0 +1,418 @@
+"""Scanning a catalog: its offers grouped by what their setups depend on, each group searched once, and every
+pricing's cost bounded as arrays.
+
+What fits and how fast depends on the card and the node shape, not on the price. Offers are grouped by what
+their setups depend on (card, node size, whole nodes only, intra-node link kind, inter-node network, host RAM),
+each group is searched once (services.planner.search), and every (offer, setup, pricing) of a card gets a lower
+bound of its expected cost in one array pass: start-up, model download and training at the hourly price (the
+full cost only adds checkpoints, rework and billing rounding). With a budget or a deadline, every full price is
+computed in the same pass. services.planner.ranking then prices entries in order of that bound.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_key
+from services.catalog.market import Market, as_market
+from services.catalog.offers import Offer
+from services.estimator.errors import EstimatorError
+from services.planner.context import PlanContext, RamBlocked, Setup
+from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
+from services.planner.models import Rejection
+from services.planner.rejections import filter_rejection, precision_rejection
+from services.planner.search import NARROW_SEARCH, ram_blocked_setups, settled_setups, shape_setups
+
+# Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
+# visits a card's entries only until its first one left out, a handful over thousands of offers.
+FIRST_CHUNK = 64
+# What decides an offer's setups (services.planner.search.shape_setups reads nothing else of it), as written.
+# The card as written with its interconnect (which decide the card and its link kind), and the node shape.
+_CARD = ("gpu", "interconnect")
+_NODE = ("gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node")
+# What the provider and region constraints read of an offer (services.planner.rejections.filter_rejection).
+_PLACE = ("provider", "region", "country")
+# An entry in rank order: lower bound, GPUs, nodes, seconds, offer index, setup position, spot (on demand first).
+EntryKey = tuple[float, int, int, float, int, int, bool]
+
+
+@dataclass
+class OfferGroup:
+    """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM), or of
+    one node shape (the same but network and host RAM) where those do not change the search: one search gives all
+    of them the same setups, or the same ones their host RAM cannot hold."""
+
+    spec: GpuSpec
+    indices: np.ndarray  # the offers' positions in the catalog, ascending
+    setups: list[Setup] = field(default_factory=list)
+    ram_blocked: list[RamBlocked] = field(default_factory=list)
+
+
+@dataclass
+class CardBounds:
+    """Every (offer, setup, pricing) of one card with the lower bound of its cost, as arrays (unordered): first
+    each (offer, setup) on demand, then on spot those with a spot price (``spot_pair``: which pair each is)."""
+
+    bound: np.ndarray
+    gpus: np.ndarray
+    nodes: np.ndarray
+    seconds: np.ndarray
+    offer: np.ndarray
+    position: np.ndarray  # of the setup among the offer's setups
+    spot: np.ndarray
+    spot_pair: np.ndarray
+    # With a budget or a deadline: each entry's full expected cost and hours, and whether it meets both.
+    cost: np.ndarray | None = None
+    hours: np.ndarray | None = None
+    qualifies: np.ndarray | None = None
+
+    @property
+    def pairs(self) -> int:
+        return len(self.bound) - len(self.spot_pair)
+
+    def in_rank_order(self, first: int = FIRST_CHUNK) -> Iterator[tuple[EntryKey, int]]:
+        """(key, row) of the entries in rank order, sorted a chunk at a time: the ``first`` lowest bounds (with
+        every tie of the last), then four times as many, and so on."""
+        rest = np.arange(len(self.bound))
+        size = first
+        keys = (self.spot, self.position, self.offer, self.seconds, self.nodes, self.gpus, self.bound)
+        while len(rest):
+            if len(rest) > size:
+                values = self.bound[rest]
+                cut = np.partition(values, size - 1)[size - 1]
+                low = values <= cut
+                chunk, rest = rest[low], rest[~low]
+            else:
+                chunk, rest = rest, rest[:0]
+            chunk = chunk[np.lexsort(tuple(k[chunk] for k in keys))]
+            yield from zip(zip(*(k[chunk].tolist() for k in reversed(keys)), strict=True), chunk.tolist(), strict=True)
+            size *= 4
+
+
+@dataclass
+class Scan:
+    """One pass over the catalog: what was filtered out, the cards seen, the offers grouped by layout, and the
+    lower bounds of every pricing per card."""
+
+    offers: Market
+    rejections: list[Rejection] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cards: dict[str, GpuSpec] = field(default_factory=dict)  # in order of their first offer
+    fitting_cards: set[str] = field(default_factory=set)
+    groups: list[OfferGroup] = field(default_factory=list)  # in order of their first offer
+    # Per offer, the position in ``groups`` of its group where it has fitting setups, else -1.
+    fitting_group: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    bounds: dict[str, CardBounds] = field(default_factory=dict)
+
+    def setups_of(self, index: int) -> list[Setup]:
+        return self.groups[int(self.fitting_group[index])].setups
+
+    def card_offers(self, name: str) -> list[Offer]:
+        """The offers of a card, in catalog order."""
+        of_card = [g.indices for g in self.groups if g.spec.name == name]
+        return [self.offers[i] for i in np.sort(np.concatenate(of_card)).tolist()]
+
+    def fitting_offers(self) -> np.ndarray:
+        """The offers with fitting setups, ascending."""
+        return np.flatnonzero(self.fitting_group >= 0)
+
+    def ram_blocked_groups(self) -> list[OfferGroup]:
+        """Groups with no setup because their nodes' host RAM cannot hold the offloaded states."""
+        return [g for g in self.groups if g.ram_blocked]
+
+
+class _CardNames:
+    """``find_gpu`` for the card names of one catalog, each name matched once: the exact pass from one table of the
+    cards' normalised names (services.catalog.gpus.exact_gpu_names), the forgiving pass for the names it misses."""
+
+    def __init__(self, specs: tuple[GpuSpec, ...]) -> None:
+        self.specs = specs
+        self.exact = exact_gpu_names(specs)
+        self.found: dict[str, GpuSpec | EstimatorError] = {}
+
+    def find(self, name: str) -> GpuSpec | EstimatorError:
+        """The card ``name`` means, or the error ``find_gpu`` raises for it."""
+        found = self.found.get(name)
+        if found is None:
+            found = self.exact.get(gpu_name_key(name))
+            if found is None:
+                try:
+                    found = find_gpu(name, self.specs)
+                except EstimatorError as exc:
+                    found = exc
+            self.found[name] = found
+        return found
+
+
+def _allowed(ctx: PlanContext, scan: Scan) -> np.ndarray | None:
+    """The offers the provider and region constraints allow (None: all), each excluded one with its rejection."""
+    c = ctx.constraints
+    if not (c.providers or c.regions):
+        return None
+    ids, places = scan.offers.codes(_PLACE)
+    firsts = _firsts(ids, len(places)).tolist()
+    verdicts = np.array([filter_rejection(c, scan.offers[first]) is None for first in firsts])
+    ok = verdicts[ids] if len(ids) else np.zeros(0, dtype=bool)
+    for index in np.flatnonzero(~ok).tolist():
+        scan.rejections.append(filter_rejection(c, scan.offers[index]))  # type: ignore[arg-type]
+    return np.flatnonzero(ok)
+
+
+def _firsts(ids: np.ndarray, count: int) -> np.ndarray:
+    """Per code below ``count``, the position of its first occurrence in ``ids`` (``len(ids)`` where it has none)."""
+    first = np.full(count, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids)))
+    return first
+
+
+def _group_offers(
+    ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]
+) -> list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]]:
+    """Reject the offers of unknown cards and of cards without the plan's precision, and group the others by node
+    shape (card, link kind, node size, whole nodes only), each with its offers grouped by layout (adding the network
+    and the host RAM) on request; shapes, their layouts and the cards in order of their first offer."""
+    kept = _allowed(ctx, scan)
+    pair_ids, pairs = scan.offers.codes(_CARD)
+    rest_ids, rests = scan.offers.codes(_NODE)
+    position = np.arange(len(scan.offers)) if kept is None else kept
+    if kept is not None:
+        pair_ids, rest_ids = pair_ids[kept], rest_ids[kept]
+    present = np.zeros(len(pairs), dtype=bool)
+    present[pair_ids] = True
+    names = _CardNames(specs)
+    # Per (card name as written, interconnect): the position of its (card, link kind) among ``cards``, or -1 with
+    # why its offers are left out (an unknown card, or one without the plan's precision).
+    cards: dict[tuple[str, str], int] = {}
+    card_of_pair = np.full(len(pairs), -1, dtype=np.int64)
+    rejected: dict[int, GpuSpec | EstimatorError] = {}
+    card_specs: list[GpuSpec] = []
+    for pair in np.flatnonzero(present).tolist():
+        gpu, interconnect = pairs[pair]
+        spec = names.find(gpu)  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, scan.offers[0]) is not None:
+            rejected[pair] = spec
+            continue
+        card = (spec.name, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
+        card_of_pair[pair] = cards.setdefault(card, len(cards))
+        if card_of_pair[pair] == len(card_specs):
+            card_specs.append(spec)
+    card_of = card_of_pair[pair_ids]
+    if rejected:
+        out = card_of < 0
+        _reject_cards(ctx, scan, position[out], pair_ids[out], rejected)
+    # A layout is a (card, link kind) with a node shape, network and host RAM: one code per pair of them; a shape is
+    # the same with only the node size and whether whole nodes only (what the single-node search reads).
+    ok = card_of >= 0
+    members, card_of, rest_ids = position[ok], card_of[ok], rest_ids[ok]
+    shape_codes: dict[tuple[object, ...], int] = {}
+    shape_of_rest = np.array([shape_codes.setdefault(rest[:2], len(shape_codes)) for rest in rests], dtype=np.int64)
+    shape_of_offer = card_of * len(shape_codes) + shape_of_rest[rest_ids]
+    layout_of_offer = card_of * len(rests) + rest_ids
+    shapes, shape_members = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
+    layouts, layout_members = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
+    # Each shape's layouts (positions among ``layouts``, in order of their first offer): made into groups only for the
+    # shapes whose search reads the network or the host RAM.
+    shape_of_layout = (layouts // len(rests)) * len(shape_codes) + shape_of_rest[layouts % len(rests)]
+    order = np.argsort(shape_of_layout, kind="stable")
+    ranked = shape_of_layout[order]
+    starts = np.searchsorted(ranked, shapes, "left").tolist()
+    ends = np.searchsorted(ranked, shapes, "right").tolist()
+
+    def layout_groups(spec: GpuSpec, positions: np.ndarray) -> list[OfferGroup]:
+        return [OfferGroup(spec, layout_members[i]) for i in positions.tolist()]
+
+    found: list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]] = []
+    for code, indices, start, end in zip(shapes.tolist(), shape_members, starts, ends, strict=True):
+        spec = card_specs[code // len(shape_codes)]
+        found.append((OfferGroup(spec, indices), functools.partial(layout_groups, spec, order[start:end])))
+    for group, _ in found:  # cards in order of their first offer
+        scan.cards.setdefault(group.spec.name, group.spec)
+    return found
+
+
+class _Slices:
+    """``ordered[starts[i]:ends[i]]`` for the ``i`` asked for (a group's members, sliced only when read)."""
+
+    def __init__(self, ordered: np.ndarray, starts: list[int], ends: list[int]) -> None:
+        self.ordered, self.starts, self.ends = ordered, starts, ends
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ordered[self.starts[i] : self.ends[i]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return map(self.__getitem__, range(len(self.starts)))
+
+
+def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> tuple[np.ndarray, _Slices]:
+    """``members`` grouped by their ``codes`` (each below ``count``): the codes present, in order of their first
+    member, and each one's members in order. Codes are small integers, so first members and membership come from
+    dense tables and a radix sort."""
+    first = _firsts(codes, count)
+    present = np.flatnonzero(first < len(codes))
+    present = present[np.argsort(first[present])]
+    rank = np.zeros(count, dtype=np.int16 if len(present) <= np.iinfo(np.int16).max else np.int64)
+    rank[present] = np.arange(len(present))
+    group_of = rank[codes]
+    ends = np.cumsum(np.bincount(group_of, minlength=len(present))).tolist()
+    starts = [0, *ends[:-1]] if ends else []
+    ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
+    return present, _Slices(ordered, starts, ends)
+
+
+def _reject_cards(
+    ctx: PlanContext, scan: Scan, indices: np.ndarray, pairs: np.ndarray, why: dict[int, GpuSpec | EstimatorError]
+) -> None:
+    """A rejection for each offer (``indices``, with the code of its card as written, ``pairs``) of an unknown card
+    (with a warning) or of a card without the plan's precision (one per card and provider, shared by its offers).
+    The planner sorts the rejections by kind, card and provider, so unknown cards can come first."""
+    codes = range(int(pairs.max()) + 1)
+    unknown = np.array([isinstance(why.get(pair), EstimatorError) for pair in codes])[pairs]
+    for index, pair in zip(indices[unknown].tolist(), pairs[unknown].tolist(), strict=True):
+        o, error = scan.offers[index], why[pair]
+        assert isinstance(error, EstimatorError)
+        scan.rejections.append(Rejection(gpu=o.gpu, provider=o.provider, kind="unknown_gpu", reason=error.message))
+        scan.warnings.append(f"offer {o.provider} / {o.gpu}: {error.message}")
+    indices, pairs = indices[~unknown], pairs[~unknown]
+    if not len(indices):
+        return
+    # One rejection per card (as matched, whatever its interconnect) and provider.
+    card_codes: dict[str, int] = {}
+    card = np.array([card_codes.setdefault(getattr(why.get(pair), "name", ""), len(card_codes)) for pair in codes])
+    providers = scan.offers.codes(("provider",))[0][indices]
+    _, first, inverse = np.unique(card[pairs] * (int(providers.max()) + 1) + providers, True, True)
+    found = [
+        precision_rejection(ctx.plan, why[pair], scan.offers[index])  # type: ignore[arg-type]
+        for pair, index in zip(pairs[first].tolist(), indices[first].tolist(), strict=True)
+    ]
+    scan.rejections.extend(map(found.__getitem__, inverse.reshape(-1).tolist()))  # type: ignore[arg-type]
+
+
+def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec, ...]) -> Scan:
+    """Filter the offers, match their cards, group them by layout, search each layout once, and bound each
+    pricing's cost as arrays over the offers."""
+    scan = Scan(as_market(offers))
+    offers = scan.offers
+    for shape, layouts in _group_offers(ctx, scan, specs):
+        # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
+        shape.setups = settled_setups(ctx, offers[shape.indices[0]], shape.spec) or []
+        scan.groups.extend([shape] if shape.setups else layouts())
+    scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
+    scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
+    fitting: list[int] = []
+    for position, group in enumerate(scan.groups):
+        ctx.budget.check("constraints", NARROW_SEARCH)
+        first = offers[group.indices[0]]
+        group.setups = group.setups or shape_setups(ctx, first, group.spec)
+        if group.setups:
+            scan.fitting_cards.add(group.spec.name)
+            fitting.append(position)
+        elif first.host_ram_gib_per_node is not None:
+            group.ram_blocked = ram_blocked_setups(ctx, first, group.spec)
+    if fitting:
+        members = [scan.groups[position].indices for position in fitting]
+        scan.fitting_group[np.concatenate(members)] = np.repeat(fitting, [len(m) for m in members])
+    scan.bounds = _bounds(ctx, scan)
+    return scan
+
+
+def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
+    """Per card, start-up, model download and training at the hourly price for every offer, setup and pricing,
+    in one vector pass; with a budget or a deadline, also every full price (costs.run_costs)."""
+    members = scan.fitting_offers()
+    if not len(members):
+        return {}
+    row_of = np.full(len(scan.offers), -1, dtype=np.int64)
+    row_of[members] = np.arange(len(members))
+    c = ctx.constraints
+    full = c.budget_usd is not None or c.deadline_hours is not None
+    columns = offer_columns(scan.offers, members, ctx.sizes.model_download_bytes, full)
+    spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
+    fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
+    per_card: dict[str, list[OfferGroup]] = {}
+    for g in scan.groups:
+        if g.setups:
+            per_card.setdefault(g.spec.name, []).append(g)
+    out = {}
+    for name, groups in per_card.items():
+        pair_offer: list[np.ndarray] = []
+        rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
+        counts: list[int] = []
+        for group in groups:
+            for position, s in enumerate(group.setups):
+                pair_offer.append(group.indices)
+                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
+                counts.append(len(group.indices))
+        index = np.concatenate(pair_offer)
+        row = row_of[index]
+        training, gpus, nodes, positions = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
+        seconds = training + fixed[row]
+        on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
+        spot_rate = spot_price[row]
+        has = ~np.isnan(spot_rate)
+        spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
+
+        def both(a: np.ndarray, has: np.ndarray = has) -> np.ndarray:
+            return np.concatenate((a, a[has]))
+
+        bounds = CardBounds(
+            bound=np.concatenate((on_demand, spot)),
+            gpus=both(gpus),
+            nodes=both(nodes),
+            seconds=both(seconds),
+            offer=both(index),
+            position=both(positions),
+            spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
+            spot_pair=np.flatnonzero(has),
+        )
+        if full:
+            _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
+        out[name] = bounds
+    return out
+
+
+def _full_prices(
+    ctx: PlanContext,
+    bounds: CardBounds,
+    columns: OfferColumns,
+    gpus: np.ndarray,
+    nodes: np.ndarray,
+    training: np.ndarray,
+    has: np.ndarray,
+) -> None:
+    """Every entry's expected cost and hours as ``price_setup`` prices it, and whether it meets the budget and
+    the deadline (``qualifies``)."""
+    c = ctx.constraints
+    sizes = ctx.sizes
+    shape = RunShape(
+        0,
+        1,
+        0.0,
+        sizes.model_download_bytes,
+        sizes.checkpoint_bytes,
+        sizes.final_upload_bytes,
+        sizes.checkpoint_write_s,
+    )
+    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    cost, hours = run_costs(columns, gpus, nodes, training, shape, "on_demand", restart_s=restart_s)
+    if has.any():
+        spot_cost, spot_hours = run_costs(
+            columns.take(has),
+            gpus[has],
+            nodes[has],
+            training[has],
+            shape,
+            "spot",
+            preemptions_per_node_hour=c.preemptions_per_hour,
+            restart_s=restart_s,
+        )
+        cost, hours = np.concatenate((cost, spot_cost)), np.concatenate((hours, spot_hours))
+    ok = np.ones(len(cost), dtype=bool)
+    if c.budget_usd is not None:
+        ok &= cost <= c.budget_usd
+    if c.deadline_hours is not None:
+        ok &= hours <= c.deadline_hours
+    bounds.cost, bounds.hours, bounds.qualifies = cost, hours, ok
