@@ -189,7 +189,7 @@ FIXED = (
     "Trace: the Trainer's pure-bf16 recipe ran without autocast (the tracer enabled it for the -mixed "
     'precisions only), while accelerate wraps the forward in autocast for mixed_precision "bf16" whatever '
     "the model's dtype (accelerate/accelerator.py `prepare_model`: `autocast_context(model_forward_func)`) "
-    "and the analytic recipe assumes it (services/estimator/recipe.py `FrameworkDefaults.autocast`). Without "
+    "and the analytic recipe assumes it (services/estimator/frameworks.py `FrameworkDefaults.autocast`). Without "
     "it PEFT casts each adapted module's input to the fp32 adapter's dtype (peft/tuners/tuners_utils.py "
     "`_cast_input_dtype`) and lora_A keeps that fp32 copy; under autocast the fp32 copy is a temporary and "
     "lora_A keeps autocast's 16-bit cast. This was the one 'not explained' row, llama-3.2-1b-10 (LoRA "

@@ -13,10 +13,11 @@ from services.catalog.offers import Offer, bundled_offers
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget
 from services.estimator.fit import fits_card, headroom_ratio
+from services.estimator.frameworks import framework_note
 from services.estimator.memory import GIB, MemoryBreakdown, peak_memory
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
-from services.estimator.recipe import Recipe, framework_note
+from services.estimator.recipe import Recipe
 from services.estimator.resolved import ResolvedPlan, as_resolved
 from services.estimator.resolved import resolve_architecture as resolve_architecture  # its callers' import
 from services.estimator.throughput import (

@@ -1,6 +1,6 @@
 """Framework releases: a plan's ``framework_version`` parsed to a comparable version.
 
-Which defaults each release changed lives in ``recipe.versioned_defaults``; this module only knows what
+Which defaults each release changed lives in ``frameworks.versioned_defaults``; this module only knows what
 a version of each framework looks like, so that ``plan.py`` can refuse a bad one with the field named.
 A release newer than the newest listed here keeps the newest defaults we know (it is not refused).
 """

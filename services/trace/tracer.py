@@ -329,7 +329,7 @@ def _run_step(
         tracker.track_external(model, optimizer)
         # The plan's autocast, not only the -mixed precisions': the Trainer's bf16 recipe runs a 16-bit model
         # under autocast too, so PEFT's fp32 adapters get autocast's 16-bit copy of their input, not the fp32
-        # one of peft/tuners/tuners_utils.py ``_cast_input_dtype`` (recipe.py, FrameworkDefaults.autocast).
+        # one of peft/tuners/tuners_utils.py ``_cast_input_dtype`` (frameworks.py, FrameworkDefaults.autocast).
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast)
         if recorder is not None:
             states = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]

@@ -267,7 +267,7 @@ def test_the_collector_finds_known_constants(constants: dict[str, Any]) -> None:
     assert constants["services.estimator.memory.device.NCCL_LL128_BUFFER_BYTES"] == 120 * 640 * 8 * 8
     assert "hopper" in constants["services.estimator.throughput.rates.UTILISATION_PRIOR"]
     assert constants["services.planner.constraints.Constraints.prefer_simpler_within"] == 0.10
-    assert constants["services.estimator.recipe._DEFAULTS.torchtune.loss_chunks"] == 8
+    assert constants["services.estimator.frameworks._DEFAULTS.torchtune.loss_chunks"] == 8
     assert "services.estimator.counters.COUNTERS" not in constants  # strings are not numbers
     assert constants["services.estimator.throughput.rates.utilisation_or_prior()"] == [0.4]
 
