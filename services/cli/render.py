@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.estimator.estimate import Estimate
 from services.estimator.padding import padding_shows
+from services.estimator.reports import Estimate
 
 _LABELS = {
     "weights": "weights",

@@ -25,8 +25,9 @@ from services.datasets.repository import DatasetRepository
 from services.datasets.service import location_warnings, plan_data
 from services.estimator.budget import CpuBudget
 from services.estimator.errors import EstimatorError
-from services.estimator.estimate import Estimate, estimate
+from services.estimator.estimate import estimate
 from services.estimator.plan import Plan
+from services.estimator.reports import Estimate
 from services.estimator.resolved import ResolvedPlan, resolve_architecture
 from services.export import ExportBundle
 from services.export.dataset import DEFAULT_DATA, DataFormat, data_format, data_format_of_report

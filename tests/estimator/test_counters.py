@@ -6,8 +6,9 @@ import pytest
 
 from services.catalog.gpus import find_gpu
 from services.estimator.counters import MemoryCounters, memory_counters
-from services.estimator.estimate import MemoryReport, estimate
+from services.estimator.estimate import estimate
 from services.estimator.plan import Plan
+from services.estimator.reports import MemoryReport
 
 PLAN = {
     "model": {"name": "meta-llama/Llama-3.1-8B"},
