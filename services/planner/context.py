@@ -73,6 +73,39 @@ class NodeWalk:
     ram: dict[tuple[bool, object], tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
 
 
+@dataclass
+class SearchMemo:
+    """What the search of one planning call works out once (services.planner.search and host_ram), each keyed by the
+    values it reads, never by identity: thousands of offers share a few shapes."""
+
+    # Per single-node shape: its setups, the fastest per GPU count, and whether they are enough.
+    single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Per single-node shape: each of its setups as blocked by the host RAM.
+    single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
+    # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
+    ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+    # Per (usable bytes per GPU, GPUs, offload allowed): the configurations that fit.
+    configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
+    # The same per card, each with the micro-batch that consumes the data fastest under padding.
+    card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
+    # Per largest fitting configuration: the same with each smaller micro-batch.
+    smaller: dict[Config, tuple[Config, ...]] = field(default_factory=dict)
+    # Host RAM per node a configuration offloads, by (configuration, GPUs per node).
+    host_ram_needs: dict[tuple[Config, int], float] = field(default_factory=dict)
+    # Per (card, layout, links, offload allowed): the fitting setups.
+    layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
+    # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
+    needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
+    # Per (card, link kind, node size, network): the multi-node layouts in order and the walks over them.
+    walks: dict[tuple[str, str, int, float | None], NodeWalk] = field(default_factory=dict)
+    # Per ``layouts`` entry: each setup as blocked by a host RAM that cannot hold it.
+    blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
+    # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
+    usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
+    # Per (single-node shape, network, host RAM GiB per node): the key of the search under that RAM (None: no limit).
+    ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RunSizes:
     """Bytes a run moves besides training: the model it downloads, what it checkpoints and uploads."""
@@ -95,20 +128,10 @@ class PlanContext:
     sizes: RunSizes
     evaluator: Evaluator
     budget: CpuBudget = field(default_factory=unlimited)
+    memo: SearchMemo = field(default_factory=SearchMemo)
     _variants: dict[Method, Evaluator] = field(default_factory=dict)
-    _single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
-    # Per single-node shape key: each of its setups (the first list of ``_single``) as blocked by the host RAM.
-    _single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
-    # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
-    _ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
-    _configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
-    _card_configs: dict[tuple[str, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     _links: dict[tuple[str, str, Layout, float | None], Links] = field(default_factory=dict)
-
-    # Per largest fitting configuration: the same with each smaller micro-batch (services.planner.search).
-    _smaller: dict[Config, tuple[Config, ...]] = field(default_factory=dict)
     _link_kinds: dict[tuple[str, str], str] = field(default_factory=dict)
-    _host_ram_needs: dict[tuple[Config, int], float] = field(default_factory=dict)
 
     def link_kind(self, spec: GpuSpec, interconnect: str) -> str:
         """``intra_node_kind`` of the card under an offer's interconnect string (memoised: a few of each)."""
@@ -127,17 +150,6 @@ class PlanContext:
         if found is None:
             found = self._links[key] = _canonical_links(offer_links(spec, offer, layout))
         return found
-
-    _layouts: dict[tuple[str, Layout, Links, bool], list[Setup]] = field(default_factory=dict)
-    # Per card and layout: the fitting configurations, the host RAM each needs, and each as blocked by the RAM.
-    _needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
-    # Per (card, link kind, node size, network): the multi-node layouts in order and the walks over them.
-    _walks: dict[tuple[str, str, int, float | None], NodeWalk] = field(default_factory=dict)
-    # Per layout_setups entry: each setup as blocked by a host RAM that cannot hold it.
-    _blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
-    # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
-    _usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
-    _ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
     def variant(self, method: Method) -> Evaluator:
         """An evaluator for the plan with another fine-tuning method (for suggestions)."""

@@ -16,9 +16,9 @@ def host_ram_bytes_per_node(ctx: PlanContext, cfg: Config, layout: Layout) -> fl
     if not cfg.cpu_offload:
         return 0.0
     key = (cfg, layout.gpus_per_node)
-    found = ctx._host_ram_needs.get(key)
+    found = ctx.memo.host_ram_needs.get(key)
     if found is None:
-        found = ctx._host_ram_needs[key] = _offloaded_bytes_per_gpu(ctx, cfg) * layout.gpus_per_node
+        found = ctx.memo.host_ram_needs[key] = _offloaded_bytes_per_gpu(ctx, cfg) * layout.gpus_per_node
     return found
 
 
@@ -62,10 +62,10 @@ def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> flo
     unknown. Memoised per plan on what it reads (the RAM per node, the node size, the layout's GPUs per node):
     thousands of offers share a few."""
     key = (offer.host_ram_gib_per_node, offer.gpus_per_node, layout.gpus_per_node)
-    if key in ctx._usable_ram:
-        return ctx._usable_ram[key]
+    if key in ctx.memo.usable_ram:
+        return ctx.memo.usable_ram[key]
     available = host_ram_available_bytes(offer, layout)
-    found = ctx._usable_ram[key] = None if available is None else available * (1.0 - host_ram_margin(ctx))
+    found = ctx.memo.usable_ram[key] = None if available is None else available * (1.0 - host_ram_margin(ctx))
     return found
 
 

@@ -69,11 +69,11 @@ def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links,
     to the longest sample, the fitting one that consumes the data fastest, ``card_configs``); an 8-bit
     optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
     key = (spec.name, layout, links, offload)
-    cached = ctx._layouts.get(key)
+    cached = ctx.memo.layouts.get(key)
     if cached is None:
         configs = card_configs(ctx, spec, layout.gpus, offload)
         cached = [_setup(ctx, spec, layout, links, cfg) for cfg in configs]
-        ctx._layouts[key] = cached
+        ctx.memo.layouts[key] = cached
     return cached
 
 
@@ -83,14 +83,14 @@ def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = Tru
     fastest on this card (``_faster_padded_micro_batch``): every extra sample pads the others to a longer
     longest one, so a smaller micro-batch with more accumulation can be the faster."""
     key = (spec.name, gpus, offload)
-    cached = ctx._card_configs.get(key)
+    cached = ctx.memo.card_configs.get(key)
     if cached is None:
         cached = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
         if ctx.evaluator.padding_varies:
             split = batch_split(ctx.effective_batch_size, gpus)
             chosen = (_faster_padded_micro_batch(ctx, spec, split, cfg) for cfg in cached)
             cached = tuple(dict.fromkeys(chosen))  # two may settle on one micro-batch
-        ctx._card_configs[key] = cached
+        ctx.memo.card_configs[key] = cached
     return cached
 
 
@@ -100,9 +100,9 @@ def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSpli
     the floors leave out per-micro-batch costs (weight reads, dequantisation, small GEMMs) that favour the
     larger one, so they only propose."""
     ev = ctx.evaluator
-    smaller = ctx._smaller.get(largest)
+    smaller = ctx.memo.smaller.get(largest)
     if smaller is None:  # the same on every card
-        smaller = ctx._smaller[largest] = tuple(
+        smaller = ctx.memo.smaller[largest] = tuple(
             config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
             for m in split.micro_batch_sizes
             if m < largest.micro_batch_size
@@ -123,7 +123,7 @@ def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = 
     """The configurations that fit ``usable`` bytes per GPU on ``gpus`` GPUs (memory does not depend on the
     links, so every offer shape with the same card and GPU count shares them)."""
     key = (usable, gpus, offload)
-    cached = ctx._configs.get(key)
+    cached = ctx.memo.configs.get(key)
     if cached is not None:
         return cached
     split = batch_split(ctx.effective_batch_size, gpus)
@@ -154,8 +154,8 @@ def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = 
                 break
     if not found and offload and c.allow_cpu_offload and not ctx.plan.cpu_offload:
         found = search(OFFLOAD_SHARDINGS, True, None)
-    ctx._configs[key] = tuple(found)
-    return ctx._configs[key]
+    ctx.memo.configs[key] = tuple(found)
+    return ctx.memo.configs[key]
 
 
 NARROW_SEARCH = (
@@ -227,7 +227,7 @@ def _single_node(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
 ) -> tuple[list[Setup], list[Setup], bool]:
     """The setups on one node of the shape (all, the fastest per GPU count, and whether they are enough)."""
-    single = ctx._single.get(base)
+    single = ctx.memo.single.get(base)
     if single is None:
         layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
         found: list[Setup] = []
@@ -235,7 +235,7 @@ def _single_node(
             if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
                 found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
         single = (found, _fastest_per_count(found), _enough(ctx, found))
-        ctx._single[base] = single
+        ctx.memo.single[base] = single
     return single
 
 
@@ -248,21 +248,21 @@ def _ram_search(
     A setup that offloads more than a node's RAM holds is dropped as if it did not fit, so the search goes
     on to more nodes: offload on the fewest nodes whose RAM holds it, then more nodes only to do without it
     (which no RAM limits, so that part is the shape's search without offload)."""
-    cached = ctx._ram_shapes.get(key)
+    cached = ctx.memo.ram_shapes.get(key)
     if cached is not None:
         return cached
     held = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
     found = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
-    as_blocked = ctx._single_blocked.get(key[0])
+    as_blocked = ctx.memo.single_blocked.get(key[0])
     if as_blocked is None:
-        as_blocked = ctx._single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
+        as_blocked = ctx.memo.single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
     blocked = [b for b, ok in zip(as_blocked, held, strict=True) if not ok]
     fastest = _fastest_per_count(found)
     if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
         more, more_blocked = _ram_walk(ctx, offer, spec, not found, key[3])
         fastest, blocked = fastest + more, blocked + more_blocked
     cached = (fastest, blocked)
-    ctx._ram_shapes[key] = cached
+    ctx.memo.ram_shapes[key] = cached
     return cached
 
 
@@ -346,9 +346,9 @@ def _layout_blocked(
 ) -> tuple[RamBlocked, ...]:
     """Each of ``layout_setups`` as a configuration a node's host RAM cannot hold (built once per entry)."""
     key = (spec.name, layout, links, offload)
-    found = ctx._blocked.get(key)
+    found = ctx.memo.blocked.get(key)
     if found is None:
-        found = ctx._blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
+        found = ctx.memo.blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
     return found
 
 
@@ -356,10 +356,10 @@ def _walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> NodeWalk:
     """The offer's multi-node layouts in order (``gpu_layouts``) and the node-count walks over them, memoised per
     card, link kind, node size and network (whole nodes or not, the same layouts; the same links)."""
     key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
-    found = ctx._walks.get(key)
+    found = ctx.memo.walks.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        found = ctx._walks[key] = NodeWalk(tuple(NodeStep(layout, offer) for layout in multi))
+        found = ctx.memo.walks[key] = NodeWalk(tuple(NodeStep(layout, offer) for layout in multi))
     return found
 
 
@@ -392,12 +392,12 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
     if offer.host_ram_gib_per_node is None:
         return None
     memo = (base, offer.inter_node_gbit_per_s, offer.host_ram_gib_per_node)
-    if memo in ctx._ram_keys:
-        return ctx._ram_keys[memo]
+    if memo in ctx.memo.ram_keys:
+        return ctx.memo.ram_keys[memo]
     key = None
     if ctx.plan.cpu_offload or not found or any(s.cfg.cpu_offload for s in found):
         key = _ram_key_of(ctx, offer, spec, base, found)
-    ctx._ram_keys[memo] = key
+    ctx.memo.ram_keys[memo] = key
     return key
 
 
@@ -438,13 +438,13 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
     """The fitting configurations of a layout, the host RAM per node each needs (0 without offload), and each as
     blocked by a RAM that cannot hold it."""
     key = (spec.name, layout, offload)
-    found = ctx._needs.get(key)
+    found = ctx.memo.needs.get(key)
     if found is None:
         configs = card_configs(ctx, spec, layout.gpus, offload)
         needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
         blocked = tuple(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
         plain = any(not cfg.cpu_offload for cfg in configs)
-        found = ctx._needs[key] = ConfigNeeds(configs, needs, blocked, plain)
+        found = ctx.memo.needs[key] = ConfigNeeds(configs, needs, blocked, plain)
     return found
 
 
@@ -452,7 +452,7 @@ def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Ra
     """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
     base = shape_key(ctx, spec, offer)
     key = _ram_key(ctx, offer, spec, base, _single_node(ctx, offer, spec, base)[0])
-    found = None if key is None else ctx._ram_shapes.get(key)
+    found = None if key is None else ctx.memo.ram_shapes.get(key)
     return [] if found is None else found[1]
 
 
