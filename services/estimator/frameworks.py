@@ -1,8 +1,8 @@
 """Framework defaults: what each training framework does where the plan is silent, per release.
 
-Each default names the framework code or documentation it comes from. services.estimator.recipe reads them
-(the one reader) to resolve a plan's :class:`~services.estimator.recipe.Recipe`, where an explicit plan field
-always wins.
+Each default names the framework code or documentation it comes from. services.estimator.recipe resolves a
+plan's :class:`~services.estimator.recipe.Recipe` from them, where an explicit plan field always wins; the rest of
+the estimator reads the recipe, and only the estimate's assumptions quote ``framework_note``.
 """
 
 from __future__ import annotations
