@@ -14,24 +14,10 @@ from services.estimator.padding import batch_row_tokens
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 
-# Sources of the constants below (docs/accuracy.md, "Other throughput constants"):
-# - KERNELS_PER_BLOCK_FORWARD / BACKWARD_KERNELS_PER_FORWARD and HOST_SECONDS_PER_OP: measured by
-#   ``python -m benchmarks.mechanisms.dispatch`` (benchmarks/results/dispatch.json) on transformers'
-#   LlamaDecoderLayer (SDPA): 41-45 non-view aten ops per layer forward and 69-73 backward (fp32 / bf16:
-#   bf16 adds RMSNorm's dtype casts; 9 more in a backward that accumulates into existing gradients),
-#   counted with TorchDispatchMode over a 9-layer minus a 1-layer stack;
-#   and 7.8-9.2 us of host time per op on 4-token fp32 tensors in the quietest runs (the fastest of 40
-#   rounds, single-threaded, on the project's shared 2-core CI machine; up to 14 us while it is busy):
-#   Python module calls, the dispatcher, autograd recording and a CPU kernel too small to matter; we take
-#   8.5 us. bf16 reads 13-14 us there because CPU bf16 kernels are slow, not the host.
-# - CUDA_LAUNCH_SECONDS: on a GPU the kernel runs asynchronously and its launch is host work on top:
-#   cudaLaunchKernel costs 4-6 us per kernel (pegainfer's launch-overhead measurements on CUDA 13,
-#   susun-blog.com "From Launch Overhead to CUDA Graph"); we take the middle, 5 us.
-# - INTER_NODE_GB_PER_S: one 200 Gb/s HDR InfiniBand adapter per GPU (NVIDIA DGX A100 user guide).
-# - Overlap of communication with compute: services/estimator/communication.py, per collective over the
-#   real links (FSDP's prefetch, DDP's bucketed all-reduce during backward) with its sources.
-# Eager PyTorch issues this many kernels per transformer block per forward (the two dtypes' mean), and its
-# backward 1.7 times as many (73 / 43; 69 / 41 in fp32).
+# In eager mode a GPU step cannot be shorter than the host work that issues its kernels, which short
+# micro-batches expose. What each constant below is measured by (benchmarks/mechanisms/dispatch.py,
+# zero_hooks.py) or cited from, with the figures, is in services/estimator/constants.toml (docs/constants.md).
+# Eager PyTorch kernels per transformer block forward, and the backward's multiple of it.
 KERNELS_PER_BLOCK_FORWARD = 43
 BACKWARD_KERNELS_PER_FORWARD = 1.7
 # Host-side cost per kernel in eager mode (a GPU step cannot be shorter than its launches): the framework's
@@ -39,14 +25,10 @@ BACKWARD_KERNELS_PER_FORWARD = 1.7
 HOST_SECONDS_PER_OP = 8.5e-6
 CUDA_LAUNCH_SECONDS = 5e-6
 DISPATCH_SECONDS_PER_KERNEL = HOST_SECONDS_PER_OP + CUDA_LAUNCH_SECONDS
-# DeepSpeed ZeRO's host hooks, in eager host ops (HOST_SECONDS_PER_OP each), measured by
-# ``python -m benchmarks.mechanisms.zero_hooks`` (benchmarks/results/zero_hooks.json; DeepSpeed 0.19.8 on
-# transformers' LlamaDecoderLayer; rounded medians of six runs, the last three in that file): ZeRO-3
-# gathers and frees each module's parameters around every call of the module (17-28 ops per module per
-# forward, the forward replayed under checkpointing included; 7-12 per module in the backward), and
-# ZeRO-2/3 move every trained tensor's gradient into the reduce bucket in a backward hook (ZeRO-3 9-12 ops
-# per tensor, ZeRO-2 6-9). Host work every micro-batch, on any number of GPUs; ZeRO-1 adds under one op
-# per tensor and is left out.
+# DeepSpeed ZeRO's host hooks, in eager host ops (HOST_SECONDS_PER_OP each), every micro-batch on any number of
+# GPUs: ZeRO-3 gathers and frees each module's parameters around every call of it (the forward replayed under
+# checkpointing included); ZeRO-2/3 move each trained tensor's gradient into the reduce bucket in a backward
+# hook; ZeRO-1 adds under one op per tensor and is left out.
 ZERO3_HOST_OPS_PER_MODULE_FORWARD = 20
 ZERO3_HOST_OPS_PER_MODULE_BACKWARD = 9
 ZERO3_HOST_OPS_PER_TRAINED_TENSOR = 10
