@@ -209,30 +209,38 @@ def _finish(
     Cached blocks the allocator may give back before failing (the rest of ``step_gap``, FSDP1 stream pools,
     segments of other batch lengths) are reported apart.
     """
-    totals = {name: sum(parts) for name, parts in moments.items()}
-    peak_name = max(totals, key=totals.__getitem__)
-    components = {k: v for k, v in zip(_PARTS[peak_name], moments[peak_name], strict=True) if v}
-    allocated = totals[peak_name]
     counter_gap, fit_gap = step_gap
-    # Each moment's live tensors plus its cache. The step's gap was measured over training steps, not the load.
-    with_cache = {
-        name: total
-        if name == "model_load"
-        else total + fit_gap + (rounding if name in _ACTIVATIONS_AT and moments[name][_ACTIVATIONS_AT[name]] else 0.0)
-        for name, total in totals.items()
-    }
+    # Per moment its total, and its live tensors plus its cache (the step's gap was measured over training steps,
+    # not the load): the largest of those is the reserved peak, the largest of the step's moments' reads the
+    # counters with memory to spare. One pass; maxima taken as ``max`` takes them (the first of equals).
+    totals: dict[str, float] = {}
+    peak_name, allocated = "", 0.0
+    reserved = step_peak = None
+    for name, parts in moments.items():
+        total = totals[name] = sum(parts)
+        if not peak_name or total > allocated:
+            peak_name, allocated = name, total
+        if name == "model_load":
+            cached = total
+        else:
+            at = _ACTIVATIONS_AT.get(name)
+            cached = total + fit_gap + (rounding if at is not None and parts[at] else 0.0)
+            if step_peak is None or cached > step_peak:
+                step_peak = cached
+        if reserved is None or cached > reserved:
+            reserved = cached
+    assert reserved is not None  # a step has at least one moment
+    components = {k: v for k, v in zip(_PARTS[peak_name], moments[peak_name], strict=True) if v}
 
     # The reserved peak is the largest moment's live tensors plus its cache, which may be another moment than
     # the allocated peak's (a load-time spike of temporaries beside a step with more kept tensors); what it
     # holds beyond the allocated peak is the allocator's reserve.
-    reserved = max(with_cache.values())
     # FSDP1's stream pools stay cached whole beyond the buffers live at the peak moment; they are free
     # blocks, so they show in the counters but do not make a run fail.
     pools_extra = max(0.0, stream_pools - components.get("sharding_buffers", 0.0)) if stream_pools else 0.0
-    step_peaks = [total for name, total in with_cache.items() if name != "model_load"]
-    if step_peaks:
+    if step_peak is not None:
         # With memory to spare the counters read the whole gap and the segments of other batch lengths.
-        pools_extra += max(0.0, max(step_peaks) + (counter_gap - fit_gap) + other_lengths_cache - reserved)
+        pools_extra += max(0.0, step_peak + (counter_gap - fit_gap) + other_lengths_cache - reserved)
     context = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(plan)
     components["allocator_reserve"] = reserved - allocated
     components["cuda_context"] = float(context)
