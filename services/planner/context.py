@@ -66,8 +66,6 @@ class NodeWalk:
     plain: list[list[Setup]] | None = None
     # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
     grown: dict[bool, list[Setup]] = field(default_factory=dict)
-    # Per host RAM GiB per node: where offload first fits that RAM on more nodes (search._beyond).
-    beyond: dict[float | None, object] = field(default_factory=dict)
     # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU
     # count and the configurations the RAM cannot hold.
     ram: dict[tuple[bool, object], tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
@@ -102,6 +100,10 @@ class SearchMemo:
     blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
     usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
+    # Per (card, node size, whole nodes only, host RAM GiB per node): which single-node setups the RAM holds.
+    held: dict[tuple[str, int, bool, float | None], tuple[bool, ...]] = field(default_factory=dict)
+    # Per (card, node size, host RAM GiB per node): where offload first fits that RAM on more nodes.
+    beyond: dict[tuple[str, int, float | None], object] = field(default_factory=dict)
     # Per (single-node shape, network, host RAM GiB per node): the key of the search under that RAM (None: no limit).
     ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 

@@ -403,7 +403,7 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
 
 def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
     """``_ram_key`` for a shape, network and RAM size not met before."""
-    held = tuple(host_ram_fits(ctx, offer, s) for s in found)
+    held = _held(ctx, offer, spec, found)
     inter = offer.inter_node_gbit_per_s
     if ctx.plan.cpu_offload:
         return (base, inter, held, offer.host_ram_gib_per_node)
@@ -415,22 +415,34 @@ def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, f
     return (base, inter, held, beyond)
 
 
+def _held(ctx: PlanContext, offer: Offer, spec: GpuSpec, found: list[Setup]) -> tuple[bool, ...]:
+    """Which of the single-node setups ``found`` the offer's host RAM holds. What a setup offloads and what a node
+    holds depend on its configuration and layout, which the link kind does not change (``_single_node`` finds the
+    same ones for every link kind), so offers of one card, node size, whole nodes or not and RAM share it."""
+    key = (spec.name, offer.gpus_per_node, offer.whole_nodes_only, offer.host_ram_gib_per_node)
+    held = ctx.memo.held.get(key)
+    if held is None:
+        held = ctx.memo.held[key] = tuple(host_ram_fits(ctx, offer, s) for s in found)
+    return held
+
+
 def _beyond(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> object:
-    """The first multi-node step of the offer's walk on which offload fits its host RAM or a setup needs none,
-    with which configurations there the RAM holds (None: no such step); per walk and RAM size."""
-    walk = _walk(ctx, offer, spec)
+    """The first multi-node layout of the offer on which offload fits its host RAM or a setup needs none, with which
+    configurations there the RAM holds (None: no such layout). It reads the configurations and the RAM, not the
+    links: offers of one card, node size and RAM share it, whatever their link kind and network."""
     ram = offer.host_ram_gib_per_node
-    if ram in walk.beyond:
-        return walk.beyond[ram]
+    key = (spec.name, offer.gpus_per_node, ram)
+    if key in ctx.memo.beyond:
+        return ctx.memo.beyond[key]
     beyond: object = None
-    for index, step in enumerate(walk.steps):
-        needs = _config_needs(ctx, spec, step.layout, True)
-        usable = usable_host_ram_bytes(ctx, offer, step.layout)
+    for index, layout in enumerate(gpu_layouts(offer, ctx.constraints.max_gpus)[1]):  # the walk's steps
+        needs = _config_needs(ctx, spec, layout, True)
+        usable = usable_host_ram_bytes(ctx, offer, layout)
         fits = tuple(holds(need, usable) for need in needs.needs)
         if needs.plain or any(ok and cfg.cpu_offload for cfg, ok in zip(needs.configs, fits, strict=True)):
             beyond = (index, fits)
             break
-    walk.beyond[ram] = beyond
+    ctx.memo.beyond[key] = beyond
     return beyond
 
 
