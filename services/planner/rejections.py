@@ -356,11 +356,17 @@ def filter_rejection(constraints: Constraints, offer: Offer) -> Rejection | None
     return None
 
 
-def precision_rejection(plan: Plan, spec: GpuSpec, offer: Offer) -> Rejection | None:
-    """A card that cannot run the plan's precision at all: bf16 needs compute capability 8.0 (Ampere) or
+def lacks_precision(plan: Plan, spec: GpuSpec) -> bool:
+    """Whether the card cannot run the plan's precision at all: bf16 needs compute capability 8.0 (Ampere) or
     newer. Turing (T4) and Volta (V100) have no bf16 tensor cores, and the HF Trainer refuses ``bf16=True``
     on them ("Your setup doesn't support bf16/gpu"); the spec marks them with no bf16 rate."""
-    if not plan.precision.startswith("bf16") or spec.bf16_tflops:
+    return plan.precision.startswith("bf16") and not spec.bf16_tflops
+
+
+def precision_rejection(plan: Plan, spec: GpuSpec, offer: Offer) -> Rejection | None:
+    """The rejection of a card that cannot run the plan's precision (``lacks_precision``), for the offer's
+    provider; None where it can."""
+    if not lacks_precision(plan, spec):
         return None
     return Rejection(
         gpu=spec.name,

@@ -24,7 +24,7 @@ from services.estimator.errors import EstimatorError
 from services.planner.context import PlanContext, RamBlocked, Setup
 from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.models import Rejection
-from services.planner.rejections import filter_rejection, precision_rejection
+from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
 from services.planner.search import NARROW_SEARCH, ram_blocked_setups, settled_setups, shape_setups
 
 # Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
@@ -193,7 +193,7 @@ def _group_offers(
     for pair in np.flatnonzero(present).tolist():
         gpu, interconnect = pairs[pair]
         spec = names.find(gpu)  # type: ignore[arg-type]
-        if isinstance(spec, EstimatorError) or precision_rejection(ctx.plan, spec, scan.offers[0]) is not None:
+        if isinstance(spec, EstimatorError) or lacks_precision(ctx.plan, spec):
             rejected[pair] = spec
             continue
         card = (spec.name, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
@@ -284,11 +284,21 @@ def _reject_cards(
     card = np.array([card_codes.setdefault(getattr(why.get(pair), "name", ""), len(card_codes)) for pair in codes])
     providers = scan.offers.codes(("provider",))[0][indices]
     _, first, inverse = np.unique(card[pairs] * (int(providers.max()) + 1) + providers, True, True)
-    found = [
-        precision_rejection(ctx.plan, why[pair], scan.offers[index])  # type: ignore[arg-type]
-        for pair, index in zip(pairs[first].tolist(), indices[first].tolist(), strict=True)
-    ]
-    scan.rejections.extend(map(found.__getitem__, inverse.reshape(-1).tolist()))  # type: ignore[arg-type]
+    # One rejection per card, copied for each other provider: only the provider differs.
+    per_card: dict[str, Rejection] = {}
+    found = []
+    for pair, index in zip(pairs[first].tolist(), indices[first].tolist(), strict=True):
+        spec, offer = why[pair], scan.offers[index]
+        assert isinstance(spec, GpuSpec)  # the unknown cards are rejected above
+        rejection = per_card.get(spec.name)
+        if rejection is None:
+            made = precision_rejection(ctx.plan, spec, offer)
+            assert made is not None  # only cards without the plan's precision come here
+            rejection = per_card[spec.name] = made
+        elif rejection.provider != offer.provider:
+            rejection = rejection.model_copy(update={"provider": offer.provider})
+        found.append(rejection)
+    scan.rejections.extend(map(found.__getitem__, inverse.reshape(-1).tolist()))
 
 
 def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec, ...]) -> Scan:
