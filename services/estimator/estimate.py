@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer, bundled_offers
@@ -102,20 +102,20 @@ def estimate(
     costs = []
     by_name = {s.name: s for s in catalog}
     fit_by_name = {f.gpu: f.fits for f in fits}
-    per_card: dict[str, Throughput] = {}  # offers of one card share its throughput
+    per_card: dict[str, _CardRates] = {}  # offers of one card share its throughput
     for offer in offers:
         spec = by_name.get(offer.gpu)
         if spec is None:
             continue
-        tp = per_card.get(spec.name)
-        if tp is None:
+        rates = per_card.get(spec.name)
+        if rates is None:
             # The budget is read where the work is (throughput estimates per card), every few cards: reading a
             # thread's CPU clock is a system call, dearer than one card's estimate on some kernels.
             if budget is not None and len(per_card) % BUDGET_CHECK_EVERY_CARDS == 0:
                 budget.check("plan", "estimate against fewer offers")
             tp = estimate_throughput(plan, arch, recipe, states, spec, peak_device_bytes=mem.peak_device, work=work)
-            per_card[spec.name] = tp
-        costs.append(_cost(offer, spec, plan, tp, total_tokens, fit_by_name[spec.name]))
+            rates = per_card[spec.name] = _CardRates(tp, round(tp.tokens_per_s, 1), round(tp.data_tokens_per_s, 1))
+        costs.append(_cost(offer, spec, plan, rates, total_tokens, fit_by_name[spec.name]))
     costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
 
     return Estimate(
@@ -287,9 +287,19 @@ def _throughput_report(tp: Throughput, spec: GpuSpec, plan: Plan) -> ThroughputR
     )
 
 
+class _CardRates(NamedTuple):
+    """A card's throughput and its two rates as reported (rounded once per card, not per offer: ``round`` is
+    among the dearer calls of pricing an offer)."""
+
+    throughput: Throughput
+    tokens_per_s: float
+    data_tokens_per_s: float
+
+
 def _cost(
-    offer: Offer, spec: GpuSpec, plan: Plan, tp: Throughput, total_tokens: float | None, fits: bool
+    offer: Offer, spec: GpuSpec, plan: Plan, rates: _CardRates, total_tokens: float | None, fits: bool
 ) -> CostReport:
+    tp = rates.throughput
     per_hour = offer.on_demand_usd_per_hour * plan.gpus
     spot_per_hour = offer.spot_usd_per_hour * plan.gpus if offer.spot_usd_per_hour is not None else None
     # Per token of the data set: pad tokens cost GPU time but are not what the run is sized by.
@@ -305,8 +315,8 @@ def _cost(
         gpu=spec.name,
         gpus=plan.gpus,
         fits=fits,
-        tokens_per_s=round(tp.tokens_per_s, 1),
-        data_tokens_per_s=round(tp.data_tokens_per_s, 1),
+        tokens_per_s=rates.tokens_per_s,
+        data_tokens_per_s=rates.data_tokens_per_s,
         on_demand_usd_per_hour=round(per_hour, 4),
         spot_usd_per_hour=None if spot_per_hour is None else round(spot_per_hour, 4),
         usd_per_million_tokens=round(per_million, 4),

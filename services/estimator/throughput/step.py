@@ -469,6 +469,7 @@ def card_step(
     )
 
 
+@quick_init
 @dataclass(frozen=True)
 class RunCost:
     tokens: float
