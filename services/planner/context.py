@@ -102,8 +102,8 @@ class SearchMemo:
     usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
     # Per (card, node size, whole nodes only, host RAM GiB per node): which single-node setups the RAM holds.
     held: dict[tuple[str, int, bool, float | None], tuple[bool, ...]] = field(default_factory=dict)
-    # Per (card, node size, host RAM GiB per node): where offload first fits that RAM on more nodes.
-    beyond: dict[tuple[str, int, float | None], object] = field(default_factory=dict)
+    # Per (card, node size, networked, host RAM GiB per node): where offload first fits that RAM on more nodes.
+    beyond: dict[tuple[str, int, bool, float | None], object] = field(default_factory=dict)
     # Per (single-node shape, network, host RAM GiB per node): the key of the search under that RAM (None: no limit).
     ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 

@@ -431,7 +431,7 @@ def _beyond(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> object:
     configurations there the RAM holds (None: no such layout). It reads the configurations and the RAM, not the
     links: offers of one card, node size and RAM share it, whatever their link kind and network."""
     ram = offer.host_ram_gib_per_node
-    key = (spec.name, offer.gpus_per_node, ram)
+    key = (spec.name, offer.gpus_per_node, offer.inter_node_gbit_per_s is not None, ram)
     if key in ctx.memo.beyond:
         return ctx.memo.beyond[key]
     beyond: object = None
