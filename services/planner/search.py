@@ -174,9 +174,11 @@ def _fastest_per_count(found: list[Setup]) -> list[Setup]:
     """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest."""
     fastest: dict[int, Setup] = {}
     for s in found:
-        if s.layout.gpus not in fastest or s.training_s < fastest[s.layout.gpus].training_s:
-            fastest[s.layout.gpus] = s
-    return sorted(fastest.values(), key=lambda s: s.layout.gpus)
+        gpus = s.layout.gpus
+        kept = fastest.get(gpus)
+        if kept is None or s.training_s < kept.training_s:
+            fastest[gpus] = s
+    return [fastest[gpus] for gpus in sorted(fastest)]
 
 
 def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
@@ -471,9 +473,12 @@ def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Ra
 def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
     """Whether setups make more nodes pointless: one fits without offload or an 8-bit optimizer (those
     only fit, slowly) and, with a deadline, meets it."""
-    deadline = ctx.constraints.deadline_hours
-    plain = [s for s in found if s.cfg.optimizer is None and s.cfg.cpu_offload == ctx.plan.cpu_offload]
-    return bool(plain) and (deadline is None or any(s.training_s / 3600.0 <= deadline for s in plain))
+    deadline, offload = ctx.constraints.deadline_hours, ctx.plan.cpu_offload
+    for s in found:
+        plain = s.cfg.optimizer is None and s.cfg.cpu_offload == offload
+        if plain and (deadline is None or s.training_s / 3600.0 <= deadline):
+            return True
+    return False
 
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
