@@ -431,7 +431,8 @@ def _held(ctx: PlanContext, offer: Offer, spec: GpuSpec, found: list[Setup]) -> 
 def _beyond(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> object:
     """The first multi-node layout of the offer on which offload fits its host RAM or a setup needs none, with which
     configurations there the RAM holds (None: no such layout). It reads the configurations and the RAM, not the
-    links: offers of one card, node size and RAM share it, whatever their link kind and network."""
+    links: offers of one card, node size and RAM that span nodes share it, whatever their link kind and network
+    speed."""
     ram = offer.host_ram_gib_per_node
     key = (spec.name, offer.gpus_per_node, offer.inter_node_gbit_per_s is not None, ram)
     if key in ctx.memo.beyond:
