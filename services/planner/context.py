@@ -61,7 +61,10 @@ class NodeWalk:
     shape has the same multi-node layouts and links, so its shapes share one walk; and a walk adds only GPU
     counts above one node, so a shape's setups are its own single-node ones followed by the walk's."""
 
-    steps: tuple[NodeStep, ...]
+    layouts: tuple[Layout, ...]
+    offer: Offer  # the first offer of the walk met (its links)
+    # The steps made so far, one per layout from the first (``step``).
+    made: list[NodeStep] = field(default_factory=list)
     # The setups without offload per step, growing until they are enough (then empty lists).
     plain: list[list[Setup]] | None = None
     # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
@@ -69,6 +72,13 @@ class NodeWalk:
     # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU
     # count and the configurations the RAM cannot hold.
     ram: dict[tuple[bool, object], tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+
+    def step(self, index: int) -> NodeStep:
+        """The step on ``layouts[index]``, made on first use: walks read steps in order and most stop after a few."""
+        made = self.made
+        while len(made) <= index:
+            made.append(NodeStep(self.layouts[len(made)], self.offer))
+        return made[index]
 
 
 @dataclass

@@ -215,9 +215,9 @@ def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list
     found = walk.grown.get(offload)
     if found is None:
         grown: list[Setup] = []
-        for step in walk.steps:
+        for index in range(len(walk.layouts)):
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more, enough, _ = _step_setups(ctx, spec, step, offload)
+            more, enough, _ = _step_setups(ctx, spec, walk.step(index), offload)
             grown.extend(more)
             if enough:
                 break
@@ -281,12 +281,12 @@ def _ram_walk(
         return cached
     grown: list[Setup] = []
     blocked: list[RamBlocked] = []
-    for index, step in enumerate(walk.steps):
+    for index in range(len(walk.layouts)):
         if not offload and not ctx.plan.cpu_offload:
             grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
             break
         ctx.budget.check("constraints", NARROW_SEARCH)
-        more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
+        more, enough, offloads = _ram_layout_setups(ctx, offer, spec, walk.step(index), offload, blocked)
         grown.extend(more)
         if enough:
             break
@@ -361,7 +361,7 @@ def _walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> NodeWalk:
     found = ctx.memo.walks.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
-        found = ctx.memo.walks[key] = NodeWalk(tuple(NodeStep(layout, offer) for layout in multi))
+        found = ctx.memo.walks[key] = NodeWalk(multi, offer)
     return found
 
 
@@ -372,12 +372,12 @@ def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setu
     if walk.plain is None:
         plain: list[list[Setup]] = []
         done = False
-        for step in walk.steps:
+        for index in range(len(walk.layouts)):
             if done:
                 plain.append([])
                 continue
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more, done, _ = _step_setups(ctx, spec, step, False)
+            more, done, _ = _step_setups(ctx, spec, walk.step(index), False)
             plain.append(more)
         walk.plain = plain
     return walk.plain
