@@ -88,8 +88,11 @@ class SearchMemo:
 
     # Per single-node shape: its setups, the fastest per GPU count, and whether they are enough.
     single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
-    # Per single-node shape: each of its setups as blocked by the host RAM.
-    single_blocked: dict[ShapeKey, tuple[RamBlocked, ...]] = field(default_factory=dict)
+    # Per single-node shape and which of its setups a host RAM holds: those held (the fastest per GPU count), those
+    # not (as blocked by the RAM), and whether the held ones are enough.
+    held_single: dict[tuple[ShapeKey, tuple[bool, ...]], tuple[list[Setup], list[RamBlocked], bool]] = field(
+        default_factory=dict
+    )
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
     ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
     # Per (usable bytes per GPU, GPUs, offload allowed): the configurations that fit.

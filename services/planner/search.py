@@ -253,19 +253,27 @@ def _ram_search(
     cached = ctx.memo.ram_shapes.get(key)
     if cached is not None:
         return cached
-    held = key[2]  # which of the single-node setups the RAM holds (_ram_key_of)
-    found = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
-    as_blocked = ctx.memo.single_blocked.get(key[0])
-    if as_blocked is None:
-        as_blocked = ctx.memo.single_blocked[key[0]] = tuple(_blocked(s) for s in found_anywhere)
-    blocked = [b for b, ok in zip(as_blocked, held, strict=True) if not ok]
-    fastest = _fastest_per_count(found)
-    if not _enough(ctx, found) and offer.inter_node_gbit_per_s is not None:
-        more, more_blocked = _ram_walk(ctx, offer, spec, not found, key[3])
+    base, _, held, decided = key  # held: which of the single-node setups the RAM holds (_ram_key_of)
+    fastest, blocked, enough = _held_single(ctx, base, held, found_anywhere)
+    if not enough and offer.inter_node_gbit_per_s is not None:
+        more, more_blocked = _ram_walk(ctx, offer, spec, not any(held), decided)
         fastest, blocked = fastest + more, blocked + more_blocked
-    cached = (fastest, blocked)
-    ctx.memo.ram_shapes[key] = cached
+    cached = ctx.memo.ram_shapes[key] = (fastest, blocked)
     return cached
+
+
+def _held_single(
+    ctx: PlanContext, base: ShapeKey, held: tuple[bool, ...], found_anywhere: list[Setup]
+) -> tuple[list[Setup], list[RamBlocked], bool]:
+    """The single-node part of ``_ram_search``: the fastest per GPU count of the setups the RAM holds, those it
+    cannot hold, and whether the held ones are enough (``_enough``). The shape's networks share it."""
+    key = (base, held)
+    found = ctx.memo.held_single.get(key)
+    if found is None:
+        kept = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
+        blocked = [_blocked(s) for s, ok in zip(found_anywhere, held, strict=True) if not ok]
+        found = ctx.memo.held_single[key] = (_fastest_per_count(kept), blocked, _enough(ctx, kept))
+    return found
 
 
 def _ram_walk(
