@@ -28,8 +28,9 @@ from services.planner.host_ram import host_ram_fits
 from services.planner.layouts import Layout
 from services.planner.models import PricingMode, Recommendation
 from services.planner.planner import _assumptions, _recommendation, plan_context
+from services.planner.ranking import price_setup
 from services.planner.rejections import precision_rejection
-from services.planner.search import layout_setups, price_setup
+from services.planner.search import layout_setups
 
 
 def offer_layout(offer: Offer, gpus: int) -> Layout | None:

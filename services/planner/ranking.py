@@ -2,7 +2,8 @@
 (services.planner.scan), until a bound can reach neither the top N nor the best of a card that still has none:
 over thousands of offers only a few dozen are priced.
 
-The priced entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
+A setup is priced on one offer by ``price_setup`` (on demand and spot, services.planner.costs); the priced
+entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
 more nodes, spot or CPU offload ranks above a simpler one only when it is cheaper by more than
 ``constraints.prefer_simpler_within``; the pruning keeps every entry that tolerance could bring into the top N.
 """
@@ -17,11 +18,14 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from services.catalog.offers import Offer
 from services.estimator.memory import GIB
-from services.planner.context import Candidate, Entry, PlanContext, PricedSetup
+from services.planner.constraints import Constraints
+from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, Setup
+from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.host_ram import host_ram_available_bytes
+from services.planner.models import PricingMode
 from services.planner.scan import EntryKey, Scan
-from services.planner.search import price_setup, qualifies
 
 CENT = 0.005
 # An entry the simpler-first rule moves up passes at most this many others in a chain (8 GPUs spot -> 1 GPU spot
@@ -29,6 +33,39 @@ CENT = 0.005
 SIMPLER_CHAIN = 3
 # An offload setup slower than this share of the first GPU-only setup says so first.
 SLOW_SHARE = 0.25
+
+
+def qualifies(constraints: Constraints, cost: RunCost) -> bool:
+    """Whether one pricing of a setup meets both the budget and the deadline."""
+    budget_ok = constraints.budget_usd is None or cost.expected_cost_usd <= constraints.budget_usd
+    deadline_ok = constraints.deadline_hours is None or cost.hours <= constraints.deadline_hours
+    return budget_ok and deadline_ok
+
+
+def price_setup(ctx: PlanContext, offer_index: int, offer: Offer, setup: Setup) -> Candidate:
+    """The setup on this offer: on demand and, where offered and allowed, on spot."""
+    sizes = ctx.sizes
+    shape = RunShape(
+        gpus=setup.layout.gpus,
+        nodes=setup.layout.nodes,
+        training_s=setup.training_s,
+        model_download_bytes=sizes.model_download_bytes,
+        checkpoint_bytes=sizes.checkpoint_bytes,
+        final_upload_bytes=sizes.final_upload_bytes,
+        checkpoint_write_s=sizes.checkpoint_write_s,
+    )
+    c = ctx.constraints
+    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    on_demand = run_cost(offer, shape, "on_demand", restart_s=restart_s)
+    spot: RunCost | None = None
+    if offer.spot_usd_per_hour is not None and c.spot_allowed:
+        spot = run_cost(offer, shape, "spot", preemptions_per_node_hour=c.preemptions_per_hour, restart_s=restart_s)
+    mode: PricingMode | None = None
+    if qualifies(c, on_demand):
+        mode = "on_demand"
+    elif spot is not None and qualifies(c, spot):
+        mode = "spot"
+    return Candidate(offer, offer_index, setup, on_demand, spot, mode)
 
 
 class Pricer:

@@ -30,10 +30,8 @@ from services.catalog.offers import Offer
 from services.estimator.communication import Links
 from services.estimator.plan import Optimizer, Sharding
 from services.planner.batching import BatchSplit, batch_split, config_for, largest_fitting_micro_batch
-from services.planner.constraints import Constraints
 from services.planner.context import (
     EIGHT_BIT_OPTIMIZERS,
-    Candidate,
     ConfigNeeds,
     NodeStep,
     NodeWalk,
@@ -43,11 +41,9 @@ from services.planner.context import (
     Setup,
     ShapeKey,
 )
-from services.planner.costs import RunCost, RunShape, run_cost
 from services.planner.evaluator import Config
 from services.planner.host_ram import _blocked, holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
-from services.planner.models import PricingMode
 
 
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
@@ -488,36 +484,3 @@ def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
         if plain and (deadline is None or s.training_s / 3600.0 <= deadline):
             return True
     return False
-
-
-def qualifies(constraints: Constraints, cost: RunCost) -> bool:
-    """Whether one pricing of a setup meets both the budget and the deadline."""
-    budget_ok = constraints.budget_usd is None or cost.expected_cost_usd <= constraints.budget_usd
-    deadline_ok = constraints.deadline_hours is None or cost.hours <= constraints.deadline_hours
-    return budget_ok and deadline_ok
-
-
-def price_setup(ctx: PlanContext, offer_index: int, offer: Offer, setup: Setup) -> Candidate:
-    """The setup on this offer: on demand and, where offered and allowed, on spot."""
-    sizes = ctx.sizes
-    shape = RunShape(
-        gpus=setup.layout.gpus,
-        nodes=setup.layout.nodes,
-        training_s=setup.training_s,
-        model_download_bytes=sizes.model_download_bytes,
-        checkpoint_bytes=sizes.checkpoint_bytes,
-        final_upload_bytes=sizes.final_upload_bytes,
-        checkpoint_write_s=sizes.checkpoint_write_s,
-    )
-    c = ctx.constraints
-    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
-    on_demand = run_cost(offer, shape, "on_demand", restart_s=restart_s)
-    spot: RunCost | None = None
-    if offer.spot_usd_per_hour is not None and c.spot_allowed:
-        spot = run_cost(offer, shape, "spot", preemptions_per_node_hour=c.preemptions_per_hour, restart_s=restart_s)
-    mode: PricingMode | None = None
-    if qualifies(c, on_demand):
-        mode = "on_demand"
-    elif spot is not None and qualifies(c, spot):
-        mode = "spot"
-    return Candidate(offer, offer_index, setup, on_demand, spot, mode)

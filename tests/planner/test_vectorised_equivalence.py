@@ -29,8 +29,8 @@ from services.catalog.gpus import gpu_specs
 from services.catalog.offers import Offer
 from services.planner import Constraints, plan_setups
 from services.planner.planner import plan_context
+from services.planner.ranking import price_setup
 from services.planner.scan import scan_offers
-from services.planner.search import price_setup
 
 REFERENCE = Path(__file__).parent / "data" / "vectorised_reference.json.gz"
 NOW = datetime(2026, 11, 3, tzinfo=UTC)
