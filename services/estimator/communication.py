@@ -28,7 +28,7 @@ from functools import cached_property
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
-from services.estimator.memo import quick_init, state_without_hash, value_hash_once
+from services.estimator.memo import Memo, quick_init, state_without_hash, value_hash_once
 
 # Share of a link's one-direction peak that NCCL's ring collectives reach (bus bandwidth / spec):
 # - NVLink/NVSwitch: ~87-88% measured on 8 x H200 (stas00/ml-engineering network/README.md).
@@ -342,4 +342,12 @@ def links_for(
     names the intra-node link: "NVLink"/"NVSwitch", "PCIe" or "" for the card's own)."""
     kind = intra_node_kind(spec, interconnect)
     bandwidth = spec.nvlink_gb_per_s if kind == "NVLink" else spec.pcie_gb_per_s
-    return Links(gpus_per_node, nodes, kind, bandwidth, inter_node_gbit_per_s if nodes > 1 else None)
+    value = (gpus_per_node, nodes, kind, bandwidth, inter_node_gbit_per_s if nodes > 1 else None)
+    return _INTERNED_LINKS.get(value, lambda: Links(*value))
+
+
+# Links are interned by their fields (one instance per value, built once): the planner and the estimates after it
+# meet the same few links thousands of times, and a shared instance keeps what it works out once (hash, label,
+# ring latencies). The links depend on the card and the layout, never on a plan.
+INTERNED_LINKS = 4096
+_INTERNED_LINKS: Memo[Links] = Memo(INTERNED_LINKS)

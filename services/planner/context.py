@@ -10,7 +10,7 @@ from services.estimator.architecture import Architecture
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import Links, intra_node_kind
 from services.estimator.fit import usable_card_bytes
-from services.estimator.memo import Canonical, quick_init
+from services.estimator.memo import quick_init
 from services.estimator.plan import Method, Optimizer, Plan
 from services.estimator.throughput import Throughput
 from services.planner.constraints import Constraints
@@ -163,7 +163,7 @@ class PlanContext:
         key = (spec.name, self.link_kind(spec, offer.interconnect), layout, inter)
         found = self._links.get(key)
         if found is None:
-            found = self._links[key] = _canonical_links(offer_links(spec, offer, layout))
+            found = self._links[key] = offer_links(spec, offer, layout)
         return found
 
     def variant(self, method: Method) -> Evaluator:
@@ -179,11 +179,6 @@ class PlanContext:
     def usable_bytes(self, spec: GpuSpec) -> float:
         """Memory per GPU a setup may use: the card's memory less the user's extra safety margin."""
         return usable_card_bytes(spec.memory_gib, self.constraints.safety_margin)
-
-
-# The links of every offer shape planned on, shared by later plans with what they work out once (bus bandwidth,
-# ring latencies, label): they depend on the card and the offer's shape, never on the plan.
-_canonical_links: Canonical[Links] = Canonical(4096)
 
 
 @quick_init

@@ -48,6 +48,7 @@ class OfferGroup:
 
     spec: GpuSpec
     indices: np.ndarray  # the offers' positions in the catalog, ascending
+    first: int  # the first of them (the group's searches read its offer)
     setups: list[Setup] = field(default_factory=list)
     ram_blocked: list[RamBlocked] = field(default_factory=list)
 
@@ -223,22 +224,25 @@ def _group_offers(
     ends = np.searchsorted(ranked, shapes, "right").tolist()
 
     def layout_groups(spec: GpuSpec, positions: np.ndarray) -> list[OfferGroup]:
-        return [OfferGroup(spec, layout_members[i]) for i in positions.tolist()]
+        return [OfferGroup(spec, layout_members[i], layout_members.firsts[i]) for i in positions.tolist()]
 
     found: list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]] = []
-    for code, indices, start, end in zip(shapes.tolist(), shape_members, starts, ends, strict=True):
+    shape_rows = zip(shapes.tolist(), shape_members, shape_members.firsts, starts, ends, strict=True)
+    for code, indices, first, start, end in shape_rows:
         spec = card_specs[code // len(shape_codes)]
-        found.append((OfferGroup(spec, indices), functools.partial(layout_groups, spec, order[start:end])))
+        found.append((OfferGroup(spec, indices, first), functools.partial(layout_groups, spec, order[start:end])))
     for group, _ in found:  # cards in order of their first offer
         scan.cards.setdefault(group.spec.name, group.spec)
     return found
 
 
 class _Slices:
-    """``ordered[starts[i]:ends[i]]`` for the ``i`` asked for (a group's members, sliced only when read)."""
+    """``ordered[starts[i]:ends[i]]`` for the ``i`` asked for (a group's members, sliced only when read), and each
+    group's first member (``firsts``)."""
 
     def __init__(self, ordered: np.ndarray, starts: list[int], ends: list[int]) -> None:
         self.ordered, self.starts, self.ends = ordered, starts, ends
+        self.firsts: list[int] = ordered[starts].tolist()
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.ordered[self.starts[i] : self.ends[i]]
@@ -308,14 +312,14 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     offers = scan.offers
     for shape, layouts in _group_offers(ctx, scan, specs):
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
-        shape.setups = settled_setups(ctx, offers[shape.indices[0]], shape.spec) or []
+        shape.setups = settled_setups(ctx, offers[shape.first], shape.spec) or []
         scan.groups.extend([shape] if shape.setups else layouts())
-    scan.groups.sort(key=lambda g: int(g.indices[0]))  # in order of their first offer
+    scan.groups.sort(key=lambda g: g.first)  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
-        first = offers[group.indices[0]]
+        first = offers[group.first]
         group.setups = group.setups or shape_setups(ctx, first, group.spec)
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
