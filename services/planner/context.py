@@ -282,6 +282,7 @@ class Entry:
         return (round(self.cost.expected_cost_usd, 2), c.layout.gpus, c.layout.nodes, self.cost.hours, c.offer_index)
 
 
+@quick_init
 @dataclass(frozen=True)
 class RamBlocked:
     """A configuration that fits the GPUs of a layout but not its nodes' host RAM (what it offloads is more)."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from services.catalog.market import Market
 from services.catalog.offers import Offer
+from services.estimator.memo import quick_init
 from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
 from services.planner.models import PricingMode
 from services.planner.spot import (
@@ -62,6 +63,7 @@ class RunShape:
     checkpoint_write_s: float  # training stalls this long per checkpoint
 
 
+@quick_init
 @dataclass(frozen=True)
 class RunCost:
     """One pricing of one setup: expected wall-clock, billed time and the cost split by cause."""
