@@ -21,11 +21,11 @@ from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_k
 from services.catalog.market import Market, as_market
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
-from services.planner.context import PlanContext, RamBlocked, Setup
+from services.planner.context import PlanContext, RamBlocked, Setup, ShapeKey
 from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
-from services.planner.search import NARROW_SEARCH, ram_blocked_setups, settled_setups, shape_setups
+from services.planner.search import NARROW_SEARCH, offer_search, settled_setups, shape_key
 
 # Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
 # visits a card's entries only until its first one left out, a handful over thousands of offers.
@@ -49,6 +49,7 @@ class OfferGroup:
     spec: GpuSpec
     indices: np.ndarray  # the offers' positions in the catalog, ascending
     first: int  # the first of them (the group's searches read its offer)
+    shape: ShapeKey | None = None  # the search's key of its node shape (services.planner.search.shape_key)
     setups: list[Setup] = field(default_factory=list)
     ram_blocked: list[RamBlocked] = field(default_factory=list)
 
@@ -311,21 +312,27 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     scan = Scan(as_market(offers))
     offers = scan.offers
     for shape, layouts in _group_offers(ctx, scan, specs):
+        shape.shape = shape_key(ctx, shape.spec, offers[shape.first])
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
-        shape.setups = settled_setups(ctx, offers[shape.first], shape.spec) or []
-        scan.groups.extend([shape] if shape.setups else layouts())
+        shape.setups = settled_setups(ctx, offers[shape.first], shape.spec, shape.shape) or []
+        if shape.setups:
+            scan.groups.append(shape)
+            continue
+        for group in layouts():
+            group.shape = shape.shape
+            scan.groups.append(group)
     scan.groups.sort(key=lambda g: g.first)  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):
         ctx.budget.check("constraints", NARROW_SEARCH)
-        first = offers[group.first]
-        group.setups = group.setups or shape_setups(ctx, first, group.spec)
+        if not group.setups:
+            assert group.shape is not None  # set above for every group searched here
+            group.setups, blocked = offer_search(ctx, offers[group.first], group.spec, group.shape)
+            group.ram_blocked = [] if group.setups else blocked
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
             fitting.append(position)
-        elif first.host_ram_gib_per_node is not None:
-            group.ram_blocked = ram_blocked_setups(ctx, first, group.spec)
     if fitting:
         members = [scan.groups[position].indices for position in fitting]
         scan.fitting_group[np.concatenate(members)] = np.repeat(fitting, [len(m) for m in members])

@@ -168,6 +168,8 @@ def shape_key(ctx: PlanContext, spec: GpuSpec, offer: Offer) -> ShapeKey:
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
     """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest."""
+    if len(found) < 2:  # most lists: nothing to compare
+        return list(found)
     fastest: dict[int, Setup] = {}
     for s in found:
         gpus = s.layout.gpus
@@ -184,22 +186,30 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
     only when the search has to go beyond one node. Where the offer gives its host RAM and the search meets
     offload, the setups the RAM cannot hold are dropped (``_ram_search``).
     """
-    base = shape_key(ctx, spec, offer)
+    return offer_search(ctx, offer, spec, shape_key(ctx, spec, offer))[0]
+
+
+def offer_search(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
+) -> tuple[list[Setup], list[RamBlocked]]:
+    """``shape_setups`` of an offer whose ``shape_key`` the caller holds (offers of one shape share it), with the
+    setups its host RAM cannot hold (what explains its rejection where it keeps none)."""
     found, fastest, enough = _single_node(ctx, offer, spec, base)
     ram_key = _ram_key(ctx, offer, spec, base, found)
     if ram_key is not None:
-        return _ram_search(ctx, offer, spec, ram_key, found)[0]
+        return _ram_search(ctx, offer, spec, ram_key, found)
     if enough or offer.inter_node_gbit_per_s is None:
-        return fastest
+        return fastest, []
     # More nodes are searched to do without offload; offload on several nodes only where no node fits.
-    return fastest + _grown(ctx, offer, spec, not found)
+    return fastest + _grown(ctx, offer, spec, not found), []
 
 
-def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup] | None:
+def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
     """The setups ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
-    only) whatever its network and host RAM, where it does: one node is enough (``_enough``) and no setup on it
-    offloads, so neither more nodes nor the host RAM are searched. None where the search reads them."""
-    found, fastest, enough = _single_node(ctx, offer, spec, shape_key(ctx, spec, offer))
+    only: ``base``, its ``shape_key``) whatever its network and host RAM, where it does: one node is enough
+    (``_enough``) and no setup on it offloads, so neither more nodes nor the host RAM are searched. None where the
+    search reads them."""
+    found, fastest, enough = _single_node(ctx, offer, spec, base)
     settled = enough and not ctx.plan.cpu_offload and not any(s.cfg.cpu_offload for s in found)
     return fastest if settled else None
 
@@ -465,14 +475,6 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
         plain = any(not cfg.cpu_offload for cfg in configs)
         found = ctx.memo.needs[key] = ConfigNeeds(configs, needs, blocked, plain)
     return found
-
-
-def ram_blocked_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[RamBlocked]:
-    """The offer's setups that fit its GPUs but not its nodes' host RAM (after ``shape_setups`` ran for it)."""
-    base = shape_key(ctx, spec, offer)
-    key = _ram_key(ctx, offer, spec, base, _single_node(ctx, offer, spec, base)[0])
-    found = None if key is None else ctx.memo.ram_shapes.get(key)
-    return [] if found is None else found[1]
 
 
 def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
