@@ -71,7 +71,7 @@ class NodeWalk:
     grown: dict[bool, list[Setup]] = field(default_factory=dict)
     # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU
     # count and the configurations the RAM cannot hold.
-    ram: dict[tuple[bool, object], tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+    ram: dict[tuple[bool, object], tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
 
     def step(self, index: int) -> NodeStep:
         """The step on ``layouts[index]``, made on first use: walks read steps in order and most stop after a few."""
@@ -90,11 +90,11 @@ class SearchMemo:
     single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
     # Per single-node shape and which of its setups a host RAM holds: those held (the fastest per GPU count), those
     # not (as blocked by the RAM), and whether the held ones are enough.
-    held_single: dict[tuple[ShapeKey, tuple[bool, ...]], tuple[list[Setup], list[RamBlocked], bool]] = field(
+    held_single: dict[tuple[ShapeKey, tuple[bool, ...]], tuple[list[Setup], list[HostRamBlocked], bool]] = field(
         default_factory=dict
     )
     # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
-    ram_shapes: dict[RamKey, tuple[list[Setup], list[RamBlocked]]] = field(default_factory=dict)
+    ram_shapes: dict[RamKey, tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
     # Per (usable bytes per GPU, GPUs, offload allowed): the configurations that fit.
     configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     # The same per card, each with the micro-batch that consumes the data fastest under padding.
@@ -109,8 +109,6 @@ class SearchMemo:
     needs: dict[tuple[str, Layout, bool], ConfigNeeds] = field(default_factory=dict)
     # Per (card, link kind, node size, network): the multi-node layouts in order and the walks over them.
     walks: dict[tuple[str, str, int, float | None], NodeWalk] = field(default_factory=dict)
-    # Per ``layouts`` entry: each setup as blocked by a host RAM that cannot hold it.
-    blocked: dict[tuple[str, Layout, Links, bool], tuple[RamBlocked, ...]] = field(default_factory=dict)
     # Usable host RAM per node by (RAM GiB per node, the offer's node size, the layout's GPUs per node).
     usable_ram: dict[tuple[float | None, int, int], float | None] = field(default_factory=dict)
     # Per (card, node size, whole nodes only, host RAM GiB per node): which single-node setups the RAM holds.
@@ -291,3 +289,8 @@ class RamBlocked:
     layout: Layout
     cfg: Config
     host_ram_bytes_per_node: float
+
+
+# What a host RAM rejection reads of a configuration the RAM cannot hold: a setup, or (where the RAM holds none of
+# its layout's configurations, so no speed was worked out) a RamBlocked; both give the same four fields.
+HostRamBlocked = RamBlocked | Setup

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.catalog.offers import Offer
 from services.estimator.memory import GIB
-from services.planner.context import PlanContext, RamBlocked, Setup
+from services.planner.context import PlanContext, Setup
 from services.planner.evaluator import Config
 from services.planner.layouts import Layout
 
@@ -72,10 +72,6 @@ def usable_host_ram_bytes(ctx: PlanContext, offer: Offer, layout: Layout) -> flo
 def holds(need_bytes: float, usable_bytes: float | None) -> bool:
     """Whether a node's usable host RAM holds what a setup offloads (nothing offloaded, or RAM unknown: yes)."""
     return need_bytes <= 0 or usable_bytes is None or need_bytes <= usable_bytes
-
-
-def _blocked(s: Setup) -> RamBlocked:
-    return RamBlocked(s.spec, s.layout, s.cfg, s.host_ram_bytes_per_node)
 
 
 def host_ram_fits(ctx: PlanContext, offer: Offer, setup: Setup) -> bool:

@@ -10,7 +10,7 @@ from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split, config_for
 from services.planner.constraints import Constraints
-from services.planner.context import Candidate, PlanContext, PricedSetup, RamBlocked
+from services.planner.context import Candidate, HostRamBlocked, PlanContext, PricedSetup
 from services.planner.evaluator import Evaluator
 from services.planner.host_ram import (
     host_ram_available_bytes,
@@ -132,13 +132,13 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
-def leanest_offload(setups: list[RamBlocked]) -> RamBlocked:
+def leanest_offload(setups: list[HostRamBlocked]) -> HostRamBlocked:
     """The offload setup that needs the least host RAM (the first of equals; fewer GPUs first): all that the
     rejections below read of an offer's blocked setups."""
     return min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
 
 
-def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, float, RamBlocked]:
+def _leanest_offload(offer: Offer, setups: list[HostRamBlocked]) -> tuple[float, float, HostRamBlocked]:
     """(needed GiB, node GiB, the setup) of the offer's offload setup that needs the least host RAM."""
     s = leanest_offload(setups)
     available = host_ram_available_bytes(offer, s.layout) or 0.0
@@ -147,10 +147,10 @@ def _leanest_offload(offer: Offer, setups: list[RamBlocked]) -> tuple[float, flo
 
 # An offer whose offload setups its nodes' host RAM cannot hold, with those setups (the closest of a set: the
 # planner picks it by ``ram_shortfall``, the first of equals).
-RamBlockedOffer = tuple[Offer, list[RamBlocked]]
+RamBlockedOffer = tuple[Offer, list[HostRamBlocked]]
 
 
-def ram_shortfall(offer: Offer, setups: list[RamBlocked]) -> float:
+def ram_shortfall(offer: Offer, setups: list[HostRamBlocked]) -> float:
     """GiB by which the offer's node RAM falls short of its leanest offload setup: how close it comes."""
     needed, available, _ = _leanest_offload(offer, setups)
     return needed - available
@@ -163,7 +163,7 @@ def _ram_text(ctx: PlanContext, blocked: RamBlockedOffer) -> tuple[str, float, f
     return f"{before}{offer.provider}{after}", needed, available, gpus
 
 
-def _ram_parts(ctx: PlanContext, offer: Offer, setups: list[RamBlocked]) -> tuple[str, str, float, float, int]:
+def _ram_parts(ctx: PlanContext, offer: Offer, setups: list[HostRamBlocked]) -> tuple[str, str, float, float, int]:
     """``_ram_text``'s words before and after the provider's name, needed GiB, node GiB and GPUs."""
     needed, available, s = _leanest_offload(offer, setups)
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0

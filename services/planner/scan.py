@@ -21,7 +21,7 @@ from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_k
 from services.catalog.market import Market, as_market
 from services.catalog.offers import Offer
 from services.estimator.errors import EstimatorError
-from services.planner.context import PlanContext, RamBlocked, Setup, ShapeKey
+from services.planner.context import HostRamBlocked, PlanContext, Setup, ShapeKey
 from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
@@ -51,7 +51,7 @@ class OfferGroup:
     first: int  # the first of them (the group's searches read its offer)
     shape: ShapeKey | None = None  # the search's key of its node shape (services.planner.search.shape_key)
     setups: list[Setup] = field(default_factory=list)
-    ram_blocked: list[RamBlocked] = field(default_factory=list)
+    ram_blocked: list[HostRamBlocked] = field(default_factory=list)
 
 
 @dataclass

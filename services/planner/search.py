@@ -33,6 +33,7 @@ from services.planner.batching import BatchSplit, batch_split, config_for, large
 from services.planner.context import (
     EIGHT_BIT_OPTIMIZERS,
     ConfigNeeds,
+    HostRamBlocked,
     NodeStep,
     NodeWalk,
     PlanContext,
@@ -42,7 +43,7 @@ from services.planner.context import (
     ShapeKey,
 )
 from services.planner.evaluator import Config
-from services.planner.host_ram import _blocked, holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
+from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
 
 
@@ -191,7 +192,7 @@ def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
 
 def offer_search(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
-) -> tuple[list[Setup], list[RamBlocked]]:
+) -> tuple[list[Setup], list[HostRamBlocked]]:
     """``shape_setups`` of an offer whose ``shape_key`` the caller holds (offers of one shape share it), with the
     setups its host RAM cannot hold (what explains its rejection where it keeps none)."""
     found, fastest, enough = _single_node(ctx, offer, spec, base)
@@ -249,7 +250,7 @@ def _single_node(
 
 def _ram_search(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, key: RamKey, found_anywhere: list[Setup]
-) -> tuple[list[Setup], list[RamBlocked]]:
+) -> tuple[list[Setup], list[HostRamBlocked]]:
     """The search of ``shape_setups`` under the offer's host RAM: (setups kept, configurations the RAM cannot
     hold).
 
@@ -270,21 +271,21 @@ def _ram_search(
 
 def _held_single(
     ctx: PlanContext, base: ShapeKey, held: tuple[bool, ...], found_anywhere: list[Setup]
-) -> tuple[list[Setup], list[RamBlocked], bool]:
+) -> tuple[list[Setup], list[HostRamBlocked], bool]:
     """The single-node part of ``_ram_search``: the fastest per GPU count of the setups the RAM holds, those it
     cannot hold, and whether the held ones are enough (``_enough``). The shape's networks share it."""
     key = (base, held)
     found = ctx.memo.held_single.get(key)
     if found is None:
         kept = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
-        blocked = [_blocked(s) for s, ok in zip(found_anywhere, held, strict=True) if not ok]
+        blocked: list[HostRamBlocked] = [s for s, ok in zip(found_anywhere, held, strict=True) if not ok]
         found = ctx.memo.held_single[key] = (_fastest_per_count(kept), blocked, _enough(ctx, kept))
     return found
 
 
 def _ram_walk(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool, decided: object
-) -> tuple[list[Setup], list[RamBlocked]]:
+) -> tuple[list[Setup], list[HostRamBlocked]]:
     """The multi-node part of ``_ram_search`` (fastest setups per GPU count, configurations the RAM cannot
     hold): it reads of the single-node search only whether offload is still to be tried, and of the host RAM only
     what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it."""
@@ -294,7 +295,7 @@ def _ram_walk(
     if cached is not None:
         return cached
     grown: list[Setup] = []
-    blocked: list[RamBlocked] = []
+    blocked: list[HostRamBlocked] = []
     for index in range(len(walk.layouts)):
         if not offload and not ctx.plan.cpu_offload:
             grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
@@ -311,7 +312,7 @@ def _ram_walk(
 
 
 def _ram_layout_setups(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[RamBlocked]
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[HostRamBlocked]
 ) -> tuple[list[Setup], bool, bool]:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
     holds none of them, no setup's speed is computed. With whether those kept are enough (``_enough``) and
@@ -325,13 +326,12 @@ def _ram_layout_setups(
     setups, enough, offloads = _step_setups(ctx, spec, step, offload)
     if usable is None:
         return list(setups), enough, offloads
-    kept = []
-    as_blocked_all = _layout_blocked(ctx, spec, layout, _step_links(ctx, spec, step), offload)
-    for s, as_blocked in zip(setups, as_blocked_all, strict=True):
+    kept: list[Setup] = []
+    for s in setups:
         if holds(s.host_ram_bytes_per_node, usable):
             kept.append(s)
         else:
-            blocked.append(as_blocked)
+            blocked.append(s)
     if len(kept) == len(setups):
         return kept, enough, offloads
     return kept, _enough(ctx, kept), any(s.cfg.cpu_offload for s in kept)
@@ -354,17 +354,6 @@ def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool)
         else:
             found = ([], False, False)
         step.read[offload] = found
-    return found
-
-
-def _layout_blocked(
-    ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool
-) -> tuple[RamBlocked, ...]:
-    """Each of ``layout_setups`` as a configuration a node's host RAM cannot hold (built once per entry)."""
-    key = (spec.name, layout, links, offload)
-    found = ctx.memo.blocked.get(key)
-    if found is None:
-        found = ctx.memo.blocked[key] = tuple(_blocked(s) for s in layout_setups(ctx, spec, layout, links, offload))
     return found
 
 
