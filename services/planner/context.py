@@ -212,6 +212,7 @@ class _OnSetup:
         return self.setup.peak_device_bytes
 
 
+@quick_init
 @dataclass(frozen=True)
 class Candidate(_OnSetup):
     """A setup on one offer, priced on demand and (where the offer has spot and spot is allowed) on spot."""

@@ -50,6 +50,7 @@ UPLOAD_BYTES_PER_S = 100e6
 MAX_WRITE_SHARE_INVERSE = 10.0  # the hourly cap keeps checkpoint writes under 1/10 of the run
 
 
+@quick_init
 @dataclass(frozen=True)
 class RunShape:
     """What the cost of a run depends on besides the offer: its size and its speed."""
