@@ -93,8 +93,6 @@ class SearchMemo:
     held_single: dict[tuple[ShapeKey, tuple[bool, ...]], tuple[list[Setup], list[HostRamBlocked], bool]] = field(
         default_factory=dict
     )
-    # Under a known host RAM: the setups kept, and those the RAM cannot hold (to explain a rejection).
-    ram_shapes: dict[RamKey, tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
     # Per (usable bytes per GPU, GPUs, offload allowed): the configurations that fit.
     configs: dict[tuple[float, int, bool], tuple[Config, ...]] = field(default_factory=dict)
     # The same per card, each with the micro-batch that consumes the data fastest under padding.
@@ -115,8 +113,6 @@ class SearchMemo:
     held: dict[tuple[str, int, bool, float | None], tuple[bool, ...]] = field(default_factory=dict)
     # Per (card, node size, networked, host RAM GiB per node): where offload first fits that RAM on more nodes.
     beyond: dict[tuple[str, int, bool, float | None], object] = field(default_factory=dict)
-    # Per (single-node shape, network, host RAM GiB per node): the key of the search under that RAM (None: no limit).
-    ram_keys: dict[tuple[ShapeKey, float | None, float], RamKey | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -257,16 +257,12 @@ def _ram_search(
     A setup that offloads more than a node's RAM holds is dropped as if it did not fit, so the search goes
     on to more nodes: offload on the fewest nodes whose RAM holds it, then more nodes only to do without it
     (which no RAM limits, so that part is the shape's search without offload)."""
-    cached = ctx.memo.ram_shapes.get(key)
-    if cached is not None:
-        return cached
     base, _, held, decided = key  # held: which of the single-node setups the RAM holds (_ram_key_of)
     fastest, blocked, enough = _held_single(ctx, base, held, found_anywhere)
     if not enough and offer.inter_node_gbit_per_s is not None:
         more, more_blocked = _ram_walk(ctx, offer, spec, not any(held), decided)
-        fastest, blocked = fastest + more, blocked + more_blocked
-    cached = ctx.memo.ram_shapes[key] = (fastest, blocked)
-    return cached
+        return fastest + more, blocked + more_blocked
+    return fastest, blocked
 
 
 def _held_single(
@@ -396,14 +392,9 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
     offloaded states shrink as nodes are added, so beyond it the search does without offload)."""
     if offer.host_ram_gib_per_node is None:
         return None
-    memo = (base, offer.inter_node_gbit_per_s, offer.host_ram_gib_per_node)
-    if memo in ctx.memo.ram_keys:
-        return ctx.memo.ram_keys[memo]
-    key = None
     if ctx.plan.cpu_offload or not found or any(s.cfg.cpu_offload for s in found):
-        key = _ram_key_of(ctx, offer, spec, base, found)
-    ctx.memo.ram_keys[memo] = key
-    return key
+        return _ram_key_of(ctx, offer, spec, base, found)
+    return None
 
 
 def _ram_key_of(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
