@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
@@ -27,6 +28,16 @@ ShapeKey = tuple[str, int, bool, str, float | None]
 # (shape key of one node, inter-node Gbit/s, which single-node setups the host RAM holds, and where offload
 # first fits it on more nodes: see _ram_key).
 RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
+
+
+class SingleNode(NamedTuple):
+    """The setups on one node of a shape: all of them, the fastest per GPU count, whether they are enough to stop
+    there (services.planner.search._enough) and whether one of them offloads."""
+
+    found: list[Setup]
+    fastest: list[Setup]
+    enough: bool
+    offloads: bool
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,8 @@ class SearchMemo:
     """What the search of one planning call works out once (services.planner.search and host_ram), each keyed by the
     values it reads, never by identity: thousands of offers share a few shapes."""
 
-    # Per single-node shape: its setups, the fastest per GPU count, and whether they are enough.
-    single: dict[ShapeKey, tuple[list[Setup], list[Setup], bool]] = field(default_factory=dict)
+    # Per single-node shape: its setups (search._single_node).
+    single: dict[ShapeKey, SingleNode] = field(default_factory=dict)
     # Per single-node shape and which of its setups a host RAM holds: those held (the fastest per GPU count), those
     # not (as blocked by the RAM), and whether the held ones are enough.
     held_single: dict[tuple[ShapeKey, tuple[bool, ...]], tuple[list[Setup], list[HostRamBlocked], bool]] = field(

@@ -41,6 +41,7 @@ from services.planner.context import (
     RamKey,
     Setup,
     ShapeKey,
+    SingleNode,
 )
 from services.planner.evaluator import Config
 from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
@@ -195,14 +196,14 @@ def offer_search(
 ) -> tuple[list[Setup], list[HostRamBlocked]]:
     """``shape_setups`` of an offer whose ``shape_key`` the caller holds (offers of one shape share it), with the
     setups its host RAM cannot hold (what explains its rejection where it keeps none)."""
-    found, fastest, enough = _single_node(ctx, offer, spec, base)
-    ram_key = _ram_key(ctx, offer, spec, base, found)
+    single = _single_node(ctx, offer, spec, base)
+    ram_key = _ram_key(ctx, offer, spec, base, single)
     if ram_key is not None:
-        return _ram_search(ctx, offer, spec, ram_key, found)
-    if enough or offer.inter_node_gbit_per_s is None:
-        return fastest, []
+        return _ram_search(ctx, offer, spec, ram_key, single.found)
+    if single.enough or offer.inter_node_gbit_per_s is None:
+        return single.fastest, []
     # More nodes are searched to do without offload; offload on several nodes only where no node fits.
-    return fastest + _grown(ctx, offer, spec, not found), []
+    return single.fastest + _grown(ctx, offer, spec, not single.found), []
 
 
 def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
@@ -210,9 +211,9 @@ def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
     only: ``base``, its ``shape_key``) whatever its network and host RAM, where it does: one node is enough
     (``_enough``) and no setup on it offloads, so neither more nodes nor the host RAM are searched. None where the
     search reads them."""
-    found, fastest, enough = _single_node(ctx, offer, spec, base)
-    settled = enough and not ctx.plan.cpu_offload and not any(s.cfg.cpu_offload for s in found)
-    return fastest if settled else None
+    single = _single_node(ctx, offer, spec, base)
+    settled = single.enough and not ctx.plan.cpu_offload and not single.offloads
+    return single.fastest if settled else None
 
 
 def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list[Setup]:
@@ -232,10 +233,8 @@ def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list
     return found
 
 
-def _single_node(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
-) -> tuple[list[Setup], list[Setup], bool]:
-    """The setups on one node of the shape (all, the fastest per GPU count, and whether they are enough)."""
+def _single_node(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> SingleNode:
+    """The setups on one node of the shape."""
     single = ctx.memo.single.get(base)
     if single is None:
         layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
@@ -243,7 +242,8 @@ def _single_node(
         for layout in layouts:
             if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
                 found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
-        single = (found, _fastest_per_count(found), _enough(ctx, found))
+        offloads = any(s.cfg.cpu_offload for s in found)
+        single = SingleNode(found, _fastest_per_count(found), _enough(ctx, found), offloads)
         ctx.memo.single[base] = single
     return single
 
@@ -294,7 +294,7 @@ def _ram_walk(
     blocked: list[HostRamBlocked] = []
     for index in range(len(walk.layouts)):
         if not offload and not ctx.plan.cpu_offload:
-            grown.extend(s for setups in _plain_walk(ctx, offer, spec)[index:] for s in setups)
+            grown.extend(s for setups in _plain_walk(ctx, walk, spec)[index:] for s in setups)
             break
         ctx.budget.check("constraints", NARROW_SEARCH)
         more, enough, offloads = _ram_layout_setups(ctx, offer, spec, walk.step(index), offload, blocked)
@@ -364,10 +364,9 @@ def _walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> NodeWalk:
     return found
 
 
-def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setup]]:
-    """The setups without offload on the offer's multi-node layouts, growing until they are enough (then
+def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Setup]]:
+    """The setups without offload on a walk's multi-node layouts, growing until they are enough (then
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
-    walk = _walk(ctx, offer, spec)
     if walk.plain is None:
         plain: list[list[Setup]] = []
         done = False
@@ -382,7 +381,7 @@ def _plain_walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[list[Setu
     return walk.plain
 
 
-def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, found: list[Setup]) -> RamKey | None:
+def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, single: SingleNode) -> RamKey | None:
     """Where the offer's host RAM changes the search, the key of the search under it; None where it does not
     (RAM unknown, no offload met, or the RAM holds every single-node setup: then the search is the one without
     a limit).
@@ -392,8 +391,8 @@ def _ram_key(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, foun
     offloaded states shrink as nodes are added, so beyond it the search does without offload)."""
     if offer.host_ram_gib_per_node is None:
         return None
-    if ctx.plan.cpu_offload or not found or any(s.cfg.cpu_offload for s in found):
-        return _ram_key_of(ctx, offer, spec, base, found)
+    if ctx.plan.cpu_offload or not single.found or single.offloads:
+        return _ram_key_of(ctx, offer, spec, base, single.found)
     return None
 
 
