@@ -44,12 +44,14 @@ class SingleNode(NamedTuple):
 class ConfigNeeds:
     """The fitting configurations of a card on a layout, the host RAM per node each needs (0 without offload),
     and each as a configuration that a node's RAM cannot hold (to explain a rejection); ``plain``: whether one
-    fits without offload."""
+    fits without offload; ``least``: the least need (infinite without configurations), so a RAM below it holds
+    none."""
 
     configs: tuple[Config, ...]
     needs: tuple[float, ...]
     blocked: tuple[RamBlocked, ...]
     plain: bool
+    least: float
 
 
 @dataclass

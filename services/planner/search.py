@@ -25,6 +25,8 @@ setups are computed once per shape and priced per offer (a catalog of thousands 
 
 from __future__ import annotations
 
+import math
+
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.communication import Links
@@ -316,9 +318,9 @@ def _ram_layout_setups(
     layout = step.layout
     needs = _config_needs(ctx, spec, layout, offload)
     usable = usable_host_ram_bytes(ctx, offer, layout)
-    if usable is not None and all(need > usable for need in needs.needs):
+    if usable is not None and usable < needs.least:  # the RAM holds none of them
         blocked.extend(needs.blocked)
-        return [], _enough(ctx, []), False
+        return [], False, False
     setups, enough, offloads = _step_setups(ctx, spec, step, offload)
     if usable is None:
         return list(setups), enough, offloads
@@ -452,7 +454,7 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
         needs = tuple(host_ram_bytes_per_node(ctx, cfg, layout) for cfg in configs)
         blocked = tuple(RamBlocked(spec, layout, cfg, need) for cfg, need in zip(configs, needs, strict=True))
         plain = any(not cfg.cpu_offload for cfg in configs)
-        found = ctx.memo.needs[key] = ConfigNeeds(configs, needs, blocked, plain)
+        found = ctx.memo.needs[key] = ConfigNeeds(configs, needs, blocked, plain, min(needs, default=math.inf))
     return found
 
 
