@@ -369,7 +369,8 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
                 counts.append(len(group.indices))
         index = np.concatenate(pair_offer)
         row = row_of[index]
-        training, gpus, nodes, positions = (np.repeat(np.array(v), counts) for v in zip(*rows, strict=True))
+        repeats = np.array(counts)
+        training, gpus, nodes, positions = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
         on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
         spot_rate = spot_price[row]
