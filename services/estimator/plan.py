@@ -7,6 +7,7 @@ and defaults to "what the chosen framework does", so every published case stays 
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
@@ -114,6 +115,7 @@ LENGTH_PERCENTILE_FIELDS = (
     "p99_tokens_per_example",
     "max_tokens_per_example",
 )
+_length_percentile_values = operator.attrgetter(*LENGTH_PERCENTILE_FIELDS)  # as a tuple, read in C
 
 
 def check_length_percentiles(given: list[tuple[str, int | None]]) -> None:
@@ -152,8 +154,8 @@ class DataSpec(_Strict):
 
     def length_percentiles(self) -> tuple[tuple[float, int], ...] | None:
         """((share of examples, tokens), ...) at the 50th, 90th, 99th percentile and the maximum, if given."""
-        values = [getattr(self, name) for name in LENGTH_PERCENTILE_FIELDS]
-        if any(v is None for v in values):
+        values = _length_percentile_values(self)
+        if None in values:
             return None
         return tuple(zip((0.5, 0.9, 0.99, 1.0), values, strict=True))
 
