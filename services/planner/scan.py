@@ -30,7 +30,7 @@ from services.planner.search import NARROW_SEARCH, offer_search, settled_setups,
 # Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
 # visits a card's entries only until its first one left out, a handful over thousands of offers.
 FIRST_CHUNK = 64
-# What decides an offer's setups (services.planner.search.shape_setups reads nothing else of it), as written.
+# What decides an offer's setups (services.planner.search.offer_search reads nothing else of it), as written.
 # The card as written with its interconnect (which decide the card and its link kind), and the node shape.
 _CARD = ("gpu", "interconnect")
 _NODE = ("gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node")

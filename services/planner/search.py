@@ -183,21 +183,17 @@ def _fastest_per_count(found: list[Setup]) -> list[Setup]:
     return [fastest[gpus] for gpus in sorted(fastest)]
 
 
-def shape_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> list[Setup]:
-    """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning).
+def offer_search(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
+) -> tuple[list[Setup], list[HostRamBlocked]]:
+    """Every setup of an offer's shape that the search keeps (see the module docstring for the pruning), with the
+    setups its host RAM cannot hold (what explains its rejection where it keeps none); ``base``: its ``shape_key``,
+    which offers of one shape share.
 
     Cached per shape. What fits on one node does not depend on the network, so the network enters the key
     only when the search has to go beyond one node. Where the offer gives its host RAM and the search meets
     offload, the setups the RAM cannot hold are dropped (``_ram_search``).
     """
-    return offer_search(ctx, offer, spec, shape_key(ctx, spec, offer))[0]
-
-
-def offer_search(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
-) -> tuple[list[Setup], list[HostRamBlocked]]:
-    """``shape_setups`` of an offer whose ``shape_key`` the caller holds (offers of one shape share it), with the
-    setups its host RAM cannot hold (what explains its rejection where it keeps none)."""
     single = _single_node(ctx, offer, spec, base)
     ram_key = _ram_key(ctx, offer, spec, base, single)
     if ram_key is not None:
@@ -209,7 +205,7 @@ def offer_search(
 
 
 def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
-    """The setups ``shape_setups`` gives every offer of this one's card, link kind and node shape (size, whole nodes
+    """The setups ``offer_search`` gives every offer of this one's card, link kind and node shape (size, whole nodes
     only: ``base``, its ``shape_key``) whatever its network and host RAM, where it does: one node is enough
     (``_enough``) and no setup on it offloads, so neither more nodes nor the host RAM are searched. None where the
     search reads them."""
@@ -253,7 +249,7 @@ def _single_node(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) 
 def _ram_search(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, key: RamKey, found_anywhere: list[Setup]
 ) -> tuple[list[Setup], list[HostRamBlocked]]:
-    """The search of ``shape_setups`` under the offer's host RAM: (setups kept, configurations the RAM cannot
+    """The search of ``offer_search`` under the offer's host RAM: (setups kept, configurations the RAM cannot
     hold).
 
     A setup that offloads more than a node's RAM holds is dropped as if it did not fit, so the search goes

@@ -16,7 +16,7 @@ from services.planner.context import PlanContext
 from services.planner.evaluator import Config, Evaluator
 from services.planner.planner import plan_context
 from services.planner.scan import scan_offers
-from services.planner.search import card_configs, shape_setups
+from services.planner.search import card_configs, offer_search, shape_key
 
 OFFERS = Market(generated_catalog(600, seed=11))
 
@@ -34,7 +34,7 @@ def test_each_offer_gets_the_setups_of_its_own_search(method: str, model: str) -
     for group in scan.groups:
         for index in group.indices.tolist():
             offer = OFFERS[index]
-            own = shape_setups(alone, offer, group.spec)
+            own = offer_search(alone, offer, group.spec, shape_key(alone, group.spec, offer))[0]
             assert [(s.layout, s.cfg, s.training_s) for s in group.setups] == [
                 (s.layout, s.cfg, s.training_s) for s in own
             ], (offer, group.spec.name)
