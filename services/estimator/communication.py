@@ -109,7 +109,8 @@ class Links:
     __hash__ = value_hash_once
     __getstate__ = state_without_hash
 
-    @property
+    # Read several times per collective priced: kept in the instance after the first read.
+    @cached_property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 

@@ -26,15 +26,21 @@ MULTI_GPU_SHARDINGS: tuple[Sharding, ...] = ("none", "zero2", "fsdp")
 OFFLOAD_SHARDINGS: tuple[Sharding, ...] = ("fsdp", "zero2")
 
 
-class Layout(NamedTuple):
-    """GPUs per node times nodes (a named tuple: the search's memo keys hold it)."""
-
+class _LayoutFields(NamedTuple):
     gpus_per_node: int
     nodes: int
+    gpus: int  # gpus_per_node x nodes
 
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
+
+class Layout(_LayoutFields):
+    """GPUs per node times nodes (a named tuple: the search's memo keys hold it). ``Layout(gpus_per_node, nodes)``;
+    the product is kept as a third field, read as a tuple item (the search and the bounds read it thousands of
+    times per plan)."""
+
+    __slots__ = ()
+
+    def __new__(cls, gpus_per_node: int, nodes: int) -> Layout:
+        return super().__new__(cls, gpus_per_node, nodes, gpus_per_node * nodes)
 
 
 def single_node_counts(gpus_per_node: int) -> tuple[int, ...]:

@@ -351,7 +351,7 @@ class CardStep:
         plan, fpt, compute = self.plan, self.work.flops, self.compute_s
         comm = _traffic_over(self.work.traffic, plan, self.gpu, links, compute)
         exposed_comm = comm.exposed_seconds + comm.straggler_seconds
-        if plan.is_training and plan.cpu_offload and plan.sharding in ("zero3", "fsdp"):
+        if plan.cpu_offload and plan.is_training and plan.sharding in ("zero3", "fsdp"):
             exposed_comm += self.offload_streaming_s
         step = self._step_seconds(exposed_comm)
         tokens = self.work.tokens
