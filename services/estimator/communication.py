@@ -22,6 +22,7 @@ node's whole network carries its share).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -326,10 +327,15 @@ def offload_streaming_seconds(
 def intra_node_kind(spec: GpuSpec, interconnect: str = "") -> str:
     """The link between GPUs of one node: NVLink where the card has it and the offer does not say PCIe;
     PCIe without peer-to-peer on GeForce cards (the driver disables P2P), else PCIe with P2P."""
-    named = interconnect.strip().lower()
-    if spec.nvlink_gb_per_s and "pcie" not in named:
+    if spec.nvlink_gb_per_s and not _names_pcie(interconnect):
         return "NVLink"
     return "PCIe (no P2P)" if spec.gpu_class == "consumer" else "PCIe"
+
+
+@functools.lru_cache(maxsize=256)
+def _names_pcie(interconnect: str) -> bool:
+    """Whether an offer's interconnect string says PCIe (a catalog repeats a few strings over thousands of offers)."""
+    return "pcie" in interconnect.strip().lower()
 
 
 def links_for(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,7 +77,7 @@ class NodeWalk:
 
     layouts: tuple[Layout, ...]
     offer: Offer  # the first offer of the walk met (its links)
-    # The steps made so far, one per layout from the first (``step``).
+    # The steps made so far, one per layout from the first (``steps``).
     made: list[NodeStep] = field(default_factory=list)
     # The setups without offload per step, growing until they are enough (then empty lists).
     plain: list[list[Setup]] | None = None
@@ -86,12 +87,13 @@ class NodeWalk:
     # count and the configurations the RAM cannot hold.
     ram: dict[tuple[bool, object], tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
 
-    def step(self, index: int) -> NodeStep:
-        """The step on ``layouts[index]``, made on first use: walks read steps in order and most stop after a few."""
+    def steps(self) -> Iterator[NodeStep]:
+        """The steps in order, each made on first use: most walks stop after a few."""
         made = self.made
-        while len(made) <= index:
-            made.append(NodeStep(self.layouts[len(made)], self.offer))
-        return made[index]
+        for index, layout in enumerate(self.layouts):
+            if index == len(made):
+                made.append(NodeStep(layout, self.offer))
+            yield made[index]
 
 
 @dataclass

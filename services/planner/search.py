@@ -201,7 +201,7 @@ def offer_search(
     if single.enough or offer.inter_node_gbit_per_s is None:
         return single.fastest, []
     # More nodes are searched to do without offload; offload on several nodes only where no node fits.
-    return single.fastest + _grown(ctx, offer, spec, not single.found), []
+    return single.fastest + _grown(ctx, offer, spec, base, not single.found), []
 
 
 def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
@@ -214,16 +214,16 @@ def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
     return single.fastest if settled else None
 
 
-def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool) -> list[Setup]:
+def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool) -> list[Setup]:
     """The fastest setup per GPU count on more nodes of the offer's shape, adding nodes until they are enough
     (``_enough``); with offload where ``offload``. No host RAM limit."""
-    walk = _walk(ctx, offer, spec)
+    walk = _walk(ctx, offer, base)
     found = walk.grown.get(offload)
     if found is None:
         grown: list[Setup] = []
-        for index in range(len(walk.layouts)):
+        for step in walk.steps():
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more, enough, _ = _step_setups(ctx, spec, walk.step(index), offload)
+            more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
             if enough:
                 break
@@ -258,7 +258,7 @@ def _ram_search(
     base, _, held, decided = key  # held: which of the single-node setups the RAM holds (_ram_key_of)
     fastest, blocked, enough = _held_single(ctx, base, held, found_anywhere)
     if not enough and offer.inter_node_gbit_per_s is not None:
-        more, more_blocked = _ram_walk(ctx, offer, spec, not any(held), decided)
+        more, more_blocked = _ram_walk(ctx, offer, spec, base, not any(held), decided)
         return fastest + more, blocked + more_blocked
     return fastest, blocked
 
@@ -278,24 +278,24 @@ def _held_single(
 
 
 def _ram_walk(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, offload: bool, decided: object
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool, decided: object
 ) -> tuple[list[Setup], list[HostRamBlocked]]:
     """The multi-node part of ``_ram_search`` (fastest setups per GPU count, configurations the RAM cannot
     hold): it reads of the single-node search only whether offload is still to be tried, and of the host RAM only
     what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it."""
-    walk = _walk(ctx, offer, spec)
+    walk = _walk(ctx, offer, base)
     key = (offload, decided)
     cached = walk.ram.get(key)
     if cached is not None:
         return cached
     grown: list[Setup] = []
     blocked: list[HostRamBlocked] = []
-    for index in range(len(walk.layouts)):
+    for index, step in enumerate(walk.steps()):
         if not offload and not ctx.plan.cpu_offload:
             grown.extend(s for setups in _plain_walk(ctx, walk, spec)[index:] for s in setups)
             break
         ctx.budget.check("constraints", NARROW_SEARCH)
-        more, enough, offloads = _ram_layout_setups(ctx, offer, spec, walk.step(index), offload, blocked)
+        more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
         grown.extend(more)
         if enough:
             break
@@ -351,10 +351,12 @@ def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool)
     return found
 
 
-def _walk(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> NodeWalk:
+def _walk(ctx: PlanContext, offer: Offer, base: ShapeKey) -> NodeWalk:
     """The offer's multi-node layouts in order (``gpu_layouts``) and the node-count walks over them, memoised per
-    card, link kind, node size and network (whole nodes or not, the same layouts; the same links)."""
-    key = (spec.name, ctx.link_kind(spec, offer.interconnect), offer.gpus_per_node, offer.inter_node_gbit_per_s)
+    card, link kind, node size and network (whole nodes or not, the same layouts; the same links); ``base``: the
+    offer's ``shape_key``, which holds the first three."""
+    card, per_node, _, kind, _ = base
+    key = (card, kind, per_node, offer.inter_node_gbit_per_s)
     found = ctx.memo.walks.get(key)
     if found is None:
         _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
@@ -367,15 +369,13 @@ def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Se
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
     if walk.plain is None:
         plain: list[list[Setup]] = []
-        done = False
-        for index in range(len(walk.layouts)):
-            if done:
-                plain.append([])
-                continue
+        for step in walk.steps():
             ctx.budget.check("constraints", NARROW_SEARCH)
-            more, done, _ = _step_setups(ctx, spec, walk.step(index), False)
+            more, done, _ = _step_setups(ctx, spec, step, False)
             plain.append(more)
-        walk.plain = plain
+            if done:
+                break
+        walk.plain = plain + [[] for _ in range(len(walk.layouts) - len(plain))]
     return walk.plain
 
 
