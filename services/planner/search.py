@@ -52,16 +52,10 @@ from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sha
 
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
     tp = ctx.evaluator.throughput(cfg, spec, links)
-    return Setup(
-        spec=spec,
-        layout=layout,
-        links=links,
-        cfg=cfg,
-        peak_device_bytes=ctx.evaluator.memory(cfg).peak_device,
-        throughput=tp,
-        training_s=ctx.total_tokens / tp.data_tokens_per_s,
-        host_ram_bytes_per_node=host_ram_bytes_per_node(ctx, cfg, layout),
-    )
+    peak = ctx.evaluator.memory(cfg).peak_device
+    training_s = ctx.total_tokens / tp.data_tokens_per_s
+    # In field order, positionally: one per fitting configuration, layout and links of the search.
+    return Setup(spec, layout, links, cfg, peak, tp, training_s, host_ram_bytes_per_node(ctx, cfg, layout))
 
 
 def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool = True) -> list[Setup]:

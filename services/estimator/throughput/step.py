@@ -358,21 +358,23 @@ class CardStep:
         per_gpu = tokens / step
         total = per_gpu * plan.gpus
         mfu = fpt.model_flops * per_gpu / self.peak_flops_per_s
+        seconds = {
+            "compute": compute,
+            "dequantization": self.dequant_s,
+            "communication": exposed_comm,
+            "optimizer": self.optimizer_s,
+        }
+        # In field order, positionally: a planner builds one per setup and links it prices.
         return Throughput(
-            tokens_per_s=total,
-            tokens_per_s_per_gpu=per_gpu,
-            data_tokens_per_s=total * self.work.data_tokens_per_token,
-            step_seconds=step,
-            mfu=mfu,
-            utilisation_assumed=self.utilisation,
-            flops_per_token=fpt,
-            seconds={
-                "compute": compute,
-                "dequantization": self.dequant_s,
-                "communication": exposed_comm,
-                "optimizer": self.optimizer_s,
-            },
-            utilisation_source=self.utilisation_source,
+            total,  # tokens_per_s
+            per_gpu,  # tokens_per_s_per_gpu
+            total * self.work.data_tokens_per_token,  # data_tokens_per_s
+            step,  # step_seconds
+            mfu,
+            self.utilisation,  # utilisation_assumed
+            fpt,  # flops_per_token
+            seconds,
+            self.utilisation_source,
         )
 
 
