@@ -180,7 +180,10 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)  # each group in cost order
     simpler_groups = {k: [g for g in groups if is_simpler(g, k)] for k in groups}
-    complex_groups = {k: [g for g in groups if is_simpler(k, g)] for k in groups}
+    complex_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]] = {k: [] for k in groups}
+    for k in groups:  # the same pairs the other way round, each list in the groups' order
+        for g in simpler_groups[k]:
+            complex_groups[g].append(k)
     head = dict.fromkeys(groups, 0)  # per group, the position of its cheapest entry left
     taken = [False] * len(entries)
 

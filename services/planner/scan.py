@@ -325,6 +325,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):
+        # Between groups: one group's search, its walks over node counts included, is a few steps of a bounded size.
         ctx.budget.check("constraints", NARROW_SEARCH)
         if not group.setups:
             assert group.shape is not None  # set above for every group searched here

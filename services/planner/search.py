@@ -216,7 +216,6 @@ def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offloa
     if found is None:
         grown: list[Setup] = []
         for step in walk.steps():
-            ctx.budget.check("constraints", NARROW_SEARCH)
             more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
             if enough:
@@ -288,7 +287,6 @@ def _ram_walk(
         if not offload and not ctx.plan.cpu_offload:
             grown.extend(s for setups in _plain_walk(ctx, walk, spec)[index:] for s in setups)
             break
-        ctx.budget.check("constraints", NARROW_SEARCH)
         more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
         grown.extend(more)
         if enough:
@@ -364,7 +362,6 @@ def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Se
     if walk.plain is None:
         plain: list[list[Setup]] = []
         for step in walk.steps():
-            ctx.budget.check("constraints", NARROW_SEARCH)
             more, done, _ = _step_setups(ctx, spec, step, False)
             plain.append(more)
             if done:

@@ -454,20 +454,21 @@ def card_step(
             optimizer += 2 * spilled / (gpu.pcie_gb_per_s * 1e9)
         optimizer /= plan.gradient_accumulation_steps or 1
 
+    # In field order, positionally: a planner builds one per card and configuration it searches.
     return CardStep(
-        plan=plan,
-        arch=arch,
-        recipe=recipe,
-        states=states,
-        gpu=gpu,
-        work=work,
-        peak_flops_per_s=peak,
-        utilisation=util,
-        utilisation_source=source,
-        compute_s=compute,
-        dequant_s=dequant,
-        offload_streaming_s=streaming,
-        optimizer_s=optimizer,
+        plan,
+        arch,
+        recipe,
+        states,
+        gpu,
+        work,
+        peak,  # peak_flops_per_s
+        util,  # utilisation
+        source,  # utilisation_source
+        compute,  # compute_s
+        dequant,  # dequant_s
+        streaming,  # offload_streaming_s
+        optimizer,  # optimizer_s
     )
 
 
