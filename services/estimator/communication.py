@@ -142,10 +142,6 @@ class Links:
         found = min(intra, inter if inter is not None else math.inf)
         return found if math.isfinite(found) else self.intra_gb_per_s * 1e9
 
-    @cached_property
-    def _ring_latencies_s(self) -> dict[int, float]:
-        return {}
-
     def hop_latency_s(self) -> float:
         """Latency of one ring step between two GPUs of a node."""
         return {"NVLink": NVLINK_HOP_LATENCY_S, "PCIe": PCIE_HOP_LATENCY_S}.get(
@@ -156,13 +152,18 @@ class Links:
         """Latency of one ring collective of ``phases`` passes (all-gather 1, all-reduce 2) over every GPU:
         the base plus each of its phases x (n-1) steps, those that cross to the next node at the network's
         hop latency (NCCL's tuning model)."""
-        found = self._ring_latencies_s.get(phases)
-        if found is None:
-            steps = phases * (self.gpus - 1)
-            inter = min(steps, phases * (self.nodes - 1))
-            found = RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
-            self._ring_latencies_s[phases] = found
-        return found
+        steps = phases * (self.gpus - 1)
+        inter = min(steps, phases * (self.nodes - 1))
+        return RING_BASE_LATENCY_S + (steps - inter) * self.hop_latency_s() + inter * NETWORK_HOP_LATENCY_S
+
+    # The latencies the collectives below read on every call, worked out once per links.
+    @cached_property
+    def _gather_latency_s(self) -> float:
+        return self.ring_latency_s(1)
+
+    @cached_property
+    def _all_reduce_latency_s(self) -> float:
+        return self.ring_latency_s(2)
 
     def label(self) -> str:
         return self._label
@@ -180,7 +181,7 @@ def all_reduce_seconds(size_bytes: float, links: Links, collectives: int = 1) ->
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(2)
+    return 2 * (n - 1) / n * size_bytes / links._bus_bytes_per_s + collectives * links._all_reduce_latency_s
 
 
 def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> float:
@@ -188,7 +189,7 @@ def gather_seconds(size_bytes: float, links: Links, collectives: int = 1) -> flo
     n = links.gpus
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return (n - 1) / n * size_bytes / links.bus_bytes_per_s() + collectives * links.ring_latency_s(1)
+    return (n - 1) / n * size_bytes / links._bus_bytes_per_s + collectives * links._gather_latency_s
 
 
 def straggler_fraction(gpus: int, variation: float = GPU_PERFORMANCE_VARIATION) -> float:

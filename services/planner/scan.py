@@ -12,6 +12,7 @@ computed in the same pass. services.planner.ranking then prices entries in order
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -321,7 +322,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
         for group in layouts():
             group.shape = shape.shape
             scan.groups.append(group)
-    scan.groups.sort(key=lambda g: g.first)  # in order of their first offer
+    scan.groups.sort(key=operator.attrgetter("first"))  # in order of their first offer
     scan.fitting_group = np.full(len(offers), -1, dtype=np.int64)
     fitting: list[int] = []
     for position, group in enumerate(scan.groups):
