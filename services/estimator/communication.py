@@ -262,9 +262,40 @@ def step_communication(
     gathers); ``forward_s``/``backward_s``: compute of one micro-batch (recompute counts as backward);
     ``gathers_per_pass``: the all-gathers of one pass under ZeRO-3/FSDP where not one per layer.
     """
+    moved, total, exposed, wait = communication_seconds(
+        sharding,
+        links,
+        grad_bytes,
+        param_bytes_16bit,
+        gathered_weight_bytes,
+        layers,
+        forward_s,
+        backward_s,
+        accumulation,
+        sync_overhead,
+        gathers_per_pass,
+    )
+    return StepCommunication(moved, total, exposed, wait, links.label())
+
+
+def communication_seconds(
+    sharding: str,
+    links: Links,
+    grad_bytes: float,
+    param_bytes_16bit: float,
+    gathered_weight_bytes: float,
+    layers: int,
+    forward_s: float,
+    backward_s: float,
+    accumulation: int,
+    sync_overhead: float = DATA_PARALLEL_SYNC_OVERHEAD,
+    gathers_per_pass: int | None = None,
+) -> tuple[float, float, float, float]:
+    """``step_communication``'s numbers as a tuple (bytes moved per GPU, seconds, exposed seconds with the hidden
+    part's slowdown, straggler seconds), for a caller that prices thousands of links and reads only the times."""
     a = max(1, accumulation)
     if links.gpus <= 1:
-        return StepCommunication(0.0, 0.0, 0.0, 0.0, links.label())
+        return 0.0, 0.0, 0.0, 0.0
     straggler = synchronisation_fraction(links.gpus, sync_overhead) * (forward_s + backward_s)
     if not hides_communication(links):
         forward_s = backward_s = 0.0
@@ -280,7 +311,7 @@ def step_communication(
         bwd_exposed = max((gather + scatter) / layers, gather + scatter - backward_s)
         total = 2 * gather + scatter
         moved = share * (2 * gathered_weight_bytes + grad_bytes)
-        return _with_interference(moved, total, fwd_exposed + bwd_exposed, straggler, links)
+        return _with_interference(moved, total, fwd_exposed + bwd_exposed, straggler)
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
     if sharding == "zero2":
         scatter = gather_seconds(grad_bytes, links, collectives=buckets)
@@ -288,24 +319,23 @@ def step_communication(
         scatter_exposed = max(scatter / buckets, scatter - backward_s)
         total = scatter + gather / a
         moved = share * (grad_bytes + param_bytes_16bit / a)
-        return _with_interference(moved, total, scatter_exposed + gather / a, straggler, links)
+        return _with_interference(moved, total, scatter_exposed + gather / a, straggler)
     if sharding == "zero1":
         scatter = gather_seconds(grad_bytes, links, collectives=buckets)
         gather = gather_seconds(param_bytes_16bit, links)
         exposed = max(scatter / buckets, scatter - backward_s) + gather
         moved = share * (grad_bytes + param_bytes_16bit) / a
-        return _with_interference(moved, (scatter + gather) / a, exposed / a, straggler, links)
+        return _with_interference(moved, (scatter + gather) / a, exposed / a, straggler)
     # DDP: the bucketed all-reduce overlaps the last micro-batch's backward; the last bucket cannot.
     reduce = all_reduce_seconds(grad_bytes, links, collectives=buckets)
     exposed = max(reduce / buckets, reduce - backward_s)
     moved = 2 * share * grad_bytes / a
-    return _with_interference(moved, reduce / a, exposed / a, straggler, links)
+    return _with_interference(moved, reduce / a, exposed / a, straggler)
 
 
-def _with_interference(moved: float, total: float, exposed: float, wait: float, links: Links) -> StepCommunication:
+def _with_interference(moved: float, total: float, exposed: float, wait: float) -> tuple[float, float, float, float]:
     """The layout's communication with the slowdown its hidden part causes added to the exposed time."""
-    exposed_total = exposed + overlap_interference_seconds(total - exposed)
-    return StepCommunication(moved, total, exposed_total, wait, links.label())
+    return moved, total, exposed + overlap_interference_seconds(total - exposed), wait
 
 
 def offload_streaming_seconds(

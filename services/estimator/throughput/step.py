@@ -14,8 +14,10 @@ from functools import cache
 from services.catalog.gpus import GpuSpec
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.communication import (
+    DATA_PARALLEL_SYNC_OVERHEAD,
     Links,
     StepCommunication,
+    communication_seconds,
     links_for,
     offload_streaming_seconds,
     step_communication,
@@ -304,17 +306,26 @@ def _traffic_over(
 ) -> StepCommunication:
     if traffic is _NO_TRAFFIC:
         return _no_communication()
-    return step_communication(
+    links = links if links is not None else default_links(plan.gpus, gpu)
+    return StepCommunication(*_traffic_seconds(traffic, plan, links, compute_s), links.label())
+
+
+def _traffic_seconds(
+    traffic: _Traffic, plan: Plan, links: Links, compute_s: float
+) -> tuple[float, float, float, float]:
+    """``step_communication``'s numbers for the traffic over ``links`` (communication_seconds)."""
+    return communication_seconds(
         plan.sharding,
-        links if links is not None else default_links(plan.gpus, gpu),
-        grad_bytes=traffic.grad_bytes,
-        param_bytes_16bit=traffic.param_bytes_16bit,
-        gathered_weight_bytes=traffic.gathered_weight_bytes,
-        layers=traffic.layers,
-        forward_s=compute_s * traffic.forward_share,
-        backward_s=compute_s * (1.0 - traffic.forward_share),
-        accumulation=traffic.accumulation,
-        gathers_per_pass=traffic.gathers_per_pass,
+        links,
+        traffic.grad_bytes,
+        traffic.param_bytes_16bit,
+        traffic.gathered_weight_bytes,
+        traffic.layers,
+        compute_s * traffic.forward_share,  # forward_s
+        compute_s * (1.0 - traffic.forward_share),  # backward_s
+        traffic.accumulation,
+        DATA_PARALLEL_SYNC_OVERHEAD,
+        traffic.gathers_per_pass,
     )
 
 
@@ -349,8 +360,12 @@ class CardStep:
     def over_links(self, links: Links | None = None) -> Throughput:
         """Tokens/s of the step with its GPUs connected by ``links`` (default: ``default_links``)."""
         plan, fpt, compute = self.plan, self.work.flops, self.compute_s
-        comm = _traffic_over(self.work.traffic, plan, self.gpu, links, compute)
-        exposed_comm = comm.exposed_seconds + comm.straggler_seconds
+        traffic = self.work.traffic
+        exposed_comm = 0.0  # no traffic: nothing between GPUs
+        if traffic is not _NO_TRAFFIC:
+            links = links if links is not None else default_links(plan.gpus, self.gpu)
+            _, _, exposed, wait = _traffic_seconds(traffic, plan, links, compute)
+            exposed_comm = exposed + wait
         if plan.cpu_offload and plan.is_training and plan.sharding in ("zero3", "fsdp"):
             exposed_comm += self.offload_streaming_s
         step = self._step_seconds(exposed_comm)
