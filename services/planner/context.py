@@ -41,6 +41,7 @@ class SingleNode(NamedTuple):
     offloads: bool
 
 
+@quick_init
 @dataclass(frozen=True)
 class ConfigNeeds:
     """The fitting configurations of a card on a layout, the host RAM per node each needs (0 without offload),
