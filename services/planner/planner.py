@@ -218,7 +218,7 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
         # Per blocked group, its leanest blocked setup (all the rejections read of its setups) and how far its
         # nodes' RAM falls short of it (every offer of a group has the same node RAM); then per offer of them, its
         # group, card and provider.
-        leanest = [[leanest_offload(group.ram_blocked)] for group in blocked]
+        leanest = [leanest_offload(group.ram_blocked) for group in blocked]
         shortfall = np.array([ram_shortfall(scan.offers[g.first], s) for g, s in zip(blocked, leanest, strict=True)])
         card_codes: dict[str, int] = {}
         card_of_group = np.array([card_codes.setdefault(g.spec.name, len(card_codes)) for g in blocked])

@@ -138,34 +138,33 @@ def leanest_offload(setups: list[HostRamBlocked]) -> HostRamBlocked:
     return min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))
 
 
-def _leanest_offload(offer: Offer, setups: list[HostRamBlocked]) -> tuple[float, float, HostRamBlocked]:
-    """(needed GiB, node GiB, the setup) of the offer's offload setup that needs the least host RAM."""
-    s = leanest_offload(setups)
+def _ram_gib(offer: Offer, s: HostRamBlocked) -> tuple[float, float]:
+    """(needed GiB, node GiB) of an offload setup (the leanest of an offer's) on the offer's nodes."""
     available = host_ram_available_bytes(offer, s.layout) or 0.0
-    return s.host_ram_bytes_per_node / GIB, available / GIB, s
+    return s.host_ram_bytes_per_node / GIB, available / GIB
 
 
-# An offer whose offload setups its nodes' host RAM cannot hold, with those setups (the closest of a set: the
-# planner picks it by ``ram_shortfall``, the first of equals).
-RamBlockedOffer = tuple[Offer, list[HostRamBlocked]]
+# An offer whose offload setups its nodes' host RAM cannot hold, with the leanest of them (``leanest_offload``: all
+# the rejections read of them); the closest of a set: the planner picks it by ``ram_shortfall``, the first of equals.
+RamBlockedOffer = tuple[Offer, HostRamBlocked]
 
 
-def ram_shortfall(offer: Offer, setups: list[HostRamBlocked]) -> float:
+def ram_shortfall(offer: Offer, leanest: HostRamBlocked) -> float:
     """GiB by which the offer's node RAM falls short of its leanest offload setup: how close it comes."""
-    needed, available, _ = _leanest_offload(offer, setups)
+    needed, available = _ram_gib(offer, leanest)
     return needed - available
 
 
 def _ram_text(ctx: PlanContext, blocked: RamBlockedOffer) -> tuple[str, float, float, int]:
     """Why in words (the leanest setup's need against the node's RAM), needed GiB, node GiB and GPUs."""
-    offer, setups = blocked
-    before, after, needed, available, gpus = _ram_parts(ctx, offer, setups)
+    offer, leanest = blocked
+    before, after, needed, available, gpus = _ram_parts(ctx, offer, leanest)
     return f"{before}{offer.provider}{after}", needed, available, gpus
 
 
-def _ram_parts(ctx: PlanContext, offer: Offer, setups: list[HostRamBlocked]) -> tuple[str, str, float, float, int]:
+def _ram_parts(ctx: PlanContext, offer: Offer, s: HostRamBlocked) -> tuple[str, str, float, float, int]:
     """``_ram_text``'s words before and after the provider's name, needed GiB, node GiB and GPUs."""
-    needed, available, s = _leanest_offload(offer, setups)
+    needed, available = _ram_gib(offer, s)
     usable = usable_host_ram_bytes(ctx, offer, s.layout) or 0.0
     margin = host_ram_margin(ctx)
     before = (
@@ -185,12 +184,11 @@ def host_ram_rejections(
     worked out once."""
     words: dict[tuple[object, ...], tuple[str, str, float, float, int, str]] = {}
     out = []
-    for (offer, setups), offers in rows:
-        s = leanest_offload(setups)
+    for (offer, s), offers in rows:
         key = (offer.host_ram_gib_per_node, offer.gpus_per_node, s.layout, s.cfg.sharding, s.host_ram_bytes_per_node)
         found = words.get(key)
         if found is None:
-            before, after, needed, available, gpus = _ram_parts(ctx, offer, [s])
+            before, after, needed, available, gpus = _ram_parts(ctx, offer, s)
             fix = (
                 f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
                 f"offer of the {spec.name} (see the recommendations)"
