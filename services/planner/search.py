@@ -233,8 +233,8 @@ def _single_node(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) 
         for layout in layouts:
             if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
                 found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
-        offloads = any(s.cfg.cpu_offload for s in found)
-        single = SingleNode(found, _fastest_per_count(found), _enough(ctx, found), offloads)
+        enough, offloads = _verdicts(ctx, found)
+        single = SingleNode(found, _fastest_per_count(found), enough, offloads)
         ctx.memo.single[base] = single
     return single
 
@@ -320,7 +320,7 @@ def _ram_layout_setups(
             blocked.append(s)
     if len(kept) == len(setups):
         return kept, enough, offloads
-    return kept, _enough(ctx, kept), any(s.cfg.cpu_offload for s in kept)
+    return kept, *_verdicts(ctx, kept)
 
 
 def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
@@ -336,7 +336,7 @@ def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool)
     if found is None:
         if card_configs(ctx, spec, step.layout.gpus, offload):  # the links only for a step on which something fits
             setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
-            found = (setups, _enough(ctx, setups), any(s.cfg.cpu_offload for s in setups))
+            found = (setups, *_verdicts(ctx, setups))
         else:
             found = ([], False, False)
         step.read[offload] = found
@@ -448,9 +448,17 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
 def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
     """Whether setups make more nodes pointless: one fits without offload or an 8-bit optimizer (those
     only fit, slowly) and, with a deadline, meets it."""
+    return _verdicts(ctx, found)[0]
+
+
+def _verdicts(ctx: PlanContext, found: list[Setup]) -> tuple[bool, bool]:
+    """Whether setups are ``_enough``, and whether one of them offloads, in one pass (a walk reads both of each
+    step)."""
     deadline, offload = ctx.constraints.deadline_hours, ctx.plan.cpu_offload
+    enough = offloads = False
     for s in found:
-        plain = s.cfg.optimizer is None and s.cfg.cpu_offload == offload
-        if plain and (deadline is None or s.training_s / 3600.0 <= deadline):
-            return True
-    return False
+        cfg = s.cfg
+        offloads = offloads or cfg.cpu_offload
+        if not enough and cfg.optimizer is None and cfg.cpu_offload == offload:
+            enough = deadline is None or s.training_s / 3600.0 <= deadline
+    return enough, offloads
