@@ -374,23 +374,22 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
         repeats = np.array(counts)
         training, gpus, nodes, positions = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
-        on_demand = seconds * gpus * columns.on_demand_usd_per_hour[row] / 3600.0
         spot_rate = spot_price[row]
         has = ~np.isnan(spot_rate)
-        spot = seconds[has] * gpus[has] * spot_rate[has] / 3600.0
-
-        def both(a: np.ndarray, has: np.ndarray = has) -> np.ndarray:
-            return np.concatenate((a, a[has]))
-
+        spot_pair = np.flatnonzero(has)
+        # Every pair on demand, then those with a spot price on spot: one take per column.
+        take = np.concatenate((np.arange(len(index)), spot_pair))
+        rate = np.concatenate((columns.on_demand_usd_per_hour[row], spot_rate[spot_pair]))
+        entry_seconds, entry_gpus = seconds[take], gpus[take]
         bounds = CardBounds(
-            bound=np.concatenate((on_demand, spot)),
-            gpus=both(gpus),
-            nodes=both(nodes),
-            seconds=both(seconds),
-            offer=both(index),
-            position=both(positions),
-            spot=np.concatenate((np.zeros(len(index), dtype=bool), np.ones(len(spot), dtype=bool))),
-            spot_pair=np.flatnonzero(has),
+            bound=entry_seconds * entry_gpus * rate / 3600.0,
+            gpus=entry_gpus,
+            nodes=nodes[take],
+            seconds=entry_seconds,
+            offer=index[take],
+            position=positions[take],
+            spot=np.arange(len(take)) >= len(index),
+            spot_pair=spot_pair,
         )
         if full:
             _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
