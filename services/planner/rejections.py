@@ -193,8 +193,8 @@ def host_ram_rejections(
                 f"a node with at least {needed / (1.0 - host_ram_margin(ctx)):,.0f} GiB of host RAM, or another "
                 f"offer of the {spec.name} (see the recommendations)"
             )
-            found = words[key] = (before, after, needed, available, gpus, fix)
-        before, after, needed, available, gpus, fix = found
+            found = words[key] = (before, after, round(needed, 1), round(available, 1), gpus, fix)
+        before, after, needed_gib, available_gib, gpus, fix = found
         more = f" (and {offers - 1} more offers of {offer.provider} like it)" if offers > 1 else ""
         out.append(
             Rejection(
@@ -206,8 +206,8 @@ def host_ram_rejections(
                 gpus=gpus,
                 fix=fix,
                 suggestion=fix,
-                host_ram_needed_gib_per_node=round(needed, 1),
-                host_ram_gib_per_node=round(available, 1),
+                host_ram_needed_gib_per_node=needed_gib,
+                host_ram_gib_per_node=available_gib,
             )
         )
     return out
