@@ -213,7 +213,7 @@ def _rejections(ctx: PlanContext, scan: Scan) -> list[Rejection]:
     Offers of one group and provider come out alike, so each such set is explained once, by its first offer."""
     closest: dict[str, RamBlockedOffer] = {}
     by_provider: dict[str, list[tuple[RamBlockedOffer, int]]] = {}
-    blocked = [group for group in scan.groups if group.ram_blocked]
+    blocked = scan.ram_blocked_groups()
     if blocked:
         # Per blocked group, its leanest blocked setup (all the rejections read of its setups) and how far its
         # nodes' RAM falls short of it (every offer of a group has the same node RAM); then per offer of them, its

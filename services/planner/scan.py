@@ -26,7 +26,7 @@ from services.planner.context import HostRamBlocked, PlanContext, Setup, ShapeKe
 from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
-from services.planner.search import NARROW_SEARCH, offer_search, settled_setups, shape_key
+from services.planner.search import offer_search, settled_setups, shape_key
 
 # Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
 # visits a card's entries only until its first one left out, a handful over thousands of offers.
@@ -37,6 +37,10 @@ _CARD = ("gpu", "interconnect")
 _NODE = ("gpus_per_node", "whole_nodes_only", "inter_node_gbit_per_s", "host_ram_gib_per_node")
 # What the provider and region constraints read of an offer (services.planner.rejections.filter_rejection).
 _PLACE = ("provider", "region", "country")
+# What a plan over its CPU budget is told (services.estimator.budget): the scan checks it between groups.
+NARROW_SEARCH = (
+    "narrow the search: fewer GPUs (constraints.max_gpus), or fewer offers (constraints.providers, constraints.regions)"
+)
 # An entry in rank order: lower bound, GPUs, nodes, seconds, offer index, setup position, spot (on demand first).
 EntryKey = tuple[float, int, int, float, int, int, bool]
 

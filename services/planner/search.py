@@ -152,11 +152,6 @@ def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = 
     return ctx.memo.configs[key]
 
 
-NARROW_SEARCH = (
-    "narrow the search: fewer GPUs (constraints.max_gpus), or fewer offers (constraints.providers, constraints.regions)"
-)
-
-
 def shape_key(ctx: PlanContext, spec: GpuSpec, offer: Offer) -> ShapeKey:
     """What the search depends on besides the price and the host RAM: the card, the node shape and the link
     kind it really is."""
