@@ -9,13 +9,17 @@ use, so a plan over thousands of offers reads them as arrays instead of walking 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from services.catalog.offers import Offer
 
+T = TypeVar("T")
+# Tables kept per price list by ``Market.derived`` (a caller keeps one or two: the planner its offer grouping per
+# GPU spec table); beyond this many keys the oldest is dropped.
+DERIVED_KEYS = 4
 # (per offer, the position of its values among the distinct ones; the distinct values in order of first offer)
 Codes = tuple[np.ndarray, tuple[tuple[object, ...], ...]]
 
@@ -29,6 +33,11 @@ class Market(tuple[Offer, ...]):
         super().__init__()
         self._codes: dict[tuple[str, ...], Codes] = {}
         self._floats: dict[str, np.ndarray] = {}
+        self._derived: dict[Hashable, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The columns travel with a pickled Market; what callers derived is worked out again where it lands.
+        return {**self.__dict__, "_derived": {}}
 
     def codes(self, fields: tuple[str, ...]) -> Codes:
         """Per offer, which distinct combination of ``fields`` it has (its position in the list returned beside,
@@ -50,6 +59,17 @@ class Market(tuple[Offer, ...]):
             for name in missing:
                 self._floats[name] = table[name]
         return {name: self._floats[name] for name in names}
+
+    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """What a caller works out of these offers alone, no request in it (``key``: what else it reads), computed
+        on first use and kept like the columns; the caller keeps it immutable."""
+        found = self._derived.get(key)
+        if found is None:
+            found = compute()
+            while len(self._derived) >= DERIVED_KEYS:
+                self._derived.pop(next(iter(self._derived)), None)
+            self._derived[key] = found
+        return found
 
 
 def _getter(fields: tuple[str, ...]) -> Callable[[Offer], tuple[Any, ...]]:

@@ -21,6 +21,7 @@ import numpy as np
 from services.catalog.gpus import GpuSpec, exact_gpu_names, find_gpu, gpu_name_key
 from services.catalog.market import Market, as_market
 from services.catalog.offers import Offer
+from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.planner.context import HostRamBlocked, PlanContext, Setup, ShapeKey
 from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
@@ -176,6 +177,83 @@ def _firsts(ids: np.ndarray, count: int) -> np.ndarray:
     return first
 
 
+@dataclass(frozen=True)
+class _Grouping:
+    """How offers group by card and node shape, read of the offers and the GPU specs alone (no plan): over a whole
+    price list it is kept with it (``Market.derived``), and each plan drops the cards it cannot run. Immutable:
+    plans share its arrays."""
+
+    position: np.ndarray  # the offers grouped (the catalog's, or those the constraints allow), ascending
+    pair_ids: np.ndarray  # per offer grouped, the code of its (card as written, interconnect)
+    found: dict[int, GpuSpec | EstimatorError]  # per code present, the card it names, or why none
+    card_of_pair: np.ndarray  # per code, its (card, link kind) among ``card_specs`` (-1: no card)
+    card_specs: tuple[GpuSpec, ...]
+    # Per node shape (card, link kind, node size, whole nodes only), in order of its first offer: its (card, link
+    # kind), its offers, the first of them, and per layout (adding the network and the host RAM) in order of its
+    # first offer, the same two.
+    shapes: tuple[tuple[int, np.ndarray, int, tuple[tuple[np.ndarray, int], ...]], ...]
+
+
+def _grouping(offers: Market, specs: tuple[GpuSpec, ...], kept: np.ndarray | None) -> _Grouping:
+    """The offers (``kept``: those the constraints allow; None: all) grouped by node shape and layout."""
+    pair_ids, pairs = offers.codes(_CARD)
+    rest_ids, rests = offers.codes(_NODE)
+    position = np.arange(len(offers)) if kept is None else kept
+    if kept is not None:
+        pair_ids, rest_ids = pair_ids[kept], rest_ids[kept]
+    present = np.zeros(len(pairs), dtype=bool)
+    present[pair_ids] = True
+    names = _CardNames(specs)
+    cards: dict[tuple[str, str], int] = {}
+    card_of_pair = np.full(len(pairs), -1, dtype=np.int64)
+    found: dict[int, GpuSpec | EstimatorError] = {}
+    card_specs: list[GpuSpec] = []
+    for pair in np.flatnonzero(present).tolist():
+        gpu, interconnect = pairs[pair]
+        spec = found[pair] = names.find(gpu)  # type: ignore[arg-type]
+        if isinstance(spec, EstimatorError):
+            continue
+        card_of_pair[pair] = cards.setdefault((spec.name, intra_node_kind(spec, interconnect)), len(cards))  # type: ignore[arg-type]
+        if card_of_pair[pair] == len(card_specs):
+            card_specs.append(spec)
+    card_of = card_of_pair[pair_ids]
+    # A layout is a (card, link kind) with a node shape, network and host RAM: one code per pair of them; a shape is
+    # the same with only the node size and whether whole nodes only (what the single-node search reads).
+    ok = card_of >= 0
+    members, card_of, rest_ids = position[ok], card_of[ok], rest_ids[ok]
+    members.flags.writeable = False  # the groups' offers are views of it, shared by every plan
+    shape_codes: dict[tuple[object, ...], int] = {}
+    shape_of_rest = np.array([shape_codes.setdefault(rest[:2], len(shape_codes)) for rest in rests], dtype=np.int64)
+    shape_of_offer = card_of * len(shape_codes) + shape_of_rest[rest_ids]
+    layout_of_offer = card_of * len(rests) + rest_ids
+    shapes, shape_members, shape_firsts = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
+    layouts, layout_members, layout_firsts = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
+    # Each shape's layouts (positions among ``layouts``, in order of their first offer).
+    shape_of_layout = (layouts // len(rests)) * len(shape_codes) + shape_of_rest[layouts % len(rests)]
+    order = np.argsort(shape_of_layout, kind="stable")
+    ranked = shape_of_layout[order]
+    starts = np.searchsorted(ranked, shapes, "left").tolist()
+    ends = np.searchsorted(ranked, shapes, "right").tolist()
+    order_list = order.tolist()
+    shape_rows = zip(shapes.tolist(), shape_members, shape_firsts, starts, ends, strict=True)
+    return _Grouping(
+        position,
+        pair_ids,
+        found,
+        card_of_pair,
+        tuple(card_specs),
+        tuple(
+            (
+                code // len(shape_codes),
+                indices,
+                first,
+                tuple((layout_members[i], layout_firsts[i]) for i in order_list[start:end]),
+            )
+            for code, indices, first, start, end in shape_rows
+        ),
+    )
+
+
 def _group_offers(
     ctx: PlanContext, scan: Scan, specs: tuple[GpuSpec, ...]
 ) -> list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]]:
@@ -183,94 +261,48 @@ def _group_offers(
     shape (card, link kind, node size, whole nodes only), each with its offers grouped by layout (adding the network
     and the host RAM) on request; shapes, their layouts and the cards in order of their first offer."""
     kept = _allowed(ctx, scan)
-    pair_ids, pairs = scan.offers.codes(_CARD)
-    rest_ids, rests = scan.offers.codes(_NODE)
-    position = np.arange(len(scan.offers)) if kept is None else kept
-    if kept is not None:
-        pair_ids, rest_ids = pair_ids[kept], rest_ids[kept]
-    present = np.zeros(len(pairs), dtype=bool)
-    present[pair_ids] = True
-    names = _CardNames(specs)
-    # Per (card name as written, interconnect): the position of its (card, link kind) among ``cards``, or -1 with
-    # why its offers are left out (an unknown card, or one without the plan's precision).
-    cards: dict[tuple[str, str], int] = {}
-    card_of_pair = np.full(len(pairs), -1, dtype=np.int64)
-    rejected: dict[int, GpuSpec | EstimatorError] = {}
-    card_specs: list[GpuSpec] = []
-    for pair in np.flatnonzero(present).tolist():
-        gpu, interconnect = pairs[pair]
-        spec = names.find(gpu)  # type: ignore[arg-type]
-        if isinstance(spec, EstimatorError) or lacks_precision(ctx.plan, spec):
-            rejected[pair] = spec
-            continue
-        card = (spec.name, ctx.link_kind(spec, interconnect))  # type: ignore[arg-type]
-        card_of_pair[pair] = cards.setdefault(card, len(cards))
-        if card_of_pair[pair] == len(card_specs):
-            card_specs.append(spec)
-    card_of = card_of_pair[pair_ids]
-    if rejected:
-        out = card_of < 0
-        _reject_cards(ctx, scan, position[out], pair_ids[out], rejected)
-    # A layout is a (card, link kind) with a node shape, network and host RAM: one code per pair of them; a shape is
-    # the same with only the node size and whether whole nodes only (what the single-node search reads).
-    ok = card_of >= 0
-    members, card_of, rest_ids = position[ok], card_of[ok], rest_ids[ok]
-    shape_codes: dict[tuple[object, ...], int] = {}
-    shape_of_rest = np.array([shape_codes.setdefault(rest[:2], len(shape_codes)) for rest in rests], dtype=np.int64)
-    shape_of_offer = card_of * len(shape_codes) + shape_of_rest[rest_ids]
-    layout_of_offer = card_of * len(rests) + rest_ids
-    shapes, shape_members = _in_groups(shape_of_offer, len(card_specs) * len(shape_codes), members)
-    layouts, layout_members = _in_groups(layout_of_offer, len(card_specs) * len(rests), members)
-    # Each shape's layouts (positions among ``layouts``, in order of their first offer): made into groups only for the
-    # shapes whose search reads the network or the host RAM.
-    shape_of_layout = (layouts // len(rests)) * len(shape_codes) + shape_of_rest[layouts % len(rests)]
-    order = np.argsort(shape_of_layout, kind="stable")
-    ranked = shape_of_layout[order]
-    starts = np.searchsorted(ranked, shapes, "left").tolist()
-    ends = np.searchsorted(ranked, shapes, "right").tolist()
-
-    def layout_groups(spec: GpuSpec, positions: np.ndarray) -> list[OfferGroup]:
-        return [OfferGroup(spec, layout_members[i], layout_members.firsts[i]) for i in positions.tolist()]
-
+    if kept is None:  # the whole price list: grouped once for every plan over it
+        grouping = scan.offers.derived(("offer grouping", specs), lambda: _grouping(scan.offers, specs, None))
+    else:
+        grouping = _grouping(scan.offers, specs, kept)
+    # Per (card, link kind), whether the plan leaves its offers out (last: an unknown card, code -1).
+    lacking = np.array([*(lacks_precision(ctx.plan, spec) for spec in grouping.card_specs), True])
+    rejected = lacking[grouping.card_of_pair]  # per (card as written, interconnect)
+    out = rejected[grouping.pair_ids]
+    if out.any():
+        why = {pair: spec for pair, spec in grouping.found.items() if rejected[pair]}
+        _reject_cards(ctx, scan, grouping.position[out], grouping.pair_ids[out], why)
     found: list[tuple[OfferGroup, Callable[[], list[OfferGroup]]]] = []
-    shape_rows = zip(shapes.tolist(), shape_members, shape_members.firsts, starts, ends, strict=True)
-    for code, indices, first, start, end in shape_rows:
-        spec = card_specs[code // len(shape_codes)]
-        found.append((OfferGroup(spec, indices, first), functools.partial(layout_groups, spec, order[start:end])))
-    for group, _ in found:  # cards in order of their first offer
-        scan.cards.setdefault(group.spec.name, group.spec)
+    for card, indices, first, layouts in grouping.shapes:
+        if lacking[card]:
+            continue
+        spec = grouping.card_specs[card]
+        found.append((OfferGroup(spec, indices, first), functools.partial(_layout_groups, spec, layouts)))
+        scan.cards.setdefault(spec.name, spec)  # cards in order of their first offer
     return found
 
 
-class _Slices:
-    """``ordered[starts[i]:ends[i]]`` for the ``i`` asked for (a group's members, sliced only when read), and each
-    group's first member (``firsts``)."""
-
-    def __init__(self, ordered: np.ndarray, starts: list[int], ends: list[int]) -> None:
-        self.ordered, self.starts, self.ends = ordered, starts, ends
-        self.firsts: list[int] = ordered[starts].tolist()
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.ordered[self.starts[i] : self.ends[i]]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return map(self.__getitem__, range(len(self.starts)))
+def _layout_groups(spec: GpuSpec, layouts: tuple[tuple[np.ndarray, int], ...]) -> list[OfferGroup]:
+    """A shape's layouts as groups: made only for the shapes whose search reads the network or the host RAM."""
+    return [OfferGroup(spec, indices, first) for indices, first in layouts]
 
 
-def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> tuple[np.ndarray, _Slices]:
+def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
     """``members`` grouped by their ``codes`` (each below ``count``): the codes present, in order of their first
-    member, and each one's members in order. Codes are small integers, so first members and membership come from
-    dense tables and a radix sort."""
+    member, each one's members in order, and each one's first member. Codes are small integers, so first members
+    and membership come from dense tables and a radix sort."""
     first = _firsts(codes, count)
     present = np.flatnonzero(first < len(codes))
     present = present[np.argsort(first[present])]
     rank = np.zeros(count, dtype=np.int16 if len(present) <= np.iinfo(np.int16).max else np.int64)
     rank[present] = np.arange(len(present))
     group_of = rank[codes]
-    ends = np.cumsum(np.bincount(group_of, minlength=len(present))).tolist()
-    starts = [0, *ends[:-1]] if ends else []
+    sizes = np.bincount(group_of, minlength=len(present))
+    starts = np.cumsum(sizes) - sizes
     ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
-    return present, _Slices(ordered, starts, ends)
+    ordered.flags.writeable = False  # the groups are views of it
+    groups = np.split(ordered, starts[1:]) if len(present) else []
+    return present, groups, ordered[starts].tolist()
 
 
 def _reject_cards(

@@ -10,9 +10,12 @@ import pickle
 import numpy as np
 
 from benchmarks.planner.run import benchmark_plan, generated_catalog
-from services.catalog.market import Market, as_market
+from services.catalog.gpus import gpu_specs
+from services.catalog.market import DERIVED_KEYS, Market, as_market
 from services.catalog.offers import bundled_offers
 from services.planner import Constraints, plan_setups
+from services.planner.planner import plan_context
+from services.planner.scan import scan_offers
 
 
 def test_codes_number_distinct_values_in_order_of_first_offer() -> None:
@@ -79,3 +82,43 @@ def test_an_unknown_card_is_rejected_by_name_over_a_market() -> None:
     unknown = [r for r in result.rejections if r.kind == "unknown_gpu"]
     assert len(unknown) == 2 and unknown[0].gpu == "Quantum GPU 9000"
     assert sum("Quantum GPU 9000" in w for w in result.warnings) == 2
+
+
+def test_derived_tables_are_worked_out_once_per_key_bounded_and_not_pickled() -> None:
+    market = Market(generated_catalog(20, seed=2))
+    calls: list[int] = []
+
+    def table(n: int) -> list[int]:
+        calls.append(n)
+        return [n]
+
+    assert market.derived(("t", 0), lambda: table(0)) == [0]
+    assert market.derived(("t", 0), lambda: table(0)) == [0] and calls == [0]  # kept, not worked out again
+    for n in range(1, DERIVED_KEYS + 1):
+        market.derived(("t", n), lambda n=n: table(n))
+    assert market.derived(("t", 0), lambda: table(0)) == [0] and calls.count(0) == 2  # the oldest was dropped
+    again = pickle.loads(pickle.dumps(market))
+    assert again == market and again.derived(("t", 1), lambda: table(-1)) == [-1]  # worked out where it landed
+
+
+def test_plans_over_one_market_with_other_gpu_tables_and_unknown_cards() -> None:
+    # The offers' grouping by card and node shape is kept with the market per GPU spec table; a plan with another
+    # table, or that cannot run some cards (precision), must see nothing of an earlier plan's.
+    offers = generated_catalog(400, seed=12)
+    odd = dataclasses.replace(offers[5], gpu="Quantum GPU 9000")
+    offers = (*offers, odd)
+    market = Market(offers)
+    fewer = tuple(spec for spec in gpu_specs() if spec.name != gpu_specs()[0].name)
+    cases = [
+        (benchmark_plan("lora"), None),
+        (benchmark_plan("lora"), fewer),
+        (benchmark_plan("full", precision="fp16-mixed"), None),
+        (benchmark_plan("full"), fewer),
+        (benchmark_plan("lora"), None),
+    ]
+    for plan, specs in cases:
+        over_market = plan_setups(plan, market, specs=specs)
+        assert over_market == plan_setups(plan, tuple(offers), specs=specs)
+        assert any(r.kind == "unknown_gpu" for r in over_market.rejections)
+    scan = scan_offers(plan_context(benchmark_plan("lora"), Constraints())[1], market, gpu_specs())
+    assert not scan.groups[0].indices.flags.writeable  # shared by every plan over the market
