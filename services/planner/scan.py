@@ -297,11 +297,11 @@ def _in_groups(codes: np.ndarray, count: int, members: np.ndarray) -> tuple[np.n
     rank = np.zeros(count, dtype=np.int16 if len(present) <= np.iinfo(np.int16).max else np.int64)
     rank[present] = np.arange(len(present))
     group_of = rank[codes]
-    sizes = np.bincount(group_of, minlength=len(present))
-    starts = np.cumsum(sizes) - sizes
+    ends = np.cumsum(np.bincount(group_of, minlength=len(present))).tolist()
+    starts = [0, *ends[:-1]] if ends else []
     ordered = members[np.argsort(group_of, kind="stable")]  # a radix sort for 16-bit codes
     ordered.flags.writeable = False  # the groups are views of it
-    groups = np.split(ordered, starts[1:]) if len(present) else []
+    groups = [ordered[start:end] for start, end in zip(starts, ends, strict=True)]
     return present, groups, ordered[starts].tolist()
 
 
