@@ -66,8 +66,9 @@ class Market(tuple[Offer, ...]):
         found = self._derived.get(key)
         if found is None:
             found = compute()
-            while len(self._derived) >= DERIVED_KEYS:
-                self._derived.pop(next(iter(self._derived)), None)
+            kept = list(self._derived)  # one read: other threads may drop or add keys meanwhile
+            for stale in kept[: max(0, len(kept) - DERIVED_KEYS + 1)]:  # the oldest first
+                self._derived.pop(stale, None)
             self._derived[key] = found
         return found
 

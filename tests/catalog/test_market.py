@@ -96,7 +96,10 @@ def test_derived_tables_are_worked_out_once_per_key_bounded_and_not_pickled() ->
     assert market.derived(("t", 0), lambda: table(0)) == [0] and calls == [0]  # kept, not worked out again
     for n in range(1, DERIVED_KEYS + 1):
         market.derived(("t", n), lambda n=n: table(n))
+    for n in range(1, DERIVED_KEYS + 1):  # the newest are kept
+        assert market.derived(("t", n), lambda: table(-1)) == [n]
     assert market.derived(("t", 0), lambda: table(0)) == [0] and calls.count(0) == 2  # the oldest was dropped
+    assert -1 not in calls
     again = pickle.loads(pickle.dumps(market))
     assert again == market and again.derived(("t", 1), lambda: table(-1)) == [-1]  # worked out where it landed
 
