@@ -3,7 +3,8 @@
 Every plan over a catalog reads the same things of each offer (its node shape, its prices, its provider), and a
 served catalog is cached per version (services.catalog.service.catalog_offers) and planned over many times. A
 :class:`Market` is that cached tuple of offers; the columns a plan reads of all of them are kept with it on first
-use, so a plan over thousands of offers reads them as arrays instead of walking the offers again.
+use, so a plan over thousands of offers reads them as arrays instead of walking the offers again; so are tables a
+caller works out of the offers alone (``Market.derived``: the planner's grouping of them by card and node shape).
 """
 
 from __future__ import annotations
