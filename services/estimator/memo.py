@@ -85,6 +85,8 @@ def quick_init(cls: type[T]) -> type[T]:
     ``object.__setattr__`` per field (the generated one): about half the cost for the results an estimate builds
     thousands of times in a plan. Same signature and defaults; the instance stays frozen. Apply above
     ``@dataclass(frozen=True)``; fields with a default factory or ``init=False`` are refused."""
+    if getattr(cls.__init__, "_quick_init", False):
+        raise TypeError(f"quick_init: {cls.__name__} has its quick __init__ already")
     params, names, env = [], [], {}
     for f in fields(cls):  # type: ignore[arg-type]
         if not f.init or f.default_factory is not MISSING:
@@ -101,5 +103,6 @@ def quick_init(cls: type[T]) -> type[T]:
     exec(source, env)  # generated from the class's own field names, as dataclasses does
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init._quick_init = True
     cls.__init__ = init  # type: ignore[method-assign]
     return cls

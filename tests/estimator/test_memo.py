@@ -45,6 +45,16 @@ def test_quick_init_refuses_fields_it_cannot_fill() -> None:
             items: list[int] = dataclasses.field(default_factory=list)
 
 
+def test_quick_init_applied_twice_is_refused() -> None:
+    with pytest.raises(TypeError, match="has its quick __init__ already"):
+
+        @quick_init
+        @quick_init
+        @dataclasses.dataclass(frozen=True)
+        class _Twice:
+            x: float
+
+
 def test_an_estimate_result_is_still_frozen() -> None:
     resolved = resolve_plan(make_plan())
     states = peak_memory(resolved.plan, resolved.architecture, resolved.recipe).states

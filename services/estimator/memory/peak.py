@@ -57,7 +57,6 @@ _ACTIVATIONS_AT = {name: parts.index("activations") for name, parts in _PARTS.it
 
 
 @quick_init
-@quick_init
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per GPU of each component at the peak moment, and the three peaks."""
