@@ -56,17 +56,18 @@ class ConfigNeeds:
     least: float
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeStep:
     """One multi-node layout of an offer shape (``offer``: the first offer of that shape met), and what the
     node-count walks of services.planner.search read of it, each worked out on first use (most walks stop after
-    a few steps): its links, and per offload flag its setups, whether they are enough to stop growing and
+    a few steps): its links, and without and with offload its setups, whether they are enough to stop growing and
     whether one offloads. A cache of one planning call."""
 
     layout: Layout
     offer: Offer
     links: Links | None = None
-    read: dict[bool, tuple[list[Setup], bool, bool]] = field(default_factory=dict)
+    plain: tuple[list[Setup], bool, bool] | None = None
+    offloaded: tuple[list[Setup], bool, bool] | None = None
 
 
 @dataclass

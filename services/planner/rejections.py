@@ -132,7 +132,7 @@ def fit_suggestion(ctx: PlanContext, usable_bytes: float, fewest_gpus: int, offe
     return "fits " + ", or ".join(parts[:2])
 
 
-def leanest_offload(setups: list[HostRamBlocked]) -> HostRamBlocked:
+def leanest_offload(setups: Sequence[HostRamBlocked]) -> HostRamBlocked:
     """The offload setup that needs the least host RAM (the first of equals; fewer GPUs first): all that the
     rejections below read of an offer's blocked setups."""
     return min(setups, key=lambda x: (x.host_ram_bytes_per_node, x.layout.gpus))

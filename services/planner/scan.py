@@ -46,7 +46,7 @@ NARROW_SEARCH = (
 EntryKey = tuple[float, int, int, float, int, int, bool]
 
 
-@dataclass
+@dataclass(slots=True)
 class OfferGroup:
     """The offers of one layout (card, node size, whole nodes only, intra-node link kind, network, host RAM), or of
     one node shape (the same but network and host RAM) where those do not change the search: one search gives all
@@ -56,8 +56,10 @@ class OfferGroup:
     indices: np.ndarray  # the offers' positions in the catalog, ascending
     first: int  # the first of them (the group's searches read its offer)
     shape: ShapeKey | None = None  # the search's key of its node shape (services.planner.search.shape_key)
-    setups: list[Setup] = field(default_factory=list)
-    ram_blocked: list[HostRamBlocked] = field(default_factory=list)
+    # Set by the scan: the setups its search keeps, or those its host RAM cannot hold where it keeps none (a plan
+    # builds thousands of groups, so the empty ones share one tuple).
+    setups: Sequence[Setup] = ()
+    ram_blocked: Sequence[HostRamBlocked] = ()
 
 
 @dataclass
@@ -116,7 +118,7 @@ class Scan:
     fitting_group: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     bounds: dict[str, CardBounds] = field(default_factory=dict)
 
-    def setups_of(self, index: int) -> list[Setup]:
+    def setups_of(self, index: int) -> Sequence[Setup]:
         return self.groups[int(self.fitting_group[index])].setups
 
     def card_offers(self, name: str) -> list[Offer]:
@@ -351,7 +353,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     for shape, layouts in _group_offers(ctx, scan, specs):
         shape.shape = shape_key(ctx, shape.spec, offers[shape.first])
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
-        shape.setups = settled_setups(ctx, offers[shape.first], shape.spec, shape.shape) or []
+        shape.setups = settled_setups(ctx, offers[shape.first], shape.spec, shape.shape) or ()
         if shape.setups:
             scan.groups.append(shape)
             continue
@@ -367,7 +369,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
         if not group.setups:
             assert group.shape is not None  # set above for every group searched here
             group.setups, blocked = offer_search(ctx, offers[group.first], group.spec, group.shape)
-            group.ram_blocked = [] if group.setups else blocked
+            group.ram_blocked = () if group.setups else blocked
         if group.setups:
             scan.fitting_cards.add(group.spec.name)
             fitting.append(position)

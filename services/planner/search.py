@@ -160,9 +160,10 @@ def shape_key(ctx: PlanContext, spec: GpuSpec, offer: Offer) -> ShapeKey:
 
 
 def _fastest_per_count(found: list[Setup]) -> list[Setup]:
-    """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest."""
-    if len(found) < 2:  # most lists: nothing to compare
-        return list(found)
+    """Per GPU count only the fastest setup: same GPUs at the same price, so also the cheapest. Shares ``found``
+    where there is nothing to compare (most lists): the search's lists are never changed once built."""
+    if len(found) < 2:
+        return found
     fastest: dict[int, Setup] = {}
     for s in found:
         gpus = s.layout.gpus
@@ -303,7 +304,7 @@ def _ram_layout_setups(
     usable = usable_host_ram_bytes(ctx, offer, layout)
     if usable is not None and usable < needs.least:  # the RAM holds none of them
         blocked.extend(needs.blocked)
-        return [], False, False
+        return _NOTHING
     setups, enough, offloads = _step_setups(ctx, spec, step, offload)
     if usable is None:
         return list(setups), enough, offloads
@@ -318,6 +319,10 @@ def _ram_layout_setups(
     return kept, *_verdicts(ctx, kept)
 
 
+# A step on which nothing fits (most steps of a long walk): one value for all of them.
+_NOTHING: tuple[list[Setup], bool, bool] = ([], False, False)
+
+
 def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
     """The links of a multi-node step (``PlanContext.links`` of its offer), worked out when a walk reaches it."""
     if step.links is None:
@@ -327,14 +332,17 @@ def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
 
 def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> tuple[list[Setup], bool, bool]:
     """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
-    found = step.read.get(offload)
+    found = step.offloaded if offload else step.plain
     if found is None:
         if card_configs(ctx, spec, step.layout.gpus, offload):  # the links only for a step on which something fits
             setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
             found = (setups, *_verdicts(ctx, setups))
         else:
-            found = ([], False, False)
-        step.read[offload] = found
+            found = _NOTHING
+        if offload:
+            step.offloaded = found
+        else:
+            step.plain = found
     return found
 
 
@@ -361,7 +369,7 @@ def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Se
             plain.append(more)
             if done:
                 break
-        walk.plain = plain + [[] for _ in range(len(walk.layouts) - len(plain))]
+        walk.plain = plain + [_NOTHING[0]] * (len(walk.layouts) - len(plain))
     return walk.plain
 
 
