@@ -191,7 +191,8 @@ def offer_search(
     if single.enough or offer.inter_node_gbit_per_s is None:
         return single.fastest, []
     # More nodes are searched to do without offload; offload on several nodes only where no node fits.
-    return single.fastest + _grown(ctx, offer, spec, base, not single.found), []
+    grown = _grown(ctx, offer, spec, base, not single.found)
+    return (single.fastest + grown if grown else single.fastest), []
 
 
 def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
@@ -307,7 +308,7 @@ def _ram_layout_setups(
         return _NOTHING
     setups, enough, offloads = _step_setups(ctx, spec, step, offload)
     if usable is None:
-        return list(setups), enough, offloads
+        return setups, enough, offloads
     kept: list[Setup] = []
     for s in setups:
         if holds(s.host_ram_bytes_per_node, usable):
