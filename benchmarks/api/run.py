@@ -12,7 +12,9 @@ client costs little of the CPU the server needs; otherwise from Python threads (
 client, so the figures are lower bounds). The server runs on Postgres (a fresh database on
 GPUPLAN_BENCH_POSTGRES_URL's server, dropped afterwards) or, with ``--sqlite``, on a SQLite file.
 
-Run: ``python -m benchmarks.api.run [--sqlite] [--workers N] [--duration-s S] [--rounds N] [--estimate-only]``.
+Run: ``python -m benchmarks.api.run [--sqlite] [--workers N] [--duration-s S] [--rounds N] [--estimate-only]``
+(writes benchmarks/results/api.json, api-sqlite.json with ``--sqlite``; ``--estimate-only`` adds ``-estimate`` to
+the name, so a partial run leaves the last whole run's file as it was).
 """
 
 from __future__ import annotations
@@ -392,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     shutil.rmtree(workdir, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "api-sqlite.json" if args.sqlite else "api.json"
+    # A run without the plan pages writes a file of its own: it never replaces a whole run's figures.
+    name = ("api-sqlite" if args.sqlite else "api") + ("-estimate" if args.estimate_only else "") + ".json"
     (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=1))
     return 0 if result["estimate"]["errors"] == 0 else 1
