@@ -320,8 +320,10 @@ def _ram_layout_setups(
     return kept, *_verdicts(ctx, kept)
 
 
-# A step on which nothing fits (most steps of a long walk): one value for all of them.
-_NOTHING: tuple[list[Setup], bool, bool] = ([], False, False)
+# No setups, and a step on which nothing fits (most steps of a long walk): one value each for all of them (the
+# search never changes a list it has built).
+_NO_SETUPS: list[Setup] = []
+_NOTHING: tuple[list[Setup], bool, bool] = (_NO_SETUPS, False, False)
 
 
 def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
@@ -370,7 +372,7 @@ def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Se
             plain.append(more)
             if done:
                 break
-        walk.plain = plain + [_NOTHING[0]] * (len(walk.layouts) - len(plain))
+        walk.plain = plain + [_NO_SETUPS] * (len(walk.layouts) - len(plain))
     return walk.plain
 
 
