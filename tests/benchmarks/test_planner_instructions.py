@@ -43,3 +43,25 @@ def test_the_counted_process_plans_and_exits_0() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_functions_prints_where_one_plans_bytecodes_go(capsys: pytest.CaptureFixture[str]) -> None:
+    assert instructions.main(["--functions", "3", "--only", "llama-3.1-8b_lora"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("llama-3.1-8b_lora@generated_5000: ") and lines[0].endswith(" bytecodes in one plan")
+    assert len(lines) == 4 and all("bytecodes" in line and "calls" in line for line in lines[1:])
+
+
+def test_bytecodes_add_up_and_the_tracer_before_is_put_back() -> None:
+    def before(frame: object, event: str, arg: object) -> None:
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(before)
+    try:
+        total, rows = instructions.bytecodes_by_function("llama-3.1-8b_lora")
+        assert sys.gettrace() is before
+    finally:
+        sys.settrace(previous)
+    assert rows[0][1] >= rows[1][1] >= rows[-1][1] > 0 and sum(count for _, count, _ in rows) == total
+    assert any(where.endswith(" plan_setups") for where, _, _ in rows)
