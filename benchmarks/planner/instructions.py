@@ -2,8 +2,8 @@
 through a shared machine's noise.
 
 benchmarks/planner/run.py times plans in CPU time, and on these shared 2-core machines its medians move by a
-tenth from run to run and by a quarter from machine to machine, so a change worth a few percent cannot be judged
-by it. The instructions a plan executes hardly move: Valgrind's cachegrind tool counts them (its "I refs")
+tenth or more from run to run and by up to half from machine to machine, so a change worth a few percent cannot be
+judged by it. The instructions a plan executes hardly move: Valgrind's cachegrind tool counts them (its "I refs")
 whatever else runs on the machine. For each of run.py's plans over its generated 5,000-offer catalog, a child
 process builds the catalog, plans once, settles the collector (as the service and run.py do), then plans
 ``--plans`` more times; it runs twice under cachegrind, with none and with ``--plans`` plans after the first, and
@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks.planner.run import RESULTS, benchmark_cases, generated_catalog
 from services.catalog.market import Market
 from services.core import collector
+from services.estimator.plan import Plan
 from services.planner import plan_setups
 
 PLANS = 10
@@ -53,12 +54,19 @@ def instructions(output: str) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def _child(name: str, plans: int) -> None:
-    """Build the catalog, plan ``name`` once, settle the collector, then plan it ``plans`` more times."""
+def _settled(name: str) -> tuple[Plan, Market]:
+    """run.py's plan ``name`` and its generated catalog, planned once (the catalog's columns and grouping, the plan's
+    cached resolution), in a settled collector: what every counted plan starts from."""
     plan = benchmark_cases()[name]
     market = Market(generated_catalog())
     plan_setups(plan, market)
     collector.settle()
+    return plan, market
+
+
+def _child(name: str, plans: int) -> None:
+    """The counted process: plan ``name`` ``plans`` times after the first."""
+    plan, market = _settled(name)
     for _ in range(plans):
         plan_setups(plan, market)
 
@@ -66,10 +74,7 @@ def _child(name: str, plans: int) -> None:
 def bytecodes_by_function(name: str) -> tuple[int, list[tuple[str, int, int]]]:
     """Bytecodes one plan of ``name`` executes (after a first plan and a settled collector), and per Python function
     (``file:line name``) its bytecodes and calls (a generator's resumptions count as calls), most first."""
-    plan = benchmark_cases()[name]
-    market = Market(generated_catalog())
-    plan_setups(plan, market)
-    collector.settle()
+    plan, market = _settled(name)
     ops: collections.Counter[Any] = collections.Counter()
     calls: collections.Counter[Any] = collections.Counter()
 
@@ -171,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         per_plan = (counted - baseline) / args.plans
         rows[f"{name}@generated_5000"] = {"instructions_per_plan": round(per_plan), "plans": args.plans}
         print(f"{name + '@generated_5000':38} {per_plan / 1e6:8.1f} M instructions per plan")
-    rows["_machine"] = {"valgrind": _valgrind_version(), "python": platform.python_version(), "hash_seed": 0}
+    rows["_machine"] = {
+        "valgrind": _valgrind_version(),
+        "python": platform.python_version(),
+        "hash_seed": 0,
+        "blas_threads": 1,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "planner_instructions.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0
