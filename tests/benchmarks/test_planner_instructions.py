@@ -3,8 +3,11 @@ output, its refusals of bad arguments, and the counted process itself (run here 
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +68,21 @@ def test_bytecodes_add_up_and_the_tracer_before_is_put_back() -> None:
         sys.settrace(previous)
     assert rows[0][1] >= rows[1][1] >= rows[-1][1] > 0 and sum(count for _, count, _ in rows) == total
     assert any(where.endswith(" plan_setups") for where, _, _ in rows)
+
+
+def test_without_valgrind_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    assert instructions.main(["--only", "llama-3.1-8b_lora"]) == 2
+    assert capsys.readouterr().err.strip() == "valgrind is not installed (apt-get install -y valgrind)"
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_counts_a_plans_instructions_under_valgrind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instructions, "RESULTS", tmp_path)
+    assert instructions.main(["--only", "llama-3.1-8b_lora", "--plans", "1"]) == 0
+    rows = json.loads((tmp_path / "planner_instructions.json").read_text(encoding="utf-8"))
+    counted = rows["llama-3.1-8b_lora@generated_5000"]["instructions_per_plan"]
+    assert 10_000_000 < counted < 2_000_000_000  # a plan is tens to hundreds of millions of instructions
+    assert rows["_machine"]["hash_seed"] == 0 and rows["_machine"]["blas_threads"] == 1
