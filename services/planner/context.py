@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,6 +29,8 @@ ShapeKey = tuple[str, int, bool, str, float | None]
 # (shape key of one node, inter-node Gbit/s, which single-node setups the host RAM holds, and where offload
 # first fits it on more nodes: see _ram_key).
 RamKey = tuple[ShapeKey, float | None, tuple[bool, ...], object]
+# A multi-node step's setups, whether they are enough to stop growing and whether one offloads.
+StepSetups = tuple["Sequence[Setup]", bool, bool]
 
 
 class SingleNode(NamedTuple):
@@ -66,8 +68,8 @@ class NodeStep:
     layout: Layout
     offer: Offer
     links: Links | None = None
-    plain: tuple[list[Setup], bool, bool] | None = None
-    offloaded: tuple[list[Setup], bool, bool] | None = None
+    plain: StepSetups | None = None
+    offloaded: StepSetups | None = None
 
 
 @dataclass
@@ -82,7 +84,7 @@ class NodeWalk:
     # The steps made so far, one per layout from the first (``steps``).
     made: list[NodeStep] = field(default_factory=list)
     # The setups without offload per step, growing until they are enough (then empty lists).
-    plain: list[list[Setup]] | None = None
+    plain: list[Sequence[Setup]] | None = None
     # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
     grown: dict[bool, list[Setup]] = field(default_factory=dict)
     # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU

@@ -26,6 +26,7 @@ setups are computed once per shape and priced per offer (a catalog of thousands 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
@@ -44,6 +45,7 @@ from services.planner.context import (
     Setup,
     ShapeKey,
     SingleNode,
+    StepSetups,
 )
 from services.planner.evaluator import Config
 from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
@@ -296,7 +298,7 @@ def _ram_walk(
 
 def _ram_layout_setups(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[HostRamBlocked]
-) -> tuple[list[Setup], bool, bool]:
+) -> StepSetups:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
     holds none of them, no setup's speed is computed. With whether those kept are enough (``_enough``) and
     whether one offloads."""
@@ -320,10 +322,10 @@ def _ram_layout_setups(
     return kept, *_verdicts(ctx, kept)
 
 
-# No setups, and a step on which nothing fits (most steps of a long walk): one value each for all of them (the
-# search never changes a list it has built).
-_NO_SETUPS: list[Setup] = []
-_NOTHING: tuple[list[Setup], bool, bool] = (_NO_SETUPS, False, False)
+# No setups, and a step on which nothing fits (most steps of a long walk): one value each for every step and plan,
+# immutable (a tuple), so no caller can change what the others share.
+_NO_SETUPS: tuple[Setup, ...] = ()
+_NOTHING: StepSetups = (_NO_SETUPS, False, False)
 
 
 def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
@@ -333,7 +335,7 @@ def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
     return step.links
 
 
-def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> tuple[list[Setup], bool, bool]:
+def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> StepSetups:
     """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
     found = step.offloaded if offload else step.plain
     if found is None:
@@ -362,11 +364,11 @@ def _walk(ctx: PlanContext, offer: Offer, base: ShapeKey) -> NodeWalk:
     return found
 
 
-def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[list[Setup]]:
+def _plain_walk(ctx: PlanContext, walk: NodeWalk, spec: GpuSpec) -> list[Sequence[Setup]]:
     """The setups without offload on a walk's multi-node layouts, growing until they are enough (then
     empty): what the search finds on more nodes once it does without offload (host RAM plays no part)."""
     if walk.plain is None:
-        plain: list[list[Setup]] = []
+        plain: list[Sequence[Setup]] = []
         for step in walk.steps():
             more, done, _ = _step_setups(ctx, spec, step, False)
             plain.append(more)
