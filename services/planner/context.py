@@ -83,7 +83,7 @@ class NodeWalk:
     offer: Offer  # the first offer of the walk met (its links)
     # The steps made so far, one per layout from the first (``steps``).
     made: list[NodeStep] = field(default_factory=list)
-    # The setups without offload per step, growing until they are enough (then empty lists).
+    # The setups without offload per step, growing until they are enough (then the shared empty tuple).
     plain: list[Sequence[Setup]] | None = None
     # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
     grown: dict[bool, list[Setup]] = field(default_factory=dict)

@@ -250,7 +250,7 @@ def _pdf_text(pdf: bytes) -> str:
     import zlib
 
     out = []
-    for found in re.finditer(rb"/Length (\d+)\s*>>\s*stream\r?\n", pdf):
+    for found in re.finditer(rb"/Length (\d+)[^>]*>>\s*stream\r?\n", pdf):
         stream = pdf[found.end() : found.end() + int(found.group(1))]
         try:
             content = zlib.decompress(stream)
