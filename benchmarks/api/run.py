@@ -67,6 +67,32 @@ def _median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summary(result: dict[str, Any]) -> list[str]:
+    """The run's verdict in a few lines for the terminal: the estimate's median round against the target, its ratio to
+    /healthz, and which client made the load, loudly where it was the Python-threads fallback (its figures read
+    about a third lower than wrk's on a 2-core machine, and are not comparable with them)."""
+    estimate, healthz = result["estimate"], result["healthz"]
+    rate, target = estimate["requests_per_s"], result["target_estimate_requests_per_s"]
+    spread = estimate["round_requests_per_s"]
+    verdict = "met" if rate >= target and estimate["errors"] == 0 else "MISSED"
+    lines = [
+        f"POST /v1/estimate: {rate:,.0f} requests/s in the median round "
+        f"(rounds {min(spread):,.0f}-{max(spread):,.0f}, "
+        f"p99 {estimate['p99_ms']} ms, {estimate['errors']} errors; target {target:,.0f}: {verdict})",
+        f"GET /healthz: {healthz['requests_per_s']:,.0f} requests/s; "
+        f"estimate / healthz {result['estimate_to_healthz']}",
+    ]
+    clients = {r[name]["tool"] for r in result["rounds"] for name in ("estimate", "healthz")}
+    if clients == {"wrk"}:
+        lines.append(f"load client: wrk ({result['clients']} connections)")
+    else:
+        lines.append(
+            "load client: Python threads, NOT wrk (not installed: apt-get install -y wrk). The threads share the "
+            "server's cores, so these figures are lower bounds and not comparable with runs made with wrk."
+        )
+    return lines
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -398,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     name = ("api-sqlite" if args.sqlite else "api") + ("-estimate" if args.estimate_only else "") + ".json"
     (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=1))
+    print("\n".join(summary(result)), file=sys.stderr)
     return 0 if result["estimate"]["errors"] == 0 else 1
 
 
