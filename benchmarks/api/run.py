@@ -69,8 +69,8 @@ def _median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summary(result: dict[str, Any]) -> list[str]:
     """The run's verdict in a few lines for the terminal: the estimate's median round against the target, its ratio to
-    /healthz, and which client made the load, loudly where it was the Python-threads fallback (its figures read
-    about a third lower than wrk's on a 2-core machine, and are not comparable with them)."""
+    /healthz, and which client made the load, loudly where it was the Python-threads fallback (its threads take CPU
+    the server needs, so its figures read lower and are not comparable with wrk's)."""
     estimate, healthz = result["estimate"], result["healthz"]
     rate, target = estimate["requests_per_s"], result["target_estimate_requests_per_s"]
     spread = estimate["round_requests_per_s"]
