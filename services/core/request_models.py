@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, model_validator
+from pydantic import AfterValidator, BaseModel, model_validator
 
 # Past this many unknown fields an object is answered with one error naming the first few, where pydantic
 # builds one error each: 65,000 of them cost about 1 s of CPU to build and describe (issue 21 item 1).
@@ -26,3 +27,12 @@ class ClosedModel(BaseModel):
                     f"{len(unknown):,} unknown fields ({shown}, ...); check their spelling against the schema"
                 )
         return data
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# A time in a request: one without a zone (or a date alone) is read as UTC, so it compares with the service's
+# clock and stores as the database's timezone-aware UTC (services.core.db.UtcDateTime).
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]

@@ -10,7 +10,7 @@ import itertools
 import operator
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from services.core.json_limits import JsonInputError, check_value
 from services.core.request_models import ClosedModel
@@ -47,6 +47,9 @@ ALL_LINEAR_ROLES: tuple[LoraRole, ...] = ("q", "k", "v", "o", "gate", "up", "dow
 # Real runs: DeepSeek-V3 15,360 sequences; PaLM 540B up to 4,096; Llama 3.1 405B 2,048 (16M tokens of
 # 8,192). The planner enumerates the divisors of this number, so it bounds the planner's work too.
 MAX_EFFECTIVE_BATCH_SIZE = 2**20
+# The longest example a data set may hold, in tokens (2**22: 32x the longest context windows of published models,
+# 128k tokens), and so the most its mean can be.
+MAX_EXAMPLE_TOKENS = 4_194_304
 # The model name is stored in a 200-character column; HF ids are at most 96 characters (owner/name).
 MAX_MODEL_NAME_CHARS = 200
 
@@ -64,7 +67,7 @@ class GenericModel(_Strict):
     activation_bytes_per_sample: StrictInt = Field(
         default=0, ge=0, le=2**50, description="activation memory of one training sample, in bytes"
     )
-    safety_margin: float = Field(
+    safety_margin: StrictFloat = Field(
         default=0.2, ge=0.1, le=0.3, description="fraction added against out-of-memory (10-30%)"
     )
 
@@ -98,6 +101,10 @@ class ModelSpec(_Strict):
     def _one_source(self) -> ModelSpec:
         if self.name is None and self.config is None and self.generic is None:
             raise ValueError("give the model's 'name' (an HF id), its 'config' (config.json) or 'generic'")
+        if self.generic is not None and (self.name is not None or self.config is not None):
+            # A generic size replaces the architecture: a name or config beside it would label an estimate it
+            # does not size.
+            raise ValueError("'generic' sizes a model known by its size alone: give it without 'name' or 'config'")
         return self
 
 
@@ -106,7 +113,7 @@ class LoraSpec(_Strict):
     alpha: StrictInt | None = Field(default=None, ge=1, le=65_536)  # usually 1-2x the rank
     # Each role at most once: the list is never longer than the roles there are (LoraRole's 8).
     targets: Annotated[list[LoraRole], Field(max_length=len(get_args(LoraRole)))] | Literal["all-linear"] = "all-linear"
-    dropout: float | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
+    dropout: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
 
 
 LENGTH_PERCENTILE_FIELDS = (
@@ -136,14 +143,16 @@ class DataSpec(_Strict):
 
     tokens: StrictInt | None = Field(default=None, gt=0, le=10**15)
     examples: StrictInt | None = Field(default=None, gt=0, le=10**12)
-    avg_tokens_per_example: float | None = Field(default=None, gt=0)
-    epochs: float = Field(default=1.0, gt=0, le=1000)
+    # Every example has at least one token, and none more than the longest the length percentiles allow; a mean
+    # below 1 (5e-324 was accepted) divided the padding's share of the row by zero.
+    avg_tokens_per_example: StrictFloat | None = Field(default=None, ge=1, le=MAX_EXAMPLE_TOKENS)
+    epochs: StrictFloat = Field(default=1.0, gt=0, le=1000)
     # The length distribution where it is known (a checked data set gives it): padding to the longest sample
     # of a micro-batch is then computed from it instead of from the mean alone.
-    p50_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    p90_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    p99_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    max_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p50_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    p90_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    p99_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    max_tokens_per_example: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
 
     @model_validator(mode="after")
     def _size_given(self) -> DataSpec:

@@ -3,10 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from services.core.json_limits import INT32_MAX
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, UtcDatetime
 
 
 class _In(ClosedModel):
@@ -17,11 +17,11 @@ class NodeRegistration(_In):
     name: str = Field(min_length=1, max_length=100)
     gpu: str = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
     gpu_count: StrictInt = Field(default=1, ge=0, le=64)
-    gpu_memory_gib: float = Field(default=0.0, ge=0, le=10_000)
+    gpu_memory_gib: StrictFloat = Field(default=0.0, ge=0, le=10_000)
     driver: str = Field(default="", max_length=50)
     cuda: str = Field(default="", max_length=50)
     provider: str = Field(default="", max_length=100)
-    usd_per_hour: float | None = Field(default=None, ge=0, le=100_000)
+    usd_per_hour: StrictFloat | None = Field(default=None, ge=0, le=100_000)
     instance_id: str = Field(default="", max_length=200, description="the provider's id of this machine")
     hostname: str = Field(default="", max_length=255)
     agent_pid: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
@@ -35,15 +35,15 @@ class NodeRegistration(_In):
 
 class GpuStatus(_In):
     index: StrictInt = Field(ge=0, le=64)
-    utilisation_pct: float = Field(ge=0, le=100)
-    memory_used_gib: float = Field(ge=0, le=10_000)
-    memory_total_gib: float = Field(ge=0, le=10_000)
+    utilisation_pct: StrictFloat = Field(ge=0, le=100)
+    memory_used_gib: StrictFloat = Field(ge=0, le=10_000)
+    memory_total_gib: StrictFloat = Field(ge=0, le=10_000)
 
 
 class RunProgress(_In):
     run_id: str = Field(min_length=1, max_length=64)
     step: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)  # runs.progress_step
-    loss: float | None = Field(default=None, allow_inf_nan=False)
+    loss: StrictFloat | None = Field(default=None, allow_inf_nan=False)
 
 
 class SyncHealth(_In):
@@ -55,7 +55,7 @@ class SyncHealth(_In):
     pending_bytes: StrictInt = Field(
         default=0, ge=0, le=2**53 - 1, description="bytes of local checkpoints not durable yet"
     )
-    failing_since: datetime | None = Field(
+    failing_since: UtcDatetime | None = Field(
         default=None, description="when the passes began failing (the agent's clock; null when the last succeeded)"
     )
 
@@ -64,7 +64,7 @@ class Heartbeat(_In):
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
     job_running: bool = False
     uploading: bool = Field(default=False, description="a checkpoint upload is in progress")
-    interactive_idle_s: float | None = Field(
+    interactive_idle_s: StrictFloat | None = Field(
         default=None, ge=0, le=10**9, description="seconds since the most recently active interactive session"
     )
     unsynced_checkpoints: StrictInt = Field(
@@ -84,10 +84,10 @@ class CalibrationRequest(_In):
 
 
 class CalibrationResult(_In):
-    tokens_per_s: float = Field(gt=0, le=1e9)
-    peak_allocated_gib: float | None = Field(default=None, ge=0, le=10_000)
-    peak_reserved_gib: float | None = Field(default=None, ge=0, le=10_000)
-    seconds: float = Field(ge=0, le=86_400)
+    tokens_per_s: StrictFloat = Field(gt=0, le=1e9)
+    peak_allocated_gib: StrictFloat | None = Field(default=None, ge=0, le=10_000)
+    peak_reserved_gib: StrictFloat | None = Field(default=None, ge=0, le=10_000)
+    seconds: StrictFloat = Field(ge=0, le=86_400)
     device: str = Field(default="", max_length=200)
     notes: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
     gpus: StrictInt = Field(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt
 
 from services.core.request_models import ClosedModel
 
@@ -19,8 +19,10 @@ class Constraints(ClosedModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    budget_usd: float | None = Field(default=None, gt=0, description="the most the whole job may cost, in USD")
-    deadline_hours: float | None = Field(default=None, gt=0, description="the longest the job may take, wall-clock")
+    budget_usd: StrictFloat | None = Field(default=None, gt=0, description="the most the whole job may cost, in USD")
+    deadline_hours: StrictFloat | None = Field(
+        default=None, gt=0, description="the longest the job may take, wall-clock"
+    )
     regions: tuple[str, ...] = Field(
         default=(), description="allowed offer regions or countries (case-insensitive); empty allows all"
     )
@@ -29,20 +31,20 @@ class Constraints(ClosedModel):
     max_gpus: StrictInt = Field(
         default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together"
     )
-    safety_margin: float = Field(
+    safety_margin: StrictFloat = Field(
         default=0.0,
         ge=0.0,
         le=0.5,
         description="extra share of each card's memory kept free (0.0-0.5), on top of the headroom the planner "
         "sizes every setup with (services.estimator.fit.headroom_ratio)",
     )
-    preemptions_per_hour: float | None = Field(
+    preemptions_per_hour: StrictFloat | None = Field(
         default=None,
         ge=0.0,
         le=60.0,
         description="spot preemptions per node and hour for every offer; null: the offer's rate or the default",
     )
-    restart_minutes: float | None = Field(
+    restart_minutes: StrictFloat | None = Field(
         default=None,
         ge=0.0,
         le=1440.0,
@@ -52,7 +54,7 @@ class Constraints(ClosedModel):
         default=False,
         description="whether the planner may switch AdamW to an 8-bit or paged 8-bit optimizer to fit a card",
     )
-    prefer_simpler_within: float = Field(
+    prefer_simpler_within: StrictFloat = Field(
         default=0.10,
         ge=0.0,
         le=1.0,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from services.core.request_models import ClosedModel
-from services.estimator.plan import DataSpec, Plan, check_length_percentiles
+from services.estimator.plan import MAX_EXAMPLE_TOKENS, DataSpec, Plan, check_length_percentiles
 from services.planner.constraints import Constraints
 
 LENGTH_PERCENTILE_KEYS = ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")
@@ -20,19 +20,19 @@ class Dataset(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     examples: StrictInt | None = Field(default=None, gt=0, le=10**12)
-    avg_tokens: float | None = Field(default=None, gt=0, le=10**7)
+    avg_tokens: StrictFloat | None = Field(default=None, ge=1, le=MAX_EXAMPLE_TOKENS)  # as data.avg_tokens_per_example
     tokens: StrictInt | None = Field(default=None, gt=0, le=10**15)
     # Length percentiles of the examples (a checked data set fills them): padding is computed from them.
-    p50_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    p90_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    p99_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
-    max_tokens: StrictInt | None = Field(default=None, gt=0, le=4_194_304)
+    p50_tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    p90_tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    p99_tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
+    max_tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_EXAMPLE_TOKENS)
 
     @model_validator(mode="after")
     def _size_given(self) -> Dataset:
         if self.tokens is None and (self.examples is None or self.avg_tokens is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens'")
-        check_length_percentiles([(f"dataset.{n}", getattr(self, n)) for n in LENGTH_PERCENTILE_KEYS])
+        check_length_percentiles([(n, getattr(self, n)) for n in LENGTH_PERCENTILE_KEYS])  # under "dataset"
         return self
 
 
@@ -45,7 +45,7 @@ class PlanRequest(Plan):
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="a checked data set (POST /v1/datasets): its size, seq_len and warnings size the plan",
     )
-    epochs: float | None = Field(default=None, gt=0, le=1000)
+    epochs: StrictFloat | None = Field(default=None, gt=0, le=1000)
     constraints: Constraints = Constraints()
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from services.core.request_models import ClosedModel
 
@@ -22,7 +22,7 @@ class QuoteRequest(ClosedModel):
     nodes: StrictInt | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
     best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
-    checkpoint_storage_months: float = Field(
+    checkpoint_storage_months: StrictFloat = Field(
         default=0.0,
         ge=0,
         le=120,

@@ -16,7 +16,7 @@ import re
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from pydantic import ConfigDict, Field, StrictInt, field_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from services.core.json_limits import INT32_MAX
 from services.core.request_models import ClosedModel
@@ -96,7 +96,7 @@ class Manifest(ClosedModel):
         description="files kept beside the checkpoint folder that resuming from it needs, relative to the run's "
         f"checkpoint root (torchtune's recipe_state/recipe_state.pt); stored under <step>/{BESIDE_PREFIX}/",
     )
-    metric: float | None = Field(default=None, description="evaluation metric reported with it, if any")
+    metric: StrictFloat | None = Field(default=None, description="evaluation metric reported with it, if any")
     final: bool = False
     created_at: datetime
 

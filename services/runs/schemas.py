@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
 from services.core.request_models import ClosedModel
 from services.runs.manifest import Manifest
@@ -30,16 +30,16 @@ class RunCreate(ClosedModel):
         "always under orgs/<organization id>/",
     )
     spot: bool = Field(default=False, description="spot (preemptible) nodes")
-    preemptions_per_node_hour: float | None = Field(
+    preemptions_per_node_hour: StrictFloat | None = Field(
         default=None, ge=0.0, le=60.0, description="spot only; default the plan's constraints (an assumption)"
     )
-    upload_mb_per_s: float | None = Field(
+    upload_mb_per_s: StrictFloat | None = Field(
         default=None, gt=0, le=100_000, description="upload bandwidth until the node has measured it (MB/s)"
     )
-    max_interval_minutes: float = Field(default=60.0, ge=1.0, le=7 * 24 * 60)
+    max_interval_minutes: StrictFloat = Field(default=60.0, ge=1.0, le=7 * 24 * 60)
     retention: RetentionPolicy = RetentionPolicy()
-    idle_minutes: float = Field(default=15.0, ge=1.0, le=7 * 24 * 60, description="idle time before a stop")
-    gpu_busy_pct: float = Field(default=10.0, ge=0.0, le=100.0, description="GPU utilisation that counts as busy")
+    idle_minutes: StrictFloat = Field(default=15.0, ge=1.0, le=7 * 24 * 60, description="idle time before a stop")
+    gpu_busy_pct: StrictFloat = Field(default=10.0, ge=0.0, le=100.0, description="GPU utilisation that counts as busy")
 
     @field_validator("bucket")
     @classmethod
@@ -78,7 +78,7 @@ class CheckpointReport(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     manifest: Manifest
-    upload_bytes_per_s: float | None = Field(default=None, gt=0, le=1e12)
+    upload_bytes_per_s: StrictFloat | None = Field(default=None, gt=0, le=1e12)
 
 
 class CheckpointOut(BaseModel):

@@ -50,24 +50,25 @@ def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def integer_fields(
-    schema: dict[str, Any], node: dict[str, Any], path: str = ""
+def typed_fields(
+    schema: dict[str, Any], node: dict[str, Any], kind: str, path: str = ""
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(dotted path, JSON schema) of every integer reachable in a request body schema; list items as ``[]``."""
+    """(dotted path, JSON schema) of every field of JSON type ``kind`` reachable in a request body schema; list
+    items as ``[]``."""
     node = _resolve(schema, node)
-    if node.get("type") == "integer":
+    if node.get("type") == kind:
         yield path, node
     for key in ("anyOf", "oneOf", "allOf"):
         for option in node.get(key, ()):
-            yield from integer_fields(schema, option, path)
+            yield from typed_fields(schema, option, kind, path)
     for name, child in node.get("properties", {}).items():
-        yield from integer_fields(schema, child, f"{path}.{name}" if path else name)
+        yield from typed_fields(schema, child, kind, f"{path}.{name}" if path else name)
     if "items" in node:
-        yield from integer_fields(schema, node["items"], path + "[]")
+        yield from typed_fields(schema, node["items"], kind, path + "[]")
 
 
-def request_integers(openapi: dict[str, Any]) -> list[tuple[str, str, str, str, dict[str, Any]]]:
-    """(operation id, method, path template, field, its schema) for every request body integer."""
+def request_fields(openapi: dict[str, Any], kind: str = "integer") -> list[tuple[str, str, str, str, dict[str, Any]]]:
+    """(operation id, method, path template, field, its schema) for every request body field of JSON type ``kind``."""
     found = []
     for template, operations in openapi["paths"].items():
         for method, operation in operations.items():
@@ -75,7 +76,7 @@ def request_integers(openapi: dict[str, Any]) -> list[tuple[str, str, str, str, 
             if body is None:
                 continue
             seen = set()
-            for field, field_schema in integer_fields(openapi, body):
+            for field, field_schema in typed_fields(openapi, body, kind):
                 if field not in seen:
                     seen.add(field)
                     found.append((operation["operationId"], method, template, field, field_schema))
@@ -93,7 +94,7 @@ def _bounds(field_schema: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def test_every_request_integer_has_bounds_that_fit_its_column(api: Api) -> None:
-    fields = request_integers(api.client.get("/openapi.json").json())
+    fields = request_fields(api.client.get("/openapi.json").json())
     assert len(fields) >= 40, "the walk found too few integer fields"
     problems = []
     for op, _method, _template, field, field_schema in fields:
@@ -231,7 +232,7 @@ def world(api: Api) -> World:
 
 
 def test_every_request_integer_at_its_bound_and_past_it(api: Api, world: World) -> None:
-    fields = request_integers(api.client.get("/openapi.json").json())
+    fields = request_fields(api.client.get("/openapi.json").json())
     problems = []
     # Each base body is valid, so a value at its bound reaches the handler and the database.
     for op, method, template in sorted({(op, method, template) for op, method, template, _f, _s in fields}):
