@@ -4,7 +4,9 @@ readers for the files and numbers users pass."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,6 +40,8 @@ def read_json(path: str, what: str) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{what} {path}: not UTF-8 text (byte {exc.start}): a JSON file is UTF-8") from None
     try:
         return json_limits.loads(text)
     except json_limits.JsonSyntaxError as exc:
@@ -56,16 +60,58 @@ def read_plan_file(path: str) -> dict[str, Any]:
     return dict(data)
 
 
-def int_arg(name: str) -> Callable[[str], int]:
-    """An argparse type for an integer flag whose error names the flag."""
+def int_arg(name: str, low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type for an integer flag (from ``low`` to ``high`` where given) whose error names the flag."""
 
     def parse(value: str) -> int:
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        _in_range(name, number, low, high, value)
+        return number
 
     return parse
+
+
+# What a service id looks like (services.core.db.new_id: 32 hex digits; runs and data sets alike): an id goes into a
+# URL path, so '../' or '?' in it would name another resource.
+_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def id_arg(name: str) -> Callable[[str], str]:
+    """An argparse type for a service id (a plan, run or data set) whose error names the flag."""
+
+    def parse(value: str) -> str:
+        if not _ID.fullmatch(value):
+            raise argparse.ArgumentTypeError(f"{name}: {value[:80]!r} is not an id (letters, digits, '-' and '_')")
+        return value
+
+    return parse
+
+
+def float_arg(name: str, low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type for a finite number flag (from ``low`` to ``high`` where given) whose error names the
+    flag: float() reads 'nan' and 'inf', which no setting means."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {value!r}")
+        _in_range(name, number, low, high, value)
+        return number
+
+    return parse
+
+
+def _in_range(name: str, number: float, low: float | None, high: float | None, given: str) -> None:
+    if (low is not None and number < low) or (high is not None and number > high):
+        span = f"from {low:g} to {high:g}" if low is not None and high is not None else ""
+        span = span or (f"at least {low:g}" if low is not None else f"at most {high:g}")
+        raise argparse.ArgumentTypeError(f"{name} must be {span}, got {given!r}")
 
 
 def api_error(response: Any) -> str:

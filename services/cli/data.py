@@ -5,9 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from services.cli.common import CliError, Parser, Subparsers, add_api_option, add_key_options, api_key, examples
+from services.cli.common import (
+    CliError,
+    Parser,
+    Subparsers,
+    add_api_option,
+    add_key_options,
+    api_key,
+    examples,
+    id_arg,
+)
 
 
 def register(sub: Subparsers) -> None:
@@ -25,8 +35,15 @@ def register(sub: Subparsers) -> None:
     check.add_argument("--names", metavar="FILE", help="person names to look for, one per line")
     check.add_argument("--write-clean", metavar="OUT", help="write the kept rows (JSONL) to a new file")
     check.add_argument("--write-masked", metavar="OUT", help="write a copy with personal data masked")
-    check.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
-    check.add_argument("--provider-country", metavar="CC", help="where the GPUs are (ISO code)")
+    check.add_argument(
+        "--data-country",
+        type=country_arg("--data-country"),
+        metavar="CC",
+        help="where the data comes from (ISO code, e.g. TR)",
+    )
+    check.add_argument(
+        "--provider-country", type=country_arg("--provider-country"), metavar="CC", help="where the GPUs are (ISO code)"
+    )
     check.add_argument("--json", action="store_true")
     check.set_defaults(handler=cmd_data_check)
     upload = data_sub.add_parser("upload", help="upload a data set to a running service (resumable) and check it")
@@ -34,12 +51,34 @@ def register(sub: Subparsers) -> None:
     upload.add_argument("file", help="JSONL, JSON array, CSV or Parquet; .gz accepted")
     add_api_option(upload, "--server")
     add_key_options(upload)  # the embedded default keeps the key in .gpuplan/local-key
-    upload.add_argument("--resume", metavar="ID", help="continue an interrupted upload: send only the missing parts")
-    upload.add_argument("--data-country", metavar="CC", help="where the data comes from (ISO code, e.g. TR)")
+    upload.add_argument(
+        "--resume",
+        type=id_arg("--resume"),
+        metavar="ID",
+        help="continue an interrupted upload: send only the missing parts",
+    )
+    upload.add_argument(
+        "--data-country",
+        type=country_arg("--data-country"),
+        metavar="CC",
+        help="where the data comes from (ISO code, e.g. TR)",
+    )
     upload.add_argument("--model", metavar="HUB_ID", help="the model it trains: its tokenizer counts the tokens")
     upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
     upload.add_argument("--json", action="store_true")
     upload.set_defaults(handler=cmd_data_upload)
+
+
+def country_arg(name: str) -> Callable[[str], str]:
+    """An argparse type for an ISO 3166-1 alpha-2 country code (the API's data_country rule)."""
+
+    def parse(value: str) -> str:
+        code = value.strip()
+        if len(code) != 2 or not code.isascii() or not code.isalpha():
+            raise argparse.ArgumentTypeError(f"{name}: {value!r} is not a two-letter ISO country code (e.g. TR, DE)")
+        return code.upper()
+
+    return parse
 
 
 def cmd_data_check(args: argparse.Namespace) -> int:
@@ -74,6 +113,8 @@ def cmd_data_check(args: argparse.Namespace) -> int:
             )
     except DataCheckError as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:  # an output file (--write-clean, --write-masked) that cannot be written
+        raise CliError(f"{exc.filename}: cannot write ({exc.strerror or exc})") from None
     if args.json:
         print(json.dumps({**report.model_dump(mode="json"), "data_location_warning": warning}, indent=2))
         return 0

@@ -121,15 +121,19 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("gradient_checkpointing", "cpu_offload", "optimizer_in_backward", "double_quant"):
         if getattr(args, key) is not None:
             plan[key] = getattr(args, key)
-    if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets:
+    if args.lora_rank is not None or args.lora_alpha is not None or args.lora_targets is not None:
         lora = dict(plan.get("lora") or {})
         if args.lora_rank is not None:
             lora["rank"] = args.lora_rank
         lora.setdefault("rank", 16)
         if args.lora_alpha is not None:
             lora["alpha"] = args.lora_alpha
-        if args.lora_targets:
+        if args.lora_targets is not None:
             targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+            if not targets:
+                raise CliError(
+                    f"--lora-targets: no role given in {args.lora_targets!r}: name q,k,v,o,... or all-linear"
+                )
             lora["targets"] = "all-linear" if targets == ["all-linear"] else targets
         plan["lora"] = lora
         plan.setdefault("method", "lora")

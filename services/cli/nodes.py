@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from services.cli import runs as runs_cli
-from services.cli.common import CliError, Subparsers, add_key_options, api_key, examples
+from services.cli.common import CliError, Subparsers, add_key_options, api_key, examples, float_arg
 
 
 def register(sub: Subparsers) -> None:
@@ -25,8 +25,15 @@ def register(sub: Subparsers) -> None:
         "stored but used by no estimate",
     )
     agent.add_argument("--provider", help="who rents the node")
-    agent.add_argument("--price-usd-per-hour", type=float, metavar="X", help="what the node costs per hour")
-    agent.add_argument("--interval", type=float, default=15.0, metavar="S", help="seconds between polls")
+    agent.add_argument(
+        "--price-usd-per-hour",
+        type=float_arg("--price-usd-per-hour", 0, 100_000),  # the service's bound (NodeRegistration)
+        metavar="X",
+        help="what the node costs per hour",
+    )
+    agent.add_argument(
+        "--interval", type=float_arg("--interval", 1), default=15.0, metavar="S", help="seconds between polls"
+    )
     agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
     runs_cli.add_agent_options(agent)
     agent.set_defaults(handler=cmd_agent)

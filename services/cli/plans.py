@@ -15,6 +15,7 @@ from services.cli.common import (
     api_error,
     api_key,
     examples,
+    id_arg,
     read_plan_file,
 )
 
@@ -36,7 +37,7 @@ def register(sub: Subparsers) -> None:
             cmd.add_argument("--wait", action="store_true", help="wait until the plan is done or failed")
             cmd.set_defaults(handler=cmd_plans_submit)
         else:
-            cmd.add_argument("id")
+            cmd.add_argument("id", type=id_arg("id"))
             cmd.set_defaults(handler=cmd_plans_get)
 
 

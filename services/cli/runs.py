@@ -13,7 +13,7 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.agent.signals import JOB_PID_FILE
-from services.cli.common import Subparsers, add_api_option, add_key_options, api_key
+from services.cli.common import Subparsers, add_api_option, add_key_options, api_key, id_arg
 from services.core.errors import ConfigurationError
 from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
@@ -44,7 +44,9 @@ def _positive(name: str, kind: type[float] | type[int] = float) -> Any:
 def _connection(parser: argparse.ArgumentParser) -> None:
     add_api_option(parser)
     add_key_options(parser)
-    parser.add_argument("--run", required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)")
+    parser.add_argument(
+        "--run", type=id_arg("--run"), required=True, metavar="ID", help="the run (POST /v1/plans/{id}/runs)"
+    )
 
 
 def register(sub: Subparsers) -> None:
@@ -91,7 +93,9 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
         "--instance-id",
         help="the provider's id of this machine, for the server's stop driver (EC2, RunPod, Lambda, Vast.ai, http)",
     )
-    agent.add_argument("--run", metavar="ID", help="sync this run's checkpoints and report its progress")
+    agent.add_argument(
+        "--run", type=id_arg("--run"), metavar="ID", help="sync this run's checkpoints and report its progress"
+    )
     agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (default: the run's)")
     agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")
     agent.add_argument("--settle-s", type=_positive("--settle-s"), default=60.0, metavar="S")

@@ -29,9 +29,11 @@ def register(sub: Subparsers) -> None:
         "GPUPLAN_DATABASE_URL=postgresql+psycopg://... gpuplan serve --workers 2",
     )
     serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
-    serve.add_argument("--port", type=int_arg("--port"), help="port (default 8000, or GPUPLAN_PORT)")
+    serve.add_argument("--port", type=int_arg("--port", 1, 65535), help="port (default 8000, or GPUPLAN_PORT)")
     serve.add_argument(
-        "--workers", type=int_arg("--workers"), help="API processes (default 1, or GPUPLAN_API_WORKERS); 1-64"
+        "--workers",
+        type=int_arg("--workers", 1, 64),
+        help="API processes (default 1, or GPUPLAN_API_WORKERS); 1-64",
     )
     serve.set_defaults(handler=cmd_serve)
     sub.add_parser("migrate", help="apply the database migrations and exit").set_defaults(handler=cmd_migrate)
@@ -77,12 +79,14 @@ def load_settings() -> Settings:
 
 def migrate_database(settings: Settings) -> None:
     """Bring the database to the latest migration, or exit with one line when it is unreachable."""
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import ArgumentError, OperationalError
 
     from services.core.migrate import upgrade
 
     try:
         upgrade(settings.sqlalchemy_url)
+    except ArgumentError as exc:  # no such dialect or driver, or not a URL at all
+        raise SystemExit(f"gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can open ({exc})") from None
     except OperationalError as exc:
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
         raise SystemExit(f"gpuplan: error: cannot reach the database ({reason})") from None
@@ -117,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     host = args.host or settings.host
-    port = args.port or settings.port
+    port = args.port if args.port is not None else settings.port
     migrate_database(settings)
     url = f"http://{host}:{port}"
     if settings.embedded:
@@ -129,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(f"gpuplan: the 'local' organization's API key is in {LOCAL_KEY_FILE}")
         print(f'gpuplan: try  curl -H "Authorization: Bearer $(cat {LOCAL_KEY_FILE})" {url}/v1/plans')
-    workers = args.workers or settings.api_workers
+    workers = args.workers if args.workers is not None else settings.api_workers
     if not 1 <= workers <= 64:
         raise CliError(f"--workers: 1 to 64 API processes (got {workers})")
     # Built here also when worker processes will build their own: a factory that fails (a missing

@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from services.datacheck.limits import DataCheckError
+
 # English text through GPT-2/Llama-style BPE averages about 4 characters per token (OpenAI's tokenizer
 # guide: "one token generally corresponds to ~4 characters of common English text"). Expect +-20-30% for
 # English prose; Turkish and other agglutinative languages, code and numbers often need 1.5-2x more tokens.
@@ -89,7 +91,7 @@ def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -
     try:
         tokenizer = module.Tokenizer.from_str(tokenizer_json_text)
     except Exception as exc:  # the tokenizers package raises its own exception type for bad files
-        raise ValueError(f"tokenizer_json: not a tokenizer.json the tokenizers package can load ({exc})") from None
+        raise DataCheckError(f"tokenizer_json: not a tokenizer.json the tokenizers package can load ({exc})") from None
 
     def count(texts: Sequence[str]) -> list[int]:
         # encode_batch tokenizes on the package's own threads.

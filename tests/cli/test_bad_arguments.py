@@ -1,0 +1,65 @@
+"""Arguments the CLI refuses in one line with a non-zero exit, never a traceback or a silent default (a fuzzing pass
+of stop 49 found each of these printing a traceback, exiting 0, or hanging)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPUPLAN = Path(sys.executable).with_name("gpuplan")
+REPO = Path(__file__).resolve().parents[2]
+AGENT = ("agent", "--api", "http://127.0.0.1:9", "--key", "k", "--once", "--name", "n", "--gpu", "cpu")
+
+
+def _gpuplan(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "ok.jsonl").write_text('{"text": "hello there"}\n', encoding="utf-8")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}', encoding="utf-8")
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [str(GPUPLAN), *args], capture_output=True, text=True, timeout=60, env=full, cwd=tmp_path, check=False
+    )
+
+
+CASES = [
+    (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--avg-tokens", "5e-324", "--examples", "10"), "avg_tokens"),
+    (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--avg-tokens", "1e308", "--examples", "10"), "avg_tokens"),
+    (("estimate", "--plan", "binary.json"), "--plan binary.json: not UTF-8 text"),
+    (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--lora-targets", ""), "--lora-targets: no role given"),
+    (("data", "check", "ok.jsonl", "--write-clean", "missing/dir/out.jsonl"), "cannot write"),
+    (("data", "check", "ok.jsonl", "--data-country", "ZZZ"), "not a two-letter ISO country code"),
+    (("plans", "get", "../../v1/keys"), "is not an id"),
+    ((*AGENT, "--price-usd-per-hour", "nan"), "--price-usd-per-hour must be a finite number"),
+    ((*AGENT, "--interval", "-1"), "--interval must be at least 1"),
+    (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
+    (("serve", "--workers", "0"), "--workers must be from 1 to 64"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_a_bad_argument_is_one_line_and_a_non_zero_exit(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    done = _gpuplan(tmp_path, *args)
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], done.stderr
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tokenizers") is None, reason="without tokenizers the count is approximate"
+)
+def test_a_file_that_is_not_a_tokenizer_is_one_line(tmp_path: Path) -> None:
+    done = _gpuplan(tmp_path, "data", "check", "ok.jsonl", "--tokenizer", "tokenizer.json")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "not a tokenizer.json" in done.stderr
+
+
+def test_a_database_url_of_no_known_database_is_one_line(tmp_path: Path) -> None:
+    done = _gpuplan(tmp_path, "migrate", env={"GPUPLAN_DATABASE_URL": "garbage://"})
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can open")
