@@ -91,6 +91,9 @@ def test_qwen_moe_sparse_layers_are_counted_without_a_loop_over_layers() -> None
         ({"head_dim": 10**6}, "model.config.head_dim"),
         ({"max_position_embeddings": 10**12}, "model.config.max_position_embeddings"),
         ({"num_attention_heads": 0}, "model.config.num_attention_heads"),
+        # Zero sizes a fuzzing pass saw estimated as if real (stop 49).
+        ({"vocab_size": 0}, "model.config.vocab_size"),
+        ({"head_dim": 0}, "model.config.head_dim"),
     ],
 )
 def test_sizes_over_any_real_model_are_refused_naming_the_field(change: dict[str, int], field: str) -> None:

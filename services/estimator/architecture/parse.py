@@ -88,7 +88,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     check_architecture_sizes(arch)
     if arch.num_layers == 0 or arch.hidden_size == 0:
         raise EstimatorError("model.config", "num_hidden_layers and hidden_size must be positive")
+    if arch.vocab_size <= 0:  # the embeddings and the logits are sized by it
+        raise EstimatorError("model.config.vocab_size", f"must be positive, got {arch.vocab_size}")
     for block in arch.blocks:
+        if block.num_heads and block.head_dim <= 0:  # attention's width per head
+            raise EstimatorError("model.config.head_dim", f"must be positive, got {block.head_dim}")
         if block.num_heads == 0 or block.num_kv_heads == 0 or block.num_heads % block.num_kv_heads:
             raise EstimatorError(
                 "model.config.num_key_value_heads",
