@@ -32,7 +32,7 @@ def register(sub: Subparsers) -> None:
         help="what the node costs per hour",
     )
     agent.add_argument(
-        "--interval", type=float_arg("--interval", 1), default=15.0, metavar="S", help="seconds between polls"
+        "--interval", type=float_arg("--interval", 0.1), default=15.0, metavar="S", help="seconds between polls"
     )
     agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
     runs_cli.add_agent_options(agent)

@@ -35,7 +35,7 @@ CASES = [
     (("data", "check", "ok.jsonl", "--data-country", "ZZZ"), "not a two-letter ISO country code"),
     (("plans", "get", "../../v1/keys"), "is not an id"),
     ((*AGENT, "--price-usd-per-hour", "nan"), "--price-usd-per-hour must be a finite number"),
-    ((*AGENT, "--interval", "-1"), "--interval must be at least 1"),
+    ((*AGENT, "--interval", "-1"), "--interval must be at least 0.1"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),
 ]
