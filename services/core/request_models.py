@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -36,3 +37,16 @@ def _as_utc(value: datetime) -> datetime:
 # A time in a request: one without a zone (or a date alone) is read as UTC, so it compares with the service's
 # clock and stores as the database's timezone-aware UTC (services.core.db.UtcDateTime).
 UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+def _single_line(value: str) -> str:
+    # Control characters (newlines, escapes: "\x1b[31m" recolours a terminal) have no place in a name, a path or an
+    # address, and would reach quotes sent to customers, logs and the CLI's output as they are.
+    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"must not hold control characters (found {bad!r})")
+    return value
+
+
+# Text of one line: a name, a path, an address (no control characters, tab and newline included).
+SingleLine = Annotated[str, AfterValidator(_single_line)]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 
 FileFormat = Literal["jsonl", "json", "csv", "parquet"]
 DatasetStatus = Literal["uploading", "queued", "running", "done", "failed"]
@@ -19,7 +19,7 @@ class DatasetCreate(ClosedModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(
+    name: SingleLine = Field(
         min_length=1,
         max_length=200,
         pattern=r"^[^\x00-\x1f\x7f]+$",

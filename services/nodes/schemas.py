@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from services.core.json_limits import INT32_MAX
-from services.core.request_models import ClosedModel, UtcDatetime
+from services.core.request_models import ClosedModel, SingleLine, UtcDatetime
 
 
 class _In(ClosedModel):
@@ -14,18 +14,18 @@ class _In(ClosedModel):
 
 
 class NodeRegistration(_In):
-    name: str = Field(min_length=1, max_length=100)
-    gpu: str = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
+    name: SingleLine = Field(min_length=1, max_length=100)
+    gpu: SingleLine = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
     gpu_count: StrictInt = Field(default=1, ge=0, le=64)
     gpu_memory_gib: StrictFloat = Field(default=0.0, ge=0, le=10_000)
-    driver: str = Field(default="", max_length=50)
-    cuda: str = Field(default="", max_length=50)
-    provider: str = Field(default="", max_length=100)
+    driver: SingleLine = Field(default="", max_length=50)
+    cuda: SingleLine = Field(default="", max_length=50)
+    provider: SingleLine = Field(default="", max_length=100)
     usd_per_hour: StrictFloat | None = Field(default=None, ge=0, le=100_000)
-    instance_id: str = Field(default="", max_length=200, description="the provider's id of this machine")
-    hostname: str = Field(default="", max_length=255)
+    instance_id: SingleLine = Field(default="", max_length=200, description="the provider's id of this machine")
+    hostname: SingleLine = Field(default="", max_length=255)
     agent_pid: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
-    nvml_gpu: str = Field(
+    nvml_gpu: SingleLine = Field(
         default="",
         max_length=100,
         description="the GPU name NVML reports ('' when it cannot tell); calibrations are trusted only when it "
@@ -88,7 +88,7 @@ class CalibrationResult(_In):
     peak_allocated_gib: StrictFloat | None = Field(default=None, ge=0, le=10_000)
     peak_reserved_gib: StrictFloat | None = Field(default=None, ge=0, le=10_000)
     seconds: StrictFloat = Field(ge=0, le=86_400)
-    device: str = Field(default="", max_length=200)
+    device: SingleLine = Field(default="", max_length=200)
     notes: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
     gpus: StrictInt = Field(
         default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)"

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 
 
 class QuoteRequest(ClosedModel):
@@ -15,10 +15,10 @@ class QuoteRequest(ClosedModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu: str | None = Field(default=None, min_length=1, max_length=100)
+    gpu: SingleLine | None = Field(default=None, min_length=1, max_length=100)
     gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
-    provider: str | None = Field(default=None, min_length=1, max_length=100)
-    region: str | None = Field(default=None, min_length=1, max_length=100)
+    provider: SingleLine | None = Field(default=None, min_length=1, max_length=100)
+    region: SingleLine | None = Field(default=None, min_length=1, max_length=100)
     nodes: StrictInt | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
     best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
@@ -28,8 +28,8 @@ class QuoteRequest(ClosedModel):
         le=120,
         description="months to keep the last checkpoint in object storage (a line of its own)",
     )
-    customer_name: str | None = Field(default=None, min_length=1, max_length=200)
-    customer_email: str | None = Field(default=None, max_length=320)
+    customer_name: SingleLine | None = Field(default=None, min_length=1, max_length=200)
+    customer_email: SingleLine | None = Field(default=None, max_length=320)
 
     @field_validator("customer_email")
     @classmethod

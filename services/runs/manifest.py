@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from services.core.json_limits import INT32_MAX
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -66,7 +66,7 @@ def step_from_key(run_prefix: str, key: str) -> int | None:
 class ManifestFile(ClosedModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    path: str = Field(min_length=1, max_length=1024, description="relative POSIX path inside the checkpoint")
+    path: SingleLine = Field(min_length=1, max_length=1024, description="relative POSIX path inside the checkpoint")
     # 64 TiB a file: 100,000 such files still sum within the 64-bit size_bytes column.
     size: StrictInt = Field(ge=0, le=2**46)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -88,7 +88,7 @@ class Manifest(ClosedModel):
     version: StrictInt = Field(default=MANIFEST_VERSION, ge=1, le=1000)
     run_id: str = Field(min_length=1, max_length=64)
     step: StrictInt = Field(ge=0, le=INT32_MAX)  # run_checkpoints.step, runs.last_durable_step
-    dir_name: str = Field(min_length=1, max_length=255, description="the directory's name on the node")
+    dir_name: SingleLine = Field(min_length=1, max_length=255, description="the directory's name on the node")
     files: tuple[ManifestFile, ...] = Field(min_length=1, max_length=100_000)
     beside: tuple[ManifestFile, ...] = Field(
         default=(),
@@ -99,6 +99,14 @@ class Manifest(ClosedModel):
     metric: StrictFloat | None = Field(default=None, description="evaluation metric reported with it, if any")
     final: bool = False
     created_at: datetime
+
+    @field_validator("dir_name")
+    @classmethod
+    def _one_name(cls, value: str) -> str:
+        # A restore writes the checkpoint to <target>/<dir_name>: '..', '/x' or 'a/b' would put it elsewhere.
+        if value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"must be one directory name (no '/', not '.' or '..'), got {value[:80]!r}")
+        return value
 
     @property
     def total_bytes(self) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 from services.runs.manifest import Manifest
 from services.runs.retention import RetentionPolicy
 
@@ -21,9 +21,11 @@ class RunCreate(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     node_ids: list[str] = Field(min_length=1, max_length=64, description="the nodes that run it")
-    checkpoint_dir: str = Field(min_length=1, max_length=1024, description="where the trainer saves, on the node")
+    checkpoint_dir: SingleLine = Field(
+        min_length=1, max_length=1024, description="where the trainer saves, on the node"
+    )
     bucket: str | None = Field(default=None, description="S3 bucket; default GPUPLAN_S3_BUCKET")
-    prefix: str | None = Field(
+    prefix: SingleLine | None = Field(
         default=None,
         max_length=512,
         description="key prefix; default runs/<run id>; in the server's bucket (GPUPLAN_S3_BUCKET) it is "

@@ -1,0 +1,54 @@
+"""Text a request gives that a name, a path or an address cannot hold (a fuzzing pass of stop 49): control characters
+(a terminal escape in a customer's name reached the quote sent to them) and a checkpoint directory name that climbs
+out of the directory a restore writes to. Each is a 422 naming the field, and nothing is stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import Api
+from tests.api.test_integer_bounds import World, _manifest
+
+
+@pytest.fixture
+def world(api: Api) -> World:
+    return World(api)
+
+
+def _refused(answer: Any, field: str) -> None:
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["message"].startswith(f"{field}:"), answer.text
+
+
+@pytest.mark.parametrize("name", ["a\u0001\u0007\u001b[31mred", "two\nlines", "tab\there"])
+def test_a_customer_name_with_control_characters_is_refused(api: Api, world: World, name: str) -> None:
+    route = f"/v1/plans/{world.plan_id}/quotes"
+    before = api.client.get("/v1/quotes", headers=world.agent()).json()["items"]
+    _refused(
+        api.client.post(route, json={"best_for_gpus": 1, "customer_name": name}, headers=world.agent()), "customer_name"
+    )
+    assert api.client.get("/v1/quotes", headers=world.agent()).json()["items"] == before
+    done = api.client.post(
+        route, json={"best_for_gpus": 1, "customer_name": "Zeynep Çelik (Ankara)"}, headers=world.agent()
+    )
+    assert done.status_code == 201, done.text
+
+
+def test_node_and_run_text_with_control_characters_is_refused(api: Api, world: World) -> None:
+    headers = world.agent()
+    _refused(api.client.post("/v1/nodes", json={"name": "n\u001b[2J", "gpu": "A100 80GB"}, headers=headers), "name")
+    body = {"node_ids": [world.node_id], "checkpoint_dir": "/a\u0001b", "bucket": "gpuplan-runs"}
+    _refused(api.client.post(f"/v1/plans/{world.plan_id}/runs", json=body, headers=headers), "checkpoint_dir")
+
+
+@pytest.mark.parametrize("dir_name", ["..", ".", "../etc", "/abs", "a/b"])
+def test_a_checkpoint_directory_name_that_leaves_the_restore_target_is_refused(
+    api: Api, world: World, dir_name: str
+) -> None:
+    manifest = {**_manifest(world.run_id, 7), "dir_name": dir_name}
+    answer = api.client.post(f"/v1/runs/{world.run_id}/checkpoints", json={"manifest": manifest}, headers=world.agent())
+    _refused(answer, "manifest.dir_name")
+    run = api.client.get(f"/v1/runs/{world.run_id}", headers=world.agent()).json()
+    assert run["last_durable_step"] is None
