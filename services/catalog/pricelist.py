@@ -6,7 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import UTC, date, datetime
+import unicodedata
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -88,9 +89,14 @@ class OfferRow(BaseModel):
     @classmethod
     def _iso_time(cls, value: str) -> str:
         try:
-            return normalise_fetched_at(value)
+            found = normalise_fetched_at(value)
         except ValueError:
             raise ValueError("expected an ISO date (2026-11-01) or UTC time (2026-11-01T12:00:00Z)") from None
+        # A price fetched in the future would never read as stale (services.planner.planner.price_age_hours); a day
+        # of slack covers the time zones between the provider's date and this machine's.
+        if date.fromisoformat(found[:10]) > date.today() + timedelta(days=1):
+            raise ValueError(f"{found} is in the future: when was this price read?")
+        return found
 
 
 class PriceListError(ValueError):
@@ -133,14 +139,17 @@ def _is_number(text: str) -> bool:
 
 
 def cell_problems(number: int, row: dict[str, Any]) -> list[str]:
-    """Cells no price list may hold: a formula a spreadsheet would run, or a NUL byte."""
+    """Cells no price list may hold: a formula a spreadsheet would run, or a control character (a NUL byte)."""
     problems = []
     for field, value in row.items():
         if not isinstance(value, str):
             continue
         text = value.strip()
-        if "\x00" in value:
+        control = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+        if control == "\x00":
             problems.append(f"row {number}: {field}: contains a NUL byte")
+        elif control is not None:  # a newline or an escape in a provider's or card's name, as the fuzzer sent
+            problems.append(f"row {number}: {field}: contains the control character {control!r}")
         elif text.startswith(FORMULA_PREFIXES) and not (text.startswith("-") and _is_number(text)):
             problems.append(
                 f"row {number}: {field}: looks like a spreadsheet formula (starts with {text[0]!r}); "
@@ -189,6 +198,10 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
     offers: list[Offer] = []
     seen: dict[tuple[str, str, str, int], int] = {}
     for number, raw in enumerate(rows, start=1):
+        extra = raw.get(None)  # type: ignore[call-overload]  # csv.DictReader puts cells past the header there
+        if isinstance(extra, list) and extra:
+            problems.append(f"row {number}: {len(extra)} more cell(s) than the header has columns ({extra[:3]!r})")
+            continue
         cleaned = {k.strip(): v for k, v in raw.items() if isinstance(k, str) and k.strip()}
         bad_cells = cell_problems(number, cleaned)
         if bad_cells:

@@ -47,6 +47,18 @@ def test_formula_in_json_and_a_nul_byte_are_refused() -> None:
     assert problems == ["row 1: provider: contains a NUL byte"]
 
 
+def test_control_characters_extra_cells_and_a_future_date_are_refused() -> None:
+    """What a fuzzing pass (stop 49) saw imported: an escape in a provider's name, a row longer than its header (the
+    extra cells silently dropped), and a price read in 9999 (never stale)."""
+    assert _problems(HEADER + "a\x01b,L4,0.5,,eu,1\n") == ["row 1: provider: contains the control character '\\x01'"]
+    problems = _problems(HEADER + "acme,L4,0.5,,eu,1,x,y,z\n")
+    assert problems == ["row 1: 3 more cell(s) than the header has columns (['x', 'y', 'z'])"]
+    future = '[{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "fetched_at": "9999-12-31"}]'
+    assert _problems(future, "json")[0].startswith("row 1: fetched_at: value error, 9999-12-31 is in the future")
+    old = '[{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "fetched_at": "2001-01-01"}]'
+    assert parse_price_list(old, "json")[0].fetched_at == "2001-01-01"
+
+
 def test_a_negative_number_is_reported_as_a_number_not_a_formula() -> None:
     problems = _problems(HEADER + "acme,L4,-0.5,,eu,1\n")
     assert problems[0].startswith("row 1: on_demand_usd_per_hour: input should be greater than 0")
