@@ -34,8 +34,9 @@ class QuoteRequest(ClosedModel):
     @field_validator("customer_email")
     @classmethod
     def _email(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", value):
-            raise ValueError(f"customer_email: not an email address (name@example.org), got {value!r}")
+        if value is not None and not re.fullmatch(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+", value):
+            # RFC 5321 section 4.5.3.1.1: a local part of at most 64 octets.
+            raise ValueError(f"not an email address (name@example.org, at most 64 characters before @), got {value!r}")
         return value
 
     @model_validator(mode="after")

@@ -52,3 +52,13 @@ def test_a_checkpoint_directory_name_that_leaves_the_restore_target_is_refused(
     _refused(answer, "manifest.dir_name")
     run = api.client.get(f"/v1/runs/{world.run_id}", headers=world.agent()).json()
     assert run["last_durable_step"] is None
+
+
+@pytest.mark.parametrize("email", ["nobody", "a" * 65 + "@example.org", "two@at@example.org"])
+def test_a_customer_email_that_is_no_address_is_refused_naming_the_field_once(
+    api: Api, world: World, email: str
+) -> None:
+    body = {"best_for_gpus": 1, "customer_email": email}
+    answer = api.client.post(f"/v1/plans/{world.plan_id}/quotes", json=body, headers=world.agent())
+    _refused(answer, "customer_email")
+    assert "customer_email: customer_email" not in answer.text
