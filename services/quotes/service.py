@@ -302,6 +302,9 @@ def cost_lines(rec: Recommendation) -> list[LineItem]:
         if amount == 0 and usd < 0.005:
             continue
         description = label
+        if key == "preemption_rework" and rec.pricing != "spot":
+            # On demand nothing is preempted: the line is the rework after hardware failures (FAILURES_PER_GPU_HOUR).
+            description = "expected failure rework (restarts and lost work after hardware failures)"
         if key == "compute":
             description = f"{label}: {rec.gpus} x {rec.gpu} at {rec.provider} ({rec.region}), {pricing}"
         items.append(

@@ -44,6 +44,21 @@ def test_best_for_n_gpus_and_spot(api: Api) -> None:
     assert quote["setup"]["gpus"] == 2 and quote["setup"]["pricing"] == "spot"
 
 
+def test_the_rework_line_says_failures_on_demand_and_preemptions_on_spot(api: Api) -> None:
+    """Nothing is preempted on demand: that line is the rework after hardware failures (a fuzzing pass of stop 49 saw
+    an on-demand quote of 1,024 GPUs bill "expected preemption rework")."""
+    plan = _done_plan(api)
+    lines = {}
+    for spot in (False, True):
+        body = {"best_for_gpus": 1024, "spot": spot}
+        response = api.client.post(f"/v1/plans/{plan['id']}/quotes", json=body, headers=api.headers())
+        assert response.status_code == 201, response.text
+        lines[spot] = [item["description"] for item in response.json()["line_items"]]
+    assert any(d.startswith("expected failure rework") for d in lines[False]), lines[False]
+    assert not any("preemption" in d for d in lines[False]), lines[False]
+    assert any(d.startswith("expected preemption rework") for d in lines[True]), lines[True]
+
+
 def test_quotes_are_immutable_and_private(api: Api) -> None:
     plan = _done_plan(api)
     quote = api.client.post(f"/v1/plans/{plan['id']}/quotes", json={"best_for_gpus": 1}, headers=api.headers()).json()
