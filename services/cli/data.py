@@ -69,6 +69,10 @@ def register(sub: Subparsers) -> None:
     upload.set_defaults(handler=cmd_data_upload)
 
 
+# The exit status of `data check` on a data set none of whose rows is kept (bad arguments exit 2).
+EXIT_NOTHING_KEPT = 1
+
+
 def country_arg(name: str) -> Callable[[str], str]:
     """An argparse type for an ISO 3166-1 alpha-2 country code (the API's data_country rule)."""
 
@@ -115,9 +119,13 @@ def cmd_data_check(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except OSError as exc:  # an output file (--write-clean, --write-masked) that cannot be written
         raise CliError(f"{exc.filename}: cannot write ({exc.strerror or exc})") from None
+    if report.rows_total == 0:
+        raise CliError(f"{args.file}: no rows: empty, or not JSONL, a JSON array, CSV or Parquet")
+    # A set no row of which can train is reported (why each row fails) and fails the command, as a linter does.
+    status = 0 if report.rows_kept else EXIT_NOTHING_KEPT
     if args.json:
         print(json.dumps({**report.model_dump(mode="json"), "data_location_warning": warning}, indent=2))
-        return 0
+        return status
     t = report.tokens
     print(
         f"{report.path}: {report.rows_total:,} rows, format {report.detected_format or 'unknown'} "
@@ -155,7 +163,9 @@ def cmd_data_check(args: argparse.Namespace) -> int:
         print(f"WARNING: {warning}")
     for line in written:
         print(f"wrote {line}")
-    return 0
+    if status:
+        print(f"gpuplan: error: {args.file}: none of its {report.rows_total:,} rows can train", file=sys.stderr)
+    return status
 
 
 def cmd_data_upload(args: argparse.Namespace) -> int:

@@ -63,3 +63,20 @@ def test_a_database_url_of_no_known_database_is_one_line(tmp_path: Path) -> None
     done = _gpuplan(tmp_path, "migrate", env={"GPUPLAN_DATABASE_URL": "garbage://"})
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().startswith("gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can open")
+
+
+def test_a_data_set_with_no_rows_or_none_that_can_train_fails_the_check(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "broken.jsonl").write_text("{bad\n{worse\n", encoding="utf-8")
+    empty = _gpuplan(tmp_path, "data", "check", "empty.jsonl")
+    assert empty.returncode == 2 and empty.stdout == "", empty.stdout
+    assert (
+        empty.stderr.strip()
+        == "gpuplan: error: empty.jsonl: no rows: empty, or not JSONL, a JSON array, CSV or Parquet"
+    )
+    for extra in ((), ("--json",)):
+        broken = _gpuplan(tmp_path, "data", "check", "broken.jsonl", *extra)
+        assert broken.returncode == 1 and "Traceback" not in broken.stderr, broken.stderr
+        assert broken.stdout  # the report says why each row fails
+        if not extra:
+            assert broken.stderr.strip() == "gpuplan: error: broken.jsonl: none of its 2 rows can train"
