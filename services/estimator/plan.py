@@ -115,6 +115,17 @@ class LoraSpec(_Strict):
     targets: Annotated[list[LoraRole], Field(max_length=len(get_args(LoraRole)))] | Literal["all-linear"] = "all-linear"
     dropout: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0, description="None: the framework default")
 
+    @field_validator("targets")
+    @classmethod
+    def _each_role_once(cls, value: list[LoraRole] | str) -> list[LoraRole] | str:
+        # A role twice is one adapter, which the estimate counted twice. (An empty list is allowed: a frozen base
+        # with no adapter, how the accuracy cases model prompt, prefix and LayerNorm tuning.)
+        if isinstance(value, list):
+            twice = sorted({role for role in value if value.count(role) > 1})
+            if twice:
+                raise ValueError(f"each role once: {', '.join(twice)} given more than once")
+        return value
+
 
 LENGTH_PERCENTILE_FIELDS = (
     "p50_tokens_per_example",

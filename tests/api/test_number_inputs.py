@@ -101,3 +101,11 @@ def test_a_sync_failure_time_without_a_zone_is_read_as_utc(api: Api, world: Worl
     node = api.client.get(f"/v1/nodes/{world.node_id}", headers=api.headers("admin")).json()
     assert node["sync_failing_since"].startswith("2026-01-01T00:00:00"), node["sync_failing_since"]
     assert node["sync_failing_since"].endswith(("Z", "+00:00")), node["sync_failing_since"]
+
+
+def test_a_lora_role_given_twice_is_refused(api: Api) -> None:
+    body = {**QLORA_PLAN, "lora": {"rank": 16, "targets": ["q", "v", "q"]}}
+    answer = api.client.post("/v1/estimate", json=body, headers=api.headers())
+    assert answer.status_code == 422
+    assert answer.json()["message"].startswith("lora.targets: "), answer.text
+    assert "q given more than once" in answer.json()["message"]
