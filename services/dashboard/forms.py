@@ -12,7 +12,14 @@ from pydantic import ValidationError
 from services.catalog.models import find_model
 from services.core import json_limits
 from services.estimator.errors import UnknownModelError
-from services.estimator.plan import SERVING_PRECISIONS, KvCacheDtype, Method, Precision, Quantization
+from services.estimator.plan import (
+    MAX_EXAMPLE_TOKENS,
+    SERVING_PRECISIONS,
+    KvCacheDtype,
+    Method,
+    Precision,
+    Quantization,
+)
 from services.estimator.validation import describe_errors
 from services.hub.ids import is_hub_id
 from services.plans.schemas import PlanRequest
@@ -141,6 +148,11 @@ def _int(form: PlanForm, name: str, label: str, lo: int, hi: int, required: bool
     return value
 
 
+def _shown(value: float) -> str:
+    """A bound as people write it: 4,194,304, not 4.1943e+06."""
+    return f"{value:,.0f}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
 def _float(form: PlanForm, name: str, label: str, lo: float, hi: float, required: bool = True) -> float | None:
     raw = form.values.get(name, "").strip().replace(",", "")
     if not raw:
@@ -150,10 +162,10 @@ def _float(form: PlanForm, name: str, label: str, lo: float, hi: float, required
     try:
         value = float(raw)
     except ValueError:
-        form.add(name, f"{label}: a number above {lo:g} and at most {hi:,g} (got {raw!r:.40})")
+        form.add(name, f"{label}: a number above {_shown(lo)} and at most {_shown(hi)} (got {raw!r:.40})")
         return None
     if not lo < value <= hi:
-        form.add(name, f"{label}: above {lo:g} and at most {hi:,g} (got {value:g})")
+        form.add(name, f"{label}: above {_shown(lo)} and at most {_shown(hi)} (got {_shown(value)})")
         return None
     return value
 
@@ -228,7 +240,7 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
         body["dataset"] = {"tokens": tokens}
     else:
         examples = _int(form, "examples", "examples", 1, 10**12)
-        avg = _float(form, "avg_tokens", "average tokens per example", 0, 10**7)
+        avg = _float(form, "avg_tokens", "average tokens per example", 0, MAX_EXAMPLE_TOKENS)
         if examples is not None and avg is not None:
             body["dataset"] = {"examples": examples, "avg_tokens": avg}
     epochs = _float(form, "epochs", "epochs", 0, 1000)

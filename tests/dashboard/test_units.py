@@ -460,6 +460,14 @@ def test_form_messages_name_the_input() -> None:
     assert form.values["seq_len"] == "1.5"
 
 
+def test_the_mean_example_length_is_bounded_as_the_api_bounds_it() -> None:
+    form, request = forms.parse_plan_form({**forms.DEFAULTS, "avg_tokens": "5000000"})
+    assert request is None
+    assert form.errors["avg_tokens"] == "average tokens per example: above 0 and at most 4,194,304 (got 5,000,000)"
+    form, request = forms.parse_plan_form({**forms.DEFAULTS, "avg_tokens": "0.5"})
+    assert request is None and form.errors["avg_tokens"].startswith("dataset.avg_tokens: input should be greater")
+
+
 def test_form_config_json_and_tokens() -> None:
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "vocab_size": 1000}  # fmt: skip
