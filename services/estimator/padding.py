@@ -175,6 +175,20 @@ def data_tokens_per_processed_token(plan: Plan, recipe: Recipe) -> float:
     return mean / processed
 
 
+def truncation_note(plan: Plan, recipe: Recipe) -> str | None:
+    """Where the data set's mean example is as long as seq_len or longer (rows not packed), that longer examples are
+    cut to it, in words; None otherwise."""
+    mean = mean_example_tokens(plan)
+    processed = processed_tokens_per_example(plan, recipe)
+    if mean is None or processed is None or recipe.padding == "packed" or mean < plan.seq_len:
+        return None
+    return (
+        f"padding: the data set's mean example ({mean:,.0f} tokens) is "
+        f"{'as long as' if round(mean) == plan.seq_len else 'longer than'} seq_len {plan.seq_len}, so longer "
+        f"examples are cut to it and the time counts {processed:,.0f} tokens per example"
+    )
+
+
 def padding_note(plan: Plan, recipe: Recipe) -> str | None:
     """What padding costs the run, in words, where the plan gives the data set's mean example length."""
     mean = mean_example_tokens(plan)
@@ -182,11 +196,7 @@ def padding_note(plan: Plan, recipe: Recipe) -> str | None:
     if mean is None or processed is None or recipe.padding == "packed":
         return None
     if mean >= plan.seq_len:
-        return (
-            f"padding: the data set's mean example ({mean:,.0f} tokens) is "
-            f"{'as long as' if round(mean) == plan.seq_len else 'longer than'} seq_len {plan.seq_len}, so longer "
-            f"examples are cut to it and the time counts {processed:,.0f} tokens per example"
-        )
+        return truncation_note(plan, recipe)
     share = mean / processed
     if recipe.padding == "max-length":
         how = f"every sample padded to seq_len {plan.seq_len}"

@@ -84,11 +84,10 @@ class Evaluator:
         self._gemm_rates: dict[str, float] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
         self._sized_series: dict[SeriesKey, list[float | None]] = {}
+        self.recipe = recipe if recipe is not None else resolve_recipe(base)  # the base plan's
         # Whether the micro-batch changes the rows a step processes (padding to the longest sample of a data
         # set of known mean length): then a smaller micro-batch can be the faster one.
-        self.padding_varies = pads_to_longest_of_known_mean(
-            base, recipe if recipe is not None else resolve_recipe(base)
-        )
+        self.padding_varies = pads_to_longest_of_known_mean(base, self.recipe)
 
     def plan(self, cfg: Config) -> Plan:
         """The base plan with the setup's GPUs, sharding, batch split and checkpointing (not revalidated:

@@ -29,6 +29,7 @@ from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import synchronisation_fraction
 from services.estimator.fit import FIT_QUANTILE
 from services.estimator.memory import GIB, adapter_params
+from services.estimator.padding import truncation_note
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 from services.estimator.resolved import ResolvedPlan, as_resolved
@@ -144,7 +145,7 @@ def plan_setups(
     total_tokens = ctx.total_tokens
 
     scan = scan_offers(ctx, offers, specs)
-    warnings = [*_plan_warnings(ctx.plan, ctx.arch.max_position_embeddings), *scan.warnings]
+    warnings = [*_plan_warnings(ctx), *scan.warnings]
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan)
@@ -430,12 +431,16 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     return notes
 
 
-def _plan_warnings(plan: Plan, max_positions: int | None) -> list[str]:
+def _plan_warnings(ctx: PlanContext) -> list[str]:
+    plan, max_positions = ctx.plan, ctx.arch.max_position_embeddings
     out: list[str] = []
     if plan.method != "full" and plan.lora is None:
         out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
     if max_positions and plan.seq_len > max_positions:
         out.append(f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {max_positions}")
+    cut = truncation_note(plan, ctx.evaluator.recipe)  # as the estimate notes it
+    if cut is not None:
+        out.append(cut)
     return out
 
 

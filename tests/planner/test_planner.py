@@ -433,3 +433,17 @@ def test_cpu_offload_plans_keep_a_sharded_mode() -> None:
     result = everything(plan, [offer("A100 80GB", 2.0)])
     assert result.recommendations
     assert all(r.cpu_offload and r.sharding != "none" for r in result.recommendations)
+
+
+def test_a_mean_example_longer_than_seq_len_is_warned_as_the_estimate_notes_it() -> None:
+    """Examples longer than seq_len are cut: the estimate said so and the plan did not (stop 48's note)."""
+    long = make_plan(method="qlora", seq_len=512, data={"examples": 10_000, "avg_tokens_per_example": 900})
+    warnings = plan_setups(long).warnings
+    cut = [w for w in warnings if "longer than seq_len 512" in w]
+    assert cut and "cut to it" in cut[0], warnings
+    short = make_plan(method="qlora", seq_len=2048, data={"examples": 10_000, "avg_tokens_per_example": 900})
+    assert not any("cut to it" in w for w in plan_setups(short).warnings)
+    packed = make_plan(
+        method="qlora", seq_len=512, padding="packed", data={"examples": 10_000, "avg_tokens_per_example": 900}
+    )
+    assert not any("cut to it" in w for w in plan_setups(packed).warnings)
