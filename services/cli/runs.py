@@ -13,7 +13,7 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.agent.signals import JOB_PID_FILE
-from services.cli.common import Subparsers, add_api_option, add_key_options, api_key, id_arg
+from services.cli.common import Subparsers, add_api_option, add_key_options, api_key, float_arg, id_arg, int_arg
 from services.core.errors import ConfigurationError
 from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
@@ -26,19 +26,6 @@ MiB = 2**20
 
 class RunCliError(Exception):
     """A user or environment error, printed as one line."""
-
-
-def _positive(name: str, kind: type[float] | type[int] = float) -> Any:
-    def parse(value: str) -> float | int:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
-        if number < 0:
-            raise argparse.ArgumentTypeError(f"{name} must not be negative, got {value!r}")
-        return number
-
-    return parse
 
 
 def _connection(parser: argparse.ArgumentParser) -> None:
@@ -56,12 +43,12 @@ def register(sub: Subparsers) -> None:
     sync.add_argument("--final", action="store_true", help="mark the newest checkpoint as the run's final one")
     sync.add_argument(
         "--settle-s",
-        type=_positive("--settle-s"),
+        type=float_arg("--settle-s", 0),
         default=60.0,
         metavar="S",
         help="also wait until a complete checkpoint has been quiet for S seconds",
     )
-    sync.add_argument("--part-mib", type=_positive("--part-mib", int), default=64, metavar="MIB")
+    sync.add_argument("--part-mib", type=int_arg("--part-mib", 0), default=64, metavar="MIB")
     sync.add_argument("--json", action="store_true")
     sync.set_defaults(handler=cmd_sync)
 
@@ -69,7 +56,7 @@ def register(sub: Subparsers) -> None:
     _connection(restore)
     restore.add_argument("--to", required=True, metavar="DIR", help="where to put the checkpoint directory")
     which = restore.add_mutually_exclusive_group()
-    which.add_argument("--step", type=_positive("--step", int), metavar="N", help="this step (default: the latest)")
+    which.add_argument("--step", type=int_arg("--step", 0), metavar="N", help="this step (default: the latest)")
     which.add_argument("--best", action="store_true", help="the best by the reported evaluation metric")
     restore.add_argument(
         "--from-bucket",
@@ -97,18 +84,18 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
         "--run", type=id_arg("--run"), metavar="ID", help="sync this run's checkpoints and report its progress"
     )
     agent.add_argument("--checkpoint-dir", metavar="DIR", help="the trainer's output directory (default: the run's)")
-    agent.add_argument("--sync-interval", type=_positive("--sync-interval"), default=60.0, metavar="S")
-    agent.add_argument("--settle-s", type=_positive("--settle-s"), default=60.0, metavar="S")
+    agent.add_argument("--sync-interval", type=float_arg("--sync-interval", 0), default=60.0, metavar="S")
+    agent.add_argument("--settle-s", type=float_arg("--settle-s", 0), default=60.0, metavar="S")
     agent.add_argument(
         "--idle-minutes",
-        type=_positive("--idle-minutes"),
+        type=float_arg("--idle-minutes", 0),
         default=15.0,
         metavar="M",
         help="node-side guard: idle this long ...",
     )
     agent.add_argument(
         "--unreachable-minutes",
-        type=_positive("--unreachable-minutes"),
+        type=float_arg("--unreachable-minutes", 0),
         default=30.0,
         metavar="M",
         help="... while the service is unreachable this long: final sync, then stop",
@@ -120,7 +107,7 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
     )
     agent.add_argument(
         "--job-pid",
-        type=_positive("--job-pid", int),
+        type=int_arg("--job-pid", 0),
         action="append",
         default=[],
         metavar="PID",

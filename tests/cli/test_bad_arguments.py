@@ -36,6 +36,7 @@ CASES = [
     (("plans", "get", "../../v1/keys"), "is not an id"),
     ((*AGENT, "--price-usd-per-hour", "nan"), "--price-usd-per-hour must be a finite number"),
     ((*AGENT, "--interval", "-1"), "--interval must be at least 0.1"),
+    (("sync", "--dir", ".", "--run", "r1", "--settle-s", "nan"), "--settle-s must be a finite number"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),
 ]

@@ -58,7 +58,7 @@ def test_sync_then_restore_best_and_latest(
     [
         (["restore", "--to", "x", "--step", "999"], "no durable checkpoint"),
         (["sync", "--dir", "/nonexistent/dir", "--settle-s", "0"], "does not exist"),
-        (["sync", "--dir", ".", "--settle-s", "-1"], "--settle-s must not be negative"),
+        (["sync", "--dir", ".", "--settle-s", "-1"], "--settle-s must be at least 0"),
         (["restore", "--to", "x", "--step", "1", "--best"], "not allowed with argument"),
     ],
 )
