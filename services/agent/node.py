@@ -72,18 +72,23 @@ class RunSync:
         self.in_progress, self.changed = dict(result.in_progress), dict(result.changed)
         return result
 
+    def _unsynced_steps(self) -> set[int]:
+        # Not durable yet (in progress included), and durable steps whose local files differ from the bucket's copy
+        # (resumed from an older step, training wrote that step anew): the node holds what the bucket does not.
+        return set(pending_steps(self.checkpoint_dir, self.durable, self.deleted)) | set(self.changed)
+
     def unsynced(self) -> int:
-        """Local checkpoints not durable yet, in progress ones included: the node is kept while any."""
-        return len(pending_steps(self.checkpoint_dir, self.durable, self.deleted))
+        """Local checkpoints the bucket does not hold: the node is kept while any."""
+        return len(self._unsynced_steps())
 
     def pending_bytes(self) -> int:
-        """Bytes of the local checkpoints not durable yet (what a lost node would lose)."""
+        """Bytes of the local checkpoints the bucket does not hold (what a lost node would lose)."""
         try:
             folders = dict(checkpoint_dirs(self.checkpoint_dir))
         except SyncError:
             return 0
         total = 0
-        for step in pending_steps(self.checkpoint_dir, self.durable, self.deleted):
+        for step in sorted(self._unsynced_steps()):
             for path in folders[step].rglob("*") if step in folders else ():
                 try:
                     total += path.stat().st_size if path.is_file() else 0
@@ -97,6 +102,16 @@ class RunSync:
             self.failing_since = at or datetime.now(UTC)
 
     def succeeded(self) -> None:
+        """A pass ended without an error. Durable steps whose local files changed are still reported as the sync's
+        error (an alert once it lasts): those files are never uploaded over the durable copy, so only a person can
+        save them (resume into a new output directory, or a new run)."""
+        if self.changed:
+            steps = ", ".join(str(step) for step in sorted(self.changed))
+            self.failed(
+                f"local checkpoint step(s) {steps} differ from their durable copies in the bucket and are not "
+                "uploaded over them: the node is kept; train into a new output directory or start a new run"
+            )
+            return
         self.last_error = None
         self.failing_since = None
 

@@ -150,8 +150,9 @@ def record_sync_health(
 ) -> None:
     """Store what the agent says of its sync and raise (or clear) the node's sync alert: once per streak,
     with an event, an audit row, the metric and a log line; its end is an event too. The streak's start
-    is the agent's (clamped to the server's clock), so an agent that failed while the service was
-    unreachable is not forgiven that time."""
+    is the agent's, clamped to the server's clock and to no earlier than the last heartbeat before it, so an
+    agent that failed while the service was unreachable is not forgiven that time, and one whose clock runs
+    behind raises no alert at once."""
     if sync is not None:
         node.sync_error = sync.last_error
         node.sync_pending_bytes = sync.pending_bytes
@@ -159,6 +160,10 @@ def record_sync_health(
             node.sync_failing_since = None
         else:
             reported = sync.failing_since if sync.failing_since is not None else at
+            if node.sync_failing_since is None and node.last_heartbeat_at is not None:
+                # A new streak began after the last heartbeat, which reported none: an agent whose clock runs
+                # behind cannot date it earlier (and one that failed while unreachable still is not forgiven).
+                reported = max(reported, node.last_heartbeat_at)
             node.sync_failing_since = min(node.sync_failing_since or reported, reported, at)
     pending = node.unsynced_checkpoints > 0 or node.sync_pending_bytes > 0
     node.unsynced_since = (node.unsynced_since or at) if pending else None

@@ -26,7 +26,13 @@ set, sizes, and mtimes after the manifest's ``created_at``, then a re-hash) is r
 bucket holds a copy verified complete against its manifest; overwriting it would leave the bucket
 disagreeing with that manifest while it happens, the control plane refuses other files at a durable
 step (409), and if the change is damage (a crashed rewrite, a bad disk) it would replace the good copy
-with a broken one. The next complete checkpoint carries training on.
+with a broken one. The next complete checkpoint carries training on (the agent counts such a step as
+unsynced and reports it, services.agent.node.RunSync).
+
+Two agents may sync one run: an upload never writes into a step the other made durable (the manifest is
+looked for before each file and created only where none exists), and an interrupted upload is cleaned up as
+an orphan only after ORPHAN_QUIET_S without a write. A directory that loses a file after it was first seen
+complete is being deleted, and is never made durable by this process.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ log = logging.getLogger("gpuplan.sync")
 
 MiB = 2**20
 MAX_PARTS = 10_000
+# An unfinished upload's prefix is deleted as an orphan only when none of its objects changed for this long, in
+# seconds: a prefix written to lately may be another agent's upload in progress (two agents can share a run).
+ORPHAN_QUIET_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,39 @@ class CheckpointChanged(Exception):
     """A directory changed (or stopped being complete) while it was uploaded: no manifest was written."""
 
 
+class DurableElsewhere(CheckpointChanged):
+    """Another writer (a second agent of the run) made the step durable first: nothing of it was overwritten."""
+
+
 class SyncError(Exception):
     """A checkpoint could not be made durable; nothing was lost, the next pass resumes."""
+
+
+# Per checkpoint directory (its path and inode: a directory made anew starts afresh), the files it held when first
+# seen complete. A directory that has lost one since is being deleted (a trainer's rotation removing it file by
+# file, or an upload that found a file gone): never made durable by this process, whatever its marker says.
+_COMPLETE_FILES: dict[tuple[str, int], set[str]] = {}
+_COMPLETE_LOCK = threading.Lock()
+
+
+def _directory_key(directory: Path) -> tuple[str, int]:
+    return str(directory.resolve()), directory.stat().st_ino
+
+
+def _shrinking(directory: Path, gone: set[str] | None = None) -> list[str]:
+    """Files a complete-looking directory lost since this process first saw it complete (``gone``: files known to
+    have vanished), recording its present files; empty while it only grows."""
+    try:
+        key = _directory_key(directory)
+        present = {p.relative_to(directory).as_posix() for p in _files(directory)}
+    except OSError:
+        return sorted(gone or ())
+    with _COMPLETE_LOCK:
+        seen = _COMPLETE_FILES.setdefault(key, set(present))
+        seen.update(gone or ())
+        missing = sorted(seen - present)
+        seen.update(present)
+    return missing
 
 
 def _md5_b64(data: bytes) -> str:
@@ -361,24 +401,30 @@ def upload_checkpoint(
 ) -> CheckpointUpload:
     started = time.monotonic()
     base = step_prefix(run_prefix, step)
-    uploads, beside_uploads = [], []
+    uploads: list[FileUpload] = []
+    beside_uploads: list[FileUpload] = []
     root = directory.parent
     beside = [root / relative for relative in completeness(directory, step).beside]
     before = _snapshot(directory) | _beside_snapshot(root, beside)  # taken before any file is hashed
-    for path in _files(directory):
-        relative = path.relative_to(directory).as_posix()
-        if relative == MANIFEST_NAME or relative.split("/", 1)[0] == BESIDE_PREFIX:
+    sending = [(path, path.relative_to(directory).as_posix(), uploads) for path in _files(directory)]
+    sending += [(path, path.relative_to(root).as_posix(), beside_uploads) for path in beside]
+    for path, relative, into in sending:
+        if into is uploads and (relative == MANIFEST_NAME or relative.split("/", 1)[0] == BESIDE_PREFIX):
             raise SyncError(f"{path}: a checkpoint may not contain {MANIFEST_NAME} or {BESIDE_PREFIX}/ at its top")
-        upload = upload_file(s3, bucket, f"{base}/{relative}", path, options)
+        # Another agent of the run may have made this step durable meanwhile: its objects are never overwritten
+        # (one HEAD before each file, as many as the resumption's own).
+        if _head(s3, bucket, f"{base}/{MANIFEST_NAME}") is not None:
+            raise DurableElsewhere("made durable by another writer while this one uploaded; its objects are kept")
+        key = f"{base}/{relative}" if into is uploads else f"{base}/{BESIDE_PREFIX}/{relative}"
+        try:
+            upload = upload_file(s3, bucket, key, path, options)
+        except FileNotFoundError:  # deleted mid-upload: the trainer's rotation removing the directory, say
+            _shrinking(directory, {relative})
+            raise CheckpointChanged(f"{relative} vanished while it was uploaded; not made durable") from None
         upload.path = relative
-        uploads.append(upload)
+        into.append(upload)
     if not uploads:
         raise SyncError(f"{directory} is empty")
-    for path in beside:
-        relative = path.relative_to(root).as_posix()
-        upload = upload_file(s3, bucket, f"{base}/{BESIDE_PREFIX}/{relative}", path, options)
-        upload.path = relative
-        beside_uploads.append(upload)
     manifest = Manifest(
         run_id=run_id,
         step=step,
@@ -398,15 +444,30 @@ def upload_checkpoint(
     state = completeness(directory, step)
     if not state.complete:
         raise CheckpointChanged(f"no longer complete after the upload ({state.reason}); not made durable")
-    write_manifest(s3, bucket, run_prefix, manifest)
+    write_manifest(s3, bucket, run_prefix, manifest, create=True)
     return CheckpointUpload(manifest=manifest, files=uploads, seconds=time.monotonic() - started)
 
 
-def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest) -> None:
-    """Write a checkpoint's manifest (what makes it durable) and read it back."""
+def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest, *, create: bool = False) -> None:
+    """Write a checkpoint's manifest (what makes it durable) and read it back. ``create``: only where the step has
+    none yet (S3's conditional write, If-None-Match: *), so of two agents racing to one step the first one's stands;
+    a store without conditional writes answers NotImplemented and gets a plain write."""
+    from botocore.exceptions import ClientError
+
     body = manifest.model_dump_json(indent=1).encode()
     key = f"{step_prefix(run_prefix, manifest.step)}/{MANIFEST_NAME}"
-    s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body))
+    try:
+        if create:
+            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body), IfNoneMatch="*")
+        else:
+            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body))
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if create and code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            raise DurableElsewhere("made durable by another writer first; its manifest is kept") from None
+        if not (create and code in ("NotImplemented", "501")):
+            raise
+        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body))
     if read_manifest(s3, bucket, run_prefix, manifest.step) != manifest:
         raise SyncError(f"step {manifest.step}: the manifest read back differs from the one written")
 
@@ -555,6 +616,11 @@ def sync_pass(
             result.in_progress[step] = state.reason
             log.info("step %d: in progress, not uploaded: %s", step, state.reason)
             continue
+        lost = _shrinking(directory)
+        if lost:
+            result.in_progress[step] = f"lost {', '.join(lost[:5])} since it was complete: being deleted"
+            log.warning("step %d: %s; never made durable", step, result.in_progress[step])
+            continue
         if not settled(directory, options.settle_s, now):
             result.unsettled.append(step)
             continue
@@ -595,9 +661,24 @@ def sync_pass(
     if result.uploaded or result.deleted:
         local_steps = {s for s, _ in local}
         for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps:
-            if orphan < max(durable) and read_manifest(s3, bucket, run_prefix, orphan) is None:
+            if (
+                orphan < max(durable)
+                and read_manifest(s3, bucket, run_prefix, orphan) is None
+                and _quiet(s3, bucket, step_prefix(run_prefix, orphan) + "/", ORPHAN_QUIET_S)
+            ):
                 delete_checkpoint(s3, bucket, run_prefix, orphan)
     return result
+
+
+def _quiet(s3: Any, bucket: str, prefix: str, seconds: float) -> bool:
+    """Whether nothing under ``prefix`` was written (an object, or a multipart upload begun) for ``seconds``."""
+    latest: datetime | None = None
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            latest = item["LastModified"] if latest is None else max(latest, item["LastModified"])
+    for upload in s3.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []):
+        latest = upload["Initiated"] if latest is None else max(latest, upload["Initiated"])
+    return latest is None or (datetime.now(UTC) - latest).total_seconds() >= seconds
 
 
 def pending_steps(checkpoint_dir: Path, durable: set[int], deleted: set[int]) -> list[int]:

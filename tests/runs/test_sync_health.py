@@ -97,6 +97,22 @@ def test_an_agent_clock_ahead_of_the_server_cannot_postpone_or_invent_a_streak()
     assert node.sync_failing_since == T0  # clamped to the server's clock
 
 
+def test_an_agent_clock_behind_the_server_cannot_date_a_streak_before_its_last_heartbeat() -> None:
+    """A fuzzing pass (stop 49): a first failing report dated 3 h back raised the alert at once."""
+    node, session = _node(), _Session()
+    node.unsynced_checkpoints = 1
+    node.last_heartbeat_at = T0 - timedelta(seconds=15)  # it reported no failure then
+    behind = SyncHealth(last_error="boom", pending_bytes=1000, failing_since=T0 - timedelta(hours=3))
+    record_sync_health(session, node, behind, T0, POLICY)  # type: ignore[arg-type]
+    assert node.sync_failing_since == T0 - timedelta(seconds=15) and node.sync_alert is None
+    # A streak that began while the service was unreachable still counts from the last heartbeat before it.
+    node, session = _node(), _Session()
+    node.unsynced_checkpoints = 1
+    node.last_heartbeat_at = T0 - timedelta(hours=1)
+    record_sync_health(session, node, behind, T0, POLICY)  # type: ignore[arg-type]
+    assert node.sync_failing_since == T0 - timedelta(hours=1) and node.sync_alert is not None
+
+
 def _dead_endpoint() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
