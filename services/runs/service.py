@@ -152,7 +152,8 @@ def checkpoints(session: Session, run: RunRow) -> Sequence[CheckpointRow]:
 
 
 def _stored(rows: Sequence[CheckpointRow]) -> list[StoredCheckpoint]:
-    return [StoredCheckpoint(r.step, r.status == "durable", r.metric, r.final) for r in rows]
+    # What the bucket may still hold: a checkpoint retention deleted is gone, not to be deleted again.
+    return [StoredCheckpoint(r.step, r.status == "durable", r.metric, r.final) for r in rows if r.status != "deleted"]
 
 
 def record_durable(session: Session, principal: Principal, run_id: str, body: CheckpointReport) -> DurableAnswer:

@@ -120,3 +120,18 @@ def test_a_durable_step_written_anew_locally_keeps_the_node_and_is_reported(run_
     assert run.unsynced() == 1 and run.pending_bytes() > 0
     assert "differ from their durable copies" in (run.health()["last_error"] or "")
     assert read_manifest(s3, bucket, prefix, 100) == durable  # the verified copy is not overwritten
+
+
+def test_retention_never_lists_a_checkpoint_it_already_deleted(run_env: RunEnv, tmp_path: Path) -> None:
+    env, bucket = run_env, run_env.s3.s3_bucket or ""
+    run_id = env.new_run(retention={"keep_last": 1, "keep_best": False})
+    prefix, s3 = env.client.get(f"/v1/runs/{run_id}", headers=env.headers).json()["prefix"], make_s3_client(env.s3)
+    root = tmp_path / "out"
+    api = type(env.api)(env.client, env.key, run_id)
+    deleted: list[int] = []
+    for step in (100, 200, 300):
+        make_checkpoint(root, step, 2 * MiB, seed=step)
+        deleted += sync_pass(s3, bucket, prefix, run_id, root, api, OPTIONS).deleted
+    assert deleted == [100, 200]
+    final = sync_pass(s3, bucket, prefix, run_id, root, api, OPTIONS, final=True)
+    assert final.deleted == []  # it listed 100 and 200 again, and the agent deleted and reported them again
