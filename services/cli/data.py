@@ -35,12 +35,7 @@ def register(sub: Subparsers) -> None:
     check.add_argument("--names", metavar="FILE", help="person names to look for, one per line")
     check.add_argument("--write-clean", metavar="OUT", help="write the kept rows (JSONL) to a new file")
     check.add_argument("--write-masked", metavar="OUT", help="write a copy with personal data masked")
-    check.add_argument(
-        "--data-country",
-        type=country_arg("--data-country"),
-        metavar="CC",
-        help="where the data comes from (ISO code, e.g. TR)",
-    )
+    _add_data_country(check)
     check.add_argument(
         "--provider-country", type=country_arg("--provider-country"), metavar="CC", help="where the GPUs are (ISO code)"
     )
@@ -57,12 +52,7 @@ def register(sub: Subparsers) -> None:
         metavar="ID",
         help="continue an interrupted upload: send only the missing parts",
     )
-    upload.add_argument(
-        "--data-country",
-        type=country_arg("--data-country"),
-        metavar="CC",
-        help="where the data comes from (ISO code, e.g. TR)",
-    )
+    _add_data_country(upload)
     upload.add_argument("--model", metavar="HUB_ID", help="the model it trains: its tokenizer counts the tokens")
     upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
     upload.add_argument("--json", action="store_true")
@@ -71,6 +61,15 @@ def register(sub: Subparsers) -> None:
 
 # The exit status of `data check` on a data set none of whose rows is kept (bad arguments exit 2).
 EXIT_NOTHING_KEPT = 1
+
+
+def _add_data_country(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-country",
+        type=country_arg("--data-country"),
+        metavar="CC",
+        help="where the data comes from (ISO code, e.g. TR)",
+    )
 
 
 def country_arg(name: str) -> Callable[[str], str]:
