@@ -452,6 +452,7 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
                 provider=choice.provider,
                 region=choice.region,
                 nodes=choice.nodes,
+                offer_gpus_per_node=choice.offer_gpus_per_node,
                 spot=spot,
                 customer_name=customer_name,
                 customer_email=customer_email,

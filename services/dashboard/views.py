@@ -241,7 +241,10 @@ def _tokens_per_s(rec: Mapping[str, Any]) -> str:
 
 
 def quote_value(rec: Mapping[str, Any]) -> str:
-    return f"{rec['gpu']}|{rec['gpus']}|{rec['provider']}|{rec.get('region') or ''}|{rec.get('nodes') or 1}"
+    value = f"{rec['gpu']}|{rec['gpus']}|{rec['provider']}|{rec.get('region') or ''}|{rec.get('nodes') or 1}"
+    # The offer's node size names the offer where a provider sells the card in several (plans stored before it
+    # was recorded have none).
+    return value + (f"|{rec['offer_gpus_per_node']}" if rec.get("offer_gpus_per_node") else "")
 
 
 @dataclass(frozen=True)
@@ -253,16 +256,23 @@ class QuoteChoice:
     provider: str
     region: str | None
     nodes: int
+    offer_gpus_per_node: int | None = None
 
 
 def parse_quote_value(value: str) -> QuoteChoice | None:
-    """The setup of a quote option's value ("gpu|gpus|provider|region|nodes"), or None when it is malformed."""
+    """The setup of a quote option's value ("gpu|gpus|provider|region|nodes", then "|offer node size" where known),
+    or None when it is malformed."""
     parts = value.split("|")
-    if len(parts) != 5 or not parts[0] or not parts[2] or not parts[1].isdigit() or not parts[4].isdigit():
+    if len(parts) not in (5, 6) or not parts[0] or not parts[2] or not parts[1].isdigit() or not parts[4].isdigit():
         return None
     if int(parts[1]) < 1 or int(parts[4]) < 1:
         return None
-    return QuoteChoice(parts[0], int(parts[1]), parts[2], parts[3] or None, int(parts[4]))
+    node = parts[5] if len(parts) == 6 else None
+    if node is not None and (not node.isdigit() or int(node) < 1):
+        return None
+    return QuoteChoice(
+        parts[0], int(parts[1]), parts[2], parts[3] or None, int(parts[4]), int(node) if node is not None else None
+    )
 
 
 _SETUP_KEYS = ("provider", "region", "gpu", "gpus", "nodes", "sharding", "micro_batch_size", "gradient_checkpointing")

@@ -41,6 +41,11 @@ class Recommendation(_Out):
     gpus: int = Field(description="all GPUs of the setup, every node together")
     gpus_per_node: int
     nodes: int
+    offer_gpus_per_node: int | None = Field(
+        default=None,
+        description="the node size of the offer it rents (with provider, card and region, what names the offer: one "
+        "provider may sell a card in several node sizes); null in plans stored before it was recorded",
+    )
     links: str = Field(default="", description="how the GPUs are connected: within a node, and between nodes")
     sharding: str
     cpu_offload: bool

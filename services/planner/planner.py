@@ -318,6 +318,7 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
         gpus=gpus,
         gpus_per_node=c.layout.gpus_per_node,
         nodes=c.layout.nodes,
+        offer_gpus_per_node=c.offer.gpus_per_node,
         links=c.setup.links.label() if gpus > 1 else "one GPU",
         sharding=c.cfg.sharding,
         cpu_offload=c.cfg.cpu_offload,

@@ -20,6 +20,13 @@ class QuoteRequest(ClosedModel):
     provider: SingleLine | None = Field(default=None, min_length=1, max_length=100)
     region: SingleLine | None = Field(default=None, min_length=1, max_length=100)
     nodes: StrictInt | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
+    offer_gpus_per_node: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="the node size of the offer (a recommendation's offer_gpus_per_node): which of a provider's offers "
+        "of the card in that region, where it sells several node sizes",
+    )
     best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     spot: bool = False
     checkpoint_storage_months: StrictFloat = Field(

@@ -178,6 +178,8 @@ def _offers_for(
         picked = [o for o in picked if o.provider.lower() == request.provider.strip().lower()]
     else:
         picked = [o for o in picked if constraints.allows_provider(o.provider)]
+    if request.offer_gpus_per_node is not None:
+        picked = [o for o in picked if o.gpus_per_node == request.offer_gpus_per_node]
     if request.region is not None:
         picked = [o for o in picked if o.region.lower() == request.region.strip().lower()]
     elif request.provider is None:
@@ -192,8 +194,11 @@ def _none_left(request: QuoteRequest, gpu: str) -> Unprocessable:
     return Unprocessable(f"{field}: no offer for {gpu}{where} in the catalog", field=field)
 
 
-def _same_offer(rec: Recommendation, provider: str, region: str) -> bool:
-    return rec.provider.lower() == provider.lower() and rec.region.lower() == region.lower()
+def _same_offer(rec: Recommendation, provider: str, region: str, node_gpus: int | None = None) -> bool:
+    """Whether ``rec`` rents the offer of that provider and region (and node size, where both know it: a provider
+    may sell one card in several node sizes at different prices)."""
+    same_node = node_gpus is None or rec.offer_gpus_per_node is None or rec.offer_gpus_per_node == node_gpus
+    return rec.provider.lower() == provider.lower() and rec.region.lower() == region.lower() and same_node
 
 
 def _vanished(
@@ -234,7 +239,7 @@ def _with_ranking_notes(stored: Sequence[Recommendation], rec: Recommendation) -
     cost), so the quote says what the plan page says of it; a setup the plan did not list has none."""
     for s in stored:
         same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
-        if same and _same_offer(s, rec.provider, rec.region) and s.ranking_notes:
+        if same and _same_offer(s, rec.provider, rec.region, rec.offer_gpus_per_node) and s.ranking_notes:
             # The same setup at the same cost (_unchanged): the plan's notes, in the plan page's order.
             return rec.model_copy(update={"notes": list(s.notes), "ranking_notes": list(s.ranking_notes)})
     return rec
@@ -243,7 +248,7 @@ def _with_ranking_notes(stored: Sequence[Recommendation], rec: Recommendation) -
 def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
     """409 when the plan priced the picked offer at another price, or the same setup at another cost."""
     for s in stored:
-        if s.gpu != rec.gpu or not _same_offer(s, rec.provider, rec.region):
+        if s.gpu != rec.gpu or not _same_offer(s, rec.provider, rec.region, rec.offer_gpus_per_node):
             continue
         was, now = s.price_usd_per_hour / s.gpus, rec.price_usd_per_hour / rec.gpus
         kind = "on-demand"
@@ -258,7 +263,12 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
             )
     for s in stored:
         same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
-        if same and _same_offer(s, rec.provider, rec.region) and s.expected_cost_usd != rec.expected_cost_usd:
+        node_gpus = rec.offer_gpus_per_node
+        if (
+            same
+            and _same_offer(s, rec.provider, rec.region, node_gpus)
+            and s.expected_cost_usd != rec.expected_cost_usd
+        ):
             raise Conflict(
                 f"the plan priced {rec.gpus} x {rec.gpu} at {rec.provider} at ${s.expected_cost_usd:,.2f}; it now "
                 f"estimates ${rec.expected_cost_usd:,.2f} (the calibration or the catalog's defaults changed); "
@@ -269,7 +279,8 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
 
 def _offer_of(offers: Sequence[Offer], rec: Recommendation) -> Offer:
     for o in offers:
-        if o.provider == rec.provider and o.region == rec.region and _card_name(o) == rec.gpu:
+        node = rec.offer_gpus_per_node is None or o.gpus_per_node == rec.offer_gpus_per_node
+        if o.provider == rec.provider and o.region == rec.region and node and _card_name(o) == rec.gpu:
             return o
     raise NotFound(f"the offer of {rec.gpu} at {rec.provider} is gone", field="provider")  # priced from these offers
 

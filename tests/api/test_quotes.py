@@ -120,6 +120,7 @@ def _pick(rec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         "nodes": rec["nodes"],
         "provider": rec["provider"],
         "region": rec["region"],
+        "offer_gpus_per_node": rec["offer_gpus_per_node"],
         "spot": rec["pricing"] == "spot",
         **extra,
     }
@@ -157,6 +158,32 @@ def test_every_recommended_setup_quotes_at_the_plans_price(api: Api) -> None:
         assert "10,000 examples" in quote["job"] and "3 epochs" in quote["job"]
         assert quote["price_list"]["provider"] == rec["provider"] and quote["price_list"]["fetched_at"]
         assert quote["plan_assumptions"]
+
+
+def test_a_provider_selling_a_card_in_two_node_sizes_quotes_each_at_the_plans_price(api: Api) -> None:
+    """A probe of stop 49: two offers of one provider, card and region differing in node size (or only in billing
+    minimum) made every quote of them a false 409, "the price changed since the plan"."""
+    csv = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,currency,region,interconnect,fetched_at,source,"
+        "billing_minimum_s\n"
+        "beta,H100 SXM,1,3.00,USD,r1,NVLink,2026-12-01,t,0\n"
+        "beta,H100 SXM,8,2.50,USD,r1,NVLink,2026-12-01,t,0\n"
+        "acme,A100 80GB,1,2.00,USD,r1,NVLink,2026-12-01,t,3600\n"
+        "acme,A100 80GB,8,2.00,USD,r1,NVLink,2026-12-01,t,0\n"
+    )
+    imported = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
+    assert imported.status_code in (200, 201), imported.text
+    for provider in ("beta", "acme"):
+        body = {**QLORA_PLAN, "constraints": {"providers": [provider], "prefer_simpler_within": 0.0}}
+        plan = _done_plan(api, body)
+        recs = plan["recommendations"]
+        assert {r["offer_gpus_per_node"] for r in recs} == {1, 8}, recs
+        for rec in recs:
+            quote = _quote(api, plan["id"], _pick(rec))
+            assert quote["total_usd"] == rec["expected_cost_usd"], (rec, quote)
+        # A client that does not name the node size still gets the plan's first pick, at its price.
+        first = {k: v for k, v in _pick(recs[0]).items() if k != "offer_gpus_per_node"}
+        assert _quote(api, plan["id"], first)["total_usd"] == recs[0]["expected_cost_usd"]
 
 
 def test_eight_h100_quote_the_cheapest_provider_that_has_them(api: Api) -> None:
