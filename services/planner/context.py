@@ -290,10 +290,11 @@ class Entry:
     lead: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()
 
-    def rank_key(self) -> tuple[float, int, int, float, int]:
-        """Expected cost; ties (to the cent) go to fewer GPUs, then fewer nodes, then shorter time."""
-        c = self.candidate
-        return (round(self.cost.expected_cost_usd, 2), c.layout.gpus, c.layout.nodes, self.cost.hours, c.offer_index)
+    def rank_key(self) -> tuple[float, int, int, float, float, int]:
+        """Expected cost; ties (to the cent) go to fewer GPUs, then fewer nodes, then shorter time, then the cost
+        before rounding (a price a hundredth of a cent lower), and only then the catalog's order."""
+        c, cost = self.candidate, self.cost.expected_cost_usd
+        return (round(cost, 2), c.layout.gpus, c.layout.nodes, self.cost.hours, cost, c.offer_index)
 
 
 @quick_init

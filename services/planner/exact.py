@@ -113,7 +113,7 @@ def price_exact_setup(
             raise PlannerError(
                 "gpus", f"gpus: no card fits the job on {gpus} GPUs{' with a spot price' if pricing == 'spot' else ''}"
             )
-        best = min(found, key=lambda e: round(e.cost.expected_cost_usd, 2))
+        best = min(found, key=lambda e: e.rank_key()[:5])  # the planner's order; equals: the card met first
     return _recommendation(ctx, best, now), _assumptions(ctx)
 
 
@@ -154,10 +154,8 @@ def _best_on_card(
         fastest = min(kept, key=lambda s: s.training_s)
         candidate = price_setup(ctx, card_offers.index(offer), offer, fastest)
         cost = candidate.on_demand if pricing == "on_demand" else candidate.spot
-        if cost is not None and (
-            best is None or round(cost.expected_cost_usd, 2) < round(best.cost.expected_cost_usd, 2)
-        ):
-            best = Entry(candidate, cost)
+        if cost is not None and (best is None or Entry(candidate, cost).rank_key() < best.rank_key()):
+            best = Entry(candidate, cost)  # the planner's order (Entry.rank_key), first of equals
     if best is not None:
         return best
     if ram_short is not None:

@@ -8,10 +8,10 @@ end of the estimate's uncertainty band where the estimate has one). Each setup i
 where the offer has a spot price, on spot; both pricings are ranked together by expected cost: start-up,
 model download, training at the speed its links allow, checkpoints, preemption rework and the provider's
 billing increment and minimum (services.planner.costs). Ties go to fewer GPUs, then fewer nodes, then the
-shorter run, and a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when it
-is cheaper by more than constraints.prefer_simpler_within (services.planner.ranking). The plan's method and
-precision are never changed; a card on which nothing fits gets a rejection with what it needed, what it has,
-and the cheapest change that fits.
+shorter run, then the cost before rounding (Entry.rank_key), and a setup with more GPUs, more nodes, spot or
+CPU offload ranks above a simpler one only when it is cheaper by more than constraints.prefer_simpler_within
+(services.planner.ranking). The plan's method and precision are never changed; a card on which nothing fits
+gets a rejection with what it needed, what it has, and the cheapest change that fits.
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ def _assumptions(ctx: PlanContext) -> list[str]:
         "is offered with a 'tight' note",
         "ranked by expected cost of the rented run (on demand and spot as separate entries): start-up, model "
         "download, training, checkpoint writes and final upload, preemption rework, billing increment and minimum; "
-        "ties go to fewer GPUs, then fewer nodes, then the shorter run",
+        "ties go to fewer GPUs, then fewer nodes, then the shorter run, then the lower cost before rounding",
         "the effective batch (micro-batch x accumulation x GPUs) is kept; where GPUs cannot split it evenly, "
         "the smallest larger one is used and noted",
         "a node holds at most the offer's gpus_per_node GPUs; more GPUs means several nodes over the offer's "

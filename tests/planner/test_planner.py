@@ -447,3 +447,20 @@ def test_a_mean_example_longer_than_seq_len_is_warned_as_the_estimate_notes_it()
         method="qlora", seq_len=512, padding="packed", data={"examples": 10_000, "avg_tokens_per_example": 900}
     )
     assert not any("cut to it" in w for w in plan_setups(packed).warnings)
+
+
+def _offer(provider: str, price: float) -> Offer:
+    return Offer(
+        provider=provider, gpu="A100 80GB", gpus_per_node=1, on_demand_usd_per_hour=price, spot_usd_per_hour=None,
+        currency="USD", region="r", country="", interconnect="NVLink", fetched_at="2026-11-01", source="test",
+    )  # fmt: skip
+
+
+def test_a_tie_to_the_cent_goes_to_the_lower_price_whatever_the_catalog_order() -> None:
+    """A planner probe of stop 49: two offers 0.0001 USD an hour apart tie to the cent, and the catalog's order
+    decided which came first."""
+    plan = make_plan(method="qlora", data={"examples": 100, "avg_tokens_per_example": 512, "epochs": 1})
+    offers = [_offer("pricier", 2.0001), _offer("cheaper", 2.0)]
+    for catalog in (offers, offers[::-1]):
+        first = plan_setups(plan, catalog, constraints=Constraints(prefer_simpler_within=0.0)).recommendations[0]
+        assert first.provider == "cheaper"
