@@ -132,6 +132,11 @@ class SearchMemo:
     held: dict[tuple[str, int, bool, float | None], tuple[bool, ...]] = field(default_factory=dict)
     # Per (card, node size, networked, host RAM GiB per node): where offload first fits that RAM on more nodes.
     beyond: dict[tuple[str, int, bool, float | None], object] = field(default_factory=dict)
+    # With a deadline: the offer of the catalog slowest to start (start-up and model download), on which a setup
+    # must meet the deadline for more nodes to be pointless (search._verdicts), and its hours per (layout, training
+    # seconds) on demand.
+    slowest_start: Offer | None = None
+    deadline_hours: dict[tuple[Layout, float], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

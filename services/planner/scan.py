@@ -350,6 +350,10 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     pricing's cost as arrays over the offers."""
     scan = Scan(as_market(offers))
     offers = scan.offers
+    if ctx.constraints.deadline_hours is not None and len(offers):
+        # The offer slowest to start bounds every offer's non-training hours (search._meets_deadline).
+        columns = offer_columns(offers, np.arange(len(offers)), ctx.sizes.model_download_bytes, False)
+        ctx.memo.slowest_start = offers[int(np.argmax(columns.startup_s + columns.download_s))]
     for shape, layouts in _group_offers(ctx, scan, specs):
         shape.shape = shape_key(ctx, shape.spec, offers[shape.first])
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.

@@ -47,6 +47,7 @@ from services.planner.context import (
     SingleNode,
     StepSetups,
 )
+from services.planner.costs import RunShape, run_cost
 from services.planner.evaluator import Config
 from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
@@ -468,5 +469,33 @@ def _verdicts(ctx: PlanContext, found: list[Setup]) -> tuple[bool, bool]:
         cfg = s.cfg
         offloads = offloads or cfg.cpu_offload
         if not enough and cfg.optimizer is None and cfg.cpu_offload == offload:
-            enough = deadline is None or s.training_s / 3600.0 <= deadline
+            enough = deadline is None or _meets_deadline(ctx, s, deadline)
     return enough, offloads
+
+
+def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
+    """Whether the setup meets the deadline on every offer of its shape: its whole run on demand (start-up, download,
+    training, checkpoints, rework: what the deadline is checked against, costs.run_cost) on the catalog's offer
+    slowest to start. Training alone under the deadline was taken for enough, and setups on more nodes that would
+    have met it were never searched (a planner probe of stop 49)."""
+    if s.training_s / 3600.0 > deadline:
+        return False
+    offer = ctx.memo.slowest_start
+    if offer is None:
+        return True
+    key = (s.layout, s.training_s)
+    hours = ctx.memo.deadline_hours.get(key)
+    if hours is None:
+        sizes, restart = ctx.sizes, ctx.constraints.restart_minutes
+        shape = RunShape(
+            s.layout.gpus,
+            s.layout.nodes,
+            s.training_s,
+            sizes.model_download_bytes,
+            sizes.checkpoint_bytes,
+            sizes.final_upload_bytes,
+            sizes.checkpoint_write_s,
+        )
+        cost = run_cost(offer, shape, "on_demand", restart_s=None if restart is None else restart * 60.0)
+        hours = ctx.memo.deadline_hours[key] = cost.hours
+    return hours <= deadline

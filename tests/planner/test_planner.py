@@ -464,3 +464,27 @@ def test_a_tie_to_the_cent_goes_to_the_lower_price_whatever_the_catalog_order() 
     for catalog in (offers, offers[::-1]):
         first = plan_setups(plan, catalog, constraints=Constraints(prefer_simpler_within=0.0)).recommendations[0]
         assert first.provider == "cheaper"
+
+
+def test_a_deadline_single_nodes_miss_on_start_up_and_download_searches_more_nodes() -> None:
+    """A planner probe of stop 49: one node trained within the deadline but not with start-up, download and upload
+    (what the deadline is checked against), so more nodes were never searched and nothing met it; 16 GPUs do."""
+    plan = make_plan(
+        method="full",
+        micro_batch_size=4,
+        gradient_accumulation_steps=4,
+        seq_len=2048,
+        data={"examples": 200_000, "avg_tokens_per_example": 512, "epochs": 1},
+    )
+    node = Offer(
+        provider="net", gpu="H100 SXM", gpus_per_node=8, on_demand_usd_per_hour=3.0, spot_usd_per_hour=None,
+        currency="USD", region="r", country="", interconnect="NVLink", fetched_at="2026-11-01", source="test",
+        whole_nodes_only=True, inter_node_gbit_per_s=3200.0,
+    )  # fmt: skip
+    loose = plan_setups(plan, [node], constraints=Constraints(prefer_simpler_within=0.0))
+    one_node = next(r for r in loose.recommendations if r.gpus == 8)
+    deadline = 0.8295
+    assert loose.total_tokens / one_node.data_tokens_per_s / 3600 < deadline < one_node.expected_hours
+    result = plan_setups(plan, [node], constraints=Constraints(prefer_simpler_within=0.0, deadline_hours=deadline))
+    assert result.recommendations and result.recommendations[0].gpus == 16
+    assert all(r.expected_hours <= deadline for r in result.recommendations)
