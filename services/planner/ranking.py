@@ -170,8 +170,8 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
     order (the offload cautions still measure against the first entry without CPU offload, wherever it ranks).
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
-    left; a simplest entry always qualifies, so every step takes one. Pairs of which neither is simpler (2 GPUs on
-    demand, 1 GPU spot) keep their cost order. Entries are grouped by complexity (a few distinct ones), so each
+    left; a simplest entry always qualifies, so every step takes one. Of a pair of which neither is simpler (2 GPUs
+    on demand, 1 GPU spot) the cheaper comes first unless a simpler entry holds it back. Entries are grouped by complexity (a few distinct ones), so each
     check compares with the cheapest entry left of each simpler group.
     """
     keys = [complexity(e) for e in entries]
