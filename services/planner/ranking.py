@@ -1,6 +1,6 @@
 """Ranking a scanned catalog: entries priced in full in increasing order of their cost's lower bound
-(services.planner.scan), until a bound can reach neither the top N nor the best of a card that still has none:
-over thousands of offers only a few dozen are priced.
+(services.planner.scan), until a bound can reach neither the top N nor the first entry of a card (both widened by
+what the simpler-first rule can move up): over thousands of offers only a few dozen are priced.
 
 A setup is priced on one offer by ``price_setup`` (on demand and spot, services.planner.costs); the priced
 entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
@@ -92,8 +92,11 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
     ``top_n``, then each other card's first: ``prefer_simpler``).
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
-    its card's best. Both limits only fall as entries are taken and bounds only rise, so a card's first entry
-    left out closes the card: its later entries are never put in order (the per-card orders are merged)."""
+    its card's first entry: both the N-th and the card's cheapest cost widened by ``_widening``, since a simpler
+    setup within the tolerance ranks first (a card's cheapest alone left its simpler setups unpriced, and
+    best_per_gpu named a dearer, more complex one). Both limits only fall as entries are taken and bounds only
+    rise, so a card's first entry left out closes the card: its later entries are never put in order (the
+    per-card orders are merged)."""
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
@@ -110,10 +113,10 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
         key, row, card, ordered = heapq.heappop(heads)
         bound, _, _, _, index, position, spot = key
         kth = -top[0] * widen if len(top) >= top_n else math.inf
-        if bound > kth + CENT and len(card_best) == cards and all(bound > v + CENT for v in card_best.values()):
+        if bound > kth + CENT and len(card_best) == cards and all(bound > v * widen + CENT for v in card_best.values()):
             break
         best = card_best.get(card, math.inf)
-        if bound > kth + CENT and bound > best + CENT:
+        if bound > kth + CENT and bound > best * widen + CENT:
             continue  # the card is closed
         following = next(ordered, None)
         if following is not None:
@@ -171,8 +174,8 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
     left; a simplest entry always qualifies, so every step takes one. Of a pair of which neither is simpler (2 GPUs
-    on demand, 1 GPU spot) the cheaper comes first unless a simpler entry holds it back. Entries are grouped by complexity (a few distinct ones), so each
-    check compares with the cheapest entry left of each simpler group.
+    on demand, 1 GPU spot) the cheaper comes first unless a simpler entry holds it back. Entries are grouped by
+    complexity (a few distinct ones), so each check compares with the cheapest entry left of each simpler group.
     """
     keys = [complexity(e) for e in entries]
     costs = [e.cost.expected_cost_usd for e in entries]

@@ -488,3 +488,29 @@ def test_a_deadline_single_nodes_miss_on_start_up_and_download_searches_more_nod
     result = plan_setups(plan, [node], constraints=Constraints(prefer_simpler_within=0.0, deadline_hours=deadline))
     assert result.recommendations and result.recommendations[0].gpus == 16
     assert all(r.expected_hours <= deadline for r in result.recommendations)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"model": {"name": "meta-llama/Llama-3.1-70B"}, "method": "qlora", "micro_batch_size": 16,
+         "gradient_accumulation_steps": 2, "seq_len": 2048, "data": {"tokens": 10**9, "epochs": 1}},
+        {"model": {"name": "meta-llama/Llama-3.1-8B"}, "method": "full", "micro_batch_size": 4, "seq_len": 2048,
+         "data": {"examples": 50_000, "avg_tokens_per_example": 512, "epochs": 2}},
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("tolerance", [0.1, 0.5])
+def test_best_per_gpu_is_each_cards_first_entry_of_the_whole_ranking(fields: dict[str, Any], tolerance: float) -> None:
+    """A planner probe of stop 49: under prefer_simpler_within a card's simpler setup within the tolerance of its
+    cheapest was never priced, so best_per_gpu named a dearer or more complex setup than the card's first."""
+    plan = make_plan(**fields)
+    constraints = Constraints(prefer_simpler_within=tolerance)
+    shown = plan_setups(plan, constraints=constraints).best_per_gpu
+    everything = plan_setups(plan, constraints=constraints, top_n=100_000).recommendations
+    first: dict[str, Any] = {}
+    for r in everything:
+        first.setdefault(r.gpu, r)
+    assert [(r.gpu, r.gpus, r.pricing, r.expected_cost_usd) for r in shown] == [
+        (r.gpu, r.gpus, r.pricing, r.expected_cost_usd) for r in (first[b.gpu] for b in shown)
+    ]
+    assert {r.gpu for r in shown} == set(first)
