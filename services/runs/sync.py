@@ -419,7 +419,8 @@ def upload_checkpoint(
         try:
             upload = upload_file(s3, bucket, key, path, options)
         except FileNotFoundError:  # deleted mid-upload: the trainer's rotation removing the directory, say
-            _shrinking(directory, {relative})
+            if into is uploads:  # a file beside it (torchtune's recipe state) is rewritten by the next save instead
+                _shrinking(directory, {relative})
             raise CheckpointChanged(f"{relative} vanished while it was uploaded; not made durable") from None
         upload.path = relative
         into.append(upload)
