@@ -82,7 +82,9 @@ def test_sign_in_submit_a_plan_watch_it_finish_and_quote_it(page: Any, live_serv
     # The quote form starts on the cheapest setup; the spot box shows only for a setup with a spot price.
     setup = page.get_by_label("Setup to quote")
     cheapest = recs[0]
-    assert setup.input_value() == "|".join(str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes"))
+    assert setup.input_value() == "|".join(
+        str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes", "offer_gpus_per_node")
+    )
     spot_values = setup.locator('option[data-spot="yes"]').evaluate_all("els => els.map(e => e.value)")
     plain_values = setup.locator('option[data-spot="no"]').evaluate_all("els => els.map(e => e.value)")
     assert spot_values and plain_values  # the bundled catalog prices some offers on spot and others not

@@ -124,7 +124,9 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     assert option is not None
     cheapest = stored["recommendations"][0]
     # The form offers the table's first setup first and selects it, with its pricing (issue 22 item 3).
-    assert option.group(1) == "|".join(str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes"))
+    assert option.group(1) == "|".join(
+        str(cheapest[k]) for k in ("gpu", "gpus", "provider", "region", "nodes", "offer_gpus_per_node")
+    )
     assert option.group(3) == cheapest["pricing"]
     spot_box = re.search(r'<input type="checkbox" id="spot" name="spot" value="on"( checked)?>', html)
     assert (spot_box is not None and spot_box.group(1) is not None) == (cheapest["pricing"] == "spot")
@@ -143,7 +145,7 @@ def test_submit_through_the_form_then_quote(api: Api, alpha: TestClient) -> None
     assert response.status_code == 303
     quote = alpha.get(response.headers["location"])
     assert quote.status_code == 200
-    gpu, gpus, provider, _region, _nodes = option.group(1).split("|")
+    gpu, gpus, provider, _region, _nodes, _node_size = option.group(1).split("|")
     assert f"{gpus} x {gpu}" in quote.text and provider in quote.text
     assert "Valid until" in quote.text and "Ada Lovelace" in quote.text
     # The quote costs what the table shows for that setup, to the cent.
