@@ -73,6 +73,11 @@ class Constraints(ClosedModel):
         wanted = {r.strip().lower() for r in self.regions}
         return region.strip().lower() in wanted or (bool(country.strip()) and country.strip().lower() in wanted)
 
+    @property
+    def restart_s(self) -> float | None:
+        """``restart_minutes`` in seconds (None: the offer's start-up plus the download)."""
+        return None if self.restart_minutes is None else self.restart_minutes * 60.0
+
     def allows_provider(self, provider: str) -> bool:
         """Whether the user allows this provider (no providers given allows all)."""
         return not self.providers or provider.strip().lower() in {p.strip().lower() for p in self.providers}

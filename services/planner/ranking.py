@@ -55,7 +55,7 @@ def price_setup(ctx: PlanContext, offer_index: int, offer: Offer, setup: Setup) 
         checkpoint_write_s=sizes.checkpoint_write_s,
     )
     c = ctx.constraints
-    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    restart_s = c.restart_s
     on_demand = run_cost(offer, shape, "on_demand", restart_s=restart_s)
     spot: RunCost | None = None
     if offer.spot_usd_per_hour is not None and c.spot_allowed:

@@ -461,7 +461,7 @@ def _full_prices(
         sizes.final_upload_bytes,
         sizes.checkpoint_write_s,
     )
-    restart_s = None if c.restart_minutes is None else c.restart_minutes * 60.0
+    restart_s = c.restart_s
     cost, hours = run_costs(columns, gpus, nodes, training, shape, "on_demand", restart_s=restart_s)
     if has.any():
         spot_cost, spot_hours = run_costs(

@@ -486,7 +486,7 @@ def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
     key = (s.layout, s.training_s)
     hours = ctx.memo.deadline_hours.get(key)
     if hours is None:
-        sizes, restart = ctx.sizes, ctx.constraints.restart_minutes
+        sizes = ctx.sizes
         shape = RunShape(
             s.layout.gpus,
             s.layout.nodes,
@@ -496,6 +496,6 @@ def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
             sizes.final_upload_bytes,
             sizes.checkpoint_write_s,
         )
-        cost = run_cost(offer, shape, "on_demand", restart_s=None if restart is None else restart * 60.0)
+        cost = run_cost(offer, shape, "on_demand", restart_s=ctx.constraints.restart_s)
         hours = ctx.memo.deadline_hours[key] = cost.hours
     return hours <= deadline

@@ -263,10 +263,9 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
             )
     for s in stored:
         same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
-        node_gpus = rec.offer_gpus_per_node
         if (
             same
-            and _same_offer(s, rec.provider, rec.region, node_gpus)
+            and _same_offer(s, rec.provider, rec.region, rec.offer_gpus_per_node)
             and s.expected_cost_usd != rec.expected_cost_usd
         ):
             raise Conflict(

@@ -449,18 +449,13 @@ def test_a_mean_example_longer_than_seq_len_is_warned_as_the_estimate_notes_it()
     assert not any("cut to it" in w for w in plan_setups(packed).warnings)
 
 
-def _offer(provider: str, price: float) -> Offer:
-    return Offer(
-        provider=provider, gpu="A100 80GB", gpus_per_node=1, on_demand_usd_per_hour=price, spot_usd_per_hour=None,
-        currency="USD", region="r", country="", interconnect="NVLink", fetched_at="2026-11-01", source="test",
-    )  # fmt: skip
-
-
 def test_a_tie_to_the_cent_goes_to_the_lower_price_whatever_the_catalog_order() -> None:
     """A planner probe of stop 49: two offers 0.0001 USD an hour apart tie to the cent, and the catalog's order
     decided which came first."""
     plan = make_plan(method="qlora", data={"examples": 100, "avg_tokens_per_example": 512, "epochs": 1})
-    offers = [_offer("pricier", 2.0001), _offer("cheaper", 2.0)]
+    offers = [
+        offer("A100 80GB", p, provider=name, gpus_per_node=1) for name, p in (("pricier", 2.0001), ("cheaper", 2.0))
+    ]
     for catalog in (offers, offers[::-1]):
         first = plan_setups(plan, catalog, constraints=Constraints(prefer_simpler_within=0.0)).recommendations[0]
         assert first.provider == "cheaper"
@@ -476,11 +471,7 @@ def test_a_deadline_single_nodes_miss_on_start_up_and_download_searches_more_nod
         seq_len=2048,
         data={"examples": 200_000, "avg_tokens_per_example": 512, "epochs": 1},
     )
-    node = Offer(
-        provider="net", gpu="H100 SXM", gpus_per_node=8, on_demand_usd_per_hour=3.0, spot_usd_per_hour=None,
-        currency="USD", region="r", country="", interconnect="NVLink", fetched_at="2026-11-01", source="test",
-        whole_nodes_only=True, inter_node_gbit_per_s=3200.0,
-    )  # fmt: skip
+    node = offer("H100 SXM", 3.0, provider="net", whole_nodes_only=True, inter_node_gbit_per_s=3200.0)
     loose = plan_setups(plan, [node], constraints=Constraints(prefer_simpler_within=0.0))
     one_node = next(r for r in loose.recommendations if r.gpus == 8)
     deadline = 0.8295
