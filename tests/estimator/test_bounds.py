@@ -94,6 +94,7 @@ def test_qwen_moe_sparse_layers_are_counted_without_a_loop_over_layers() -> None
         # Zero sizes a fuzzing pass saw estimated as if real (stop 49).
         ({"vocab_size": 0}, "model.config.vocab_size"),
         ({"head_dim": 0}, "model.config.head_dim"),
+        ({"intermediate_size": 0}, "model.config.intermediate_size"),
     ],
 )
 def test_sizes_over_any_real_model_are_refused_naming_the_field(change: dict[str, int], field: str) -> None:
