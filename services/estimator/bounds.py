@@ -86,8 +86,10 @@ CONFIG_FIELDS: dict[str, Bound] = {
 # published dense model has one; zero would drop two thirds of its weights): zero is refused. The MoE widths may
 # be absent or zero (no shared expert), so they are not here.
 POSITIVE_FIELDS = frozenset(
-    ("num_attention_heads", "n_head", "num_heads", "n_heads", "patch_size", "hidden_size", "n_embd", "d_model")
-    + ("intermediate_size", "d_ff", "ffn_hidden_size", "ffn_dim")
+    (
+        *("num_attention_heads", "n_head", "num_heads", "n_heads", "patch_size", "hidden_size", "n_embd", "d_model"),
+        *("intermediate_size", "d_ff", "ffn_hidden_size", "ffn_dim"),
+    )
 )
 
 

@@ -28,8 +28,8 @@ from services.planner.models import PricingMode
 from services.planner.scan import EntryKey, Scan
 
 CENT = 0.005
-# An entry the simpler-first rule moves up passes at most this many others in a chain (8 GPUs spot -> 1 GPU spot
-# -> 1 GPU on demand -> ...): the pruning keeps entries up to kth / (1 - tolerance) ** this.
+# The chain of entries the simpler-first rule moves up (8 GPUs spot -> 1 GPU spot -> 1 GPU on demand -> ...) that
+# the pruning first assumes: it keeps entries up to kth / (1 - tolerance) ** this, then checks (rank_entries).
 SIMPLER_CHAIN = 3
 # An offload setup slower than this share of the first GPU-only setup says so first.
 SLOW_SHARE = 0.25
@@ -91,16 +91,37 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
     """The priced entries that meet the constraints, in rank order, as far as the planner reads them (the first
     ``top_n``, then each other card's first: ``prefer_simpler``).
 
+    Entries are priced in bound order as far as ``_priced_entries`` needs, assuming a simpler-first chain of at most
+    SIMPLER_CHAIN steps. The top N is then checked against what was left unpriced: an entry left out could change
+    it only by being cheaper than one of the top N or by holding one back (a simpler entry within the tolerance of
+    it), so where every entry of the top N costs less than ``1 - tolerance`` times the least bound left out, it is
+    the top N of the whole ranking. Where it does not (a longer chain: a planner probe of stop 49 found the first
+    pick changing with ``top_n``), more is priced until it does."""
+    tolerance = ctx.constraints.prefer_simpler_within
+    for chain in (SIMPLER_CHAIN, 2 * SIMPLER_CHAIN, None):
+        entries, left_out = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
+        ranked = prefer_simpler(entries, tolerance, top_n)
+        if all(e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * left_out for e in ranked[:top_n]):
+            break
+    return ranked
+
+
+def _priced_entries(
+    ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, widen: float
+) -> tuple[list[Entry], float]:
+    """The entries that meet the constraints among those priced in full, in cost order, and the least bound of
+    those left unpriced (infinity: none).
+
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
-    its card's first entry: both the N-th and the card's cheapest cost widened by ``_widening``, since a simpler
+    its card's first entry: both the N-th and the card's cheapest cost widened by ``widen``, since a simpler
     setup within the tolerance ranks first (a card's cheapest alone left its simpler setups unpriced, and
     best_per_gpu named a dearer, more complex one). Both limits only fall as entries are taken and bounds only
     rise, so a card's first entry left out closes the card: its later entries are never put in order (the
-    per-card orders are merged)."""
+    per-card orders are merged), and the first entry left out has the least bound of all those left out."""
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
-    widen = _widening(ctx.constraints.prefer_simpler_within)
+    left_out = math.inf
     cards = len(scan.fitting_cards)
     heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
@@ -114,9 +135,11 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
         bound, _, _, _, index, position, spot = key
         kth = -top[0] * widen if len(top) >= top_n else math.inf
         if bound > kth + CENT and len(card_best) == cards and all(bound > v * widen + CENT for v in card_best.values()):
+            left_out = min(left_out, bound)
             break
         best = card_best.get(card, math.inf)
         if bound > kth + CENT and bound > best * widen + CENT:
+            left_out = min(left_out, bound)
             continue  # the card is closed
         following = next(ordered, None)
         if following is not None:
@@ -136,14 +159,15 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
             heapq.heapreplace(top, -value)
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
-    return prefer_simpler(entries, ctx.constraints.prefer_simpler_within, top_n)
+    return entries, left_out
 
 
-def _widening(tolerance: float) -> float:
-    """How far past the N-th cheapest cost an entry may still be moved into the top N by the simpler-first rule."""
-    if tolerance >= 1.0:
+def _widening(tolerance: float, chain: int | None) -> float:
+    """How far past the N-th cheapest cost an entry may still be moved into the top N by the simpler-first rule
+    in a chain of ``chain`` steps (None: any number)."""
+    if tolerance >= 1.0 or chain is None:
         return math.inf
-    return float((1.0 / (1.0 - tolerance)) ** SIMPLER_CHAIN)
+    return float((1.0 / (1.0 - tolerance)) ** chain)
 
 
 def complexity(e: Entry) -> tuple[int, int, int, int]:

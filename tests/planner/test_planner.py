@@ -505,3 +505,41 @@ def test_best_per_gpu_is_each_cards_first_entry_of_the_whole_ranking(fields: dic
         (r.gpu, r.gpus, r.pricing, r.expected_cost_usd) for r in (first[b.gpu] for b in shown)
     ]
     assert {r.gpu for r in shown} == set(first)
+
+
+def test_the_top_n_is_the_whole_rankings_where_the_simpler_first_rule_chains_four_setups() -> None:
+    """A planner probe of stop 49: 1 GPU on demand, 1 GPU spot, 2, 4 and 8 GPUs spot, each about 8% cheaper than the
+    one before (within the 10% tolerance), so each holds the next back and the dearest, simplest one ranks first. The
+    pruning assumed a chain of at most three steps and never priced it at top_n=10: the first pick was 1 GPU spot
+    there and 1 GPU on demand at top_n=1000."""
+    plan = plan_for("qlora", data={"examples": 20_000, "avg_tokens_per_example": 512, "epochs": 1})
+    constraints = Constraints(preemptions_per_hour=0.0)
+
+    def priced_for(target_usd: float, gpus: int, spot: bool, provider: str) -> Offer:
+        """An A100 80GB node of ``gpus`` GPUs whose whole job costs about ``target_usd`` on the pricing asked (on spot,
+        on demand at five times the spot price): a job's cost is its price times what it bills, so one plan at a
+        unit price gives the price."""
+        shape = {"provider": provider, "gpus_per_node": gpus, "whole_nodes_only": gpus > 1}
+        unit = offer("A100 80GB", 5.0, 1.0, **shape) if spot else offer("A100 80GB", 1.0, **shape)
+        pricing = "spot" if spot else "on_demand"
+        found = plan_setups(plan, [unit], constraints=constraints, top_n=100).recommendations
+        cost = next(r.expected_cost_usd for r in found if r.pricing == pricing and r.gpus == gpus)
+        price = round(target_usd / cost, 4)
+        return offer("A100 80GB", 5 * price, price, **shape) if spot else offer("A100 80GB", price, **shape)
+
+    offers = [
+        priced_for(100.0, 1, False, "a"),
+        priced_for(92.0, 1, True, "b"),
+        priced_for(84.6, 2, True, "c"),
+        priced_for(77.9, 4, True, "d"),
+        *(priced_for(71.7 + 0.01 * i, 8, True, f"e{i}") for i in range(12)),
+    ]
+    whole = plan_setups(plan, offers, constraints=constraints, top_n=100_000).recommendations
+    # The chain is there: the first pick is the simplest and dearest setup, and the cheapest is 8 GPUs on spot.
+    assert (whole[0].provider, whole[0].gpus, whole[0].pricing) == ("a", 1, "on_demand")
+    assert min(whole, key=lambda r: r.expected_cost_usd).gpus == 8
+    for top_n in (1, 3, 10):
+        shown = plan_setups(plan, offers, constraints=constraints, top_n=top_n).recommendations
+        assert [(r.provider, r.gpus, r.pricing) for r in shown] == [(r.provider, r.gpus, r.pricing) for r in whole][
+            :top_n
+        ]
