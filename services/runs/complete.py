@@ -7,7 +7,12 @@ never uploaded as durable, never the latest, and counted as unsynced. The rules,
 - HF Trainer (transformers ``Trainer._save_checkpoint``): weights, optimizer, scheduler, scaler, RNG
   state, then ``trainer_state.json`` last. Under DeepSpeed the optimizer step is the engine's
   ``save_checkpoint(checkpoint-N)``, which leaves ``global_stepN/`` and ``latest`` inside it, still
-  before ``trainer_state.json``.
+  before ``trainer_state.json``. What a save always leaves is checked too, so a checkpoint that lost a file
+  after it was written (a rotation or a cleanup under way) is not complete, whoever looks at it: weights
+  (``model.safetensors``, ``pytorch_model.bin``, their sharded indexes with every shard they name, PEFT's
+  ``adapter_model.*`` with its ``adapter_config.json``, FSDP's ``pytorch_model_fsdp_*``, or DeepSpeed's
+  tag), and the optimizer and scheduler states as a pair: ``Trainer._load_optimizer_and_scheduler`` loads
+  them only when both files are there, so a resume from one without the other starts a fresh optimizer.
 - DeepSpeed alone (``DeepSpeedEngine.save_checkpoint``): ``<dir>/global_stepN/`` holds the shards;
   ``<dir>/latest`` (the tag) is written after every shard. A tag older than the one ``latest`` names
   was finished before the newer save began.
@@ -154,7 +159,45 @@ def _hf_trainer(directory: Path) -> Completeness:
         tag = _latest_tag(directory)  # the Trainer under DeepSpeed: the engine's tag file came before
         if tag is None or not (directory / tag).is_dir():
             return Completeness(False, "hf-trainer", f"DeepSpeed shards without a '{DEEPSPEED_LATEST}' naming them")
+    missing = _hf_missing(directory)
+    if missing is not None:
+        return Completeness(False, "hf-trainer", missing)
     return _marker_rule(directory, [HF_STATE], "hf-trainer")
+
+
+# transformers' file names (utils/__init__.py, trainer.py; peft's utils/constants.py).
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+HF_OPTIMIZER = ("optimizer.pt", "optimizer.bin")  # the second: FSDP's full optimizer state (save_fsdp_optimizer)
+HF_SCHEDULER = "scheduler.pt"
+_FSDP_SHARDED = re.compile(r"^(pytorch_model|optimizer)_fsdp_\d+$|^optimizer_\d+$")
+
+
+def _hf_missing(directory: Path) -> str | None:
+    """What a Trainer checkpoint lacks of what every save writes (None: nothing): the weights, the shards its index
+    names, the adapter's config, or one of the optimizer and scheduler states without the other."""
+    names = {p.name for p in directory.iterdir()}
+    deepspeed = any(_GLOBAL_STEP.match(n) for n in names)
+    sharded = any(_FSDP_SHARDED.match(n) for n in names)
+    for index in HF_INDEXES:
+        if index in names:
+            try:
+                shards = set(json.loads((directory / index).read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+                return f"{index} unreadable ({exc})"
+            missing = sorted(str(s) for s in shards if not (directory / str(s)).is_file())
+            if missing:
+                return f"shards {index} names are missing: {missing[:3]}"
+    if not (deepspeed or sharded or names & {*HF_WEIGHTS, *HF_INDEXES}):
+        return f"no model weights ({', '.join(HF_WEIGHTS)} or a sharded index): the Trainer writes them first"
+    if names & {"adapter_model.safetensors", "adapter_model.bin"} and "adapter_config.json" not in names:
+        return "adapter_config.json (PEFT writes it with the adapter) missing"
+    optimizer = deepspeed or sharded or bool(names & set(HF_OPTIMIZER))
+    if HF_SCHEDULER in names and not optimizer:
+        return f"{HF_SCHEDULER} without {HF_OPTIMIZER[0]}: the Trainer loads them together or not at all"
+    if names & set(HF_OPTIMIZER) and HF_SCHEDULER not in names and not deepspeed:
+        return f"{HF_OPTIMIZER[0]} without {HF_SCHEDULER}: the Trainer loads them together or not at all"
+    return None
 
 
 def _deepspeed(directory: Path, step: int) -> Completeness:

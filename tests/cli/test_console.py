@@ -446,7 +446,7 @@ def test_agent_sync_and_restore(service: Service, tmp_path: Path) -> None:
     assert "step 300: durable" in synced.stdout
     restored = gpuplan("restore", *run_args, "--to", str(tmp_path / "back"), env=service.env)
     assert restored.returncode == 0, restored.stderr
-    assert "step 300: 4 files" in restored.stdout
+    assert "step 300: 5 files" in restored.stdout
     back = tmp_path / "back" / "checkpoint-300"
     assert (back / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
     _one_error_line(gpuplan("restore", *run_args, "--to", str(tmp_path / "x"), "--step", "7", env=service.env), "7")

@@ -78,7 +78,7 @@ def run_env(tmp_path: Path, s3_settings: Settings) -> Iterator[RunEnv]:
 
 def make_checkpoint(root: Path, step: int, big_bytes: int, seed: int, settled: bool = True) -> Path:
     """An HF-Trainer-like checkpoint: a large sparse safetensors weights file with random blocks (a valid
-    header: services/runs/complete.py checks its length), an optimizer state file, a nested file, and
+    header: services/runs/complete.py checks its length), the optimizer and scheduler states, a nested file, and
     ``trainer_state.json`` written last (what makes it complete). Old mtimes make it settled."""
     rng = random.Random(seed)
     directory = root / f"checkpoint-{step}"
@@ -96,6 +96,7 @@ def make_checkpoint(root: Path, step: int, big_bytes: int, seed: int, settled: b
             fh.write(rng.randbytes(65536))
         fh.truncate(big_bytes)
     (directory / "optimizer.pt").write_bytes(rng.randbytes(300_000))
+    (directory / "scheduler.pt").write_bytes(rng.randbytes(1000))  # the Trainer loads it with optimizer.pt or neither
     (directory / "nested").mkdir()
     (directory / "nested" / "rng_state.bin").write_bytes(rng.randbytes(1000))
     (directory / "trainer_state.json").write_text(f'{{"global_step": {step}, "log_history": []}}')

@@ -41,7 +41,7 @@ def test_sync_then_restore_best_and_latest(
     assert "nothing new to sync" in capsys.readouterr().out
 
     assert main(["restore", *connect, "--to", str(tmp_path / "best"), "--best"]) == 0
-    assert "step 100: 5 files" in capsys.readouterr().out
+    assert "step 100: 6 files" in capsys.readouterr().out
     restored = tmp_path / "best" / "checkpoint-100" / "model.safetensors"
     assert _sha(restored) == _sha(out / "checkpoint-100" / "model.safetensors")
     assert main(["restore", *connect, "--to", str(tmp_path / "latest")]) == 0

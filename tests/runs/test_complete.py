@@ -415,6 +415,42 @@ def test_a_rewrite_in_place_is_in_progress_until_the_marker_is_written_again(tmp
     assert ".complete" in completeness(unknown, 9).reason  # no marker: the error names the options
 
 
+SHARD = "model-00001-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(
+    ("added", "removed", "reason"),
+    [
+        ((), "optimizer.pt", "scheduler.pt without optimizer.pt"),
+        ((), "scheduler.pt", "optimizer.pt without scheduler.pt"),
+        ((), "model.safetensors", "no model weights"),
+        (("model.safetensors.index.json", SHARD), SHARD, "shards model.safetensors.index.json names"),
+        (("adapter_model.safetensors", "adapter_config.json"), "adapter_config.json", "adapter_config.json"),
+    ],
+)
+def test_a_trainer_checkpoint_missing_what_every_save_writes_is_not_complete_whoever_looks(
+    tmp_path: Path, added: tuple[str, ...], removed: str, reason: str
+) -> None:
+    """A checkpoint that lost a file after its trainer_state.json (a rotation under way, a cleanup) read complete to
+    an agent that had not seen it whole before (a restart): a resume from it starts a fresh optimizer or fails. What
+    transformers' Trainer always writes is now required, whatever the agent remembers (a lifecycle probe of stop
+    49)."""
+    disk = Disk(tmp_path)
+    files = {
+        "model.safetensors.index.json": f'{{"weight_map": {{"w": "{SHARD}"}}}}'.encode(),
+        SHARD: _st(10, 1),
+        "adapter_model.safetensors": _st(10, 2),
+        "adapter_config.json": b'{"r": 8, "peft_type": "LORA"}',
+    }
+    for relative, data in [*_hf(700)[:-1], *((f"checkpoint-700/{n}", files[n]) for n in added), _hf(700)[-1]]:
+        disk.write(relative, data)  # trainer_state.json last
+    directory = tmp_path / "checkpoint-700"
+    assert completeness(directory, 700).complete
+    (directory / removed).unlink()
+    state = completeness(directory, 700)
+    assert not state.complete and reason in state.reason, state.reason
+
+
 def test_local_files_changed_after_the_upload_are_reported_and_never_uploaded_over(
     run_env: RunEnv, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -57,7 +57,12 @@ def test_a_file_that_vanishes_mid_upload_never_lets_the_checkpoint_become_durabl
     assert not result.uploaded and "vanished while it was uploaded" in result.in_progress[100]
     monkeypatch.setattr(sync, "upload_file", real)
     again = sync_pass(s3, bucket, prefix, env.run_id, directory.parent, env.api, OPTIONS)
-    assert not again.uploaded and "lost optimizer.pt since it was complete" in again.in_progress[100]
+    assert not again.uploaded and "scheduler.pt without optimizer.pt" in again.in_progress[100]
+    # An agent restarted in between (its memory of the complete directory gone) refuses it too: the Trainer's
+    # optimizer and scheduler states come as a pair (services/runs/complete.py).
+    monkeypatch.setattr(sync, "_COMPLETE_FILES", {})
+    restarted = sync_pass(s3, bucket, prefix, env.run_id, directory.parent, env.api, OPTIONS)
+    assert not restarted.uploaded and "scheduler.pt without optimizer.pt" in restarted.in_progress[100]
     assert read_manifest(s3, bucket, prefix, 100) is None and env.run()["last_durable_step"] is None
 
 
