@@ -52,6 +52,7 @@ class RunSync:
     failing_since: datetime | None = None  # the first failed pass of the current streak
     in_progress: dict[int, str] = field(default_factory=dict)  # from the last pass: not complete yet
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable steps whose local files changed
+    lost: dict[int, str] = field(default_factory=dict)  # durable steps whose objects the bucket lost for good
 
     def pass_once(self, control: ControlPlane, final: bool = False) -> SyncResult:
         result = sync_pass(
@@ -69,7 +70,9 @@ class RunSync:
         for step, files in result.changed.items():
             if self.changed.get(step) != files:
                 log.warning("checkpoint step %d changed locally after it was made durable: %s", step, files)
-        self.in_progress, self.changed = dict(result.in_progress), dict(result.changed)
+        for step, files in result.repaired.items():
+            log.warning("checkpoint step %d: the bucket had lost %s; put back from the local copy", step, files)
+        self.in_progress, self.changed, self.lost = dict(result.in_progress), dict(result.changed), dict(result.lost)
         return result
 
     def _unsynced_steps(self) -> set[int]:
@@ -102,9 +105,12 @@ class RunSync:
             self.failing_since = at or datetime.now(UTC)
 
     def succeeded(self) -> None:
-        """A pass ended without an error. Durable steps whose local files changed are still reported as the sync's
-        error (an alert once it lasts): those files are never uploaded over the durable copy, so only a person can
-        save them (resume into a new output directory, or a new run)."""
+        """A pass ended without an error. Durable steps the bucket lost for good, and those whose local files
+        changed, are still reported as the sync's error (an alert once it lasts): only a person can act on them
+        (restore an older step; resume into a new output directory, or a new run)."""
+        if self.lost:
+            self.failed("; ".join(self.lost[step] for step in sorted(self.lost)))
+            return
         if self.changed:
             steps = ", ".join(str(step) for step in sorted(self.changed))
             self.failed(

@@ -171,6 +171,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
                     "changed": {str(k): v for k, v in result.changed.items()},
                     "superseded": result.superseded,
                     "deleted": result.deleted,
+                    "repaired": {str(k): v for k, v in result.repaired.items()},
+                    "lost": {str(k): v for k, v in result.lost.items()},
                 }
             )
         )
@@ -190,9 +192,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
                   "the bucket keeps the verified upload")  # fmt: skip
         if result.deleted:
             print(f"retention deleted from the bucket: steps {result.deleted}")
-        if not uploaded:
+        for step, files in result.repaired.items():
+            print(f"step {step}: the bucket had lost {', '.join(files[:5])}; put back from the local copy")
+        if not uploaded and not result.repaired:
             print("nothing new to sync")
-    return 0
+    for reason in result.lost.values():
+        print(f"gpuplan sync: {reason}", file=sys.stderr)
+    return 1 if result.lost else 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

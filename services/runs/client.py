@@ -20,6 +20,7 @@ class RunApi:
         self.client = client
         self.headers = {"Authorization": f"Bearer {key}"}
         self.run_id = run_id
+        self._recorded: dict[int, dict[str, Any]] = {}
 
     def _call(
         self, method: str, path: str, body: dict[str, Any] | None = None, extra_headers: dict[str, str] | None = None
@@ -46,6 +47,8 @@ class RunApi:
 
     def done_steps(self) -> tuple[set[int], set[int]]:
         checkpoints = self.run()["checkpoints"]
+        # What durable_manifest answers later in the same pass without asking again.
+        self._recorded = {int(c["step"]): c["manifest"] for c in checkpoints if c["status"] == "durable"}
         durable = {int(c["step"]) for c in checkpoints if c["status"] == "durable"}
         return durable, {int(c["step"]) for c in checkpoints if c["status"] == "deleted"}
 
@@ -56,6 +59,12 @@ class RunApi:
 
     def report_deleted(self, step: int) -> None:
         self._call("POST", f"/v1/runs/{self.run_id}/checkpoints/{step}/deleted")
+
+    def durable_manifest(self, step: int) -> Manifest | None:
+        if step not in self._recorded:
+            self.done_steps()
+        recorded = self._recorded.get(step)
+        return None if recorded is None else Manifest.model_validate(recorded)
 
     def choose(self, step: int | None, best: bool) -> Manifest:
         """The manifest to restore: a given step, the best by metric, or the last durable one."""

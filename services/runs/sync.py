@@ -38,6 +38,7 @@ complete is being deleted, and is never made durable by this process.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -112,6 +113,10 @@ class ControlPlane(Protocol):
 
     def report_deleted(self, step: int) -> None: ...
 
+    def durable_manifest(self, step: int) -> Manifest | None:
+        """The manifest the API recorded for a durable step (None: none), what the bucket must hold for it."""
+        ...
+
 
 class BucketOnly:
     """A control plane stand-in for when the API is unreachable (the node-side guard's final sync):
@@ -131,6 +136,9 @@ class BucketOnly:
     def report_deleted(self, step: int) -> None:
         return None
 
+    def durable_manifest(self, step: int) -> Manifest | None:
+        return read_manifest(self._s3, self._bucket, self._prefix, step)
+
 
 @dataclass
 class SyncResult:
@@ -141,6 +149,8 @@ class SyncResult:
     deleted: list[int] = field(default_factory=list)
     in_progress: dict[int, str] = field(default_factory=dict)  # not complete yet: step -> what it waits for
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable, but these local files changed since
+    repaired: dict[int, list[str]] = field(default_factory=dict)  # durable, these lost objects put back from local
+    lost: dict[int, str] = field(default_factory=dict)  # durable, but the bucket lost objects no local copy restores
 
 
 class CheckpointChanged(Exception):
@@ -657,6 +667,9 @@ def sync_pass(
             to_delete = control.report_durable(upload.manifest, rate)
         durable.add(step)
         apply_retention(to_delete)
+    if durable and max(durable) not in {u.manifest.step for u in result.uploaded}:
+        newest = max(durable)
+        _audit(s3, bucket, run_prefix, newest, dict(local).get(newest), control, options, result)
     # Interrupted uploads older than the newest durable checkpoint that no local directory will finish;
     # looked for only when this pass made a checkpoint durable (listing the run's prefix is not free).
     if result.uploaded or result.deleted:
@@ -669,6 +682,55 @@ def sync_pass(
             ):
                 delete_checkpoint(s3, bucket, run_prefix, orphan)
     return result
+
+
+def _audit(
+    s3: Any,
+    bucket: str,
+    run_prefix: str,
+    step: int,
+    directory: Path | None,
+    control: ControlPlane,
+    options: SyncOptions,
+    result: SyncResult,
+) -> None:
+    """Whether the bucket still holds the newest durable checkpoint (the one a resume takes) as the API recorded it,
+    by one listing of its prefix: a bucket wiped, or a lifecycle rule that expired its objects, left the API calling
+    it durable and nothing uploading it again (a lifecycle probe of stop 49). Objects lost are put back from the
+    local copy where it still has them with the recorded SHA-256 (``result.repaired``); else the step is reported
+    ``result.lost``, which the agent raises as its sync error."""
+    recorded = control.durable_manifest(step)
+    if recorded is None:
+        return
+    base = step_prefix(run_prefix, step)
+    stored: dict[str, int] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base + "/"):
+        stored.update((o["Key"], int(o["Size"])) for o in page.get("Contents", []))
+    wanted = [(f"{base}/{f.path}", f, directory) for f in recorded.files]
+    root = directory.parent if directory is not None else None
+    wanted += [(f"{base}/{BESIDE_PREFIX}/{f.path}", f, root) for f in recorded.beside]
+    gone = [(key, f, where) for key, f, where in wanted if stored.get(key) != f.size]
+    if not gone and f"{base}/{MANIFEST_NAME}" in stored:
+        return
+    put_back: list[str] = []
+    for key, f, where in gone:
+        path = where / f.path if where is not None else None
+        if path is None or not path.is_file() or path.stat().st_size != f.size or _sha256(path) != f.sha256:
+            result.lost[step] = (
+                f"the bucket lost {key.rsplit('/', 1)[-1] if len(gone) == 1 else f'{len(gone)} files'} of durable "
+                f"step {step} (s3://{bucket}/{base}/) and no local copy with the recorded SHA-256 is left to put back: "
+                "the API still lists it durable; restore an older step"
+            )
+            log.error("step %d: %s", step, result.lost[step])
+            return
+        if upload_file(s3, bucket, key, path, options).sha256 != f.sha256:
+            result.lost[step] = f"step {step}: {f.path} changed while it was put back into the bucket"
+            return
+        put_back.append(f.path)
+    with contextlib.suppress(DurableElsewhere):  # the manifest is still there, or another agent put it back first
+        write_manifest(s3, bucket, run_prefix, recorded, create=True)
+    result.repaired[step] = put_back = put_back or [MANIFEST_NAME]
+    log.warning("step %d: the bucket had lost %s; put back from the local copy", step, ", ".join(put_back[:5]))
 
 
 def _quiet(s3: Any, bucket: str, prefix: str, seconds: float) -> bool:
