@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.main import main
+from services.storage.s3 import make_s3_client
 from tests.conftest import S3_TEST_CREDENTIALS
 from tests.runs.conftest import RunEnv, make_checkpoint
 
@@ -75,3 +76,35 @@ def test_an_unreachable_service_is_one_line(capsys: pytest.CaptureFixture[str], 
     assert main(["sync", "--api", "http://127.0.0.1:1", "--key", "k", "--run", "r", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "unreachable" in err and "\n" not in err
+
+
+def test_a_bucket_that_lost_the_newest_durable_checkpoint_is_refilled_from_the_node_or_reported(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lifecycle probe of stop 49: the bucket's objects of a durable step vanished (a wiped store, a lifecycle rule),
+    the API still called it durable, and no pass uploaded the intact local copy again, so a restore had nothing to
+    take. Each pass now lists the newest durable step's objects against the API's record of it."""
+    out = tmp_path / "out"
+    directory = make_checkpoint(out, 100, 6 * 2**20, seed=5)
+    connect = ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--part-mib", "5"]) == 0
+    assert "step 100: durable" in capsys.readouterr().out
+    s3, bucket, prefix = make_s3_client(run_env.s3), run_env.s3.s3_bucket or "", run_env.run()["prefix"]
+
+    def wipe() -> None:
+        for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:
+            s3.delete_object(Bucket=bucket, Key=item["Key"])
+
+    wipe()
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "step 100: the bucket had lost" in printed and "model.safetensors" in printed, printed
+    assert main(["restore", *connect, "--to", str(tmp_path / "back")]) == 0
+    assert _sha(tmp_path / "back" / "checkpoint-100" / "model.safetensors") == _sha(directory / "model.safetensors")
+    # Lost again, and the node's copy changed since: nothing to put back, so one line and a failing exit.
+    wipe()
+    (directory / "optimizer.pt").write_bytes(b"another state")
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "the bucket lost" in captured.err and "step 100" in captured.err
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 1  # until a person acts

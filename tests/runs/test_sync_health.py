@@ -181,3 +181,28 @@ def test_sync_alert_thresholds_are_settings() -> None:
 
     policy = sync_alert_policy(Settings(node_sync_alert_s=120, node_unsynced_alert_s=900))
     assert policy == SyncAlertPolicy(failing_s=120, unsynced_s=900)
+
+
+def test_a_durable_checkpoint_the_bucket_lost_for_good_is_the_agents_sync_error(
+    run_env: RunEnv, tmp_path: Path
+) -> None:
+    """The bucket lost the newest durable step and the node no longer has it: the pass cannot put it back, and the
+    agent reports it as its sync error (an alert once it lasts) instead of a clean pass."""
+    env = run_env
+    root = tmp_path / "out"
+    directory = make_checkpoint(root, 100, 2 * 2**20, seed=1)
+    run = env.run()
+    s3 = make_s3_client(env.s3)
+    sync = RunSync(env.api, s3, run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600)
+    assert [u.manifest.step for u in sync.pass_once(env.api).uploaded] == [100]
+    sync.succeeded()
+    assert sync.last_error is None
+    for item in s3.list_objects_v2(Bucket=run["bucket"], Prefix=run["prefix"])["Contents"]:
+        if item["Key"].endswith("/model.safetensors"):
+            s3.delete_object(Bucket=run["bucket"], Key=item["Key"])
+    (directory / "model.safetensors").unlink()
+    result = sync.pass_once(env.api)
+    assert result.lost and not result.repaired
+    sync.succeeded()
+    assert sync.last_error is not None and "the bucket lost model.safetensors of durable step 100" in sync.last_error
+    assert sync.failing_since is not None
