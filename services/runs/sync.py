@@ -717,14 +717,14 @@ def _audit(
         path = where / f.path if where is not None else None
         if path is None or not path.is_file() or path.stat().st_size != f.size or _sha256(path) != f.sha256:
             result.lost[step] = (
-                f"the bucket lost {key.rsplit('/', 1)[-1] if len(gone) == 1 else f'{len(gone)} files'} of durable "
+                f"the bucket lost {gone[0][1].path if len(gone) == 1 else f'{len(gone)} files'} of durable "
                 f"step {step} (s3://{bucket}/{base}/) and no local copy with the recorded SHA-256 is left to put back: "
                 "the API still lists it durable; restore an older step"
             )
             log.error("step %d: %s", step, result.lost[step])
             return
         if upload_file(s3, bucket, key, path, options).sha256 != f.sha256:
-            result.lost[step] = f"step {step}: {f.path} changed while it was put back into the bucket"
+            result.lost[step] = f"{f.path} of durable step {step} changed while it was put back; the next pass retries"
             return
         put_back.append(f.path)
     with contextlib.suppress(DurableElsewhere):  # the manifest is still there, or another agent put it back first
