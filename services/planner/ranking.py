@@ -101,7 +101,9 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> li
     for chain in (SIMPLER_CHAIN, 2 * SIMPLER_CHAIN, None):
         entries, left_out = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
         ranked = prefer_simpler(entries, tolerance, top_n)
-        if all(e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * left_out for e in ranked[:top_n]):
+        if left_out == math.inf or all(
+            e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * left_out for e in ranked[:top_n]
+        ):
             break
     return ranked
 

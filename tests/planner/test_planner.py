@@ -543,3 +543,21 @@ def test_the_top_n_is_the_whole_rankings_where_the_simpler_first_rule_chains_fou
         assert [(r.provider, r.gpus, r.pricing) for r in shown] == [(r.provider, r.gpus, r.pricing) for r in whole][
             :top_n
         ]
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.1, 1.0])
+def test_an_ordinary_ranking_prices_its_entries_in_one_pass(monkeypatch: pytest.MonkeyPatch, tolerance: float) -> None:
+    """The top N's check passes at once over the bundled catalog, whatever the tolerance: at 1.0 (everything priced,
+    nothing left out) as well, where (1 - tolerance) times an unbounded cost is no number."""
+    from services.planner import ranking
+
+    passes: list[float] = []
+    real = ranking._priced_entries
+
+    def counted(*args: Any) -> Any:
+        passes.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(ranking, "_priced_entries", counted)
+    result = plan_setups(plan_for("qlora"), constraints=Constraints(prefer_simpler_within=tolerance))
+    assert result.recommendations and len(passes) == 1, passes
