@@ -148,8 +148,9 @@ class PlannerResult(_Out):
     plan_effective_batch_size: int
     recommendations: list[Recommendation]
     best_per_gpu: list[Recommendation] = Field(
-        description="the first-ranked qualifying setup of each card (the cheapest unless a simpler one is within "
-        "constraints.prefer_simpler_within of it), in rank order"
+        description="each card's first qualifying setup among its own (the cheapest unless a simpler setup of the "
+        "card is within constraints.prefer_simpler_within of it; other cards' setups do not hold it back), cheapest "
+        "first"
     )
     rejections: list[Rejection]
     candidates_evaluated: int = Field(description="setups whose memory was checked (offer x GPUs x config x batch)")

@@ -149,7 +149,7 @@ def plan_setups(
     if not scan.cards:
         warnings.append("no offer is left to plan on after the provider and region constraints")
     pricer = Pricer(ctx, scan)
-    entries = rank_entries(ctx, scan, pricer, top_n)
+    entries, firsts = rank_entries(ctx, scan, pricer, top_n)
     rejections = [*scan.rejections, *_rejections(ctx, scan)]
     for setups in unqualified_offers(ctx, scan):
         rejections.append(constraint_rejection(constraints, setups[0].offer, setups))
@@ -168,15 +168,12 @@ def plan_setups(
         return built[key]
 
     order = {kind: rank for rank, kind in enumerate(_REJECTION_ORDER)}
-    best_per_gpu: dict[str, Entry] = {}
-    for e in entries:
-        best_per_gpu.setdefault(e.candidate.spec.name, e)
     return PlannerResult(
         model=name,
         total_tokens=total_tokens,
         plan_effective_batch_size=ctx.effective_batch_size,
         recommendations=[recommend(e) for e in entries[:top_n]],
-        best_per_gpu=[recommend(e) for e in best_per_gpu.values()],
+        best_per_gpu=[recommend(e) for e in firsts],
         rejections=sorted(rejections, key=lambda r: (order[r.kind], r.gpu, r.provider or "")),
         candidates_evaluated=ctx.evaluator.memory_probes,
         warnings=warnings,

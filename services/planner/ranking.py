@@ -87,32 +87,69 @@ class Pricer:
         return found
 
 
-def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> list[Entry]:
-    """The priced entries that meet the constraints, in rank order, as far as the planner reads them (the first
-    ``top_n``, then each other card's first: ``prefer_simpler``).
+def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tuple[list[Entry], list[Entry]]:
+    """The first ``top_n`` entries that meet the constraints in rank order (``prefer_simpler``), and each card's first
+    entry among its own (``card_firsts``), cheapest first.
 
     Entries are priced in bound order as far as ``_priced_entries`` needs, assuming a simpler-first chain of at most
-    SIMPLER_CHAIN steps. The top N is then checked against what was left unpriced: an entry left out could change
-    it only by being cheaper than one of the top N or by holding one back (a simpler entry within the tolerance of
+    SIMPLER_CHAIN steps, then both answers are checked against what was left unpriced. An entry left out could change
+    the top N only by being cheaper than one of it or by holding one back (a simpler entry within the tolerance of
     it), so where every entry of the top N costs less than ``1 - tolerance`` times the least bound left out, it is
-    the top N of the whole ranking. Where it does not (a longer chain: a planner probe of stop 49 found the first
-    pick changing with ``top_n``), more is priced until it does."""
+    the top N of the whole ranking; a card's first likewise against the least bound left out of that card. Where a
+    check fails (a longer chain: a planner probe of stop 49 found the first pick changing with ``top_n``), more is
+    priced until it passes."""
     tolerance = ctx.constraints.prefer_simpler_within
     for chain in (SIMPLER_CHAIN, 2 * SIMPLER_CHAIN, None):
-        entries, left_out = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
+        entries, left_out, card_left_out = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
         ranked = prefer_simpler(entries, tolerance, top_n)
-        if left_out == math.inf or all(
-            e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * left_out for e in ranked[:top_n]
-        ):
+        firsts = card_firsts(entries, tolerance)
+        settled = [(e, left_out) for e in ranked[:top_n]] + [(e, card_left_out[c]) for c, e in firsts.items()]
+        if all(b == math.inf or e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * b for e, b in settled):
             break
-    return ranked
+    return ranked, _with_notes(entries, ranked, firsts, tolerance)
+
+
+def card_firsts(entries: list[Entry], tolerance: float) -> dict[str, Entry]:
+    """Each card's first entry under the simpler-first rule among that card's own entries (``entries`` in rank order):
+    the first that is cheaper by more than ``tolerance`` than every simpler entry of its card. Other cards' setups do
+    not hold it back, so it does not depend on what else the catalog sells (``best_per_gpu``; it was the card's first
+    entry in the whole ranking, where a simpler setup of another card could hold back its cheapest one, and which
+    pricing only part of the catalog could not find exactly: a planner probe of stop 50)."""
+    by_card: dict[str, list[Entry]] = {}
+    for e in entries:
+        by_card.setdefault(e.candidate.spec.name, []).append(e)
+    firsts: dict[str, Entry] = {}
+    for card, mine in by_card.items():
+        least: dict[tuple[int, int, int, int], float] = {}  # per complexity, the least cost of the card
+        for e in mine:
+            key = complexity(e)
+            least[key] = min(least.get(key, math.inf), e.cost.expected_cost_usd)
+        for e in mine:
+            key, cost = complexity(e), e.cost.expected_cost_usd
+            if all(cost < (1.0 - tolerance) * v for k, v in least.items() if is_simpler(k, key)):
+                firsts[card] = e  # an entry of the simplest complexity always qualifies
+                break
+    return firsts
+
+
+def _with_notes(entries: list[Entry], ranked: list[Entry], firsts: dict[str, Entry], tolerance: float) -> list[Entry]:
+    """The cards' firsts, cheapest first, each as the ranking shows it (with its notes) where it ranked, else as its
+    card's own ranking would."""
+    shown = {(id(e.candidate), e.cost.pricing): e for e in ranked}
+    out = []
+    for card, e in firsts.items():
+        found = shown.get((id(e.candidate), e.cost.pricing))
+        if found is None:
+            found = prefer_simpler([x for x in entries if x.candidate.spec.name == card], tolerance, 1)[0]
+        out.append(found)
+    return sorted(out, key=Entry.rank_key)
 
 
 def _priced_entries(
     ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, widen: float
-) -> tuple[list[Entry], float]:
-    """The entries that meet the constraints among those priced in full, in cost order, and the least bound of
-    those left unpriced (infinity: none).
+) -> tuple[list[Entry], float, dict[str, float]]:
+    """The entries that meet the constraints among those priced in full, in cost order, the least bound of those left
+    unpriced (infinity: none), and per card the least bound of its own left unpriced.
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's first entry: both the N-th and the card's cheapest cost widened by ``widen``, since a simpler
@@ -123,7 +160,8 @@ def _priced_entries(
     entries: list[Entry] = []
     top: list[float] = []  # max-heap (negated) of the top_n costs so far
     card_best: dict[str, float] = {}
-    left_out = math.inf
+    stopped = math.inf
+    card_left_out: dict[str, float] = {}
     cards = len(scan.fitting_cards)
     heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
@@ -137,11 +175,11 @@ def _priced_entries(
         bound, _, _, _, index, position, spot = key
         kth = -top[0] * widen if len(top) >= top_n else math.inf
         if bound > kth + CENT and len(card_best) == cards and all(bound > v * widen + CENT for v in card_best.values()):
-            left_out = min(left_out, bound)
+            stopped = bound  # every card not closed before has only larger bounds left
             break
         best = card_best.get(card, math.inf)
         if bound > kth + CENT and bound > best * widen + CENT:
-            left_out = min(left_out, bound)
+            card_left_out[card] = bound  # its first entry left out, the least of its own
             continue  # the card is closed
         following = next(ordered, None)
         if following is not None:
@@ -161,7 +199,8 @@ def _priced_entries(
             heapq.heapreplace(top, -value)
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
-    return entries, left_out
+    left_out = min([stopped, *card_left_out.values()])
+    return entries, left_out, {card: card_left_out.get(card, stopped) for card in scan.bounds}
 
 
 def _widening(tolerance: float, chain: int | None) -> float:
@@ -194,9 +233,9 @@ def setup_label(e: Entry) -> str:
 
 def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = None) -> list[Entry]:
     """``entries`` (in cost order) reordered so that one ranks above a simpler one only when its expected cost is
-    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only what the
-    planner reads: the first ``top_n`` of the whole order, then the first entry of each card not among them, in
-    order (the offload cautions still measure against the first entry without CPU offload, wherever it ranks).
+    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only the first
+    ``top_n`` of the whole order (the offload cautions still measure against the first entry without CPU offload,
+    wherever it ranks).
 
     Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
     left; a simplest entry always qualifies, so every step takes one. Of a pair of which neither is simpler (2 GPUs
@@ -252,11 +291,10 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
 
     left = list(range(len(entries)))
     out: list[Entry] = []
-    cards = {e.candidate.spec.name for e in entries}
     plain: Entry | None = None  # the first entry without CPU offload (_caveats)
     plain_to_come = any(not e.candidate.cfg.cpu_offload for e in entries)
     while left:
-        if top_n is not None and len(out) >= top_n and not cards and not plain_to_come:
+        if top_n is not None and len(out) >= top_n and not plain_to_come:
             break
         pos = next(p for p, i in enumerate(left) if admissible(i))
         i = left.pop(pos)
@@ -272,10 +310,8 @@ def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = N
                 del limits[g]
             elif moved is not None and moved < known[0]:
                 limits[g] = (moved, group)
-        card = entries[i].candidate.spec.name
-        if top_n is None or len(out) < top_n or card in cards:
+        if top_n is None or len(out) < top_n:
             out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
-        cards.discard(card)
         if plain_to_come and not entries[i].candidate.cfg.cpu_offload:
             plain, plain_to_come = entries[i], False
     return _caveats(out, plain)
