@@ -318,10 +318,21 @@ def import_price_list_file(
     )
 
 
+def _overlay_key(provider: str, gpu: str, region: str, gpus_per_node: int) -> tuple[str, str, str, int]:
+    """The key an organization's own offer replaces a public one by: offer_key with provider and region in any case.
+
+    The quote and the planner's provider and region filters (Constraints.allows_provider, allows_region) compare
+    them without case, so "VAST" over "vast" kept both offers as twins a quote could not tell apart (a false 409 on
+    every quote of the card). casefold, as import_offers names one provider. The own row is kept whole, so the
+    organization's spelling is the one the planner and its quotes see."""
+    return (provider.casefold(), gpu, region.casefold(), gpus_per_node)
+
+
 def active_offers(session: Session, organization_id: str | None = None, **filters: Any) -> list[GpuOfferRow]:
     """The offers an organization plans on: the public catalog with the organization's own offers laid over
-    it (an own offer replaces the public one with the same provider, gpu, region and gpus_per_node).
-    Without an organization: the public catalog alone. ``filters`` are those of CatalogRepository.offers."""
+    it (an own offer replaces the public one with the same provider, gpu, region and gpus_per_node, provider and
+    region in any case: _overlay_key). Without an organization: the public catalog alone. ``filters`` are those
+    of CatalogRepository.offers."""
     repo = CatalogRepository(session)
     public = repo.active_version("offers", None)
     rows: list[GpuOfferRow] = list(repo.offers(public.id, **filters)) if public is not None else []
@@ -330,8 +341,8 @@ def active_offers(session: Session, organization_id: str | None = None, **filter
     own = repo.active_version("offers", organization_id)
     if own is None:
         return rows
-    own_keys = repo.offer_keys(own.id)
-    merged = [r for r in rows if (r.provider, r.gpu, r.region, r.gpus_per_node) not in own_keys]
+    own_keys = {_overlay_key(*k) for k in repo.offer_keys(own.id)}
+    merged = [r for r in rows if _overlay_key(r.provider, r.gpu, r.region, r.gpus_per_node) not in own_keys]
     merged.extend(repo.offers(own.id, **filters))
     merged.sort(key=lambda r: (r.on_demand_usd_per_hour, r.id))
     return merged
@@ -374,8 +385,8 @@ def catalog_offers(session: Session, organization_id: str | None = None) -> Mark
     offers = _version_offers(session, public.id) if public is not None else []
     if own is not None:
         mine = _version_offers(session, own.id)
-        own_keys = {offer_key(o) for o in mine}
-        offers = [o for o in offers if offer_key(o) not in own_keys] + mine
+        own_keys = {_overlay_key(*offer_key(o)) for o in mine}
+        offers = [o for o in offers if _overlay_key(*offer_key(o)) not in own_keys] + mine
     result = Market(sorted(offers, key=lambda o: (o.on_demand_usd_per_hour, offer_key(o))))
     with _OFFERS_CACHE_LOCK:
         if len(_OFFERS_CACHE) >= _OFFERS_CACHE_SIZE:

@@ -4,7 +4,7 @@ issued once as a document addressed to the customer."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -74,11 +74,11 @@ def create_quote(
 
     offers = catalog_offers(session, principal.organization_id)
     gpu = _card(request.gpu) if request.gpu is not None else None
-    picked = _offers_for(offers, constraints, request, gpu)
+    picked, emptied_by = _offers_for(offers, constraints, request, gpu)
     if gpu is not None:
         _vanished(stored, picked, request, gpu, pricing)
         if not picked:
-            raise _none_left(request, gpu)
+            raise _none_left(request, gpu, emptied_by)
     try:
         rec, plan_assumptions = price_exact_setup(
             plan,
@@ -170,27 +170,38 @@ def _constraints(constraints: Constraints, margin: float) -> Constraints:
 
 def _offers_for(
     offers: Sequence[Offer], constraints: Constraints, request: QuoteRequest, gpu: str | None
-) -> list[Offer]:
+) -> tuple[list[Offer], str]:
     """The offers the quote may price: the card's, at the provider and region asked for, else those the plan's
-    provider and region constraints allow."""
-    picked = [o for o in offers if gpu is None or _card_name(o) == gpu]
+    provider and region constraints allow, of the node size asked for; and the field whose filter left none
+    (gpu where none did)."""
+    # One filter at a time, so a 422 names the input that matches nothing (a region the provider lacks is the
+    # region's fault, not the provider's); the plan's own constraints count against the card.
+    keeps: list[tuple[str, Callable[[Offer], bool]]] = [("gpu", lambda o: gpu is None or _card_name(o) == gpu)]
     if request.provider is not None:
-        picked = [o for o in picked if o.provider.lower() == request.provider.strip().lower()]
+        provider = request.provider.strip().lower()
+        keeps.append(("provider", lambda o: o.provider.lower() == provider))
     else:
-        picked = [o for o in picked if constraints.allows_provider(o.provider)]
-    if request.offer_gpus_per_node is not None:
-        picked = [o for o in picked if o.gpus_per_node == request.offer_gpus_per_node]
+        keeps.append(("gpu", lambda o: constraints.allows_provider(o.provider)))
     if request.region is not None:
-        picked = [o for o in picked if o.region.lower() == request.region.strip().lower()]
+        region = request.region.strip().lower()
+        keeps.append(("region", lambda o: o.region.lower() == region))
     elif request.provider is None:
-        picked = [o for o in picked if constraints.allows_region(o.region, o.country)]
-    return picked
+        keeps.append(("gpu", lambda o: constraints.allows_region(o.region, o.country)))
+    if request.offer_gpus_per_node is not None:
+        node_gpus = request.offer_gpus_per_node
+        keeps.append(("offer_gpus_per_node", lambda o: o.gpus_per_node == node_gpus))
+    picked = list(offers)
+    for field, keep in keeps:
+        picked = [o for o in picked if keep(o)]
+        if not picked:
+            return picked, field
+    return picked, "gpu"
 
 
-def _none_left(request: QuoteRequest, gpu: str) -> Unprocessable:
+def _none_left(request: QuoteRequest, gpu: str, field: str) -> Unprocessable:
     where = f" at {request.provider}" if request.provider else ""
     where += f" in {request.region}" if request.region else ""
-    field = "provider" if request.provider else ("region" if request.region else "gpu")
+    where += f" in nodes of {request.offer_gpus_per_node} GPUs" if request.offer_gpus_per_node else ""
     return Unprocessable(f"{field}: no offer for {gpu}{where} in the catalog", field=field)
 
 
@@ -205,13 +216,13 @@ def _vanished(
     stored: Sequence[Recommendation], picked: Sequence[Offer], request: QuoteRequest, gpu: str, pricing: PricingMode
 ) -> None:
     """409 when the provider asked for had an offer of the card (or its spot price) the plan priced, and the
-    catalog has it no longer."""
+    catalog has it no longer. Only the plan's offers of the region and node size asked for count: a node size
+    the plan never priced there is a bad input (422 from _none_left), not an offer gone."""
     if request.provider is None:
         return
     for s in stored:
-        if s.gpu != gpu or s.provider.lower() != request.provider.strip().lower():
-            continue
-        if request.region is not None and s.region.lower() != request.region.strip().lower():
+        region = s.region if request.region is None else request.region.strip()
+        if s.gpu != gpu or not _same_offer(s, request.provider.strip(), region, request.offer_gpus_per_node):
             continue
         now = [o for o in picked if o.provider.lower() == s.provider.lower() and o.region.lower() == s.region.lower()]
         if not now:

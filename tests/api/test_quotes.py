@@ -283,6 +283,68 @@ def test_an_offer_gone_since_the_plan_is_409(api: Api) -> None:
     assert response.status_code == 409 and "no longer in the catalog" in response.json()["message"], response.text
 
 
+@pytest.mark.parametrize("respelled", ["provider", "region"])
+def test_an_own_price_over_a_public_offer_spelled_in_another_case_quotes_at_the_plans_price(
+    api: Api, respelled: str
+) -> None:
+    """A probe: the organization's "VAST" (or region "MARKETPLACE") row over the public "vast" offer was laid beside
+    it, the plan ranked both, and every quote of the card was a false 409 "price changed since the plan"."""
+    rec = _done_plan(api)["recommendations"][0]
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+
+    def same(o: dict[str, Any]) -> bool:
+        return (o["provider"].lower(), o["gpu"], o["region"].lower(), o["gpus_per_node"]) == (
+            rec["provider"].lower(),
+            rec["gpu"],
+            rec["region"].lower(),
+            rec["offer_gpus_per_node"],
+        )
+
+    public = next(o for o in offers if same(o))
+    provider = public["provider"].swapcase() if respelled == "provider" else public["provider"]
+    region = public["region"].swapcase() if respelled == "region" else public["region"]
+    assert (provider, region) != (public["provider"], public["region"])
+    csv = (
+        "provider,gpu,gpus_per_node,on_demand_usd_per_hour,region,source\n"
+        f"{provider},{public['gpu']},{public['gpus_per_node']},{public['on_demand_usd_per_hour'] / 2:.4f},{region},"
+        "negotiated\n"
+    )
+    imported = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
+    assert imported.status_code == 201, imported.text
+    # One offer, the organization's, under its own spelling.
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    assert [(o["provider"], o["region"], o["catalog"]) for o in offers if same(o)] == [
+        (provider, region, "organization")
+    ]
+    plan = _done_plan(api)
+    recs = [r for r in plan["recommendations"] if same({**r, "gpus_per_node": r["offer_gpus_per_node"]})]
+    assert recs and all((r["provider"], r["region"]) == (provider, region) for r in recs), recs
+    for r in recs:
+        assert _quote(api, plan["id"], _pick(r))["total_usd"] == r["expected_cost_usd"], r
+
+
+def test_a_quote_input_no_offer_matches_is_422_on_that_field(api: Api) -> None:
+    """A probe: a node size the provider does not sell there was a 409 "no longer in the catalog" on provider, and a
+    region the provider lacks a 422 on provider; each names the input that matches nothing."""
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    offers = api.client.get("/v1/catalog/offers", headers=api.headers()).json()["items"]
+    sizes = {
+        o["gpus_per_node"]
+        for o in offers
+        if (o["provider"], o["gpu"], o["region"]) == (rec["provider"], rec["gpu"], rec["region"])
+    }
+    unsold = min(set(range(1, 65)) - sizes)
+    url = f"/v1/plans/{plan['id']}/quotes"
+    for body, field in (
+        (_pick(rec, offer_gpus_per_node=unsold), "offer_gpus_per_node"),
+        (_pick(rec, region="mars-1"), "region"),
+        (_pick(rec, provider="no-such-cloud"), "provider"),
+    ):
+        response = api.client.post(url, json=body, headers=api.headers())
+        assert response.status_code == 422 and response.json()["field"] == field, (body, response.text)
+
+
 def _pdf_text(pdf: bytes) -> str:
     """The text a PDF draws: its (Flate-compressed) content streams' string operands, as fpdf2 writes them.
 
