@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+import numpy as np
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt
 
 from services.core.request_models import ClosedModel
+
+# How recommendations show a cost and a time (services.planner.planner._recommendation): to the cent, and hours to
+# three decimals. A setup shown over the budget or the deadline breaks it, whatever digits lie behind (a planner
+# probe of stop 50: $1.08 recommended under a budget of $1.0753).
+SHOWN_COST_DECIMALS = 2
+SHOWN_HOURS_DECIMALS = 3
+
+Value = TypeVar("Value", float, np.ndarray)
 
 
 class Constraints(ClosedModel):
@@ -77,6 +88,20 @@ class Constraints(ClosedModel):
     def restart_s(self) -> float | None:
         """``restart_minutes`` in seconds (None: the offer's start-up plus the download)."""
         return None if self.restart_minutes is None else self.restart_minutes * 60.0
+
+    def meets_budget(self, cost_usd: Value) -> Value:
+        """Whether a cost (or each of an array) is within the budget, as computed and as shown."""
+        if self.budget_usd is None:
+            return np.ones_like(cost_usd, dtype=bool) if isinstance(cost_usd, np.ndarray) else True
+        shown = np.round(cost_usd, SHOWN_COST_DECIMALS)
+        return (cost_usd <= self.budget_usd) & (shown <= self.budget_usd)  # type: ignore[no-any-return]
+
+    def meets_deadline(self, hours: Value) -> Value:
+        """Whether a wall-clock (or each of an array) is within the deadline, as computed and as shown."""
+        if self.deadline_hours is None:
+            return np.ones_like(hours, dtype=bool) if isinstance(hours, np.ndarray) else True
+        shown = np.round(hours, SHOWN_HOURS_DECIMALS)
+        return (hours <= self.deadline_hours) & (shown <= self.deadline_hours)  # type: ignore[no-any-return]
 
     def allows_provider(self, provider: str) -> bool:
         """Whether the user allows this provider (no providers given allows all)."""

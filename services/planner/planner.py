@@ -34,7 +34,7 @@ from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 from services.estimator.resolved import ResolvedPlan, as_resolved
 from services.planner.batching import effective_batch_size
-from services.planner.constraints import Constraints
+from services.planner.constraints import SHOWN_COST_DECIMALS, SHOWN_HOURS_DECIMALS, Constraints
 from services.planner.context import Candidate, Entry, PlanContext, RunSizes
 from services.planner.costs import (
     DEFAULT_DOWNLOAD_GBIT_PER_S,
@@ -309,8 +309,8 @@ def _recommendation(ctx: PlanContext, e: Entry, now: datetime | None) -> Recomme
         gpu=c.spec.name,
         region=c.offer.region,
         pricing=cost.pricing,
-        expected_cost_usd=round(cost.expected_cost_usd, 2),
-        expected_hours=round(cost.hours, 3),
+        expected_cost_usd=round(cost.expected_cost_usd, SHOWN_COST_DECIMALS),
+        expected_hours=round(cost.hours, SHOWN_HOURS_DECIMALS),
         cost_breakdown=_breakdown(cost),
         gpus=gpus,
         gpus_per_node=c.layout.gpus_per_node,

@@ -37,9 +37,7 @@ SLOW_SHARE = 0.25
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
     """Whether one pricing of a setup meets both the budget and the deadline."""
-    budget_ok = constraints.budget_usd is None or cost.expected_cost_usd <= constraints.budget_usd
-    deadline_ok = constraints.deadline_hours is None or cost.hours <= constraints.deadline_hours
-    return budget_ok and deadline_ok
+    return bool(constraints.meets_budget(cost.expected_cost_usd) and constraints.meets_deadline(cost.hours))
 
 
 def price_setup(ctx: PlanContext, offer_index: int, offer: Offer, setup: Setup) -> Candidate:

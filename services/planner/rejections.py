@@ -275,13 +275,13 @@ def _setup_label(c: Priced) -> str:
 
 
 def _meets_budget(constraints: Constraints, c: Priced) -> bool:
-    budget = constraints.budget_usd
-    return budget is None or c.cost_usd <= budget or (c.spot_cost_usd is not None and c.spot_cost_usd <= budget)
+    spot = c.spot_cost_usd is not None and constraints.meets_budget(c.spot_cost_usd)
+    return bool(constraints.meets_budget(c.cost_usd) or spot)
 
 
 def _meets_deadline(constraints: Constraints, c: Priced) -> bool:
-    deadline = constraints.deadline_hours
-    return deadline is None or c.hours <= deadline or (c.spot_hours is not None and c.spot_hours <= deadline)
+    spot = c.spot_hours is not None and constraints.meets_deadline(c.spot_hours)
+    return bool(constraints.meets_deadline(c.hours) or spot)
 
 
 def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequence[Priced]) -> Rejection:

@@ -475,9 +475,4 @@ def _full_prices(
             restart_s=restart_s,
         )
         cost, hours = np.concatenate((cost, spot_cost)), np.concatenate((hours, spot_hours))
-    ok = np.ones(len(cost), dtype=bool)
-    if c.budget_usd is not None:
-        ok &= cost <= c.budget_usd
-    if c.deadline_hours is not None:
-        ok &= hours <= c.deadline_hours
-    bounds.cost, bounds.hours, bounds.qualifies = cost, hours, ok
+    bounds.cost, bounds.hours, bounds.qualifies = cost, hours, c.meets_budget(cost) & c.meets_deadline(hours)

@@ -498,4 +498,4 @@ def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
         )
         cost = run_cost(offer, shape, "on_demand", restart_s=ctx.constraints.restart_s)
         hours = ctx.memo.deadline_hours[key] = cost.hours
-    return hours <= deadline
+    return bool(ctx.constraints.meets_deadline(hours))

@@ -596,3 +596,19 @@ def test_an_ordinary_ranking_prices_its_entries_in_one_pass(monkeypatch: pytest.
     monkeypatch.setattr(ranking, "_priced_entries", counted)
     result = plan_setups(plan_for("qlora"), constraints=Constraints(prefer_simpler_within=tolerance))
     assert result.recommendations and len(passes) == 1, passes
+
+
+def test_no_recommendation_is_shown_over_the_budget_or_past_the_deadline_it_met() -> None:
+    """A planner probe of stop 50: the budget was checked against the cost before rounding, so a budget of $1.0753
+    recommended a setup shown at $1.08. Budgets and deadlines now hold for the figures as shown too."""
+    plan = plan_for("qlora")
+    whole = plan_setups(plan, constraints=Constraints(), top_n=100_000).recommendations
+    rounded_up = [r for r in whole if sum(r.cost_breakdown.values()) + 0.0005 < r.expected_cost_usd][:3]
+    assert rounded_up  # costs whose cents round up exist in the bundled catalog
+    for r in rounded_up:
+        budget = round(sum(r.cost_breakdown.values()) + 0.0004, 4)  # above the cost, below what is shown
+        shown = plan_setups(plan, constraints=Constraints(budget_usd=budget), top_n=100_000)
+        assert all(x.expected_cost_usd <= budget for x in shown.recommendations + shown.best_per_gpu)
+    hours = sorted({r.expected_hours for r in whole})[len(whole) // 2]
+    shown = plan_setups(plan, constraints=Constraints(deadline_hours=hours - 0.0004), top_n=100_000)
+    assert all(x.expected_hours <= hours - 0.0004 for x in shown.recommendations + shown.best_per_gpu)
