@@ -207,7 +207,8 @@ def stop_machine(command: list[str] | None) -> None:
 
 
 class Syncer:
-    """Runs sync passes in a background thread, one at a time, marking the node as uploading."""
+    """Runs sync passes in a background thread, one at a time, marking the node as uploading while one has local
+    checkpoints to upload."""
 
     def __init__(self, run: RunSync) -> None:
         self.run = run
@@ -225,7 +226,9 @@ class Syncer:
                 return False
             self.last_started = time.time()
             self._thread = threading.Thread(target=self._pass, args=(control, final), daemon=True)
-            self.uploading = True
+            # Uploading only with something to upload: a pass that only checks the bucket (slow or unreachable,
+            # each pass outlasting a heartbeat) kept an idle node from ever being stopped (a probe of stop 50).
+            self.uploading = self.run.unsynced() > 0
             self._thread.start()
             return True
 

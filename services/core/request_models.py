@@ -31,7 +31,10 @@ class ClosedModel(BaseModel):
 
 
 def _as_utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is past datetime.max in UTC: a 422, not a 500
+        raise ValueError("out of range once converted to UTC") from None
 
 
 # A time in a request: one without a zone (or a date alone) is read as UTC, so it compares with the service's

@@ -34,6 +34,7 @@ class Signals:
     uploading: bool = False
     interactive_idle_s: float | None = None  # the most recently active interactive session; None: none open
     unsynced_checkpoints: int = 0
+    pending_bytes: int = 0  # bytes of local checkpoints the bucket does not hold, as the agent's sync counts them
 
 
 def busy_reasons(signals: Signals, policy: IdlePolicy) -> dict[str, str]:
@@ -47,16 +48,28 @@ def busy_reasons(signals: Signals, policy: IdlePolicy) -> dict[str, str]:
         reasons["upload"] = "an upload is in progress"
     if signals.interactive_idle_s is not None and signals.interactive_idle_s < policy.idle_minutes * 60:
         reasons["interactive"] = f"an interactive session was active {signals.interactive_idle_s / 60:.0f} min ago"
-    if signals.unsynced_checkpoints > 0:
-        reasons["unsynced"] = f"{signals.unsynced_checkpoints} checkpoint(s) not yet durable"
+    if signals.unsynced_checkpoints > 0 or signals.pending_bytes > 0:
+        # Either count says the node holds data the bucket does not (the agent counts both, at two moments).
+        reasons["unsynced"] = (
+            f"{signals.unsynced_checkpoints} checkpoint(s), {signals.pending_bytes / 2**30:.2f} GiB, not yet durable"
+        )
     return reasons
 
 
-def next_idle_since(previous: datetime | None, signals: Signals, policy: IdlePolicy, at: datetime) -> datetime | None:
-    """The idle timer after a heartbeat at ``at``: cleared while busy, started at the first idle one."""
+def next_idle_since(
+    previous: datetime | None,
+    signals: Signals,
+    policy: IdlePolicy,
+    at: datetime,
+    last_heartbeat_at: datetime | None = None,
+) -> datetime | None:
+    """The idle timer after a heartbeat at ``at``: cleared while busy, started at the first idle one, and started
+    again after a silence long enough to be lost (``last_heartbeat_at``: the heartbeat before): what the node did
+    meanwhile is unknown, so that time is not counted as idle (a node back after one was stopped 30 s later)."""
     if busy_reasons(signals, policy):
         return None
-    return previous if previous is not None else at
+    silent = last_heartbeat_at is not None and (at - last_heartbeat_at).total_seconds() > policy.lost_after_s
+    return previous if previous is not None and not silent else at
 
 
 Action = Literal["keep", "stop", "lost"]

@@ -102,6 +102,7 @@ def signals_of(node: NodeRow) -> Signals:
         uploading=node.uploading,
         interactive_idle_s=node.interactive_idle_s,
         unsynced_checkpoints=node.unsynced_checkpoints,
+        pending_bytes=node.sync_pending_bytes,
     )
 
 
@@ -153,18 +154,23 @@ def record_sync_health(
     is the agent's, clamped to the server's clock and to no earlier than the last heartbeat before it, so an
     agent that failed while the service was unreachable is not forgiven that time, and one whose clock runs
     behind raises no alert at once."""
-    if sync is not None:
+    if sync is None:
+        # No sync on the node (no run attached): nothing of it is pending or failing.
+        node.sync_error, node.sync_pending_bytes, node.sync_failing_since = None, 0, None
+    else:
         node.sync_error = sync.last_error
         node.sync_pending_bytes = sync.pending_bytes
         if sync.last_error is None:
             node.sync_failing_since = None
-        else:
+        elif node.sync_failing_since is None:
             reported = sync.failing_since if sync.failing_since is not None else at
-            if node.sync_failing_since is None and node.last_heartbeat_at is not None:
+            if node.last_heartbeat_at is not None:
                 # A new streak began after the last heartbeat, which reported none: an agent whose clock runs
                 # behind cannot date it earlier (and one that failed while unreachable still is not forgiven).
                 reported = max(reported, node.last_heartbeat_at)
-            node.sync_failing_since = min(node.sync_failing_since or reported, reported, at)
+            # Dated once per streak: later reports of the same streak carry the agent's clock again, which must
+            # not move it (an agent 10 min behind raised the alert on its second report, a probe of stop 50).
+            node.sync_failing_since = min(reported, at)
     pending = node.unsynced_checkpoints > 0 or node.sync_pending_bytes > 0
     node.unsynced_since = (node.unsynced_since or at) if pending else None
     alert = sync_alert_reason(node, at, policy)
@@ -200,23 +206,25 @@ def after_heartbeat(
     report means someone started the machine for work again: it is back, with a fresh streak."""
     stops = stops or StopPolicy()
     idle = not busy_reasons(signals_of(node), policy_of(node, lost_after_s))
-    if node.status == "stopped" and idle:
-        since_s = (at - node.stopped_at).total_seconds() if node.stopped_at is not None else stops.grace_s + 1
-        if since_s > stops.grace_s:
-            NODE_STOPS_INEFFECTIVE.inc()
-            answer = (
-                f"the provider confirmed the stop ({node.last_stop_answer or 'no detail'}) but the node still "
-                f"heartbeats {since_s:.0f} s later (grace {stops.grace_s:g} s)"
-            )
-            record_failed_attempt(session, node, answer, at, stops, "stop_ineffective", "stop-ineffective")
+    since_s = (at - node.stopped_at).total_seconds() if node.stopped_at is not None else stops.grace_s + 1
+    if node.status == "stopped" and since_s <= stops.grace_s:
+        pass  # the machine shutting down, busy or not (a restarted agent registers a new node): changes nothing
+    elif node.status == "stopped" and idle:
+        NODE_STOPS_INEFFECTIVE.inc()
+        answer = (
+            f"the provider confirmed the stop ({node.last_stop_answer or 'no detail'}) but the node still "
+            f"heartbeats {since_s:.0f} s later (grace {stops.grace_s:g} s)"
+        )
+        record_failed_attempt(session, node, answer, at, stops, "stop_ineffective", "stop-ineffective")
     elif node.status in ("lost", "stopped") or (node.status == "stop_failed" and not idle):
         add_event(session, node, "back", f"heartbeat received while {node.status}", at)
         node.status = "active"
         node.last_decision = None
         node.stopped_at = None
         _reset_stop(node)
+    previous = node.last_heartbeat_at
     node.last_heartbeat_at = at
-    node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy_of(node, lost_after_s), at)
+    node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy_of(node, lost_after_s), at, previous)
 
 
 @dataclass
@@ -386,15 +394,20 @@ def decide_all(
         if decision.action == "keep":
             if decision.code.startswith("busy") and node.stop_attempts:
                 _reset_stop(node)
+            changed = node.last_decision != decision.code
             _record(session, node, decision, now, summary)
             only_unsynced = decision.code == "busy:unsynced"
             if only_unsynced and "sync" not in (node.commands or []):
-                # Nothing else keeps it busy: ask the agent for the final sync before a stop.
+                # Nothing else keeps it busy: ask the agent for the final sync before a stop (again each sweep, as
+                # a heartbeat takes the command; the event once per streak, not one a minute).
                 node.commands = [*(node.commands or []), "sync"]
-                # A microsecond later than the decision it follows, so the log keeps their order.
-                later = now + timedelta(microseconds=1)
-                add_event(session, node, "sync_requested", "idle but checkpoints are not durable: final sync", later)
-                summary.events += 1
+                if changed:
+                    # A microsecond later than the decision it follows, so the log keeps their order.
+                    later = now + timedelta(microseconds=1)
+                    add_event(
+                        session, node, "sync_requested", "idle but checkpoints are not durable: final sync", later
+                    )
+                    summary.events += 1
             continue
         if node.next_stop_at is not None and now < node.next_stop_at:
             continue  # backing off after a failed attempt; its event said when the next one is due

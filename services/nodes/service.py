@@ -125,7 +125,10 @@ def register_node(
             select(NodeRow).where(
                 NodeRow.organization_id == principal.organization_id,
                 NodeRow.instance_id == body.instance_id,
-                NodeRow.status.in_(("active", "lost", "stop_failed")),
+                # "stopping" too: a stop with the provider that then fails would put the old row back to active, to
+                # be stopped again on its stale idle data while the new agent works (a probe of stop 50); its answer
+                # is not recorded on a replaced row (lifecycle.record_stop).
+                NodeRow.status.in_(("active", "lost", "stop_failed", "stopping")),
             )
         ).all()
         for previous in older:

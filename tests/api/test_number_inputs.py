@@ -106,6 +106,15 @@ def test_a_sync_failure_time_without_a_zone_is_read_as_utc(api: Api, world: Worl
     assert node["sync_failing_since"].endswith(("Z", "+00:00")), node["sync_failing_since"]
 
 
+@pytest.mark.parametrize("since", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59"])
+def test_a_sync_failure_time_out_of_range_in_utc_is_a_422(api: Api, world: World, since: str) -> None:
+    """A lifecycle probe (stop 50): converting these to UTC overflows datetime, and the heartbeat answered 500."""
+    beat = {**world.base("nodes-heartbeat"), "sync": {"last_error": "x", "pending_bytes": 1, "failing_since": since}}
+    answer = api.client.post(f"/v1/nodes/{world.node_id}/heartbeat", json=beat, headers=world.agent())
+    assert answer.status_code == 422, answer.text
+    assert "failing_since" in answer.text and "out of range" in answer.text
+
+
 def test_a_lora_role_given_twice_is_refused(api: Api) -> None:
     body = {**QLORA_PLAN, "lora": {"rank": 16, "targets": ["q", "v", "q"]}}
     answer = api.client.post("/v1/estimate", json=body, headers=api.headers())

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 
 from services.agent.agent import Agent
-from services.agent.node import RunSync
+from services.agent.node import RunSync, Syncer
 from services.core.db import make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.nodes.idle import SyncAlertPolicy
@@ -111,6 +111,44 @@ def test_an_agent_clock_behind_the_server_cannot_date_a_streak_before_its_last_h
     node.last_heartbeat_at = T0 - timedelta(hours=1)
     record_sync_health(session, node, behind, T0, POLICY)  # type: ignore[arg-type]
     assert node.sync_failing_since == T0 - timedelta(hours=1) and node.sync_alert is not None
+
+
+def test_later_reports_of_a_streak_cannot_move_its_start_back_by_the_agents_clock() -> None:
+    """A lifecycle probe (stop 50): with the agent 10 min behind, the second failing report dated the streak by the
+    agent's clock and raised the alert 15 s after the failures began."""
+    node, session = _node(), _Session()
+    node.unsynced_checkpoints = 1
+    node.last_heartbeat_at = T0 - timedelta(seconds=15)
+    behind = SyncHealth(last_error="boom", pending_bytes=1000, failing_since=T0 - timedelta(minutes=10))
+    record_sync_health(session, node, behind, T0, POLICY)  # type: ignore[arg-type]
+    node.last_heartbeat_at = T0
+    record_sync_health(session, node, behind, T0 + timedelta(seconds=15), POLICY)  # type: ignore[arg-type]
+    assert node.sync_failing_since == T0 - timedelta(seconds=15) and node.sync_alert is None
+
+
+def test_a_heartbeat_without_a_sync_report_clears_the_stale_sync_figures() -> None:
+    """A lifecycle probe (stop 50): bytes once reported pending stayed on the node after its run was detached, and
+    raised 'not durable for 61 min' with nothing to sync (and, now that pending bytes keep a node, would keep it)."""
+    node, session = _node(), _Session()
+    record_sync_health(session, node, SyncHealth(pending_bytes=5 * 2**30), T0, POLICY)  # type: ignore[arg-type]
+    record_sync_health(session, node, None, T0 + timedelta(minutes=61), POLICY)  # type: ignore[arg-type]
+    assert node.sync_pending_bytes == 0 and node.unsynced_since is None and node.sync_alert is None
+
+
+def test_the_agent_says_uploading_only_while_a_pass_has_checkpoints_to_upload(run_env: RunEnv, tmp_path: Path) -> None:
+    """A lifecycle probe (stop 50): every pass said uploading, and with a slow bucket each pass outlasted a heartbeat,
+    so an idle node with nothing to sync was never stopped."""
+    env, root = run_env, tmp_path / "out"
+    root.mkdir()
+    run = env.run()
+    sync = RunSync(env.api, make_s3_client(env.s3), run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600)
+    syncer = Syncer(sync)
+    assert syncer.start(env.api) and not syncer.uploading  # nothing local to upload
+    syncer.wait(60)
+    make_checkpoint(root, 100, 2 * 2**20, seed=1)
+    assert syncer.start(env.api) and syncer.uploading
+    syncer.wait(60)
+    assert not syncer.uploading and sync.unsynced() == 0
 
 
 def _dead_endpoint() -> str:

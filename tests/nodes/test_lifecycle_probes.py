@@ -1,0 +1,179 @@
+"""Idle-shutdown cases a lifecycle probe (stop 50) found wrong, through the real heartbeat service and sweep on a
+clock the test moves: silence counted as idle time, bytes not durable ignored, a late heartbeat bringing a stopped
+node back, a stale row of a restarted agent stopping its machine, and the event log repeating itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
+from services.nodes.drivers import DriverError, NodeTarget
+from services.nodes.lifecycle import run_sweep
+from services.nodes.schemas import GpuStatus, Heartbeat, NodeRegistration, SyncHealth
+from services.nodes.service import heartbeat, register_node
+from services.nodes.tables import NodeEventRow, NodeRow
+from services.orgs.service import Principal, create_organization
+from services.runs.service import record_heartbeat_progress
+
+T0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
+LOST_AFTER_S = 300.0
+
+
+@dataclass
+class Driver:
+    name: str = "recording"
+    stops: list[str] = field(default_factory=list)
+    fail: bool = False
+    during: Any = None  # called inside the provider call (a restart racing the stop)
+
+    def stop(self, node: NodeTarget) -> str:
+        self.stops.append(node.id)
+        if self.during is not None:
+            self.during()
+        if self.fail:
+            raise DriverError("provider timed out")
+        return "stopped"
+
+    def start(self, node: NodeTarget) -> str:
+        return "started"
+
+
+@dataclass
+class World:
+    factory: Any
+    principal: Principal
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def register(self, name: str, **fields: Any) -> str:
+        with unit_of_work(self.factory) as session:
+            row, token = register_node(session, self.principal, NodeRegistration(name=name, gpu="A100 80GB", **fields))
+            self.tokens[row.id] = token
+            return row.id
+
+    def beat(self, node_id: str, minute: float, *, busy: bool = False, **fields: Any) -> list[str]:
+        body = Heartbeat(
+            gpus=[
+                GpuStatus(index=0, utilisation_pct=95.0 if busy else 0.0, memory_used_gib=1.0, memory_total_gib=80.0)
+            ],
+            job_running=busy,
+            **fields,
+        )
+        with unit_of_work(self.factory) as session:
+            _, commands = heartbeat(
+                session,
+                self.principal,
+                node_id,
+                body,
+                LOST_AFTER_S,
+                T0 + timedelta(minutes=minute),
+                token=self.tokens[node_id],
+                record_progress=record_heartbeat_progress,
+            )
+            return list(commands)
+
+    def sweep(self, minute: float, driver: Driver) -> None:
+        """The sweep the worker runs: no transaction is open during the provider call."""
+        settings = Settings(node_lost_after_s=LOST_AFTER_S, node_stop_backoff_s=60.0)
+        run_sweep(self.factory, settings, T0 + timedelta(minutes=minute), driver)  # type: ignore[arg-type]
+
+    def node(self, node_id: str) -> NodeRow:
+        with unit_of_work(self.factory) as session:
+            row = session.get(NodeRow, node_id)
+            assert row is not None
+            session.expunge(row)
+            return row
+
+    def events(self, node_id: str, kind: str) -> int:
+        with unit_of_work(self.factory) as session:
+            rows = session.scalars(select(NodeEventRow).where(NodeEventRow.node_id == node_id)).all()
+            return sum(1 for r in rows if r.kind == kind)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    url = f"sqlite:///{tmp_path / 'nodes.db'}"
+    upgrade(url)
+    factory = make_sessionmaker(make_engine(url))
+    session: Session
+    with unit_of_work(factory) as session:
+        org = create_organization(session, "probe")
+        principal = Principal(org.id, org.name, False)
+    yield World(factory, principal)
+
+
+def test_a_silence_long_enough_to_be_lost_is_not_counted_as_idle_time(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    world.beat(node, 0)
+    world.sweep(6, driver)
+    assert world.node(node).status == "lost"
+    world.beat(node, 14.5)  # back, idle: what it did for 14 minutes is unknown
+    world.sweep(15, driver)
+    assert driver.stops == [] and world.node(node).status == "active"
+    for minute in range(15, 30):
+        world.beat(node, minute + 0.5)
+    world.sweep(29.6, driver)
+    assert driver.stops == [node]  # 15 minutes of idle heartbeats after it came back
+
+
+def test_bytes_the_agent_says_are_not_durable_keep_the_node(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    pending = SyncHealth(last_error="EndpointConnectionError: s3 down", pending_bytes=40 * 2**30)
+    for minute in range(0, 21):
+        world.beat(node, minute, unsynced_checkpoints=0, sync=pending)
+    world.sweep(20.5, driver)
+    assert driver.stops == [] and "40.00 GiB, not yet durable" in (world.node(node).last_reason or "")
+    # A heartbeat without a sync report (no run attached any more) clears the stale figure.
+    for minute in range(21, 38):
+        world.beat(node, minute)
+    world.sweep(37.5, driver)
+    assert driver.stops == [node]
+
+
+def test_a_late_busy_heartbeat_within_the_grace_leaves_a_stopped_node_stopped(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    for minute in range(0, 17):
+        world.beat(node, minute)
+    world.sweep(16.5, driver)
+    assert driver.stops == [node] and world.node(node).status == "stopped"
+    world.beat(node, 16.55, busy=True)  # the machine shutting down, its last job's report in flight
+    row = world.node(node)
+    assert row.status == "stopped" and row.stopped_at is not None and world.events(node, "back") == 0
+
+
+def test_a_restarted_agent_replaces_the_row_whose_stop_is_in_flight(world: World) -> None:
+    old = world.register("gpu-1", instance_id="vm-42")
+    for minute in range(0, 17):
+        world.beat(old, minute)
+    new: list[str] = []
+
+    def restart() -> None:  # while the provider call is in flight the agent restarts and registers anew
+        new.append(world.register("gpu-1-restarted", instance_id="vm-42"))
+
+    driver = Driver(fail=True, during=restart)
+    world.sweep(16.5, driver)
+    assert world.node(old).status == "replaced"
+    driver.during, driver.fail = None, False
+    for minute in (17.0, 18.0, 19.0, 20.0):
+        world.beat(new[0], minute, busy=True)
+        world.sweep(minute + 0.5, driver)
+    assert driver.stops == [old]  # the failed attempt only: the stale row is never retried
+
+
+def test_an_idle_node_waiting_for_its_final_sync_logs_the_request_once(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    for minute in range(0, 40):
+        commands = world.beat(node, minute, unsynced_checkpoints=2)
+        world.sweep(minute + 0.5, driver)
+        if minute:
+            assert "sync" in commands  # asked again at every heartbeat until the checkpoints are durable
+    assert driver.stops == [] and world.events(node, "sync_requested") == 1
