@@ -37,6 +37,8 @@ SLOW_SHARE = 0.25
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
     """Whether one pricing of a setup meets both the budget and the deadline."""
+    if constraints.budget_usd is None and constraints.deadline_hours is None:
+        return True
     return bool(constraints.meets_budget(cost.expected_cost_usd) and constraints.meets_deadline(cost.hours))
 
 
@@ -113,17 +115,15 @@ def card_firsts(entries: list[Entry], tolerance: float) -> dict[str, Entry]:
     not hold it back, so it does not depend on what else the catalog sells (``best_per_gpu``; it was the card's first
     entry in the whole ranking, where a simpler setup of another card could hold back its cheapest one, and which
     pricing only part of the catalog could not find exactly: a planner probe of stop 50)."""
-    by_card: dict[str, list[Entry]] = {}
+    by_card: dict[str, list[tuple[Entry, tuple[int, int, int, int], float]]] = {}
     for e in entries:
-        by_card.setdefault(e.candidate.spec.name, []).append(e)
+        by_card.setdefault(e.candidate.spec.name, []).append((e, complexity(e), e.cost.expected_cost_usd))
     firsts: dict[str, Entry] = {}
     for card, mine in by_card.items():
         least: dict[tuple[int, int, int, int], float] = {}  # per complexity, the least cost of the card
-        for e in mine:
-            key = complexity(e)
-            least[key] = min(least.get(key, math.inf), e.cost.expected_cost_usd)
-        for e in mine:
-            key, cost = complexity(e), e.cost.expected_cost_usd
+        for _, key, cost in mine:
+            least.setdefault(key, cost)  # in rank order: the first is the least
+        for e, key, cost in mine:
             if all(cost < (1.0 - tolerance) * v for k, v in least.items() if is_simpler(k, key)):
                 firsts[card] = e  # an entry of the simplest complexity always qualifies
                 break
