@@ -181,8 +181,14 @@ def test_an_agent_whose_uploads_fail_is_seen_on_the_nodes_page_and_in_metrics(ru
     assert node["sync_error"] == sync.last_error and node["sync_pending_bytes"] >= 2 * 2**20
     assert node["sync_failing_since"] is not None and node["sync_alert"] is None
 
-    # Eleven minutes of failed passes on the agent's clock: the next heartbeat raises the alert.
-    sync.failing_since = datetime.now(UTC) - timedelta(minutes=11)
+    # Eleven minutes of failed passes: the streak the service dated (once, at its first report) began that long
+    # ago, so the next heartbeat raises the alert.
+    app: Any = env.client.app
+    factory = make_sessionmaker(app.state.engine)
+    with unit_of_work(factory) as session:
+        row = session.get(NodeRow, agent.node_id)
+        assert row is not None and row.sync_failing_since is not None
+        row.sync_failing_since = datetime.now(UTC) - timedelta(minutes=11)
     assert agent.heartbeat()
     node = env.client.get(f"/v1/nodes/{agent.node_id}", headers=env.headers).json()
     assert node["sync_alert"].startswith("checkpoint sync failing for 11 min")
@@ -192,8 +198,6 @@ def test_an_agent_whose_uploads_fail_is_seen_on_the_nodes_page_and_in_metrics(ru
     metrics = env.client.get("/metrics").text
     assert "gpuplan_nodes_sync_alert 1.0" in metrics and "gpuplan_nodes_sync_failing 1.0" in metrics
     assert 'gpuplan_node_sync_alerts_total{cause="failing"}' in metrics
-    app: Any = env.client.app
-    factory = make_sessionmaker(app.state.engine)
     with unit_of_work(factory) as session:
         audits = session.scalars(select(AuditEvent).where(AuditEvent.action == "node.sync_alert")).all()
         assert [a.target for a in audits] == [f"node:{agent.node_id}"]
