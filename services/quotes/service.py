@@ -281,7 +281,8 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
         ):
             raise Conflict(
                 f"the plan priced {rec.gpus} x {rec.gpu} at {rec.provider} at ${s.expected_cost_usd:,.2f}; it now "
-                f"estimates ${rec.expected_cost_usd:,.2f} (the calibration or the catalog's defaults changed); "
+                f"estimates ${rec.expected_cost_usd:,.2f} (a price it also depends on, such as the on-demand price "
+                "a spot run falls back to, the calibration or the catalog's defaults changed); "
                 "re-plan to quote it",
                 field="price",
             )

@@ -236,8 +236,12 @@ def record_progress(run: RunRow, step: int | None, loss: float | None) -> None:
 
 def record_heartbeat_progress(session: Session, principal: Principal, node: NodeRow, progress: RunProgress) -> None:
     """The run progress a node's heartbeat reports (services.nodes.service.heartbeat calls this): the node
-    must be part of the run."""
-    run = get_run(session, principal, progress.run_id)
+    must be part of the run; a run id that names no run of the organization is a 422 on that field, the node
+    being the resource the request names (it named ``id``: a probe of stop 50)."""
+    try:
+        run = get_run(session, principal, progress.run_id)
+    except NotFound as exc:
+        raise Unprocessable(exc.message, field="progress.run_id") from None
     if node.id not in run.node_ids:
         raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
     record_progress(run, progress.step, progress.loss)

@@ -151,6 +151,9 @@ def test_durable_checkpoints_progress_and_tenancy(api: Api) -> None:
         f"/v1/nodes/{other_node}/heartbeat", json={"progress": {"run_id": run_id}}, headers=_agent(api, other_node)
     )
     assert response.status_code == 422 and "progress.run_id" in response.text
+    unknown = {"progress": {"run_id": "no-such-run", "step": 1}}
+    response = api.client.post(f"/v1/nodes/{other_node}/heartbeat", json=unknown, headers=_agent(api, other_node))
+    assert response.status_code == 422 and response.json()["field"] == "progress.run_id", response.text
 
 
 def test_the_sweep_decisions_are_visible_as_node_events(api: Api) -> None:
