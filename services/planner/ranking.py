@@ -134,12 +134,13 @@ def _with_notes(entries: list[Entry], ranked: list[Entry], firsts: dict[str, Ent
     """The cards' firsts, cheapest first, each as the ranking shows it (with its notes) where it ranked, else as its
     card's own ranking would."""
     shown = {(id(e.candidate), e.cost.pricing): e for e in ranked}
+    by_card: dict[str, list[Entry]] = {}
+    for e in entries:
+        by_card.setdefault(e.candidate.spec.name, []).append(e)
     out = []
     for card, e in firsts.items():
         found = shown.get((id(e.candidate), e.cost.pricing))
-        if found is None:
-            found = prefer_simpler([x for x in entries if x.candidate.spec.name == card], tolerance, 1)[0]
-        out.append(found)
+        out.append(found if found is not None else prefer_simpler(by_card[card], tolerance, 1)[0])
     return sorted(out, key=Entry.rank_key)
 
 

@@ -49,8 +49,7 @@ class RunApi:
         checkpoints = self.run()["checkpoints"]
         # What durable_manifest answers later in the same pass without asking again.
         self._recorded = {int(c["step"]): c["manifest"] for c in checkpoints if c["status"] == "durable"}
-        durable = {int(c["step"]) for c in checkpoints if c["status"] == "durable"}
-        return durable, {int(c["step"]) for c in checkpoints if c["status"] == "deleted"}
+        return set(self._recorded), {int(c["step"]) for c in checkpoints if c["status"] == "deleted"}
 
     def report_durable(self, manifest: Manifest, upload_bytes_per_s: float | None) -> list[int]:
         body = {"manifest": manifest.model_dump(mode="json"), "upload_bytes_per_s": upload_bytes_per_s}
