@@ -158,6 +158,16 @@ def cell_problems(number: int, row: dict[str, Any]) -> list[str]:
     return problems
 
 
+def spot_above_on_demand(on_demand_usd_per_hour: Any, spot_usd_per_hour: Any) -> bool:
+    """Whether a spot price lies above the on-demand price of the same offer: a data error (swapped columns, a
+    price per node beside one per GPU), since spot capacity is sold at or below on demand (AWS caps the Spot
+    price at the On-Demand price: docs.aws.amazon.com, EC2 User Guide, "Spot Instance pricing")."""
+    prices = (on_demand_usd_per_hour, spot_usd_per_hour)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in prices):
+        return False  # absent or not a number: the row's own checks name it
+    return bool(spot_usd_per_hour > on_demand_usd_per_hour)
+
+
 def offer_from_row(row: OfferRow, spec: GpuSpec) -> Offer:
     return Offer(
         provider=row.provider,
@@ -219,6 +229,13 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
                 if err["type"] == "extra_forbidden":
                     msg = f"unknown column; columns are {', '.join(OfferRow.model_fields)}"
                 problems.append(f"row {number}: {field}: {msg} (got {err.get('input')!r})")
+            continue
+        if spot_above_on_demand(row.on_demand_usd_per_hour, row.spot_usd_per_hour):
+            problems.append(
+                f"row {number}: spot_usd_per_hour: {row.spot_usd_per_hour:g} is above on_demand_usd_per_hour "
+                f"({row.on_demand_usd_per_hour:g}); spot capacity is sold at or below the on-demand price "
+                "(check the columns, and that both are per GPU-hour)"
+            )
             continue
         try:
             spec = find_gpu(row.gpu, specs)

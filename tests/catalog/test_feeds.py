@@ -181,6 +181,29 @@ def test_refresh_stores_offers_keeps_other_providers_and_sends_the_key_in_a_head
     assert bundles.body["rentable"] == {"eq": True} and bundles.body["type"] == "on-demand"
 
 
+def test_a_feeds_spot_price_above_on_demand_is_dropped_with_a_note_and_the_rest_is_stored(
+    factory: sessionmaker[Session], fake: FakeProviders
+) -> None:
+    """One bad spot price does not cost the provider its fresh on-demand prices (the refresh would otherwise
+    fail whole and keep older ones): that offer is stored without a spot price, and the feed's note says so."""
+    payload = response("runpod_gpu_types.json")
+    a40 = next(t for t in payload["data"]["gpuTypes"] if t["id"] == "NVIDIA A40")
+    a40["secureSpotPrice"] = 0.55  # above its securePrice, 0.44
+    fake.routes[("POST", "/graphql")] = (200, payload)
+    (outcome,) = refresh(factory, _settings(fake), ["runpod"])
+    assert outcome.ok and outcome.offers == 5, outcome
+    offers = {(o.gpu, o.region): o for o in _offers(factory, "runpod")}
+    assert len(offers) == 5
+    assert offers[("A40", "secure-cloud")].on_demand_usd_per_hour == 0.44
+    assert offers[("A40", "secure-cloud")].spot_usd_per_hour is None
+    assert offers[("H100 SXM", "secure-cloud")].spot_usd_per_hour == 1.75  # the sound ones are kept
+    note = "dropped the spot price of 1 offer above its on-demand price: A40 secure-cloud (spot 0.55 > 0.44)"
+    assert outcome.note is not None and note in outcome.note
+    with unit_of_work(factory) as session:
+        (state,) = feed_states(session)
+    assert state.last_error is None and note in (state.note or "")
+
+
 def test_a_failed_fetch_keeps_the_last_good_prices_and_records_a_scrubbed_error(
     factory: sessionmaker[Session], fake: FakeProviders
 ) -> None:

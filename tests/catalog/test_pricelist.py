@@ -114,7 +114,21 @@ def test_bad_v2_values_name_the_column(column: str, value: str) -> None:
     assert problems[0].startswith(f"row 1: {column}:"), problems
 
 
+def test_a_spot_price_above_the_on_demand_price_is_refused_naming_the_row() -> None:
+    """Spot capacity is sold at or below the on-demand price (AWS caps the Spot price at the On-Demand price:
+    docs.aws.amazon.com, "Spot Instance pricing"); a row above it is a data error (swapped columns, a price
+    per node beside one per GPU)."""
+    problems = _problems(HEADER + "acme,L4,0.5,0.4,eu,1\n" + "acme,A40,0.7,0.9,eu,1\n")
+    assert len(problems) == 1 and problems[0].startswith("row 2: spot_usd_per_hour: 0.9 is above"), problems
+    assert "on_demand_usd_per_hour (0.7)" in problems[0]
+    as_json = '[{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "spot_usd_per_hour": 1.5}]'
+    assert _problems(as_json, "json")[0].startswith("row 1: spot_usd_per_hour:")
+    (same,) = parse_price_list(HEADER + "acme,L4,0.5,0.5,eu,1\n", "csv")  # at the cap: allowed
+    assert same.spot_usd_per_hour == same.on_demand_usd_per_hour == 0.5
+
+
 def test_export_reads_back_unchanged() -> None:
+    # The bundled lists pass every check a user's list must pass (no spot price above its on-demand one).
     offers = list(bundled_offers())
     assert parse_price_list(export_csv(offers), "csv") == offers
 

@@ -101,6 +101,18 @@ def test_a_bad_row_rejects_the_file_in_one_line(gpuplan: Gpuplan, tmp_path: Path
     assert _costs(gpuplan) == before
 
 
+def test_a_spot_price_above_on_demand_rejects_the_file_in_one_line(gpuplan: Gpuplan, tmp_path: Path) -> None:
+    assert gpuplan("migrate").returncode == 0
+    before = _costs(gpuplan)
+    (tmp_path / "prices.csv").write_text(
+        "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour,region\nnewco,H100 SXM,3.5,2.0,eu\nnewco,L4,0.5,0.8,eu\n"
+    )
+    line = _one_line_error(gpuplan("admin", "import-offers", "prices.csv"))
+    assert "row 2: spot_usd_per_hour: 0.8 is above on_demand_usd_per_hour (0.5)" in line, line
+    assert "nothing was imported" in line
+    assert _costs(gpuplan) == before
+
+
 def test_import_input_errors_are_one_line(gpuplan: Gpuplan, tmp_path: Path) -> None:
     assert "no file" in _one_line_error(gpuplan("admin", "import-offers", "missing.csv"))
     (tmp_path / "p.csv").write_text("provider,gpu,on_demand_usd_per_hour\nnewco,L4,1\n")

@@ -77,6 +77,9 @@ def refresh(
             fetched = fetch_offers(provider, settings, when.strftime("%Y-%m-%dT%H:%M:%SZ"))
             if not fetched.rows:
                 raise FeedError(f"{provider}: the API listed no offer of a known card")
+            fetched.drop_spot_above_on_demand()
+            if fetched.spot_dropped:
+                log.warning("catalog feed %s: spot price above on demand dropped: %s", provider, fetched.spot_dropped)
             with unit_of_work(factory) as session:
                 record_feed_success(session, provider, fetched.rows, when, fetched.note())
             outcomes.append(FeedOutcome(provider, True, len(fetched.rows), note=fetched.note()))

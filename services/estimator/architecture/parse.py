@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from services.estimator.architecture.checkpoint import check_checkpoint_fields
 from services.estimator.architecture.classic import bloom, falcon, gpt2, gpt_neox, t5
 from services.estimator.architecture.config import Config
 from services.estimator.architecture.dense import cohere, gemma3_multimodal, glm, llama_like, phi, phi3
@@ -70,7 +71,8 @@ canonical_architecture: Canonical[Architecture] = Canonical(CANONICAL_ARCHITECTU
 
 def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     """Parse an HF config.json into an :class:`Architecture`. An unknown family gets a generic decoder
-    (``confidence: low``); only a config without the sizes raises EstimatorError."""
+    (``confidence: low``); a config without the sizes, or whose torch_dtype or quantization_config.bits no
+    loader reads, raises EstimatorError."""
     if not isinstance(config, Mapping):
         raise EstimatorError("model.config", "must be a JSON object (the model's config.json)")
     model_type = config.get("model_type")
@@ -79,6 +81,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     # An unknown family is estimated from the standard keys (low confidence), never refused.
     parser = _FAMILIES.get(model_type) or partial(generic_decoder, known=SUPPORTED_MODEL_TYPES)
     check_config_sizes(config)
+    check_checkpoint_fields(config)
     try:
         arch = parser(Config(config))
     except ZeroDivisionError:

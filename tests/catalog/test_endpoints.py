@@ -1,0 +1,68 @@
+"""The price-list import endpoints through the real app over a migrated SQLite file: a bad row answers 422
+naming its row and field, and nothing is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.app import create_app
+from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
+from services.orgs.service import create_key, create_organization
+
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass
+class Client:
+    http: TestClient
+    admin: dict[str, str]
+    platform: dict[str, str]
+
+    def offers(self, provider: str) -> list[dict[str, Any]]:
+        response = self.http.get(f"/v1/catalog/offers?provider={provider}", headers=self.admin)
+        assert response.status_code == 200, response.text
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
+    upgrade(url)
+    with unit_of_work(make_sessionmaker(make_engine(url))) as session:
+        create_organization(session, "alpha")
+        admin = create_key(session, "alpha", admin=True)
+        platform = create_key(session, "alpha", platform_admin=True)
+    with TestClient(create_app(Settings(database_url=url))) as http:
+        yield Client(http, {"Authorization": f"Bearer {admin}"}, {"Authorization": f"Bearer {platform}"})
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/catalog/offers", "/v1/platform/catalog/offers"])
+def test_a_spot_price_above_on_demand_is_a_422_naming_its_row(client: Client, path: str) -> None:
+    headers = client.platform if "platform" in path else client.admin
+    csv = (
+        "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour,region\n"
+        "newco,H100,3.50,2.10,eu\n"  # row 1: fine
+        "newco,L4,0.50,0.65,eu\n"  # row 2: spot above on demand
+    )
+    response = client.http.post(path, content=csv, headers=headers)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == "price_list" and "nothing was imported" in body["message"]
+    assert [d for d in body["details"] if d.startswith("row 2: spot_usd_per_hour: 0.65 is above")] == body["details"]
+    as_json = '[{"provider": "newco", "gpu": "L4", "on_demand_usd_per_hour": 0.5, "spot_usd_per_hour": 0.51}]'
+    response = client.http.post(path, content=as_json, headers={**headers, **JSON})
+    assert response.status_code == 422 and response.json()["details"][0].startswith("row 1: spot_usd_per_hour:")
+    assert client.offers("newco") == []
+
+    good = "provider,gpu,on_demand_usd_per_hour,spot_usd_per_hour,region\nnewco,L4,0.50,0.50,eu\n"
+    assert client.http.post(path, content=good, headers=headers).status_code == 201
+    assert [(o["on_demand_usd_per_hour"], o["spot_usd_per_hour"]) for o in client.offers("newco")] == [(0.5, 0.5)]
