@@ -15,7 +15,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from services.agent.signals import JOB_PID_FILE
 from services.cli.common import Subparsers, add_api_option, add_key_options, api_key, float_arg, id_arg, int_arg
 from services.core.errors import ConfigurationError
-from services.core.settings import Settings
 from services.runs.client import RunApi, RunApiError
 from services.runs.restore import RestoreError, restore_checkpoint
 from services.runs.sync import BucketOnly, SyncError, SyncOptions, read_manifest, stored_steps, sync_pass
@@ -128,9 +127,12 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
     )
 
 
-def _s3(settings: Settings) -> Any:
+def _s3() -> Any:
+    """The S3 client from the GPUPLAN_S3_* settings; a bad one is one line naming it."""
+    from services.cli.server import load_settings
+
     try:
-        return make_s3_client(settings)
+        return make_s3_client(load_settings())
     except ConfigurationError as exc:
         raise RunCliError(exc.message) from None
 
@@ -151,12 +153,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
         run = _run_info(api)
         try:
             result = sync_pass(
-                _s3(Settings()), run["bucket"], run["prefix"], args.run, Path(args.dir), api, options, final=args.final
+                _s3(), run["bucket"], run["prefix"], args.run, Path(args.dir), api, options, final=args.final
             )
         except (SyncError, RunApiError) as exc:
             raise RunCliError(f"sync: {exc}; nothing local was touched, run it again to resume") from None
         except (BotoCoreError, ClientError) as exc:  # credentials, connection and store errors
             raise RunCliError(f"sync: {exc}; run it again to resume") from None
+        except OSError as exc:  # the checkpoint folder unreadable
+            raise RunCliError(f"sync: {exc.filename or args.dir}: {exc.strerror or exc}") from None
     uploaded = [u.manifest.step for u in result.uploaded]
     if args.json:
         import json
@@ -173,6 +177,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
                     "deleted": result.deleted,
                     "repaired": {str(k): v for k, v in result.repaired.items()},
                     "lost": {str(k): v for k, v in result.lost.items()},
+                    "refused": {str(k): v for k, v in result.refused.items()},
                 }
             )
         )
@@ -185,6 +190,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             )
         for step, reason in result.in_progress.items():
             print(f"step {step}: in progress, not complete yet ({reason})")
+        for step, reason in result.refused.items():
+            print(f"step {step}: complete, but not stored ({reason})")
         if result.unsettled:
             print(f"still being written (next pass): steps {result.unsettled}")
         for step, files in result.changed.items():
@@ -194,18 +201,19 @@ def cmd_sync(args: argparse.Namespace) -> int:
             print(f"retention deleted from the bucket: steps {result.deleted}")
         for step, files in result.repaired.items():
             print(f"step {step}: the bucket had lost {', '.join(files[:5])}; put back from the local copy")
-        if not uploaded and not result.repaired:
+        if not uploaded and not result.repaired and not result.refused:
             print("nothing new to sync")
     for reason in result.lost.values():
         print(f"gpuplan sync: {reason}", file=sys.stderr)
-    return 1 if result.lost else 0
+    # A refused step is also logged (a warning on stderr, as the agent shows it), so it is printed here only on stdout.
+    return 1 if result.lost or result.refused else 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
     with httpx.Client(base_url=args.api, timeout=60) as client:
         api = RunApi(client, api_key(args, args.command), args.run)
         run = _run_info(api)
-        s3 = _s3(Settings())
+        s3 = _s3()
         try:
             if args.from_bucket:
                 durable = BucketOnly(s3, run["bucket"], run["prefix"]).done_steps()[0]
@@ -253,7 +261,7 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, 
     agent.attach_run(
         RunSync(
             api=api,
-            s3=_s3(Settings()),
+            s3=_s3(),
             bucket=run["bucket"],
             prefix=run["prefix"],
             checkpoint_dir=Path(checkpoint_dir),

@@ -78,12 +78,31 @@ class Completeness:
     beside: tuple[str, ...] = ()
 
 
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The files of a checkpoint as its trainer reads them: a link to a file counts as that file (its bytes are
+    synced under the link's name, and a restore puts back a plain file); links that name no file are refused by
+    ``completeness`` (``_unfollowed_link``)."""
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def _unfollowed_link(directory: Path) -> str | None:
+    """A link in the checkpoint that names no file (None: none). Left out, it would make a checkpoint durable without
+    what the link stands for (weights behind a link, say); a folder behind a link is not walked (a link to '.' or
+    '/' would never end)."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink() and not path.is_file():
+            relative = path.relative_to(directory).as_posix()
+            if path.is_dir():
+                return f"{relative} is a link to a folder, which is not synced: copy the folder in, or remove the link"
+            if path.exists():
+                return f"{relative} is a link to something that is not a file"
+            return f"{relative} is a link to a missing file"
+    return None
 
 
 def _newest_ns(paths: list[Path]) -> int:
-    return max((p.stat().st_mtime_ns for p in paths), default=0)
+    # A link's own time: when the save put it in the folder (its target may be an older or a shared file).
+    return max((p.lstat().st_mtime_ns for p in paths), default=0)
 
 
 def whole_file_problem(path: Path) -> str | None:
@@ -118,14 +137,14 @@ def _written_last(directory: Path, last: list[Path], allowed_after: tuple[str, .
     """None if no file of the checkpoint is newer than the newest of ``last``; else the newer file."""
     exempt = {p.resolve() for p in last} | {(directory / n).resolve() for n in (*allowed_after, *OWN_FILES)}
     marker_ns = _newest_ns(last)
-    for path in _files(directory):
-        if path.resolve() not in exempt and path.stat().st_mtime_ns > marker_ns:
+    for path in checkpoint_files(directory):
+        if path.resolve() not in exempt and _newest_ns([path]) > marker_ns:
             return path.relative_to(directory).as_posix()
     return None
 
 
 def _whole(directory: Path) -> str | None:
-    for path in _files(directory):
+    for path in checkpoint_files(directory):
         problem = whole_file_problem(path)
         if problem is not None:
             return f"{path.relative_to(directory).as_posix()}: {problem}"
@@ -340,7 +359,7 @@ def completeness(directory: Path, step: int) -> Completeness:
         )
     if not decided.complete:
         return decided
-    problem = _whole(directory)
+    problem = _unfollowed_link(directory) or _whole(directory)
     if problem is not None:
         return Completeness(False, decided.framework, problem)
     return decided

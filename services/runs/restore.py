@@ -3,10 +3,11 @@
 Files are downloaded into ``<to>/<dir name>.partial`` (an interrupted download resumes with a ranged
 GET from where it stopped), each verified against the manifest's size and SHA-256, and the directory
 is renamed to its final name only when every file is verified: a restore never leaves a directory that
-looks complete but is not. Every restored file gets the same mtime, so the framework's last-written
-file (services/runs/complete.py) is not older than the others and the copy reads as complete; a
-DeepSpeed tag directory (``global_stepN``) gets a ``latest`` beside it naming it, as the engine wrote,
-and files the manifest keeps beside the folder (torchtune's ``recipe_state/recipe_state.pt``) are put
+looks complete but is not. What else the ``.partial`` folder holds (an earlier restore of another checkpoint of the
+same name) is removed first, so the copy holds the manifest's files and no others. Every restored file gets the
+same mtime, so the framework's last-written file (services/runs/complete.py) is not older than the others and the
+copy reads as complete; a DeepSpeed tag directory (``global_stepN``) gets a ``latest`` beside it naming it, as the
+engine wrote, and files the manifest keeps beside the folder (torchtune's ``recipe_state/recipe_state.pt``) are put
 back beside it, verified the same way, with the same mtime.
 """
 
@@ -17,7 +18,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from services.runs.complete import DEEPSPEED_LATEST
@@ -68,11 +69,37 @@ def _download(s3: Any, bucket: str, key: str, target: Path, size: int) -> int:
     return fetched
 
 
+def _prune(partial: Path, keep: set[str]) -> None:
+    """Remove from the ``.partial`` folder whatever the manifest does not list: an earlier restore of another
+    checkpoint of the same name (another run, a step saved anew) may have left files there, and the folder is renamed
+    into place whole. Links go too: a download never writes through one."""
+    if not partial.is_dir() or partial.is_symlink():
+        return
+    folders = {parent.as_posix() for name in keep for parent in PurePosixPath(name).parents}
+    for path in sorted(partial.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # a folder after its files
+        relative = path.relative_to(partial).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if relative not in folders:
+                path.rmdir()  # emptied above
+        elif path.is_symlink() or relative not in keep:
+            path.unlink()
+
+
 def _fetch_verified(s3: Any, bucket: str, key: str, target: Path, entry: ManifestFile) -> int:
     """Download one file (resuming a partial one) until its size and SHA-256 match; bytes fetched."""
+    from botocore.exceptions import ClientError
+
     fetched = 0
     for attempt in (1, 2):
-        fetched += _download(s3, bucket, key, target, entry.size)
+        try:
+            fetched += _download(s3, bucket, key, target, entry.size)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise RestoreError(
+                    f"{entry.path}: not in the bucket (s3://{bucket}/{key}): this checkpoint cannot be restored; "
+                    "restore another step with --step"
+                ) from None
+            raise
         if target.stat().st_size == entry.size and _sha256(target) == entry.sha256:
             return fetched
         target.unlink()  # corrupt or changed: fetch it once more from the start
@@ -94,6 +121,7 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
         raise RestoreError(f"{final} already exists; restore into an empty directory or remove it")
     partial = to / f"{stored.dir_name}.partial"
     base = step_prefix(run_prefix, stored.step)
+    _prune(partial, {entry.path for entry in stored.files})
     downloaded = 0
     for entry in stored.files:
         downloaded += _fetch_verified(s3, bucket, f"{base}/{entry.path}", partial / entry.path, entry)

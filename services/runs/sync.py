@@ -33,6 +33,10 @@ Two agents may sync one run: an upload never writes into a step the other made d
 looked for before each file and created only where none exists), and an interrupted upload is cleaned up as
 an orphan only after ORPHAN_QUIET_S without a write. A directory that loses a file after it was first seen
 complete is being deleted, and is never made durable by this process.
+
+A complete checkpoint the bucket or its manifest cannot hold as it is (a file name with a control character or not
+in UTF-8, a key over S3's length, a step past the service's) is refused before a byte is sent
+(``SyncResult.refused``), and the pass goes on: one such folder must not keep every newer checkpoint from the bucket.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +56,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.runs.complete import completeness
+from pydantic import ValidationError
+
+from services.core.json_limits import INT32_MAX
+from services.runs.complete import checkpoint_files, completeness
 from services.runs.manifest import (
     BESIDE_PREFIX,
     MANIFEST_NAME,
@@ -70,6 +78,8 @@ MAX_PARTS = 10_000
 # An unfinished upload's prefix is deleted as an orphan only when none of its objects changed for this long, in
 # seconds: a prefix written to lately may be another agent's upload in progress (two agents can share a run).
 ORPHAN_QUIET_S = 3600.0
+# S3's longest object key, in UTF-8 bytes (docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html).
+MAX_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,7 @@ class SyncResult:
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable, but these local files changed since
     repaired: dict[int, list[str]] = field(default_factory=dict)  # durable, these lost objects put back from local
     lost: dict[int, str] = field(default_factory=dict)  # durable, but the bucket lost objects no local copy restores
+    refused: dict[int, str] = field(default_factory=dict)  # complete, but not storable as it is (a file name, its step)
 
 
 class CheckpointChanged(Exception):
@@ -163,6 +174,11 @@ class DurableElsewhere(CheckpointChanged):
 
 class SyncError(Exception):
     """A checkpoint could not be made durable; nothing was lost, the next pass resumes."""
+
+
+class Unstorable(SyncError):
+    """A complete checkpoint that the bucket or its manifest cannot hold as it is (a file name, or its step): nothing of
+    it is sent, and the pass goes on to newer checkpoints, which carry training on."""
 
 
 # Per checkpoint directory (its path and inode: a directory made anew starts afresh), the files it held when first
@@ -181,7 +197,7 @@ def _shrinking(directory: Path, gone: set[str] | None = None) -> list[str]:
     have vanished), recording its present files; empty while it only grows."""
     try:
         key = _directory_key(directory)
-        present = {p.relative_to(directory).as_posix() for p in _files(directory)}
+        present = {p.relative_to(directory).as_posix() for p in checkpoint_files(directory)}
     except OSError:
         return sorted(gone or ())
     with _COMPLETE_LOCK:
@@ -204,15 +220,14 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file, by relative path: what "unchanged" is checked against."""
     out = {}
-    for path in _files(directory):
-        stat = path.stat()
+    for path in checkpoint_files(directory):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue  # removed since the listing: the snapshots differ, so nothing is made durable
         out[path.relative_to(directory).as_posix()] = (stat.st_size, stat.st_mtime_ns)
     return out
 
@@ -232,7 +247,7 @@ def _beside_snapshot(root: Path, paths: list[Path]) -> dict[str, tuple[int, int]
 def settled(directory: Path, settle_s: float, now: float | None = None) -> bool:
     """Whether nothing in the directory changed for ``settle_s`` seconds (the trainer is done with it)."""
     now = time.time() if now is None else now
-    newest = max((p.stat().st_mtime for p in [directory, *_files(directory)]), default=0.0)
+    newest = max((p.stat().st_mtime for p in [directory, *checkpoint_files(directory)]), default=0.0)
     return now - newest >= settle_s
 
 
@@ -327,7 +342,13 @@ def _upload_multipart(
             etag = str(part["ETag"]).strip('"')
             if number <= len(parts) and int(part["Size"]) == expected and etag == parts[number - 1].hex():
                 done[number] = etag
-    else:
+            else:
+                # Begun for other bytes (the file was rewritten since, or another part size): its SHA-256 metadata,
+                # set when it began, is the other version's, and the finished object would fail its check.
+                s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                upload_id, done = None, {}
+                break
+    if upload_id is None:
         upload_id = str(s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata={"sha256": sha})["UploadId"])
 
     def send(number: int) -> tuple[int, str, int]:
@@ -384,16 +405,28 @@ def read_metric(directory: Path, step: int) -> float | None:
     training script writes one, else the last ``eval_loss`` at or before this step in transformers'
     ``trainer_state.json``."""
     explicit = directory / "gpuplan_metric.json"
+    value: object = None
     try:
         if explicit.is_file():
-            return float(json.loads(explicit.read_text())["metric"])
-        state = directory / "trainer_state.json"
-        if state.is_file():
+            value = json.loads(explicit.read_text())["metric"]
+        elif (state := directory / "trainer_state.json").is_file():
             history = json.loads(state.read_text()).get("log_history", [])
             losses = [e["eval_loss"] for e in history if "eval_loss" in e and int(e.get("step", 0)) <= step]
-            return float(losses[-1]) if losses else None
-    except (ValueError, KeyError, TypeError, OSError):
+            value = losses[-1] if losses else None
+    except (ValueError, KeyError, TypeError, OSError, AttributeError):
         log.warning("unreadable metric in %s; the checkpoint is kept without one", directory)
+        return None
+    if value is None:
+        return None
+    # A diverged run's NaN loss (Python's json reads NaN and Infinity) ranks nothing, and the manifest's JSON would
+    # store it as null, unlike the one written; a bool is no measurement.
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if math.isfinite(number):
+        return number
+    log.warning("metric %r in %s is not a finite number; the checkpoint is kept without one", value, directory)
     return None
 
 
@@ -416,16 +449,25 @@ def upload_checkpoint(
     root = directory.parent
     beside = [root / relative for relative in completeness(directory, step).beside]
     before = _snapshot(directory) | _beside_snapshot(root, beside)  # taken before any file is hashed
-    sending = [(path, path.relative_to(directory).as_posix(), uploads) for path in _files(directory)]
+    sending = [(path, path.relative_to(directory).as_posix(), uploads) for path in checkpoint_files(directory)]
     sending += [(path, path.relative_to(root).as_posix(), beside_uploads) for path in beside]
-    for path, relative, into in sending:
-        if into is uploads and (relative == MANIFEST_NAME or relative.split("/", 1)[0] == BESIDE_PREFIX):
-            raise SyncError(f"{path}: a checkpoint may not contain {MANIFEST_NAME} or {BESIDE_PREFIX}/ at its top")
+    keys = [
+        f"{base}/{relative}" if into is uploads else f"{base}/{BESIDE_PREFIX}/{relative}"
+        for _, relative, into in sending
+    ]
+    problem = _unstorable(
+        run_id,
+        directory.name,
+        step,
+        [(rel, key, into is uploads) for (_, rel, into), key in zip(sending, keys, strict=True)],
+    )
+    if problem is not None:
+        raise Unstorable(problem)
+    for (path, relative, into), key in zip(sending, keys, strict=True):
         # Another agent of the run may have made this step durable meanwhile: its objects are never overwritten
         # (one HEAD before each file, as many as the resumption's own).
         if _head(s3, bucket, f"{base}/{MANIFEST_NAME}") is not None:
             raise DurableElsewhere("made durable by another writer while this one uploaded; its objects are kept")
-        key = f"{base}/{relative}" if into is uploads else f"{base}/{BESIDE_PREFIX}/{relative}"
         try:
             upload = upload_file(s3, bucket, key, path, options)
         except FileNotFoundError:  # deleted mid-upload: the trainer's rotation removing the directory, say
@@ -457,6 +499,39 @@ def upload_checkpoint(
         raise CheckpointChanged(f"no longer complete after the upload ({state.reason}); not made durable")
     write_manifest(s3, bucket, run_prefix, manifest, create=True)
     return CheckpointUpload(manifest=manifest, files=uploads, seconds=time.monotonic() - started)
+
+
+_NO_SHA = "0" * 64
+
+
+def _unstorable(run_id: str, dir_name: str, step: int, files: list[tuple[str, str, bool]]) -> str | None:
+    """Why a complete checkpoint cannot be stored as it is (None: it can), before a byte is sent: a file name that is
+    not UTF-8 or holds a control character, an object key over S3's length, a step or a file count its manifest
+    cannot hold. ``files``: (relative path, object key, whether it is the checkpoint's own file) of each file."""
+    if step > INT32_MAX:
+        return f"step {step} is past the largest step the service records ({INT32_MAX}); rename the folder"
+    entries = []
+    for relative, key, own in files:
+        if own and (relative == MANIFEST_NAME or relative.split("/", 1)[0] == BESIDE_PREFIX):
+            return f"{relative!r}: a checkpoint may not hold {MANIFEST_NAME} or {BESIDE_PREFIX}/ at its top"
+        try:
+            key_bytes = len(key.encode())
+        except UnicodeEncodeError:
+            return f"{relative!r}: the file name is not UTF-8, which an object key must be; rename it"
+        if key_bytes > MAX_KEY_BYTES:
+            return f"{relative[:80]!r}...: its object key is {key_bytes} bytes, over S3's {MAX_KEY_BYTES}; shorten it"
+        try:
+            entry = ManifestFile(path=relative, size=0, sha256=_NO_SHA)
+        except ValidationError as exc:
+            return f"{relative!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}; rename it"
+        if own:
+            entries.append(entry)
+    try:
+        Manifest(run_id=run_id, step=step, dir_name=dir_name, files=tuple(entries), created_at=datetime.now(UTC))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        return f"its manifest cannot hold it ({'.'.join(map(str, error['loc']))}: {error['msg']})"
+    return None
 
 
 def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest, *, create: bool = False) -> None:
@@ -523,14 +598,17 @@ def local_changes(directory: Path, manifest: Manifest) -> list[str]:
     (only for files modified after the manifest was made, so a pass costs a stat per file) another
     SHA-256."""
     recorded = {f.path: f for f in manifest.files}
-    local = {p.relative_to(directory).as_posix(): p for p in _files(directory)}
+    local = {p.relative_to(directory).as_posix(): p for p in checkpoint_files(directory)}
     changed = sorted(set(local) ^ set(recorded))
     made_ns = int(manifest.created_at.timestamp() * 1e9)
     for relative in sorted(set(local) & set(recorded)):
         path, entry = local[relative], recorded[relative]
-        stat = path.stat()
-        if stat.st_size != entry.size or (stat.st_mtime_ns > made_ns and _sha256(path) != entry.sha256):
-            changed.append(relative)
+        try:
+            stat = path.stat()
+            if stat.st_size != entry.size or (stat.st_mtime_ns > made_ns and _sha256(path) != entry.sha256):
+                changed.append(relative)
+        except FileNotFoundError:
+            changed.append(relative)  # removed since the listing
     return sorted(changed)
 
 
@@ -596,7 +674,7 @@ def sync_pass(
 
     def note_changes(step: int, directory: Path, manifest: Manifest | None) -> None:
         changed = local_changes(directory, manifest) if manifest is not None else []
-        if changed:
+        if changed and directory.is_dir():  # a folder gone meanwhile was rotated away, not changed
             result.changed[step] = changed
             log.warning(
                 "step %d: local files changed after it was made durable (%s); the bucket keeps the verified "
@@ -622,17 +700,23 @@ def sync_pass(
         if durable and step < max(durable):
             result.superseded.append(step)
             continue
-        state = completeness(directory, step)
+        try:
+            state = completeness(directory, step)
+            lost = _shrinking(directory) if state.complete else []
+            quiet = state.complete and not lost and settled(directory, options.settle_s, now)
+        except FileNotFoundError as exc:
+            # Removed while this pass looked at it (a trainer's rotation deleting old checkpoints): not an error.
+            result.in_progress[step] = _vanished(directory, exc)
+            continue
         if not state.complete:
             result.in_progress[step] = state.reason
             log.info("step %d: in progress, not uploaded: %s", step, state.reason)
             continue
-        lost = _shrinking(directory)
         if lost:
             result.in_progress[step] = f"lost {', '.join(lost[:5])} since it was complete: being deleted"
             log.warning("step %d: %s; never made durable", step, result.in_progress[step])
             continue
-        if not settled(directory, options.settle_s, now):
+        if not quiet:
             result.unsettled.append(step)
             continue
         is_final = final and step == newest_local
@@ -662,6 +746,13 @@ def sync_pass(
                 result.in_progress[step] = str(exc)
                 log.warning("step %d: %s; the next pass tries again", step, exc)
                 continue
+            except FileNotFoundError as exc:
+                result.in_progress[step] = _vanished(directory, exc)
+                continue
+            except Unstorable as exc:
+                result.refused[step] = str(exc)
+                log.warning("step %d: complete, but not stored: %s", step, exc)
+                continue
             result.uploaded.append(upload)
             rate = upload.bytes_sent / upload.seconds if upload.bytes_sent and upload.seconds > 0 else None
             to_delete = control.report_durable(upload.manifest, rate)
@@ -682,6 +773,11 @@ def sync_pass(
             ):
                 delete_checkpoint(s3, bucket, run_prefix, orphan)
     return result
+
+
+def _vanished(directory: Path, exc: FileNotFoundError) -> str:
+    where = Path(exc.filename).name if exc.filename else directory.name
+    return f"{where} vanished while this pass looked at it: being deleted"
 
 
 def _audit(

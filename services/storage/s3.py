@@ -47,13 +47,18 @@ def make_s3_client(settings: Settings, *, max_attempts: int = 6, timeout_s: floa
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.s3_access_key_id,
-        aws_secret_access_key=secret,
-        config=config,
-    )
+    try:
+        return boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            aws_access_key_id=settings.s3_access_key_id,
+            aws_secret_access_key=secret,
+            config=config,
+        )
+    except ValueError as exc:  # botocore's "Invalid endpoint: host:9000" (no scheme), or a malformed region
+        raise ConfigurationError(
+            f"GPUPLAN_S3_ENDPOINT_URL or GPUPLAN_S3_REGION: {exc} (an endpoint is a URL such as http://127.0.0.1:9000)"
+        ) from None
 
 
 def default_location(settings: Settings, prefix: str = "") -> S3Location:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,55 @@ def test_a_bucket_that_lost_the_newest_durable_checkpoint_is_refilled_from_the_n
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "the bucket lost" in captured.err and "step 100" in captured.err
     assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 1  # until a person acts
+
+
+def test_a_step_that_cannot_be_stored_is_said_and_fails_the_command_while_newer_ones_sync(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A probe: a file name with a tab sent every file of its step, then failed on the manifest with a pydantic
+    traceback, on every pass, and no newer step became durable."""
+    out = tmp_path / "out"
+    make_checkpoint(out, 100, 6 * 2**20, seed=1)
+    (out / "checkpoint-100" / "notes\tfinal.txt").write_text("x")
+    os.utime(out / "checkpoint-100" / "notes\tfinal.txt", (0, 0))
+    make_checkpoint(out, 200, 6 * 2**20, seed=2)
+    connect = ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--part-mib", "5"]) == 1
+    printed = capsys.readouterr().out
+    assert "step 200: durable" in printed
+    assert "step 100: complete, but not stored ('notes\\tfinal.txt': must not hold control characters" in printed
+    assert run_env.run()["last_durable_step"] == 200
+
+
+def test_settings_and_folders_the_cli_cannot_use_are_one_line(
+    run_env: RunEnv,
+    live_api: str,
+    s3_env: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A probe: a bad GPUPLAN_S3_ADDRESSING_STYLE, an endpoint without its scheme, and a checkpoint folder the user
+    cannot read each ended `gpuplan sync` (or restore) in a traceback."""
+    connect = ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
+    make_checkpoint(tmp_path / "out", 100, 6 * 2**20, seed=1)
+    sync = ["sync", *connect, "--dir", str(tmp_path / "out"), "--settle-s", "0"]
+    monkeypatch.setenv("GPUPLAN_S3_ADDRESSING_STYLE", "sideways")
+    with pytest.raises(SystemExit) as exited:
+        main(sync)
+    assert str(exited.value.code).startswith("gpuplan: error: GPUPLAN_S3_ADDRESSING_STYLE: Input should be")
+    monkeypatch.delenv("GPUPLAN_S3_ADDRESSING_STYLE")
+    monkeypatch.setenv("GPUPLAN_S3_ENDPOINT_URL", "127.0.0.1:9000")
+    for command in (sync, ["restore", *connect, "--to", str(tmp_path / "r")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert "GPUPLAN_S3_ENDPOINT_URL" in err and "Invalid endpoint: 127.0.0.1:9000" in err and "\n" not in err
+    monkeypatch.setenv("GPUPLAN_S3_ENDPOINT_URL", run_env.s3.s3_endpoint_url or "")
+
+    def unreadable(directory: Path) -> list[Path]:
+        raise PermissionError(13, "Permission denied", str(directory))
+
+    monkeypatch.setattr("services.runs.sync.checkpoint_files", unreadable)
+    assert main(sync) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpuplan: error: sync: {tmp_path / 'out' / 'checkpoint-100'}: Permission denied"

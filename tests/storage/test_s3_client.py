@@ -26,3 +26,17 @@ def test_the_secret_never_appears_in_a_repr(s3_settings: Settings) -> None:
 def test_no_bucket_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="GPUPLAN_S3_BUCKET"):
         default_location(Settings())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"s3_endpoint_url": "127.0.0.1:9000"}, "Invalid endpoint: 127.0.0.1:9000"),  # the scheme left out
+        ({"s3_region": "us east 1"}, "region_name 'us east 1'"),
+    ],
+)
+def test_an_endpoint_or_region_boto3_refuses_is_a_configuration_error(fields: dict[str, str], message: str) -> None:
+    """A probe: botocore's ValueError went through `gpuplan sync` and `gpuplan restore` as a traceback."""
+    with pytest.raises(ConfigurationError, match=message) as raised:
+        make_s3_client(Settings(**fields))
+    assert "GPUPLAN_S3_ENDPOINT_URL or GPUPLAN_S3_REGION" in raised.value.message
