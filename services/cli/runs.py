@@ -47,7 +47,15 @@ def register(sub: Subparsers) -> None:
         metavar="S",
         help="also wait until a complete checkpoint has been quiet for S seconds",
     )
-    sync.add_argument("--part-mib", type=int_arg("--part-mib", 0), default=64, metavar="MIB")
+    sync.add_argument(
+        "--part-mib",
+        # S3 takes parts of 5 MiB to 5 GiB (docs.aws.amazon.com/AmazonS3/latest/userguide/qfacts.html): below 5 is
+        # read as 5; above 5,120 every file past it would fail each pass on S3 (moto does not check).
+        type=int_arg("--part-mib", 0, 5120),
+        default=64,
+        metavar="MIB",
+        help="multipart part size in MiB (5 to 5120, S3's limits; smaller values are read as 5)",
+    )
     sync.add_argument("--json", action="store_true")
     sync.set_defaults(handler=cmd_sync)
 

@@ -450,3 +450,6 @@ def test_agent_sync_and_restore(service: Service, tmp_path: Path) -> None:
     back = tmp_path / "back" / "checkpoint-300"
     assert (back / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
     _one_error_line(gpuplan("restore", *run_args, "--to", str(tmp_path / "x"), "--step", "7", env=service.env), "7")
+    # S3 takes parts of at most 5 GiB: a larger one would fail every pass on S3 (moto does not check it).
+    big = gpuplan("sync", *run_args, "--dir", str(tmp_path / "out"), "--part-mib", "5121", env=service.env)
+    _one_error_line(big, "--part-mib must be from 0 to 5120, got '5121'")
