@@ -10,7 +10,8 @@ came from that process.
 
 The GPU it registers is the one NVML reports, sent as ``nvml_gpu`` too; a GPU named by hand (``--gpu``)
 counts only where NVML cannot tell, and the server then uses none of the node's calibrations
-(services/nodes/calibration.py).
+(services/nodes/calibration.py). Each heartbeat reports every GPU registered; one NVML cannot read then is
+sent with null figures, and the node is kept while its GPU state is unknown (services/nodes/idle.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from typing import Any
 import httpx
 
 from services.agent.node import NodeGuard, RunSync, Syncer, local_signals, read_progress, stop_machine
-from services.agent.signals import JobWatch
+from services.agent.signals import JobWatch, read_gpus
 from services.catalog.gpus import find_gpu
 from services.catalog.models import find_model
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import Plan
+from services.nodes.idle import HEARTBEAT_INTERVAL_S
 from services.runs.sync import BucketOnly
 
 log = logging.getLogger("gpuplan.agent")
@@ -58,27 +60,6 @@ def detect_gpus() -> dict[str, Any]:
         }
     except Exception:  # no NVML library or no NVIDIA driver: a CPU-only node
         return {"gpu": "cpu", "gpu_count": 0, "gpu_memory_gib": 0.0, "driver": ""}
-
-
-def gpu_status() -> list[dict[str, Any]]:
-    try:
-        import pynvml
-
-        out = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            out.append(
-                {
-                    "index": index,
-                    "utilisation_pct": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                    "memory_used_gib": memory.used / 2**30,
-                    "memory_total_gib": memory.total / 2**30,
-                }
-            )
-        return out
-    except Exception:
-        return []
 
 
 def same_gpu(a: str, b: str) -> bool:
@@ -110,6 +91,8 @@ class Agent:
         self.syncer: Syncer | None = None
         self.stopping = threading.Event()
         self.job: subprocess.Popen[bytes] | None = None  # the training job this agent launched
+        self.gpu_count = 0  # the GPUs NVML reported at registration: each is reported, unreadable or not
+        self.interval_s = HEARTBEAT_INTERVAL_S  # seconds between heartbeats, declared in each (run() sets it)
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
@@ -136,6 +119,7 @@ class Agent:
             info["gpu"] = named  # NVML cannot tell: registered as named, its calibrations unverified
             log.warning("NVML reports no GPU; registering as %r (unverified: its calibrations stay unused)", named)
         self.node_token = ""
+        self.gpu_count = int(detected["gpu_count"])
         answer = self._post("/v1/nodes", info).json()
         self.node_id, self.node_token = str(answer["id"]), str(answer["node_token"])
         return self.node_id
@@ -159,10 +143,10 @@ class Agent:
     def heartbeat(self) -> bool:
         """Report the node's state; False when the control plane could not be reached."""
         self._reap_job()
-        gpus = gpu_status()
+        gpus, gpu_pids = read_gpus(self.gpu_count)
         syncer = self.syncer
         unsynced = syncer.run.unsynced() if syncer else 0
-        signals = local_signals(self.jobs, self.busy, bool(syncer and syncer.uploading), unsynced, gpus)
+        signals = local_signals(self.jobs, self.busy, bool(syncer and syncer.uploading), unsynced, gpus, gpu_pids)
         if self.guard is not None:
             self.guard.observe(signals)
         body: dict[str, Any] = {
@@ -172,6 +156,7 @@ class Agent:
             "interactive_idle_s": signals.interactive_idle_s,
             "unsynced_checkpoints": unsynced,
             "agent_pid": os.getpid(),
+            "heartbeat_interval_s": float(self.interval_s),
         }
         if syncer is not None:
             step, loss = read_progress(syncer.run.checkpoint_dir)
@@ -219,8 +204,9 @@ class Agent:
         log.warning("SIGTERM: final sync, then exit")
         self.stopping.set()
 
-    def run(self, interval_s: float = 15.0, once: bool = False) -> str:
+    def run(self, interval_s: float = HEARTBEAT_INTERVAL_S, once: bool = False) -> str:
         """The agent loop; returns why it ended ('once', 'sigterm' or the guard's reason)."""
+        self.interval_s = interval_s
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         reachable = True

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.agent.signals import JobWatch, gpu_processes, interactive_idle_s
-from services.nodes.idle import IdlePolicy, Signals, next_idle_since
+from services.agent.signals import JobWatch, interactive_idle_s
+from services.nodes.idle import IdlePolicy, Signals, gpu_reading, next_idle_since
 from services.runs.client import RunApi, RunApiError
 from services.runs.sync import (
     BucketOnly,
@@ -53,6 +53,7 @@ class RunSync:
     in_progress: dict[int, str] = field(default_factory=dict)  # from the last pass: not complete yet
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable steps whose local files changed
     lost: dict[int, str] = field(default_factory=dict)  # durable steps whose objects the bucket lost for good
+    refused: dict[int, str] = field(default_factory=dict)  # complete steps the bucket cannot hold as they are
 
     def pass_once(self, control: ControlPlane, final: bool = False) -> SyncResult:
         result = sync_pass(
@@ -72,7 +73,11 @@ class RunSync:
                 log.warning("checkpoint step %d changed locally after it was made durable: %s", step, files)
         for step, files in result.repaired.items():
             log.warning("checkpoint step %d: the bucket had lost %s; put back from the local copy", step, files)
+        for step, reason in result.refused.items():
+            if self.refused.get(step) != reason:
+                log.warning("checkpoint step %d is complete but not stored: %s", step, reason)
         self.in_progress, self.changed, self.lost = dict(result.in_progress), dict(result.changed), dict(result.lost)
+        self.refused = dict(result.refused)
         return result
 
     def _unsynced_steps(self) -> set[int]:
@@ -105,11 +110,16 @@ class RunSync:
             self.failing_since = at or datetime.now(UTC)
 
     def succeeded(self) -> None:
-        """A pass ended without an error. Durable steps the bucket lost for good, and those whose local files
-        changed, are still reported as the sync's error (an alert once it lasts): only a person can act on them
-        (restore an older step; resume into a new output directory, or a new run)."""
+        """A pass ended without an error. Durable steps the bucket lost for good, complete steps it cannot hold as
+        they are (a file name, the step), and durable steps whose local files changed are still reported as the
+        sync's error (an alert once it lasts): only a person can act on them (restore an older step; rename the file
+        or folder; resume into a new output directory, or a new run)."""
         if self.lost:
             self.failed("; ".join(self.lost[step] for step in sorted(self.lost)))
+            return
+        if self.refused:
+            refused = sorted(self.refused)
+            self.failed("; ".join(f"step {step}: complete, but not stored ({self.refused[step]})" for step in refused))
             return
         if self.changed:
             steps = ", ".join(str(step) for step in sorted(self.changed))
@@ -187,11 +197,19 @@ class NodeGuard:
 
 
 def local_signals(
-    jobs: JobWatch, calibrating: bool, uploading: bool, unsynced: int, gpus: list[dict[str, Any]]
+    jobs: JobWatch,
+    calibrating: bool,
+    uploading: bool,
+    unsynced: int,
+    gpus: list[dict[str, Any]],
+    gpu_pids: set[int] | None = None,
 ) -> Signals:
+    """The busy signals of this node, from its GPUs and their processes as ``read_gpus`` returned them."""
+    utilisation, readable = gpu_reading(gpus)
     return Signals(
-        job_running=calibrating or jobs.running(gpu_processes()),
-        gpu_utilisation_pct=max((float(g["utilisation_pct"]) for g in gpus), default=0.0),
+        job_running=calibrating or jobs.running(gpu_pids),
+        gpu_utilisation_pct=utilisation,
+        gpu_readable=readable,
         uploading=uploading,
         interactive_idle_s=interactive_idle_s(),
         unsynced_checkpoints=unsynced,

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 JOB_PID_FILE = "gpuplan_job.pid"  # in the run's checkpoint folder: pids a training script registers
 
@@ -116,18 +117,89 @@ class JobWatch:
         return False
 
 
-def gpu_processes() -> set[int]:
-    """Pids holding a compute context on any of this node's GPUs (NVML); empty without NVML."""
+def _unreadable(index: int) -> dict[str, Any]:
+    return {"index": index, "utilisation_pct": None, "memory_used_gib": None, "memory_total_gib": None}
+
+
+# NVML return codes (nvml.h): a query the device does not support, and an empty slot.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+
+
+def _nvml_code(exc: BaseException) -> int | None:
+    return getattr(exc, "value", None)  # pynvml's NVMLError carries the return code
+
+
+def _read_gpu(nvml: Any, index: int) -> tuple[dict[str, Any], set[int]]:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        utilisation = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        mig = None
+    except Exception as exc:
+        # A MIG-enabled GPU (or a slice of one, as some providers rent) has no utilisation figure ("On MIG-enabled
+        # GPUs, querying device utilization rates is not currently supported": NVML API reference,
+        # nvmlDeviceGetUtilizationRates). That is no failure: the compute processes (on MIG, those of its instances)
+        # say whether it is busy, and it reads as 0 %. Any other error leaves its state unknown.
+        if _nvml_code(exc) != NVML_ERROR_NOT_SUPPORTED:
+            raise
+        utilisation, mig = 0.0, _mig_processes(nvml, handle)
+    pids = mig if mig is not None else {int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    status = {
+        "index": index,
+        "utilisation_pct": utilisation,
+        "memory_used_gib": memory.used / 2**30,
+        "memory_total_gib": memory.total / 2**30,
+    }
+    return status, pids
+
+
+def _mig_processes(nvml: Any, handle: Any) -> set[int] | None:
+    """Pids holding a compute context on the GPU's MIG instances (with MIG on, processes run on those, never on the
+    GPU itself); None where MIG is off or the card has none."""
+    try:
+        if nvml.nvmlDeviceGetMigMode(handle)[0] != 1:  # NVML_DEVICE_MIG_ENABLE
+            return None
+    except Exception as exc:
+        if _nvml_code(exc) != NVML_ERROR_NOT_SUPPORTED:  # a card without MIG
+            raise
+        return None
+    pids: set[int] = set()
+    for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except Exception as exc:
+            if _nvml_code(exc) != NVML_ERROR_NOT_FOUND:  # an empty slot
+                raise
+            continue
+        pids |= {int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(instance)}
+    return pids
+
+
+def read_gpus(registered: int) -> tuple[list[dict[str, Any]], set[int]]:
+    """Each GPU's utilisation and memory (the heartbeat's ``gpus``) and the pids holding a compute context on
+    any of them, from NVML. A GPU whose utilisation, memory or processes NVML cannot read is reported with null
+    figures, its state unknown; so is each of the ``registered`` GPUs NVML no longer counts. A node that
+    registered none (CPU-only) reports none when NVML fails, as before."""
+    gpus: list[dict[str, Any]] = []
+    pids: set[int] = set()
+    # Any failure (an NVMLError, the library gone after an update, a missing symbol) leaves the state unknown,
+    # never idle: reported as 0 % with no processes, a failed read let the sweep stop a node mid-run (a probe).
     try:
         import pynvml
 
-        pids: set[int] = set()
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            pids.update(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        return pids
+        count = pynvml.nvmlDeviceGetCount()
     except Exception:
-        return set()
+        return [_unreadable(index) for index in range(registered)], pids
+    for index in range(count):
+        try:
+            status, held = _read_gpu(pynvml, index)
+        except Exception:
+            status, held = _unreadable(index), set()
+        gpus.append(status)
+        pids |= held
+    gpus.extend(_unreadable(index) for index in range(count, registered))
+    return gpus, pids
 
 
 def parse_who_idle(output: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import anyio.to_thread
@@ -35,7 +36,7 @@ def _is_json(content_type: str | None) -> bool:
 
 
 def _body_problem(request: Request, errors: list[Any]) -> str | None:
-    """A message for a body that is missing or not JSON (the route reads a JSON object)."""
+    """A message for a body that is missing, not JSON, or JSON of the wrong kind (the route reads an object)."""
     whole_body = [e for e in errors if tuple(e.get("loc", ())) == ("body",) and e.get("type") in _NOT_AN_OBJECT]
     if not whole_body:
         return None
@@ -45,7 +46,10 @@ def _body_problem(request: Request, errors: list[Any]) -> str | None:
     if not _is_json(content_type):
         got = f"got Content-Type: {content_type}" if content_type else "no Content-Type was given"
         return f"body: must be JSON sent with the header Content-Type: application/json ({got})"
-    return None
+    # JSON, but not what the route reads: the whole body is wrong, so the body is the field. Described as a field
+    # error it had no location, and the plan validator's fallback named "plan" on every route (a heartbeat's `[]`).
+    kind = "array" if whole_body[0]["type"] == "list_type" else "object"
+    return f"body: must be a JSON {kind} (got {reprlib.repr(whole_body[0].get('input'))})"
 
 
 def _json_syntax(errors: list[Any], body: Any) -> str | None:

@@ -7,6 +7,7 @@ import sys
 
 from services.cli import runs as runs_cli
 from services.cli.common import CliError, Subparsers, add_key_options, api_key, examples, float_arg
+from services.nodes.idle import HEARTBEAT_INTERVAL_S
 
 
 def register(sub: Subparsers) -> None:
@@ -32,7 +33,11 @@ def register(sub: Subparsers) -> None:
         help="what the node costs per hour",
     )
     agent.add_argument(
-        "--interval", type=float_arg("--interval", 0.1), default=15.0, metavar="S", help="seconds between polls"
+        "--interval",
+        type=float_arg("--interval", 0.1, 86_400.0),  # the heartbeat's heartbeat_interval_s takes up to a day
+        default=HEARTBEAT_INTERVAL_S,
+        metavar="S",
+        help="seconds between heartbeats (idle time accrues only across gaps of up to three of them plus 30 s)",
     )
     agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
     runs_cli.add_agent_options(agent)

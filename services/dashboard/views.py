@@ -561,7 +561,7 @@ class NodeLifecycle:
 @dataclass(frozen=True)
 class GpuUse:
     index: int
-    utilisation_pct: float
+    utilisation_pct: float | None  # None: the agent could not read this GPU (NVML)
     memory: str
 
 
@@ -631,13 +631,16 @@ def node_sync(node: Any, now: datetime) -> str | None:
 def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
     """From the API's NodeOut."""
     gpus = tuple(
-        GpuUse(
+        GpuUse(index=int(g.get("index", i)), utilisation_pct=None, memory="state unreadable (NVML)")
+        if g.get("utilisation_pct", 0.0) is None
+        else GpuUse(
             index=int(g.get("index", i)),
             utilisation_pct=float(g.get("utilisation_pct", 0.0)),
-            memory=f"{g.get('memory_used_gib', 0):.1f} / {g.get('memory_total_gib', 0):.0f} GiB",
+            memory=f"{g.get('memory_used_gib') or 0:.1f} / {g.get('memory_total_gib') or 0:.0f} GiB",
         )
         for i, g in enumerate(node.gpus)
     )
+    read = [g.utilisation_pct for g in gpus if g.utilisation_pct is not None]
     beat = node.last_heartbeat_at
     return NodeRowView(
         id=node.id,
@@ -645,7 +648,7 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         gpu=node.gpu,
         gpu_count=node.gpu_count,
         gpus=gpus,
-        mean_utilisation_pct=round(sum(g.utilisation_pct for g in gpus) / len(gpus), 1) if gpus else None,
+        mean_utilisation_pct=round(sum(read) / len(read), 1) if read else None,
         last_heartbeat=ago(beat, now),
         # Only a node meant to be running is "silent" when it stops reporting.
         stale=node.status in ("active", "stopping")

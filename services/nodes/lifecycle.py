@@ -42,6 +42,7 @@ from services.core.metrics import (
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver
 from services.nodes.idle import (
+    HEARTBEAT_INTERVAL_S,
     Decision,
     IdlePolicy,
     Signals,
@@ -49,6 +50,7 @@ from services.nodes.idle import (
     SyncAlertPolicy,
     busy_reasons,
     decide,
+    gpu_reading,
     next_idle_since,
     stop_backoff_s,
 )
@@ -95,10 +97,11 @@ def stop_lease_s(timeout_s: float, position: int, concurrency: int) -> float:
 
 
 def signals_of(node: NodeRow) -> Signals:
-    utilisation = max((float(g.get("utilisation_pct", 0.0)) for g in node.gpus or []), default=0.0)
+    utilisation, readable = gpu_reading(node.gpus or [])
     return Signals(
         job_running=node.job_running,
         gpu_utilisation_pct=utilisation,
+        gpu_readable=readable,
         uploading=node.uploading,
         interactive_idle_s=node.interactive_idle_s,
         unsynced_checkpoints=node.unsynced_checkpoints,
@@ -197,9 +200,15 @@ def _reset_stop(node: NodeRow) -> None:
 
 
 def after_heartbeat(
-    session: Session, node: NodeRow, at: datetime, lost_after_s: float, stops: StopPolicy | None = None
+    session: Session,
+    node: NodeRow,
+    at: datetime,
+    lost_after_s: float,
+    stops: StopPolicy | None = None,
+    interval_s: float = HEARTBEAT_INTERVAL_S,
 ) -> None:
-    """Update the idle timer from the signals just stored; a lost or stopped node that reports is back.
+    """Update the idle timer from the signals just stored (``interval_s``: the agent's seconds between
+    heartbeats, which bound the gaps idle time accrues across); a lost or stopped node that reports is back.
 
     A node the provider confirmed stopped may still report while it shuts down (``grace_s``). Past that,
     an idle report means the stop changed nothing: a failed attempt, retried after its backoff. A busy
@@ -224,7 +233,9 @@ def after_heartbeat(
         _reset_stop(node)
     previous = node.last_heartbeat_at
     node.last_heartbeat_at = at
-    node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy_of(node, lost_after_s), at, previous)
+    node.heartbeat_interval_s = interval_s
+    policy = policy_of(node, lost_after_s)
+    node.idle_since = next_idle_since(node.idle_since, signals_of(node), policy, at, previous, interval_s)
 
 
 @dataclass
@@ -385,7 +396,7 @@ def decide_all(
         summary.decided += 1
         policy = policy_of(node, lost_after_s)
         signals = signals_of(node)
-        decision = decide(node.last_heartbeat_at, node.idle_since, signals, policy, now)
+        decision = decide(node.last_heartbeat_at, node.idle_since, signals, policy, now, node.heartbeat_interval_s)
         if decision.action == "lost":
             node.status = "lost"
             _record(session, node, decision, now, summary)

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from services.core.json_limits import INT32_MAX
 from services.core.request_models import ClosedModel, SingleLine, UtcDatetime
+from services.nodes.idle import HEARTBEAT_INTERVAL_S
 
 
 class _In(ClosedModel):
@@ -34,10 +35,14 @@ class NodeRegistration(_In):
 
 
 class GpuStatus(_In):
+    """One GPU as NVML reads it; null figures: NVML could not read this GPU, whose state is unknown (busy)."""
+
     index: StrictInt = Field(ge=0, le=64)
-    utilisation_pct: StrictFloat = Field(ge=0, le=100)
-    memory_used_gib: StrictFloat = Field(ge=0, le=10_000)
-    memory_total_gib: StrictFloat = Field(ge=0, le=10_000)
+    utilisation_pct: StrictFloat | None = Field(
+        ge=0, le=100, description="null: unreadable (NVML failed); the node is kept while any GPU is"
+    )
+    memory_used_gib: StrictFloat | None = Field(ge=0, le=10_000)
+    memory_total_gib: StrictFloat | None = Field(ge=0, le=10_000)
 
 
 class RunProgress(_In):
@@ -74,6 +79,13 @@ class Heartbeat(_In):
     sync: SyncHealth | None = Field(default=None, description="the run's checkpoint sync, when the agent syncs one")
     agent_pid: StrictInt | None = Field(
         default=None, ge=1, le=2**31 - 1, description="the agent's process id (the local driver signals it once proven)"
+    )
+    heartbeat_interval_s: StrictFloat = Field(
+        default=HEARTBEAT_INTERVAL_S,
+        gt=0,
+        le=86_400,
+        description="seconds the agent waits between heartbeats; a longer gap restarts the idle timer "
+        "(services/nodes/idle.py cadence_gap_s)",
     )
 
 

@@ -274,7 +274,7 @@ def heartbeat(
     if body.progress is not None:
         record_progress(session, principal, node, body.progress)
     record_sync_health(session, node, body.sync, at, sync_alerts or SyncAlertPolicy())
-    after_heartbeat(session, node, at, lost_after_s, stops)
+    after_heartbeat(session, node, at, lost_after_s, stops, body.heartbeat_interval_s)
     commands, node.commands = list(node.commands or []), []
     return node, commands
 

@@ -43,6 +43,8 @@ class NodeRow(IdMixin, TimestampMixin, Base):
     interactive_idle_s: Mapped[float | None] = mapped_column(Float, default=None)
     unsynced_checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime, default=None)
+    # The seconds the agent declares between heartbeats: idle time accrues only across gaps its cadence allows.
+    heartbeat_interval_s: Mapped[float] = mapped_column(Float, default=15.0, server_default="15")
     # The sweep's latest decision (an event is stored whenever it changes).
     last_decision: Mapped[str | None] = mapped_column(String(64), default=None)
     last_reason: Mapped[str | None] = mapped_column(Text, default=None)

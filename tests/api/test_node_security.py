@@ -20,6 +20,7 @@ from services.nodes.providers import make_driver
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.service import create_key, create_organization
 from tests.nodes.fake_provider import FakeProvider, running_provider
+from tests.nodes.helpers import SLOW_AGENT
 
 ATTACK_ID = "x/../../../admin/wipe-all?force=true#"
 OPERATOR_TOKEN = "Bearer operator-s3cret-token"
@@ -148,7 +149,7 @@ def test_a_stop_goes_only_to_an_instance_the_org_registered_through_a_proven_age
     token = str(owned["node_token"])
     # The owned node's agent reports idle with its token; the silent one only sends token-less heartbeats.
     assert secured.client.post(
-        f"/v1/nodes/{owned['id']}/heartbeat", json={}, headers=secured.headers(token=token)
+        f"/v1/nodes/{owned['id']}/heartbeat", json=SLOW_AGENT, headers=secured.headers(token=token)
     ).is_success
     assert (
         secured.client.post(f"/v1/nodes/{silent['id']}/heartbeat", json={}, headers=secured.headers()).status_code
@@ -159,6 +160,7 @@ def test_a_stop_goes_only_to_an_instance_the_org_registered_through_a_proven_age
         row = session.get(NodeRow, str(silent["id"]))
         assert row is not None
         row.idle_since = utcnow()  # as if it were idle: only the missing proof keeps it from a stop
+        row.heartbeat_interval_s = SLOW_AGENT["heartbeat_interval_s"]  # the sweep 30 min on counts them as idle
     secured.sweep_at(30)
     assert [(c.method, c.path) for c in secured.provider.calls] == [("POST", "/v1/instances/i-0abc1234def567890/stop")]
     assert secured.provider.calls[0].headers["authorization"] == OPERATOR_TOKEN

@@ -31,6 +31,7 @@ from services.runs.service import record_heartbeat_progress
 from tests.api.conftest import QLORA_PLAN
 from tests.dashboard.conftest import sign_in
 from tests.nodes.fake_provider import FakeProvider, running_provider
+from tests.nodes.helpers import SLOW_AGENT, load_node
 
 INSTANCE = "i-0abc1234def567890"
 
@@ -54,20 +55,21 @@ class Stack:
         body = {"name": f"{org}-gpu", "gpu": "A100 80GB", "instance_id": instance_id}
         node = self.client.post("/v1/nodes", json=body, headers=self.headers(org)).json()
         beat = self.client.post(
-            f"/v1/nodes/{node['id']}/heartbeat", json={}, headers=self.headers(org, node["node_token"])
+            f"/v1/nodes/{node['id']}/heartbeat", json=SLOW_AGENT, headers=self.headers(org, node["node_token"])
         )
         assert beat.status_code == 200, beat.text
         return str(node["id"]), str(node["node_token"])
 
     def beat(self, node_id: str, token: str, at: datetime, org: str = "alpha") -> None:
-        """An idle heartbeat at ``at``, through the heartbeat service with the app's stop settings."""
+        """An idle heartbeat at ``at``, through the heartbeat service with the app's stop settings. The test's clock
+        jumps minutes between heartbeats, so its agent declares the longest interval: those gaps are its cadence."""
         principal = Principal(self.orgs[org], org, False)
         with unit_of_work(self.factory) as session:
             heartbeat(
                 session,
                 principal,
                 node_id,
-                Heartbeat(),
+                Heartbeat(**SLOW_AGENT),
                 self.settings.node_lost_after_s,
                 at,
                 token=token,
@@ -76,11 +78,7 @@ class Stack:
             )
 
     def node(self, node_id: str) -> NodeRow:
-        with unit_of_work(self.factory) as session:
-            row = session.get(NodeRow, node_id)
-            assert row is not None
-            session.expunge(row)
-            return row
+        return load_node(self.factory, node_id)
 
 
 @pytest.fixture
@@ -233,7 +231,7 @@ def test_a_slow_provider_delays_no_other_organizations_requests(stack: Stack) ->
         (
             "heartbeat",
             lambda: stack.client.post(
-                f"/v1/nodes/{beta_node}/heartbeat", json={}, headers=stack.headers("beta", beta_token)
+                f"/v1/nodes/{beta_node}/heartbeat", json=SLOW_AGENT, headers=stack.headers("beta", beta_token)
             ),
         ),
         ("plan", lambda: stack.client.post("/v1/plans", json=QLORA_PLAN, headers=stack.headers("beta"))),

@@ -62,6 +62,25 @@ def test_node_registration_heartbeat_and_tenancy(api: Api) -> None:
     assert api.client.post("/v1/nodes", json={"name": "x", "gpu": "Voodoo 5"}, headers=api.headers()).status_code == 422
 
 
+@pytest.mark.parametrize("body", [[], "x", 3, [{"job_running": True}]])
+def test_a_body_that_is_not_a_json_object_is_refused_naming_the_body(api: Api, body: Any) -> None:
+    node = api.client.post("/v1/nodes", json={"name": "box-1", "gpu": "A100 80GB"}, headers=api.headers()).json()
+    node_headers = {**api.headers(), "X-Node-Token": node["node_token"]}
+    for path, headers in (
+        (f"/v1/nodes/{node['id']}/heartbeat", node_headers),
+        ("/v1/nodes", api.headers()),
+        ("/v1/estimate", api.headers()),
+        ("/v1/plans", api.headers()),
+    ):
+        refused = api.client.post(path, json=body, headers=headers)
+        answer = refused.json()
+        assert refused.status_code == 422 and answer["field"] == "body", (path, answer)
+        assert answer["message"].startswith("body: must be a JSON object"), (path, answer)
+    # A JSON object with a wrong field still names that field.
+    wrong = api.client.post(f"/v1/nodes/{node['id']}/heartbeat", json={"gpus": 3}, headers=node_headers).json()
+    assert wrong["message"].startswith("gpus: "), wrong
+
+
 def test_cpu_calibration_stores_a_benchmark_that_leaves_the_estimate_alone(api: Api) -> None:
     require_trace_extra()
     headers = api.headers()

@@ -11,6 +11,7 @@ from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import sweep
 from tests.api.conftest import QLORA_PLAN, Api
+from tests.nodes.helpers import SLOW_AGENT
 
 BUCKET = "gpuplan-runs"
 
@@ -169,7 +170,7 @@ def test_the_sweep_decisions_are_visible_as_node_events(api: Api) -> None:
     api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={"unsynced_checkpoints": 1}, headers=_agent(api, node_id))
     with unit_of_work(factory) as session:
         sweep(session, now + timedelta(seconds=30), driver, 3600)
-    answer = api.client.post(f"/v1/nodes/{node_id}/heartbeat", json={}, headers=_agent(api, node_id)).json()
+    answer = api.client.post(f"/v1/nodes/{node_id}/heartbeat", json=SLOW_AGENT, headers=_agent(api, node_id)).json()
     assert answer["commands"] == ["sync"]
     with unit_of_work(factory) as session:
         sweep(session, now + timedelta(minutes=1), driver, 3600)

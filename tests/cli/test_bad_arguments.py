@@ -35,7 +35,9 @@ CASES = [
     (("data", "check", "ok.jsonl", "--data-country", "ZZZ"), "not a two-letter ISO country code"),
     (("plans", "get", "../../v1/keys"), "is not an id"),
     ((*AGENT, "--price-usd-per-hour", "nan"), "--price-usd-per-hour must be a finite number"),
-    ((*AGENT, "--interval", "-1"), "--interval must be at least 0.1"),
+    ((*AGENT, "--interval", "-1"), "--interval must be from 0.1 to 86400"),
+    # Each heartbeat declares the interval, which the service takes up to a day: beyond it every heartbeat was a 422.
+    ((*AGENT, "--interval", "100000"), "--interval must be from 0.1 to 86400, got '100000'"),
     (("sync", "--dir", ".", "--run", "r1", "--settle-s", "nan"), "--settle-s must be a finite number"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),

@@ -24,6 +24,7 @@ from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.runs.service import record_heartbeat_progress
+from tests.nodes.helpers import load_node
 
 T0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
 LOST_AFTER_S = 300.0
@@ -87,11 +88,7 @@ class World:
         run_sweep(self.factory, settings, T0 + timedelta(minutes=minute), driver)  # type: ignore[arg-type]
 
     def node(self, node_id: str) -> NodeRow:
-        with unit_of_work(self.factory) as session:
-            row = session.get(NodeRow, node_id)
-            assert row is not None
-            session.expunge(row)
-            return row
+        return load_node(self.factory, node_id)
 
     def events(self, node_id: str, kind: str) -> int:
         with unit_of_work(self.factory) as session:
@@ -123,6 +120,56 @@ def test_a_silence_long_enough_to_be_lost_is_not_counted_as_idle_time(world: Wor
         world.beat(node, minute + 0.5)
     world.sweep(29.6, driver)
     assert driver.stops == [node]  # 15 minutes of idle heartbeats after it came back
+
+
+def test_a_silence_shorter_than_the_lost_threshold_restarts_the_idle_timer(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    for minute in range(0, 4):
+        world.beat(node, minute)
+    # 4 minutes without a heartbeat (an agent restart, a network blip): under the lost threshold, but what the node
+    # did meanwhile is unknown. It comes back idle at minute 7.
+    for minute in range(7, 16):
+        world.beat(node, minute)
+    assert world.node(node).idle_since == T0 + timedelta(minutes=7)
+    world.sweep(15.5, driver)  # idle since minute 0 by the clock, seen idle for 8.5 min
+    assert driver.stops == [] and world.node(node).status == "active"
+    for minute in range(16, 23):
+        world.beat(node, minute)
+    world.sweep(22.5, driver)
+    assert driver.stops == [node]  # 15 minutes of idle heartbeats at the agent's cadence
+
+
+def test_a_sweep_during_a_silence_counts_idle_time_only_to_the_last_heartbeat_and_its_cadence(world: World) -> None:
+    """A probe: idle heartbeats to minute 12, then silence (under the lost threshold); a sweep at minute 16 counted the
+    silence as idle and stopped the node, whose agent may have started a job meanwhile. It is seen idle up to the last
+    heartbeat plus the gap its cadence allows (75 s at 15 s), and kept."""
+    node, driver = world.register("gpu-1"), Driver()
+    for minute in range(0, 13):
+        world.beat(node, minute)
+    world.sweep(16, driver)
+    row = world.node(node)
+    assert driver.stops == [] and row.status == "active"
+    assert row.last_reason == "idle 13 of 15 min; no heartbeat for 240 s", row.last_reason
+    # Heartbeats at the cadence again: the timer restarts and the node is stopped 15 minutes later.
+    for minute in range(16, 32):
+        world.beat(node, minute)
+    world.sweep(31.5, driver)
+    assert driver.stops == [node]
+
+
+def test_idle_time_accrues_at_the_cadence_the_agent_declares(world: World) -> None:
+    node, driver = world.register("gpu-1"), Driver()
+    # An agent run with --interval 120: heartbeats 2 min apart are its cadence, not gaps.
+    for minute in range(0, 17, 2):
+        world.beat(node, minute, heartbeat_interval_s=120.0)
+    assert world.node(node).idle_since == T0
+    world.sweep(16.5, driver)
+    assert driver.stops == [node]
+    # The default agent (15 s) declares nothing: 2 min between its heartbeats is a gap.
+    other = world.register("gpu-2")
+    for minute in range(20, 40, 2):
+        world.beat(other, minute)
+    assert world.node(other).idle_since == T0 + timedelta(minutes=38)
 
 
 def test_bytes_the_agent_says_are_not_durable_keep_the_node(world: World) -> None:

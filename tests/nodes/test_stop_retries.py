@@ -22,6 +22,7 @@ from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.orgs.tables import AuditEvent
 from services.runs.service import record_heartbeat_progress
+from tests.nodes.helpers import SLOW_AGENT, load_node
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -69,21 +70,13 @@ def beat(
             session,
             principal,
             node_id,
-            Heartbeat.model_validate(signals),
+            Heartbeat.model_validate({**SLOW_AGENT, **signals}),
             SETTINGS.node_lost_after_s,
             at,
             token=token,
             stops=stop_policy(SETTINGS),
             record_progress=record_heartbeat_progress,
         )
-
-
-def node(factory: sessionmaker[Session], node_id: str) -> NodeRow:
-    with unit_of_work(factory) as session:
-        row = session.get(NodeRow, node_id)
-        assert row is not None
-        session.expunge(row)
-        return row
 
 
 def test_backoff_doubles_per_attempt_up_to_its_cap() -> None:
@@ -105,9 +98,9 @@ def test_a_stop_whose_sweep_died_counts_as_a_failed_attempt_after_its_lease(db: 
         row.stop_lease_owner, row.stop_lease_expires_at = "elsewhere:1:1", T0 + timedelta(minutes=1)
     driver = Refusing()
     run_sweep(factory, SETTINGS, now=T0 + timedelta(seconds=30), driver=driver)  # lease still held
-    assert node(factory, node_id).status == "stopping" and driver.calls == 0
+    assert load_node(factory, node_id).status == "stopping" and driver.calls == 0
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=2), driver=driver)
-    row = node(factory, node_id)
+    row = load_node(factory, node_id)
     assert row.status == "active" and row.stop_lease_owner is None
     assert row.next_stop_at == T0 + timedelta(minutes=2, seconds=10)
     assert "its lease expired" in (row.last_stop_answer or "")
@@ -118,15 +111,15 @@ def test_a_node_busy_again_starts_a_fresh_streak(db: Db) -> None:
     driver = Refusing()
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20), driver=driver)
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20, seconds=11), driver=driver)
-    assert node(factory, node_id).stop_attempts == 2
+    assert load_node(factory, node_id).stop_attempts == 2
     beat(factory, principal, node_id, token, T0 + timedelta(minutes=21), job_running=True)
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=21, seconds=30), driver=driver)
-    row = node(factory, node_id)
+    row = load_node(factory, node_id)
     assert row.stop_attempts == 0 and row.next_stop_at is None and row.status == "active"
     # Idle again past the threshold: attempt 1 of a new streak, not the third (and last) of the old one.
     beat(factory, principal, node_id, token, T0 + timedelta(minutes=22))
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=40), driver=driver)
-    row = node(factory, node_id)
+    row = load_node(factory, node_id)
     assert row.stop_attempts == 1 and row.status == "active" and driver.calls == 3
     with unit_of_work(factory) as session:
         audits = session.scalars(select(AuditEvent.action).where(AuditEvent.target == f"node:{node_id}")).all()
@@ -137,7 +130,7 @@ def test_the_default_none_driver_records_the_decision_and_counts_no_attempt(db: 
     factory, _, node_id, _ = db
     for minutes in (20, 21, 60, 120):
         run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=minutes), driver=NoDriver())
-    row = node(factory, node_id)
+    row = load_node(factory, node_id)
     assert row.status == "active" and row.stop_attempts == 0
     with unit_of_work(factory) as session:
         kinds = session.scalars(select(NodeEventRow.kind).where(NodeEventRow.node_id == node_id)).all()

@@ -28,6 +28,7 @@ from services.nodes.tables import NodeEventRow, NodeRow
 from services.runs.sync import SyncOptions, read_manifest, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.conftest import S3_TEST_CREDENTIALS
+from tests.nodes.helpers import SLOW_AGENT
 from tests.runs.conftest import RunEnv, make_checkpoint
 
 
@@ -114,7 +115,8 @@ def test_the_local_driver_never_signals_a_pid_that_only_was_reported(
         assert beat.status_code == 200, beat.text
         assert _db_node(run_env, node["id"]).verified_pid is None
         # Through the in-process test client too (no socket at all).
-        assert run_env.client.post(url, json={"agent_pid": victim.pid}, headers=agent_headers).status_code == 200
+        beat = {"agent_pid": victim.pid, **SLOW_AGENT}  # the sweep an hour on counts that hour as idle
+        assert run_env.client.post(url, json=beat, headers=agent_headers).status_code == 200
         with unit_of_work(_factory(run_env)) as session:
             summary = sweep(session, utcnow() + timedelta(hours=1), LocalDriver(wait_s=5), 7200)
             assert summary.stopped == []

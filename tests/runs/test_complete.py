@@ -35,6 +35,7 @@ from services.runs.manifest import step_of, step_prefix
 from services.runs.restore import restore_checkpoint
 from services.runs.sync import SyncOptions, pending_steps, read_manifest, stored_steps, sync_pass
 from services.storage.s3 import make_s3_client
+from tests.nodes.helpers import SLOW_AGENT
 from tests.runs.conftest import RunEnv
 
 SETTLE_S = 60.0
@@ -587,6 +588,7 @@ def test_the_agent_reports_an_in_progress_checkpoint_unsynced_and_the_sweep_keep
         disk.write(relative, data)
     agent.syncer.final(reachable=True)
     assert env.run()["last_durable_step"] == 200 and agent.syncer.run.unsynced() == 0
+    agent.interval_s = SLOW_AGENT["heartbeat_interval_s"]  # the sweep 16 min on counts those minutes as idle
     assert agent.heartbeat()
     with unit_of_work(factory) as session:
         sweep(session, datetime.now(UTC), driver, 7200)

@@ -4,6 +4,7 @@ checkpoints stay not durable past the thresholds, and shows both on the nodes pa
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -248,3 +249,31 @@ def test_a_durable_checkpoint_the_bucket_lost_for_good_is_the_agents_sync_error(
     sync.succeeded()
     assert sync.last_error is not None and "the bucket lost model.safetensors of durable step 100" in sync.last_error
     assert sync.failing_since is not None
+
+
+def test_a_complete_step_the_bucket_cannot_hold_is_the_agents_sync_error(run_env: RunEnv, tmp_path: Path) -> None:
+    """A pass refuses a complete step whose file name no object key can hold (and syncs the others): only a person
+    can rename it, and the node keeps it unsynced, so the agent reports it as its sync error (an alert once it
+    lasts) instead of a clean pass, until a newer step is durable."""
+    env = run_env
+    root = tmp_path / "out"
+    make_checkpoint(root, 100, 2**20, seed=1)
+    bad = make_checkpoint(root, 200, 2**20, seed=2)
+    odd = bad / "notes\x07.txt"  # a control character: no object key holds it
+    odd.write_bytes(b"a bell in the name")
+    written = (bad / "trainer_state.json").stat().st_mtime - 10  # written with the save, before its last file
+    os.utime(odd, (written, written))
+    run = env.run()
+    sync = RunSync(env.api, make_s3_client(env.s3), run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600)
+    result = sync.pass_once(env.api)
+    assert [u.manifest.step for u in result.uploaded] == [100] and 200 in result.refused
+    sync.succeeded()
+    assert sync.last_error is not None and sync.last_error.startswith("step 200: complete, but not stored (")
+    assert sync.failing_since is not None and sync.unsynced() == 1
+    # Training saves on: a newer durable step supersedes the one the bucket could not hold (the pass that stores it
+    # still says the older one was not stored; the next one finds it superseded).
+    make_checkpoint(root, 300, 2**20, seed=3)
+    assert [u.manifest.step for u in sync.pass_once(env.api).uploaded] == [300]
+    assert 200 in sync.pass_once(env.api).superseded
+    sync.succeeded()
+    assert sync.last_error is None and sync.failing_since is None and sync.unsynced() == 0
