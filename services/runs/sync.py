@@ -396,8 +396,21 @@ def upload_file(s3: Any, bucket: str, key: str, path: Path, options: SyncOptions
         body = path.read_bytes()
         s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body), Metadata={"sha256": sha})
         result.bytes_sent = size
-    _verify(s3, bucket, key, size, sha, md5, parts)
+    try:
+        _verify(s3, bucket, key, size, sha, md5, parts)
+    except SyncError:
+        # The bytes sent are not the ones hashed: the file changed under a size and mtime put back (a copy that keeps
+        # timestamps, say). Hashed anew on the next pass instead of failing every pass until the agent restarts.
+        _forget_hashes(path)
+        raise
     return result
+
+
+def _forget_hashes(path: Path) -> None:
+    resolved = str(path.resolve())
+    with _HASHES_LOCK:
+        for cache_key in [k for k in _HASHES if k[0] == resolved]:
+            del _HASHES[cache_key]
 
 
 def read_metric(directory: Path, step: int) -> float | None:

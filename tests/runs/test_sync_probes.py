@@ -228,3 +228,22 @@ def test_a_diverged_runs_nan_loss_is_no_metric_and_fails_no_pass(run_env: RunEnv
     manifest = read_manifest(s3, bucket, prefix, 100)
     assert manifest is not None and manifest.metric is None
     assert run_env.run()["last_durable_step"] == 100
+
+
+def test_a_file_rewritten_under_its_old_size_and_mtime_is_hashed_anew_after_the_failed_pass(
+    run_env: RunEnv, tmp_path: Path
+) -> None:
+    """A probe: a file changed after a pass hashed it, its size and mtime put back (a copy keeping timestamps), made
+    every later pass fail the upload's check until the agent restarted (the hashes are cached by size and mtime).
+    The pass that finds the stored bytes differ still fails (nothing is made durable), and the next one hashes anew."""
+    s3, bucket, prefix = _env(run_env)
+    directory = _own_loop_checkpoint(tmp_path / "out", 30, {"model.pt": b"a" * 4096})
+    weights = directory / "model.pt"
+    sync._hash_file(weights, 4096)  # a pass hashed it (and was interrupted before sending)
+    stat = weights.stat()
+    weights.write_bytes(b"b" * 4096)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(sync.SyncError, match="does not match the local file"):
+        sync.upload_file(s3, bucket, f"{prefix}/x/model.pt", weights, OPTIONS)
+    uploaded = sync.upload_file(s3, bucket, f"{prefix}/x/model.pt", weights, OPTIONS)
+    assert uploaded.sha256 == hashlib.sha256(b"b" * 4096).hexdigest()
