@@ -403,8 +403,18 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             per_card.setdefault(g.spec.name, []).append(g)
     out = {}
     for name, groups in per_card.items():
-        index, training, gpus, nodes, positions = _pairs(groups)
+        pair_offer: list[np.ndarray] = []
+        rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
+        counts: list[int] = []
+        for group in groups:
+            for position, s in enumerate(group.setups):
+                pair_offer.append(group.indices)
+                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
+                counts.append(len(group.indices))
+        index = np.concatenate(pair_offer)
         row = row_of[index]
+        repeats = np.array(counts)
+        training, gpus, nodes, positions = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
         spot_rate = spot_price[row]
         has = ~np.isnan(spot_rate)
@@ -427,30 +437,6 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             _full_prices(ctx, bounds, columns.take(row), gpus, nodes, training, has)
         out[name] = bounds
     return out
-
-
-def _pairs(groups: list[OfferGroup]) -> tuple[np.ndarray, ...]:
-    """Every (offer, setup) of ``groups`` in order (per group, per setup, its offers), as columns: the offer, and the
-    setup's training seconds, GPUs, nodes and position among the group's setups. Per-setup values are read once
-    per setup and spread over its group's offers as arrays."""
-    setups = [s for g in groups for s in g.setups]
-    per_group = np.array([len(g.setups) for g in groups])
-    sizes = np.array([len(g.indices) for g in groups])
-    repeats = sizes.repeat(per_group)  # per setup, its group's offers
-    group_start = np.cumsum(per_group) - per_group
-    position = np.arange(len(setups)) - group_start.repeat(per_group)
-    # Per pair, its group's offers: the groups' offers laid end to end, each group's block read once per setup.
-    offers = np.concatenate([g.indices for g in groups])
-    block_start = (np.cumsum(sizes) - sizes).repeat(per_group)
-    pair_start = np.cumsum(repeats) - repeats
-    index = offers[np.arange(int(repeats.sum())) + (block_start - pair_start).repeat(repeats)]
-    columns = (
-        np.array([s.training_s for s in setups]),
-        np.array([s.layout.gpus for s in setups]),
-        np.array([s.layout.nodes for s in setups]),
-        position,
-    )
-    return (index, *(c.repeat(repeats) for c in columns))
 
 
 def _full_prices(
