@@ -156,13 +156,13 @@ def plan_setups(
     if scan.cards and not entries:
         warnings.append("no setup fits and meets the constraints: see rejections")
 
-    built: dict[tuple[int, Layout, Config, str], Recommendation] = {}
+    built: dict[tuple[int, Layout, Config, str, tuple[str, ...], tuple[str, ...]], Recommendation] = {}
 
     def recommend(e: Entry) -> Recommendation:
         # An entry is one pricing of one setup of one offer: those values name it (an offer has one setup per
-        # layout and configuration).
+        # layout and configuration), with the notes of the ranking that shows it (the whole one, or its card's).
         c = e.candidate
-        key = (c.offer_index, c.layout, c.cfg, e.cost.pricing)
+        key = (c.offer_index, c.layout, c.cfg, e.cost.pricing, e.lead, e.tail)
         if key not in built:
             built[key] = _recommendation(ctx, e, now)
         return built[key]

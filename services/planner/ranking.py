@@ -13,26 +13,22 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import operator
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from services.catalog.offers import Offer
-from services.estimator.memory import GIB
 from services.planner.constraints import Constraints
 from services.planner.context import Candidate, Entry, PlanContext, PricedSetup, Setup
 from services.planner.costs import RunCost, RunShape, run_cost
-from services.planner.host_ram import host_ram_available_bytes
 from services.planner.models import PricingMode
-from services.planner.scan import EntryKey, Scan
+from services.planner.scan import CardBounds, EntryKey, Scan
+from services.planner.simpler import SIMPLEST, Complexity, Ranked, complexity, ranking
 
 CENT = 0.005
 # The chain of entries the simpler-first rule moves up (8 GPUs spot -> 1 GPU spot -> 1 GPU on demand -> ...) that
 # the pruning first assumes: it keeps entries up to kth / (1 - tolerance) ** this, then checks (rank_entries).
 SIMPLER_CHAIN = 3
-# An offload setup slower than this share of the first GPU-only setup says so first.
-SLOW_SHARE = 0.25
 
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
@@ -89,7 +85,10 @@ class Pricer:
 
 def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tuple[list[Entry], list[Entry]]:
     """The first ``top_n`` entries that meet the constraints in rank order (``prefer_simpler``), and each card's first
-    entry among its own (``card_firsts``), cheapest first.
+    entry among its own, cheapest first: the first of its card's own ranking, with that ranking's notes. Other
+    cards' setups do not hold it back, so it does not depend on what else the catalog sells (``best_per_gpu``; as the
+    card's first in the whole ranking, a simpler setup of another card could hold back its cheapest one, which
+    pricing part of the catalog could not see: a planner probe of stop 50).
 
     Entries are priced in bound order as far as ``_priced_entries`` needs, assuming a simpler-first chain of at most
     SIMPLER_CHAIN steps, then both answers are checked against what was left unpriced. An entry left out could change
@@ -97,58 +96,162 @@ def rank_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int) -> tu
     it), so where every entry of the top N costs less than ``1 - tolerance`` times the least bound left out, it is
     the top N of the whole ranking; a card's first likewise against the least bound left out of that card. Where a
     check fails (a longer chain: a planner probe of stop 49 found the first pick changing with ``top_n``), more is
-    priced until it passes."""
+    priced until it passes. Their notes are then made exact (``_exact_notes``)."""
     tolerance = ctx.constraints.prefer_simpler_within
     for chain in (SIMPLER_CHAIN, 2 * SIMPLER_CHAIN, None):
-        entries, left_out, card_left_out = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
-        ranked = prefer_simpler(entries, tolerance, top_n)
-        firsts = card_firsts(entries, tolerance)
-        settled = [(e, left_out) for e in ranked[:top_n]] + [(e, card_left_out[c]) for c, e in firsts.items()]
+        priced = _priced_entries(ctx, scan, pricer, top_n, _widening(tolerance, chain))
+        whole = ranking(priced.entries, tolerance, top_n)
+        by_card: dict[str, list[Entry]] = {}
+        for e in priced.entries:
+            by_card.setdefault(e.candidate.spec.name, []).append(e)
+        own = {card: ranking(mine, tolerance, 1) for card, mine in by_card.items()}
+        settled = [(e, priced.left_out) for e in whole.shown]
+        settled += [(r.shown[0], priced.card_left_out[card]) for card, r in own.items()]
         if all(b == math.inf or e.cost.expected_cost_usd + CENT < (1.0 - tolerance) * b for e, b in settled):
             break
-    return ranked, _with_notes(entries, ranked, firsts, tolerance)
-
-
-def card_firsts(entries: list[Entry], tolerance: float) -> dict[str, Entry]:
-    """Each card's first entry under the simpler-first rule among that card's own entries (``entries`` in rank order):
-    the first that is cheaper by more than ``tolerance`` than every simpler entry of its card. Other cards' setups do
-    not hold it back, so it does not depend on what else the catalog sells (``best_per_gpu``; it was the card's first
-    entry in the whole ranking, where a simpler setup of another card could hold back its cheapest one, and which
-    pricing only part of the catalog could not find exactly: a planner probe of stop 50)."""
-    by_card: dict[str, list[tuple[Entry, tuple[int, int, int, int], float]]] = {}
-    for e in entries:
-        by_card.setdefault(e.candidate.spec.name, []).append((e, complexity(e), e.cost.expected_cost_usd))
-    firsts: dict[str, Entry] = {}
+    whole = _exact_notes(ctx, scan, pricer, priced, list(scan.bounds), whole, priced.entries, priced.left_out, top_n)
     for card, mine in by_card.items():
-        least: dict[tuple[int, int, int, int], float] = {}  # per complexity, the least cost of the card
-        for _, key, cost in mine:
-            least.setdefault(key, cost)  # in rank order: the first is the least
-        for e, key, cost in mine:
-            if all(cost < (1.0 - tolerance) * v for k, v in least.items() if is_simpler(k, key)):
-                firsts[card] = e  # an entry of the simplest complexity always qualifies
-                break
-    return firsts
+        if card in priced.extra:  # the whole ranking's notes priced more of the card
+            mine = sorted([*mine, *priced.extra[card]], key=Entry.rank_key)
+            own[card] = ranking(mine, tolerance, 1)
+        own[card] = _exact_notes(ctx, scan, pricer, priced, [card], own[card], mine, priced.card_left_out[card], 1)
+    return whole.shown, sorted((r.shown[0] for r in own.values()), key=Entry.rank_key)
 
 
-def _with_notes(entries: list[Entry], ranked: list[Entry], firsts: dict[str, Entry], tolerance: float) -> list[Entry]:
-    """The cards' firsts, cheapest first, each as the ranking shows it (with its notes) where it ranked, else as its
-    card's own ranking would."""
-    shown = {(id(e.candidate), e.cost.pricing): e for e in ranked}
-    by_card: dict[str, list[Entry]] = {}
-    for e in entries:
-        by_card.setdefault(e.candidate.spec.name, []).append(e)
-    out = []
-    for card, e in firsts.items():
-        found = shown.get((id(e.candidate), e.cost.pricing))
-        out.append(found if found is not None else prefer_simpler(by_card[card], tolerance, 1)[0])
-    return sorted(out, key=Entry.rank_key)
+def _exact_notes(
+    ctx: PlanContext,
+    scan: Scan,
+    pricer: Pricer,
+    priced: _Priced,
+    cards: list[str],
+    ranked: Ranked,
+    entries: list[Entry],
+    least: float,
+    top_n: int,
+) -> Ranked:
+    """``ranked``, the first ``top_n`` of the ranking of ``entries`` (of ``cards``; ``least``: the least bound of
+    theirs left unpriced), with its notes as the ranking of all their entries would have them.
+
+    Notes can name entries left unpriced, whose bounds passed the limits though their full prices are lower than
+    those of entries priced (billing rounding, checkpoints and rework fall differently), so they changed with
+    ``top_n`` and with the offers around (a planner probe of stop 52): the cheapest simpler setup left below an
+    entry, and the first setup without offload that an offload entry's caution compares it with. Where an entry left
+    out could be either (``_unsettled``), those that could be are priced (``_price_left``, marked as priced, so each
+    scope prices what the others did not) and the ranking is made again, until nothing is left that could. They are
+    dearer than what the checks of ``rank_entries`` settled, so they change notes, never the order. The whole
+    ranking's extra entries go into its cards' entries too: the cards come after it."""
+    tolerance = ctx.constraints.prefer_simpler_within
+    more = _unsettled(ctx, scan, pricer, priced, cards, ranked, least)
+    while more:
+        for e in more:
+            priced.extra.setdefault(e.candidate.spec.name, []).append(e)
+        entries = sorted([*entries, *more], key=Entry.rank_key)
+        ranked = ranking(entries, tolerance, top_n)
+        more = _unsettled(ctx, scan, pricer, priced, cards, ranked, least)
+    return ranked
 
 
-def _priced_entries(
-    ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, widen: float
-) -> tuple[list[Entry], float, dict[str, float]]:
-    """The entries that meet the constraints among those priced in full, in cost order, the least bound of those left
-    unpriced (infinity: none), and per card the least bound of its own left unpriced.
+def _unsettled(
+    ctx: PlanContext, scan: Scan, pricer: Pricer, priced: _Priced, cards: list[str], ranked: Ranked, least: float
+) -> list[Entry]:
+    """The entries of ``cards`` left unpriced (``least``: their least bound) that could change the notes of
+    ``ranking``, priced: those simpler than a shown entry and as cheap as the simpler setup its note names, and where
+    a shown entry offloads, those without offload that could rank before its caution's setup without offload
+    (under its cost plus a cent over ``1 - tolerance``, the check of ``rank_entries``)."""
+    if least == math.inf:
+        return []  # nothing of them was left out
+    tolerance = ctx.constraints.prefer_simpler_within
+    out: list[Entry] = []
+    for e, named in zip(ranked.shown, ranked.named, strict=True):
+        key = complexity(e)
+        if named >= least and key != SIMPLEST:
+            out += _price_left(ctx, scan, pricer, priced, cards, _simpler_than(key), named, 1.0, 0.0)
+    if any(e.candidate.cfg.cpu_offload for e in ranked.shown):
+        reach = math.inf if tolerance >= 1.0 else 1.0 / (1.0 - tolerance)
+        plain = math.inf if ranked.plain is None else (ranked.plain.cost.expected_cost_usd + CENT) * reach
+        if plain >= least:
+            out += _price_left(ctx, scan, pricer, priced, cards, _without_offload, plain, reach, CENT)
+    return out
+
+
+def _simpler_than(key: Complexity) -> Callable[[CardBounds], np.ndarray]:
+    """Which entries of a card's bounds are simpler than complexity ``key`` (``is_simpler``)."""
+    gpus, nodes, spot, offload = key
+
+    def rows(b: CardBounds) -> np.ndarray:
+        simpler = (b.gpus <= gpus) & (b.nodes <= nodes) & (b.spot <= spot) & (b.offload <= offload)
+        return simpler & ((b.gpus < gpus) | (b.nodes < nodes) | (b.spot < spot) | (b.offload < offload))
+
+    return rows
+
+
+def _without_offload(b: CardBounds) -> np.ndarray:
+    return ~b.offload
+
+
+def _price_left(
+    ctx: PlanContext,
+    scan: Scan,
+    pricer: Pricer,
+    priced: _Priced,
+    cards: list[str],
+    selected: Callable[[CardBounds], np.ndarray],
+    limit: float,
+    reach: float,
+    slack: float,
+) -> list[Entry]:
+    """The entries of ``cards`` left unpriced that ``selected`` picks and that meet the constraints, priced in bound
+    order while a bound is no more than ``limit``, which falls to ``(cost + slack) * reach`` of each one priced; each
+    is marked as priced."""
+    bounds: list[np.ndarray] = []
+    where: list[tuple[str, np.ndarray]] = []
+    for card in cards:
+        if priced.card_left_out[card] > limit:
+            continue  # every entry of the card left out has a larger bound
+        b = scan.bounds[card]
+        rows = np.flatnonzero(selected(b) & (b.bound <= limit) & ~priced.popped[card])
+        if len(rows):
+            bounds.append(b.bound[rows])
+            where.append((card, rows))
+    if not where:
+        return []
+    card_of = np.repeat(np.arange(len(where)), [len(rows) for _, rows in where])
+    rows_of = np.concatenate([rows for _, rows in where])
+    bound = np.concatenate(bounds)
+    out: list[Entry] = []
+    for at in np.lexsort((rows_of, bound)).tolist():
+        if bound[at] > limit:
+            break
+        card, row = where[int(card_of[at])][0], int(rows_of[at])
+        priced.popped[card][row] = True
+        b = scan.bounds[card]
+        if b.qualifies is not None and not b.qualifies[row]:
+            continue
+        c = pricer.candidate(int(b.offer[row]), int(b.position[row]))
+        cost = c.spot if b.spot[row] else c.on_demand
+        if cost is None or not qualifies(ctx.constraints, cost):
+            continue
+        out.append(Entry(c, cost))
+        limit = min(limit, (cost.expected_cost_usd + slack) * reach)
+    return out
+
+
+@dataclasses.dataclass
+class _Priced:
+    """What ``_priced_entries`` priced: the entries that meet the constraints, in cost order; the least bound left
+    unpriced (infinity: none), and per card the least bound of its own left unpriced; and per card the rows of its
+    bounds taken (priced, or left out as breaking the budget or the deadline); then per card the entries
+    ``_exact_notes`` priced besides."""
+
+    entries: list[Entry]
+    left_out: float
+    card_left_out: dict[str, float]
+    popped: dict[str, np.ndarray]
+    extra: dict[str, list[Entry]] = dataclasses.field(default_factory=dict)
+
+
+def _priced_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, widen: float) -> _Priced:
+    """The entries that meet the constraints among those priced in full, with what was left unpriced (``_Priced``).
 
     Entries are taken in bound order; each is priced in full unless its bound can reach neither the top N nor
     its card's first entry: both the N-th and the card's cheapest cost widened by ``widen``, since a simpler
@@ -161,6 +264,7 @@ def _priced_entries(
     card_best: dict[str, float] = {}
     stopped = math.inf
     card_left_out: dict[str, float] = {}
+    popped = {card: np.zeros(len(b.bound), dtype=bool) for card, b in scan.bounds.items()}
     cards = len(scan.fitting_cards)
     heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
@@ -183,6 +287,7 @@ def _priced_entries(
         following = next(ordered, None)
         if following is not None:
             heapq.heappush(heads, (*following, card, ordered))
+        popped[card][row] = True
         verdict = scan.bounds[card].qualifies
         if verdict is not None and not verdict[row]:
             continue  # priced as arrays: it breaks the budget or the deadline
@@ -199,7 +304,7 @@ def _priced_entries(
         card_best[card] = min(best, value)
     entries.sort(key=Entry.rank_key)
     left_out = min([stopped, *card_left_out.values()])
-    return entries, left_out, {card: card_left_out.get(card, stopped) for card in scan.bounds}
+    return _Priced(entries, left_out, {card: card_left_out.get(card, stopped) for card in scan.bounds}, popped)
 
 
 def _widening(tolerance: float, chain: int | None) -> float:
@@ -208,175 +313,6 @@ def _widening(tolerance: float, chain: int | None) -> float:
     if tolerance >= 1.0 or chain is None:
         return math.inf
     return float((1.0 / (1.0 - tolerance)) ** chain)
-
-
-def complexity(e: Entry) -> tuple[int, int, int, int]:
-    """What makes a setup harder to rent and run: GPUs, nodes, spot, CPU offload (larger is more complex)."""
-    c = e.candidate
-    return (c.layout.gpus, c.layout.nodes, int(e.cost.pricing == "spot"), int(c.cfg.cpu_offload))
-
-
-def is_simpler(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Whether complexity ``a`` is simpler than ``b``: no larger in any respect and smaller in one."""
-    return a != b and all(map(operator.le, a, b))
-
-
-def setup_label(e: Entry) -> str:
-    """The setup in a few words: '8 x A100 40GB spot at aws'."""
-    c = e.candidate
-    nodes = f" on {c.layout.nodes} nodes" if c.layout.nodes > 1 else ""
-    pricing = "spot" if e.cost.pricing == "spot" else "on demand"
-    offload = " with CPU offload" if c.cfg.cpu_offload else ""
-    return f"{c.layout.gpus} x {c.spec.name}{nodes} {pricing}{offload} at {c.offer.provider}"
-
-
-def prefer_simpler(entries: list[Entry], tolerance: float, top_n: int | None = None) -> list[Entry]:
-    """``entries`` (in cost order) reordered so that one ranks above a simpler one only when its expected cost is
-    lower by more than ``tolerance``, with a note on each entry the rule concerns. With ``top_n``, only the first
-    ``top_n`` of the whole order (the offload cautions still measure against the first entry without CPU offload,
-    wherever it ranks).
-
-    Each step takes the cheapest entry left that is cheaper by more than the tolerance than every simpler entry
-    left; a simplest entry always qualifies, so every step takes one. Of a pair of which neither is simpler (2 GPUs
-    on demand, 1 GPU spot) the cheaper comes first unless a simpler entry holds it back. Entries are grouped by
-    complexity (a few distinct ones), so each check compares with the cheapest entry left of each simpler group.
-    """
-    keys = [complexity(e) for e in entries]
-    costs = [e.cost.expected_cost_usd for e in entries]
-    groups: dict[tuple[int, int, int, int], list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)  # each group in cost order
-    simpler_groups = {k: [g for g in groups if is_simpler(g, k)] for k in groups}
-    complex_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]] = {k: [] for k in groups}
-    for k in groups:  # the same pairs the other way round, each list in the groups' order
-        for g in simpler_groups[k]:
-            complex_groups[g].append(k)
-    head = dict.fromkeys(groups, 0)  # per group, the position of its cheapest entry left
-    taken = [False] * len(entries)
-
-    def cheapest_left(group: tuple[int, int, int, int]) -> int | None:
-        members, at = groups[group], head[group]
-        while at < len(members) and taken[members[at]]:
-            at += 1
-        head[group] = at
-        return members[at] if at < len(members) else None
-
-    # Per group, the cost its entries must stay under to be cheaper by more than the tolerance than the cheapest
-    # entry left of every simpler group: the least of those limits (with finite numbers, each check's verdict is
-    # the one against every limit), and which simpler group sets it. Taking a group's cheapest entry moves only
-    # that group's limit: a more complex group recomputes its own only where that group set it.
-    exact = math.isfinite(tolerance) and all(math.isfinite(c) for c in costs)
-    limits: dict[tuple[int, int, int, int], tuple[float, tuple[int, int, int, int] | None]] = {}
-
-    def limit(key: tuple[int, int, int, int]) -> float:
-        found = limits.get(key)
-        if found is None:
-            least, by = math.inf, None
-            for g in simpler_groups[key]:
-                j = cheapest_left(g)
-                if j is not None and (1.0 - tolerance) * costs[j] < least:
-                    least, by = (1.0 - tolerance) * costs[j], g
-            found = limits[key] = (least, by)
-        return found[0]
-
-    def admissible(i: int) -> bool:
-        if exact:
-            return costs[i] < limit(keys[i])
-        for g in simpler_groups[keys[i]]:
-            j = cheapest_left(g)
-            if j is not None and costs[i] >= (1.0 - tolerance) * costs[j]:
-                return False
-        return True
-
-    left = list(range(len(entries)))
-    out: list[Entry] = []
-    plain: Entry | None = None  # the first entry without CPU offload (_caveats)
-    plain_to_come = any(not e.candidate.cfg.cpu_offload for e in entries)
-    while left:
-        if top_n is not None and len(out) >= top_n and not plain_to_come:
-            break
-        pos = next(p for p, i in enumerate(left) if admissible(i))
-        i = left.pop(pos)
-        taken[i] = True
-        group = keys[i]
-        j = cheapest_left(group)
-        moved = None if j is None else (1.0 - tolerance) * costs[j]
-        for g in complex_groups[group]:
-            known = limits.get(g)
-            if known is None:
-                continue
-            if known[1] == group:
-                del limits[g]
-            elif moved is not None and moved < known[0]:
-                limits[g] = (moved, group)
-        if top_n is None or len(out) < top_n:
-            out.append(_simpler_notes(entries, costs, i, simpler_groups, complex_groups, cheapest_left, tolerance))
-        if plain_to_come and not entries[i].candidate.cfg.cpu_offload:
-            plain, plain_to_come = entries[i], False
-    return _caveats(out, plain)
-
-
-def _simpler_notes(
-    entries: list[Entry],
-    costs: list[float],
-    i: int,
-    simpler_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]],
-    complex_groups: dict[tuple[int, int, int, int], list[tuple[int, int, int, int]]],
-    cheapest_left: Callable[[tuple[int, int, int, int]], int | None],
-    tolerance: float,
-) -> Entry:
-    """Entry ``i``, just ranked, with a note naming the simpler setup it passed (ranked below it), or the cheaper
-    complex one within the tolerance it was preferred to."""
-    e, cost, key = entries[i], costs[i], complexity(entries[i])
-    notes: list[str] = []
-    below = [j for g in simpler_groups[key] if (j := cheapest_left(g)) is not None]
-    if below:
-        q = min(below, key=lambda j: costs[j])
-        notes.append(
-            f"the simpler {setup_label(entries[q])} costs ${costs[q]:,.2f}: this setup is {1 - cost / costs[q]:.0%} "
-            f"cheaper, more than constraints.prefer_simpler_within ({tolerance:.0%})"
-        )
-    passed = [
-        j
-        for g in complex_groups[key]
-        if (j := cheapest_left(g)) is not None and (1.0 - tolerance) * cost <= costs[j] < cost
-    ]
-    if passed:
-        q = min(passed, key=lambda j: costs[j])
-        notes.append(
-            f"ranked above {setup_label(entries[q])} at ${costs[q]:,.2f}: that is only {1 - costs[q] / cost:.0%} "
-            f"cheaper, within constraints.prefer_simpler_within ({tolerance:.0%}) of this simpler setup at "
-            f"${cost:,.2f}"
-        )
-    return dataclasses.replace(e, tail=(*e.tail, *notes)) if notes else e
-
-
-def _caveats(out: list[Entry], gpu_only: Entry | None) -> list[Entry]:
-    """A first note on each offload setup whose host RAM is unverified, or that runs at under SLOW_SHARE of
-    ``gpu_only``, the first-ranked setup without offload."""
-    result = []
-    for e in out:
-        c = e.candidate
-        if not c.cfg.cpu_offload:
-            result.append(e)
-            continue
-        parts = []
-        if host_ram_available_bytes(c.offer, c.layout) is None:
-            parts.append(
-                f"host RAM unverified ({c.offer.provider} does not say how much CPU memory its nodes have; the "
-                f"offloaded states need about {c.setup.host_ram_bytes_per_node / GIB:,.0f} GiB per node)"
-            )
-        speed = c.throughput.data_tokens_per_s
-        if gpu_only is not None and speed < SLOW_SHARE * gpu_only.candidate.throughput.data_tokens_per_s:
-            fast = gpu_only.candidate.throughput.data_tokens_per_s
-            parts.append(
-                f"slow: {speed:,.0f} tokens/s, under a quarter of the {fast:,.0f} tokens/s of "
-                f"{setup_label(gpu_only)} without offload (${gpu_only.cost.expected_cost_usd:,.2f})"
-            )
-        result.append(
-            dataclasses.replace(e, lead=("caution, CPU offload: " + "; ".join(parts), *e.lead)) if parts else e
-        )
-    return result
 
 
 def unqualified_offers(ctx: PlanContext, scan: Scan) -> list[list[PricedSetup]]:

@@ -74,6 +74,7 @@ class CardBounds:
     offer: np.ndarray
     position: np.ndarray  # of the setup among the offer's setups
     spot: np.ndarray
+    offload: np.ndarray  # whether the setup offloads to CPU memory
     spot_pair: np.ndarray
     # With a budget or a deadline: each entry's full expected cost and hours, and whether it meets both.
     cost: np.ndarray | None = None
@@ -404,17 +405,18 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
     out = {}
     for name, groups in per_card.items():
         pair_offer: list[np.ndarray] = []
-        rows: list[tuple[float, int, int, int]] = []  # per (group, setup): training s, GPUs, nodes, position
+        # Per (group, setup): training s, GPUs, nodes, position, offload.
+        rows: list[tuple[float, int, int, int, bool]] = []
         counts: list[int] = []
         for group in groups:
             for position, s in enumerate(group.setups):
                 pair_offer.append(group.indices)
-                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position))
+                rows.append((s.training_s, s.layout.gpus, s.layout.nodes, position, s.cfg.cpu_offload))
                 counts.append(len(group.indices))
         index = np.concatenate(pair_offer)
         row = row_of[index]
         repeats = np.array(counts)
-        training, gpus, nodes, positions = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
+        training, gpus, nodes, positions, offload = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
         spot_rate = spot_price[row]
         has = ~np.isnan(spot_rate)
@@ -431,6 +433,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
             offer=index[take],
             position=positions[take],
             spot=np.arange(len(take)) >= len(index),
+            offload=offload[take],
             spot_pair=spot_pair,
         )
         if full:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from services.catalog.offers import Offer
 from services.planner import Constraints, plan_setups
 from services.planner.context import Entry
-from services.planner.ranking import card_firsts, complexity, is_simpler, prefer_simpler
+from services.planner.simpler import complexity, is_simpler, prefer_simpler
 from tests.conftest import make_plan
 
 
@@ -108,8 +108,8 @@ def test_every_pair_of_a_random_table_obeys_the_rule() -> None:
 
 
 def test_with_top_n_the_order_stops_once_the_planner_has_what_it_reads() -> None:
-    # The planner reads the first N (each card's first comes from card_firsts): with top_n, the result is the whole
-    # order's first N, notes included; the offload cautions are as in the whole order.
+    # The planner reads the first N (each card's first is the first of its card's own ranking, top_n 1): with top_n,
+    # the result is the whole order's first N, notes included; the offload cautions are as in the whole order.
     rng = random.Random(5)
     for _ in range(200):
         table = _random_table(rng)
@@ -132,20 +132,6 @@ def _random_table(rng: random.Random) -> list[Any]:
         ),
         key=lambda e: e.cost.expected_cost_usd,
     )
-
-
-def test_each_cards_first_is_the_first_of_its_own_ranking_whatever_the_other_cards() -> None:
-    # card_firsts: per card, the first entry prefer_simpler gives over that card's entries alone.
-    rng = random.Random(7)
-    for _ in range(200):
-        table = _random_table(rng)
-        tolerance = rng.choice([0.0, 0.1, 0.3, 1.0])
-        firsts = card_firsts(table, tolerance)
-        assert set(firsts) == {e.candidate.spec.name for e in table}
-        for card, first in firsts.items():
-            own = [e for e in table if e.candidate.spec.name == card]
-            alone = prefer_simpler(own, tolerance, 1)[0]
-            assert (first.candidate, first.cost) == (alone.candidate, alone.cost)
 
 
 def test_unverified_host_ram_and_slow_offload_say_so_in_the_first_line() -> None:
