@@ -12,7 +12,7 @@ from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget
 from services.estimator.fit import fits_card, headroom_ratio
 from services.estimator.frameworks import framework_note
-from services.estimator.memory import GIB, MemoryBreakdown, peak_memory
+from services.estimator.memory import GIB, MemoryBreakdown, groupwise_layout, peak_memory
 from services.estimator.padding import padding_note
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe
@@ -363,6 +363,9 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
             f"{gpu.name} has no fp8 tensor cores: fp8 weights are dequantized to 16-bit for each matmul "
             "(weight-only, as vLLM's FP8 Marlin kernel does); the memory is as shown, the speed is not fp8's"
         )
+    awq_bits = groupwise_layout(plan)[0] if plan.quantized == "awq" else 4
+    if awq_bits != 4:  # WQLinear_GEMM: "Only 4-bit are supported for now."; vLLM's AWQConfig: weight_bits 4 only
+        out.append(f"{awq_bits}-bit AWQ: AutoAWQ and vLLM load only 4-bit AWQ; sized as AutoAWQ would pack it")
     if plan.method == "qlora" and plan.quantization == "int8":
         out.append("int8 base (LLM.int8): bitsandbytes int8 matmuls are much slower than nf4 dequant+bf16")
     return out
@@ -373,9 +376,14 @@ _SERVED_WEIGHTS = {
     "nf4": "NF4 4-bit codes + an fp32 absmax per 64-element block (bitsandbytes; Dettmers et al. 2023)",
     "int8": "int8 + an fp32 scale per output row (LLM.int8(), bitsandbytes)",
     "fp8": "fp8 E4M3, 1 byte + a per-tensor scale (vLLM / TensorRT-LLM fp8 checkpoints)",
-    "awq": "4-bit AWQ codes + an fp16 scale and 4-bit zero per group of 128 inputs (AutoAWQ GEMM layout)",
-    "gptq": "4-bit GPTQ codes + an fp16 scale and 4-bit zero per group of 128 inputs (auto-gptq layout)",
+    "awq": "{bits}-bit AWQ codes + an fp16 scale and {bits}-bit zero per {group} (AutoAWQ GEMM layout)",
+    "gptq": "{bits}-bit GPTQ codes + an fp16 scale and {bits}-bit zero per {group} (auto-gptq layout)",
 }
+
+
+def _served_weights(plan: Plan, quant: str) -> str:
+    bits, group = groupwise_layout(plan) if quant in ("awq", "gptq") else (4, -1)
+    return _SERVED_WEIGHTS[quant].format(bits=bits, group=f"group of {group} inputs" if group > 0 else "input row")
 
 
 def serving_assumptions(plan: Plan, recipe: Recipe) -> list[str]:
@@ -385,7 +393,7 @@ def serving_assumptions(plan: Plan, recipe: Recipe) -> list[str]:
     weights = (
         f"weights: {plan.precision} ({recipe.weight_bytes} bytes per parameter)"
         if quant is None
-        else f"weights: block linears {_SERVED_WEIGHTS[quant]}"
+        else f"weights: block linears {_served_weights(plan, quant)}"
         + ("" if recipe.quantize_lm_head else "; embeddings, norms and output head")
         + f" in {plan.precision}"
     )

@@ -319,12 +319,13 @@ class Plan(_Strict):
     @property
     def quantized(self) -> Quantization | None:
         """The base-weight quantization; QLoRA without an explicit one means NF4. A served AWQ or GPTQ
-        checkpoint (config.json quantization_config.quant_method) is loaded as stored."""
+        checkpoint (config.json quantization_config.quant_method) is loaded as stored, at whatever bits it
+        gives (services.estimator.memory.quantization.groupwise_layout reads them)."""
         if self.quantization is not None:
             return self.quantization
         if self.mode == "inference":
             stored = (self.model.config or {}).get("quantization_config")
-            if isinstance(stored, dict) and stored.get("bits", 4) == 4:
+            if isinstance(stored, dict):
                 method = stored.get("quant_method")
                 if method == "awq":
                     return "awq"

@@ -25,6 +25,10 @@ _DTYPE_KEYS = ("torch_dtype", "dtype")
 # The bit widths transformers' quantization configs load (utils/quantization_config.py): AutoRound 2-8,
 # GPTQ and AWQ 2, 3, 4 or 8, HIGGS 2-4, SpQR 3, Metal 2, 4 or 8.
 QUANTIZATION_BITS = (2, 8)
+# The widths GPTQ packs (AutoGPTQ's QuantLinear raises "Only 2,3,4,8 bits are supported."; transformers'
+# GPTQConfig.post_init "Only support quantization to [2,3,4,8] bits"); AWQ checkpoints are read in its layout.
+GROUPWISE_BITS = (2, 3, 4, 8)
+_GROUPWISE_METHODS = ("awq", "gptq")
 
 
 def _dtype_problem(value: Any) -> str | None:
@@ -59,21 +63,40 @@ def check_dtype(config: Mapping[str, Any], field: str) -> None:
 
 def check_quantization_config(config: Mapping[str, Any], field: str) -> None:
     """Refuse a ``quantization_config`` that is no object, or whose ``bits`` is no integer transformers
-    loads (a list, text, a bool, null or 2.5 included); absent bits stay the quantizer's default."""
+    loads (a list, text, a bool, null or 2.5 included), or an AWQ or GPTQ one no GPTQ layout packs; absent
+    bits stay the quantizer's default."""
     quant = config.get("quantization_config")
     if quant is None:
         return
     if not isinstance(quant, Mapping):
         raise EstimatorError(f"{field}.quantization_config", f"must be a JSON object, got {quant!r:.60}")
-    if "bits" not in quant:
-        return
-    bits = quant["bits"]
-    low, high = QUANTIZATION_BITS
-    # The range first: int() of an infinite float raises.
-    if isinstance(bits, bool) or not isinstance(bits, int | float) or not low <= bits <= high or bits != int(bits):
+    if "bits" in quant:
+        bits = quant["bits"]
+        low, high = QUANTIZATION_BITS
+        # The range first: int() of an infinite float raises.
+        if isinstance(bits, bool) or not isinstance(bits, int | float) or not low <= bits <= high or bits != int(bits):
+            raise EstimatorError(
+                f"{field}.quantization_config.bits", f"must be an integer from {low} to {high}, got {bits!r:.60}"
+            )
+    method = quant.get("quant_method")
+    if method in _GROUPWISE_METHODS:
+        _check_groupwise(quant, method, f"{field}.quantization_config")
+
+
+def _check_groupwise(quant: Mapping[str, Any], method: str, field: str) -> None:
+    """An AWQ or GPTQ config's bits (2, 3, 4 or 8) and group_size (input rows per group, or -1 for one group
+    per row: GPTQConfig.post_init refuses anything else, "group_size must be greater than 0 or equal to -1")."""
+    bits = quant.get("bits", 4)
+    if bits not in GROUPWISE_BITS:
         raise EstimatorError(
-            f"{field}.quantization_config.bits", f"must be an integer from {low} to {high}, got {bits!r:.60}"
+            f"{field}.bits", f"a {method.upper()} checkpoint packs 2, 3, 4 or 8 bits per weight, got {bits!r:.60}"
         )
+    if "group_size" not in quant:
+        return  # 128, as both configs default
+    group = quant["group_size"]
+    whole = isinstance(group, int) or (isinstance(group, float) and group.is_integer())  # inf and nan are not
+    if isinstance(group, bool) or not whole or not (group >= 1 or group == -1):
+        raise EstimatorError(f"{field}.group_size", f"must be a positive integer or -1, got {group!r:.60}")
 
 
 def check_checkpoint_fields(config: Mapping[str, Any], field: str = "model.config") -> None:

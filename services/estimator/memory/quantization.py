@@ -30,9 +30,45 @@ GPTQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
 # per int32, and per group of 128 input rows qzeros packs eight 4-bit zeros per int32 and scales holds one
 # fp16 per output column: the same layout as GPTQ's.
 AWQ_BYTES = 0.5 + 2 / 128 + 0.5 / 128
+# quantization_config.group_size where an AWQ or GPTQ checkpoint gives none: transformers' GPTQConfig and
+# AwqConfig default (group_size: int = 128); absent bits are read as 4, AwqConfig's default.
+DEFAULT_GROUP_SIZE = 128
 # FP8 (E4M3) weights, as vLLM's and TensorRT-LLM's fp8 checkpoints store them: one byte per element and one
 # fp32 scale per tensor (or per output channel), negligible beside the weight.
 FP8_BYTES = 1.0
+
+
+def groupwise_bytes_per_weight(bits: int, group_size: int) -> float:
+    """Bytes an AWQ or GPTQ weight element is stored in at ``bits`` per code, with ``group_size`` input rows
+    per group (-1: one group spanning the row), its scale and zero point included.
+
+    AutoGPTQ's QuantLinear (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py, bits 2, 3, 4 or 8) registers
+    ``qweight`` int32 (infeatures // 32 * bits, outfeatures): 32 // bits codes per word at 2, 4 and 8 bits, 32
+    3-bit codes in three words, bits / 8 bytes per weight at every width; ``qzeros`` int32
+    (ceil(infeatures / group_size), outfeatures // 32 * bits), one ``bits``-wide zero per output column and
+    group; ``scales`` fp16 (ceil(infeatures / group_size), outfeatures); ``g_idx``, one int32 per input row
+    (4 / outfeatures bytes per weight, left out). AutoAWQ's WQLinear_GEMM (awq/modules/linear/gemm.py) packs
+    the same per group: ``qweight`` int32 (in_features, out_features // 32 * w_bit), ``qzeros`` alike per
+    group, ``scales`` fp16 (in_features // group_size, out_features); its constructor, like vLLM's AWQConfig,
+    takes 4 bits only, so other AWQ widths are sized by that packing. So bits / 8 + (2 + bits / 8) / group_size:
+    4 bits in groups of 128 is GPTQ_BYTES and AWQ_BYTES. With -1 a linear keeps one scale and zero per output
+    column, (2 + bits / 8) / in_features bytes per weight, under 0.5% of a 2-bit code for rows of 2,048
+    inputs or more: left out, as g_idx is.
+    """
+    codes = bits / 8
+    if group_size < 1:
+        return codes
+    return codes + (2 + codes) / group_size  # the fp16 scale and the packed zero of each group
+
+
+def groupwise_layout(plan: Plan) -> tuple[int, int]:
+    """(bits, group_size) of the plan's AWQ or GPTQ weights: those of the checkpoint's quantization_config
+    when its quant_method is the plan's format (architecture.checkpoint has checked them), else, or where it
+    leaves them out, 4 bits in groups of DEFAULT_GROUP_SIZE as AwqConfig and GPTQConfig default."""
+    stored = (plan.model.config or {}).get("quantization_config")
+    if not isinstance(stored, dict) or stored.get("quant_method") != plan.quantized:
+        return 4, DEFAULT_GROUP_SIZE
+    return int(stored.get("bits", 4)), int(stored.get("group_size", DEFAULT_GROUP_SIZE))
 
 
 def quantized_params(arch: Architecture, recipe: Recipe) -> int:
@@ -51,10 +87,8 @@ def quantized_bytes_per_weight(plan: Plan, recipe: Recipe) -> float:
         return INT8_BYTES
     if quant == "fp8":
         return FP8_BYTES
-    if quant == "awq":
-        return AWQ_BYTES
-    if quant == "gptq":
-        return GPTQ_BYTES
+    if quant in ("awq", "gptq"):
+        return groupwise_bytes_per_weight(*groupwise_layout(plan))
     if recipe.quant_backend == "bitsandbytes" and recipe.nf4_double_quant:
         # bnb_4bit_use_double_quant: the absmax quantized to 8 bits in blocks of 256 with an fp32 scale each
         # (QLoRA paper section 2, "Double Quantization": 32/64 = 0.5 bits per parameter -> 8/64 + 32/(64*256)
