@@ -4,11 +4,14 @@ readers for the files and numbers users pass."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -200,3 +203,84 @@ def add_api_option(parser: argparse.ArgumentParser, *aliases: str) -> None:
         metavar="URL",
         help=f"the gpuplan service (default ${API_ENV}, else http://127.0.0.1:8000)",
     )
+
+
+# The CLI's log: one handler on the "gpuplan" logger, never the root one (httpx and botocore log each request there).
+LOGGER = "gpuplan"
+
+
+class _OneLine(logging.Formatter):
+    """``gpuplan COMMAND: [warning: ]message``, one line per record: an exception is its class and message, never a
+    traceback."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the message: still say something
+            message = f"{record.msg} {record.args}"
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            message = f"{message}: {type(exc).__name__}: {exc}" if str(exc) else f"{message}: {type(exc).__name__}"
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        return " ".join(f"gpuplan {self.command}: {level}{message}".splitlines())
+
+
+class _CliHandler(logging.Handler):
+    """Writes to sys.stderr as it is at each record (a test's capture replaces it), as logging.lastResort does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.printed: frozenset[str] = frozenset()  # SyncResult fields the command reports itself
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # A record saying what the command prints itself (services/runs/sync.py marks them) would say it twice.
+        if getattr(record, "sync_result", None) in self.printed:
+            return False
+        return bool(super().filter(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = self.format(record)
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed: nowhere left to say it
+            pass
+
+
+_handler = _CliHandler()
+_users = 0
+_users_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def command_log(command: str, level: int | None, printed: Iterable[str] = ()) -> Iterator[None]:
+    """While a command runs, the "gpuplan" logger's records at ``level`` and above go to stderr as one line each
+    (None: the command configures logging itself, as Celery does). ``printed``: the sync result's fields the command
+    reports itself, whose records are left out. One handler however often main() runs in a process, removed after."""
+    global _users
+    if level is None:
+        yield
+        return
+    logger = logging.getLogger(LOGGER)
+    with _users_lock:
+        _users += 1
+        if _handler not in logger.handlers:
+            logger.addHandler(_handler)
+        previous = logger.level
+        _handler.setFormatter(_OneLine(command))
+        _handler.setLevel(level)
+        _handler.printed = frozenset(printed)
+        if logger.getEffectiveLevel() > level:
+            logger.setLevel(level)  # the root's WARNING would drop the agent's INFO records before any handler
+    try:
+        yield
+    finally:
+        with _users_lock:
+            _users -= 1
+            logger.setLevel(previous)
+            if _users == 0:
+                logger.removeHandler(_handler)

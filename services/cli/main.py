@@ -8,12 +8,13 @@ command can be left unreachable. Every error is one readable line on stderr and 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from services.cli import admin, catalog, completion, data, estimate, export, nodes, plans, runs, server, trace
-from services.cli.common import EXIT_BAD_INPUT, CliError, Parser
+from services.cli.common import EXIT_BAD_INPUT, CliError, Parser, command_log
 from services.core.errors import GpuplanError
 from services.estimator.errors import EstimatorError, UnknownModelError
 from services.estimator.validation import PlanError
@@ -48,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        code: int = args.handler(args)
+        # A command's log lines: WARNING and above, INFO for a long-running one (the agent sets log_level).
+        log_level = getattr(args, "log_level", logging.WARNING)
+        with command_log(args.command, log_level, getattr(args, "log_printed", ())):
+            code: int = args.handler(args)
         sys.stdout.flush()  # inside the try: a reader that stopped early (`| head`) surfaces here
         return code
     except KeyboardInterrupt:

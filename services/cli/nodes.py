@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from services.cli import runs as runs_cli
@@ -41,7 +42,11 @@ def register(sub: Subparsers) -> None:
     )
     agent.add_argument("--once", action="store_true", help="one heartbeat and at most one job, then exit")
     runs_cli.add_agent_options(agent)
-    agent.set_defaults(handler=cmd_agent)
+    # INFO: a long-running agent's log says what it does (a job launched, a checkpoint waiting, a sync failing). The
+    # sync outcomes its RunSync logs once per change (services/agent/node.py) are left out of each pass's own log.
+    agent.set_defaults(
+        handler=cmd_agent, log_level=logging.INFO, log_printed=("in_progress", "changed", "repaired", "refused")
+    )
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -67,10 +72,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         job = args.job[1:] if args.job[:1] == ["--"] else args.job
         if job:
             try:
-                pid = agent.launch(job)
+                agent.launch(job)  # its INFO line says the job's pid (services/agent/agent.py)
             except OSError as exc:
                 raise CliError(f"agent: cannot start {job[0]}: {exc.strerror or exc}") from None
-            print(f"gpuplan agent: job {pid} started: {' '.join(job)}", file=sys.stderr)
         ended = agent.run(args.interval, once=args.once)
         print(f"gpuplan agent: stopped ({ended})", file=sys.stderr)
     return 0

@@ -57,7 +57,9 @@ def register(sub: Subparsers) -> None:
         help="multipart part size in MiB (5 to 5120, S3's limits; smaller values are read as 5)",
     )
     sync.add_argument("--json", action="store_true")
-    sync.set_defaults(handler=cmd_sync)
+    # cmd_sync prints these outcomes of the pass itself (stdout, lost steps as its own error line); a refused step's
+    # warning stays the stderr line of its failing exit.
+    sync.set_defaults(handler=cmd_sync, log_printed=("in_progress", "changed", "repaired", "lost"))
 
     restore = sub.add_parser("restore", help="download and verify a durable checkpoint of a run")
     _connection(restore)
@@ -213,7 +215,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             print("nothing new to sync")
     for reason in result.lost.values():
         print(f"gpuplan sync: {reason}", file=sys.stderr)
-    # A refused step is also logged (a warning on stderr, as the agent shows it), so it is printed here only on stdout.
+    # A refused step is also logged (a warning on stderr, as the agent shows it), so it is printed here only on stdout;
+    # the pass's other logged outcomes are left out of the log (register: log_printed), printed here alone.
     return 1 if result.lost or result.refused else 0
 
 

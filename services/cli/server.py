@@ -43,7 +43,8 @@ def register(sub: Subparsers) -> None:
     worker.add_argument(
         "--check", action="store_true", help="health probe: exit 0 when this host's worker answers a ping"
     )
-    worker.set_defaults(handler=cmd_celery)
+    # log_level None: Celery configures logging itself (its root handler would print each gpuplan record again).
+    worker.set_defaults(handler=cmd_celery, log_level=None)
     beat = sub.add_parser("beat", help="run the Celery beat scheduler (needs GPUPLAN_REDIS_URL)")
     beat.add_argument(
         "--schedule",
@@ -53,7 +54,7 @@ def register(sub: Subparsers) -> None:
     beat.add_argument(
         "--check", action="store_true", help="health probe: exit 0 when beat has written its schedule lately"
     )
-    beat.set_defaults(handler=cmd_celery)
+    beat.set_defaults(handler=cmd_celery, log_level=None)
 
 
 def default_beat_schedule() -> Path:

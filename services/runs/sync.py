@@ -20,8 +20,9 @@ ever deleted. boto3 retries 5xx and connection errors with backoff (services/sto
 
 The manifest is written only if no file of the directory changed (size, mtime) while it was being
 uploaded and it is still complete: a trainer rewriting the directory mid-upload would otherwise give a
-manifest mixing two saves. A durable step whose local files change later (found cheaply: the file
-set, sizes, and mtimes after the manifest's ``created_at``, then a re-hash) is reported in
+manifest mixing two saves. A file whose sent bytes are not the ones hashed (``FileChanged``) leaves only its
+own step in progress; the pass goes on to the other steps. A durable step whose local files change later
+(found cheaply: the file set, sizes, and mtimes after the manifest's ``created_at``, then a re-hash) is reported in
 ``SyncResult.changed`` and logged, and never uploaded again: its objects are not overwritten. The
 bucket holds a copy verified complete against its manifest; overwriting it would leave the bucket
 disagreeing with that manifest while it happens, the control plane refuses other files at a durable
@@ -72,6 +73,13 @@ from services.runs.manifest import (
 )
 
 log = logging.getLogger("gpuplan.sync")
+
+
+def _in_result(name: str) -> dict[str, str]:
+    """A log record's ``extra``: what it says is also in this SyncResult field, which a caller reporting the result
+    itself (`gpuplan sync`, the agent) leaves out of its log (services/cli/common.py command_log)."""
+    return {"sync_result": name}
+
 
 MiB = 2**20
 MAX_PARTS = 10_000
@@ -174,6 +182,11 @@ class DurableElsewhere(CheckpointChanged):
 
 class SyncError(Exception):
     """A checkpoint could not be made durable; nothing was lost, the next pass resumes."""
+
+
+class FileChanged(CheckpointChanged, SyncError):
+    """A file's bytes changed between its hashing and the store's check of what was sent: its step is left in
+    progress (the next pass hashes the file anew) and the pass goes on to the other steps."""
 
 
 class Unstorable(SyncError):
@@ -379,7 +392,10 @@ def _upload_multipart(
 
 
 def upload_file(s3: Any, bucket: str, key: str, path: Path, options: SyncOptions) -> FileUpload:
-    size = path.stat().st_size
+    from botocore.exceptions import ClientError
+
+    stat = path.stat()
+    size = stat.st_size
     multipart = size > options.multipart_threshold
     # S3 allows 10,000 parts: a file too large for the configured part size gets larger parts (the
     # same size on every pass, so a resumed upload still matches its parts).
@@ -390,20 +406,47 @@ def upload_file(s3: Any, bucket: str, key: str, path: Path, options: SyncOptions
     if _already_there(_head(s3, bucket, key), size, sha, md5, parts):
         result.skipped = True
         return result
-    if multipart:
-        _upload_multipart(s3, bucket, key, path, sha, parts, options, result)
-    else:
-        body = path.read_bytes()
-        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body), Metadata={"sha256": sha})
-        result.bytes_sent = size
     try:
+        if multipart:
+            _upload_multipart(s3, bucket, key, path, sha, parts, options, result)
+        else:
+            body = path.read_bytes()
+            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentMD5=_md5_b64(body), Metadata={"sha256": sha})
+            result.bytes_sent = size
         _verify(s3, bucket, key, size, sha, md5, parts)
     except SyncError:
-        # The bytes sent are not the ones hashed: the file changed under a size and mtime put back (a copy that keeps
-        # timestamps, say). Hashed anew on the next pass instead of failing every pass until the agent restarts.
+        # The bytes sent are not the ones hashed: the file changed mid-upload, or under a size and mtime put back (a
+        # copy that keeps timestamps, say). Hashed anew on the next pass instead of failing every pass until the agent
+        # restarts; a file that changed fails only its own step (FileChanged), not the whole pass.
         _forget_hashes(path)
+        if _differs(path, size, sha):
+            raise FileChanged(f"{path.name} changed while it was uploaded; not made durable") from None
+        raise
+    except ClientError:
+        # The store refused what was sent (a part cut short by a truncated file: EntityTooSmall): a change seen in
+        # the file's size or mtime is the step's failure; anything else is the store's, for the caller.
+        if _stat_changed(path, stat.st_size, stat.st_mtime_ns):
+            _forget_hashes(path)
+            raise FileChanged(f"{path.name} changed while it was uploaded; not made durable") from None
         raise
     return result
+
+
+# Both raise FileNotFoundError for a file deleted meanwhile: the caller's sign of a directory being rotated away.
+def _stat_changed(path: Path, size: int, mtime_ns: int) -> bool:
+    now = path.stat()
+    return (now.st_size, now.st_mtime_ns) != (size, mtime_ns)
+
+
+def _differs(path: Path, size: int, sha: str) -> bool:
+    """Whether the file no longer holds the bytes hashed as ``sha``: read anew, past every cache."""
+    if path.stat().st_size != size:
+        return True
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 * MiB):
+            digest.update(chunk)
+    return digest.hexdigest() != sha
 
 
 def _forget_hashes(path: Path) -> None:
@@ -487,6 +530,8 @@ def upload_checkpoint(
             if into is uploads:  # a file beside it (torchtune's recipe state) is rewritten by the next save instead
                 _shrinking(directory, {relative})
             raise CheckpointChanged(f"{relative} vanished while it was uploaded; not made durable") from None
+        except FileChanged:
+            raise FileChanged(f"{relative} changed while it was uploaded; not made durable") from None
         upload.path = relative
         into.append(upload)
     if not uploads:
@@ -694,6 +739,7 @@ def sync_pass(
                 "upload and it is not uploaded again",
                 step,
                 ", ".join(changed[:5]),
+                extra=_in_result("changed"),
             )
 
     for step, directory in local:
@@ -723,11 +769,14 @@ def sync_pass(
             continue
         if not state.complete:
             result.in_progress[step] = state.reason
-            log.info("step %d: in progress, not uploaded: %s", step, state.reason)
+            # Debug: the agent logs a step's waiting once per change (services/agent/node.py), `gpuplan sync` prints it.
+            log.debug("step %d: in progress, not uploaded: %s", step, state.reason, extra=_in_result("in_progress"))
             continue
         if lost:
             result.in_progress[step] = f"lost {', '.join(lost[:5])} since it was complete: being deleted"
-            log.warning("step %d: %s; never made durable", step, result.in_progress[step])
+            log.warning(
+                "step %d: %s; never made durable", step, result.in_progress[step], extra=_in_result("in_progress")
+            )
             continue
         if not quiet:
             result.unsettled.append(step)
@@ -757,14 +806,14 @@ def sync_pass(
                 )
             except CheckpointChanged as exc:
                 result.in_progress[step] = str(exc)
-                log.warning("step %d: %s; the next pass tries again", step, exc)
+                log.warning("step %d: %s; the next pass tries again", step, exc, extra=_in_result("in_progress"))
                 continue
             except FileNotFoundError as exc:
                 result.in_progress[step] = _vanished(directory, exc)
                 continue
             except Unstorable as exc:
                 result.refused[step] = str(exc)
-                log.warning("step %d: complete, but not stored: %s", step, exc)
+                log.warning("step %d: complete, but not stored: %s", step, exc, extra=_in_result("refused"))
                 continue
             result.uploaded.append(upload)
             rate = upload.bytes_sent / upload.seconds if upload.bytes_sent and upload.seconds > 0 else None
@@ -830,16 +879,25 @@ def _audit(
                 f"step {step} (s3://{bucket}/{base}/) and no local copy with the recorded SHA-256 is left to put back: "
                 "the API still lists it durable; restore an older step"
             )
-            log.error("step %d: %s", step, result.lost[step])
+            log.error("step %d: %s", step, result.lost[step], extra=_in_result("lost"))
             return
-        if upload_file(s3, bucket, key, path, options).sha256 != f.sha256:
+        try:
+            put = upload_file(s3, bucket, key, path, options)
+        except (FileChanged, FileNotFoundError):
+            put = None
+        if put is None or put.sha256 != f.sha256:
             result.lost[step] = f"{f.path} of durable step {step} changed while it was put back; the next pass retries"
             return
         put_back.append(f.path)
     with contextlib.suppress(DurableElsewhere):  # the manifest is still there, or another agent put it back first
         write_manifest(s3, bucket, run_prefix, recorded, create=True)
     result.repaired[step] = put_back = put_back or [MANIFEST_NAME]
-    log.warning("step %d: the bucket had lost %s; put back from the local copy", step, ", ".join(put_back[:5]))
+    log.warning(
+        "step %d: the bucket had lost %s; put back from the local copy",
+        step,
+        ", ".join(put_back[:5]),
+        extra=_in_result("repaired"),
+    )
 
 
 def _quiet(s3: Any, bucket: str, prefix: str, seconds: float) -> bool:

@@ -24,11 +24,18 @@ class S3Location:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
 
 
-def make_s3_client(settings: Settings, *, max_attempts: int = 6, timeout_s: float = 30.0) -> Any:
+def make_s3_client(
+    settings: Settings,
+    *,
+    max_attempts: int = 3,
+    connect_timeout_s: float = 10.0,
+    read_timeout_s: float = 15.0,
+) -> Any:
     """A boto3 S3 client for the configured endpoint; ``max_attempts`` counts the first try.
 
     boto3 retries throttling, 5xx and connection errors itself ("standard" mode, exponential backoff
-    with jitter); callers add resumption."""
+    with jitter); callers add resumption. An endpoint that accepts connections and never answers fails a
+    call after about ``max_attempts * read_timeout_s`` (45 s by default, where 6 x 30 s took three minutes)."""
     try:
         import boto3
         from botocore.config import Config
@@ -38,9 +45,12 @@ def make_s3_client(settings: Settings, *, max_attempts: int = 6, timeout_s: floa
     secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
     config = Config(
         region_name=settings.s3_region,
+        # 3 attempts: standard mode's own default (boto3's retries guide).
         retries={"total_max_attempts": max_attempts, "mode": "standard"},
-        connect_timeout=timeout_s,
-        read_timeout=timeout_s,
+        # urllib3: the connect timeout also bounds each stalled send of a request body, and the read timeout runs
+        # from the body's last byte handed to the socket, so a large part's sending time counts in neither.
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
         s3={"addressing_style": settings.s3_addressing_style},
         # Checksums only where the operation needs them: several S3-compatible stores reject the
         # newer default trailing CRC headers. gpuplan verifies content with its own SHA-256 manifest.

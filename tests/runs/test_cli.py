@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,36 @@ def test_settings_and_folders_the_cli_cannot_use_are_one_line(
     assert main(sync) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"gpuplan: error: sync: {tmp_path / 'out' / 'checkpoint-100'}: Permission denied"
+
+
+def test_the_console_command_says_a_lost_step_once_on_stderr(run_env: RunEnv, live_api: str, tmp_path: Path) -> None:
+    """A probe: `gpuplan sync` configured no logging, so the pass's records reached stderr bare (logging's last resort)
+    beside the command's own error line: a lost step was said twice. Run as a user runs it, the console script in its
+    own process."""
+    out = tmp_path / "out"
+    directory = make_checkpoint(out, 100, 6 * 2**20, seed=5)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
+    env.update(
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+        GPUPLAN_API_KEY=run_env.key,
+        GPUPLAN_S3_ENDPOINT_URL=run_env.s3.s3_endpoint_url or "",
+        GPUPLAN_S3_ACCESS_KEY_ID=S3_TEST_CREDENTIALS["s3_access_key_id"],
+        GPUPLAN_S3_SECRET_ACCESS_KEY=S3_TEST_CREDENTIALS["s3_secret_access_key"],
+    )
+    gpuplan = Path(sys.executable).parent / "gpuplan"
+    command = [str(gpuplan), "sync", "--api", live_api, "--run", run_env.run_id, "--dir", str(out), "--settle-s", "0"]
+
+    def sync() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+
+    first = sync()
+    assert first.returncode == 0 and "step 100: durable" in first.stdout and first.stderr == "", first.stderr
+    s3, bucket, prefix = make_s3_client(run_env.s3), run_env.s3.s3_bucket or "", run_env.run()["prefix"]
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:
+        s3.delete_object(Bucket=bucket, Key=item["Key"])
+    (directory / "optimizer.pt").write_bytes(b"another state")
+    lost = sync()
+    assert lost.returncode == 1
+    lines = lost.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuplan sync: the bucket lost 5 files of durable step 100"), lines
+    assert lines[0].endswith("the API still lists it durable; restore an older step"), lines

@@ -171,7 +171,12 @@ def test_an_agent_whose_uploads_fail_is_seen_on_the_nodes_page_and_in_metrics(ru
     )
     assert join.status_code == 200, join.text
     run = env.run()
-    dead = make_s3_client(env.s3.model_copy(update={"s3_endpoint_url": _dead_endpoint()}), max_attempts=1, timeout_s=2)
+    dead = make_s3_client(
+        env.s3.model_copy(update={"s3_endpoint_url": _dead_endpoint()}),
+        max_attempts=1,
+        connect_timeout_s=2,
+        read_timeout_s=2,
+    )
     sync = RunSync(env.api, dead, run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600)
     agent.attach_run(sync)
     assert agent.syncer is not None and agent.syncer.start(env.api)
