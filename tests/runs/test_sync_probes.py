@@ -235,7 +235,8 @@ def test_a_file_rewritten_under_its_old_size_and_mtime_is_hashed_anew_after_the_
 ) -> None:
     """A probe: a file changed after a pass hashed it, its size and mtime put back (a copy keeping timestamps), made
     every later pass fail the upload's check until the agent restarted (the hashes are cached by size and mtime).
-    The pass that finds the stored bytes differ still fails (nothing is made durable), and the next one hashes anew."""
+    The upload that finds the stored bytes differ still fails its step (nothing is made durable), and the next one
+    hashes anew."""
     s3, bucket, prefix = _env(run_env)
     directory = _own_loop_checkpoint(tmp_path / "out", 30, {"model.pt": b"a" * 4096})
     weights = directory / "model.pt"
@@ -243,7 +244,7 @@ def test_a_file_rewritten_under_its_old_size_and_mtime_is_hashed_anew_after_the_
     stat = weights.stat()
     weights.write_bytes(b"b" * 4096)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    with pytest.raises(sync.SyncError, match="does not match the local file"):
+    with pytest.raises(sync.FileChanged, match=r"model\.pt changed while it was uploaded"):
         sync.upload_file(s3, bucket, f"{prefix}/x/model.pt", weights, OPTIONS)
     uploaded = sync.upload_file(s3, bucket, f"{prefix}/x/model.pt", weights, OPTIONS)
     assert uploaded.sha256 == hashlib.sha256(b"b" * 4096).hexdigest()
