@@ -91,12 +91,21 @@ def validation_response(request: Request, exc: RequestValidationError) -> JSONRe
     if special is not None:
         return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
     problems = describe_error_list(errors) or ["invalid request"]
-    return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+    return _invalid(problems)
 
 
 def _pydantic_response(exc: ValidationError) -> JSONResponse:
-    problems = describe_errors(exc)
-    return JSONResponse({"error": "invalid", "message": problems[0], "details": problems}, status_code=422)
+    return _invalid(describe_errors(exc))
+
+
+def _invalid(problems: list[str]) -> JSONResponse:
+    """The 422 of described validation problems, with ``field`` the first one names (each line is "field: what"),
+    as every other 422 has it: a client that marks the field it names marks these too."""
+    body: dict[str, Any] = {"error": "invalid", "message": problems[0], "details": problems}
+    field, sep, _ = problems[0].partition(": ")
+    if sep and field and " " not in field:
+        body["field"] = field
+    return JSONResponse(body, status_code=422)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -70,7 +70,7 @@ class OfferRow(BaseModel):
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     on_demand_usd_per_hour: float = Field(gt=0, le=10_000)
     spot_usd_per_hour: float | None = Field(default=None, gt=0, le=10_000)
-    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    currency: str = Field(default="USD", max_length=3)
     region: str = Field(default="", max_length=100)
     country: str = Field(default="", max_length=2)
     interconnect: str = Field(default="", max_length=100)
@@ -84,6 +84,15 @@ class OfferRow(BaseModel):
     download_gbit_per_s: float | None = Field(default=None, gt=0, le=10_000)
     preemption_per_hour: float | None = Field(default=None, ge=0, le=100)
     host_ram_gib_per_node: float | None = Field(default=None, gt=0, le=MAX_HOST_RAM_GIB_PER_NODE, allow_inf_nan=False)
+
+    @field_validator("currency")
+    @classmethod
+    def _in_dollars(cls, value: str) -> str:
+        # Every price and cost gpuplan works out is USD (on_demand_usd_per_hour, expected_cost_usd), and it holds no
+        # exchange rate: a row in another currency was ranked as if its number were dollars (a quote probe of stop 52).
+        if value.upper() != "USD":
+            raise ValueError("prices are USD per GPU-hour: convert the row to USD (gpuplan holds no exchange rate)")
+        return "USD"
 
     @field_validator("fetched_at")
     @classmethod
@@ -226,6 +235,8 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
             for err in exc.errors():
                 field = ".".join(str(p) for p in err["loc"]) or "row"
                 msg = err["msg"][:1].lower() + err["msg"][1:]
+                if err["type"] == "value_error":  # a validator's own words, without pydantic's "Value error, "
+                    msg = msg.removeprefix("value error, ")
                 if err["type"] == "extra_forbidden":
                     msg = f"unknown column; columns are {', '.join(OfferRow.model_fields)}"
                 problems.append(f"row {number}: {field}: {msg} (got {err.get('input')!r})")

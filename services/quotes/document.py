@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from services.quotes.schemas import QuoteOut
+from services.quotes.schemas import PriceList, QuoteOut
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,19 @@ def usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
+def gib(value: float) -> str:
+    """A card's memory as the setup has it (22.5, 79.6; 24 for 24.0): rounded to whole GiB, "13.7 GiB of 22 GiB"
+    beside "8.8 GiB headroom" did not add up."""
+    return f"{value:,.1f}".removesuffix(".0")
+
+
+def quantity(value: float) -> str:
+    """A line's quantity to the decimals it has (at least 2, at most 6: services.quotes.service.line_quantity), so
+    quantity times unit price is the amount shown."""
+    whole, _, decimals = f"{value:,.6f}".partition(".")
+    return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
+
+
 def _when(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -82,7 +95,7 @@ def setup_facts(s: dict[str, Any]) -> tuple[Fact, ...]:
         Fact("expected duration", _hours(s.get("expected_hours", s.get("hours")))),
         Fact(
             "per GPU",
-            f"{float(s.get('peak_gib_per_gpu') or 0):.1f} GiB of {float(s.get('gpu_memory_gib') or 0):.0f} GiB",
+            f"{float(s.get('peak_gib_per_gpu') or 0):.1f} GiB of {gib(float(s.get('gpu_memory_gib') or 0))} GiB",
         ),
     ]
     if s.get("cpu_offload"):
@@ -103,17 +116,21 @@ def setup_facts(s: dict[str, Any]) -> tuple[Fact, ...]:
     return tuple(facts)
 
 
+def price_source(price: PriceList | None) -> str:
+    """Where the price comes from, in a line: the provider's list (and region, where it has one), its source and
+    date, and its age when quoted."""
+    if price is None:
+        return "the provider catalog at quote time"
+    where = f"{price.provider} price list" + (f" ({price.region})" if price.region else "")
+    age = f" ({price.age_hours / 24:,.1f} days old when quoted)" if price.age_hours is not None else ""
+    return f"{where}: {price.source + ', ' if price.source else ''}prices of {price.fetched_at}{age}"
+
+
 def quote_document(out: QuoteOut) -> QuoteDocument:
     """The document of an issued quote (services.quotes.service.to_out)."""
     customer = tuple(v for v in (out.customer.name, out.customer.email) if v)
     job = [Fact("model", out.model), Fact("method", out.method), Fact("job", out.job)]
-    price = out.price_list
-    source = (
-        f"{price.provider} price list ({price.region}): {price.source}, prices of {price.fetched_at}"
-        + (f" ({price.age_hours / 24:,.1f} days old when quoted)" if price.age_hours is not None else "")
-        if price is not None
-        else "the provider catalog at quote time"
-    )
+    source = price_source(out.price_list)
     return QuoteDocument(
         id=out.id,
         plan_id=out.plan_id,
@@ -128,7 +145,7 @@ def quote_document(out: QuoteOut) -> QuoteDocument:
         lines=tuple(
             Line(
                 description=i.description,
-                quantity=f"{i.quantity:,.2f}",
+                quantity=quantity(i.quantity),
                 unit=i.unit,
                 unit_price=f"${i.unit_price_usd:,.4f}",
                 amount=usd(i.amount_usd),
@@ -206,7 +223,12 @@ def render_pdf(doc: QuoteDocument) -> bytes:
         heading("Notes on this setup")
         bullets(doc.notes)
     heading("Cost")
-    columns = (width - 90, 30, 30, 30)
+    pdf.set_font("Helvetica", size=9)
+    # The quantity column is as wide as its widest cell (a quantity has up to 6 decimals: quantity()), so a long one
+    # does not run into the description beside it.
+    shown = [pdf.get_string_width(_pdf_text(f"{line.quantity} {line.unit}")) + 2 * pdf.c_margin for line in doc.lines]
+    quantity_width = max([30.0, *shown])
+    columns = (width - 60 - quantity_width, quantity_width, 30, 30)
     pdf.set_font("Helvetica", style="B", size=9)
     for label, w, align in zip(("Item", "Quantity", "Unit price", "Amount"), columns, "LRRR", strict=True):
         pdf.cell(w, 6, label, border="B", align=align)

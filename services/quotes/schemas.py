@@ -18,7 +18,11 @@ class QuoteRequest(ClosedModel):
     gpu: SingleLine | None = Field(default=None, min_length=1, max_length=100)
     gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
     provider: SingleLine | None = Field(default=None, min_length=1, max_length=100)
-    region: SingleLine | None = Field(default=None, min_length=1, max_length=100)
+    region: SingleLine | None = Field(
+        default=None,
+        max_length=100,
+        description="the offer's region; an empty one (a recommendation's, sent back as it is) names an offer without",
+    )
     nodes: StrictInt | None = Field(default=None, ge=1, le=1024, description="the nodes the GPUs run on (checked)")
     offer_gpus_per_node: StrictInt | None = Field(
         default=None,
@@ -38,6 +42,12 @@ class QuoteRequest(ClosedModel):
     customer_name: SingleLine | None = Field(default=None, min_length=1, max_length=200)
     customer_email: SingleLine | None = Field(default=None, max_length=320)
 
+    @field_validator("customer_name", "customer_email", mode="before")
+    @classmethod
+    def _trimmed(cls, value: Any) -> Any:
+        # What the document prints: "  Ada " is Ada, and a name of spaces alone is no name (min_length).
+        return value.strip() if isinstance(value, str) else value
+
     @field_validator("customer_email")
     @classmethod
     def _email(cls, value: str | None) -> str | None:
@@ -49,7 +59,9 @@ class QuoteRequest(ClosedModel):
     @model_validator(mode="after")
     def _what(self) -> QuoteRequest:
         if self.best_for_gpus is None and (self.gpu is None or self.gpus is None):
-            raise ValueError("give 'gpu' and 'gpus' (optionally 'provider'), or 'best_for_gpus'")
+            # The message names the field it misses first (the API's errors name the field before the colon).
+            missing = "gpu" if self.gpu is None else "gpus"
+            raise ValueError(f"{missing}: give 'gpu' and 'gpus' (optionally 'provider'), or 'best_for_gpus'")
         if self.best_for_gpus is not None and (self.gpu is not None or self.gpus is not None):
             raise ValueError("best_for_gpus: give either a setup ('gpu' and 'gpus') or 'best_for_gpus', not both")
         return self
@@ -57,7 +69,9 @@ class QuoteRequest(ClosedModel):
 
 class LineItem(BaseModel):
     description: str
-    quantity: float
+    quantity: float = Field(
+        description="to the fewest decimals (2 to 6) at which quantity x unit_price_usd is amount_usd to the cent"
+    )
     unit: str
     unit_price_usd: float
     amount_usd: float

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from sqlalchemy import select
@@ -23,11 +24,12 @@ from services.estimator.plan import Plan
 from services.nodes.calibration import calibrated_utilisation
 from services.orgs.service import Principal
 from services.planner.constraints import Constraints
-from services.planner.exact import price_exact_setup
+from services.planner.exact import nearest_counts, offer_layout, price_exact_setup
 from services.planner.models import PricingMode, Recommendation
 from services.planner.spot import checkpoint_bytes
 from services.plans.schemas import PlanRequest
 from services.plans.service import get_plan, resolved_plan
+from services.quotes.document import gib
 from services.quotes.schemas import Customer, LineItem, PriceList, QuoteOut, QuoteRequest
 from services.quotes.tables import QuoteRow
 
@@ -46,6 +48,8 @@ BREAKDOWN_LINES = (
 )
 # Per-GPU prices closer than this (USD per GPU-hour) are the same price: the plan stores them to 4 decimals.
 PRICE_TOLERANCE_USD = 0.0001
+# The currency quotes are issued in: every price list row is USD (services.catalog.pricelist refuses others).
+QUOTE_CURRENCY = "USD"
 
 
 def create_quote(
@@ -79,6 +83,8 @@ def create_quote(
         _vanished(stored, picked, request, gpu, pricing)
         if not picked:
             raise _none_left(request, gpu, emptied_by)
+    else:
+        _check_best_for(picked, request, emptied_by)
     try:
         rec, plan_assumptions = price_exact_setup(
             plan,
@@ -92,8 +98,10 @@ def create_quote(
             now=now,
         )
     except EstimatorError as exc:
-        field = "best_for_gpus" if request.best_for_gpus is not None and exc.field == "gpus" else exc.field
-        raise Unprocessable(exc.message, field=field) from None
+        field, message = exc.field, exc.message
+        if request.best_for_gpus is not None and exc.field == "gpus":
+            field, message = "best_for_gpus", "best_for_gpus: " + message.removeprefix("gpus: ")
+        raise Unprocessable(message, field=field) from None
     _unchanged(stored, rec)
     rec = _with_ranking_notes(stored, rec)
 
@@ -101,14 +109,15 @@ def create_quote(
     job_cost = rec.expected_cost_usd
     checkpoint_gb = _checkpoint_gb(plan)
     if request.checkpoint_storage_months > 0 and checkpoint_gb > 0:
-        gb_months = checkpoint_gb * request.checkpoint_storage_months
+        gb_months = round(checkpoint_gb * request.checkpoint_storage_months, 2)
         items.append(
             LineItem(
                 description="checkpoint storage (S3-compatible), the last checkpoint kept",
-                quantity=round(gb_months, 2),
+                quantity=gb_months,
                 unit="GB-month",
                 unit_price_usd=STORAGE_USD_PER_GB_MONTH,
-                amount_usd=round(gb_months * STORAGE_USD_PER_GB_MONTH, 2),
+                # The quantity shown times the price, to the cent, so the line multiplies out as printed.
+                amount_usd=float(_to_cents(Decimal(str(gb_months)) * Decimal(str(STORAGE_USD_PER_GB_MONTH)))),
             )
         )
     total = round(sum(i.amount_usd for i in items), 2)
@@ -118,9 +127,9 @@ def create_quote(
         plan_id=plan_row.id,
         setup=_setup(rec),
         line_items=[i.model_dump() for i in items],
-        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints),
+        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints, offer),
         total_usd=total,
-        currency="USD",
+        currency=QUOTE_CURRENCY,
         valid_until=utcnow() + timedelta(days=validity_days),
         customer_name=request.customer_name,
         customer_email=request.customer_email,
@@ -198,11 +207,36 @@ def _offers_for(
     return picked, "gpu"
 
 
-def _none_left(request: QuoteRequest, gpu: str, field: str) -> Unprocessable:
+def _where(request: QuoteRequest) -> str:
     where = f" at {request.provider}" if request.provider else ""
-    where += f" in {request.region}" if request.region else ""
-    where += f" in nodes of {request.offer_gpus_per_node} GPUs" if request.offer_gpus_per_node else ""
-    return Unprocessable(f"{field}: no offer for {gpu}{where} in the catalog", field=field)
+    if request.region is not None:
+        where += f" in {request.region}" if request.region.strip() else " without a region"
+    return where + (f" in nodes of {request.offer_gpus_per_node} GPUs" if request.offer_gpus_per_node else "")
+
+
+def _none_left(request: QuoteRequest, gpu: str, field: str) -> Unprocessable:
+    return Unprocessable(f"{field}: no offer for {gpu}{_where(request)} in the catalog", field=field)
+
+
+def _check_best_for(picked: Sequence[Offer], request: QuoteRequest, emptied_by: str) -> None:
+    """422 naming the field for a ``best_for_gpus`` request that no offer can answer: the provider, region or node
+    size it names has none, no offer rents that many GPUs, or none runs them on the ``nodes`` given."""
+    gpus = request.best_for_gpus or 1
+    if not picked:
+        field = "best_for_gpus" if emptied_by == "gpu" else emptied_by  # "gpu": the plan's own constraints
+        raise Unprocessable(f"{field}: no offer{_where(request)} in the catalog", field=field)
+    runs_on = sorted({layout.nodes for o in picked if (layout := offer_layout(o, gpus)) is not None})
+    if not runs_on:
+        counts = sorted({n for o in picked for n in nearest_counts(o, gpus)}, key=lambda n: (abs(n - gpus), n))
+        nearest = " or ".join(str(n) for n in sorted(counts[:2])) or "none"
+        raise Unprocessable(
+            f"best_for_gpus: no offer{_where(request)} rents {gpus} GPUs; the nearest counts are {nearest}",
+            field="best_for_gpus",
+        )
+    if request.nodes is not None and request.nodes not in runs_on:
+        raise Unprocessable(
+            f"nodes: {gpus} GPUs run on {' or '.join(map(str, runs_on))} node(s), not {request.nodes}", field="nodes"
+        )
 
 
 def _same_offer(rec: Recommendation, provider: str, region: str, node_gpus: int | None = None) -> bool:
@@ -247,13 +281,28 @@ def _vanished(
 
 def _with_ranking_notes(stored: Sequence[Recommendation], rec: Recommendation) -> Recommendation:
     """The setup with the notes the plan's ranking gave it (what it was ranked above or below, and at what
-    cost), so the quote says what the plan page says of it; a setup the plan did not list has none."""
+    cost), so the quote says what the plan page says of it; a setup the plan did not list has none.
+
+    The ranking's notes are the plan's, where the plan put them (first or last: services.planner.planner._notes);
+    the setup's own notes are today's, so what they say of the price list (its age, its date) is what the quote's
+    price list says."""
     for s in stored:
         same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
         if same and _same_offer(s, rec.provider, rec.region, rec.offer_gpus_per_node) and s.ranking_notes:
-            # The same setup at the same cost (_unchanged): the plan's notes, in the plan page's order.
-            return rec.model_copy(update={"notes": list(s.notes), "ranking_notes": list(s.ranking_notes)})
+            # The same setup at the same cost (_unchanged).
+            lead, tail = _split_ranking_notes(s.notes, s.ranking_notes)
+            notes = [*lead, *(n for n in rec.notes if n not in s.ranking_notes), *tail]
+            return rec.model_copy(update={"notes": notes, "ranking_notes": list(s.ranking_notes)})
     return rec
+
+
+def _split_ranking_notes(notes: Sequence[str], ranking: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ranking's notes that come before a setup's own notes and those after (the longest tail that fits)."""
+    for cut in range(len(ranking) + 1):
+        lead, tail = list(ranking[:cut]), list(ranking[cut:])
+        if list(notes[:cut]) == lead and list(notes[len(notes) - len(tail) :]) == tail and len(notes) >= len(ranking):
+            return lead, tail
+    return [], list(ranking)
 
 
 def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
@@ -309,12 +358,35 @@ def _cents(parts: Sequence[float], total_cents: int) -> list[int]:
     return cents
 
 
+def _to_cents(value: Decimal) -> Decimal:
+    """To the cent, halves up (as a reader rounds a product)."""
+    return value.quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+def line_quantity(amount_usd: float, unit_price_usd: float) -> float:
+    """The quantity a line of ``amount_usd`` shows at ``unit_price_usd``: the amount over the price, to the fewest
+    decimals (2 to 6) whose product with the price is the amount to the cent, so each line multiplies out as printed.
+    The amount is the line's share of the plan's whole cents (_cents), which its own rounding may not be: the
+    quantity follows the amount, not the other way round."""
+    price = Decimal(str(unit_price_usd))
+    amount = Decimal(str(amount_usd))
+    if price <= 0:
+        return 0.0
+    exact = amount / price
+    for places in range(2, 7):
+        quantity = exact.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
+        if _to_cents(quantity * price) == amount:
+            return float(quantity)
+    return float(exact.quantize(Decimal("0.000001"), ROUND_HALF_UP))
+
+
 def cost_lines(rec: Recommendation) -> list[LineItem]:
     """The planner's cost breakdown of the setup as GPU-hour lines at the setup's price, adding up to the
-    plan's expected cost to the cent."""
+    plan's expected cost to the cent, each line's quantity times its unit price equal to its amount to the cent."""
     per_gpu_hour = (
         rec.spot_price_usd_per_hour if rec.pricing == "spot" and rec.spot_price_usd_per_hour else rec.price_usd_per_hour
     ) / rec.gpus
+    unit_price = round(per_gpu_hour, 4)
     keys = [k for k, _ in BREAKDOWN_LINES]
     cents = _cents([rec.cost_breakdown.get(k, 0.0) for k in keys], round(rec.expected_cost_usd * 100))
     pricing = "spot" if rec.pricing == "spot" else "on demand"
@@ -328,13 +400,14 @@ def cost_lines(rec: Recommendation) -> list[LineItem]:
             # On demand nothing is preempted: the line is the rework after hardware failures (FAILURES_PER_GPU_HOUR).
             description = "expected failure rework (restarts and lost work after hardware failures)"
         if key == "compute":
-            description = f"{label}: {rec.gpus} x {rec.gpu} at {rec.provider} ({rec.region}), {pricing}"
+            where = f"{rec.provider} ({rec.region})" if rec.region else rec.provider
+            description = f"{label}: {rec.gpus} x {rec.gpu} at {where}, {pricing}"
         items.append(
             LineItem(
                 description=description,
-                quantity=round(usd / per_gpu_hour, 2) if per_gpu_hour else 0.0,
+                quantity=line_quantity(amount / 100.0, unit_price),
                 unit="GPU-hour",
-                unit_price_usd=round(per_gpu_hour, 4),
+                unit_price_usd=unit_price,
                 amount_usd=amount / 100.0,
             )
         )
@@ -386,6 +459,7 @@ def _assumptions(
     request: QuoteRequest,
     checkpoint_gb: float,
     constraints: Constraints,
+    offer: Offer,
 ) -> list[str]:
     offload = (
         f", with the optimizer states offloaded to host RAM (about {rec.host_ram_gib_per_node:,.0f} GiB per node)"
@@ -393,7 +467,7 @@ def _assumptions(
         else ""
     )
     out = [
-        f"predicted peak {rec.peak_gib_per_gpu:.1f} GiB per GPU on a {rec.gpu_memory_gib:.0f} GiB card "
+        f"predicted peak {rec.peak_gib_per_gpu:.1f} GiB per GPU on a {gib(rec.gpu_memory_gib)} GiB card "
         f"({rec.headroom_gib:.1f} GiB headroom){offload}",
         f"{rec.data_tokens_per_s:,.0f} tokens/s of data over {rec.gpus} GPU{'s' if rec.gpus != 1 else ''}, "
         f"scaling efficiency {rec.scaling_efficiency:.0%} over {rec.links or 'the interconnect'}"
@@ -407,13 +481,21 @@ def _assumptions(
             f"spot: {rec.expected_preemptions or 0:.2f} expected preemptions with checkpoints every "
             f"{rec.checkpoint_interval_minutes or 0:.0f} min, rework included"
         )
-    # A picked setup may be one the plan left out for its budget or deadline: the quote says so.
+    # A picked setup may be one the plan left out for its budget, deadline, GPU count, provider or region: the quote
+    # says so.
     if constraints.budget_usd is not None and rec.expected_cost_usd > constraints.budget_usd:
         out.append(f"over the plan's budget: ${rec.expected_cost_usd:,.2f} against ${constraints.budget_usd:,.2f}")
     if constraints.deadline_hours is not None and rec.expected_hours > constraints.deadline_hours:
         out.append(
             f"past the plan's deadline: {rec.expected_hours:,.1f} h against {constraints.deadline_hours:g} h expected"
         )
+    if rec.gpus > constraints.max_gpus:
+        out.append(f"more GPUs than the plan's max_gpus: {rec.gpus} against {constraints.max_gpus}")
+    if not constraints.allows_provider(rec.provider):
+        out.append(f"a provider the plan left out: {rec.provider}, not among {', '.join(constraints.providers)}")
+    if not constraints.allows_region(offer.region, offer.country):
+        where = offer.region or "no region"
+        out.append(f"a region the plan left out: {where}, not among {', '.join(constraints.regions)}")
     if request.checkpoint_storage_months > 0 and checkpoint_gb:
         out.append(
             f"checkpoints: {checkpoint_gb:.1f} GB kept for {request.checkpoint_storage_months:g} month(s) at "

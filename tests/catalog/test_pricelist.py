@@ -54,7 +54,7 @@ def test_control_characters_extra_cells_and_a_future_date_are_refused() -> None:
     problems = _problems(HEADER + "acme,L4,0.5,,eu,1,x,y,z\n")
     assert problems == ["row 1: 3 more cell(s) than the header has columns (['x', 'y', 'z'])"]
     future = '[{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "fetched_at": "9999-12-31"}]'
-    assert _problems(future, "json")[0].startswith("row 1: fetched_at: value error, 9999-12-31 is in the future")
+    assert _problems(future, "json")[0].startswith("row 1: fetched_at: 9999-12-31 is in the future")
     old = '[{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "fetched_at": "2001-01-01"}]'
     assert parse_price_list(old, "json")[0].fetched_at == "2001-01-01"
 
@@ -142,3 +142,11 @@ def test_host_ram_is_read_and_empty_is_unknown() -> None:
     )
     assert offer.host_ram_gib_per_node == 16.0
     assert "host_ram_gib_per_node" in export_csv([big]).splitlines()[0].split(",")
+
+
+def test_a_row_in_another_currency_is_refused_naming_the_row() -> None:
+    # Every price and cost is USD and gpuplan holds no exchange rate: a EUR row was ranked as dollars (stop 52).
+    problems = _problems("provider,gpu,on_demand_usd_per_hour,currency\nacme,L4,0.5,USD\nacme,L4,0.4,EUR\n")
+    assert len(problems) == 1 and problems[0].startswith("row 2: currency:") and "'EUR'" in problems[0], problems
+    (offer,) = parse_price_list("provider,gpu,on_demand_usd_per_hour,currency\nacme,L4,0.5,usd\n", "csv")
+    assert offer.currency == "USD"

@@ -384,6 +384,8 @@ def test_plans_submit_and_get(service: Service, tmp_path: Path) -> None:
     body = json.loads(gpuplan("plans", "get", done_id, *connect, "--json", env=service.env).stdout)
     notes = [n for rec in body["recommendations"][:5] for n in rec["notes"]]
     assert notes and all(f"note: {n}" in done.stdout for n in notes), done.stdout
+    for rec in body["recommendations"][:5]:  # the hours of the pricing shown, the card's memory as listed
+        assert f"GiB, {rec['expected_hours']:.1f} h, ${rec['cost_usd']:,.2f} on demand" in done.stdout, done.stdout
     _one_error_line(gpuplan("plans", "get", "nope", *connect, env=service.env), "no plan")
     # Where the embedded service runs, its own key file is the default key (issue 23).
     local = gpuplan("plans", "get", plan_id, "--api", service.url, "--json", cwd=service.cwd, env=service.env)
