@@ -194,8 +194,11 @@ def run_cost(
         "startup": startup_s * per_s,
         "model_download": download_s * per_s,
         "checkpoint_writes": checkpoint_s * per_s,
-        "preemption_rework": rework_s * per_s + fallback_usd,
+        "preemption_rework": rework_s * per_s,
         "billing_rounding": (billed_s - used_s) * per_s,
+        # Its own line, not rework: it is the on-demand price's excess over spot, not hours at the spot price (a
+        # quote probe of stop 52 found a spot quote billing 746 GPU-hours for a run of 302).
+        "on_demand_fallback": fallback_usd,
     }
     return RunCost(
         pricing=pricing,
@@ -218,7 +221,7 @@ def run_cost(
 
 def spot_note(cost: RunCost, nodes: int, on_demand_usd: float) -> str:
     """What spot adds to a setup, in the numbers the cost rests on, and where the rate comes from."""
-    rework = cost.breakdown["preemption_rework"] - cost.on_demand_fallback_usd
+    rework = cost.breakdown["preemption_rework"]
     per_node = f"{cost.preemptions_per_node_hour:.3g} per node-hour"
     rate = per_node if nodes == 1 else f"{per_node} x {nodes} nodes = {cost.interruptions_per_hour:.3g} per hour"
     return (

@@ -36,7 +36,8 @@ class Recommendation(_Out):
     expected_hours: float = Field(description="expected wall-clock under this pricing, start-up to final upload")
     cost_breakdown: dict[str, float] = Field(
         description="USD under this pricing: compute, startup, model_download, checkpoint_writes, "
-        "preemption_rework, billing_rounding (they add up to expected_cost_usd)"
+        "preemption_rework, billing_rounding, on_demand_fallback (spot: the expected on-demand finish's excess over "
+        "spot; they add up to expected_cost_usd)"
     )
     gpus: int = Field(description="all GPUs of the setup, every node together")
     gpus_per_node: int
@@ -110,6 +111,7 @@ class Recommendation(_Out):
                     "checkpoint_writes": 0.0,
                     "preemption_rework": 0.0,
                     "billing_rounding": 0.0,
+                    "on_demand_fallback": 0.0,
                 },
                 **data,
             }

@@ -45,6 +45,7 @@ BREAKDOWN_LINES = (
     ("checkpoint_writes", "checkpoint writes and final upload"),
     ("preemption_rework", "expected preemption rework (restarts and lost work)"),
     ("billing_rounding", "billing increment and minimum"),
+    ("on_demand_fallback", "expected on-demand finish where spot capacity does not come back (on-demand excess)"),
 )
 # Per-GPU prices closer than this (USD per GPU-hour) are the same price: the plan stores them to 4 decimals.
 PRICE_TOLERANCE_USD = 0.0001
@@ -381,12 +382,14 @@ def line_quantity(amount_usd: float, unit_price_usd: float) -> float:
 
 
 def cost_lines(rec: Recommendation) -> list[LineItem]:
-    """The planner's cost breakdown of the setup as GPU-hour lines at the setup's price, adding up to the
-    plan's expected cost to the cent, each line's quantity times its unit price equal to its amount to the cent."""
+    """The planner's cost breakdown of the setup as GPU-hour lines at the setup's price (the on-demand finish of a
+    spot run at the on-demand price's excess over spot), adding up to the plan's expected cost to the cent, each
+    line's quantity times its unit price equal to its amount to the cent."""
     per_gpu_hour = (
         rec.spot_price_usd_per_hour if rec.pricing == "spot" and rec.spot_price_usd_per_hour else rec.price_usd_per_hour
     ) / rec.gpus
     unit_price = round(per_gpu_hour, 4)
+    excess = round(max(rec.price_usd_per_hour / rec.gpus - per_gpu_hour, 0.0), 4)
     keys = [k for k, _ in BREAKDOWN_LINES]
     cents = _cents([rec.cost_breakdown.get(k, 0.0) for k in keys], round(rec.expected_cost_usd * 100))
     pricing = "spot" if rec.pricing == "spot" else "on demand"
@@ -402,12 +405,13 @@ def cost_lines(rec: Recommendation) -> list[LineItem]:
         if key == "compute":
             where = f"{rec.provider} ({rec.region})" if rec.region else rec.provider
             description = f"{label}: {rec.gpus} x {rec.gpu} at {where}, {pricing}"
+        price = excess if key == "on_demand_fallback" and excess > 0 else unit_price
         items.append(
             LineItem(
                 description=description,
-                quantity=line_quantity(amount / 100.0, unit_price),
+                quantity=line_quantity(amount / 100.0, price),
                 unit="GPU-hour",
-                unit_price_usd=unit_price,
+                unit_price_usd=price,
                 amount_usd=amount / 100.0,
             )
         )

@@ -212,3 +212,31 @@ def test_a_setup_outside_the_plans_gpus_provider_or_region_is_quoted_and_says_so
     quote = _quote(api, plan["id"], _pick(rec))
     assert quote["total_usd"] == rec["expected_cost_usd"]
     assert not any("the plan left out" in a or "max_gpus" in a for a in quote["assumptions"]), quote["assumptions"]
+
+
+def test_a_spot_quote_bills_no_more_gpu_hours_than_its_run(api: Api) -> None:
+    """A quote probe of stop 52: 16 x A100 40GB at azure on spot billed 746 GPU-hours at the spot price for a run of
+    18.9 h on 16 GPUs (302 GPU-hours): the expected on-demand finish ($224.62, the on-demand price's excess over spot)
+    was part of the rework line. It is its own line now, at that excess per GPU-hour."""
+    plan = _done_plan(
+        api,
+        {
+            "model": {"name": "meta-llama/Llama-3.1-8B"},
+            "method": "full",
+            "micro_batch_size": 2,
+            "seq_len": 2048,
+            "gradient_checkpointing": True,
+            "data": {"examples": 200_000, "avg_tokens_per_example": 1024, "epochs": 3},
+        },
+    )
+    response = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes", json={"best_for_gpus": 16, "spot": True}, headers=api.headers()
+    )
+    assert response.status_code == 201, response.text
+    quote = response.json()
+    setup, lines = quote["setup"], quote["line_items"]
+    at_spot = [i for i in lines if not i["description"].startswith("expected on-demand finish")]
+    assert sum(i["quantity"] for i in at_spot) <= setup["expected_hours"] * setup["gpus"] * 1.01, lines
+    fallback = [i for i in lines if i["description"].startswith("expected on-demand finish")]
+    assert fallback and fallback[0]["amount_usd"] == round(setup["cost_breakdown"]["on_demand_fallback"], 2), lines
+    assert round(sum(i["amount_usd"] for i in lines), 2) == quote["total_usd"]

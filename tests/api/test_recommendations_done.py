@@ -36,6 +36,7 @@ def test_the_seeds_qlora_job_shows_spot_where_it_is_cheaper_in_expectation(api: 
         "checkpoint_writes",
         "preemption_rework",
         "billing_rounding",
+        "on_demand_fallback",
     }
     assert sum(best["cost_breakdown"].values()) == pytest.approx(best["expected_cost_usd"], abs=0.01)
     # Cost order, except that a more complex setup ranks above a simpler one only when more than 10% cheaper.

@@ -73,6 +73,7 @@ def test_cheapest_first_by_total_cost_not_hourly_price() -> None:
         "checkpoint_writes",
         "preemption_rework",
         "billing_rounding",
+        "on_demand_fallback",
     }
 
 
