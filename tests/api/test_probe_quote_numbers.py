@@ -12,7 +12,7 @@ from typing import Any
 from services.planner.models import Recommendation
 from services.quotes.service import cost_lines
 from tests.api.conftest import QLORA_PLAN, Api
-from tests.api.test_quotes import _pdf_text
+from tests.api.test_quotes import _done_plan, _pdf_text, _pick, _quote
 
 FULL_8B_LONG: dict[str, Any] = {
     "model": {"name": "meta-llama/Llama-3.1-8B"},
@@ -24,32 +24,6 @@ FULL_8B_LONG: dict[str, Any] = {
     "dataset": {"examples": 200_000, "avg_tokens": 1024},
     "epochs": 3,
 }
-
-
-def _done_plan(api: Api, plan: dict[str, Any]) -> dict[str, Any]:
-    plan_id = api.client.post("/v1/plans", json=plan, headers=api.headers()).json()["id"]
-    body = api.wait_for_plan(plan_id)
-    assert body["status"] == "done", body.get("error")
-    return body
-
-
-def _pick(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "gpu": rec["gpu"],
-        "gpus": rec["gpus"],
-        "nodes": rec["nodes"],
-        "provider": rec["provider"],
-        "region": rec["region"],
-        "offer_gpus_per_node": rec["offer_gpus_per_node"],
-        "spot": rec["pricing"] == "spot",
-    }
-
-
-def _quote(api: Api, plan_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = api.client.post(f"/v1/plans/{plan_id}/quotes", json=body, headers=api.headers())
-    assert response.status_code == 201, response.text
-    quote: dict[str, Any] = response.json()
-    return quote
 
 
 def _html_lines(html: str) -> list[tuple[str, str, str, str]]:

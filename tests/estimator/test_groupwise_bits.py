@@ -9,8 +9,6 @@ scales fp16 (ceil(in / group), out); g_idx (one int32 per input row) is left out
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,25 +172,6 @@ def test_training_over_an_8_bit_gptq_checkpoint_stays_refused() -> None:
 
 
 # --- the user's path: POST /v1/estimate -----------------------------------------------------------------
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
-    from fastapi.testclient import TestClient
-
-    from services.api.app import create_app
-    from services.core.db import make_engine, make_sessionmaker, unit_of_work
-    from services.core.migrate import upgrade
-    from services.core.settings import Settings
-    from services.orgs.service import create_key, create_organization
-
-    url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
-    with unit_of_work(make_sessionmaker(make_engine(url))) as session:
-        create_organization(session, "alpha")
-        key = create_key(session, "alpha")
-    with TestClient(create_app(Settings(database_url=url))) as client:
-        yield client, {"Authorization": f"Bearer {key}"}
 
 
 # Llama-3.1-8B by hand: 32 blocks of 2 x 4096 x 4096 (q, o) + 2 x 4096 x 1024 (k, v) + 3 x 4096 x 14336 (MLP)

@@ -1,0 +1,29 @@
+"""Shared fixtures of the estimator tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
+    """The API on a migrated SQLite file with one organization: (client, auth headers), for the user's path."""
+    from fastapi.testclient import TestClient
+
+    from services.api.app import create_app
+    from services.core.db import make_engine, make_sessionmaker, unit_of_work
+    from services.core.migrate import upgrade
+    from services.core.settings import Settings
+    from services.orgs.service import create_key, create_organization
+
+    url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
+    upgrade(url)
+    with unit_of_work(make_sessionmaker(make_engine(url))) as session:
+        create_organization(session, "alpha")
+        key = create_key(session, "alpha")
+    with TestClient(create_app(Settings(database_url=url))) as client:
+        yield client, {"Authorization": f"Bearer {key}"}
