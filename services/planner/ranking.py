@@ -155,7 +155,7 @@ def _unsettled(
     ctx: PlanContext, scan: Scan, pricer: Pricer, priced: _Priced, cards: list[str], ranked: Ranked, least: float
 ) -> list[Entry]:
     """The entries of ``cards`` left unpriced (``least``: their least bound) that could change the notes of
-    ``ranking``, priced: those simpler than a shown entry and as cheap as the simpler setup its note names, and where
+    ``ranked``, priced: those simpler than a shown entry and as cheap as the simpler setup its note names, and where
     a shown entry offloads, those without offload that could rank before its caution's setup without offload
     (under its cost plus a cent over ``1 - tolerance``, the check of ``rank_entries``)."""
     if least == math.inf:
@@ -209,7 +209,10 @@ def _price_left(
         if priced.card_left_out[card] > limit:
             continue  # every entry of the card left out has a larger bound
         b = scan.bounds[card]
-        rows = np.flatnonzero(selected(b) & (b.bound <= limit) & ~priced.popped[card])
+        chosen = selected(b) & (b.bound <= limit) & ~priced.popped[card]
+        if b.qualifies is not None:
+            chosen &= b.qualifies  # priced as arrays: the others break the budget or the deadline
+        rows = np.flatnonzero(chosen)
         if len(rows):
             bounds.append(b.bound[rows])
             where.append((card, rows))
@@ -225,8 +228,6 @@ def _price_left(
         card, row = where[int(card_of[at])][0], int(rows_of[at])
         priced.popped[card][row] = True
         b = scan.bounds[card]
-        if b.qualifies is not None and not b.qualifies[row]:
-            continue
         c = pricer.candidate(int(b.offer[row]), int(b.position[row]))
         cost = c.spot if b.spot[row] else c.on_demand
         if cost is None or not qualifies(ctx.constraints, cost):
