@@ -134,7 +134,9 @@ class Agent:
 
     def _reap_job(self) -> None:
         if self.job is not None and self.job.poll() is not None:
-            log.warning("job %d exited with status %s", self.job.pid, self.job.returncode)
+            # A job that succeeded is news, not a warning (gpuplan agent shows INFO lines); a failure is one.
+            level = logging.INFO if self.job.returncode == 0 else logging.WARNING
+            log.log(level, "job %d exited with status %s", self.job.pid, self.job.returncode)
             self.job = None
 
     def attach_run(self, run: RunSync) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from services.agent.node import local_signals
 from services.agent.signals import JOB_PID_FILE, JobWatch
@@ -106,3 +109,18 @@ def test_gpuplan_agent_launches_the_job_after_a_double_dash(tmp_path: Path) -> N
     agent._reap_job()
     assert not agent.jobs.running()
     assert agent.job is None
+
+
+@pytest.mark.parametrize(("code", "level"), [(0, logging.INFO), (3, logging.WARNING)])
+def test_a_jobs_exit_is_a_warning_only_when_it_failed(code: int, level: int, caplog: pytest.LogCaptureFixture) -> None:
+    # `gpuplan agent` shows its INFO lines: a job that finished well was reported as "warning: job N exited".
+    from services.agent.agent import Agent
+
+    agent = Agent(client=None, key="k")  # type: ignore[arg-type]
+    agent.launch([sys.executable, "-c", f"raise SystemExit({code})"])
+    assert agent.job is not None
+    agent.job.wait(10)
+    with caplog.at_level(logging.INFO, logger="gpuplan.agent"):
+        agent._reap_job()
+    (record,) = [r for r in caplog.records if "exited with status" in r.getMessage()]
+    assert record.levelno == level and record.getMessage().endswith(f"status {code}")
