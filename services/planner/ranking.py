@@ -29,6 +29,8 @@ CENT = 0.005
 # The chain of entries the simpler-first rule moves up (8 GPUs spot -> 1 GPU spot -> 1 GPU on demand -> ...) that
 # the pruning first assumes: it keeps entries up to kth / (1 - tolerance) ** this, then checks (rank_entries).
 SIMPLER_CHAIN = 3
+# How many entries left out ``_price_left`` puts in bound order at a time.
+FEW = 8
 
 
 def qualifies(constraints: Constraints, cost: RunCost) -> bool:
@@ -174,19 +176,22 @@ def _unsettled(
     return out
 
 
-def _simpler_than(key: Complexity) -> Callable[[CardBounds], np.ndarray]:
-    """Which entries of a card's bounds are simpler than complexity ``key`` (``is_simpler``)."""
+def _simpler_than(key: Complexity) -> Callable[[CardBounds, np.ndarray], np.ndarray]:
+    """Which of the rows ``at`` of a card's bounds are simpler than complexity ``key`` (``is_simpler``)."""
     gpus, nodes, spot, offload = key
 
-    def rows(b: CardBounds) -> np.ndarray:
-        simpler = (b.gpus <= gpus) & (b.nodes <= nodes) & (b.spot <= spot) & (b.offload <= offload)
-        return simpler & ((b.gpus < gpus) | (b.nodes < nodes) | (b.spot < spot) | (b.offload < offload))
+    def rows(b: CardBounds, at: np.ndarray) -> np.ndarray:
+        g, n, s, o = b.gpus[at], b.nodes[at], b.spot[at], b.offload[at]
+        no_more: np.ndarray = (g <= gpus) & (n <= nodes) & (s <= spot) & (o <= offload)
+        simpler: np.ndarray = no_more & ((g < gpus) | (n < nodes) | (s < spot) | (o < offload))
+        return simpler
 
     return rows
 
 
-def _without_offload(b: CardBounds) -> np.ndarray:
-    return ~b.offload
+def _without_offload(b: CardBounds, at: np.ndarray) -> np.ndarray:
+    plain: np.ndarray = ~b.offload[at]
+    return plain
 
 
 def _price_left(
@@ -195,7 +200,7 @@ def _price_left(
     pricer: Pricer,
     priced: _Priced,
     cards: list[str],
-    selected: Callable[[CardBounds], np.ndarray],
+    selected: Callable[[CardBounds, np.ndarray], np.ndarray],
     limit: float,
     reach: float,
     slack: float,
@@ -209,10 +214,11 @@ def _price_left(
         if priced.card_left_out[card] > limit:
             continue  # every entry of the card left out has a larger bound
         b = scan.bounds[card]
-        chosen = selected(b) & (b.bound <= limit) & ~priced.popped[card]
+        rows = np.flatnonzero(b.bound <= limit)  # few: the rest of the tests on them alone
+        chosen = selected(b, rows) & ~priced.popped[card][rows]
         if b.qualifies is not None:
-            chosen &= b.qualifies  # priced as arrays: the others break the budget or the deadline
-        rows = np.flatnonzero(chosen)
+            chosen &= b.qualifies[rows]  # priced as arrays: the others break the budget or the deadline
+        rows = rows[chosen]
         if len(rows):
             bounds.append(b.bound[rows])
             where.append((card, rows))
@@ -222,18 +228,26 @@ def _price_left(
     rows_of = np.concatenate([rows for _, rows in where])
     bound = np.concatenate(bounds)
     out: list[Entry] = []
-    for at in np.lexsort((rows_of, bound)).tolist():
-        if bound[at] > limit:
-            break
-        card, row = where[int(card_of[at])][0], int(rows_of[at])
-        priced.popped[card][row] = True
-        b = scan.bounds[card]
-        c = pricer.candidate(int(b.offer[row]), int(b.position[row]))
-        cost = c.spot if b.spot[row] else c.on_demand
-        if cost is None or not qualifies(ctx.constraints, cost):
-            continue
-        out.append(Entry(c, cost))
-        limit = min(limit, (cost.expected_cost_usd + slack) * reach)
+    # In bound order, a few at a time: the first entry priced usually brings the limit below nearly all the others
+    # (where no note named a cost, every simpler entry of the catalog is a candidate: thousands at 50,000 offers).
+    while len(bound):
+        few = np.argpartition(bound, FEW - 1)[:FEW] if len(bound) > FEW else np.arange(len(bound))
+        few = few[np.argsort(bound[few], kind="stable")]
+        for at in few.tolist():
+            if bound[at] > limit:
+                return out
+            card, row = where[int(card_of[at])][0], int(rows_of[at])
+            priced.popped[card][row] = True
+            b = scan.bounds[card]
+            c = pricer.candidate(int(b.offer[row]), int(b.position[row]))
+            cost = c.spot if b.spot[row] else c.on_demand
+            if cost is None or not qualifies(ctx.constraints, cost):
+                continue
+            out.append(Entry(c, cost))
+            limit = min(limit, (cost.expected_cost_usd + slack) * reach)
+        left = bound <= limit
+        left[few] = False
+        card_of, rows_of, bound = card_of[left], rows_of[left], bound[left]
     return out
 
 
@@ -266,6 +280,7 @@ def _priced_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, wi
     stopped = math.inf
     card_left_out: dict[str, float] = {}
     popped = {card: np.zeros(len(b.bound), dtype=bool) for card, b in scan.bounds.items()}
+    twins: dict[tuple[str, int], float] = {}  # on-demand entries entered with their spot twin, not yet reached
     cards = len(scan.fitting_cards)
     heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
@@ -288,16 +303,31 @@ def _priced_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, wi
         following = next(ordered, None)
         if following is not None:
             heapq.heappush(heads, (*following, card, ordered))
-        popped[card][row] = True
-        verdict = scan.bounds[card].qualifies
-        if verdict is not None and not verdict[row]:
-            continue  # priced as arrays: it breaks the budget or the deadline
-        c = pricer.candidate(index, position)
-        cost = c.spot if spot else c.on_demand
-        if cost is None or not qualifies(ctx.constraints, cost):
-            continue
-        entries.append(Entry(c, cost))
-        value = cost.expected_cost_usd
+        if popped[card][row]:  # entered already as a spot entry's twin: it counts toward the limits from here
+            value = twins.pop((card, row), None)
+            if value is None:
+                continue
+        else:
+            popped[card][row] = True
+            bounds = scan.bounds[card]
+            verdict = bounds.qualifies
+            if verdict is not None and not verdict[row]:
+                continue  # priced as arrays: it breaks the budget or the deadline
+            c = pricer.candidate(index, position)
+            if spot:
+                # Its on-demand twin is priced with it, and is the simpler setup its note most often names: without
+                # it ``_exact_notes`` searched every simpler entry of the catalog for one (a measurement of stop 52).
+                twin = int(bounds.spot_pair[row - bounds.pairs])
+                if not popped[card][twin] and (verdict is None or verdict[twin]):
+                    popped[card][twin] = True
+                    if qualifies(ctx.constraints, c.on_demand):
+                        entries.append(Entry(c, c.on_demand))
+                        twins[(card, twin)] = c.on_demand.expected_cost_usd
+            cost = c.spot if spot else c.on_demand
+            if cost is None or not qualifies(ctx.constraints, cost):
+                continue
+            entries.append(Entry(c, cost))
+            value = cost.expected_cost_usd
         if len(top) < top_n:
             heapq.heappush(top, -value)
         elif value < -top[0]:
