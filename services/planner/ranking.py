@@ -167,6 +167,7 @@ def _unsettled(
     for e, named in zip(ranked.shown, ranked.named, strict=True):
         key = complexity(e)
         if named >= least and key != SIMPLEST:
+            named = min(named, _unpriced_twin_cost(ctx, scan, priced, e))
             out += _price_left(ctx, scan, pricer, priced, cards, _simpler_than(key), named, 1.0, 0.0)
     if any(e.candidate.cfg.cpu_offload for e in ranked.shown):
         reach = math.inf if tolerance >= 1.0 else 1.0 / (1.0 - tolerance)
@@ -174,6 +175,29 @@ def _unsettled(
         if plain >= least:
             out += _price_left(ctx, scan, pricer, priced, cards, _without_offload, plain, reach, CENT)
     return out
+
+
+def _unpriced_twin_cost(ctx: PlanContext, scan: Scan, priced: _Priced, e: Entry) -> float:
+    """For a spot entry, the cost of the same setup on demand where that entry is left unpriced and meets the
+    constraints (infinity otherwise): a simpler entry left, so the note names one no dearer. It bounds the search of
+    ``_price_left``, which otherwise, where no simpler entry was priced, goes over every simpler entry of the catalog
+    (thousands at 50,000 offers: a measurement of stop 52)."""
+    c = e.candidate
+    if e.cost.pricing != "spot" or not qualifies(ctx.constraints, c.on_demand):
+        return math.inf
+    b = scan.bounds[c.spec.name]
+    pairs = b.pairs
+    on_demand = np.flatnonzero((b.offer[:pairs] == c.offer_index) & (b.position[:pairs] == _position(scan, c)))
+    if not len(on_demand) or priced.popped[c.spec.name][on_demand[0]]:
+        return math.inf
+    if b.qualifies is not None and not b.qualifies[on_demand[0]]:
+        return math.inf
+    return c.on_demand.expected_cost_usd
+
+
+def _position(scan: Scan, c: Candidate) -> int:
+    """The position of a candidate's setup among its offer's setups (its bounds' ``position``)."""
+    return scan.setups_of(c.offer_index).index(c.setup)
 
 
 def _simpler_than(key: Complexity) -> Callable[[CardBounds, np.ndarray], np.ndarray]:
@@ -280,7 +304,6 @@ def _priced_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, wi
     stopped = math.inf
     card_left_out: dict[str, float] = {}
     popped = {card: np.zeros(len(b.bound), dtype=bool) for card, b in scan.bounds.items()}
-    twins: dict[tuple[str, int], float] = {}  # on-demand entries entered with their spot twin, not yet reached
     cards = len(scan.fitting_cards)
     heads: list[tuple[EntryKey, int, str, Iterator[tuple[EntryKey, int]]]] = []
     for name, bounds in scan.bounds.items():
@@ -303,31 +326,16 @@ def _priced_entries(ctx: PlanContext, scan: Scan, pricer: Pricer, top_n: int, wi
         following = next(ordered, None)
         if following is not None:
             heapq.heappush(heads, (*following, card, ordered))
-        if popped[card][row]:  # entered already as a spot entry's twin: it counts toward the limits from here
-            value = twins.pop((card, row), None)
-            if value is None:
-                continue
-        else:
-            popped[card][row] = True
-            bounds = scan.bounds[card]
-            verdict = bounds.qualifies
-            if verdict is not None and not verdict[row]:
-                continue  # priced as arrays: it breaks the budget or the deadline
-            c = pricer.candidate(index, position)
-            if spot:
-                # Its on-demand twin is priced with it, and is the simpler setup its note most often names: without
-                # it ``_exact_notes`` searched every simpler entry of the catalog for one (a measurement of stop 52).
-                twin = int(bounds.spot_pair[row - bounds.pairs])
-                if not popped[card][twin] and (verdict is None or verdict[twin]):
-                    popped[card][twin] = True
-                    if qualifies(ctx.constraints, c.on_demand):
-                        entries.append(Entry(c, c.on_demand))
-                        twins[(card, twin)] = c.on_demand.expected_cost_usd
-            cost = c.spot if spot else c.on_demand
-            if cost is None or not qualifies(ctx.constraints, cost):
-                continue
-            entries.append(Entry(c, cost))
-            value = cost.expected_cost_usd
+        popped[card][row] = True
+        verdict = scan.bounds[card].qualifies
+        if verdict is not None and not verdict[row]:
+            continue  # priced as arrays: it breaks the budget or the deadline
+        c = pricer.candidate(index, position)
+        cost = c.spot if spot else c.on_demand
+        if cost is None or not qualifies(ctx.constraints, cost):
+            continue
+        entries.append(Entry(c, cost))
+        value = cost.expected_cost_usd
         if len(top) < top_n:
             heapq.heappush(top, -value)
         elif value < -top[0]:
