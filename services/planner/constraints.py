@@ -25,7 +25,7 @@ class Constraints(ClosedModel):
     several nodes restarts when any one of them is preempted). Left out, each offer's own rate is used,
     else the planner's default (services.planner.costs). ``restart_minutes`` likewise overrides the time
     from a preemption to training again (default: the offer's start-up plus the model download); the wait for spot
-    capacity comes on top. ``prefer_simpler_within`` is the tolerance of services.planner.ranking.prefer_simpler.
+    capacity comes on top. ``prefer_simpler_within`` is the tolerance of services.planner.simpler.prefer_simpler.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

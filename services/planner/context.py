@@ -291,7 +291,7 @@ class Entry:
 
     candidate: Candidate
     cost: RunCost
-    # Notes the ranking adds (services.planner.ranking.prefer_simpler): ``lead`` goes first, ``tail`` last.
+    # Notes the ranking adds (services.planner.simpler.prefer_simpler): ``lead`` goes first, ``tail`` last.
     lead: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()
 

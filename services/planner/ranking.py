@@ -3,9 +3,10 @@
 what the simpler-first rule can move up): over thousands of offers only a few dozen are priced.
 
 A setup is priced on one offer by ``price_setup`` (on demand and spot, services.planner.costs); the priced
-entries are then ordered by ``prefer_simpler``: cheapest first, except that a setup with more GPUs,
-more nodes, spot or CPU offload ranks above a simpler one only when it is cheaper by more than
-``constraints.prefer_simpler_within``; the pruning keeps every entry that tolerance could bring into the top N.
+entries are then ordered by the simpler-first rule (services.planner.simpler): cheapest first, except that a setup
+with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when it is cheaper by more than
+``constraints.prefer_simpler_within``; the pruning keeps every entry that tolerance could bring into the top N, and
+prices what the notes name (``_exact_notes``).
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def _price_left(
         if priced.card_left_out[card] > limit:
             continue  # every entry of the card left out has a larger bound
         b = scan.bounds[card]
-        rows = np.flatnonzero(b.bound <= limit)  # few: the rest of the tests on them alone
+        rows = np.flatnonzero(b.bound <= limit)  # the other tests on these rows alone
         chosen = selected(b, rows) & ~priced.popped[card][rows]
         if b.qualifies is not None:
             chosen &= b.qualifies[rows]  # priced as arrays: the others break the budget or the deadline
