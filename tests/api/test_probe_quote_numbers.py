@@ -192,17 +192,7 @@ def test_a_spot_quote_bills_no_more_gpu_hours_than_its_run(api: Api) -> None:
     """A quote probe of stop 52: 16 x A100 40GB at azure on spot billed 746 GPU-hours at the spot price for a run of
     18.9 h on 16 GPUs (302 GPU-hours): the expected on-demand finish ($224.62, the on-demand price's excess over spot)
     was part of the rework line. It is its own line now, at that excess per GPU-hour."""
-    plan = _done_plan(
-        api,
-        {
-            "model": {"name": "meta-llama/Llama-3.1-8B"},
-            "method": "full",
-            "micro_batch_size": 2,
-            "seq_len": 2048,
-            "gradient_checkpointing": True,
-            "data": {"examples": 200_000, "avg_tokens_per_example": 1024, "epochs": 3},
-        },
-    )
+    plan = _done_plan(api, FULL_8B_LONG)
     response = api.client.post(
         f"/v1/plans/{plan['id']}/quotes", json={"best_for_gpus": 16, "spot": True}, headers=api.headers()
     )
