@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from services.catalog.repository import CatalogRepository
 from services.catalog.tables import CatalogFeed, CatalogVersion, GpuOfferRow
 from services.core.db import UtcDateTime, new_id, utcnow
 from services.core.errors import Unprocessable, listed
+
+log = logging.getLogger("gpuplan.catalog")
 
 # Older versions are kept for a look back (and a manual rollback); beyond this many per owner they go.
 KEEP_INACTIVE_VERSIONS = 20
@@ -365,10 +368,24 @@ _OFFERS_CACHE_LOCK = threading.Lock()
 
 
 def _version_offers(session: Session, version_id: str) -> list[Offer]:
+    """A version's offers priced in dollars. Every price gpuplan works out is USD and it holds no exchange rate, so
+    a row stored in another currency before imports refused them (services.catalog.pricelist) is left out, with a
+    warning, rather than ranked and quoted with its number read as dollars."""
     table = GpuOfferRow.__table__
     names = [n for n in OFFER_COLUMNS if n != "gpu_memory_gib"]
     rows = session.execute(select(*(table.c[n] for n in names)).where(table.c.version_id == version_id)).all()
-    return [Offer(**dict(zip(names, row, strict=True))) for row in rows]
+    offers = [Offer(**dict(zip(names, row, strict=True))) for row in rows]
+    other = sorted({o.currency for o in offers if o.currency.upper() != "USD"})
+    if other:
+        kept = [o for o in offers if o.currency.upper() == "USD"]
+        log.warning(
+            "catalog version %s: %d offer(s) priced in %s left out of planning and quotes (prices are USD only)",
+            version_id,
+            len(offers) - len(kept),
+            ", ".join(other),
+        )
+        return kept
+    return offers
 
 
 def catalog_offers(session: Session, organization_id: str | None = None) -> Market:

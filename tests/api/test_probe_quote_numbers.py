@@ -4,10 +4,14 @@ not print."""
 
 from __future__ import annotations
 
+import logging
 import re
 from decimal import ROUND_HALF_UP, Decimal
 from html import unescape
 from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
 
 from services.planner.models import Recommendation
 from services.quotes.service import cost_lines
@@ -169,6 +173,34 @@ def test_a_price_list_row_in_another_currency_is_refused_at_import(api: Api) -> 
         headers=api.headers("admin"),
     )
     assert ok.status_code == 201, ok.text
+
+
+def test_an_offer_stored_in_another_currency_before_imports_refused_it_is_neither_planned_nor_quoted(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stop 52 refused other currencies at import, but a row stored before that (or written by hand) still reached
+    the planner, its euros read as dollars. The cheapest RTX 4090 here is that row."""
+    header = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,currency,region,source\n"
+    rows = "euro-dc,RTX 4090,1,0.01,USD,fra,old list\ndollar-dc,RTX 4090,1,0.02,USD,fra,old list\n"
+    assert (
+        api.client.post("/v1/admin/catalog/offers", content=header + rows, headers=api.headers("admin")).status_code
+        == 201
+    )
+    engine = create_engine(api.url)
+    with engine.begin() as conn:  # what an older gpuplan stored
+        conn.execute(text("UPDATE gpu_offers SET currency = 'EUR' WHERE provider = 'euro-dc'"))
+    engine.dispose()
+    with caplog.at_level(logging.WARNING, logger="gpuplan.catalog"):
+        plan = _done_plan(api, QLORA_PLAN)
+    picked = [r["provider"] for r in plan["recommendations"]]
+    assert "euro-dc" not in picked and plan["recommendations"][0]["provider"] == "dollar-dc", picked
+    assert "1 offer(s) priced in EUR left out of planning and quotes" in caplog.text, caplog.text
+    response = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes",
+        json={"gpu": "RTX 4090", "gpus": 1, "provider": "euro-dc"},
+        headers=api.headers(),
+    )
+    assert response.status_code in (404, 409, 422), response.text
 
 
 def test_a_setup_outside_the_plans_gpus_provider_or_region_is_quoted_and_says_so(api: Api) -> None:
