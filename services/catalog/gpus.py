@@ -80,6 +80,10 @@ def gpu_specs() -> tuple[GpuSpec, ...]:
 
 
 _NOISE = re.compile(r"\b(nvidia|geforce|tesla|gpu|hbm\d?e?|gddr\d?x?)\b")
+# What may follow a card's model in a name and still mean that card: form factors and editions, not variants
+# ("D", "Ti", "Max-Q", "NVL" are other cards).
+_MEMORY = re.compile(r"(\d+)\s*gi?b")
+_FORM_WORDS = re.compile(r"(?:sxm\d*|pcie\d*|oam|server|workstation|edition|generation|blackwell|gen\d)*")
 
 
 def _normalize(name: str) -> str:
@@ -103,11 +107,11 @@ def gpu_name_key(name: str) -> str:
     return _normalize(name)
 
 
-def _model_and_memory(name: str) -> tuple[str, int | None]:
+def _model_and_memory(name: str) -> tuple[str, frozenset[int]]:
+    """A name's model (noise words, memory sizes and punctuation taken out) and the memory sizes it names, in GB."""
     lowered = _NOISE.sub("", name.lower())
-    memory = re.search(r"(\d+)\s*g(i)?b", lowered)
-    model = re.sub(r"(\d+)\s*g(i)?b", "", lowered)
-    return re.sub(r"[^a-z0-9]", "", model), int(memory.group(1)) if memory else None
+    memory = frozenset(int(found) for found in _MEMORY.findall(lowered))
+    return re.sub(r"[^a-z0-9]", "", _MEMORY.sub("", lowered)), memory
 
 
 def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
@@ -119,20 +123,24 @@ def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
     exact = exact_gpu_names(specs).get(wanted)
     if exact is not None:
         return exact
-    # Same model and memory size, ignoring form-factor words (sxm4, pcie, nvl, ...).
+    # Same model and memory, ignoring form-factor and edition words (sxm4, pcie, server edition, ...) after the model.
+    # Only those: a name's prefix matched either way, and "H20" (96 GB, a sixth of the compute) was taken for the
+    # H200, "RTX 4090 D" for the RTX 4090, "RTX 4090 48GB" for the 24 GB card (a probe of stop 53).
+    # The card whose name matches most of the model wins ("H100 PCIe" over "H100" + "pcie").
     model, memory = _model_and_memory(name)
-    candidates = []
+    matched: dict[str, tuple[int, GpuSpec]] = {}
     for spec in specs:
         for known in (spec.name, *spec.aliases):
             k_model, k_memory = _model_and_memory(known)
-            same_memory = memory is None or k_memory is None or memory == k_memory
-            if same_memory and model and (model.startswith(k_model) or k_model.startswith(model)) and len(k_model) >= 2:
-                candidates.append(spec)
-                break
-    by_memory = [s for s in candidates if memory is None or round(s.memory_gb_vendor) == memory]
-    chosen = by_memory or candidates
-    if len({s.name for s in chosen}) == 1:
-        return chosen[0]
+            if len(k_model) < 2 or not model.startswith(k_model) or not _FORM_WORDS.fullmatch(model[len(k_model) :]):
+                continue
+            same_memory = not memory or memory == (k_memory or {round(spec.memory_gb_vendor)})
+            if same_memory and len(k_model) > matched.get(spec.name, (0, spec))[0]:
+                matched[spec.name] = (len(k_model), spec)
+    longest = max((length for length, _ in matched.values()), default=0)
+    best = [spec for length, spec in matched.values() if length == longest]
+    if len(best) == 1:
+        return best[0]
     names = [s.name for s in specs]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -319,3 +319,26 @@ def test_concurrent_imports_never_lose_one_another(api: Api) -> None:
     thread.join(10)
     assert errors == []
     assert {"one", "two"} <= {i["provider"] for i in _offers(api)}
+
+
+def test_a_card_gpuplan_has_no_spec_for_is_refused_not_taken_for_a_similar_name(api: Api) -> None:
+    """A probe of stop 53: a price list row for an "H20" (96 GB, a sixth of an H200's compute) was stored and planned
+    as an H200 (141 GB), its prefix; a node reporting "NVIDIA H20" registered as one. Both are refused, naming the
+    field, and a card the name does mean (a form factor written after it) is still taken."""
+    header = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,region,source\n"
+    response = api.client.post(
+        "/v1/admin/catalog/offers", content=header + "cn-cloud,H20,8,0.90,bj,t\n", headers=api.headers("admin")
+    )
+    assert response.status_code == 422, response.text
+    assert "row 1: gpu: unknown GPU 'H20'" in response.text, response.text
+    assert not any(o["provider"] == "cn-cloud" for o in _offers(api))
+    ok = api.client.post(
+        "/v1/admin/catalog/offers",
+        content=header + "cn-cloud,H100 (80 GB PCIe),1,2.10,bj,t\n",
+        headers=api.headers("admin"),
+    )
+    assert ok.status_code == 201, ok.text
+    assert [o["gpu"] for o in _offers(api) if o["provider"] == "cn-cloud"] == ["H100 PCIe"]
+    node = api.client.post("/v1/nodes", json={"name": "box-h20", "gpu": "NVIDIA H20"}, headers=api.headers())
+    assert node.status_code == 422, node.text
+    assert "gpu" in node.text and "unknown GPU 'NVIDIA H20'" in node.text, node.text
