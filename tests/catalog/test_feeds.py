@@ -85,6 +85,29 @@ def test_vast_keeps_the_cheapest_per_card_count_and_country() -> None:
     assert out.skipped == {"GTX 1070"}
 
 
+def test_vast_tells_memory_variants_apart_and_skips_an_offer_with_less_memory_than_its_card() -> None:
+    """Vast names the 16 and 32 GB V100 alike, as it does the A100s: a 32 GB V100 was planned as the 16 GB card.
+    And an offer reporting less memory than the card its name maps to (an "H100 NVL" with 80 GB) is not planned
+    on 93.6 GiB it does not have."""
+
+    def offer(offer_id: int, name: str, gpu_ram: int) -> dict[str, Any]:
+        return {"id": offer_id, "gpu_name": name, "num_gpus": 1, "gpu_ram": gpu_ram, "dph_total": 0.5}
+
+    payload = {
+        "offers": [
+            offer(1, "Tesla V100", 32510),
+            offer(2, "Tesla V100", 16160),
+            offer(3, "A100 SXM4", 40960),
+            offer(4, "H100 NVL", 81559),
+            offer(5, "H100 NVL", 95830),
+        ]
+    }
+    out = vast.parse_bundles(payload, WHEN)
+    assert sorted(r["gpu"] for r in out.rows) == ["A100 40GB", "H100 NVL", "V100 16GB", "V100 32GB"]
+    assert out.skipped == {"H100 NVL (80 GiB)"}
+    assert out.note() == "skipped offers of cards gpuplan has no spec for: H100 NVL (80 GiB)"
+
+
 def test_aws_rows_join_on_demand_and_spot_per_instance_type() -> None:
     products = [
         aws_product("p5.48xlarge", "us-east-1", 98.32, memory="2048 GiB"),

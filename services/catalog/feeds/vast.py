@@ -25,6 +25,7 @@ from services.catalog.feeds.base import (
     known_gpu,
     mapping_for,
 )
+from services.catalog.gpus import GpuSpec
 
 PROVIDER = "vast"
 DEFAULT_URL = "https://console.vast.ai/api/v0"
@@ -39,14 +40,32 @@ QUERY: dict[str, Any] = {
     "limit": 5000,
 }
 _COUNTRY = re.compile(r"(?:^|,\s*)([A-Z]{2})$")
-A100_80GB_MIN_MB = 60_000  # gpu_ram below this is the 40 GB A100
 BYTES_PER_MB = 1e6
+# Vast names one card for both memory sizes ("A100 SXM4", "Tesla V100"): its gpu_ram (MiB as nvidia-smi reports
+# it, 81920 for an 80 GB A100) tells them apart.
+MEMORY_VARIANTS = (("A100 40GB", "A100 80GB"), ("V100 16GB", "V100 32GB"))
+# An offer whose gpu_ram is this much below its card's memory is not that card: skipped, not planned with memory
+# it lacks.
+GPU_RAM_SHORTFALL = 0.95
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _by_memory(spec: GpuSpec | None, ram_mb: float | None) -> GpuSpec | None:
+    """The card an offer rents, given the memory it reports: the memory variant of its name nearest ``ram_mb``, and
+    None where it reports less than its card has."""
+    if spec is None or ram_mb is None or ram_mb <= 0:
+        return spec
+    gib = ram_mb / 1024
+    for variants in MEMORY_VARIANTS:
+        if spec.name in variants:
+            cards = [card for card in map(known_gpu, variants) if card is not None]
+            spec = min(cards, key=lambda card: abs(card.memory_gib - gib))
+    return spec if gib >= spec.memory_gib * GPU_RAM_SHORTFALL else None
 
 
 def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
@@ -66,11 +85,13 @@ def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
         mapping = mapping_for(PROVIDER, item["gpu_name"])
         name = mapping.gpu if mapping else item["gpu_name"]
         ram_mb = _number(item.get("gpu_ram"))
-        if name.startswith("A100") and ram_mb is not None:
-            name = "A100 80GB" if ram_mb >= A100_80GB_MIN_MB else "A100 40GB"
-        spec = known_gpu(name)
+        named = known_gpu(name)
+        spec = _by_memory(named, ram_mb)
         if spec is None:
-            out.skipped.add(item["gpu_name"])
+            # A card of that name with this memory is one gpuplan has no spec for.
+            out.skipped.add(
+                item["gpu_name"] if named is None else f"{item['gpu_name']} ({(ram_mb or 0) / 1024:.0f} GiB)"
+            )
             continue
         geo = item.get("geolocation")
         match = _COUNTRY.search(geo.strip()) if isinstance(geo, str) else None
