@@ -82,7 +82,7 @@ def gpu_specs() -> tuple[GpuSpec, ...]:
 _NOISE = re.compile(r"\b(nvidia|geforce|tesla|gpu|hbm\d?e?|gddr\d?x?)\b")
 # What may follow a card's model in a name and still mean that card: form factors and editions, not variants
 # ("D", "Ti", "Max-Q", "NVL" are other cards).
-_MEMORY = re.compile(r"(\d+)\s*gi?b")
+_MEMORY = re.compile(r"\b(\d+)\s*g(?:i?b)?\b")
 _FORM_WORDS = re.compile(r"(?:sxm\d*|pcie\d*|oam|server|workstation|edition|generation|blackwell|gen\d)*")
 
 
@@ -100,6 +100,21 @@ def exact_gpu_names(specs: tuple[GpuSpec, ...]) -> Mapping[str, GpuSpec]:
         for known in (spec.name, *spec.aliases):
             table.setdefault(_normalize(known), spec)
     return MappingProxyType(table)
+
+
+def larger_of_its_model(name: str, spec: GpuSpec, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec | None:
+    """Where ``name`` gives no memory and ``spec`` (what ``find_gpu`` made of it) is not the smallest-memory card
+    of its model, that smallest card: "A100" reads as the A100 80GB, which a price list meaning the 40 GB card must
+    not be planned on. None otherwise (a memory given, or the smallest card already)."""
+    if _model_and_memory(name)[1]:
+        return None
+    spec_model = _model_and_memory(spec.name)[0]
+    smaller = [
+        other
+        for other in (specs if specs is not None else gpu_specs())
+        if _model_and_memory(other.name)[0] == spec_model and other.memory_gib < spec.memory_gib
+    ]
+    return min(smaller, key=lambda other: other.memory_gib) if smaller else None
 
 
 def gpu_name_key(name: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
+from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs, larger_of_its_model
 from services.catalog.offers import Offer
 from services.core.errors import EstimatorError
 
@@ -252,6 +252,13 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
             spec = find_gpu(row.gpu, specs)
         except EstimatorError as exc:
             problems.append(f"row {number}: gpu: {exc.message}")
+            continue
+        smaller = larger_of_its_model(row.gpu, spec, specs)
+        if smaller is not None:  # planned on memory a row of the smaller card does not have: it ran out of memory
+            problems.append(
+                f"row {number}: gpu: {row.gpu!r} names no memory and could be the {smaller.name} or the {spec.name}; "
+                "name the card with its memory"
+            )
             continue
         offer = offer_from_row(row, spec)
         key = offer_key(offer)

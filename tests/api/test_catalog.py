@@ -342,3 +342,20 @@ def test_a_card_gpuplan_has_no_spec_for_is_refused_not_taken_for_a_similar_name(
     node = api.client.post("/v1/nodes", json={"name": "box-h20", "gpu": "NVIDIA H20"}, headers=api.headers())
     assert node.status_code == 422, node.text
     assert "gpu" in node.text and "unknown GPU 'NVIDIA H20'" in node.text, node.text
+
+
+def test_a_price_list_row_naming_a_card_without_the_memory_that_tells_it_apart_is_refused(api: Api) -> None:
+    """A probe of stop 53: a row for an "A100" was planned as the A100 80GB, so a provider's 40 GB A100s were
+    recommended for plans that need more than 40 GB. Where the name's card is not the smallest of its model, the row
+    is refused naming both; where it is (a "V100" is the 16 GB one) or the memory is named, it is taken."""
+    header = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,region,source\n"
+    for gpu in ("A100", "Tesla A100"):
+        response = api.client.post(
+            "/v1/admin/catalog/offers", content=header + f"dc,{gpu},8,1.10,eu,t\n", headers=api.headers("admin")
+        )
+        assert response.status_code == 422, response.text
+        assert "could be the A100 40GB or the A100 80GB" in response.text, response.text
+    rows = "dc,A100 40G,8,1.10,eu,t\ndc,A100-80GB,8,1.60,eu,t\ndc,V100,8,0.40,eu,t\n"
+    ok = api.client.post("/v1/admin/catalog/offers", content=header + rows, headers=api.headers("admin"))
+    assert ok.status_code == 201, ok.text
+    assert sorted(o["gpu"] for o in _offers(api) if o["provider"] == "dc") == ["A100 40GB", "A100 80GB", "V100 16GB"]
