@@ -250,13 +250,13 @@ class Syncer:
             self._thread.start()
             return True
 
-    def _pass(self, control: ControlPlane, final: bool) -> None:
+    def _pass(self, control: ControlPlane, final: bool, what: str = "sync pass") -> None:
         try:
             self.run.pass_once(control, final)
             self.run.succeeded()
         except Exception as exc:  # logged, reported with the next heartbeat, and retried at the next interval
             self.run.failed(f"{type(exc).__name__}: {exc}")
-            log.warning("sync pass failed: %s", self.run.last_error)
+            log.warning("%s failed: %s", what, self.run.last_error)
         finally:
             self.uploading = False
 
@@ -276,4 +276,10 @@ class Syncer:
                 return
             except RunApiError as exc:
                 log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)
-        self._pass(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix), final=False)
+            except Exception as exc:
+                # The bucket or the folder failed it (S3 down, no checkpoint folder): a log line and the agent's exit,
+                # as for any other pass, not a traceback out of the SIGTERM handling.
+                self.run.failed(f"{type(exc).__name__}: {exc}")
+                log.warning("final sync failed: %s", self.run.last_error)
+                return
+        self._pass(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix), final=False, what="final sync")

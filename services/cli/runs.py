@@ -17,6 +17,7 @@ from services.cli.common import Subparsers, add_api_option, add_key_options, api
 from services.core.errors import ConfigurationError
 from services.runs.client import RunApi, RunApiError
 from services.runs.restore import RestoreError, restore_checkpoint
+from services.runs.retention import StoredCheckpoint, best_step
 from services.runs.sync import BucketOnly, SyncError, SyncOptions, read_manifest, stored_steps, sync_pass
 from services.storage.s3 import make_s3_client
 
@@ -227,10 +228,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         s3 = _s3()
         try:
             if args.from_bucket:
-                durable = BucketOnly(s3, run["bucket"], run["prefix"]).done_steps()[0]
-                if not durable:
-                    raise RunCliError(f"no durable checkpoint in s3://{run['bucket']}/{run['prefix']}")
-                step = args.step if args.step is not None else max(durable)
+                step = args.step if args.step is not None else _bucket_step(s3, run, args.best)
                 manifest = read_manifest(s3, run["bucket"], run["prefix"], step)
                 if manifest is None:
                     steps = sorted(stored_steps(s3, run["bucket"], run["prefix"]))
@@ -240,7 +238,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             target = Path(args.to)
             target.mkdir(parents=True, exist_ok=True)
             result = restore_checkpoint(s3, run["bucket"], run["prefix"], manifest, target)
-        except (RestoreError, RunApiError) as exc:
+        except (RestoreError, RunApiError, SyncError) as exc:
             raise RunCliError(f"restore: {exc}") from None
         except (BotoCoreError, ClientError) as exc:
             raise RunCliError(f"restore: {exc}; run it again to resume the download") from None
@@ -248,6 +246,24 @@ def cmd_restore(args: argparse.Namespace) -> int:
             raise RunCliError(f"restore: {args.to}: {exc.strerror or exc}") from None
     print(f"step {result.step}: {result.files} files, {result.bytes / MiB:.1f} MiB verified in {result.directory}")
     return 0
+
+
+def _bucket_step(s3: Any, run: dict[str, Any], best: bool) -> int:
+    """The step `restore --from-bucket` takes: the newest with a manifest in the bucket, or with ``best`` the best by
+    the metric the manifests carry (ranked as the run's retention ranks it: --best used to restore the newest)."""
+    durable = BucketOnly(s3, run["bucket"], run["prefix"]).done_steps()[0]
+    if not durable:
+        raise RunCliError(f"no durable checkpoint in s3://{run['bucket']}/{run['prefix']}")
+    if not best:
+        return max(durable)
+    manifests = [(s, read_manifest(s3, run["bucket"], run["prefix"], s)) for s in sorted(durable)]
+    stored = [StoredCheckpoint(s, True, m.metric, m.final) for s, m in manifests if m is not None]
+    mode = run["schedule"].get("retention", {}).get("metric_mode", "min")
+    step = best_step(stored, "max" if mode == "max" else "min")
+    if step is None:
+        where = f"s3://{run['bucket']}/{run['prefix']}"
+        raise RunCliError(f"no checkpoint in {where} has a metric; use --step or the latest")
+    return step
 
 
 def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, key: str) -> None:

@@ -62,6 +62,20 @@ class NoDriver:
         raise DriverError("no provider driver configured")
 
 
+class UnusableDriver(NoDriver):
+    """A driver the settings name but cannot build (a key or a URL missing): every stop is refused with why, so the
+    sweep still decides, marks lost nodes and asks for final syncs, and each idle node's events say what to set."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name, self._problem = name, problem
+
+    def stop(self, node: NodeTarget) -> str:
+        raise DriverError(f"the {self.name} driver is not usable ({self._problem}); left running")
+
+    def start(self, node: NodeTarget) -> str:
+        raise DriverError(f"the {self.name} driver is not usable ({self._problem})")
+
+
 class HttpDriver:
     name = "http"
 

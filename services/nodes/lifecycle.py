@@ -40,7 +40,7 @@ from services.core.metrics import (
     SWEEP_DECISIONS,
 )
 from services.core.settings import Settings
-from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver
+from services.nodes.drivers import DriverError, NodeTarget, NoDriver, ProviderDriver, UnusableDriver
 from services.nodes.idle import (
     HEARTBEAT_INTERVAL_S,
     Decision,
@@ -549,7 +549,14 @@ def run_sweep(
     """One sweep (the beat task and the embedded loop): the decisions and stop leases commit first, the
     provider calls run with no session open, and each answer is recorded in its own short transaction.
     ``now`` fixes the clock of both transactions (tests); unset, each reads the time when it runs."""
-    driver = driver or make_driver(settings)
+    if driver is None:
+        try:
+            driver = make_driver(settings)
+        except DriverError as exc:
+            # A driver setting missing made every sweep raise before any decision: no node marked lost, no final sync
+            # asked for, nothing on the nodes saying why none stopped. Decide anyway; each stop is refused with why.
+            log.error("provider driver %s: %s", settings.provider_driver, exc)
+            driver = UnusableDriver(settings.provider_driver, str(exc))
     stops = stop_policy(settings)
     timeout_s, concurrency = settings.node_stop_timeout_s, settings.node_stop_concurrency
     with unit_of_work(factory) as session:

@@ -61,7 +61,7 @@ def _schedule(row: RunRow, request: PlanRequest, nodes: Sequence[NodeRow], max_i
 
 def create_run(session: Session, principal: Principal, plan_id: str, body: RunCreate, settings: Settings) -> RunRow:
     plan = get_plan(session, principal, plan_id)
-    nodes = [get_node(session, principal, node_id) for node_id in body.node_ids]
+    nodes = [_body_node(session, principal, node_id, "node_ids") for node_id in body.node_ids]
     if len({n.gpu for n in nodes}) > 1:
         raise Unprocessable("the nodes of one run must have the same GPU model", field="node_ids")
     bucket = body.bucket or settings.s3_bucket
@@ -91,6 +91,21 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
     session.add(row)
     session.flush()  # the id names the default prefix
     row.prefix = run_prefix(principal.organization_id, row.id, body.prefix, shared=bucket == settings.s3_bucket)
+    # Two runs in one prefix share their step keys: the second one's sync failed at the first step the other had made
+    # durable, and each run's retention deleted the other's objects at a shared step.
+    clash = session.scalar(
+        select(RunRow.id).where(
+            RunRow.organization_id == principal.organization_id,
+            RunRow.bucket == bucket,
+            RunRow.prefix == row.prefix,
+            RunRow.id != row.id,
+        )
+    )
+    if clash is not None:
+        raise Conflict(
+            f"run {clash} already keeps its checkpoints in s3://{bucket}/{row.prefix}; give this run another prefix",
+            field="prefix",
+        )
     row.schedule = _schedule(row, request, nodes, body.max_interval_minutes * 60)
     row.schedule["max_interval_s"] = body.max_interval_minutes * 60
     row.schedule["idle"] = {"idle_minutes": body.idle_minutes, "gpu_busy_pct": body.gpu_busy_pct}
@@ -118,7 +133,7 @@ def join_run(session: Session, principal: Principal, run_id: str, node_id: str, 
     """A node's agent joins a run with its node token (what `gpuplan agent --run` does at start); joining
     twice is harmless."""
     run = get_run(session, principal, run_id)
-    node = authenticate_node(session, principal, node_id, token)
+    node = _body_node(session, principal, node_id, "node_id", authenticate=True, token=token)
     if node.id not in run.node_ids:
         first = session.get(NodeRow, run.node_ids[0]) if run.node_ids else None
         if first is not None and first.gpu != node.gpu:
@@ -126,6 +141,25 @@ def join_run(session: Session, principal: Principal, run_id: str, node_id: str, 
         run.node_ids = [*run.node_ids, node.id]
     _attach(run, node)
     return run
+
+
+def _body_node(
+    session: Session,
+    principal: Principal,
+    node_id: str,
+    field: str,
+    *,
+    authenticate: bool = False,
+    token: str | None = None,
+) -> NodeRow:
+    """A node the request body names (``authenticate``: proven by its token): one the organization does not have is a
+    422 on that body field, not a 404 on 'id', a field the request does not have (the path names the plan or run)."""
+    try:
+        if authenticate:
+            return authenticate_node(session, principal, node_id, token)
+        return get_node(session, principal, node_id)
+    except NotFound as exc:
+        raise Unprocessable(exc.message, field=field) from None
 
 
 def get_run(session: Session, principal: Principal, run_id: str) -> RunRow:

@@ -189,6 +189,10 @@ class FileChanged(CheckpointChanged, SyncError):
     progress (the next pass hashes the file anew) and the pass goes on to the other steps."""
 
 
+class UnreadableManifest(SyncError):
+    """A step's manifest in the bucket does not parse (cut short, damaged): nothing of that step can be verified."""
+
+
 class Unstorable(SyncError):
     """A complete checkpoint that the bucket or its manifest cannot hold as it is (a file name, or its step): nothing of
     it is sent, and the pass goes on to newer checkpoints, which carry training on."""
@@ -608,6 +612,10 @@ def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest, *,
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code")
         if create and code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            # boto3's retry of this very write, whose first answer was lost after the store carried it out, meets its
+            # own manifest (the same bytes, created_at included): written, not another writer's.
+            if read_manifest(s3, bucket, run_prefix, manifest.step) == manifest:
+                return
             raise DurableElsewhere("made durable by another writer first; its manifest is kept") from None
         if not (create and code in ("NotImplemented", "501")):
             raise
@@ -625,7 +633,14 @@ def read_manifest(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest 
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
         raise
-    return Manifest.model_validate_json(body)
+    try:
+        return Manifest.model_validate_json(body)
+    except ValidationError as exc:
+        # Cut short or damaged in the bucket: a line naming the step for `gpuplan restore` and `sync`, not a traceback.
+        raise UnreadableManifest(
+            f"step {step}: s3://{bucket}/{step_prefix(run_prefix, step)}/{MANIFEST_NAME} is not a readable manifest "
+            f"({exc.errors()[0]['msg'][:120]}); this step cannot be restored as it is"
+        ) from None
 
 
 # The manifests of durable steps this process compared local files with (they do not change but for
@@ -744,8 +759,17 @@ def sync_pass(
 
     for step, directory in local:
         if step in durable or step in deleted:
-            if step in durable:
-                note_changes(step, directory, _manifest_for(s3, bucket, run_prefix, step))
+            try:
+                stored_manifest = _manifest_for(s3, bucket, run_prefix, step) if step in durable else None
+            except UnreadableManifest as exc:
+                # Damaged in the bucket: said (the agent's sync error), and newer checkpoints still sync; it failed
+                # every pass of a new node's agent, so that no checkpoint after it ever became durable.
+                result.lost[step] = str(exc)
+                log.error("%s", exc, extra=_in_result("lost"))
+                result.already_durable.append(step)
+                continue
+            if stored_manifest is not None:
+                note_changes(step, directory, stored_manifest)
             if final and step == newest_local and step in durable:
                 # Already durable: marking it final rewrites only its manifest.
                 stored = read_manifest(s3, bucket, run_prefix, step)

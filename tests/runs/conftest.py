@@ -23,6 +23,7 @@ from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.runs.client import RunApi
 from tests.api.conftest import QLORA_PLAN
+from tests.conftest import S3_TEST_CREDENTIALS
 
 
 @dataclass
@@ -124,3 +125,21 @@ def live_api(run_env: RunEnv) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (for an endpoint that is down, or a server of the test's own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def cli_env(run_env: RunEnv) -> dict[str, str]:
+    """The environment a `gpuplan` subprocess needs to reach the loopback bucket."""
+    return {
+        **os.environ,
+        "GPUPLAN_S3_ENDPOINT_URL": run_env.s3.s3_endpoint_url or "",
+        "GPUPLAN_S3_ACCESS_KEY_ID": S3_TEST_CREDENTIALS["s3_access_key_id"],
+        "GPUPLAN_S3_SECRET_ACCESS_KEY": S3_TEST_CREDENTIALS["s3_secret_access_key"],
+    }
