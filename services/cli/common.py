@@ -126,6 +126,19 @@ def api_error(response: Any) -> str:
         return f"HTTP {response.status_code}"
 
 
+def service_json(response: Any, api: str, *fields: str) -> dict[str, Any]:
+    """The JSON object a gpuplan service answered, with ``fields`` in it. Anything else (another server's HTML page on
+    that port, a proxy's login form) is one line naming --api, where it was a JSONDecodeError or KeyError traceback."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or any(field not in body for field in fields):
+        kind = response.headers.get("content-type") or "no content type"
+        raise CliError(f"--api {api}: the answer ({kind}) is not a gpuplan service's; check the URL")
+    return body
+
+
 # Where a command reads the organization's API key from when no --key-file is given: an argument is visible
 # to every user of the machine in `ps` and /proc/<pid>/cmdline, a file (mode 0600) or the environment is not.
 KEY_ENV = "GPUPLAN_API_KEY"
@@ -162,15 +175,17 @@ def api_key(
             key = Path(args.key_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise CliError(f"--key-file {args.key_file}: cannot read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(f"--key-file {args.key_file}: not UTF-8 text (byte {exc.start})") from None
         if not key:
             raise CliError(f"--key-file {args.key_file}: the file is empty")
-        return key
+        return _header_key(key, f"--key-file {args.key_file}")
     if getattr(args, "key", None):
         if warn_argument:
             print(f"gpuplan {command}: --key shows the key in ps; use --key-file or ${KEY_ENV}", file=sys.stderr)
-        return str(args.key)
+        return _header_key(str(args.key), "--key")
     if env.get(KEY_ENV, "").strip():
-        return env[KEY_ENV].strip()
+        return _header_key(env[KEY_ENV].strip(), f"${KEY_ENV}")
     if local and LOCAL_KEY_FILE.is_file():
         try:
             key = LOCAL_KEY_FILE.read_text(encoding="utf-8").strip()
@@ -182,6 +197,32 @@ def api_key(
         f", set ${KEY_ENV} or run it where `gpuplan serve` wrote {LOCAL_KEY_FILE}" if local else f" or set ${KEY_ENV}"
     )
     raise CliError(f"{command}: no API key: give --key-file PATH{where}")
+
+
+def _header_key(key: str, where: str) -> str:
+    """The key as it goes into the Authorization header: printable ASCII without spaces (a key is gp_ and URL-safe
+    base64). Anything else (a pasted 'é', two lines of a file) raised UnicodeEncodeError in httpx: a traceback."""
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        raise CliError(f"{where}: not an API key (printable ASCII without spaces, such as gp_...)")
+    return key
+
+
+def api_url(value: str) -> str:
+    """An argparse type for the service's address (--api, $GPUPLAN_API): an http(s) URL with a host. httpx raised
+    InvalidURL ('http://[::1') or UnicodeError (a host label over 63 characters) while connecting: a traceback."""
+    import httpx
+
+    try:
+        url = httpx.URL(value)
+        url.host.encode("idna")  # what the socket layer does with the host before looking it up
+    except (httpx.InvalidURL, UnicodeError):
+        url = None
+    port_ok = url is not None and (url.port is None or 0 < url.port < 65536)
+    if url is None or not port_ok or url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"{value[:100]!r} is not the http(s) URL of a service (e.g. http://127.0.0.1:8000)"
+        )
+    return value
 
 
 def examples(parser: argparse.ArgumentParser, *lines: str) -> None:
@@ -199,6 +240,7 @@ def add_api_option(parser: argparse.ArgumentParser, *aliases: str) -> None:
         "--api",
         *aliases,
         dest="api",
+        type=api_url,
         default=os.environ.get(API_ENV) or "http://127.0.0.1:8000",
         metavar="URL",
         help=f"the gpuplan service (default ${API_ENV}, else http://127.0.0.1:8000)",

@@ -93,8 +93,14 @@ def cmd_data_check(args: argparse.Namespace) -> int:
             names = [n.strip() for n in Path(args.names).read_text(encoding="utf-8").splitlines() if n.strip()]
         except OSError as exc:
             raise CliError(f"--names {args.names}: cannot read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(f"--names {args.names}: not UTF-8 text (byte {exc.start})") from None
     if args.model and args.tokenizer:
         raise CliError("--model and --tokenizer: give one (the model's tokenizer, or a tokenizer.json file)")
+    outputs = [Path(p) for p in (args.write_clean, args.write_masked) if p]
+    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
+        # Checked before either is written: the clean file was written, then the masked one refused (exit 2).
+        raise CliError(f"--write-masked {args.write_masked}: the same file as --write-clean; give another")
     counter, tokenizer = None, None
     if args.model:
         from services.hub.tokenizer import model_counter
@@ -108,12 +114,18 @@ def cmd_data_check(args: argparse.Namespace) -> int:
         if args.data_country and args.provider_country:
             warning = data_location_warning(report.pii, args.data_country, args.provider_country)
         written = []
-        if args.write_clean:
-            written.append(f"{write_clean(args.file, args.write_clean)} clean rows to {args.write_clean}")
-        if args.write_masked:
-            written.append(
-                f"{write_masked(args.file, args.write_masked, names=names)} masked rows to {args.write_masked}"
-            )
+        try:
+            if args.write_clean:
+                written.append(f"{write_clean(args.file, args.write_clean)} clean rows to {args.write_clean}")
+            if args.write_masked:
+                written.append(
+                    f"{write_masked(args.file, args.write_masked, names=names)} masked rows to {args.write_masked}"
+                )
+        except BaseException:
+            # The command fails as a whole: a clean file written before the masked one failed is not left behind.
+            if written:
+                Path(args.write_clean).unlink(missing_ok=True)
+            raise
     except DataCheckError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:  # an output file (--write-clean, --write-masked) that cannot be written

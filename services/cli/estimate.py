@@ -59,6 +59,26 @@ PLAN_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+class _FieldFlag(argparse.Action):
+    """Stores a plan field that several flags set (--seq-len and --context-len; --micro-batch-size,
+    --concurrent-sequences and --batch): two of them with different values contradict each other, and the last one
+    silently won. The same flag given twice keeps argparse's rule (the last one counts)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, tuple[str | None, Any]] = vars(namespace).setdefault("field_flags", {})
+        earlier = given.get(self.dest)
+        if earlier is not None and earlier[0] != option_string and earlier[1] != values:
+            parser.error(f"{option_string} {values} contradicts {earlier[0]} {earlier[1]}: both set {self.dest}")
+        given[self.dest] = (option_string, values)
+        setattr(namespace, self.dest, values)
+
+
 def register(sub: Subparsers) -> None:
     est = sub.add_parser("estimate", help="peak GPU memory, fit per card, tokens/s and cost of a plan")
     examples(
@@ -79,8 +99,10 @@ def register(sub: Subparsers) -> None:
     for flag, key, options in PLAN_FLAGS:
         if options.get("type") is int:
             options = {**options, "type": int_arg(flag)}
-        est.add_argument(flag, dest=key, **options)
-    est.add_argument("--batch", dest="micro_batch_size", type=int_arg("--batch"), help=argparse.SUPPRESS)
+        est.add_argument(flag, dest=key, action=_FieldFlag, **options)
+    est.add_argument(
+        "--batch", dest="micro_batch_size", action=_FieldFlag, type=int_arg("--batch"), help=argparse.SUPPRESS
+    )
     est.add_argument("--lora-rank", type=int_arg("--lora-rank"), metavar="R")
     est.add_argument("--lora-alpha", type=int_arg("--lora-alpha"), metavar="A")
     est.add_argument("--lora-targets", metavar="ROLES", help="comma list of q,k,v,o,gate,up,down,lm_head or all-linear")

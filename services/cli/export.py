@@ -29,7 +29,11 @@ def register(sub: Subparsers) -> None:
     export.add_argument("--plan", metavar="FILE", required=True, help="plan JSON")
     export.add_argument("--format", required=True, choices=list(FORMATS))
     export.add_argument("--gpu", metavar="NAME", help="the card; without it the planner picks the cheapest setup")
-    export.add_argument("--gpus", type=int_arg("--gpus"), metavar="N", help="GPUs of that card (default: the plan's)")
+    # The plan's own bounds on gpus (services.estimator.plan.Plan): the count is set on an already checked plan, so
+    # -1 was exported as "-1 x H100" and 0 fell back to the plan's count, both with exit status 0.
+    export.add_argument(
+        "--gpus", type=int_arg("--gpus", 1, 65536), metavar="N", help="GPUs of that card (default: the plan's)"
+    )
     export.add_argument(
         "--data-format",
         choices=list(DATA_KINDS),
@@ -85,6 +89,25 @@ def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]
     return bundle, f"the planner's cheapest setup: {describe_setup(chosen.setup)}"
 
 
+def _write_files(out: Path, files: dict[str, str]) -> None:
+    """Write the export's files into ``out`` (new or empty); a failure part-way removes what this call wrote, so no
+    half-written export (a train.py without its launch.sh) is left."""
+    created = not out.exists()
+    written: list[Path] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            written.append(out / name)
+            written[-1].write_text(text, encoding="utf-8")
+        (out / "launch.sh").chmod(0o755)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if created and out.is_dir():
+            out.rmdir()
+        raise
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     plan, _ = with_hub_model(parse_plan(read_plan_file(args.plan)))
     data = data_format(args.data_format, "--data-format") if args.data_format else DEFAULT_DATA
@@ -98,10 +121,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise CliError(f"--out {args.out}: must be a new or empty directory (nothing is overwritten)")
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in bundle.files.items():
-            (out / name).write_text(text, encoding="utf-8")
-        (out / "launch.sh").chmod(0o755)
+        try:
+            _write_files(out, bundle.files)
+        except OSError as exc:  # a parent that is a file, no permission, a full disk: one line, not a traceback
+            raise CliError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
         print(f"{bundle.format}: {setup}")
         print(f"wrote {', '.join(sorted(bundle.files))} to {out}; start with: {bundle.command}")
     else:

@@ -17,6 +17,7 @@ from services.cli.common import (
     examples,
     id_arg,
     read_plan_file,
+    service_json,
 )
 
 
@@ -41,6 +42,10 @@ def register(sub: Subparsers) -> None:
             cmd.set_defaults(handler=cmd_plans_get)
 
 
+# What _print_plan reads of a plan (services.plans.schemas.PlanOut).
+_PLAN_FIELDS = ("id", "status", "recommendations")
+
+
 def cmd_plans_submit(args: argparse.Namespace) -> int:
     import time
 
@@ -52,12 +57,12 @@ def cmd_plans_submit(args: argparse.Namespace) -> int:
             response = client.post("/v1/plans", json=read_plan_file(args.plan))
             if response.status_code >= 400:
                 raise CliError(api_error(response))
-            plan_id = response.json()["id"]
+            plan_id = service_json(response, args.api, "id")["id"]
             if not args.wait:
                 print(plan_id)
                 return 0
             while True:
-                body = client.get(f"/v1/plans/{plan_id}").json()
+                body = service_json(client.get(f"/v1/plans/{plan_id}"), args.api, *_PLAN_FIELDS)
                 if body["status"] in ("done", "failed"):
                     break
                 time.sleep(0.5)
@@ -75,7 +80,7 @@ def cmd_plans_get(args: argparse.Namespace) -> int:
             response = client.get(f"/v1/plans/{args.id}")
             if response.status_code >= 400:
                 raise CliError(api_error(response))
-            body = response.json()
+            body = service_json(response, args.api, *_PLAN_FIELDS)
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach {args.api}: {exc}") from None
     return _print_plan(args, body)

@@ -39,7 +39,9 @@ def register(sub: Subparsers) -> None:
     sub.add_parser("migrate", help="apply the database migrations and exit").set_defaults(handler=cmd_migrate)
     worker = sub.add_parser("worker", help="run a Celery worker (needs GPUPLAN_REDIS_URL)")
     worker.add_argument("--queues", help="comma list (default: every queue)")
-    worker.add_argument("--concurrency", type=int_arg("--concurrency"), default=2)
+    # As --workers: -1 was Celery's traceback, 0 silently one process per CPU, and 100000 forked until the open files
+    # ran out (then exited 0).
+    worker.add_argument("--concurrency", type=int_arg("--concurrency", 1, 64), default=2, help="worker processes; 1-64")
     worker.add_argument(
         "--check", action="store_true", help="health probe: exit 0 when this host's worker answers a ping"
     )
@@ -80,7 +82,7 @@ def load_settings() -> Settings:
 
 def migrate_database(settings: Settings) -> None:
     """Bring the database to the latest migration, or exit with one line when it is unreachable."""
-    from sqlalchemy.exc import ArgumentError, OperationalError
+    from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
     from services.core.migrate import upgrade
 
@@ -88,9 +90,16 @@ def migrate_database(settings: Settings) -> None:
         upgrade(settings.sqlalchemy_url)
     except ArgumentError as exc:  # no such dialect or driver, or not a URL at all
         raise SystemExit(f"gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can open ({exc})") from None
+    except ImportError as exc:  # a dialect whose driver is not installed (mysql:// wants MySQLdb): was a traceback
+        raise SystemExit(
+            f"gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can open (no driver: {exc})"
+        ) from None
     except OperationalError as exc:
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
         raise SystemExit(f"gpuplan: error: cannot reach the database ({reason})") from None
+    except DatabaseError as exc:  # reached, but not a database (a SQLite URL naming a text file): was a traceback
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        raise SystemExit(f"gpuplan: error: GPUPLAN_DATABASE_URL: not a database gpuplan can use ({reason})") from None
 
 
 def _local_key(settings: Settings) -> str | None:
@@ -211,7 +220,9 @@ def cmd_celery(args: argparse.Namespace) -> int:
         schedule.parent.mkdir(parents=True, exist_ok=True)
         app.start(["beat", "--loglevel", "INFO", "--schedule", str(schedule)])
         return 0
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else list(QUEUES)
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues is not None else list(QUEUES)
+    if not queues:  # "--queues ''" or ",,": named none, which Celery took as every queue
+        raise SystemExit(f"gpuplan: error: --queues: no queue named; allowed: {', '.join(QUEUES)}")
     unknown = sorted(set(queues) - set(QUEUES))
     if unknown:
         raise SystemExit(f"gpuplan: error: --queues: unknown {', '.join(unknown)}; allowed: {', '.join(QUEUES)}")

@@ -30,8 +30,9 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd")
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 # Nesting deeper than this is refused per row: the checks that walk a row stay far from Python's recursion limit.
 MAX_DEPTH = 64
-# Lone surrogates are what errors="surrogateescape" leaves for bytes that are not UTF-8.
-_SURROGATE_LOW, _SURROGATE_HIGH = "\udc80", "\udcff"
+# Lone surrogates are what errors="surrogateescape" leaves for bytes that are not UTF-8, and what a JSON escape such as
+# "\ud800" leaves unpaired: neither is Unicode text, so neither can be written as UTF-8 (--write-clean) or tokenized.
+_SURROGATE_LOW, _SURROGATE_HIGH = "\ud800", "\udfff"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def _has_bad_bytes(value: Any) -> bool:
     return _row_problem(value) is _ENCODING_ERROR
 
 
-_ENCODING_ERROR = RowError("encoding", "bytes that are not valid UTF-8")
+_ENCODING_ERROR = RowError("encoding", "bytes that are not valid UTF-8, or an escaped lone surrogate such as \\ud800")
+_TOO_LONG_NUMBER = RowError("broken", "not valid JSON: a number of more than 4,300 digits")
 _TOO_DEEP = RowError("broken", "not valid JSON: nested too deeply")
 
 
@@ -128,8 +130,12 @@ def _jsonl_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[tuple
         except RecursionError:
             yield number, _TOO_DEEP
             continue
-        problem = _row_problem(row)
-        yield number, row if problem is None or problem is _ENCODING_ERROR else problem
+        except ValueError:  # an integer over sys.get_int_max_str_digits() digits: json.loads refuses to convert it
+            yield number, _TOO_LONG_NUMBER
+            continue
+        # The line decoded as UTF-8, so an encoding problem here is an escaped lone surrogate ("\ud800"): refused
+        # as undecodable bytes are, since --write-clean could not write it back as UTF-8 (it raised mid-file).
+        yield number, _row_problem(row) or row
 
 
 class _Chained(io.RawIOBase):
@@ -236,6 +242,9 @@ def _json_array_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[
                     return
             except RecursionError:
                 yield number + 1, broken("nested too deeply", pos)
+                return
+            except ValueError:  # an integer over sys.get_int_max_str_digits() digits (JSONDecodeError is caught above)
+                yield number + 1, broken("a number of more than 4,300 digits", pos)
                 return
             pending = len(buf) - pos
             if pending > limits.record_bytes:
@@ -372,7 +381,9 @@ def _parquet_file(pq: Any, source: IO[bytes], label: str, limits: Limits) -> Any
         source.seek(-8, io.SEEK_END)
         tail = source.read(8)
         footer = int.from_bytes(tail[:4], "little")
-        if tail[4:] == b"PAR1" and footer > limits.record_bytes:
+        # A footer longer than the file is no Parquet file (pyarrow says so below), not one over the record limit:
+        # 15 bytes of "PAR1garbagePAR1" were refused as a 1.6 GiB footer.
+        if tail[4:] == b"PAR1" and limits.record_bytes < footer <= stored - 12:
             raise over_record(f"the Parquet footer of {label} ({size_text(footer)})", limits.record_bytes)
     source.seek(0)
     try:

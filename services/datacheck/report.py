@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import heapq
 import itertools
@@ -557,16 +558,28 @@ def check_dataset(
     )
 
 
-def _open_new(path: str | Path, out_path: str | Path) -> IO[str]:
-    """Open out_path for writing, refusing the source itself or any existing file (mode 'x')."""
+@contextlib.contextmanager
+def _open_new(path: str | Path, out_path: str | Path) -> Iterator[IO[str]]:
+    """Open out_path for writing, refusing the source itself or any existing file (mode 'x'). A write that fails
+    part-way (a full disk, an interrupt) removes the file: no half-written output is left behind."""
     source, target = Path(path), Path(out_path)
     if target.resolve() == source.resolve():
         raise DataCheckError("out_path: must differ from path; the original is never overwritten")
     if target.exists():
         raise DataCheckError(f"out_path: {str(target)!r} already exists; choose a new file")
-    if target.name.lower().endswith(".gz"):
-        return gzip.open(target, "xt", encoding="utf-8")
-    return target.open("x", encoding="utf-8")
+    opened = False  # a file that could not be made (mode 'x' lost a race) is not ours to remove
+    try:
+        with (
+            gzip.open(target, "xt", encoding="utf-8")
+            if target.name.lower().endswith(".gz")
+            else target.open("x", encoding="utf-8")
+        ) as handle:
+            opened = True
+            yield handle
+    except BaseException:
+        if opened:
+            target.unlink(missing_ok=True)
+        raise
 
 
 def _write_jsonl(handle: IO[str], rows: Sequence[Any]) -> None:

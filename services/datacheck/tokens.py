@@ -76,9 +76,16 @@ def make_counter(tokenizer_json: str | Path | None) -> tuple[Counter, str, tuple
     if importlib.util.find_spec("tokenizers") is None:
         note = "tokenizer_json given but the tokenizers package is not installed; " + APPROXIMATION_NOTE
         return _approx_batch, APPROX_METHOD, (note,)
+    # DataCheckError, not a bare ValueError or OSError: the CLI prints it as one line (a directory was a traceback).
     if not Path(tokenizer_json).is_file():
-        raise ValueError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
-    return counter_from_json(Path(tokenizer_json).read_text(encoding="utf-8"), str(tokenizer_json))
+        raise DataCheckError(f"tokenizer_json: no such file {str(tokenizer_json)!r}")
+    try:
+        text = Path(tokenizer_json).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataCheckError(f"tokenizer_json: {str(tokenizer_json)!r} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataCheckError(f"tokenizer_json: cannot read {str(tokenizer_json)!r} ({exc.strerror or exc})") from None
+    return counter_from_json(text, str(tokenizer_json))
 
 
 def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -> tuple[Counter, str, tuple[str, ...]]:

@@ -29,7 +29,14 @@ def _message(response: httpx.Response) -> str:
 def _check(response: httpx.Response) -> dict[str, Any]:
     if response.status_code >= 400:
         raise UploadError(_message(response))
-    body: dict[str, Any] = response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        # Another server on that address (an HTML page, a proxy's login form) answered: this was a traceback.
+        kind = response.headers.get("content-type") or "no content type"
+        raise UploadError(f"{response.url}: the answer ({kind}) is not a gpuplan service's; check --api")
     return body
 
 

@@ -321,7 +321,9 @@ def set_tokenizer(
     try:
         text = data.decode("utf-8")
         parsed = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    # ValueError beyond JSONDecodeError: an integer of more than 4,300 digits; RecursionError: deep nesting (both
+    # were a 500). Not json_limits.loads: a real tokenizer.json's vocabulary holds far more than its MAX_ITEMS.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Unprocessable(f"body: not a JSON tokenizer.json ({exc})", field="body") from None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), dict):
         raise Unprocessable(

@@ -240,9 +240,14 @@ def export(
     if row.status != "done":
         raise Conflict(f"plan {plan_id} is {row.status}; export a plan once it is done", field="id")
     recs = [Recommendation.model_validate(r) for r in row.recommendations or []]
+    if not recs:  # "use 0..0" named an index that does not exist
+        raise Unprocessable(
+            "recommendation: the plan has no recommended setup to export; its rejections say why no setup fits",
+            field="recommendation",
+        )
     if index >= len(recs):
         raise Unprocessable(
-            f"recommendation: the plan has {len(recs)} recommendation(s); use 0..{max(len(recs) - 1, 0)}",
+            f"recommendation: the plan has {len(recs)} recommendation(s); use 0..{len(recs) - 1}",
             field="recommendation",
         )
     request = PlanRequest.model_validate(row.request)
