@@ -43,6 +43,10 @@ _OPTIONAL_COLUMNS = (
 # (u7inh-32tb.480xlarge, 32 TiB: aws.amazon.com/ec2/instance-types/high-memory); a larger value is a typo
 # (MB or bytes for GiB).
 MAX_HOST_RAM_GIB_PER_NODE = 65_536.0
+# The least price per GPU-hour a row may give: a tenth of a cent, under any card's price anywhere (the cheapest
+# marketplace T4s rent for a few cents). Less is a price per second or per minute written as one per hour, which the
+# planner would rank first at next to nothing.
+MIN_USD_PER_GPU_HOUR = 0.001
 
 
 def _today() -> str:
@@ -85,6 +89,44 @@ class OfferRow(BaseModel):
     preemption_per_hour: float | None = Field(default=None, ge=0, le=100)
     host_ram_gib_per_node: float | None = Field(default=None, gt=0, le=MAX_HOST_RAM_GIB_PER_NODE, allow_inf_nan=False)
 
+    @field_validator(
+        "gpus_per_node",
+        "on_demand_usd_per_hour",
+        "spot_usd_per_hour",
+        "inter_node_gbit_per_s",
+        "billing_increment_s",
+        "billing_minimum_s",
+        "startup_s",
+        "download_gbit_per_s",
+        "preemption_per_hour",
+        "host_ram_gib_per_node",
+        mode="before",
+    )
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # JSON's true read as 1 (a price of $1.00, one GPU per node): a column shifted or mistyped, not a number.
+        if isinstance(value, bool):
+            raise ValueError("expected a number, not true or false")
+        return value
+
+    @field_validator("on_demand_usd_per_hour", "spot_usd_per_hour")
+    @classmethod
+    def _per_gpu_hour(cls, value: float | None) -> float | None:
+        if value is not None and value < MIN_USD_PER_GPU_HOUR:
+            raise ValueError(
+                f"below ${MIN_USD_PER_GPU_HOUR} per GPU-hour: prices are per GPU-hour, not per second or minute"
+            )
+        return value
+
+    @field_validator("whole_nodes_only", mode="before")
+    @classmethod
+    def _a_boolean(cls, value: Any) -> Any:
+        # JSON's 1 or "yes" for a flag: pydantic's lax reading took them; a JSON row says true or false (a CSV cell,
+        # text, keeps the spellings a spreadsheet writes: true/false, yes/no, 1/0).
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError("expected true or false")
+        return value
+
     @field_validator("currency")
     @classmethod
     def _in_dollars(cls, value: str) -> str:
@@ -99,7 +141,7 @@ class OfferRow(BaseModel):
     def _iso_time(cls, value: str) -> str:
         try:
             found = normalise_fetched_at(value)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: 0001-01-01T00:00:00+14:00 is before year 1 in UTC
             raise ValueError("expected an ISO date (2026-11-01) or UTC time (2026-11-01T12:00:00Z)") from None
         # A price fetched in the future would never read as stale (services.planner.planner.price_age_hours); a day
         # of slack covers the time zones between the provider's date and this machine's.
@@ -124,6 +166,11 @@ def _rows_from_text(text: str, fmt: str) -> list[dict[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PriceListError([f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"]) from None
+        # `admin import-offers` reads the file without the API's middleware: these were tracebacks there.
+        except RecursionError:
+            raise PriceListError(["JSON price list: nested too deeply"]) from None
+        except ValueError:  # an integer of more digits than Python converts (4,300)
+            raise PriceListError(["JSON price list: a number of more than 4,300 digits"]) from None
         if isinstance(data, dict) and isinstance(data.get("offers"), list):
             data = data["offers"]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -134,6 +181,10 @@ def _rows_from_text(text: str, fmt: str) -> list[dict[str, Any]]:
     try:
         if reader.fieldnames is None:
             raise PriceListError(["CSV price list: empty file, expected a header row"])
+        names = [name.strip() for name in reader.fieldnames]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # csv.DictReader keeps the last of two same-named columns, silently
+            raise PriceListError([f"CSV price list: the header names {', '.join(map(repr, twice))} twice"])
         return [dict(row) for row in reader]
     except csv.Error as exc:
         raise PriceListError([f"CSV price list: line {reader.line_num}: {exc}"]) from None
@@ -155,10 +206,15 @@ def cell_problems(number: int, row: dict[str, Any]) -> list[str]:
             continue
         text = value.strip()
         control = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+        # Invisible format characters: a bidi override (U+202E) reorders a provider's name on a quote, a zero-width
+        # space makes "aws" and "a\u200bws" two providers that read alike.
+        invisible = next((c for c in value if unicodedata.category(c) == "Cf"), None)
         if control == "\x00":
             problems.append(f"row {number}: {field}: contains a NUL byte")
         elif control is not None:  # a newline or an escape in a provider's or card's name, as the fuzzer sent
             problems.append(f"row {number}: {field}: contains the control character {control!r}")
+        elif invisible is not None:
+            problems.append(f"row {number}: {field}: contains the invisible character U+{ord(invisible):04X}")
         elif text.startswith(FORMULA_PREFIXES) and not (text.startswith("-") and _is_number(text)):
             problems.append(
                 f"row {number}: {field}: looks like a spreadsheet formula (starts with {text[0]!r}); "

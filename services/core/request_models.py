@@ -48,7 +48,16 @@ def _single_line(value: str) -> str:
     bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
     if bad is not None:
         raise ValueError(f"must not hold control characters (found {bad!r})")
+    # Bidi embeddings, overrides and isolates reorder the text around them: a customer name holding U+202E printed
+    # the rest of a quote's line backwards (the "Trojan Source" characters, CVE-2021-42574). Other format characters
+    # (the joiners of emoji and Persian names) stay.
+    override = next((c for c in value if c in _BIDI_CONTROLS), None)
+    if override is not None:
+        raise ValueError(f"must not hold bidi control characters (found U+{ord(override):04X})")
     return value
+
+
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 # Text of one line: a name, a path, an address (no control characters, tab and newline included).

@@ -359,3 +359,12 @@ def test_a_price_list_row_naming_a_card_without_the_memory_that_tells_it_apart_i
     ok = api.client.post("/v1/admin/catalog/offers", content=header + rows, headers=api.headers("admin"))
     assert ok.status_code == 201, ok.text
     assert sorted(o["gpu"] for o in _offers(api) if o["provider"] == "dc") == ["A100 40GB", "A100 80GB", "V100 16GB"]
+
+
+def test_a_time_before_year_one_in_utc_is_a_422_naming_the_row_not_a_500(api: Api) -> None:
+    """An input probe of stop 53: fetched_at 0001-01-01T00:00:00+14:00 is before year 1 once in UTC, and the
+    conversion's OverflowError answered 500."""
+    csv = "provider,gpu,on_demand_usd_per_hour,fetched_at\nnewco,L4,0.5,0001-01-01T00:00:00+14:00\n"
+    response = api.client.post("/v1/admin/catalog/offers", content=csv, headers=api.headers("admin"))
+    assert response.status_code == 422, response.text
+    assert "row 1: fetched_at" in response.text

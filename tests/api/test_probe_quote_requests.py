@@ -42,6 +42,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"gpu": "A40", "gpus": 1, "checkpoint_storage_months": "3"}, "checkpoint_storage_months"),
     ({"gpu": "A40", "gpus": 1, "customer_name": "x" * 201}, "customer_name"),
     ({"gpu": "A40", "gpus": 1, "customer_name": "   "}, "customer_name"),
+    # A bidi override printed the rest of the quote's line backwards (an input probe of stop 53).
+    ({"gpu": "A40", "gpus": 1, "customer_name": "Acme \u202eLtd"}, "customer_name"),
     ({"gpu": "A40", "gpus": 1, "customer_email": "nobody"}, "customer_email"),
     ({"gpu": "A40", "gpus": 1, "offer_gpus_per_node": 65}, "offer_gpus_per_node"),
     ({"best_for_gpus": 1, "provider": "no-such-cloud"}, "provider"),

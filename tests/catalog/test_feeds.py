@@ -293,8 +293,10 @@ def test_aws_refresh_through_boto3_against_moto_and_a_price_list_fake(
     assert set(offers) == {"H100 SXM", "A10G"}
     p5 = offers["H100 SXM"]
     assert p5.on_demand_usd_per_hour == 12.29 and p5.whole_nodes_only and p5.gpus_per_node == 8
-    # moto answers every spot price as 0.00001 USD per instance-hour.
-    assert p5.spot_usd_per_hour == pytest.approx(0.00001 / 8)
+    # moto answers every spot price as 0.00001 USD per instance-hour: next to nothing, dropped with a note (it
+    # would rank first; a price list with it is refused).
+    assert p5.spot_usd_per_hour is None and offers["A10G"].spot_usd_per_hour is None
+    assert outcome.note is not None and "below $0.001 per GPU-hour: H100 SXM us-east-1 (spot 1.25e-06)" in outcome.note
     assert p5.billing_minimum_s == 60 and p5.inter_node_gbit_per_s == 3200
     assert p5.host_ram_gib_per_node == 2048.0 and offers["A10G"].host_ram_gib_per_node is None
     target = next(c for c in fake.calls if c.headers.get("X-Amz-Target"))

@@ -101,6 +101,38 @@ def test_a_bad_row_rejects_the_file_in_one_line(gpuplan: Gpuplan, tmp_path: Path
     assert _costs(gpuplan) == before
 
 
+ROW_JSON = '[{"provider": "a", "gpu": "L4", "on_demand_usd_per_hour": PRICE}]'
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        # Probes of stop 53: each was a traceback or a silently wrong price list.
+        ("deep.json", "[" * 100_000 + "]" * 100_000, "JSON price list: nested too deeply"),
+        ("long.json", ROW_JSON.replace("PRICE", "1" + "0" * 5000), "4,300 digits"),
+        ("bool.json", ROW_JSON.replace("PRICE", "true"), "not true or false"),
+        ("flag.json", ROW_JSON.replace("PRICE", '1, "whole_nodes_only": 1'), "true or false"),
+        (
+            "zone.json",
+            '[{"provider": "a", "gpu": "L4", "on_demand_usd_per_hour": 1, "fetched_at": "0001-01-01T00:00:00+14:00"}]',
+            "row 1: fetched_at: expected an ISO date",
+        ),
+        ("twice.csv", "provider,gpu,on_demand_usd_per_hour,provider\na,L4,1,b\n", "the header names 'provider' twice"),
+        ("bidi.csv", "provider,gpu,on_demand_usd_per_hour\na\u202eb,L4,1\n", "invisible character U+202E"),
+        ("second.csv", "provider,gpu,on_demand_usd_per_hour\na,L4,0.0002\n", "not per second or minute"),
+    ],
+)
+def test_a_price_list_the_checks_refuse_is_one_line_and_imports_nothing(
+    gpuplan: Gpuplan, tmp_path: Path, name: str, text: str, needle: str
+) -> None:
+    assert gpuplan("migrate").returncode == 0
+    before = _costs(gpuplan)
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    line = _one_line_error(gpuplan("admin", "import-offers", name))
+    assert needle in line and "nothing was imported" in line, line
+    assert _costs(gpuplan) == before
+
+
 def test_a_spot_price_above_on_demand_rejects_the_file_in_one_line(gpuplan: Gpuplan, tmp_path: Path) -> None:
     assert gpuplan("migrate").returncode == 0
     before = _costs(gpuplan)

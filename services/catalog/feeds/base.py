@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Any
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
-from services.catalog.pricelist import MAX_HOST_RAM_GIB_PER_NODE, spot_above_on_demand
+from services.catalog.pricelist import MAX_HOST_RAM_GIB_PER_NODE, MIN_USD_PER_GPU_HOUR, spot_above_on_demand
 from services.core.errors import EstimatorError
 
 # A provider's whole offer list is a few MB at most (Vast's marketplace is the largest); more is refused.
@@ -30,9 +30,11 @@ class FeedOffers:
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: set[str] = field(default_factory=set)
     spot_dropped: list[str] = field(default_factory=list)
+    spot_too_low: list[str] = field(default_factory=list)
 
     def drop_spot_above_on_demand(self) -> None:
-        """Clear each spot price above its row's on-demand price, remembering which (for the feed's note).
+        """Clear each spot price above its row's on-demand price, or below MIN_USD_PER_GPU_HOUR, remembering which
+        (for the feed's note).
 
         A user's price list with such a row is refused whole; a feed drops only that spot price: failing the
         refresh would keep every older price of the provider for one odd spot quote, while the row's on-demand
@@ -41,6 +43,10 @@ class FeedOffers:
             on_demand, spot = row.get("on_demand_usd_per_hour"), row.get("spot_usd_per_hour")
             if spot_above_on_demand(on_demand, spot):
                 self.spot_dropped.append(f"{row.get('gpu')} {row.get('region') or '-'} (spot {spot:g} > {on_demand:g})")
+                row["spot_usd_per_hour"] = None
+            elif isinstance(spot, float | int) and 0 < spot < MIN_USD_PER_GPU_HOUR:
+                # Next to nothing (moto answers every spot price as $0.00001): it would rank first; a file is refused.
+                self.spot_too_low.append(f"{row.get('gpu')} {row.get('region') or '-'} (spot {spot:g})")
                 row["spot_usd_per_hour"] = None
 
     def note(self) -> str | None:
@@ -55,6 +61,13 @@ class FeedOffers:
             parts.append(
                 f"dropped the spot price of {count} offer{'s' if count > 1 else ''} above "
                 f"{'their' if count > 1 else 'its'} on-demand price: {', '.join(self.spot_dropped[:10])}{more}"
+            )
+        if self.spot_too_low:
+            count = len(self.spot_too_low)
+            more = f" and {count - 10} more" if count > 10 else ""
+            parts.append(
+                f"dropped the spot price of {count} offer{'s' if count > 1 else ''} below ${MIN_USD_PER_GPU_HOUR} per "
+                f"GPU-hour: {', '.join(self.spot_too_low[:10])}{more}"
             )
         return "; ".join(parts) or None
 

@@ -80,6 +80,8 @@ def refresh(
             fetched.drop_spot_above_on_demand()
             if fetched.spot_dropped:
                 log.warning("catalog feed %s: spot price above on demand dropped: %s", provider, fetched.spot_dropped)
+            if fetched.spot_too_low:
+                log.warning("catalog feed %s: spot price next to nothing dropped: %s", provider, fetched.spot_too_low)
             with unit_of_work(factory) as session:
                 record_feed_success(session, provider, fetched.rows, when, fetched.note())
             outcomes.append(FeedOutcome(provider, True, len(fetched.rows), note=fetched.note()))
