@@ -90,7 +90,8 @@ def validation_response(request: Request, exc: RequestValidationError) -> JSONRe
     special = special or _body_problem(request, errors)
     if special is not None:
         return JSONResponse({"error": "invalid", "message": special, "field": "body"}, status_code=422)
-    problems = describe_error_list(errors) or ["invalid request"]
+    # An unknown field of any body (a key's, a quote's) was told to check the plan schema.
+    problems = describe_error_list(errors, schema="this request's schema (/docs)") or ["invalid request"]
     return _invalid(problems)
 
 

@@ -36,8 +36,11 @@ def _shown(value: Any) -> str:
     return _REPR.repr(value)[:_MAX_SHOWN_CHARS]
 
 
-def describe_error_list(errors: Sequence[Any], prefix: str = "", limit: int = MAX_LISTED_ERRORS) -> list[str]:
-    """The same, from pydantic/FastAPI error dicts (FastAPI's start their location with 'body').
+def describe_error_list(
+    errors: Sequence[Any], prefix: str = "", limit: int = MAX_LISTED_ERRORS, schema: str = "the plan schema"
+) -> list[str]:
+    """The same, from pydantic/FastAPI error dicts (FastAPI's start their location with 'body'); ``schema``: where
+    an unknown field's spelling is checked (the plan schema; an API body's own, in /docs).
 
     At most ``limit`` lines, then one line counting the rest; the first MAX_DESCRIBED_ERRORS errors are
     described (in time linear in their number, up to a sort) and the others only counted."""
@@ -64,7 +67,7 @@ def describe_error_list(errors: Sequence[Any], prefix: str = "", limit: int = MA
         field = f"{prefix}{loc}" if loc else (prefix.rstrip(".") or "plan")
         msg = msg[:1].lower() + msg[1:]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check its spelling against the plan schema)"
+            msg = f"unknown field (check its spelling against {schema})"
         shown = err.get("input")
         given = "" if err["type"] in ("missing", "model_type") or isinstance(shown, dict) else f" (got {_shown(shown)})"
         found.append((field, f"{field[:_MAX_SHOWN_CHARS]}: {msg}{given}"))

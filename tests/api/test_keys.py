@@ -196,3 +196,12 @@ def test_a_platform_admin_key_is_not_rotated_over_the_api(api: Api) -> None:
     refused = api.client.post(f"/v1/keys/{platform_id}/rotate", headers=api.headers("admin"))
     assert refused.status_code == 409 and "gpuplan admin rotate-key" in refused.json()["message"]
     assert api.client.get("/v1/plans", headers=_auth(platform)).status_code == 200  # still its key
+
+
+def test_an_unknown_field_of_a_key_request_points_at_the_requests_schema_not_the_plans(api: Api) -> None:
+    """An input probe of stop 53: POST /v1/keys with a field it does not have was told to check the plan schema."""
+    response = api.client.post("/v1/keys", json={"expires_at": "2027-01-01"}, headers=api.headers("admin"))
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == "expires_at" and "this request's schema (/docs)" in body["message"], body
+    assert "plan schema" not in body["message"]
