@@ -70,6 +70,9 @@ def estimate(plan: Mapping[str, Any] | Plan, gpu: str | None = None) -> dict[str
     """Peak memory per GPU and its breakdown, the fit on every catalog card, tokens/s on ``gpu`` and the
     cost per provider: ``POST /v1/estimate``'s answer for the same body and ``?gpu=``."""
     request = _validated(PlanRequest, plan)
+    if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+        # 5 raised AttributeError inside the name matching, and "" silently estimated no card's tokens/s.
+        raise PlanError("gpu", f"a GPU name such as 'A100 80GB', or None (got {gpu!r})")
     try:
         spec = find_gpu(gpu) if gpu else None
         filled, resolved = _with_model(request.to_plan())

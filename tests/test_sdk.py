@@ -61,3 +61,11 @@ def test_bad_input_names_the_field_as_the_api_does() -> None:
     with pytest.raises(PlanError) as card:
         estimate(QLORA_PLAN, gpu="no such card")
     assert card.value.field is not None
+
+
+@pytest.mark.parametrize("gpu", [5, "", "  "])
+def test_a_gpu_that_is_no_name_is_refused_naming_gpu(gpu: Any) -> None:
+    """An input probe of stop 53: gpu=5 raised AttributeError, and gpu="" estimated without a card."""
+    with pytest.raises(PlanError) as bad:
+        estimate(QLORA_PLAN, gpu=gpu)
+    assert bad.value.field == "gpu"
