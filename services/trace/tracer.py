@@ -15,6 +15,7 @@ Needs the ``trace`` extra (torch, transformers, peft).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,14 @@ def trace_plan(plan: Plan | ResolvedPlan, *, threads: int = 2, recorder: Any = N
     ``recorder``: a TorchDispatchMode with a ``track(tensor)`` method (benchmarks/mechanisms/allocator.py's),
     given the tensors alive when the step starts and entered around the step, so the step's storages can be
     replayed through a model of the caching allocator; every layer is then traced (no extension)."""
+    # One trace at a time per process: the in-process task runner and the API run several at once in threads, and
+    # transformers' lazy imports, torch's thread count and its module-hierarchy tracking are process-wide (two of
+    # three concurrent traces failed, with an ImportError of AutoModelForCausalLM: an input probe of stop 53).
+    with _ONE_TRACE:
+        return _trace(plan, threads, recorder)
+
+
+def _trace(plan: Plan | ResolvedPlan, threads: int, recorder: Any) -> TraceResult:
     resolved = plan if isinstance(plan, ResolvedPlan) else None
     plan = plan.plan if isinstance(plan, ResolvedPlan) else plan
     try:
@@ -204,6 +213,7 @@ def trace_plan(plan: Plan | ResolvedPlan, *, threads: int = 2, recorder: Any = N
     )
 
 
+_ONE_TRACE = threading.Lock()
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # How straight the three points must be (share of the peak) to extend them to every layer.
 LINEARITY_TOLERANCE = 0.01

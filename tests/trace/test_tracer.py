@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from services.estimator.plan import Plan
@@ -142,3 +145,28 @@ def test_the_trainers_bf16_recipe_is_traced_under_autocast() -> None:
     analytic = trainer.analytic_peak_allocated_gib - plain.analytic_peak_allocated_gib
     assert traced < 0
     assert traced == pytest.approx(analytic, rel=0.1, abs=0.002)
+
+
+def test_traces_run_at_once_in_threads_of_a_fresh_process_all_succeed() -> None:
+    """An input probe of stop 53: the API's and the in-process runner's threads traced several plans at once, and two
+    of three failed (an ImportError of AutoModelForCausalLM from transformers' lazy import, torch's "Module hierarchy
+    tracking is wrong"). A fresh process, as a server starts, so transformers is first imported by the traces."""
+    require_trace_extra()
+    script = f"""
+import threading
+from services.estimator.plan import Plan
+from services.trace.tracer import trace_plan
+failed = []
+def run(method):
+    try:
+        trace_plan(Plan.model_validate({{"model": {{"config": {TINY!r}}}, "method": method, "seq_len": 128}}))
+    except Exception as exc:
+        failed.append(repr(exc))
+threads = [threading.Thread(target=run, args=(m,)) for m in ("full", "lora", "lora")]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("failed", failed)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "failed []" in done.stdout, (done.stdout, done.stderr[-2000:])
