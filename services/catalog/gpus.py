@@ -80,9 +80,10 @@ def gpu_specs() -> tuple[GpuSpec, ...]:
 
 
 _NOISE = re.compile(r"\b(nvidia|geforce|tesla|gpu|hbm\d?e?|gddr\d?x?)\b")
+# A memory size in a name: "80GB", "80 GB", "80G", "24GiB" (not the "10G" inside "A10G").
+_MEMORY = re.compile(r"\b(\d+)\s*g(?:i?b)?\b")
 # What may follow a card's model in a name and still mean that card: form factors and editions, not variants
 # ("D", "Ti", "Max-Q", "NVL" are other cards).
-_MEMORY = re.compile(r"\b(\d+)\s*g(?:i?b)?\b")
 _FORM_WORDS = re.compile(r"(?:sxm\d*|pcie\d*|oam|server|workstation|edition|generation|blackwell|gen\d)*")
 
 
