@@ -15,14 +15,13 @@ from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, NodeTarget, NoDriver
 from services.nodes.idle import StopPolicy, stop_backoff_s
-from services.nodes.lifecycle import run_sweep, stop_lease_s, stop_policy
-from services.nodes.schemas import Heartbeat, NodeRegistration
-from services.nodes.service import heartbeat, register_node
+from services.nodes.lifecycle import run_sweep, stop_lease_s
+from services.nodes.schemas import NodeRegistration
+from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.orgs.tables import AuditEvent
-from services.runs.service import record_heartbeat_progress
-from tests.nodes.helpers import SLOW_AGENT, load_node
+from tests.nodes.helpers import beat, load_node
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -58,25 +57,8 @@ def db(tmp_path: Path) -> Db:
         org = create_organization(session, "stops")
         principal = Principal(org.id, org.name, False)
         node, token = register_node(session, principal, NodeRegistration(name="n", gpu="A100 80GB"))
-    beat(factory, principal, node.id, token, T0)
+    beat(factory, SETTINGS, principal, node.id, token, T0)
     return factory, principal, node.id, token
-
-
-def beat(
-    factory: sessionmaker[Session], principal: Principal, node_id: str, token: str, at: datetime, **signals: object
-) -> None:
-    with unit_of_work(factory) as session:
-        heartbeat(
-            session,
-            principal,
-            node_id,
-            Heartbeat.model_validate({**SLOW_AGENT, **signals}),
-            SETTINGS.node_lost_after_s,
-            at,
-            token=token,
-            stops=stop_policy(SETTINGS),
-            record_progress=record_heartbeat_progress,
-        )
 
 
 def test_backoff_doubles_per_attempt_up_to_its_cap() -> None:
@@ -112,12 +94,12 @@ def test_a_node_busy_again_starts_a_fresh_streak(db: Db) -> None:
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20), driver=driver)
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20, seconds=11), driver=driver)
     assert load_node(factory, node_id).stop_attempts == 2
-    beat(factory, principal, node_id, token, T0 + timedelta(minutes=21), job_running=True)
+    beat(factory, SETTINGS, principal, node_id, token, T0 + timedelta(minutes=21), job_running=True)
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=21, seconds=30), driver=driver)
     row = load_node(factory, node_id)
     assert row.stop_attempts == 0 and row.next_stop_at is None and row.status == "active"
     # Idle again past the threshold: attempt 1 of a new streak, not the third (and last) of the old one.
-    beat(factory, principal, node_id, token, T0 + timedelta(minutes=22))
+    beat(factory, SETTINGS, principal, node_id, token, T0 + timedelta(minutes=22))
     run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=40), driver=driver)
     row = load_node(factory, node_id)
     assert row.stop_attempts == 1 and row.status == "active" and driver.calls == 3

@@ -11,13 +11,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.lifecycle import run_sweep, stop_policy
-from services.nodes.schemas import Heartbeat, NodeRegistration
-from services.nodes.service import heartbeat, register_node
+from services.nodes.lifecycle import run_sweep
+from services.nodes.schemas import NodeRegistration
+from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow
 from services.orgs.service import Principal, create_organization
-from services.runs.service import record_heartbeat_progress
-from tests.nodes.helpers import SLOW_AGENT, load_node
+from tests.nodes.helpers import beat, load_node
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 
@@ -25,9 +24,7 @@ T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 def _node(factory: sessionmaker[Session], principal: Principal, name: str, at: datetime, **signals: object) -> str:
     with unit_of_work(factory) as session:
         node, token = register_node(session, principal, NodeRegistration(name=name, gpu="A100 80GB"))
-    with unit_of_work(factory) as session:
-        heartbeat(session, principal, node.id, Heartbeat.model_validate({**SLOW_AGENT, **signals}), 1200.0, at,
-                  token=token, stops=stop_policy(Settings()), record_progress=record_heartbeat_progress)  # fmt: skip
+    beat(factory, Settings(node_lost_after_s=1200), principal, node.id, token, at, **signals)
     return node.id
 
 

@@ -3,7 +3,7 @@ SIGTERM), and the node-side guard when the control plane is unreachable."""
 
 from __future__ import annotations
 
-import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +27,8 @@ from services.nodes.processes import start_ticks
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.runs.sync import SyncOptions, read_manifest, sync_pass
 from services.storage.s3 import make_s3_client
-from tests.conftest import S3_TEST_CREDENTIALS
 from tests.nodes.helpers import SLOW_AGENT
-from tests.runs.conftest import RunEnv, make_checkpoint
+from tests.runs.conftest import RunEnv, free_port, make_checkpoint
 
 
 def _wait(predicate: object, timeout_s: float = 60.0) -> None:
@@ -52,21 +51,20 @@ def _db_node(run_env: RunEnv, node_id: str) -> NodeRow:
         return row
 
 
+def _agent(run_env: RunEnv, api: str, name: str, ckpt: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`gpuplan agent` syncing ``ckpt`` for the run, hourly (only its final sync runs in a test), as a process."""
+    command = [sys.executable, "-m", "services.cli.main", "agent", "--api", api, "--key", run_env.key,
+               "--gpu", "A100 80GB", "--name", name, "--run", run_env.run_id, "--checkpoint-dir", str(ckpt),
+               "--sync-interval", "3600", "--settle-s", "0", "--interval", "0.5"]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
-    run_env: RunEnv, live_api: str, tmp_path: Path
+    run_env: RunEnv, live_api: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "out"
     ckpt.mkdir()
-    env = {
-        **os.environ,
-        "GPUPLAN_S3_ENDPOINT_URL": run_env.s3.s3_endpoint_url or "",
-        "GPUPLAN_S3_ACCESS_KEY_ID": S3_TEST_CREDENTIALS["s3_access_key_id"],
-        "GPUPLAN_S3_SECRET_ACCESS_KEY": S3_TEST_CREDENTIALS["s3_secret_access_key"],
-    }
-    command = [sys.executable, "-m", "services.cli.main", "agent", "--api", live_api, "--key", run_env.key,
-               "--gpu", "A100 80GB", "--name", "real-agent", "--run", run_env.run_id, "--checkpoint-dir", str(ckpt),
-               "--sync-interval", "3600", "--settle-s", "0", "--interval", "0.5"]  # fmt: skip
-    agent = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    agent = _agent(run_env, live_api, "real-agent", ckpt, cli_env)
     try:
 
         def registered() -> bool:
@@ -96,6 +94,35 @@ def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
     assert run_env.run()["last_durable_step"] == 700, output
     with pytest.raises(DriverError, match="not on this machine"):
         LocalDriver().stop(NodeTarget("x", "x", "", "some-other-host", agent.pid))
+
+
+def test_a_final_sync_the_bucket_refuses_is_one_line_not_a_traceback(
+    run_env: RunEnv, live_api: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A probe of stop 53: with the bucket down, the final sync on SIGTERM raised out of the agent (a traceback)."""
+    ckpt = tmp_path / "out"
+    make_checkpoint(ckpt, 100, 2**20, seed=1)
+    # The bucket's endpoint is down (nothing listens on this port): every pass fails, the final one too.
+    env = {**cli_env, "GPUPLAN_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    agent = _agent(run_env, live_api, "probe-agent", ckpt, env)
+    try:
+
+        def heartbeating() -> bool:
+            nodes = run_env.client.get("/v1/nodes", headers=run_env.headers).json()["items"]
+            return any(n["name"] == "probe-agent" and n["last_heartbeat_at"] for n in nodes)
+
+        _wait(heartbeating)
+        time.sleep(1.0)
+        agent.send_signal(signal.SIGTERM)
+        output = agent.communicate(timeout=120)[0]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert "Traceback" not in output, output
+    assert "stopped (sigterm)" in output, output
+    assert "final sync failed" in output, output
+    assert run_env.run()["last_durable_step"] is None
 
 
 def test_the_local_driver_never_signals_a_pid_that_only_was_reported(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from services.runs.manifest import MANIFEST_NAME, step_prefix
@@ -32,6 +33,14 @@ def _two_durable_steps(env: RunEnv, out: Path) -> None:
     assert env.run()["best_step"] == 100
 
 
+def _damage_manifest(env: RunEnv, step: int, damaged: Callable[[bytes], bytes]) -> None:
+    """Replace the step's manifest in the bucket with ``damaged`` of its bytes."""
+    s3, run = make_s3_client(env.s3), env.run()
+    key = f"{step_prefix(run['prefix'], step)}/{MANIFEST_NAME}"
+    body = s3.get_object(Bucket=run["bucket"], Key=key)["Body"].read()
+    s3.put_object(Bucket=run["bucket"], Key=key, Body=damaged(body))
+
+
 def _restore(env: RunEnv, api: str, cli_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     command = [*GPUPLAN, "restore", "--api", api, "--key", env.key, "--run", env.run_id, *args]
     return subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=120)
@@ -55,10 +64,7 @@ def test_a_truncated_manifest_is_one_line_naming_it_not_a_traceback(
 ) -> None:
     out = tmp_path / "out"
     _two_durable_steps(run_env, out)
-    s3, run = make_s3_client(run_env.s3), run_env.run()
-    key = f"{step_prefix(run['prefix'], 200)}/{MANIFEST_NAME}"
-    body = s3.get_object(Bucket=run["bucket"], Key=key)["Body"].read()
-    s3.put_object(Bucket=run["bucket"], Key=key, Body=body[: len(body) // 2])  # cut short (a bad copy, bit rot)
+    _damage_manifest(run_env, 200, lambda body: body[: len(body) // 2])  # cut short (a bad copy, bit rot)
     for args in (["--to", str(tmp_path / "a")], ["--to", str(tmp_path / "b"), "--from-bucket"]):
         done = _restore(run_env, live_api, cli_env, *args)
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
@@ -75,9 +81,7 @@ def test_a_damaged_manifest_of_a_durable_step_does_not_stop_newer_checkpoints_fr
 ) -> None:
     out = tmp_path / "out"
     _two_durable_steps(run_env, out)
-    s3, run = make_s3_client(run_env.s3), run_env.run()
-    key = f"{step_prefix(run['prefix'], 200)}/{MANIFEST_NAME}"
-    s3.put_object(Bucket=run["bucket"], Key=key, Body=b'{"version": 1, "run_id": ')
+    _damage_manifest(run_env, 200, lambda _: b'{"version": 1, "run_id": ')
     make_checkpoint(out, 300, 2 * MiB, seed=300)  # training goes on; a new node's `gpuplan sync` (no cache) runs
     command = [*GPUPLAN, "sync", "--api", live_api, "--key", run_env.key, "--run", run_env.run_id, "--dir", str(out),
                "--settle-s", "0", "--part-mib", "5"]  # fmt: skip

@@ -52,24 +52,26 @@ class FeedOffers:
     def note(self) -> str | None:
         parts = []
         if self.skipped:
-            names = sorted(self.skipped)
-            more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-            parts.append(f"skipped offers of cards gpuplan has no spec for: {', '.join(names[:10])}{more}")
+            parts.append(f"skipped offers of cards gpuplan has no spec for: {_some(sorted(self.skipped))}")
         if self.spot_dropped:
             count = len(self.spot_dropped)
-            more = f" and {count - 10} more" if count > 10 else ""
             parts.append(
                 f"dropped the spot price of {count} offer{'s' if count > 1 else ''} above "
-                f"{'their' if count > 1 else 'its'} on-demand price: {', '.join(self.spot_dropped[:10])}{more}"
+                f"{'their' if count > 1 else 'its'} on-demand price: {_some(self.spot_dropped)}"
             )
         if self.spot_too_low:
             count = len(self.spot_too_low)
-            more = f" and {count - 10} more" if count > 10 else ""
             parts.append(
                 f"dropped the spot price of {count} offer{'s' if count > 1 else ''} below ${MIN_USD_PER_GPU_HOUR} per "
-                f"GPU-hour: {', '.join(self.spot_too_low[:10])}{more}"
+                f"GPU-hour: {_some(self.spot_too_low)}"
             )
         return "; ".join(parts) or None
+
+
+def _some(items: list[str], shown: int = 10) -> str:
+    """The first ``shown`` items, then how many more there are."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
 
 
 @dataclass(frozen=True)
