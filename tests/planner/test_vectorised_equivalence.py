@@ -187,10 +187,12 @@ if __name__ == "__main__":
         {"budget_usd": 50.0, "preemptions_per_hour": 0.0},
     ],
 )
-def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, Any]) -> None:
-    # Every (offer, setup, pricing) the arrays price, against costs.run_cost through search.price_setup.
+@pytest.mark.parametrize("model", [B70, B8])
+def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, Any], model: str) -> None:
+    # Every (offer, setup, pricing) the arrays price, against costs.run_cost through search.price_setup (the 8B
+    # runs are short enough for billing minimums to decide some costs).
     offers = CATALOGS["generated_400_enriched"]()
-    _, ctx = plan_context(benchmark_plan("full", B70), Constraints(**constraints))
+    _, ctx = plan_context(benchmark_plan("full", model), Constraints(**constraints))
     scan = scan_offers(ctx, offers, gpu_specs())
     checked = 0
     for bounds in scan.bounds.values():
@@ -201,5 +203,7 @@ def test_array_prices_are_the_scalar_prices_to_the_bit(constraints: dict[str, An
             cost = c.spot if bounds.spot[row] else c.on_demand
             assert cost is not None
             assert (float(bounds.cost[row]), float(bounds.hours[row])) == (cost.expected_cost_usd, cost.hours)
+            # The ranking prices in order of the bound and stops on it: never above the cost, not by a bit.
+            assert float(bounds.bound[row]) <= cost.expected_cost_usd
             checked += 1
     assert checked > 500
