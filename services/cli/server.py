@@ -4,7 +4,10 @@ and web stack are imported inside the handlers, so `gpuplan estimate` stays free
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +31,7 @@ def register(sub: Subparsers) -> None:
         "gpuplan serve --port 8080",
         "GPUPLAN_DATABASE_URL=postgresql+psycopg://... gpuplan serve --workers 2",
     )
-    serve.add_argument("--host", help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
+    serve.add_argument("--host", type=_host_arg, help="bind address (default 127.0.0.1, or GPUPLAN_HOST)")
     serve.add_argument("--port", type=int_arg("--port", 1, 65535), help="port (default 8000, or GPUPLAN_PORT)")
     serve.add_argument(
         "--workers",
@@ -57,6 +60,44 @@ def register(sub: Subparsers) -> None:
         "--check", action="store_true", help="health probe: exit 0 when beat has written its schedule lately"
     )
     beat.set_defaults(handler=cmd_celery, log_level=None)
+
+
+# A host name as RFC 1123 allows one: dot-separated labels of letters, digits and inner hyphens.
+_HOST_NAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _host_problem(value: str) -> str | None:
+    """Why ``value`` is no address to bind (None: an IP address or a host name). An empty one bound 127.0.0.1
+    silently, and a malformed one printed "serving on" before uvicorn's error."""
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(value) is None:
+        return f"not an IP address or host name (got {value!r})"
+    return None
+
+
+def _host_arg(value: str) -> str:
+    problem = _host_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse, in one line, an address this machine cannot listen on (a name that does not resolve, an address of
+    another machine, a port in use), before anything says it is serving there. uvicorn binds again right after
+    (with SO_REUSEADDR, as here), so only a port taken in between goes unnoticed."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = found[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
 
 
 def default_beat_schedule() -> Path:
@@ -130,10 +171,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = load_settings()
-    host = args.host or settings.host
+    host = args.host if args.host is not None else settings.host
+    problem = _host_problem(host)
+    if problem is not None:  # GPUPLAN_HOST: --host is checked by its parser
+        raise CliError(f"GPUPLAN_HOST: {problem}")
     port = args.port if args.port is not None else settings.port
+    _check_listen(host, port)
     migrate_database(settings)
-    url = f"http://{host}:{port}"
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     if settings.embedded:
         key = _local_key(settings)
         print(f"gpuplan: embedded mode (SQLite {settings.sqlalchemy_url.removeprefix('sqlite:///')}, in-process tasks)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ CASES = [
     (("sync", "--dir", ".", "--run", "r1", "--settle-s", "nan"), "--settle-s must be a finite number"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),
+    # An empty host bound 127.0.0.1 silently; a malformed one printed "serving on" before uvicorn's error.
+    (("serve", "--host", ""), "--host: not an IP address or host name (got '')"),
+    (("serve", "--host", "bad host"), "--host: not an IP address or host name (got 'bad host')"),
 ]
 
 
@@ -83,3 +87,26 @@ def test_a_data_set_with_no_rows_or_none_that_can_train_fails_the_check(tmp_path
         assert broken.stdout  # the report says why each row fails
         if not extra:
             assert broken.stderr.strip() == "gpuplan: error: broken.jsonl: none of its 2 rows can train"
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_before_saying_it_serves(tmp_path: Path) -> None:
+    # A port in use, and an address of no interface here, were "serving on ..." then uvicorn's error.
+    env = {"HOME": str(tmp_path), "GPUPLAN_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, needle in (
+            (("--port", port), f"cannot listen on 127.0.0.1 port {port}: Address already in use"),
+            (("--host", "192.0.2.1", "--port", port), "cannot listen on 192.0.2.1 port"),
+        ):
+            done = _gpuplan(tmp_path, "serve", *args, env=env)
+            assert done.returncode == 2 and done.stdout == "", done.stdout
+            assert done.stderr.strip() == f"gpuplan: error: {needle}" or needle in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "db.sqlite").exists()  # refused before the database is migrated
+    bad = _gpuplan(tmp_path, "serve", env={**env, "GPUPLAN_HOST": " "})
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip() == "gpuplan: error: GPUPLAN_HOST: not an IP address or host name (got ' ')"
+    )
