@@ -4,7 +4,9 @@ and web stack are imported inside the handlers, so `gpuplan estimate` stays free
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
+import logging
 import os
 import re
 import socket
@@ -12,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, examples, int_arg
+from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, command_log, examples, int_arg
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -211,7 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpuplan-metrics-")
     print(f"gpuplan: {workers} API processes", flush=True)
     uvicorn.run(
-        "services.api.app:create_served_app",
+        "services.cli.server:worker_app",
         factory=True,
         host=host,
         port=port,
@@ -220,6 +222,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **options,
     )
     return 0
+
+
+# The log of a worker process of `serve --workers N`: uvicorn starts each fresh, outside the command's own log.
+_WORKER_LOG = contextlib.ExitStack()
+
+
+def worker_app() -> FastAPI:
+    """uvicorn's factory in each process of `serve --workers N`: the served app, with the "gpuplan" logger's records
+    one line each on stderr as the command's own are (without it a worker printed bare messages, WARNING only)."""
+    from services.api.app import create_served_app
+
+    _WORKER_LOG.enter_context(command_log("serve", logging.WARNING))
+    return create_served_app()
 
 
 def _build_app(settings: Settings) -> FastAPI:

@@ -78,3 +78,22 @@ def test_the_agent_shows_its_info_lines_and_no_library_requests(tmp_path: Path) 
     # Every line is the agent's own, one per record: no httpx request lines (the root logger is left alone).
     assert all(line.startswith("gpuplan agent: ") for line in lines), agent.stderr
     assert "HTTP Request" not in agent.stderr and "Traceback" not in agent.stderr
+
+
+def test_each_process_of_serve_workers_logs_one_line_per_record(tmp_path: Path) -> None:
+    """uvicorn starts each process of `serve --workers N` fresh from its factory, outside the command's log: a
+    worker's records came out as bare messages (WARNING and above, through logging's last resort)."""
+    code = (
+        "import logging\n"
+        "from services.cli.server import worker_app\n"
+        "worker_app()\n"
+        "logging.getLogger('gpuplan.plans').warning('plan %s failed', 'p1')\n"
+        "logging.getLogger('gpuplan.plans').info('not shown')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLAN_")}
+    env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path), GPUPLAN_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines() == ["gpuplan serve: warning: plan p1 failed"], done.stderr
