@@ -8,7 +8,7 @@
   makes the agent run a final sync and exit). For a workstation, a test, or a provider whose machines
   shut down when their main process exits. Only a pid proven by the node's token over a connection
   that process holds (services/nodes/processes.py), still alive, still the same process and still a
-  `gpuplan agent`, is ever signalled.
+  `gpuplan agent`, is ever signalled; once that process has exited (or its pid is another's), the stop is done.
 - ``aws``, ``runpod``, ``lambda``, ``vast``: the providers' own APIs (services/nodes/cloud_drivers.py).
 - ``none``: the default; a stop decision is recorded, and the node keeps running.
 """
@@ -141,11 +141,18 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # another user's process: it exists
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _exited(pid: int, ticks: int) -> bool:
+    """Whether the process that started at ``ticks`` has exited: its pid is gone, a zombie, or another process's."""
+    return start_ticks(pid) != ticks or not _alive(pid)
 
 
 class LocalDriver:
@@ -154,11 +161,12 @@ class LocalDriver:
     def __init__(self, wait_s: float = 60.0) -> None:
         self._wait_s = wait_s
 
-    def check_target(self, node: NodeTarget) -> int:
-        """The pid to signal, or DriverError saying why none may be signalled."""
+    def check_target(self, node: NodeTarget) -> int | None:
+        """The pid to signal, None when the process that authenticated has exited (a stop has nothing left to do), or
+        DriverError saying why none may be signalled."""
         if node.hostname != socket.gethostname():
             raise DriverError(f"node {node.name} runs on {node.hostname!r}, not on this machine")
-        pid = node.agent_pid
+        pid, ticks = node.agent_pid, node.agent_pid_start_ticks
         if pid is None:
             raise DriverError(
                 f"node {node.name}: no agent process proved itself with the node token over a local connection; "
@@ -166,21 +174,27 @@ class LocalDriver:
             )
         if pid <= 1 or pid == os.getpid():
             raise DriverError(f"node {node.name}: refusing to signal pid {pid}")
-        if node.agent_pid_start_ticks is None or start_ticks(pid) != node.agent_pid_start_ticks:
-            raise DriverError(f"node {node.name}: pid {pid} is no longer the process that authenticated")
+        if ticks is None:
+            raise DriverError(f"node {node.name}: pid {pid} was proven without its start time; refusing to signal it")
+        if _exited(pid, ticks):
+            # The agent that authenticated is gone (an earlier attempt's SIGTERM outlived its wait while the final sync
+            # ran): the stop is done. Refusing here failed every retry until stop_failed, though the agent had stopped.
+            return None
         if not is_gpuplan_agent(cmdline(pid)):
             raise DriverError(f"node {node.name}: pid {pid} is not a `gpuplan agent` process")
         return pid
 
     def stop(self, node: NodeTarget) -> str:
-        pid = self.check_target(node)
+        pid, ticks = self.check_target(node), node.agent_pid_start_ticks
+        if pid is None or ticks is None:  # ticks: check_target refused a pid without them
+            return f"agent process {node.agent_pid} had already exited"
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return f"agent process {pid} had already exited"
         deadline = time.monotonic() + self._wait_s
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if _exited(pid, ticks):
                 return f"agent process {pid} stopped (SIGTERM, final sync included)"
             time.sleep(0.1)
         raise DriverError(f"agent process {pid} did not exit within {self._wait_s:.0f} s")

@@ -3,6 +3,11 @@ gets busy between attempts, the default ``none`` driver, and the backoff's cap."
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,9 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.drivers import DriverError, NodeTarget, NoDriver
+from services.nodes.drivers import DriverError, LocalDriver, NodeTarget, NoDriver
 from services.nodes.idle import StopPolicy, stop_backoff_s
 from services.nodes.lifecycle import run_sweep, stop_lease_s
+from services.nodes.processes import start_ticks
 from services.nodes.schemas import NodeRegistration
 from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow, NodeRow
@@ -118,3 +124,57 @@ def test_the_default_none_driver_records_the_decision_and_counts_no_attempt(db: 
         kinds = session.scalars(select(NodeEventRow.kind).where(NodeEventRow.node_id == node_id)).all()
         audits = session.scalars(select(AuditEvent.action)).all()
     assert kinds.count("stop_failed") == 1 and audits == []  # one event for the unchanged decision, no audit
+
+
+# An agent whose final sync on SIGTERM outlasts the local driver's wait, then exits 0. Its command line is a
+# `gpuplan agent`'s (services/nodes/processes.py is_gpuplan_agent), as the local driver requires of what it signals.
+_SLOW_FINAL_SYNC = """
+import signal, sys, time
+def final_sync(*_):
+    time.sleep(1.0)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, final_sync)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _exited_unreaped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until the child has exited, leaving it unreaped (a zombie)."""
+    deadline = time.monotonic() + timeout_s
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        assert time.monotonic() < deadline, "the agent did not exit"
+        time.sleep(0.05)
+
+
+def test_an_agent_still_in_its_final_sync_at_the_drivers_wait_is_stopped_at_the_next_attempt(db: Db) -> None:
+    """The local driver's wait (GPUPLAN_NODE_STOP_TIMEOUT_S) ran out while the agent ran its final sync; once it had
+    exited, every retry refused its pid ("no longer the process that authenticated"), until stop_failed."""
+    factory, _, node_id, _ = db
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_FINAL_SYNC, "services.cli.main", "agent"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline() == "ready\n"
+        host, ticks = socket.gethostname(), start_ticks(agent.pid)
+        with unit_of_work(factory) as session:  # as a heartbeat over the agent's own connection proves its pid
+            row = session.get(NodeRow, node_id)
+            assert row is not None and ticks is not None
+            row.hostname, row.verified_pid, row.verified_pid_start_ticks = host, agent.pid, ticks
+        driver = LocalDriver(wait_s=0.3)
+        first = run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20), driver=driver)
+        assert first.failed == [node_id], load_node(factory, node_id).last_reason
+        assert "did not exit within" in (load_node(factory, node_id).last_stop_answer or "")
+        # The final sync ends and the agent exits. Unreaped (a zombie) or gone, it is stopped: nothing to signal.
+        _exited_unreaped(agent.pid)
+        target = NodeTarget(node_id, "n", "", host, agent.pid, ticks)
+        assert driver.stop(target) == f"agent process {agent.pid} had already exited"
+        assert agent.wait(timeout=10) == 0
+        second = run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20, seconds=11), driver=driver)
+        row = load_node(factory, node_id)
+        assert second.stopped == [node_id] and not second.failed, row.last_reason
+        assert row.status == "stopped" and row.last_stop_answer == f"agent process {agent.pid} had already exited"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()

@@ -3,10 +3,12 @@ SIGTERM), and the node-side guard when the control plane is unreachable."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +27,7 @@ from services.nodes.idle import IdlePolicy, Signals
 from services.nodes.lifecycle import sweep, target_of
 from services.nodes.processes import start_ticks
 from services.nodes.tables import NodeEventRow, NodeRow
-from services.runs.sync import SyncOptions, read_manifest, sync_pass
+from services.runs.sync import ControlPlane, SyncOptions, SyncResult, read_manifest, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.nodes.helpers import SLOW_AGENT
 from tests.runs.conftest import RunEnv, free_port, make_checkpoint
@@ -96,10 +98,11 @@ def test_the_local_driver_stops_a_real_agent_after_its_final_sync(
         LocalDriver().stop(NodeTarget("x", "x", "", "some-other-host", agent.pid))
 
 
-def test_a_final_sync_the_bucket_refuses_is_one_line_not_a_traceback(
+def test_a_final_sync_the_bucket_refuses_is_one_line_and_a_failing_exit(
     run_env: RunEnv, live_api: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """A probe of stop 53: with the bucket down, the final sync on SIGTERM raised out of the agent (a traceback)."""
+    """A probe of stop 53: with the bucket down, the final sync on SIGTERM raised out of the agent (a traceback). Then
+    the agent exited 0 after it, as if its checkpoints were safe: a supervisor saw nothing wrong."""
     ckpt = tmp_path / "out"
     make_checkpoint(ckpt, 100, 2**20, seed=1)
     # The bucket's endpoint is down (nothing listens on this port): every pass fails, the final one too.
@@ -121,7 +124,9 @@ def test_a_final_sync_the_bucket_refuses_is_one_line_not_a_traceback(
             agent.wait()
     assert "Traceback" not in output, output
     assert "stopped (sigterm)" in output, output
-    assert "final sync failed" in output, output
+    failed = [line for line in output.splitlines() if "final sync failed" in line]
+    assert len(failed) == 1 and "1 local checkpoint(s), 1.3 MiB, not made durable" in failed[0], output
+    assert agent.returncode == 1, output
     assert run_env.run()["last_durable_step"] is None
 
 
@@ -158,12 +163,63 @@ def test_the_local_driver_never_signals_a_pid_that_only_was_reported(
         host = socket.gethostname()
         with pytest.raises(DriverError, match="not a `gpuplan agent` process"):
             LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, ticks))
-        with pytest.raises(DriverError, match="no longer the process"):
-            LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, (ticks or 0) + 1))
+        # A pid whose start time is not the proven one is another process now: the proven one exited, so the stop is
+        # done, and the process holding the pid today is left alone.
+        answer = LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, (ticks or 0) + 1))
+        assert answer == f"agent process {victim.pid} had already exited"
+        with pytest.raises(DriverError, match="without its start time"):
+            LocalDriver().stop(NodeTarget("n", "liar", "", host, victim.pid, None))
         assert victim.poll() is None
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_the_agent_heartbeats_while_its_final_sync_uploads(run_env: RunEnv, tmp_path: Path) -> None:
+    """After SIGTERM the agent sent no heartbeat until its final sync ended: a big checkpoint's upload outlasted the
+    lost threshold, and the service marked a node that was uploading its last checkpoint as lost."""
+    beats: list[dict[str, Any]] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        beats.append(json.loads(request.content))
+        # A sweep asks for a sync meanwhile: no second pass may start beside the final one.
+        return httpx.Response(200, json={"commands": ["sync"]})
+
+    passes: list[bool] = []
+
+    class SlowFinalSync(RunSync):
+        def pass_once(self, control: ControlPlane, final: bool = False) -> SyncResult:
+            passes.append(final)
+            deadline = time.monotonic() + 5  # the upload of a big checkpoint, until three heartbeats said so
+            while sum(beat["uploading"] for beat in beats) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return super().pass_once(control, final)
+
+    run = run_env.run()
+    ckpt = tmp_path / "out"
+    make_checkpoint(ckpt, 500, 2**20, seed=5)
+    sync = SlowFinalSync(run_env.api, make_s3_client(run_env.s3), run["bucket"], run["prefix"], ckpt,
+                         SyncOptions(settle_s=0), interval_s=3600)  # fmt: skip
+    previous = signal.getsignal(signal.SIGTERM)
+    with httpx.Client(base_url="http://service", transport=httpx.MockTransport(service)) as client:
+        agent = Agent(client, run_env.key)
+        agent.node_id = "n"
+        agent.attach_run(sync)
+        agent.stopping.set()  # what SIGTERM does: straight to the final sync
+        try:
+            assert agent.run(interval_s=0.1) == "sigterm"
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    uploading = [beat for beat in beats if beat["uploading"]]
+    assert len(uploading) >= 3, beats
+    assert all(beat["unsynced_checkpoints"] == 1 for beat in uploading), uploading
+    assert passes == [False] and agent.final_sync_error is None
+    assert run_env.run()["last_durable_step"] == 500
+    # The heartbeats ended with the sync: no thread left, nothing sent after it.
+    assert not [t for t in threading.enumerate() if t.name == "gpuplan-final-heartbeats"]
+    sent = len(beats)
+    time.sleep(0.3)
+    assert len(beats) == sent
 
 
 class FakeClock:
@@ -224,7 +280,7 @@ def test_the_guard_stops_an_idle_node_after_a_final_sync_to_the_bucket_alone(run
         original = agent.heartbeat
         agent.heartbeat = lambda: (tick(), original())[1]  # type: ignore[method-assign]
         reason = agent.run(interval_s=0.01)
-    assert "unreachable" in reason and stop_file.exists()
+    assert "unreachable" in reason and stop_file.exists() and agent.final_sync_error is None
     # The scheduled pass went to the bucket alone: durable there before the machine was stopped.
     manifest = read_manifest(s3, run["bucket"], run["prefix"], 800)
     assert manifest is not None and manifest.created_at <= datetime.now(UTC)
