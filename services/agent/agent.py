@@ -93,6 +93,7 @@ class Agent:
         self.job: subprocess.Popen[bytes] | None = None  # the training job this agent launched
         self.gpu_count = 0  # the GPUs NVML reported at registration: each is reported, unreadable or not
         self.interval_s = HEARTBEAT_INTERVAL_S  # seconds between heartbeats, declared in each (run() sets it)
+        self.final_sync_error: str | None = None  # set by run() when its final sync left checkpoints not durable
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
@@ -207,7 +208,8 @@ class Agent:
         self.stopping.set()
 
     def run(self, interval_s: float = HEARTBEAT_INTERVAL_S, once: bool = False) -> str:
-        """The agent loop; returns why it ended ('once', 'sigterm' or the guard's reason)."""
+        """The agent loop; returns why it ended ('once', 'sigterm' or the guard's reason). A final sync that failed is
+        left in ``final_sync_error``."""
         self.interval_s = interval_s
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -227,7 +229,8 @@ class Agent:
             if reason is not None:
                 log.warning("node-side guard: %s; final sync, then stop", reason)
                 if self.syncer is not None:
-                    self.syncer.final(reachable=False)
+                    # No heartbeats meanwhile: the service has been unreachable past the guard's threshold.
+                    self.final_sync_error = self.syncer.final(reachable=False)
                 stop_machine(self.stop_command)
                 return reason
             if once:
@@ -235,5 +238,6 @@ class Agent:
             if not ran:
                 self.stopping.wait(interval_s)
         if self.syncer is not None:
-            self.syncer.final(reachable)
+            # Heartbeats go on during it (reporting the upload): a long final sync must not get the node marked lost.
+            self.final_sync_error = self.syncer.final(reachable, self.heartbeat, interval_s)
         return "sigterm"

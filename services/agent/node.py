@@ -2,7 +2,8 @@
 guard that stops an idle machine when the control plane has been unreachable for too long.
 
 The sync runs in a background thread so heartbeats go on during a long upload (and report it as
-busy). On SIGTERM (what the ``local`` provider driver sends) the agent runs a final sync and exits.
+busy). On SIGTERM (what the ``local`` provider driver sends) the agent runs a final sync, heartbeating meanwhile, and
+exits; non-zero when that sync failed.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class RunSync:
         self.durable.update(u.manifest.step for u in result.uploaded)
         self.durable.update(result.already_durable)
         self.deleted.update(result.deleted)
-        self.durable.difference_update(result.deleted)
+        # A lost step (its manifest damaged, its objects gone) is not durable: where it is the newest, the node holds
+        # the only copy a resume could take, and is kept, as for a changed one.
+        self.durable.difference_update(result.deleted, result.lost)
         # The agent log says when a checkpoint starts or stops waiting, and when a durable one's local
         # files changed: once per change, not every pass.
         for step, reason in result.in_progress.items():
@@ -233,6 +236,7 @@ class Syncer:
         self.uploading = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._finishing = False  # the final sync runs: no other pass starts
         self.last_started = 0.0
 
     def due(self, now: float) -> bool:
@@ -240,7 +244,7 @@ class Syncer:
 
     def start(self, control: ControlPlane, final: bool = False) -> bool:
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._finishing or (self._thread is not None and self._thread.is_alive()):
                 return False
             self.last_started = time.time()
             self._thread = threading.Thread(target=self._pass, args=(control, final), daemon=True)
@@ -265,21 +269,60 @@ class Syncer:
         if thread is not None:
             thread.join(timeout_s)
 
-    def final(self, reachable: bool) -> None:
-        """A last pass, in this thread, after any running one: through the API when it answers, else
-        against the bucket alone (the API learns of those checkpoints at the next pass that reaches it)."""
-        self.wait()
-        if reachable:
-            try:
-                self.run.pass_once(self.run.api)
-                self.run.succeeded()
-                return
-            except RunApiError as exc:
-                log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)
-            except Exception as exc:
-                # The bucket or the folder failed it (S3 down, no checkpoint folder): a log line and the agent's exit,
-                # as for any other pass, not a traceback out of the SIGTERM handling.
-                self.run.failed(f"{type(exc).__name__}: {exc}")
-                log.warning("final sync failed: %s", self.run.last_error)
-                return
-        self._pass(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix), final=False, what="final sync")
+    def final(
+        self, reachable: bool, heartbeat: Callable[[], object] | None = None, interval_s: float = 30.0
+    ) -> str | None:
+        """A last pass, in this thread, after any running one: through the API when it answers, else against the
+        bucket alone (the API learns of those checkpoints at the next pass that reaches it). ``heartbeat`` runs every
+        ``interval_s`` from a thread meanwhile: a long final upload went unheard, and the node was marked lost.
+        Returns None when the pass ended without an error, else the line it logged (the agent's exit fails on it)."""
+        with self._lock:
+            self._finishing = True  # a heartbeat's "sync" command starts no pass beside this one
+        done, beats = threading.Event(), None
+        if heartbeat is not None:
+            beats = threading.Thread(target=_every, args=(heartbeat, interval_s, done), name="gpuplan-final-heartbeats")
+            beats.start()
+        try:
+            self.wait()
+            self.uploading = self.run.unsynced() > 0
+            if reachable:
+                try:
+                    self.run.pass_once(self.run.api)
+                    self.run.succeeded()
+                except RunApiError as exc:
+                    log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)
+                    reachable = False
+                except Exception as exc:
+                    # The bucket or the folder failed it (S3 down, no checkpoint folder): one line and a failing
+                    # exit, not a traceback out of the SIGTERM handling.
+                    self.run.failed(f"{type(exc).__name__}: {exc}")
+            if not reachable:
+                try:
+                    self.run.pass_once(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix))
+                    self.run.succeeded()
+                except Exception as exc:
+                    self.run.failed(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.uploading = False
+            done.set()
+            if beats is not None:
+                beats.join()  # bounded: a heartbeat in flight ends within the HTTP client's timeout
+        if self.run.last_error is None:
+            return None
+        line = (
+            f"final sync failed: {self.run.last_error}; {self.run.unsynced()} local checkpoint(s), "
+            f"{self.run.pending_bytes() / 2**20:.1f} MiB, not made durable in {self.run.checkpoint_dir}"
+        )
+        log.error("%s", line)
+        return line
+
+
+def _every(call: Callable[[], object], interval_s: float, done: threading.Event) -> None:
+    """``call`` now and every ``interval_s`` until ``done`` is set; one that raises is logged, the next one made."""
+    while True:
+        try:
+            call()
+        except Exception as exc:
+            log.warning("heartbeat during the final sync failed: %s: %s", type(exc).__name__, exc)
+        if done.wait(interval_s):
+            return

@@ -77,4 +77,5 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 raise CliError(f"agent: cannot start {job[0]}: {exc.strerror or exc}") from None
         ended = agent.run(args.interval, once=args.once)
         print(f"gpuplan agent: stopped ({ended})", file=sys.stderr)
-    return 0
+    # Checkpoints the final sync left on this node only (its line is logged): a supervisor must see a failure.
+    return 1 if agent.final_sync_error else 0

@@ -212,8 +212,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             print(f"retention deleted from the bucket: steps {result.deleted}")
         for step, files in result.repaired.items():
             print(f"step {step}: the bucket had lost {', '.join(files[:5])}; put back from the local copy")
-        if not uploaded and not result.repaired and not result.refused:
-            print("nothing new to sync")
+        if not uploaded and not result.repaired and not result.refused and not result.lost:
+            print("nothing new to sync")  # a lost step is the stderr line below, and the exit's failure
     for reason in result.lost.values():
         print(f"gpuplan sync: {reason}", file=sys.stderr)
     # A refused step is also logged (a warning on stderr, as the agent shows it), so it is printed here only on stdout;

@@ -145,8 +145,10 @@ class BucketOnly:
         self._s3, self._bucket, self._prefix = s3, bucket, run_prefix
 
     def done_steps(self) -> tuple[set[int], set[int]]:
+        # A manifest there, readable or not (one read here that failed to parse failed the whole pass): the pass says
+        # a damaged one's step as lost and syncs the others, and `restore --from-bucket` names it when it is the newest.
         stored = stored_steps(self._s3, self._bucket, self._prefix)
-        return {s for s in stored if read_manifest(self._s3, self._bucket, self._prefix, s) is not None}, set()
+        return {s for s in stored if _head(self._s3, self._bucket, _manifest_key(self._prefix, s)) is not None}, set()
 
     def report_durable(self, manifest: Manifest, upload_bytes_per_s: float | None) -> list[int]:
         return []
@@ -168,7 +170,9 @@ class SyncResult:
     in_progress: dict[int, str] = field(default_factory=dict)  # not complete yet: step -> what it waits for
     changed: dict[int, list[str]] = field(default_factory=dict)  # durable, but these local files changed since
     repaired: dict[int, list[str]] = field(default_factory=dict)  # durable, these lost objects put back from local
-    lost: dict[int, str] = field(default_factory=dict)  # durable, but the bucket lost objects no local copy restores
+    # Durable, but the bucket lost objects no local copy restores; or a step whose manifest in the bucket is damaged.
+    # Never also in already_durable: nothing restores such a step as it is.
+    lost: dict[int, str] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)  # complete, but not storable as it is (a file name, its step)
 
 
@@ -624,11 +628,15 @@ def write_manifest(s3: Any, bucket: str, run_prefix: str, manifest: Manifest, *,
         raise SyncError(f"step {manifest.step}: the manifest read back differs from the one written")
 
 
+def _manifest_key(run_prefix: str, step: int) -> str:
+    return f"{step_prefix(run_prefix, step)}/{MANIFEST_NAME}"
+
+
 def read_manifest(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
     from botocore.exceptions import ClientError
 
     try:
-        body = s3.get_object(Bucket=bucket, Key=f"{step_prefix(run_prefix, step)}/{MANIFEST_NAME}")["Body"].read()
+        body = s3.get_object(Bucket=bucket, Key=_manifest_key(run_prefix, step))["Body"].read()
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
@@ -766,7 +774,6 @@ def sync_pass(
                 # every pass of a new node's agent, so that no checkpoint after it ever became durable.
                 result.lost[step] = str(exc)
                 log.error("%s", exc, extra=_in_result("lost"))
-                result.already_durable.append(step)
                 continue
             if stored_manifest is not None:
                 note_changes(step, directory, stored_manifest)
@@ -806,7 +813,14 @@ def sync_pass(
             result.unsettled.append(step)
             continue
         is_final = final and step == newest_local
-        existing = read_manifest(s3, bucket, run_prefix, step)
+        try:
+            existing = read_manifest(s3, bucket, run_prefix, step)
+        except UnreadableManifest as exc:
+            # A manifest the service never recorded, damaged: nothing of the step is overwritten (a manifest is there),
+            # and, as for a durable one, it is said and the other steps sync; it failed the whole pass.
+            result.lost[step] = str(exc)
+            log.error("%s", exc, extra=_in_result("lost"))
+            continue
         if existing is not None:
             # Durable in the bucket, but the control plane was not told (it was unreachable last time):
             # reported as it is (its objects are never sent again), marked final if asked.
@@ -844,9 +858,11 @@ def sync_pass(
             to_delete = control.report_durable(upload.manifest, rate)
         durable.add(step)
         apply_retention(to_delete)
-    if durable and max(durable) not in {u.manifest.step for u in result.uploaded}:
+    if durable and max(durable) not in {u.manifest.step for u in result.uploaded} and max(durable) not in result.lost:
         newest = max(durable)
         _audit(s3, bucket, run_prefix, newest, dict(local).get(newest), control, options, result)
+    # The audit may have found the newest durable step lost: it is said there alone.
+    result.already_durable = [step for step in result.already_durable if step not in result.lost]
     # Interrupted uploads older than the newest durable checkpoint that no local directory will finish;
     # looked for only when this pass made a checkpoint durable (listing the run's prefix is not free).
     if result.uploaded or result.deleted:
@@ -854,7 +870,8 @@ def sync_pass(
         for orphan in stored_steps(s3, bucket, run_prefix) - durable - local_steps:
             if (
                 orphan < max(durable)
-                and read_manifest(s3, bucket, run_prefix, orphan) is None
+                # Any manifest, damaged or not, was written last: not an interrupted upload.
+                and _head(s3, bucket, _manifest_key(run_prefix, orphan)) is None
                 and _quiet(s3, bucket, step_prefix(run_prefix, orphan) + "/", ORPHAN_QUIET_S)
             ):
                 delete_checkpoint(s3, bucket, run_prefix, orphan)

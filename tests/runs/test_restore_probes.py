@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from services.runs.manifest import MANIFEST_NAME, step_prefix
-from services.runs.sync import SyncOptions, sync_pass
+from services.runs.sync import BucketOnly, SyncOptions, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.runs.conftest import RunEnv, make_checkpoint
 
@@ -93,3 +94,62 @@ def test_a_damaged_manifest_of_a_durable_step_does_not_stop_newer_checkpoints_fr
     assert done.returncode == 1 and done.stderr.count("step 200") == 1, done.stderr
     restored = _restore(run_env, live_api, cli_env, "--to", str(tmp_path / "r"))
     assert restored.returncode == 0 and "step 300:" in restored.stdout, restored.stderr
+
+
+def _sync(env: RunEnv, api: str, cli_env: dict[str, str], out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gpuplan sync` as a new node runs it (a process of its own: no manifest cached)."""
+    command = [*GPUPLAN, "sync", "--api", api, "--key", env.key, "--run", env.run_id, "--dir", str(out),
+               "--settle-s", "0", "--part-mib", "5", *args]  # fmt: skip
+    return subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_damaged_manifest_of_a_step_the_service_does_not_know_is_said_and_the_others_sync(
+    run_env: RunEnv, live_api: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A damaged manifest of a step the service never recorded (and of one no local folder holds) failed the whole
+    pass, through the API and against the bucket alone: no newer checkpoint became durable."""
+    out = tmp_path / "out"
+    _two_durable_steps(run_env, out)
+    s3, run = make_s3_client(run_env.s3), run_env.run()
+    for step in (250, 300):  # 250: no local folder, older than the newest durable step (looked at as an orphan)
+        key = f"{step_prefix(run['prefix'], step)}/{MANIFEST_NAME}"
+        s3.put_object(Bucket=run["bucket"], Key=key, Body=b'{"version": 1, "run_id": ')
+    make_checkpoint(out, 300, 2 * MiB, seed=300)
+    make_checkpoint(out, 400, 2 * MiB, seed=400)
+    done = _sync(run_env, live_api, cli_env, out)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "step 400: durable" in done.stdout, (done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "step 300" in lines[0], done.stderr
+    assert "is not a readable manifest" in lines[0], done.stderr
+    assert run_env.run()["last_durable_step"] == 400
+    key = f"{step_prefix(run['prefix'], 250)}/{MANIFEST_NAME}"
+    assert s3.get_object(Bucket=run["bucket"], Key=key)["Body"].read() == b'{"version": 1, "run_id": '  # kept
+    # Against the bucket alone (the node-side guard's final sync), too.
+    make_checkpoint(out, 500, 2 * MiB, seed=500)
+    alone = BucketOnly(s3, run["bucket"], run["prefix"])
+    result = sync_pass(s3, run["bucket"], run["prefix"], run_env.run_id, out, alone, OPTIONS)
+    assert [u.manifest.step for u in result.uploaded] == [500] and list(result.lost) == [300]
+    assert sorted(result.already_durable) == [100, 200, 400]
+
+
+def test_a_durable_step_with_a_damaged_manifest_is_lost_not_also_already_durable(
+    run_env: RunEnv, live_api: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The pass reported such a step in both `already_durable` and `lost` (`gpuplan sync --json` showed both)."""
+    out = tmp_path / "out"
+    _two_durable_steps(run_env, out)
+    _damage_manifest(run_env, 200, lambda body: body[: len(body) // 2])
+    done = _sync(run_env, live_api, cli_env, out, "--json")
+    assert done.returncode == 1, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["already_durable"] == [100] and list(printed["lost"]) == ["200"], printed
+    # The text says it once, on stderr, and not that all is synced.
+    done = _sync(run_env, live_api, cli_env, out)
+    assert done.returncode == 1 and done.stderr.count("step 200") == 1, done.stderr
+    assert "nothing new to sync" not in done.stdout, done.stdout
+    # Against the bucket alone, where that step is the newest with a manifest, the same.
+    s3, run = make_s3_client(run_env.s3), run_env.run()
+    alone = BucketOnly(s3, run["bucket"], run["prefix"])
+    result = sync_pass(s3, run["bucket"], run["prefix"], run_env.run_id, out, alone, OPTIONS)
+    assert result.already_durable == [100] and list(result.lost) == [200]
