@@ -258,21 +258,21 @@ class OfferColumns:
 
 _PRICED = ("on_demand_usd_per_hour", "spot_usd_per_hour", "startup_s", "download_gbit_per_s")
 _BILLED = ("billing_increment_s", "billing_minimum_s", "preemption_per_hour")
-_BOUND = (*_PRICED, "billing_increment_s", "billing_minimum_s")
 
 
 def offer_columns(market: Market, rows: np.ndarray, model_download_bytes: float, full: bool = True) -> OfferColumns:
     """The columns that pricing reads of the offers of ``market`` at ``rows`` (None becomes NaN); without ``full``,
-    only those the lower bound of a cost reads (prices, start-up, download, billing), the others NaN."""
-    read = {name: column[rows] for name, column in market.floats(_PRICED + _BILLED if full else _BOUND).items()}
+    only those the lower bound of a cost reads (prices, start-up, download), the others NaN."""
+    read = {name: column[rows] for name, column in market.floats(_PRICED + _BILLED if full else _PRICED).items()}
     startup, gbit = read["startup_s"], read["download_gbit_per_s"]
     # startup_seconds and download_seconds, element by element (a download rate of 0 or none: the default)
     startup = np.where(np.isnan(startup), DEFAULT_STARTUP_S, startup)
     gbit = np.where(np.isnan(gbit) | (gbit == 0), DEFAULT_DOWNLOAD_GBIT_PER_S, gbit)
-    preemption = np.full(len(rows), np.nan)
+    unread = np.full(len(rows), np.nan)
+    increment = minimum = preemption = unread
     risk = np.full((len(rows), 3), np.nan)
     if full:
-        preemption = read["preemption_per_hour"]
+        increment, minimum, preemption = (read[name] for name in _BILLED)
         ids, providers = market.codes(("provider",))
         figures = [spot_risk(str(p)) for (p,) in providers]
         per_provider = np.array(
@@ -284,21 +284,13 @@ def offer_columns(market: Market, rows: np.ndarray, model_download_bytes: float,
         spot_usd_per_hour=read["spot_usd_per_hour"],
         startup_s=startup,
         download_s=model_download_bytes / (gbit / 8.0 * 1e9),
-        billing_increment_s=read["billing_increment_s"],
-        billing_minimum_s=read["billing_minimum_s"],
+        billing_increment_s=increment,
+        billing_minimum_s=minimum,
         preemption_per_hour=preemption,
         risk_preemptions_per_node_hour=risk[:, 0],
         risk_wait_hours=risk[:, 1],
         risk_no_capacity_share=risk[:, 2],
     )
-
-
-def billed_seconds_of(used_s: np.ndarray, increment_s: np.ndarray, minimum_s: np.ndarray) -> np.ndarray:
-    """``billed_seconds`` element by element, to the bit. It never falls as ``used_s`` grows, so the billed time of
-    part of a run bounds that of the whole run from below (scan._bounds)."""
-    rounded = np.where(increment_s > 1, np.ceil(used_s / increment_s - 1e-9) * increment_s, used_s)
-    billed: np.ndarray = np.maximum(rounded, minimum_s)
-    return billed
 
 
 def run_costs(
@@ -347,7 +339,10 @@ def run_costs(
     preemptions = (training_s + checkpoint_s) / 3600.0 * rate
     rework_s = preemptions * (restart + interval / 2.0)
     used_s = base_s + rework_s
-    billed_s = billed_seconds_of(used_s, offers.billing_increment_s, offers.billing_minimum_s)
+    # billed_seconds
+    increment, minimum = offers.billing_increment_s, offers.billing_minimum_s
+    rounded = np.where(increment > 1, np.ceil(used_s / increment - 1e-9) * increment, used_s)
+    billed_s = np.maximum(rounded, minimum)
     cost = billed_s * per_s
     hours = used_s / 3600.0
     if spot:

@@ -4,10 +4,9 @@ pricing's cost bounded as arrays.
 What fits and how fast depends on the card and the node shape, not on the price. Offers are grouped by what
 their setups depend on (card, node size, whole nodes only, intra-node link kind, inter-node network, host RAM),
 each group is searched once (services.planner.search), and every (offer, setup, pricing) of a card gets a lower
-bound of its expected cost in one array pass: start-up, model download, training and the final upload, billed
-as the offer bills (the full cost only adds checkpoint writes, rework and a spot run's on-demand fallback). With
-a budget or a deadline, every full price is computed in the same pass. services.planner.ranking then prices entries
-in order of that bound.
+bound of its expected cost in one array pass: start-up, model download and training at the hourly price (the
+full cost only adds checkpoints, rework and billing rounding). With a budget or a deadline, every full price is
+computed in the same pass. services.planner.ranking then prices entries in order of that bound.
 """
 
 from __future__ import annotations
@@ -25,14 +24,7 @@ from services.catalog.offers import Offer
 from services.estimator.communication import intra_node_kind
 from services.estimator.errors import EstimatorError
 from services.planner.context import HostRamBlocked, PlanContext, Setup, ShapeKey
-from services.planner.costs import (
-    UPLOAD_BYTES_PER_S,
-    OfferColumns,
-    RunShape,
-    billed_seconds_of,
-    offer_columns,
-    run_costs,
-)
+from services.planner.costs import OfferColumns, RunShape, offer_columns, run_costs
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
 from services.planner.search import offer_search, settled_setups, shape_key
@@ -394,9 +386,8 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
 
 
 def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
-    """Per card, start-up, model download, training and the final upload, billed at the hourly price, for every
-    offer, setup and pricing in one vector pass; with a budget or a deadline, also every full price
-    (costs.run_costs)."""
+    """Per card, start-up, model download and training at the hourly price for every offer, setup and pricing,
+    in one vector pass; with a budget or a deadline, also every full price (costs.run_costs)."""
     members = scan.fitting_offers()
     if not len(members):
         return {}
@@ -406,9 +397,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
     full = c.budget_usd is not None or c.deadline_hours is not None
     columns = offer_columns(scan.offers, members, ctx.sizes.model_download_bytes, full)
     spot_price = columns.spot_usd_per_hour if c.spot_allowed else np.full(len(members), np.nan)
-    # What every run on the offer spends besides training: start-up, download and the final upload (run_cost's
-    # checkpoint_s holds the upload whatever the interval); billed as the offer bills (billed_seconds is monotone).
-    fixed = columns.startup_s + columns.download_s + ctx.sizes.final_upload_bytes / UPLOAD_BYTES_PER_S
+    fixed = columns.startup_s + columns.download_s  # costs.startup_seconds + costs.download_seconds
     per_card: dict[str, list[OfferGroup]] = {}
     for g in scan.groups:
         if g.setups:
@@ -429,11 +418,6 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
         repeats = np.array(counts)
         training, gpus, nodes, positions, offload = (np.array(v).repeat(repeats) for v in zip(*rows, strict=True))
         seconds = training + fixed[row]
-        # Shaved by a billionth so that rounding (run_cost adds the same seconds in another order) never puts the bound
-        # a billing increment above the cost.
-        billed = billed_seconds_of(
-            seconds * (1.0 - 1e-9), columns.billing_increment_s[row], columns.billing_minimum_s[row]
-        )
         spot_rate = spot_price[row]
         has = ~np.isnan(spot_rate)
         spot_pair = np.flatnonzero(has)
@@ -442,7 +426,7 @@ def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:
         rate = np.concatenate((columns.on_demand_usd_per_hour[row], spot_rate[spot_pair]))
         entry_seconds, entry_gpus = seconds[take], gpus[take]
         bounds = CardBounds(
-            bound=billed[take] * (rate * entry_gpus / 3600.0),  # as run_cost multiplies: never above the cost
+            bound=entry_seconds * entry_gpus * rate / 3600.0,
             gpus=entry_gpus,
             nodes=nodes[take],
             seconds=entry_seconds,
