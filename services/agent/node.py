@@ -30,6 +30,7 @@ from services.runs.sync import (
     SyncResult,
     checkpoint_dirs,
     pending_steps,
+    settled,
     sync_pass,
 )
 
@@ -282,12 +283,13 @@ class Syncer:
         if heartbeat is not None:
             beats = threading.Thread(target=_every, args=(heartbeat, interval_s, done), name="gpuplan-final-heartbeats")
             beats.start()
+        unsettled: list[int] = []
         try:
             self.wait()
             self.uploading = self.run.unsynced() > 0
             if reachable:
                 try:
-                    self.run.pass_once(self.run.api)
+                    unsettled = self._settled_pass(self.run.api)
                     self.run.succeeded()
                 except RunApiError as exc:
                     log.warning("final sync: the service is unreachable (%s); syncing to the bucket alone", exc)
@@ -298,7 +300,7 @@ class Syncer:
                     self.run.failed(f"{type(exc).__name__}: {exc}")
             if not reachable:
                 try:
-                    self.run.pass_once(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix))
+                    unsettled = self._settled_pass(BucketOnly(self.run.s3, self.run.bucket, self.run.prefix))
                     self.run.succeeded()
                 except Exception as exc:
                     self.run.failed(f"{type(exc).__name__}: {exc}")
@@ -307,14 +309,35 @@ class Syncer:
             done.set()
             if beats is not None:
                 beats.join()  # bounded: a heartbeat in flight ends within the HTTP client's timeout
-        if self.run.last_error is None:
+        if self.run.last_error is not None:
+            why = self.run.last_error
+        elif unsettled:
+            why = f"step(s) {unsettled} still written to after {self.run.options.settle_s:g} s"
+        else:
             return None
         line = (
-            f"final sync failed: {self.run.last_error}; {self.run.unsynced()} local checkpoint(s), "
+            f"final sync failed: {why}; {self.run.unsynced()} local checkpoint(s), "
             f"{self.run.pending_bytes() / 2**20:.1f} MiB, not made durable in {self.run.checkpoint_dir}"
         )
         log.error("%s", line)
         return line
+
+    def _settled_pass(self, control: ControlPlane) -> list[int]:
+        """A pass, and where a complete checkpoint was too new to count as settled (``SyncOptions.settle_s``), another
+        once it has settled, waiting at most that long: the node is going away, and a checkpoint the final sync
+        skipped went with it while the agent exited 0. Returns the steps still unsettled."""
+        unsettled = self.run.pass_once(control).unsettled
+        if not unsettled:
+            return []
+        settle_s = self.run.options.settle_s
+        folders = dict(checkpoint_dirs(self.run.checkpoint_dir))
+        deadline = time.monotonic() + settle_s
+        while not all(step not in folders or settled(folders[step], settle_s) for step in unsettled):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return unsettled
+            time.sleep(min(0.5, left))
+        return self.run.pass_once(control).unsettled
 
 
 def _every(call: Callable[[], object], interval_s: float, done: threading.Event) -> None:

@@ -197,7 +197,7 @@ class LocalDriver:
             if _exited(pid, ticks):
                 return f"agent process {pid} stopped (SIGTERM, final sync included)"
             time.sleep(0.1)
-        raise DriverError(f"agent process {pid} did not exit within {self._wait_s:.0f} s")
+        raise DriverError(f"agent process {pid} did not exit within {self._wait_s:g} s")
 
     def start(self, node: NodeTarget) -> str:
         raise DriverError("the local driver cannot start a node; run `gpuplan agent` again")

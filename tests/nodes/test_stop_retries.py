@@ -164,7 +164,7 @@ def test_an_agent_still_in_its_final_sync_at_the_drivers_wait_is_stopped_at_the_
         driver = LocalDriver(wait_s=0.3)
         first = run_sweep(factory, SETTINGS, now=T0 + timedelta(minutes=20), driver=driver)
         assert first.failed == [node_id], load_node(factory, node_id).last_reason
-        assert "did not exit within" in (load_node(factory, node_id).last_stop_answer or "")
+        assert "did not exit within 0.3 s" in (load_node(factory, node_id).last_stop_answer or "")
         # The final sync ends and the agent exits. Unreaped (a zombie) or gone, it is stopped: nothing to signal.
         _exited_unreaped(agent.pid)
         target = NodeTarget(node_id, "n", "", host, agent.pid, ticks)

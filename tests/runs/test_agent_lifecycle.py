@@ -222,6 +222,59 @@ def test_the_agent_heartbeats_while_its_final_sync_uploads(run_env: RunEnv, tmp_
     assert len(beats) == sent
 
 
+def _final_sync(run_env: RunEnv, ckpt: Path, settle_s: float) -> Agent:
+    """An agent told to stop (what SIGTERM does) that runs its final sync of ``ckpt`` through the real API, with a
+    service stand-in for its heartbeats."""
+    run = run_env.run()
+    sync = RunSync(run_env.api, make_s3_client(run_env.s3), run["bucket"], run["prefix"], ckpt,
+                   SyncOptions(settle_s=settle_s), interval_s=3600)  # fmt: skip
+    previous = signal.getsignal(signal.SIGTERM)
+    service = httpx.MockTransport(lambda _: httpx.Response(200, json={"commands": []}))
+    with httpx.Client(base_url="http://service", transport=service) as client:
+        agent = Agent(client, run_env.key)
+        agent.node_id = "n"
+        agent.attach_run(sync)
+        agent.stopping.set()
+        try:
+            assert agent.run(interval_s=0.1) == "sigterm"
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return agent
+
+
+def test_the_final_sync_waits_for_a_checkpoint_written_just_before_the_stop(run_env: RunEnv, tmp_path: Path) -> None:
+    """A complete checkpoint younger than --settle-s was skipped by the final sync as still being written, and the
+    agent exited 0: the node went away with it."""
+    ckpt = tmp_path / "out"
+    make_checkpoint(ckpt, 600, 2**20, seed=6, settled=False)
+    started = time.monotonic()
+    agent = _final_sync(run_env, ckpt, settle_s=1.5)
+    assert agent.final_sync_error is None
+    assert run_env.run()["last_durable_step"] == 600
+    assert time.monotonic() - started < 30
+
+
+def test_a_checkpoint_still_written_to_at_the_final_sync_fails_the_agents_exit(run_env: RunEnv, tmp_path: Path) -> None:
+    ckpt = tmp_path / "out"
+    folder = make_checkpoint(ckpt, 700, 2**20, seed=7, settled=False)
+    writing = threading.Event()
+
+    def trainer() -> None:  # still writing the checkpoint's files
+        while not writing.wait(0.2):
+            (folder / "model.safetensors").touch()
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    try:
+        agent = _final_sync(run_env, ckpt, settle_s=1.0)
+    finally:
+        writing.set()
+        thread.join()
+    error = agent.final_sync_error or ""
+    assert "step(s) [700] still written to after 1 s" in error and "1 local checkpoint(s)" in error, error
+    assert run_env.run()["last_durable_step"] is None
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = time.time()
