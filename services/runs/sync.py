@@ -769,6 +769,9 @@ def sync_pass(
         if step in durable or step in deleted:
             try:
                 stored_manifest = _manifest_for(s3, bucket, run_prefix, step) if step in durable else None
+                # Already durable: marking it final rewrites only its manifest, read anew (the cache may be older).
+                marking = final and step == newest_local and step in durable
+                stored = read_manifest(s3, bucket, run_prefix, step) if marking else None
             except UnreadableManifest as exc:
                 # Damaged in the bucket: said (the agent's sync error), and newer checkpoints still sync; it failed
                 # every pass of a new node's agent, so that no checkpoint after it ever became durable.
@@ -777,14 +780,11 @@ def sync_pass(
                 continue
             if stored_manifest is not None:
                 note_changes(step, directory, stored_manifest)
-            if final and step == newest_local and step in durable:
-                # Already durable: marking it final rewrites only its manifest.
-                stored = read_manifest(s3, bucket, run_prefix, step)
-                if stored is not None and not stored.final:
-                    marked = stored.model_copy(update={"final": True})
-                    write_manifest(s3, bucket, run_prefix, marked)
-                    _MANIFESTS[(bucket, run_prefix, step)] = marked
-                    apply_retention(control.report_durable(marked, None))
+            if stored is not None and not stored.final:  # read only where the pass marks its newest step final
+                marked = stored.model_copy(update={"final": True})
+                write_manifest(s3, bucket, run_prefix, marked)
+                _MANIFESTS[(bucket, run_prefix, step)] = marked
+                apply_retention(control.report_durable(marked, None))
             result.already_durable.append(step)
             continue
         if durable and step < max(durable):

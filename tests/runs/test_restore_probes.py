@@ -153,3 +153,19 @@ def test_a_durable_step_with_a_damaged_manifest_is_lost_not_also_already_durable
     alone = BucketOnly(s3, run["bucket"], run["prefix"])
     result = sync_pass(s3, run["bucket"], run["prefix"], run_env.run_id, out, alone, OPTIONS)
     assert result.already_durable == [100] and list(result.lost) == [200]
+
+
+def test_marking_final_a_durable_step_whose_manifest_was_damaged_since_it_was_read_is_said_not_raised(
+    run_env: RunEnv, tmp_path: Path
+) -> None:
+    """The final pass re-reads the newest durable step's manifest to mark it final, outside the damaged-manifest
+    handling: damaged after this process had read it, it failed the whole final pass."""
+    out = tmp_path / "out"
+    _two_durable_steps(run_env, out)
+    s3, run = make_s3_client(run_env.s3), run_env.run()
+    again = sync_pass(s3, run["bucket"], run["prefix"], run_env.run_id, out, run_env.api, OPTIONS)
+    assert again.already_durable == [100, 200]  # this process has read both manifests now
+    _damage_manifest(run_env, 200, lambda body: body[:10])
+    result = sync_pass(s3, run["bucket"], run["prefix"], run_env.run_id, out, run_env.api, OPTIONS, final=True)
+    assert list(result.lost) == [200] and "step 200" in result.lost[200], result.lost
+    assert result.already_durable == [100]
