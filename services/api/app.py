@@ -26,6 +26,7 @@ from services.core.db import make_engine, make_sessionmaker
 from services.core.settings import Settings, get_settings
 from services.core.tasks import CeleryRunner, InProcessRunner, LeaseSweeper, PendingTasks
 from services.dashboard.routes import install as install_dashboard
+from services.dashboard.routes import refusal_page as dashboard_refusal_page
 from services.datasets import service as datasets_service
 from services.datasets.endpoints import router as datasets_router
 from services.nodes.endpoints import router as nodes_router
@@ -107,7 +108,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     tracing.instrument_app(app, engine, settings.otlp_endpoint)
     install_error_handlers(app)
-    app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes, exceptions=upload_limits())
+    app.add_middleware(
+        RequestLimits,
+        max_bytes=settings.max_request_bytes,
+        exceptions=upload_limits(),
+        refusal_page=dashboard_refusal_page,
+    )
     # Added last, so outermost: it also times, counts and logs the requests the body limit refuses.
     install_metrics(app, app.state.db, settings)
     app.include_router(plans_router)

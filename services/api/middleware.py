@@ -12,18 +12,21 @@ One pure ASGI middleware, outermost after Starlette's error handler:
   lone surrogates are a 422 naming the field, before any handler, database or serializer sees them;
 - text and form bodies, the path, the query parameters and header values may not carry a NUL
   character (Postgres text refuses it, which was a 500).
+
+Refusals are JSON, except where ``refusal_page`` answers a page for the path (the dashboard's HTML pages).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio.to_thread
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.core.json_limits import JsonInputError, JsonSyntaxError, check_text
@@ -47,6 +50,10 @@ class BodyLimit:
     path: re.Pattern[str]
     max_bytes: int | None
     why: str
+
+
+# (path, status, message) -> the refusal as a page for a browser, or None for the API's JSON body.
+RefusalPage = Callable[[str, int, str], Response | None]
 
 
 class _Refused(Exception):
@@ -88,10 +95,17 @@ def _is_json(content_type: str | None) -> bool:
 class RequestLimits:
     """The ASGI middleware; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, exceptions: Sequence[BodyLimit] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        exceptions: Sequence[BodyLimit] = (),
+        refusal_page: RefusalPage | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.exceptions = tuple(exceptions)
+        self.refusal_page = refusal_page
 
     def _limit(self, method: str, path: str) -> int | None:
         for rule in self.exceptions:
@@ -118,7 +132,15 @@ class RequestLimits:
             else:
                 self._check_body(scope, body)
         except _Refused as refused:
-            await _send_json(send, refused.status, refused.body)
+            page = None
+            if self.refusal_page is not None:
+                page = self.refusal_page(scope["path"], refused.status, str(refused.body.get("message", "")))
+            if page is None:
+                await _send_json(send, refused.status, refused.body)
+            else:
+                if refused.status == 413:
+                    page.headers["connection"] = "close"  # the rest of the body is not read
+                await page(scope, receive, send)
             return
         if disconnected:
             return

@@ -152,7 +152,35 @@ def _error_page(request: Request, status_code: int, title: str, message: str) ->
     return render(request, "error.html", {"title": title, "message": message}, status_code=status_code, viewer=viewer)
 
 
-_TITLES = {400: "Bad request", 401: "Not signed in", 403: "Forbidden", 404: "Not found", 409: "Not yet"}
+_TITLES = {
+    400: "Bad request",
+    401: "Not signed in",
+    403: "Forbidden",
+    404: "Not found",
+    409: "Not yet",
+    413: "Too large",
+    422: "Invalid request",
+    429: "Too many requests",
+}
+
+
+def refusal_page(path: str, status_code: int, message: str) -> HTMLResponse | None:
+    """A refusal of the request limits (services.api.middleware: a NUL in the URL, a form over the body limit)
+    on a dashboard page, as a page a browser shows; None elsewhere (the API and the static files keep JSON)."""
+    if not (path == PREFIX or path.startswith(f"{PREFIX}/")) or path.startswith(f"{PREFIX}/static/"):
+        return None
+    html = _templates.get_template("error.html").render(
+        {
+            "prefix": PREFIX,
+            "path": "",
+            "org": None,
+            "csrf_field": session.CSRF_FIELD,
+            "csrf_token": "",
+            "title": _TITLES.get(status_code, "Something is wrong"),
+            "message": message,
+        }
+    )
+    return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 
 
 class DashboardRoute(APIRoute):
@@ -179,10 +207,20 @@ class DashboardRoute(APIRoute):
                 title = _TITLES.get(exc.status_code, "Something is wrong")
                 return _error_page(request, exc.status_code, title, exc.message)
             except RequestValidationError as exc:
-                problems = "; ".join(str(e.get("msg", "invalid")) for e in exc.errors()) or "invalid request"
+                problems = "; ".join(_validation_problem(e) for e in exc.errors()) or "invalid request"
                 return _error_page(request, 422, "Invalid request", problems)
 
         return run
+
+
+def _validation_problem(error: Mapping[str, Any]) -> str:
+    """One bad query or path parameter as the page says it: its name, the rule and what was sent
+    ("min_memory_gib: Input should be a valid number ... (got 'abc')"), not the rule alone."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("query", "path", "body"))
+    message = str(error.get("msg", "invalid"))
+    sent = error.get("input")
+    got = f" (got {sent!r:.60})" if isinstance(sent, str) else ""
+    return f"{where}: {message}{got}" if where else f"{message}{got}"
 
 
 def _safe_next(target: str | None) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
 from services.estimator.padding import padding_shows
+from services.quotes.document import gib as card_gib
 
 LIVE_STATUSES = ("queued", "running")
 # Charts are also drawn this wide for phones (the page shows one or the other by screen width), so
@@ -60,12 +61,18 @@ def ago(value: datetime | None, now: datetime) -> str:
     return f"{seconds / 86400:.0f} days ago"
 
 
-def setup_label(rec: Mapping[str, Any]) -> str:
-    """'4 x A100 80GB' (with nodes when there are several)."""
+def setup_label(rec: Mapping[str, Any], with_pricing: bool = True) -> str:
+    """'4 x A100 80GB' (with nodes when there are several, and 'on spot' for a spot entry unless the page marks
+    it another way)."""
     label = f"{rec['gpus']} x {rec['gpu']}"
     nodes = rec.get("nodes") or 1
     label = f"{label} ({nodes} nodes)" if nodes > 1 else label
-    return f"{label} on spot" if rec.get("pricing") == "spot" else label
+    return f"{label} on spot" if with_pricing and rec.get("pricing") == "spot" else label
+
+
+def amount(value: float) -> str:
+    """A submitted quantity as the API returns it (4,194,304 and 512.5, never 4.1943e+06)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,}"
 
 
 # --- the plans list ------------------------------------------------------------------------------
@@ -108,6 +115,7 @@ class RecommendationRow:
     config: str
     peak_gib: float
     card_gib: float
+    card: str  # the card's memory as the quote shows it: 22.5, 79.6, 24 (never rounded to whole GiB)
     headroom_gib: float
     fill_pct: float  # peak / card memory, for the small fit bar
     fits: bool
@@ -206,16 +214,19 @@ def recommendation_row(index: int, rec: Mapping[str, Any]) -> RecommendationRow:
     peak = float(rec["peak_gib_per_gpu"])
     return RecommendationRow(
         index=index,
-        setup=setup_label(rec),
+        # The row's pricing is its own badge.
+        setup=setup_label(rec, with_pricing=False),
         provider=rec["provider"],
         region=rec.get("region") or "",
         config=_config(rec),
         peak_gib=peak,
         card_gib=card,
+        card=card_gib(card),
         headroom_gib=float(rec["headroom_gib"]),
         fill_pct=round(min(100.0, 100.0 * peak / card), 1) if card else 100.0,
         fits=bool(rec.get("fits", True)),
-        hours=duration(rec.get("hours")),
+        # The hours of the row's pricing (a spot run's preemptions and waits included), as its quote says.
+        hours=duration(rec.get("expected_hours", rec.get("hours"))),
         cost=usd(rec.get("cost_usd")),
         spot_cost=usd(rec.get("spot_cost_usd")),
         tokens_per_s=_tokens_per_s(rec),
@@ -362,7 +373,7 @@ def _facts(request: Mapping[str, Any]) -> tuple[Fact, ...]:
     if lora.get("rank"):
         facts.append(Fact("LoRA rank", str(lora["rank"])))
     facts.append(
-        Fact("micro-batch x sequence", f"{request.get('micro_batch_size', 1)} x {request.get('seq_len', 2048)}")
+        Fact("micro-batch x sequence", f"{request.get('micro_batch_size', 1):,} x {request.get('seq_len', 2048):,}")
     )
     facts.append(Fact("GPUs as submitted", str(request.get("gpus", 1))))
     if request.get("gradient_checkpointing"):
@@ -371,9 +382,9 @@ def _facts(request: Mapping[str, Any]) -> tuple[Fact, ...]:
     if dataset.get("tokens"):
         facts.append(Fact("data set", f"{dataset['tokens']:,} tokens"))
     elif dataset.get("examples"):
-        facts.append(Fact("data set", f"{dataset['examples']:,} examples x {dataset['avg_tokens']:g} tokens"))
+        facts.append(Fact("data set", f"{dataset['examples']:,} examples x {amount(dataset['avg_tokens'])} tokens"))
     if request.get("epochs"):
-        facts.append(Fact("epochs", f"{request['epochs']:g}"))
+        facts.append(Fact("epochs", amount(request["epochs"])))
     constraints = request.get("constraints") or {}
     if constraints.get("budget_usd"):
         facts.append(Fact("budget", usd(constraints["budget_usd"])))
@@ -636,7 +647,7 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         else GpuUse(
             index=int(g.get("index", i)),
             utilisation_pct=float(g.get("utilisation_pct", 0.0)),
-            memory=f"{g.get('memory_used_gib') or 0:.1f} / {g.get('memory_total_gib') or 0:.0f} GiB",
+            memory=f"{g.get('memory_used_gib') or 0:.1f} / {card_gib(g.get('memory_total_gib') or 0)} GiB",
         )
         for i, g in enumerate(node.gpus)
     )

@@ -56,3 +56,18 @@ def test_a_config_with_infinity_is_a_message_beside_the_input(alpha: TestClient)
     status, html = _post_config(alpha, raw)
     assert status == 422
     assert "finite number" in _config_message(html)
+
+
+def test_a_nul_in_the_url_or_an_oversized_form_is_a_dashboard_page_not_json(alpha: TestClient) -> None:
+    # The request limits refuse these before any route runs; on the dashboard a browser gets a page.
+    nul = alpha.get("/dashboard/datasets?before=%00")
+    token = csrf_token(alpha.get("/dashboard/plans/new").text)
+    huge = alpha.post("/dashboard/plans", data={**FORM, "config_json": "x" * 1_100_000, "csrf_token": token})
+    for response, status, field in ((nul, 422, "before"), (huge, 413, "body")):
+        assert response.status_code == status
+        assert response.headers["content-type"].startswith("text/html"), response.text[:200]
+        assert f'role="alert">{field}: ' in response.text
+        assert response.headers["content-security-policy"].startswith("default-src 'self'")
+    # The API keeps its JSON body.
+    api = alpha.get("/v1/plans?before=%00")
+    assert api.status_code == 422 and api.json()["field"] == "before"

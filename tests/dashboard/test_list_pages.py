@@ -74,3 +74,18 @@ def test_quotes_runs_and_data_sets_list_the_organizations_own(api: Api, alpha: T
         other = beta.get(path).text
         assert quote.json()["number"] not in other and run.json()["id"][:8] not in other and "train.jsonl" not in other
     assert alpha.get("/dashboard/runs", params={"before": "nope"}).status_code == 422
+
+
+def test_a_bad_filter_or_cursor_is_a_page_naming_the_parameter_and_what_was_sent(alpha: TestClient) -> None:
+    for path, params, name in (
+        ("/dashboard/catalog", {"min_memory_gib": "lots"}, "min_memory_gib"),
+        ("/dashboard/catalog", {"spot": "maybe"}, "spot"),
+        ("/dashboard/quotes", {"before": "<b>x</b>"}, "before"),
+        ("/dashboard/plans", {"before": "nope"}, "before"),
+    ):
+        page = alpha.get(path, params=params)
+        assert page.status_code == 422 and page.headers["content-type"].startswith("text/html")
+        message = page.text.split('role="alert">', 1)[1].split("</p>", 1)[0]
+        sent = params[name].replace("<", "&lt;").replace(">", "&gt;")
+        assert message.startswith(f"{name}: ") and sent in message, message
+        assert "<title>Invalid request" in page.text
