@@ -28,6 +28,13 @@ def usd(value: float | None) -> str:
     return f"${value:,.2f}" if value < 100_000 else f"${value:,.0f}"
 
 
+def usd_per_hour(value: float) -> str:
+    """A price per hour to the decimals it has (at least 2, at most 4, as a quote's unit prices): "$0.01/h" for a
+    node rented at $0.005/h was twice its price."""
+    whole, _, decimals = f"{value:,.4f}".partition(".")
+    return f"${whole}.{decimals.rstrip('0').ljust(2, '0')}"
+
+
 def duration(hours: float | None) -> str:
     if hours is None:
         return "—"
@@ -666,7 +673,7 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         and (beat is None or (now - beat).total_seconds() > STALE_HEARTBEAT_S),
         job_running=node.job_running,
         provider=node.provider or "—",
-        price=f"{usd(node.usd_per_hour)}/h" if node.usd_per_hour is not None else "—",
+        price=f"{usd_per_hour(node.usd_per_hour)}/h" if node.usd_per_hour is not None else "—",
         lifecycle=lifecycle,
         status=_STATUS_LABELS.get(node.status, node.status),
         status_warn=node.status in ("stop_failed", "lost"),

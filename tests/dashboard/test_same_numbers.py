@@ -184,3 +184,9 @@ def test_a_nodes_gpu_memory_and_price_are_the_reported_numbers(page: Any, live_s
         assert float(found.group(4)) == gpu["memory_total_gib"], text  # 79.6 GiB as reported, not "80"
     assert_shows(row.locator("td.num").inner_text(), stored["usd_per_hour"])
     assert row.locator("td").nth(1).inner_text() == f"{stored['gpu_count']} x {stored['gpu']}"
+    # A price under a cent an hour as given ("$0.01/h" for $0.0045 was more than twice it).
+    cheap = {"name": "cpu-box", "gpu": "L4", "gpu_count": 1, "provider": "lab", "usd_per_hour": 0.0045}
+    assert httpx.post(f"{live_server.url}/v1/nodes", json=cheap, headers=_auth(live_server)).is_success
+    page.goto(f"{live_server.url}/dashboard/nodes")
+    row = page.locator("table.nodes tbody tr", has=page.locator("th", has_text="cpu-box"))
+    assert row.locator("td.num").inner_text().strip() == "$0.0045/h"
