@@ -205,7 +205,10 @@ class DashboardRoute(APIRoute):
                 )
             except GpuplanError as exc:
                 title = _TITLES.get(exc.status_code, "Something is wrong")
-                return _error_page(request, exc.status_code, title, exc.message)
+                page = _error_page(request, exc.status_code, title, exc.message)
+                if isinstance(exc, TooManyRequests):  # as the API says it: when to come back
+                    page.headers["Retry-After"] = str(exc.retry_after_s)
+                return page
             except RequestValidationError as exc:
                 problems = "; ".join(_validation_problem(e) for e in exc.errors()) or "invalid request"
                 return _error_page(request, 422, "Invalid request", problems)
@@ -394,6 +397,8 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
     if plan_request is not None and plan_request.mode == "inference":
         return await run_in_threadpool(_inference_page, request, viewer, form, plan_request)
 
+    limited: list[TooManyRequests] = []
+
     def submit() -> str | None:
         if plan_request is None:
             return None
@@ -405,14 +410,20 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
                     s, viewer.principal, plan_request, None, pending, db.settings.quota_plans_per_hour
                 )
                 return row.id
-        except (Unprocessable, TooManyRequests) as exc:
-            form.add(forms.input_for(exc.field, form.values), exc.message)
+        except TooManyRequests as exc:  # no input to fix: the form is kept, to submit again later
+            form.add("form", exc.message)
+            limited.append(exc)
             return None
-        except EstimatorError as exc:
+        except (Unprocessable, EstimatorError) as exc:
             form.add(forms.input_for(exc.field, form.values), exc.message)
             return None
 
     plan_id = await run_in_threadpool(submit)
+    if plan_id is None and limited:
+        # 429 with Retry-After, as the API answers the same refusal (the page said 422, an input to fix).
+        page = render(request, "plan_new.html", _form_context(form), status_code=429, viewer=viewer)
+        page.headers["Retry-After"] = str(limited[0].retry_after_s)
+        return page
     if plan_id is None:
         return render(request, "plan_new.html", _form_context(form), status_code=422, viewer=viewer)
     return RedirectResponse(f"{PREFIX}/plans/{plan_id}", status_code=303)

@@ -8,9 +8,12 @@ import pytest
 from fastapi.testclient import TestClient
 from markupsafe import escape as html_escape
 
+from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.migrate import upgrade
+from services.core.settings import Settings
 from services.orgs.repository import ApiKeyRepository
-from services.orgs.service import hash_key
+from services.orgs.service import create_key, create_organization, hash_key
 from tests.api.conftest import QLORA_PLAN, Api
 from tests.dashboard.conftest import csrf_token, sign_in, submit_done_plan
 
@@ -550,3 +553,36 @@ def test_quote_form_problems_are_shown_on_the_plan_page(api: Api, alpha: TestCli
     del form["customer_email"]
     response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data=form)
     assert response.status_code == 409 and "changed since the plan" in response.text
+
+
+def test_a_plan_over_the_quota_is_a_page_that_says_when_to_come_back(database_url: str) -> None:
+    """The API's 429 carries Retry-After; the dashboard's page for the same refusal did not."""
+    upgrade(database_url)
+    factory = make_sessionmaker(make_engine(database_url))
+    with unit_of_work(factory) as session:
+        create_organization(session, "quota")
+        key = create_key(session, "quota", admin=True)
+    with TestClient(create_app(Settings(database_url=database_url, quota_plans_per_hour=1))) as client:
+        sign_in(client, key)
+        for expected in (303, 429):
+            form = {**FORM, "csrf_token": csrf_token(client.get("/dashboard/plans/new").text)}
+            response = client.post("/dashboard/plans", data=form, follow_redirects=False)
+            assert response.status_code == expected, response.text
+    assert response.headers["content-type"].startswith("text/html")
+    assert int(response.headers["retry-after"]) >= 1
+    # The form is kept to submit again, its message not linked to an input as if one were wrong.
+    assert "1 plans per hour per organization" in response.text and 'value="meta-llama/Llama-3.1-8B"' in response.text
+
+
+def test_a_page_over_the_rate_limit_says_when_to_come_back(database_url: str) -> None:
+    upgrade(database_url)
+    factory = make_sessionmaker(make_engine(database_url))
+    with unit_of_work(factory) as session:
+        create_organization(session, "busy")
+        key = create_key(session, "busy", admin=True)
+    with TestClient(create_app(Settings(database_url=database_url, rate_limit_per_minute=3))) as client:
+        sign_in(client, key)
+        pages = [client.get("/dashboard/plans") for _ in range(4)]
+    refused = pages[-1]
+    assert refused.status_code == 429 and refused.headers["content-type"].startswith("text/html"), refused.text
+    assert int(refused.headers["retry-after"]) >= 1 and "Too many requests" in refused.text
