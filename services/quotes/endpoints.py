@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
 from services.api.routing import OffLoopRoute
@@ -15,15 +17,28 @@ router = APIRouter(prefix="/v1", tags=["quotes"], route_class=OffLoopRoute)
 
 @router.post("/plans/{plan_id}/quotes", operation_id="quotes-create", status_code=201, response_model=QuoteOut)
 def create_quote(
-    plan_id: str, body: QuoteRequest, db: DbDep, principal: PrincipalDep, settings: SettingsDep, response: Response
+    plan_id: str,
+    body: QuoteRequest,
+    db: DbDep,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> QuoteOut:
-    with db.transaction() as (session, _pending):
-        out = service.to_out(
-            service.create_quote(
-                session, principal, plan_id, body, settings.safety_margin, settings.quote_validity_days
-            )
-        )
+    """Issue a quote of a setup of a done plan (201); a retry with the same Idempotency-Key and body answers with
+    the quote it issued (200)."""
+    out, created = service.issue(
+        db.transaction,
+        principal,
+        plan_id,
+        body,
+        settings.safety_margin,
+        settings.quote_validity_days,
+        idempotency_key,
+    )
     response.headers["Location"] = f"/v1/quotes/{out.id}"
+    if not created:
+        response.status_code = 200
     return out
 
 

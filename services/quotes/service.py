@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
@@ -61,12 +63,13 @@ def create_quote(
     safety_margin: float,
     validity_days: int = 14,
     now: datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> QuoteRow:
     """Quote the setup ``request`` names on a done plan, at the catalog's prices, as the plan priced it.
 
     422 naming the field for a setup that cannot be rented or does not fit (``gpus`` names the nearest
     rentable counts); 409 when the picked offer's price changed or vanished since the plan, or the plan
-    priced the same setup at another cost."""
+    priced the same setup at another cost. ``idempotency_key``: stored with the quote (:func:`issue`)."""
     plan_row = get_plan(session, principal, plan_id)
     if plan_row.status != "done":
         raise Conflict(f"plan {plan_id} is {plan_row.status}; quotes are issued for estimated plans", field="id")
@@ -134,7 +137,9 @@ def create_quote(
         valid_until=utcnow() + timedelta(days=validity_days),
         customer_name=request.customer_name,
         customer_email=request.customer_email,
+        idempotency_key=idempotency_key,
         document={
+            "request": _request_of(plan_id, request),
             "issuer": principal.organization_name,
             "model": plan_row.model_name or plan.model.name or "",
             "method": plan.method,
@@ -153,6 +158,65 @@ def create_quote(
     )
     session.add(row)
     session.flush()
+    return row
+
+
+def issue(
+    transaction: Callable[[], AbstractContextManager[tuple[Session, Any]]],
+    principal: Principal,
+    plan_id: str,
+    request: QuoteRequest,
+    safety_margin: float,
+    validity_days: int,
+    idempotency_key: str | None,
+) -> tuple[QuoteOut, bool]:
+    """(the quote, whether it is new): :func:`create_quote` in its own transaction. A repeated Idempotency-Key with
+    the same plan and body answers with the quote it issued, whatever the catalog says since; with another body it
+    is a 409.
+
+    Two requests with one new key both find no quote and both insert; the unique constraint (organization, key)
+    fails the later with an IntegrityError, and it runs again in a fresh transaction, where it finds the first's
+    quote (as services.plans.service.submit_idempotent)."""
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")
+
+    def once() -> tuple[QuoteOut, bool]:
+        with transaction() as (session, _pending):
+            if idempotency_key is not None:
+                existing = _issued_with(session, principal, plan_id, request, idempotency_key)
+                if existing is not None:
+                    return to_out(existing), False
+            row = create_quote(
+                session, principal, plan_id, request, safety_margin, validity_days, idempotency_key=idempotency_key
+            )
+            return to_out(row), True
+
+    try:
+        return once()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+    return once()
+
+
+def _request_of(plan_id: str, request: QuoteRequest) -> dict[str, Any]:
+    """What a quote was asked for: the plan and the body, as a replayed Idempotency-Key is compared."""
+    return {"plan_id": plan_id, **request.model_dump(mode="json")}
+
+
+def _issued_with(
+    session: Session, principal: Principal, plan_id: str, request: QuoteRequest, key: str
+) -> QuoteRow | None:
+    """The organization's quote issued with ``key``, if any; 409 where it was asked for another plan or body."""
+    get_plan(session, principal, plan_id)  # another organization's plan is a 404, whatever the key
+    row = session.scalar(
+        select(QuoteRow).where(QuoteRow.organization_id == principal.organization_id, QuoteRow.idempotency_key == key)
+    )
+    if row is not None and (row.document or {}).get("request") != _request_of(plan_id, request):
+        raise Conflict(
+            "Idempotency-Key was already used with a different quote request (another plan or body)",
+            field="Idempotency-Key",
+        )
     return row
 
 
@@ -307,21 +371,34 @@ def _split_ranking_notes(notes: Sequence[str], ranking: Sequence[str]) -> tuple[
 
 
 def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
-    """409 when the plan priced the picked offer at another price, or the same setup at another cost."""
+    """409 when the plan priced the picked offer at another price (a spot quote: its spot price or the on-demand
+    price its run falls back to), or the same setup at another cost."""
     for s in stored:
         if s.gpu != rec.gpu or not _same_offer(s, rec.provider, rec.region, rec.offer_gpus_per_node):
             continue
-        was, now = s.price_usd_per_hour / s.gpus, rec.price_usd_per_hour / rec.gpus
-        kind = "on-demand"
-        if rec.pricing == "spot" and s.spot_price_usd_per_hour is not None and rec.spot_price_usd_per_hour is not None:
-            was, now = s.spot_price_usd_per_hour / s.gpus, rec.spot_price_usd_per_hour / rec.gpus
-            kind = "spot"
-        if abs(was - now) > PRICE_TOLERANCE_USD:
-            raise Conflict(
-                f"the {kind} price of {rec.gpu} at {rec.provider} ({rec.region}) changed since the plan: "
-                f"${was:,.4f} per GPU-hour then, ${now:,.4f} now; re-plan to quote today's price",
-                field="price",
-            )
+        # A spot run bills its on-demand finish at the on-demand price (cost_lines), so both prices count for it.
+        prices: list[tuple[str, float | None, float | None]] = []
+        if rec.pricing == "spot":
+            prices.append(("spot", s.spot_price_usd_per_hour, rec.spot_price_usd_per_hour))
+        prices.append(("on-demand", s.price_usd_per_hour, rec.price_usd_per_hour))
+        for kind, was_setup, now_setup in prices:
+            if was_setup is None or now_setup is None:
+                # No spot price when the plan priced the offer: the quote's is one the plan never ranked
+                # (_vanished answers the other way round).
+                if now_setup is not None:
+                    raise Conflict(
+                        f"the {kind} price of {rec.gpu} at {rec.provider} ({rec.region}) is new since the plan: none "
+                        f"then, ${now_setup / rec.gpus:,.4f} per GPU-hour now; re-plan to quote it",
+                        field="price",
+                    )
+                continue
+            was, now = was_setup / s.gpus, now_setup / rec.gpus
+            if abs(was - now) > PRICE_TOLERANCE_USD:
+                raise Conflict(
+                    f"the {kind} price of {rec.gpu} at {rec.provider} ({rec.region}) changed since the plan: "
+                    f"${was:,.4f} per GPU-hour then, ${now:,.4f} now; re-plan to quote today's price",
+                    field="price",
+                )
     for s in stored:
         same = (s.gpu, s.gpus, s.nodes, s.pricing) == (rec.gpu, rec.gpus, rec.nodes, rec.pricing)
         if (
