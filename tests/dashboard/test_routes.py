@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -555,15 +558,21 @@ def test_quote_form_problems_are_shown_on_the_plan_page(api: Api, alpha: TestCli
     assert response.status_code == 409 and "changed since the plan" in response.text
 
 
+@contextlib.contextmanager
+def _signed_in(database_url: str, **settings: Any) -> Iterator[TestClient]:
+    """The dashboard of an app with ``settings``, signed in as a new organization's admin."""
+    upgrade(database_url)
+    with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
+        create_organization(session, "limited")
+        key = create_key(session, "limited", admin=True)
+    with TestClient(create_app(Settings(database_url=database_url, **settings))) as client:
+        sign_in(client, key)
+        yield client
+
+
 def test_a_plan_over_the_quota_is_a_page_that_says_when_to_come_back(database_url: str) -> None:
     """The API's 429 carries Retry-After; the dashboard's page for the same refusal did not."""
-    upgrade(database_url)
-    factory = make_sessionmaker(make_engine(database_url))
-    with unit_of_work(factory) as session:
-        create_organization(session, "quota")
-        key = create_key(session, "quota", admin=True)
-    with TestClient(create_app(Settings(database_url=database_url, quota_plans_per_hour=1))) as client:
-        sign_in(client, key)
+    with _signed_in(database_url, quota_plans_per_hour=1) as client:
         for expected in (303, 429):
             form = {**FORM, "csrf_token": csrf_token(client.get("/dashboard/plans/new").text)}
             response = client.post("/dashboard/plans", data=form, follow_redirects=False)
@@ -575,13 +584,7 @@ def test_a_plan_over_the_quota_is_a_page_that_says_when_to_come_back(database_ur
 
 
 def test_a_page_over_the_rate_limit_says_when_to_come_back(database_url: str) -> None:
-    upgrade(database_url)
-    factory = make_sessionmaker(make_engine(database_url))
-    with unit_of_work(factory) as session:
-        create_organization(session, "busy")
-        key = create_key(session, "busy", admin=True)
-    with TestClient(create_app(Settings(database_url=database_url, rate_limit_per_minute=3))) as client:
-        sign_in(client, key)
+    with _signed_in(database_url, rate_limit_per_minute=3) as client:
         pages = [client.get("/dashboard/plans") for _ in range(4)]
     refused = pages[-1]
     assert refused.status_code == 429 and refused.headers["content-type"].startswith("text/html"), refused.text
