@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from sqlalchemy import DateTime, MetaData, String, create_engine, event, update
 from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -113,3 +115,18 @@ def requeue_running(session: Session, table: type[Base], ids: Sequence[str]) -> 
             .values(status="queued")
             .execution_options(synchronize_session=False)
         )
+
+
+T = TypeVar("T")
+
+
+def once_more_if_raced(work: Callable[[], T], retry: bool) -> T:
+    """``work`` (which opens its own transaction), run once more where it lost a race on a unique constraint and
+    ``retry``: two requests with one new idempotency key both insert, the constraint fails the later, and its second
+    run finds the first's row (plans and quotes)."""
+    try:
+        return work()
+    except IntegrityError:
+        if not retry:
+            raise
+    return work()

@@ -11,6 +11,7 @@ from typing import Any
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
 from services.estimator.padding import padding_shows
 from services.quotes.document import gib as card_gib
+from services.quotes.document import to_decimals
 
 LIVE_STATUSES = ("queued", "running")
 # Charts are also drawn this wide for phones (the page shows one or the other by screen width), so
@@ -31,8 +32,7 @@ def usd(value: float | None) -> str:
 def usd_per_hour(value: float) -> str:
     """A price per hour to the decimals it has (at least 2, at most 4, as a quote's unit prices): "$0.01/h" for a
     node rented at $0.005/h was twice its price."""
-    whole, _, decimals = f"{value:,.4f}".partition(".")
-    return f"${whole}.{decimals.rstrip('0').ljust(2, '0')}"
+    return f"${to_decimals(value, 4)}"
 
 
 def duration(hours: float | None) -> str:

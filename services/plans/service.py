@@ -12,11 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.catalog.service import catalog_offers
-from services.core.db import unit_of_work, utcnow
+from services.core.db import once_more_if_raced, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, TooManyRequests, Unprocessable, with_api_hint
 from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.retry import DEFAULT_RETRIES, RetryPolicy, describe, is_transient
@@ -165,16 +164,13 @@ def submit_idempotent(
     again in a fresh transaction, where it finds the winner's plan: one plan, and every request
     answers with it (or 409 when its body differs).
     """
-    try:
+
+    def once() -> tuple[PlanCreated, bool]:
         with transaction() as (session, pending):
             row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour, model)
             return PlanCreated(id=row.id, status=row.status), created
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-    with transaction() as (session, pending):
-        row, created = submit(session, principal, request, idempotency_key, pending, plans_per_hour, model)
-        return PlanCreated(id=row.id, status=row.status), created
+
+    return once_more_if_raced(once, idempotency_key is not None)
 
 
 def check_plans_per_hour(session: Session, organization_id: str, quota: int) -> None:

@@ -62,11 +62,16 @@ def gib(value: float) -> str:
     return f"{value:,.1f}".removesuffix(".0")
 
 
-def quantity(value: float) -> str:
-    """A line's quantity to the decimals it has (at least 2, at most 6: services.quotes.service.line_quantity), so
-    quantity times unit price is the amount shown."""
-    whole, _, decimals = f"{value:,.6f}".partition(".")
+def to_decimals(value: float, most: int) -> str:
+    """``value`` to the decimals it has, at least 2 and at most ``most`` (1,234.5 -> "1,234.50", 0.0045 -> "0.0045")."""
+    whole, _, decimals = f"{value:,.{most}f}".partition(".")
     return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
+
+
+def quantity(value: float) -> str:
+    """A line's quantity to the decimals it has (at most 6: services.quotes.service.line_quantity), so quantity times
+    unit price is the amount shown."""
+    return to_decimals(value, 6)
 
 
 def _when(value: datetime) -> str:

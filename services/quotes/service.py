@@ -11,13 +11,12 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.catalog.gpus import find_gpu
 from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
-from services.core.db import utcnow
+from services.core.db import once_more_if_raced, utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.core.pages import keyset_page
 from services.estimator.errors import EstimatorError
@@ -174,9 +173,7 @@ def issue(
     the same plan and body answers with the quote it issued, whatever the catalog says since; with another body it
     is a 409.
 
-    Two requests with one new key both find no quote and both insert; the unique constraint (organization, key)
-    fails the later with an IntegrityError, and it runs again in a fresh transaction, where it finds the first's
-    quote (as services.plans.service.submit_idempotent)."""
+    Two requests with one new key both find no quote and both insert: the later runs again (once_more_if_raced)."""
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")
 
@@ -191,12 +188,7 @@ def issue(
             )
             return to_out(row), True
 
-    try:
-        return once()
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-    return once()
+    return once_more_if_raced(once, idempotency_key is not None)
 
 
 def _request_of(plan_id: str, request: QuoteRequest) -> dict[str, Any]:
