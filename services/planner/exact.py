@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import NamedTuple
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
 from services.catalog.offers import Offer
@@ -71,6 +72,15 @@ def _count_problem(card: str, gpus: int, offers: Sequence[Offer]) -> PlannerErro
     )
 
 
+class ExactSetup(NamedTuple):
+    """A priced exact setup: the recommendation, the planner's assumptions, and the offer it rents (where offers of one
+    provider, card, region and node size differ in billing or source, the one priced, not the first that matches)."""
+
+    recommendation: Recommendation
+    assumptions: list[str]
+    offer: Offer
+
+
 def price_exact_setup(
     plan: Plan,
     offers: Sequence[Offer],
@@ -83,10 +93,9 @@ def price_exact_setup(
     specs: tuple[GpuSpec, ...] | None = None,
     utilisation: Mapping[str, tuple[float, str]] | None = None,
     now: datetime | None = None,
-) -> tuple[Recommendation, list[str]]:
-    """(the setup, the planner's assumptions): ``gpus`` x ``gpu`` (None: any card) under ``pricing`` on the
-    cheapest of ``offers`` that rents that many (ties to the first), in the fastest configuration that fits,
-    priced as the planner prices it.
+) -> ExactSetup:
+    """The setup ``gpus`` x ``gpu`` (None: any card) under ``pricing`` on the cheapest of ``offers`` that rents that
+    many (ties to the first), in the fastest configuration that fits, priced as the planner prices it.
 
     Raises :class:`PlannerError` naming the field: ``gpu`` (no offer of the card, or the card cannot run the
     plan's precision), ``gpus`` (no offer rents that count: the nearest counts are named; or nothing fits
@@ -114,7 +123,7 @@ def price_exact_setup(
                 "gpus", f"gpus: no card fits the job on {gpus} GPUs{' with a spot price' if pricing == 'spot' else ''}"
             )
         best = min(found, key=lambda e: e.rank_key()[:5])  # the planner's order; equals: the card met first
-    return _recommendation(ctx, best, now), _assumptions(ctx)
+    return ExactSetup(_recommendation(ctx, best, now), _assumptions(ctx), best.candidate.offer)
 
 
 def _best_on_card(

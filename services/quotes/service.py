@@ -89,7 +89,7 @@ def create_quote(
     else:
         _check_best_for(picked, request, emptied_by)
     try:
-        rec, plan_assumptions = price_exact_setup(
+        rec, plan_assumptions, offer = price_exact_setup(
             plan,
             picked,
             gpu,
@@ -124,7 +124,6 @@ def create_quote(
             )
         )
     total = round(sum(i.amount_usd for i in items), 2)
-    offer = _offer_of(picked, rec)
     row = QuoteRow(
         organization_id=principal.organization_id,
         plan_id=plan_row.id,
@@ -405,14 +404,6 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
                 "re-plan to quote it",
                 field="price",
             )
-
-
-def _offer_of(offers: Sequence[Offer], rec: Recommendation) -> Offer:
-    for o in offers:
-        node = rec.offer_gpus_per_node is None or o.gpus_per_node == rec.offer_gpus_per_node
-        if o.provider == rec.provider and o.region == rec.region and node and _card_name(o) == rec.gpu:
-            return o
-    raise NotFound(f"the offer of {rec.gpu} at {rec.provider} is gone", field="provider")  # priced from these offers
 
 
 def _cents(parts: Sequence[float], total_cents: int) -> list[int]:

@@ -86,9 +86,9 @@ def test_every_ranked_setup_prices_as_the_planner_ranked_it(name: str) -> None:
     assert ranked
     for rec in ranked:
         mine = [o for o in offers if (o.provider, o.region) == (rec.provider, rec.region)]
-        exact, _ = price_exact_setup(
+        exact = price_exact_setup(
             plan, mine, rec.gpu, rec.gpus, rec.pricing, Constraints(), nodes=rec.nodes, now=now
-        )
+        ).recommendation
         # The ranking's notes compare a setup with the others ranked beside it; priced alone it has none
         # (a quote takes them from the stored plan: services/quotes/service.py).
         alone = [n for n in rec.notes if n not in rec.ranking_notes]
@@ -109,3 +109,15 @@ def test_bad_setups_name_the_field() -> None:
     with pytest.raises(PlannerError) as card:
         price_exact_setup(plan, [PER_GPU], "A40", 1, "on_demand", Constraints())
     assert card.value.field == "gpu"
+
+
+def test_the_offer_priced_is_the_one_named() -> None:
+    """Two offers of one provider, card, region and node size differing only in billing minimum and source: the exact
+    setup rents the one without a minimum (the cheaper run), and names that offer, not the first that matches (a quote
+    printed the other one's source)."""
+    plan = PlanRequest.model_validate(PLANS["8B QLoRA"]).to_plan()
+    monthly = dataclasses.replace(PER_GPU, source="monthly contract", billing_minimum_s=30 * 86_400)
+    per_second = dataclasses.replace(PER_GPU, source="per second")
+    rec, _, offer = price_exact_setup(plan, [monthly, per_second], "H100 SXM", 1, "on_demand", Constraints())
+    assert offer is per_second
+    assert rec.cost_breakdown["billing_rounding"] < 1.0, rec.cost_breakdown
