@@ -7,8 +7,10 @@ lines adding up to the plan's number, what it assumes, and where the price comes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -176,28 +178,50 @@ def render_html(doc: QuoteDocument) -> str:
     return _ENV.get_template("quote_document.html").render(doc=doc)
 
 
-# Core PDF fonts cover Latin-1 only: the few other characters the texts use, spelled in it.
-_LATIN1 = str.maketrans({"—": "-", "–": "-", "·": "-", "’": "'", "“": '"', "”": '"', "≈": "~", "×": "x", "…": "..."})
+# DejaVu Sans, embedded (services/quotes/fonts, with its licence): the core PDF fonts cover Latin-1 alone, so a
+# customer "Łódź Sp. z o.o." printed as "?ód? Sp. z o.o." and a euro sign as "?". fpdf2 embeds only the glyphs used.
+_FONTS = Path(__file__).with_name("fonts")
+_FAMILY = "DejaVu"
+_STYLES = {"": "DejaVuSans.ttf", "B": "DejaVuSans-Bold.ttf"}
+
+
+@functools.cache
+def _covered() -> frozenset[int]:
+    """The code points both faces draw (fontTools, which fpdf2 reads fonts with)."""
+    from fontTools.ttLib import TTFont
+
+    covered: frozenset[int] | None = None
+    for name in _STYLES.values():
+        with TTFont(_FONTS / name) as font:
+            points = frozenset(font.getBestCmap())
+        covered = points if covered is None else covered & points
+    assert covered is not None
+    return covered
 
 
 def _pdf_text(text: str) -> str:
-    return text.translate(_LATIN1).encode("latin-1", "replace").decode("latin-1")
+    """``text`` as the PDF can draw it: a character the font has no glyph for (Chinese, for one) is written as its
+    code point, [U+674E], rather than dropped or drawn as "?"; the HTML rendering shows it as written."""
+    covered = _covered()
+    return "".join(c if c == "\n" or ord(c) in covered else f"[U+{ord(c):04X}]" for c in text)
 
 
 def render_pdf(doc: QuoteDocument) -> bytes:
-    """The quote as PDF (fpdf2, A4, core fonts)."""
+    """The quote as PDF (fpdf2, A4, DejaVu Sans embedded)."""
     from fpdf import FPDF
     from fpdf.enums import XPos, YPos
 
     pdf = FPDF(format="A4")
-    pdf.set_title(_pdf_text(f"Quote {doc.number}"))
-    pdf.set_author(_pdf_text(doc.issuer))
+    for style, name in _STYLES.items():
+        pdf.add_font(_FAMILY, style=style, fname=_FONTS / name)
+    pdf.set_title(f"Quote {doc.number}")
+    pdf.set_author(doc.issuer)
     pdf.set_auto_page_break(auto=True, margin=15)
     pdf.add_page()
     width = pdf.w - pdf.l_margin - pdf.r_margin
 
     def text(value: str, size: float = 10, style: str = "", height: float = 5) -> None:
-        pdf.set_font("Helvetica", style=style, size=size)
+        pdf.set_font(_FAMILY, style=style, size=size)
         pdf.multi_cell(width, height, _pdf_text(value), new_x=XPos.LMARGIN, new_y=YPos.NEXT)
 
     def heading(value: str) -> None:
@@ -206,9 +230,9 @@ def render_pdf(doc: QuoteDocument) -> bytes:
 
     def facts(items: tuple[Fact, ...]) -> None:
         for f in items:
-            pdf.set_font("Helvetica", style="B", size=10)
+            pdf.set_font(_FAMILY, style="B", size=10)
             pdf.cell(42, 5, _pdf_text(f.label))
-            pdf.set_font("Helvetica", size=10)
+            pdf.set_font(_FAMILY, size=10)
             pdf.multi_cell(width - 42, 5, _pdf_text(f.value), new_x=XPos.LMARGIN, new_y=YPos.NEXT)
 
     def bullets(items: tuple[str, ...]) -> None:
@@ -228,17 +252,17 @@ def render_pdf(doc: QuoteDocument) -> bytes:
         heading("Notes on this setup")
         bullets(doc.notes)
     heading("Cost")
-    pdf.set_font("Helvetica", size=9)
+    pdf.set_font(_FAMILY, size=9)
     # The quantity column is as wide as its widest cell (a quantity has up to 6 decimals: quantity()), so a long one
     # does not run into the description beside it.
     shown = [pdf.get_string_width(_pdf_text(f"{line.quantity} {line.unit}")) + 2 * pdf.c_margin for line in doc.lines]
     quantity_width = max([30.0, *shown])
     columns = (width - 60 - quantity_width, quantity_width, 30, 30)
-    pdf.set_font("Helvetica", style="B", size=9)
+    pdf.set_font(_FAMILY, style="B", size=9)
     for label, w, align in zip(("Item", "Quantity", "Unit price", "Amount"), columns, "LRRR", strict=True):
         pdf.cell(w, 6, label, border="B", align=align)
     pdf.ln(6)
-    pdf.set_font("Helvetica", size=9)
+    pdf.set_font(_FAMILY, size=9)
     for line in doc.lines:
         description = _pdf_text(line.description)
         wrapped = pdf.multi_cell(columns[0], 5, description, dry_run=True, output="LINES")
@@ -251,7 +275,7 @@ def render_pdf(doc: QuoteDocument) -> bytes:
         pdf.cell(columns[2], 5, _pdf_text(line.unit_price), align="R")
         pdf.cell(columns[3], 5, _pdf_text(line.amount), align="R")
         pdf.set_xy(pdf.l_margin, y + 5 * rows)
-    pdf.set_font("Helvetica", style="B", size=10)
+    pdf.set_font(_FAMILY, style="B", size=10)
     pdf.cell(width - columns[3], 7, _pdf_text(f"Total ({doc.currency})"), border="T")
     pdf.cell(columns[3], 7, _pdf_text(doc.total), border="T", align="R", new_x=XPos.LMARGIN, new_y=YPos.NEXT)
     heading("Assumptions")

@@ -346,36 +346,13 @@ def test_a_quote_input_no_offer_matches_is_422_on_that_field(api: Api) -> None:
 
 
 def _pdf_text(pdf: bytes) -> str:
-    """The text a PDF draws: its (Flate-compressed) content streams' string operands, as fpdf2 writes them.
+    """The text a PDF shows, as a reader extracts it (pypdf, through the embedded font's ToUnicode map), its runs of
+    white space as one space: a wrapped line reads as the text it wraps."""
+    import io
 
-    Each stream is read by the /Length its dictionary gives: compressed bytes can end in a carriage return, which a
-    pattern for the line break before ``endstream`` would take away (and the stream would no longer decompress)."""
-    import re
-    import zlib
+    from pypdf import PdfReader
 
-    out = []
-    for found in re.finditer(rb"/Length (\d+)[^>]*>>\s*stream\r?\n", pdf):
-        stream = pdf[found.end() : found.end() + int(found.group(1))]
-        try:
-            content = zlib.decompress(stream)
-        except zlib.error:
-            content = stream
-        out += [m.decode("latin-1") for m in re.findall(rb"\((.*?)(?<!\\)\)\s*Tj", content, re.S)]
-    return "\n".join(out).replace("\\(", "(").replace("\\)", ")")
-
-
-def test_pdf_text_reads_a_stream_whose_compressed_bytes_end_in_a_carriage_return() -> None:
-    # The helper below once lost such a page (about one quote document in 256 failed at random).
-    import zlib
-
-    drawn = next(
-        text
-        for text in (f"BT (Quote Q-{i:08x}) Tj ET".encode() for i in range(100_000))
-        if zlib.compress(text).endswith(b"\r")
-    )
-    stream = zlib.compress(drawn)
-    pdf = b"%%PDF-1.3\n<<\n/Filter /FlateDecode\n/Length %d\n>>\nstream\n%s\nendstream\n" % (len(stream), stream)
-    assert _pdf_text(pdf) == drawn.decode()[4:-7]
+    return " ".join(" ".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf)).pages).split())
 
 
 def test_the_quote_document_as_pdf_and_html(api: Api) -> None:
@@ -412,6 +389,20 @@ def test_the_quote_document_as_pdf_and_html(api: Api) -> None:
     assert "Grace Hopper" in html.text and quote["number"] in html.text
     assert all(n.replace("'", "&#39;") in html.text for n in rec["notes"])
     assert api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers("beta")).status_code == 404
+
+
+def test_the_pdf_prints_names_outside_latin_1_as_written(api: Api) -> None:
+    """The PDF used the core fonts (Latin-1): a customer "Łódź Sp. z o.o." printed as "?ód? Sp. z o.o." and an issuer's
+    euro sign as "?". It embeds DejaVu Sans now; a character that font lacks (Chinese) is its code point, not "?"."""
+    plan = _done_plan(api)
+    rec = plan["recommendations"][0]
+    customer = {"customer_name": "Łódź Sp. z o.o. € 李雷", "customer_email": "zofia@example.pl"}
+    quote = _quote(api, plan["id"], _pick(rec, **customer))
+    text = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
+    assert "Łódź Sp. z o.o. € [U+674E][U+96F7]" in text, text[:400]
+    assert "?" not in text.split("Job")[0], text[:400]
+    html = api.client.get(f"/v1/quotes/{quote['id']}/html", headers=api.headers()).text
+    assert "Łódź Sp. z o.o. € 李雷" in html
 
 
 FULL_70B: dict[str, Any] = {
