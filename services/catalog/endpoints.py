@@ -90,6 +90,8 @@ def _feed_json(feed: CatalogFeed) -> dict[str, Any]:
         "last_success_at": feed.last_success_at,
         "last_error": feed.last_error,
         "offers": feed.offers,
+        # What the last good fetch left out (cards without a spec, dropped spot prices): docs/catalog.md promises it.
+        "note": feed.note,
         "ok": feed.last_error is None,
     }
 

@@ -262,6 +262,17 @@ def offer_key(offer: Offer) -> tuple[str, str, str, int]:
     return (offer.provider, offer.gpu, offer.region, offer.gpus_per_node)
 
 
+def overlay_key(provider: str, gpu: str, region: str, gpus_per_node: int) -> tuple[str, str, str, int]:
+    """The key an import or an organization's own offer replaces an offer by: offer_key with provider and region in
+    any case.
+
+    The quote and the planner's provider and region filters (Constraints.allows_provider, allows_region) compare
+    them without case, so "VAST" over "vast" (or "EU" over "eu") kept both offers as twins a quote could not tell
+    apart (a false 409 on every quote of the card). casefold, as services.catalog.service.import_offers names one
+    provider; the row kept is whole, so the spelling the planner and its quotes see is the newer one's."""
+    return (provider.casefold(), gpu, region.casefold(), gpus_per_node)
+
+
 def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = None) -> list[Offer]:
     """Validate every row (dicts of column -> value); return the offers, or raise PriceListError naming each bad row."""
     if not rows:
@@ -317,7 +328,7 @@ def parse_rows(rows: list[dict[str, Any]], specs: tuple[GpuSpec, ...] | None = N
             )
             continue
         offer = offer_from_row(row, spec)
-        key = offer_key(offer)
+        key = overlay_key(*offer_key(offer))  # provider and region in any case, as an import matches them
         if key in seen:
             problems.append(
                 f"row {number}: duplicate offer for {row.provider} {spec.name} x{row.gpus_per_node} "

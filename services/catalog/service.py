@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from services.catalog.gpus import find_gpu, gpu_specs
 from services.catalog.market import Market
 from services.catalog.offers import Offer, bundled_offers
-from services.catalog.pricelist import PriceListError, offer_key, parse_price_list, parse_rows
+from services.catalog.pricelist import PriceListError, offer_key, overlay_key, parse_price_list, parse_rows
 from services.catalog.repository import CatalogRepository
 from services.catalog.tables import CatalogFeed, CatalogVersion, GpuOfferRow
 from services.core.db import UtcDateTime, new_id, utcnow
@@ -224,12 +224,14 @@ def import_offers(
     # One provider, one name: "acme" and "ACME" are the catalog's spelling (or the import's first one).
     spelling = {name.casefold(): name for name in sorted(known)}
     offers = [_one_spelling(o, spelling) for o in offers]
-    keys = [offer_key(o) for o in offers]
+    # Regions in any case too, as the planner's and the quote's filters read them: "EU" over "eu" was added beside it,
+    # and every quote of the card then met the two prices and answered a false 409.
+    keys = [overlay_key(*offer_key(o)) for o in offers]
     if len(set(keys)) < len(keys):
-        twice = next(k for k in keys if keys.count(k) > 1)
+        twice = next(o for o, k in zip(offers, keys, strict=True) if keys.count(k) > 1)
         raise Unprocessable(
-            f"price_list: the offer {twice[0]} {twice[1]} x{twice[3]} region {twice[2]!r} appears twice (provider "
-            "names differing only in case are one provider)",
+            f"price_list: the offer {twice.provider} {twice.gpu} x{twice.gpus_per_node} region {twice.region!r} "
+            "appears twice (provider or region names differing only in case are one)",
             field="price_list",
         )
     replace = {spelling.get(n.casefold(), n) for n in _check_provider_names(replace_providers, replace_field)}
@@ -240,12 +242,11 @@ def import_offers(
             f"{replace_field}: no offers of {', '.join(unknown)}; providers in this catalog: {allowed}",
             field=replace_field,
         )
-    incoming = {offer_key(o) for o in offers}
+    incoming = set(keys)
     kept: list[dict[str, Any]] = []
     updated = removed = 0
     for r in old_rows:
-        old = _row_offer(r)
-        if offer_key(old) in incoming:
+        if overlay_key(r.provider, r.gpu, r.region, r.gpus_per_node) in incoming:
             updated += 1
         elif r.provider in replace:
             removed += 1
@@ -321,20 +322,10 @@ def import_price_list_file(
     )
 
 
-def _overlay_key(provider: str, gpu: str, region: str, gpus_per_node: int) -> tuple[str, str, str, int]:
-    """The key an organization's own offer replaces a public one by: offer_key with provider and region in any case.
-
-    The quote and the planner's provider and region filters (Constraints.allows_provider, allows_region) compare
-    them without case, so "VAST" over "vast" kept both offers as twins a quote could not tell apart (a false 409 on
-    every quote of the card). casefold, as import_offers names one provider. The own row is kept whole, so the
-    organization's spelling is the one the planner and its quotes see."""
-    return (provider.casefold(), gpu, region.casefold(), gpus_per_node)
-
-
 def active_offers(session: Session, organization_id: str | None = None, **filters: Any) -> list[GpuOfferRow]:
     """The offers an organization plans on: the public catalog with the organization's own offers laid over
     it (an own offer replaces the public one with the same provider, gpu, region and gpus_per_node, provider and
-    region in any case: _overlay_key). Without an organization: the public catalog alone. ``filters`` are those
+    region in any case: pricelist.overlay_key). Without an organization: the public catalog alone. ``filters`` are those
     of CatalogRepository.offers."""
     repo = CatalogRepository(session)
     public = repo.active_version("offers", None)
@@ -344,8 +335,8 @@ def active_offers(session: Session, organization_id: str | None = None, **filter
     own = repo.active_version("offers", organization_id)
     if own is None:
         return rows
-    own_keys = {_overlay_key(*k) for k in repo.offer_keys(own.id)}
-    merged = [r for r in rows if _overlay_key(r.provider, r.gpu, r.region, r.gpus_per_node) not in own_keys]
+    own_keys = {overlay_key(*k) for k in repo.offer_keys(own.id)}
+    merged = [r for r in rows if overlay_key(r.provider, r.gpu, r.region, r.gpus_per_node) not in own_keys]
     merged.extend(repo.offers(own.id, **filters))
     merged.sort(key=lambda r: (r.on_demand_usd_per_hour, r.id))
     return merged
@@ -402,8 +393,8 @@ def catalog_offers(session: Session, organization_id: str | None = None) -> Mark
     offers = _version_offers(session, public.id) if public is not None else []
     if own is not None:
         mine = _version_offers(session, own.id)
-        own_keys = {_overlay_key(*offer_key(o)) for o in mine}
-        offers = [o for o in offers if _overlay_key(*offer_key(o)) not in own_keys] + mine
+        own_keys = {overlay_key(*offer_key(o)) for o in mine}
+        offers = [o for o in offers if overlay_key(*offer_key(o)) not in own_keys] + mine
     result = Market(sorted(offers, key=lambda o: (o.on_demand_usd_per_hour, offer_key(o))))
     with _OFFERS_CACHE_LOCK:
         if len(_OFFERS_CACHE) >= _OFFERS_CACHE_SIZE:

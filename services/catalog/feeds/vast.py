@@ -42,7 +42,7 @@ QUERY: dict[str, Any] = {
 _COUNTRY = re.compile(r"(?:^|,\s*)([A-Z]{2})$")
 BYTES_PER_MB = 1e6
 # Vast names one card for both memory sizes ("A100 SXM4", "Tesla V100"): its gpu_ram (MiB as nvidia-smi reports
-# it, 81920 for an 80 GB A100) tells them apart.
+# it, 81920 for an 80 GB A100) tells them apart. Smallest first.
 MEMORY_VARIANTS = (("A100 40GB", "A100 80GB"), ("V100 16GB", "V100 32GB"))
 # An offer whose gpu_ram is this much below its card's memory is not that card: skipped, not planned with memory
 # it lacks.
@@ -57,14 +57,18 @@ def _number(value: Any) -> float | None:
 
 def _by_memory(spec: GpuSpec | None, ram_mb: float | None) -> GpuSpec | None:
     """The card an offer rents, given the memory it reports: the memory variant of its name nearest ``ram_mb``, and
-    None where it reports less than its card has."""
-    if spec is None or ram_mb is None or ram_mb <= 0:
-        return spec
+    None where it reports less than its card has, or no memory for a name Vast gives both variants."""
+    if spec is None:
+        return None
+    variants = next((v for v in MEMORY_VARIANTS if spec.name in v), None)
+    if ram_mb is None or ram_mb <= 0:
+        # An "A100 PCIE" without gpu_ram may be the 40 GB card; read as the 80 GB one, it was planned on memory it may
+        # not have. As for a price list's bare "A100" (docs/catalog.md): skipped, unless it is the smallest variant.
+        return spec if not variants or spec.name == variants[0] else None
     gib = ram_mb / 1024
-    for variants in MEMORY_VARIANTS:
-        if spec.name in variants:
-            cards = [card for card in map(known_gpu, variants) if card is not None]
-            spec = min(cards, key=lambda card: abs(card.memory_gib - gib))
+    if variants:
+        cards = [card for card in map(known_gpu, variants) if card is not None]
+        spec = min(cards, key=lambda card: abs(card.memory_gib - gib))
     return spec if gib >= spec.memory_gib * GPU_RAM_SHORTFALL else None
 
 
@@ -89,9 +93,8 @@ def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
         spec = _by_memory(named, ram_mb)
         if spec is None:
             # A card of that name with this memory is one gpuplan has no spec for.
-            out.skipped.add(
-                item["gpu_name"] if named is None else f"{item['gpu_name']} ({(ram_mb or 0) / 1024:.0f} GiB)"
-            )
+            memory = f"{ram_mb / 1024:.0f} GiB" if ram_mb and ram_mb > 0 else "memory not reported"
+            out.skipped.add(item["gpu_name"] if named is None else f"{item['gpu_name']} ({memory})")
             continue
         geo = item.get("geolocation")
         match = _COUNTRY.search(geo.strip()) if isinstance(geo, str) else None

@@ -1,0 +1,47 @@
+"""Probes of the price path from a provider's answer to the offer a plan rents: each feed row is the provider's
+price for the card, node size and region it names, and no row is planned on memory its card may not have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.catalog.feeds import aws, vast
+from tests.catalog.fakes import aws_product
+
+WHEN = "2026-12-01T01:00:00Z"
+
+
+def test_aws_p3dn_is_its_own_offer_of_the_32_gb_v100() -> None:
+    """p3dn.24xlarge rents 8 x V100 32 GB (aws.amazon.com/ec2/instance-types/p3). It was read as the 16 GB V100, the
+    same offer key as p3.16xlarge, so the cheaper p3.16xlarge ($24.48) was kept and p3dn's $31.212 was lost."""
+    products = [
+        aws_product("p3.16xlarge", "us-east-1", 24.48, memory="488 GiB"),
+        aws_product("p3dn.24xlarge", "us-east-1", 31.212, memory="768 GiB"),
+    ]
+    rows = {r["gpu"]: r for r in aws.parse_prices(products, {}, WHEN).rows}
+    assert set(rows) == {"V100 16GB", "V100 32GB"}
+    p3dn = rows["V100 32GB"]
+    assert (p3dn["gpus_per_node"], p3dn["on_demand_usd_per_hour"], p3dn["host_ram_gib_per_node"]) == (8, 3.9015, 768.0)
+    assert "p3dn.24xlarge" in p3dn["source"] and p3dn["inter_node_gbit_per_s"] == 100
+    assert rows["V100 16GB"]["on_demand_usd_per_hour"] == 3.06
+
+
+def _vast(offer_id: int, name: str, **fields: Any) -> dict[str, Any]:
+    return {"id": offer_id, "gpu_name": name, "num_gpus": 1, "dph_total": 0.6, "geolocation": "Texas, US", **fields}
+
+
+def test_a_vast_offer_without_its_memory_is_not_read_as_the_larger_card() -> None:
+    """Vast names the 40 and 80 GB A100 alike; an offer with no gpu_ram (or 0) was read as the 80 GB card, so a 40 GB
+    A100 would be planned on 80 GB. It is skipped with a note; a V100 without memory is the 16 GB card, the smallest
+    (as a price list's bare "V100" is)."""
+    payload = {
+        "offers": [
+            _vast(1, "A100 PCIE"),
+            _vast(2, "A100 SXM4", gpu_ram=0),
+            _vast(3, "Tesla V100", dph_total=0.2),
+            _vast(4, "A100 SXM4", gpu_ram=81920, dph_total=1.1),
+        ]
+    }
+    out = vast.parse_bundles(payload, WHEN)
+    assert [(r["gpu"], r["on_demand_usd_per_hour"]) for r in out.rows] == [("V100 16GB", 0.2), ("A100 80GB", 1.1)]
+    assert out.skipped == {"A100 PCIE (memory not reported)", "A100 SXM4 (memory not reported)"}
