@@ -111,7 +111,7 @@ def _write_files(out: Path, files: dict[str, str]) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     plan, _ = with_hub_model(parse_plan(read_plan_file(args.plan)))
     data = data_format(args.data_format, "--data-format") if args.data_format else DEFAULT_DATA
-    if args.gpu:
+    if args.gpu is not None:  # --gpu "" is a card name to check, not "let the planner pick"
         bundle, setup = _on_card(plan, args.format, args.gpu, args.gpus, data)
     else:
         if args.gpus:

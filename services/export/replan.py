@@ -119,10 +119,11 @@ def fit_setup(
         raise ExportError(
             "cpu_offload", "torchtune's single-device recipes do not offload to the CPU; plan with more GPUs"
         )
-    if known == "deepspeed" and setup.cpu_offload and plan.optimizer != "adamw":
-        # The writer refuses it too (ZeRO-Offload steps with DeepSpeed's CPU Adam): skip to the next setup.
+    if known == "deepspeed" and setup.cpu_offload and setup.optimizer != "adamw":
+        # The writer refuses it too (ZeRO-Offload steps with DeepSpeed's CPU Adam): skip to the next setup. The
+        # setup's optimizer is the one exported (the planner may have switched it).
         raise ExportError(
-            "optimizer", f"{plan.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw'"
+            "optimizer", f"{setup.optimizer!r}: ZeRO-Offload steps on the CPU with DeepSpeed's CPU Adam; only 'adamw'"
         )
     moved = setup.model_copy(update={"sharding": sharding})
     applied = apply_setup(plan, moved)

@@ -80,7 +80,12 @@ def check_format(fmt: str) -> Format:
 
 
 def apply_setup(plan: Plan, setup: Recommendation | None) -> Plan:
-    """The plan with the setup's GPUs, sharding, offload, batch split and checkpointing (validated again)."""
+    """The plan with the setup's GPUs, sharding, offload, optimizer, batch split and checkpointing (validated again).
+
+    The optimizer too: with ``constraints.allow_optimizer_change`` the planner fits a setup by switching adamw
+    to an 8-bit optimizer (services/planner/search.py), and the setup's memory and price assume that one. A setup
+    stored before it named its optimizer (the field then defaults to adamw) keeps the plan's.
+    """
     if setup is None:
         return plan
     if setup.sharding not in SHARDINGS:
@@ -91,6 +96,7 @@ def apply_setup(plan: Plan, setup: Recommendation | None) -> Plan:
             "gpus": setup.gpus,
             "sharding": setup.sharding,
             "cpu_offload": setup.cpu_offload,
+            "optimizer": setup.optimizer if "optimizer" in setup.model_fields_set else plan.optimizer,
             "micro_batch_size": setup.micro_batch_size,
             "gradient_accumulation_steps": setup.gradient_accumulation_steps,
             "gradient_checkpointing": setup.gradient_checkpointing,

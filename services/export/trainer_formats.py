@@ -100,7 +100,10 @@ def _multi_node_prelude(target: Target) -> list[str]:
 
 
 def torchrun_command(target: Target) -> str:
-    if target.plan.gpus == 1:
+    # A sharded setup on one GPU (the planner's CPU-offload setups) still needs a distributed launch: the
+    # Trainer refuses FSDP without one ("Using fsdp only works in distributed training", transformers
+    # Trainer.__init__), so only an unsharded single GPU starts with plain python.
+    if target.plan.gpus == 1 and target.plan.sharding == "none":
         return f"python {SCRIPT_FILE}"
     if target.nodes == 1:
         return f"torchrun --nproc_per_node {target.gpus_per_node} {SCRIPT_FILE}"

@@ -1,0 +1,125 @@
+"""The exported files run the setup the planner recommended, field by field, read with json/yaml.
+
+The expected values come from the Recommendation itself (what the user was quoted), not from the export's
+own readers, so a setting the export drops shows up as a wrong value here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.export.models import ExportBundle
+from services.export.target import apply_setup
+from services.planner.models import Recommendation
+from tests.export.helpers import export, llama_plan
+from tests.export.test_roundtrip import recommendation
+
+# The names each tool takes for the planner's 8-bit optimizers: the Trainer's OptimizerNames
+# (transformers training_args.py) and the bitsandbytes classes torchtune instantiates.
+TRAINER_OPTIM = {"adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit"}
+TORCHTUNE_OPTIM = {
+    "adamw-8bit": "bitsandbytes.optim.AdamW8bit",
+    "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
+}
+
+
+def written_optimizer(fmt: str, bundle: ExportBundle) -> str:
+    files = bundle.files
+    if fmt == "torchtune":
+        return str(yaml.safe_load(files["config.yaml"])["optimizer"]["_component_"])
+    if fmt == "axolotl":
+        return str(yaml.safe_load(files["axolotl.yaml"])["optimizer"])
+    return str(json.loads(files["hf_args.json"])["training_args"]["optim"])
+
+
+def one_gpu_setup(fmt: str, **fields: Any) -> Any:
+    # DeepSpeed runs ZeRO only; the others run this single card unsharded.
+    sharding = "zero2" if fmt == "deepspeed" else "none"
+    shape = {"gpus": 1, "gpus_per_node": 1, "nodes": 1, "sharding": sharding, "cpu_offload": False}
+    return recommendation(**{**shape, "micro_batch_size": 1, "gradient_accumulation_steps": 4, **fields})
+
+
+@pytest.mark.parametrize("fmt", ["hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl"])
+@pytest.mark.parametrize("optimizer", ["adamw-8bit", "paged-adamw-8bit"])
+def test_the_optimizer_the_planner_switched_to_is_the_one_exported(fmt: str, optimizer: str) -> None:
+    # With constraints.allow_optimizer_change the planner fits full fine-tuning of an adamw plan by switching
+    # to an 8-bit optimizer (services/planner/search.py); the setup's memory and price assume that optimizer.
+    plan = llama_plan(fmt, "full", optimizer="adamw")
+    bundle = export(plan, fmt, setup=one_gpu_setup(fmt, optimizer=optimizer))
+    wanted = TORCHTUNE_OPTIM if fmt == "torchtune" else TRAINER_OPTIM
+    assert written_optimizer(fmt, bundle) == wanted[optimizer]
+
+
+# Builds the Trainer from hf_args.json as train.py does (a tiny random Llama, on the CPU): the Trainer checks the
+# launch (FSDP needs a distributed one) when it is constructed, before any weights load.
+_TRAINER_PROBE = """
+import json, sys
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+args = dict(json.load(open(sys.argv[1]))["training_args"], output_dir=sys.argv[2], use_cpu=True, bf16=False,
+            eval_strategy="no")  # train.py switches evaluation off without validation.jsonl
+config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=2, vocab_size=64)
+trainer = Trainer(model=LlamaForCausalLM(config), args=TrainingArguments(**args))
+print("parallel mode:", trainer.args.parallel_mode.value)
+"""
+
+
+def test_one_gpu_fsdp_with_offload_starts_under_a_launch_the_trainer_accepts(tmp_path: Path) -> None:
+    # The planner recommends 1 GPU with FSDP and CPU offload for models too big for the card (e.g. 70B LoRA
+    # on 1 x A10). launch.sh's launcher, run for real over the exported hf_args.json, must get past the Trainer.
+    setup = one_gpu_setup("hf-trainer", sharding="fsdp", cpu_offload=True)
+    bundle = export(llama_plan("hf-trainer", "lora"), "hf-trainer", setup=setup)
+    args = json.loads(bundle.files["hf_args.json"])["training_args"]
+    assert args["fsdp"] and args["fsdp_config"]["cpu_offload"] is True
+    (tmp_path / "hf_args.json").write_text(bundle.files["hf_args.json"], encoding="utf-8")
+    (tmp_path / "probe.py").write_text(_TRAINER_PROBE, encoding="utf-8")
+    launch = shlex.split(bundle.files["launch.sh"].strip().splitlines()[-1])
+    launcher = launch[: launch.index("train.py")]
+    if launcher == ["python"]:
+        argv = [sys.executable]
+    else:
+        assert launcher[0] == "torchrun", launcher
+        # A port of this test's own range, so parallel runs do not collide on torchrun's default 29500.
+        argv = [sys.executable, "-m", "torch.distributed.run", "--master_port", "18137", *launcher[1:]]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run(
+        [*argv, "probe.py", "hf_args.json", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env={**env, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "parallel mode: distributed" in done.stdout
+
+
+def test_an_empty_gpu_name_is_refused_not_replaced_by_the_planners_pick(tmp_path: Path) -> None:
+    # `--gpu ""` (an unset shell variable) used to export the planner's cheapest card with exit status 0.
+    gpuplan = Path(sys.executable).with_name("gpuplan")
+    plan = Path(__file__).resolve().parents[2] / "infra" / "examples" / "llama-3.1-8b-qlora.json"
+    out = tmp_path / "run"
+    argv = [str(gpuplan), "export", "--plan", str(plan), "--format", "hf-trainer", "--gpu", "", "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["gpuplan: error: gpu: empty GPU name"]
+    assert not out.exists()
+
+
+def test_a_setup_stored_before_it_named_its_optimizer_keeps_the_plans() -> None:
+    """Recommendations stored before ``optimizer`` was recorded read it as adamw (the field's default): the plan's
+    own optimizer is the one such a setup was priced with."""
+    plan = llama_plan("hf-trainer", "full", optimizer="adamw-8bit")
+    switched = one_gpu_setup("hf-trainer", optimizer="paged-adamw-8bit")
+    stored = Recommendation.model_validate(switched.model_dump(exclude={"optimizer"}))
+    assert apply_setup(plan, stored).optimizer == "adamw-8bit"
+    assert apply_setup(plan, switched).optimizer == "paged-adamw-8bit"
