@@ -43,6 +43,14 @@ class Offer:
     preemption_per_hour: float | None = None
     host_ram_gib_per_node: float | None = None
 
+    def rents(self, gpus: int) -> bool:
+        """Whether ``gpus`` GPUs of the offer can be rented: up to a node's GPUs on one node where it is rented per GPU,
+        whole nodes where it is not, and more than one node only over the provider's network."""
+        per_node = max(1, self.gpus_per_node)
+        if gpus <= per_node and not self.whole_nodes_only:
+            return True
+        return gpus % per_node == 0 and (gpus == per_node or self.inter_node_gbit_per_s is not None)
+
 
 class OfferParseError(ValueError):
     """A price-list row the parser cannot read: names the row (1-based, after the header) and the column."""

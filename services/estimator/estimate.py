@@ -103,9 +103,13 @@ def estimate(
     by_name = {s.name: s for s in catalog}
     fit_by_name = {f.gpu: f.fits for f in fits}
     per_card: dict[str, _CardRates] = {}  # offers of one card share its throughput
+    unrented = 0
     for offer in offers:
         spec = by_name.get(offer.gpu)
         if spec is None:
+            continue
+        if not offer.rents(plan.gpus):  # priced at a count the provider does not rent, it was a price no one pays
+            unrented += 1
             continue
         rates = per_card.get(spec.name)
         if rates is None:
@@ -117,6 +121,11 @@ def estimate(
             rates = per_card[spec.name] = _CardRates(tp, round(tp.tokens_per_s, 1), round(tp.data_tokens_per_s, 1))
         costs.append(_cost(offer, spec, plan, rates, total_tokens, fit_by_name[spec.name]))
     costs.sort(key=lambda c: (not c.fits, c.usd_per_million_tokens))
+    if unrented:
+        warnings.append(
+            f"{unrented} offer(s) rent no {plan.gpus} GPU(s) (whole nodes of more, or one node at most): left out of "
+            "costs; the planner prices every count they rent"
+        )
 
     return Estimate(
         model=name,

@@ -36,12 +36,10 @@ from services.planner.search import layout_setups
 
 def offer_layout(offer: Offer, gpus: int) -> Layout | None:
     """The layout ``gpus`` GPUs of ``offer`` are rented in, or None where the offer cannot be rented so."""
+    if not offer.rents(gpus):
+        return None
     per_node = max(1, offer.gpus_per_node)
-    if gpus <= per_node and not offer.whole_nodes_only:
-        return Layout(gpus, 1)
-    if gpus % per_node == 0 and (gpus == per_node or offer.inter_node_gbit_per_s is not None):
-        return Layout(per_node, gpus // per_node)
-    return None
+    return Layout(gpus, 1) if gpus <= per_node and not offer.whole_nodes_only else Layout(per_node, gpus // per_node)
 
 
 def nearest_counts(offer: Offer, gpus: int) -> tuple[int, ...]:

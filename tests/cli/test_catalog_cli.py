@@ -200,3 +200,27 @@ def test_remove_provider(gpuplan: Gpuplan) -> None:
     assert out.returncode == 0 and f"removed {len(aws)} offers" in out.stderr, out.stderr
     assert {p for p, _ in _costs(gpuplan)} == {o.provider for o in bundled_offers()} - {"aws"}
     assert "provider: no offers of aws" in _one_line_error(gpuplan("admin", "remove-provider", "aws"))
+
+
+def test_estimate_prices_only_the_counts_an_offer_rents(gpuplan: Gpuplan) -> None:
+    """The cost table priced the plan's GPU count on every offer: 1 x H100 SXM at aws for $12.29/h, where AWS rents the
+    card only as the 8-GPU p5.48xlarge (whole nodes). An offer that does not rent the count is left out, and said so;
+    at 8 GPUs it is priced for the node."""
+    whole = [o for o in bundled_offers() if o.whole_nodes_only and o.gpus_per_node > 1]
+    assert ("aws", "H100 SXM") in {(o.provider, o.gpu) for o in whole}
+
+    def estimate(gpus: str) -> dict[str, Any]:
+        out = gpuplan(
+            "estimate", "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--examples", "1000",
+            "--avg-tokens", "512", "--epochs", "1", "--gpus", gpus, "--json",
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        answer: dict[str, Any] = json.loads(out.stdout)
+        return answer
+
+    one = estimate("1")
+    priced = {(c["provider"], c["gpu"]) for c in one["costs"]}
+    assert not priced & {(o.provider, o.gpu) for o in whole}, priced
+    assert any(f"{len(whole)} offer(s) rent no 1 GPU(s)" in w for w in one["warnings"]), one["warnings"]
+    eight = {(c["provider"], c["gpu"]): c for c in estimate("8")["costs"]}
+    assert eight[("aws", "H100 SXM")]["on_demand_usd_per_hour"] == round(8 * 12.29, 4)
