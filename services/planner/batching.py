@@ -92,7 +92,11 @@ def largest_fitting_micro_batch(
     """The largest micro-batch (a divisor of the per-GPU samples) whose peak fits, or None.
 
     Tries the smallest first, then the largest, then bisects; each probe compares the micro-batch's sized bytes
-    (``Evaluator.sized_by_micro_batch``: the same on every card) with the card's ``usable_bytes``.
+    (``Evaluator.sized_by_micro_batch``: the same on every card) with the card's ``usable_bytes``. Memory grows with
+    the micro-batch among those that accumulate; the largest, one micro-batch per step, accumulates nothing and can
+    need less (services.estimator.memory's accumulation terms: under FSDP the gradients of every micro-batch but the
+    last are kept whole), so it is tried even where the smallest does not fit (a 70B full fine-tune on 8 x B200
+    fitted at micro-batch 2 and was planned with CPU offload at a fifteenth of the speed).
     """
     sizes = split.micro_batch_sizes
     key = (split.gpus, split.samples_per_gpu, sharding, checkpointing, cpu_offload, optimizer)
@@ -106,9 +110,9 @@ def largest_fitting_micro_batch(
             found = sized[index] = evaluator.sized_bytes(cfg)
         return found <= usable_bytes
 
-    if not fits(0):
-        return None
     last = len(sizes) - 1
+    if not fits(0):
+        return sizes[last] if last > 0 and fits(last) else None
     if last == 0 or fits(last):
         return sizes[last]
     lo, hi = 0, last  # sizes[lo] fits, sizes[hi] does not

@@ -24,11 +24,7 @@ from services.estimator.throughput import (
     Throughput,
     card_step,
     default_links,
-    dispatch_seconds,
     flops_per_token,
-    large_gemm_flops_per_s,
-    lora_unfused_work,
-    micro_batch_tokens,
     step_work,
 )
 from services.estimator.uncertainty import memory_band
@@ -80,8 +76,6 @@ class Evaluator:
         self._work: dict[Config, StepWork] = {}
         self._card_steps: dict[tuple[str, Config, bool], CardStep] = {}
         self._default_links: dict[tuple[str, int], Links] = {}
-        self._floor_work: dict[Config, tuple[float, float]] = {}
-        self._gemm_rates: dict[str, float] = {}
         self._headroom: dict[tuple[Sharding, int], float] = {}
         self._sized_series: dict[SeriesKey, list[float | None]] = {}
         self.recipe = recipe if recipe is not None else resolve_recipe(base)  # the base plan's
@@ -236,28 +230,4 @@ class Evaluator:
                 work=self._step_work(cfg),
             )
             self._card_steps[key] = found
-        return found
-
-    def sample_seconds_floor(self, cfg: Config, spec: GpuSpec) -> float:
-        """Seconds one sample costs on ``spec`` by the step's two floors, the kernel dispatch and its processed
-        tokens at the large-GEMM rate, over the samples of the micro-batch: what decides the micro-batch
-        under padding to the longest sample (more samples amortise the dispatch but pad to a longer row)."""
-        dispatch, flops = self._floors(cfg)
-        rate = self._gemm_rates.get(spec.name)
-        if rate is None:
-            rate = large_gemm_flops_per_s(self.base, spec, self.utilisation.get(spec.name, (None, None))[0])
-            self._gemm_rates[spec.name] = rate
-        return max(dispatch, flops / rate) / cfg.micro_batch_size
-
-    def _floors(self, cfg: Config) -> tuple[float, float]:
-        # The card-independent halves of the floors: the dispatch seconds and the hardware FLOPs of a micro-batch.
-        found = self._floor_work.get(cfg)
-        if found is None:
-            plan, recipe = self.plan(cfg), self._recipe(cfg)
-            _, lora_kernels = lora_unfused_work(plan, self.arch, recipe)
-            found = (
-                dispatch_seconds(plan, self.arch, recipe, lora_kernels),
-                micro_batch_tokens(plan, recipe) * self._flops_per_token(cfg).hardware,
-            )
-            self._floor_work[cfg] = found
         return found

@@ -2,10 +2,12 @@
 
 Pruning, each step justified by the model it prunes:
 
-- Memory grows with the micro-batch, and tokens/s does not fall with it (fixed per-step costs amortise
-  over more tokens; the one exception, paged optimizer states spilling as free memory shrinks, is
-  ignored), so only the largest micro-batch that fits is kept, found by bisection over the divisors of
-  the per-GPU samples.
+- Memory grows with the micro-batch among those that accumulate (the largest, one micro-batch per step,
+  accumulates nothing and can need less, so it is tried on its own), and tokens/s does not fall with it
+  (fixed per-step costs amortise over more tokens; the one exception, paged optimizer states spilling as
+  free memory shrinks, is ignored), so only the largest micro-batch that fits is kept, found by bisection
+  over the divisors of the per-GPU samples. Under padding to the longest sample, the fitting micro-batch
+  that consumes the data fastest on the setup's links is kept instead (``_fastest_padded``).
 - If a setup fits without gradient checkpointing at the largest micro-batch, checkpointing could only
   slow it down, so it is not tried.
 - An 8-bit optimizer (only where the user allows changing the optimizer) and CPU offload are tried on a
@@ -13,8 +15,10 @@ Pruning, each step justified by the model it prunes:
   step and the host traffic) or change the training. Several nodes are searched to do without offload,
   so offload is tried on several nodes only when it fits on no single node.
 - Jobs on several nodes are tried only when no single node of the offer fits, or none meets the
-  deadline; node counts then grow until one fits (and meets the deadline): more nodes of the same card
-  only add communication per GPU, so they cost more.
+  deadline; node counts then grow until one fits (and meets the deadline): at one configuration, more
+  nodes of the same card only add communication per GPU. A known limit: more GPUs can let a faster
+  configuration fit (no checkpointing, the optimizer step sharded over one-GPU nodes), which this does
+  not search (docs/planner.md, stop 55).
 - A setup with CPU offload fits only where the node's host RAM (when the offer gives it) holds the
   offloaded states; one that does not is dropped (and kept aside to explain the offer's rejection), so the
   search moves on to more GPUs or nodes as if it did not fit. Unknown host RAM is not a limit.
@@ -32,7 +36,7 @@ from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.communication import Links
 from services.estimator.plan import Optimizer, Sharding
-from services.planner.batching import BatchSplit, batch_split, config_for, largest_fitting_micro_batch
+from services.planner.batching import batch_split, config_for, largest_fitting_micro_batch
 from services.planner.context import (
     EIGHT_BIT_OPTIMIZERS,
     ConfigNeeds,
@@ -63,57 +67,61 @@ def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: C
 
 def layout_setups(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, offload: bool = True) -> list[Setup]:
     """The fitting setups on one layout: per sharding and checkpointing, the largest micro-batch (under padding
-    to the longest sample, the fitting one that consumes the data fastest, ``card_configs``); an 8-bit
-    optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
+    to the longest sample, the fitting one that consumes the data fastest on these links, ``_fastest_padded``); an
+    8-bit optimizer (when allowed) and then CPU offload (when ``offload``) only when nothing fits without them."""
     key = (spec.name, layout, links, offload)
     cached = ctx.memo.layouts.get(key)
     if cached is None:
         configs = card_configs(ctx, spec, layout.gpus, offload)
+        if ctx.evaluator.padding_varies:
+            # Two may settle on one micro-batch.
+            configs = tuple(dict.fromkeys(_fastest_padded(ctx, spec, links, cfg) for cfg in configs))
         cached = [_setup(ctx, spec, layout, links, cfg) for cfg in configs]
         ctx.memo.layouts[key] = cached
     return cached
 
 
 def card_configs(ctx: PlanContext, spec: GpuSpec, gpus: int, offload: bool = True) -> tuple[Config, ...]:
-    """``fitting_configs`` on ``spec``; under padding to the longest sample of a data set of known mean length,
-    each with the fitting micro-batch (a divisor no larger than the largest that fits) that consumes the data
-    fastest on this card (``_faster_padded_micro_batch``): every extra sample pads the others to a longer
-    longest one, so a smaller micro-batch with more accumulation can be the faster."""
+    """``fitting_configs`` on ``spec``: per sharding and checkpointing the largest micro-batch that fits."""
     key = (spec.name, gpus, offload)
     cached = ctx.memo.card_configs.get(key)
     if cached is None:
-        cached = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
-        if ctx.evaluator.padding_varies:
-            split = batch_split(ctx.effective_batch_size, gpus)
-            chosen = (_faster_padded_micro_batch(ctx, spec, split, cfg) for cfg in cached)
-            cached = tuple(dict.fromkeys(chosen))  # two may settle on one micro-batch
-        ctx.memo.card_configs[key] = cached
+        cached = ctx.memo.card_configs[key] = fitting_configs(ctx, ctx.usable_bytes(spec), gpus, offload)
     return cached
 
 
-def _faster_padded_micro_batch(ctx: PlanContext, spec: GpuSpec, split: BatchSplit, largest: Config) -> Config:
-    """``largest`` or the smaller micro-batch whose per-sample floors are clearly lower (by more than 1%,
-    ties to the larger), whichever the full throughput estimate on ``spec`` finds consumes the data faster:
-    the floors leave out per-micro-batch costs (weight reads, dequantisation, small GEMMs) that favour the
-    larger one, so they only propose."""
+def _fastest_padded(ctx: PlanContext, spec: GpuSpec, links: Links, largest: Config) -> Config:
+    """Under padding to the longest sample of a data set of known mean length, the fitting micro-batch (``largest``
+    or a smaller one of the same split) that consumes the data fastest on ``links``, ties to the larger: every
+    extra sample pads the others to a longer longest one, so a smaller micro-batch with more accumulation can be the
+    faster, and by how much depends on the links (each micro-batch gathers the sharded weights again).
+
+    Exact by bounds: a smaller micro-batch is estimated on the links only where its ceiling on any links
+    (``Evaluator.data_tokens_per_s_ceiling``) is above the best rate found. A per-sample floor of compute and
+    dispatch once proposed a single candidate on the card's default links, and missed faster ones (a probe against
+    brute force: 8B LoRA on 4 x H100 PCIe kept micro-batch 3 at 14,969 tokens/s where 1 runs 23,589)."""
     ev = ctx.evaluator
     smaller = ctx.memo.smaller.get(largest)
     if smaller is None:  # the same on every card
+        split = batch_split(ctx.effective_batch_size, largest.gpus)
         smaller = ctx.memo.smaller[largest] = tuple(
             config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
-            for m in split.micro_batch_sizes
+            for m in reversed(split.micro_batch_sizes)
             if m < largest.micro_batch_size
         )
     if not smaller:
         return largest
-    # The least floor, ties to the larger micro-batch (the micro-batches are distinct: the configs are not compared).
-    floor, _, proposal = min((ev.sample_seconds_floor(c, spec), -c.micro_batch_size, c) for c in smaller)
-    if floor >= ev.sample_seconds_floor(largest, spec) * 0.99:
-        return largest
-    rate = ev.throughput(proposal, spec).data_tokens_per_s
-    if ev.data_tokens_per_s_ceiling(largest, spec) < rate:  # faster than ``largest`` on any links: its own not needed
-        return proposal
-    return proposal if rate > ev.throughput(largest, spec).data_tokens_per_s else largest
+    if largest.accumulation_steps == 1:
+        # Those that accumulate can need more memory than the largest (largest_fitting_micro_batch).
+        usable = ctx.usable_bytes(spec)
+        smaller = tuple(c for c in smaller if ev.sized_bytes(c) <= usable)
+    best, best_rate = largest, ev.throughput(largest, spec, links).data_tokens_per_s
+    for c in smaller:  # larger first, so a tie keeps the larger
+        if ev.data_tokens_per_s_ceiling(c, spec) > best_rate:
+            rate = ev.throughput(c, spec, links).data_tokens_per_s
+            if rate > best_rate:
+                best, best_rate = c, rate
+    return best
 
 
 def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = True) -> tuple[Config, ...]:

@@ -49,7 +49,6 @@ from services.estimator.throughput.rates import (
     UTILISATION_PRIOR,
     UTILISATION_PRIORS,
     gemm_seconds,
-    large_gemm_flops_per_s,
     utilisation_or_prior,
 )
 from services.estimator.throughput.step import (
@@ -127,7 +126,6 @@ __all__ = [
     "forward_replay_share",
     "gemm_seconds",
     "gptq_dequant_passes",
-    "large_gemm_flops_per_s",
     "linear_gemm_seconds",
     "linear_gemm_work",
     "lora_unfused_bytes_per_token",

@@ -10,7 +10,6 @@ from statistics import median
 
 from services.catalog.gpus import GpuSpec
 from services.estimator.elementwise import mpt_elementwise_bytes_per_token
-from services.estimator.plan import Plan
 
 # Share of dense peak that the matmul-heavy part of a training step reaches, by GPU class, for a
 # well-fed micro-batch (the MFU-style utilisation prior; calibration replaces it per GPU and method).
@@ -107,11 +106,6 @@ UTILISATION_PRIOR: dict[str, float] = {cls: prior for cls, (prior, _) in UTILISA
 def utilisation_or_prior(gpu: GpuSpec, utilisation: float | None) -> float:
     """The calibrated utilisation where one is given, else the card's class prior."""
     return utilisation if utilisation is not None else UTILISATION_PRIOR.get(gpu.gpu_class, 0.4)
-
-
-def large_gemm_flops_per_s(plan: Plan, gpu: GpuSpec, utilisation: float | None) -> float:
-    """The card's large-GEMM rate for the plan's precision: dense peak x the utilisation (or its class prior)."""
-    return gpu.dense_tflops(plan.precision) * 1e12 * utilisation_or_prior(gpu, utilisation)
 
 
 def gemm_seconds(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float, element_bytes: int) -> float:
