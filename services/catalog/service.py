@@ -429,7 +429,9 @@ def record_feed_success(
     repo = CatalogRepository(session)
     repo.lock_for_import()
     current = repo.active_version("offers", None)
-    has_old = current is not None and provider in repo.providers(current.id)
+    # In any case, as an import names one provider ("RunPod" from a file is the runpod feed's): matched exactly, a
+    # refresh upserted beside the file's offers and left those it no longer lists in the catalog.
+    has_old = current is not None and provider.casefold() in {p.casefold() for p in repo.providers(current.id)}
     result = import_offers(
         session,
         offers,

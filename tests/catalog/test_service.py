@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.catalog.market import Market
 from services.catalog.offers import bundled_offers
 from services.catalog.pricelist import parse_price_list
-from services.catalog.service import KEEP_INACTIVE_VERSIONS, active_offers, catalog_offers, import_offers
+from services.catalog.service import (
+    KEEP_INACTIVE_VERSIONS,
+    active_offers,
+    catalog_offers,
+    import_offers,
+    record_feed_success,
+)
 from services.catalog.tables import CatalogVersion, GpuOfferRow
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.errors import Unprocessable
@@ -98,3 +105,15 @@ def test_the_migrated_catalog_is_the_bundled_list_with_its_v2_columns(factory: s
 
     with unit_of_work(factory) as session:
         assert set(catalog_offers(session)) == set(bundled_offers())
+
+
+def test_a_feed_replaces_its_providers_offers_imported_in_another_case(factory: sessionmaker[Session]) -> None:
+    """A file imported "NewCloud"; the newcloud feed's refresh matched the provider exactly, so it upserted beside the
+    file's offers and the A40 it no longer lists stayed in the catalog at its old price."""
+    with unit_of_work(factory) as session:
+        import_offers(session, _offers("NewCloud,L4,0.50,eu,1\nNewCloud,A40,0.60,eu,1\n"), source="file")
+        row = {"provider": "newcloud", "gpu": "L4", "on_demand_usd_per_hour": 0.45, "region": "eu", "gpus_per_node": 1}
+        result = record_feed_success(session, "newcloud", [row], datetime(2026, 12, 1, tzinfo=UTC))
+        assert (result.updated, result.removed) == (1, 1)
+        mine = [(o.provider, o.gpu, o.on_demand_usd_per_hour) for o in catalog_offers(session)]
+        assert [m for m in mine if m[0].casefold() == "newcloud"] == [("NewCloud", "L4", 0.45)]
