@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from benchmarks.planner.run import benchmark_plan
 from services.catalog.feeds import aws, vast
+from services.catalog.offers import bundled_offers
+from services.planner import Constraints, plan_setups
 from tests.catalog.fakes import aws_product
 
 WHEN = "2026-12-01T01:00:00Z"
@@ -45,3 +50,33 @@ def test_a_vast_offer_without_its_memory_is_not_read_as_the_larger_card() -> Non
     out = vast.parse_bundles(payload, WHEN)
     assert [(r["gpu"], r["on_demand_usd_per_hour"]) for r in out.rows] == [("V100 16GB", 0.2), ("A100 80GB", 1.1)]
     assert out.skipped == {"A100 PCIE (memory not reported)", "A100 SXM4 (memory not reported)"}
+
+
+# Lambda's on-demand instance types and their price per GPU-hour (skypilot-org/skypilot-catalog
+# catalogs/v7/lambda/vms.csv@11580132, the us-east-1 rows): an instance is rented whole.
+LAMBDA_SIZES = {
+    **{("A100 40GB", n): 1.29 for n in (1, 2, 4, 8)},
+    **{("RTX A6000", n): 0.8 for n in (1, 2, 4)},
+    ("H100 SXM", 1): 3.29,
+    ("H100 SXM", 2): 3.19,
+    ("H100 SXM", 4): 3.09,
+    ("H100 SXM", 8): 2.99,
+    ("A100 80GB", 8): 1.79,
+    ("V100 16GB", 8): 0.55,
+    ("A10", 1): 0.75,
+    ("H100 PCIe", 1): 2.49,
+}
+
+
+@pytest.mark.parametrize("method", ["qlora", "full"])
+def test_the_bundled_lambda_offers_rent_only_the_instances_lambda_sells(method: str) -> None:
+    """The bundled rows of Lambda's 8-GPU instances were rentable per GPU: plans recommended 1 x H100 SXM at $2.99 an
+    hour (Lambda's 1-GPU H100 SXM costs $3.29) and 1 of an 8 x A100 80GB or V100 instance, which Lambda does not sell.
+    Every setup planned on Lambda is one of its instance types at that type's price."""
+    plan = benchmark_plan(method)  # type: ignore[arg-type]
+    result = plan_setups(plan, bundled_offers(), constraints=Constraints(providers=("lambda",)), top_n=200)
+    setups = [*result.recommendations, *result.best_per_gpu]
+    assert setups
+    for rec in setups:
+        assert (rec.gpu, rec.gpus) in LAMBDA_SIZES, (rec.gpu, rec.gpus)
+        assert rec.price_usd_per_hour == pytest.approx(LAMBDA_SIZES[(rec.gpu, rec.gpus)] * rec.gpus), rec

@@ -220,7 +220,9 @@ def test_estimate_prices_only_the_counts_an_offer_rents(gpuplan: Gpuplan) -> Non
 
     one = estimate("1")
     priced = {(c["provider"], c["gpu"]) for c in one["costs"]}
-    assert not priced & {(o.provider, o.gpu) for o in whole}, priced
+    single = {(o.provider, o.gpu) for o in bundled_offers() if not o.whole_nodes_only or o.gpus_per_node == 1}
+    assert not priced & ({(o.provider, o.gpu) for o in whole} - single), priced
+    assert len(one["costs"]) == len([o for o in bundled_offers() if not o.whole_nodes_only or o.gpus_per_node == 1])
     assert any(f"{len(whole)} offer(s) rent no 1 GPU(s)" in w for w in one["warnings"]), one["warnings"]
     eight = {(c["provider"], c["gpu"]): c for c in estimate("8")["costs"]}
     assert eight[("aws", "H100 SXM")]["on_demand_usd_per_hour"] == round(8 * 12.29, 4)
