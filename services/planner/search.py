@@ -106,7 +106,7 @@ def _fastest_padded(ctx: PlanContext, spec: GpuSpec, links: Links, largest: Conf
         split = batch_split(ctx.effective_batch_size, largest.gpus)
         smaller = ctx.memo.smaller[largest] = tuple(
             config_for(split, largest.sharding, m, largest.checkpointing, largest.cpu_offload, largest.optimizer)
-            for m in reversed(split.micro_batch_sizes)
+            for m in split.micro_batch_sizes
             if m < largest.micro_batch_size
         )
     if not smaller:
@@ -116,11 +116,13 @@ def _fastest_padded(ctx: PlanContext, spec: GpuSpec, links: Links, largest: Conf
         usable = ctx.usable_bytes(spec)
         smaller = tuple(c for c in smaller if ev.sized_bytes(c) <= usable)
     best, best_rate = largest, ev.throughput(largest, spec, links).data_tokens_per_s
-    for c in smaller:  # larger first, so a tie keeps the larger
-        if ev.data_tokens_per_s_ceiling(c, spec) > best_rate:
-            rate = ev.throughput(c, spec, links).data_tokens_per_s
-            if rate > best_rate:
-                best, best_rate = c, rate
+    # Highest ceiling first: the likeliest to be the fastest, and once one is found the rest are bounded out.
+    for ceiling, c in sorted(((ev.data_tokens_per_s_ceiling(c, spec), c) for c in smaller), reverse=True):
+        if ceiling < best_rate:
+            break
+        rate = ev.throughput(c, spec, links).data_tokens_per_s
+        if rate > best_rate or (rate == best_rate and c.micro_batch_size > best.micro_batch_size):
+            best, best_rate = c, rate  # ties to the larger micro-batch
     return best
 
 
