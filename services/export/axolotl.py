@@ -1,4 +1,5 @@
-"""axolotl: ``axolotl.yaml`` (plus ``ds_config.json`` under ZeRO) for ``accelerate launch -m axolotl.cli.train``.
+"""axolotl: ``axolotl.yaml`` (plus ``ds_config.json`` under ZeRO) for ``accelerate launch -m axolotl.cli.train`` (one
+sharded GPU: ``torchrun``, a distributed launch of one process).
 
 axolotl trains with the Hugging Face Trainer, so the Trainer rules hold (services/export/hf.py: optimizer
 names, no optimizer in backward, no sgd, int8 not sharded, ZeRO-Offload with adamw only), plus:
@@ -196,6 +197,10 @@ def axolotl_dataset(data: DataFormat) -> dict[str, Any]:
 
 
 def axolotl_command(target: Target) -> str:
+    if target.plan.gpus == 1 and target.plan.sharding != "none":
+        # One process under accelerate launch is a plain one (no --multi_gpu, --use_fsdp or config file), and
+        # accelerate applies axolotl's FSDP or ZeRO only to a distributed state: torchrun starts a group of one.
+        return f"torchrun --nproc_per_node 1 -m axolotl.cli.train {CONFIG_FILE}"
     command = f"accelerate launch --num_processes {target.plan.gpus}"
     if target.nodes > 1:
         command += (
@@ -352,8 +357,9 @@ def read_axolotl(files: Mapping[str, str], arch: Architecture) -> dict[str, Any]
     """The plan fields of axolotl.yaml, launch.sh (and ds_config.json)."""
     config = validated(AxolotlConfig, load_yaml(files, CONFIG_FILE), CONFIG_FILE)
     argv = launch_argv(files)
-    gpus = flag_int(argv, "--num_processes", 1)
-    if gpus % flag_int(argv, "--num_machines", 1):
+    torchrun = bool(argv) and argv[0] == "torchrun"
+    gpus = flag_int(argv, "--nproc_per_node", 1) if torchrun else flag_int(argv, "--num_processes", 1)
+    if not torchrun and gpus % flag_int(argv, "--num_machines", 1):
         raise ExportError(f"{LAUNCH_FILE}:--num_processes", "must be a multiple of --num_machines")
     method, quantization = _method(config)
     if config.bf16 and config.fp16:

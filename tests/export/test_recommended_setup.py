@@ -103,6 +103,51 @@ def test_one_gpu_fsdp_with_offload_starts_under_a_launch_the_trainer_accepts(tmp
     assert "parallel mode: distributed" in done.stdout
 
 
+# Stands in for axolotl's entry point: axolotl turns its fsdp_config into ACCELERATE_USE_FSDP (utils/trainer.py
+# setup_fsdp_envs), and accelerate applies FSDP only to a distributed state, one launched with LOCAL_RANK set
+# (accelerate state.py _prepare_backend: MULTI_GPU on CUDA; on this CPU-only test machine, MULTI_CPU).
+_AXOLOTL_PROBE = """
+import os, sys
+os.environ["ACCELERATE_USE_FSDP"] = "true"
+from accelerate import PartialState
+state = PartialState(cpu=True).distributed_type.value
+print("config:", sys.argv[1], "local rank:", os.environ.get("LOCAL_RANK"), "state:", state)
+"""
+
+
+def test_one_gpu_fsdp_axolotl_starts_under_a_distributed_launch(tmp_path: Path) -> None:
+    # `accelerate launch --num_processes 1` runs one plain process (accelerate commands/launch.py: simple_launcher
+    # without --multi_gpu, --use_fsdp or a config file), in which accelerate never applies axolotl's FSDP: the
+    # recommended CPU offload would not happen and the run would not fit.
+    setup = one_gpu_setup("axolotl", sharding="fsdp", cpu_offload=True)
+    bundle = export(llama_plan("axolotl", "lora"), "axolotl", setup=setup)
+    assert yaml.safe_load(bundle.files["axolotl.yaml"])["fsdp_config"]["offload_params"] is True
+    package = tmp_path / "axolotl" / "cli"
+    package.mkdir(parents=True)
+    (tmp_path / "axolotl" / "__init__.py").write_text("", encoding="utf-8")
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "train.py").write_text(_AXOLOTL_PROBE, encoding="utf-8")
+    launch = shlex.split(bundle.files["launch.sh"].strip().splitlines()[-1])
+    launcher = launch[: launch.index("-m")]
+    if launcher[0] == "accelerate":
+        argv = [sys.executable, "-m", "accelerate.commands.launch", *launcher[2:]]
+    else:
+        assert launcher[0] == "torchrun", launcher
+        argv = [sys.executable, "-m", "torch.distributed.run", "--master_port", "18139", *launcher[1:]]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run(
+        [*argv, *launch[launch.index("-m") :]],
+        cwd=tmp_path,
+        # HOME: no accelerate default_config.yaml of this machine's user changes the launch.
+        env={**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(tmp_path), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "config: axolotl.yaml local rank: 0 state: MULTI_CPU" in done.stdout, done.stdout
+
+
 def test_an_empty_gpu_name_is_refused_not_replaced_by_the_planners_pick(tmp_path: Path) -> None:
     # `--gpu ""` (an unset shell variable) used to export the planner's cheapest card with exit status 0.
     gpuplan = Path(sys.executable).with_name("gpuplan")
