@@ -80,3 +80,38 @@ def test_the_bundled_lambda_offers_rent_only_the_instances_lambda_sells(method: 
     for rec in setups:
         assert (rec.gpu, rec.gpus) in LAMBDA_SIZES, (rec.gpu, rec.gpus)
         assert rec.price_usd_per_hour == pytest.approx(LAMBDA_SIZES[(rec.gpu, rec.gpus)] * rec.gpus), rec
+
+
+# AWS's GPU instance types with the price per GPU-hour of the cheapest instance of each GPU count (skypilot-org/
+# skypilot-catalog catalogs/v7/aws/vms.csv@001367d2, us-east-1): g5.xlarge / 12xlarge / 48xlarge, g6.*, g6e.* and the
+# 8-GPU p4d, p4de, p5 and p5en. Every instance is rented whole; several of them make a multi-node job.
+AWS_SIZES = {
+    ("A10G", 1): 1.006,
+    ("A10G", 4): 5.672 / 4,
+    ("A10G", 8): 16.288 / 8,
+    ("L4", 1): 0.8048,
+    ("L4", 4): 4.6016 / 4,
+    ("L4", 8): 13.3504 / 8,
+    ("L40S", 1): 1.861,
+    ("L40S", 4): 10.49264 / 4,
+    ("L40S", 8): 30.13118 / 8,
+    ("A100 40GB", 8): 4.096575,
+    ("A100 80GB", 8): 5.120719,
+    ("H100 SXM", 8): 12.29,
+    ("H200", 8): 10.6,
+}
+
+
+@pytest.mark.parametrize("method", ["qlora", "full"])
+def test_the_bundled_aws_offers_rent_only_the_instances_aws_sells(method: str) -> None:
+    """The bundled g5 and g6 rows were the 8-GPU instance's price per GPU, rentable per GPU: a plan could rent 1 or 2
+    of a g5.48xlarge's A10Gs at $2.036 each, where a g5.xlarge costs $1.006 and AWS sells no 2-GPU g5. Every setup
+    planned on AWS is whole instances of one type at that type's price."""
+    plan = benchmark_plan(method)  # type: ignore[arg-type]
+    result = plan_setups(plan, bundled_offers(), constraints=Constraints(providers=("aws",)), top_n=200)
+    setups = [*result.recommendations, *result.best_per_gpu]
+    assert {rec.gpu for rec in setups} >= {"A10G", "L4", "L40S"}
+    for rec in setups:
+        key = (rec.gpu, rec.gpus_per_node)
+        assert key in AWS_SIZES and rec.offer_gpus_per_node == rec.gpus_per_node, rec
+        assert rec.price_usd_per_hour == pytest.approx(AWS_SIZES[key] * rec.gpus, abs=5e-5), rec  # shown to 4 places
