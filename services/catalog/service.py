@@ -416,8 +416,8 @@ def record_feed_success(
     """Store a provider's freshly fetched offers (replacing all its old public offers) and mark the feed good.
 
     The rows are validated like any price list; a row the checks refuse fails the whole refresh, which
-    then keeps the last good prices (the refresh has already dropped a spot price above its on-demand one:
-    FeedOffers.drop_spot_above_on_demand).
+    then keeps the last good prices (the feed has already skipped such rows, naming them in its note, and
+    dropped odd spot prices: FeedOffers.keep).
     """
     try:
         offers = parse_rows(rows, gpu_specs())

@@ -138,6 +138,82 @@ def test_aws_rows_join_on_demand_and_spot_per_instance_type() -> None:
 
 
 @pytest.mark.parametrize(
+    ("price", "shown"),
+    [(float("nan"), "nan"), (0, "0"), (-75, "-75"), (None, "not reported"), ("75", "'75'")],
+)
+def test_lambda_names_an_instance_type_without_a_usable_price(price: Any, shown: str) -> None:
+    """An instance type whose price is NaN, zero, negative, missing or not a number was dropped without a word."""
+    payload = response("lambda_instance_types.json")
+    kind = payload["data"]["gpu_1x_a10"]["instance_type"]
+    if price is None:
+        del kind["price_cents_per_hour"]
+    else:
+        kind["price_cents_per_hour"] = price
+    out = lambda_cloud.parse_instance_types(payload, WHEN)
+    assert {(r["gpu"], r["gpus_per_node"]) for r in out.rows} == {("H100 SXM", 8), ("A100 40GB", 1)}
+    assert out.note() == (
+        "skipped offers of cards gpuplan has no spec for: gpu_1x_rtx6000; "
+        f"skipped 1 offer with a value gpuplan refuses: gpu_1x_a10 (price_cents_per_hour {shown})"
+    )
+
+
+def test_a_row_the_price_list_checks_refuse_is_skipped_with_a_note_in_every_feed() -> None:
+    """A price under $0.001 per GPU-hour (a price per second read as one per hour) failed the whole refresh of the
+    provider (record_feed_success refuses the rows as a file); the feed skips that offer and names it instead."""
+    runpod_payload = response("runpod_gpu_types.json")
+    runpod_payload["data"]["gpuTypes"][0]["securePrice"] = 0.0004  # H100 SXM
+    out = runpod.parse_gpu_types(runpod_payload, WHEN)
+    assert ("H100 SXM", "secure-cloud") not in {(r["gpu"], r["region"]) for r in out.rows}
+    assert len(out.rows) == 4 and out.invalid == [
+        "H100 SXM secure-cloud (on_demand_usd_per_hour: below $0.001 per GPU-hour: prices are per GPU-hour, "
+        "not per second or minute (got 0.0004))"
+    ]
+
+    products = [aws_product("p5.48xlarge", "us-east-1", 98.32), aws_product("g5.xlarge", "us-east-1", 0.0005)]
+    out = aws.parse_prices(products, {}, WHEN)
+    assert [r["gpu"] for r in out.rows] == ["H100 SXM"]
+    assert out.invalid[0].startswith("A10G us-east-1 (on_demand_usd_per_hour: below $0.001 per GPU-hour")
+
+    lambda_payload = response("lambda_instance_types.json")
+    lambda_payload["data"]["gpu_1x_a10"]["instance_type"]["price_cents_per_hour"] = 0.05
+    out = lambda_cloud.parse_instance_types(lambda_payload, WHEN)
+    assert len(out.rows) == 2 and out.invalid[0].startswith("A10 - (on_demand_usd_per_hour: below $0.001")
+
+
+def test_runpod_and_aws_name_an_offer_without_a_usable_price() -> None:
+    payload = response("runpod_gpu_types.json")
+    payload["data"]["gpuTypes"][2]["communityPrice"] = None  # RTX 4090, listed on the community cloud
+    out = runpod.parse_gpu_types(payload, WHEN)
+    assert len(out.rows) == 4 and out.invalid == ["NVIDIA GeForce RTX 4090 (communityPrice not reported)"]
+
+    product = aws_product("g5.xlarge", "us-east-1", 1.006)
+    (term,) = product["terms"]["OnDemand"].values()
+    (dimension,) = term["priceDimensions"].values()
+    dimension["pricePerUnit"]["USD"] = "0.0000000000"
+    out = aws.parse_prices([aws_product("p5.48xlarge", "us-east-1", 98.32), product], {}, WHEN)
+    assert [r["gpu"] for r in out.rows] == ["H100 SXM"]
+    assert out.invalid == ["g5.xlarge us-east-1 (no positive USD price per hour)"]
+
+
+def test_vast_names_an_offer_without_a_usable_price() -> None:
+    payload = {
+        "offers": [
+            {"id": 1, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0.4},
+            {"id": 2, "gpu_name": "RTX 4090", "num_gpus": 1, "dph_total": 0},
+            {"id": 3, "gpu_name": "RTX 4090", "num_gpus": 1},
+            {"id": 4, "gpu_name": "RTX 4090", "num_gpus": 0, "dph_total": 0.4},
+        ]
+    }
+    out = vast.parse_bundles(payload, WHEN)
+    assert [r["on_demand_usd_per_hour"] for r in out.rows] == [0.4]
+    assert out.invalid == [
+        "RTX 4090 offer 2 (dph_total 0)",
+        "RTX 4090 offer 3 (dph_total not reported)",
+        "RTX 4090 offer 4 (num_gpus 0)",
+    ]
+
+
+@pytest.mark.parametrize(
     ("value", "gib"),
     [("2048 GiB", 2048.0), ("1,152 GiB", 1152.0), ("0.5 GiB", 0.5), ("16 GB", None), ("0 GiB", None), ("", None)],
 )
@@ -225,6 +301,48 @@ def test_a_feeds_spot_price_above_on_demand_is_dropped_with_a_note_and_the_rest_
     with unit_of_work(factory) as session:
         (state,) = feed_states(session)
     assert state.last_error is None and note in (state.note or "")
+
+
+def test_one_vast_listing_under_a_tenth_of_a_cent_is_skipped_and_the_rest_imported(
+    factory: sessionmaker[Session], fake: FakeProviders
+) -> None:
+    """One listing priced under $0.001 per GPU-hour failed the whole refresh, keeping every older Vast price. It is
+    skipped and named in the note; the next cheapest listing of its card, count and country takes its place."""
+    payload = response("vast_bundles.json")
+    payload["offers"].append(
+        {"id": 108, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.0005, "geolocation": "US"}
+    )
+    fake.routes[("POST", "/api/v0/bundles/")] = (200, payload)
+    (outcome,) = refresh(factory, _settings(fake), ["vast"])
+    assert outcome.ok and outcome.offers == 5, outcome
+    offers = {(o.gpu, o.gpus_per_node, o.country): o for o in _offers(factory, "vast")}
+    assert len(offers) == 5 and offers[("RTX 4090", 1, "US")].on_demand_usd_per_hour == 0.38
+    note = "skipped 1 offer with a value gpuplan refuses: RTX 4090 US (on_demand_usd_per_hour: below $0.001 per"
+    with unit_of_work(factory) as session:
+        (state,) = feed_states(session)
+    assert state.last_error is None and note in (state.note or "") and note in (outcome.note or "")
+
+
+def test_a_feed_whose_every_listing_is_refused_fails_naming_them(
+    factory: sessionmaker[Session], fake: FakeProviders
+) -> None:
+    offers = [{"id": 1, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.0005}]
+    fake.routes[("POST", "/api/v0/bundles/")] = (200, {"offers": offers})
+    (outcome,) = refresh(factory, _settings(fake), ["vast"])
+    assert not outcome.ok and "no offer of a known card (skipped 1 offer with a value" in (outcome.error or "")
+
+
+def test_a_lambda_instance_type_priced_nan_is_named_in_the_feeds_note(
+    factory: sessionmaker[Session], fake: FakeProviders
+) -> None:
+    payload = response("lambda_instance_types.json")
+    payload["data"]["gpu_1x_a10"]["instance_type"]["price_cents_per_hour"] = float("nan")  # sent as JSON NaN
+    fake.routes[("GET", "/api/v1/instance-types")] = (200, payload)
+    (outcome,) = refresh(factory, _settings(fake), ["lambda"])
+    assert outcome.ok and outcome.offers == 2, outcome
+    with unit_of_work(factory) as session:
+        (state,) = feed_states(session)
+    assert "gpu_1x_a10 (price_cents_per_hour nan)" in (state.note or "")
 
 
 def test_a_failed_fetch_keeps_the_last_good_prices_and_records_a_scrubbed_error(

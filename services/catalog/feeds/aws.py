@@ -25,7 +25,6 @@ from typing import Any
 from services.catalog.feeds.base import (
     FeedError,
     FeedOffers,
-    cheapest_per_key,
     host_ram_gib,
     known_gpu,
     name_mappings,
@@ -89,7 +88,10 @@ def parse_prices(
             out.skipped.add(kind)
             continue
         price = _hourly_usd(product)
-        if price is None or mapping.gpus_per_node is None:
+        if price is None:
+            out.invalid.append(f"{kind} {region} (no positive USD price per hour)")
+            continue
+        if mapping.gpus_per_node is None:  # names.csv gives every AWS instance type its GPU count
             continue
         gpus = mapping.gpus_per_node
         spot = spot_usd.get((region, kind))
@@ -113,7 +115,7 @@ def parse_prices(
                 "host_ram_gib_per_node": _memory_gib(attributes),
             }
         )
-    out.rows = cheapest_per_key(rows)
+    out.keep(rows)
     return out
 
 

@@ -12,7 +12,13 @@ from importlib import resources
 from typing import Any
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs
-from services.catalog.pricelist import MAX_HOST_RAM_GIB_PER_NODE, MIN_USD_PER_GPU_HOUR, spot_above_on_demand
+from services.catalog.pricelist import (
+    MAX_HOST_RAM_GIB_PER_NODE,
+    MIN_USD_PER_GPU_HOUR,
+    PriceListError,
+    parse_rows,
+    spot_above_on_demand,
+)
 from services.core.errors import EstimatorError
 
 # A provider's whole offer list is a few MB at most (Vast's marketplace is the largest); more is refused.
@@ -29,8 +35,31 @@ class FeedOffers:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: set[str] = field(default_factory=set)
+    invalid: list[str] = field(default_factory=list)
     spot_dropped: list[str] = field(default_factory=list)
     spot_too_low: list[str] = field(default_factory=list)
+
+    def keep(self, rows: list[dict[str, Any]]) -> None:
+        """Set ``rows`` to the given rows the price-list checks accept, the cheapest per key, with their odd spot
+        prices dropped; each refused row is named in ``invalid`` (for the feed's note).
+
+        The catalog refuses a feed's rows as it refuses a file, whole (record_feed_success): one bad listing (a
+        price per second read as one per hour) would keep every older price of the provider. A feed skips just
+        that listing. Checked before the cheapest is chosen, so a refused listing never hides a sound one."""
+        specs = gpu_specs()
+        sound = []
+        for row in rows:
+            # Checked as it will be stored: a spot price drop_spot_above_on_demand clears costs the row nothing.
+            checked = {**row, "spot_usd_per_hour": None} if _odd_spot(row) else row
+            try:
+                parse_rows([checked], specs)
+            except PriceListError as exc:
+                problem = exc.problems[0].removeprefix("row 1: ")
+                self.invalid.append(f"{row.get('gpu')} {row.get('region') or '-'} ({problem})")
+                continue
+            sound.append(row)
+        self.rows = cheapest_per_key(sound)
+        self.drop_spot_above_on_demand()
 
     def drop_spot_above_on_demand(self) -> None:
         """Clear each spot price above its row's on-demand price, or below MIN_USD_PER_GPU_HOUR, remembering which
@@ -44,7 +73,7 @@ class FeedOffers:
             if spot_above_on_demand(on_demand, spot):
                 self.spot_dropped.append(f"{row.get('gpu')} {row.get('region') or '-'} (spot {spot:g} > {on_demand:g})")
                 row["spot_usd_per_hour"] = None
-            elif isinstance(spot, float | int) and 0 < spot < MIN_USD_PER_GPU_HOUR:
+            elif _spot_too_low(spot):
                 # Next to nothing (moto answers every spot price as $0.00001): it would rank first; a file is refused.
                 self.spot_too_low.append(f"{row.get('gpu')} {row.get('region') or '-'} (spot {spot:g})")
                 row["spot_usd_per_hour"] = None
@@ -53,6 +82,11 @@ class FeedOffers:
         parts = []
         if self.skipped:
             parts.append(f"skipped offers of cards gpuplan has no spec for: {_some(sorted(self.skipped))}")
+        if self.invalid:
+            count = len(self.invalid)
+            parts.append(
+                f"skipped {count} offer{'s' if count > 1 else ''} with a value gpuplan refuses: {_some(self.invalid)}"
+            )
         if self.spot_dropped:
             count = len(self.spot_dropped)
             parts.append(
@@ -66,6 +100,28 @@ class FeedOffers:
                 f"GPU-hour: {_some(self.spot_too_low)}"
             )
         return "; ".join(parts) or None
+
+
+def _spot_too_low(spot: Any) -> bool:
+    return isinstance(spot, float | int) and not isinstance(spot, bool) and 0 < spot < MIN_USD_PER_GPU_HOUR
+
+
+def _odd_spot(row: dict[str, Any]) -> bool:
+    """Whether drop_spot_above_on_demand will clear the row's spot price."""
+    spot = row.get("spot_usd_per_hour")
+    return spot_above_on_demand(row.get("on_demand_usd_per_hour"), spot) or _spot_too_low(spot)
+
+
+def price_problem(value: Any) -> str | None:
+    """Why a provider's price cannot be used, as the feed's note shows it after the field's name ("not reported",
+    "nan", "0", "-75", "'75'"); None for a positive finite number."""
+    if value is None:
+        return "not reported"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return repr(value)
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:g}"
+    return None
 
 
 def _some(items: list[str], shown: int = 10) -> str:

@@ -10,18 +10,17 @@ spot market, and an on-demand instance is one node (1-Click Clusters are reserve
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from services.catalog.feeds.base import (
     FeedError,
     FeedOffers,
-    cheapest_per_key,
     fetch_json,
     host_ram_gib,
     known_gpu,
     mapping_for,
+    price_problem,
 )
 
 PROVIDER = "lambda"
@@ -42,12 +41,15 @@ def parse_instance_types(payload: Any, fetched_at: str) -> FeedOffers:
         if not isinstance(kind, dict) or match is None:
             continue
         cents = kind.get("price_cents_per_hour")
-        if isinstance(cents, bool) or not isinstance(cents, int | float) or not math.isfinite(cents) or cents <= 0:
+        problem = price_problem(cents)
+        if problem is not None or not isinstance(cents, int | float):  # the isinstance: for mypy
+            out.invalid.append(f"{name} (price_cents_per_hour {problem})")
             continue
         specs = kind.get("specs")
         listed = specs.get("gpus") if isinstance(specs, dict) else None
         gpus: int = listed if isinstance(listed, int) and not isinstance(listed, bool) else int(match.group(1))
         if not 1 <= gpus <= 64:
+            out.invalid.append(f"{name} (specs.gpus {gpus})")
             continue
         mapping = mapping_for(PROVIDER, match.group(2))
         spec = known_gpu(mapping.gpu if mapping else str(kind.get("gpu_description") or match.group(2)))
@@ -78,7 +80,7 @@ def parse_instance_types(payload: Any, fetched_at: str) -> FeedOffers:
                 ),
             }
         )
-    out.rows = cheapest_per_key(rows)
+    out.keep(rows)
     return out
 
 

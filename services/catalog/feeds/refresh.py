@@ -76,8 +76,12 @@ def refresh(
         try:
             fetched = fetch_offers(provider, settings, when.strftime("%Y-%m-%dT%H:%M:%SZ"))
             if not fetched.rows:
-                raise FeedError(f"{provider}: the API listed no offer of a known card")
-            fetched.drop_spot_above_on_demand()
+                why = f" ({fetched.note()})" if fetched.note() else ""
+                raise FeedError(f"{provider}: the API listed no offer of a known card{why}")
+            if fetched.invalid:
+                log.warning(
+                    "catalog feed %s: offers with a value gpuplan refuses skipped: %s", provider, fetched.invalid
+                )
             if fetched.spot_dropped:
                 log.warning("catalog feed %s: spot price above on demand dropped: %s", provider, fetched.spot_dropped)
             if fetched.spot_too_low:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from services.catalog.feeds.base import FeedError, FeedOffers, cheapest_per_key, fetch_json, known_gpu, mapping_for
+from services.catalog.feeds.base import FeedError, FeedOffers, fetch_json, known_gpu, mapping_for, price_problem
 
 PROVIDER = "runpod"
 DEFAULT_URL = "https://api.runpod.io/graphql"
@@ -55,6 +55,7 @@ def parse_gpu_types(payload: Any, fetched_at: str) -> FeedOffers:
                 continue
             on_demand = _price(item.get(f"{cloud}Price"))
             if on_demand is None:
+                out.invalid.append(f"{item['id']} ({cloud}Price {price_problem(item.get(f'{cloud}Price'))})")
                 continue
             rows.append(
                 {
@@ -71,7 +72,7 @@ def parse_gpu_types(payload: Any, fetched_at: str) -> FeedOffers:
                     "billing_increment_s": 1,
                 }
             )
-    out.rows = cheapest_per_key(rows)
+    out.keep(rows)
     return out
 
 

@@ -19,11 +19,11 @@ from typing import Any
 from services.catalog.feeds.base import (
     FeedError,
     FeedOffers,
-    cheapest_per_key,
     fetch_json,
     host_ram_gib,
     known_gpu,
     mapping_for,
+    price_problem,
 )
 from services.catalog.gpus import GpuSpec
 
@@ -82,10 +82,16 @@ def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
     for item in offers:
         if not isinstance(item, dict) or not isinstance(item.get("gpu_name"), str):
             continue
+        listing = f"{item['gpu_name']} offer {item.get('id', '?')}"
         gpus = item.get("num_gpus")
-        total = _number(item.get("dph_total"))
-        if not isinstance(gpus, int) or not 1 <= gpus <= 64 or total is None or total <= 0:
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+            out.invalid.append(f"{listing} (num_gpus {gpus!r})")
             continue
+        problem = price_problem(item.get("dph_total"))
+        if problem is not None:
+            out.invalid.append(f"{listing} (dph_total {problem})")
+            continue
+        total = float(item["dph_total"])
         mapping = mapping_for(PROVIDER, item["gpu_name"])
         name = mapping.gpu if mapping else item["gpu_name"]
         ram_mb = _number(item.get("gpu_ram"))
@@ -121,7 +127,7 @@ def parse_bundles(payload: Any, fetched_at: str) -> FeedOffers:
                 "host_ram_gib_per_node": host_ram_gib(item.get("cpu_ram"), BYTES_PER_MB),
             }
         )
-    out.rows = cheapest_per_key(rows)
+    out.keep(rows)
     return out
 
 
