@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from services.catalog.models import find_model
 from services.core import json_limits
+from services.dashboard.views import echo, readable
 from services.estimator.errors import UnknownModelError
 from services.estimator.plan import (
     MAX_EXAMPLE_TOKENS,
@@ -124,7 +125,7 @@ class PlanForm:
     errors: dict[str, str] = field(default_factory=dict)
 
     def add(self, name: str, message: str) -> None:
-        self.errors.setdefault(name, message)
+        self.errors.setdefault(name, readable(message))
 
 
 def blank_form() -> PlanForm:
@@ -140,7 +141,7 @@ def _int(form: PlanForm, name: str, label: str, lo: int, hi: int, required: bool
     try:
         value = int(raw)
     except ValueError:
-        form.add(name, f"{label}: a whole number from {lo:,} to {hi:,} (got {raw!r:.40})")
+        form.add(name, f"{label}: a whole number from {lo:,} to {hi:,} (got {echo(raw)})")
         return None
     if not lo <= value <= hi:
         form.add(name, f"{label}: from {lo:,} to {hi:,} (got {value:,})")
@@ -162,7 +163,7 @@ def _float(form: PlanForm, name: str, label: str, lo: float, hi: float, required
     try:
         value = float(raw)
     except ValueError:
-        form.add(name, f"{label}: a number above {_shown(lo)} and at most {_shown(hi)} (got {raw!r:.40})")
+        form.add(name, f"{label}: a number above {_shown(lo)} and at most {_shown(hi)} (got {echo(raw)})")
         return None
     if not lo < value <= hi:
         form.add(name, f"{label}: above {_shown(lo)} and at most {_shown(hi)} (got {_shown(value)})")
@@ -210,21 +211,21 @@ def parse_plan_form(raw: Mapping[str, str]) -> tuple[PlanForm, PlanRequest | Non
 
     mode = values["mode"] or "train"
     if mode not in MODES:
-        form.add("mode", f"mode: one of {', '.join(MODES)} (got {mode!r:.40})")
+        form.add("mode", f"mode: one of {', '.join(MODES)} (got {echo(mode)})")
     elif mode == "inference":
         # Inference memory is sized from the serving inputs alone: no training method, batch or data set.
         body.update(_serving_body(form, values))
         return _validated(form, body, values)
     method = values["method"]
     if method not in METHODS:
-        form.add("method", f"method: one of {', '.join(METHODS)} (got {method!r:.40})")
+        form.add("method", f"method: one of {', '.join(METHODS)} (got {echo(method)})")
     body["method"] = method
     if method in ("lora", "qlora"):
         rank = _int(form, "lora_rank", "LoRA rank", 1, 4096)
         if rank is not None:
             body["lora"] = {"rank": rank}
     if values["precision"] not in PRECISIONS:
-        form.add("precision", f"precision: one of {', '.join(PRECISIONS)} (got {values['precision']!r:.40})")
+        form.add("precision", f"precision: one of {', '.join(PRECISIONS)} (got {echo(values['precision'])})")
     body["precision"] = values["precision"]
     for name, label, hi in (
         ("micro_batch_size", "micro-batch size", 65_536),
@@ -261,18 +262,18 @@ def _serving_body(form: PlanForm, values: Mapping[str, str]) -> dict[str, Any]:
     if precision not in SERVING_PRECISIONS:
         form.add(
             "serving_precision",
-            f"serving precision: one of {', '.join(SERVING_PRECISIONS)} (got {precision!r:.40})",
+            f"serving precision: one of {', '.join(SERVING_PRECISIONS)} (got {echo(precision)})",
         )
     body["precision"] = precision
     weights = values["weights"]
     if weights not in SERVING_WEIGHTS:
-        form.add("weights", f"weights: one of {', '.join(w or 'none' for w in SERVING_WEIGHTS)} (got {weights!r:.40})")
+        form.add("weights", f"weights: one of {', '.join(w or 'none' for w in SERVING_WEIGHTS)} (got {echo(weights)})")
     elif weights:
         body["quantization"] = weights
     kv = values["kv_cache_dtype"]
     if kv not in KV_CACHE_DTYPES:
         form.add(
-            "kv_cache_dtype", f"KV cache: one of {', '.join(k or 'none' for k in KV_CACHE_DTYPES)} (got {kv!r:.40})"
+            "kv_cache_dtype", f"KV cache: one of {', '.join(k or 'none' for k in KV_CACHE_DTYPES)} (got {echo(kv)})"
         )
     elif kv:
         body["kv_cache_dtype"] = kv

@@ -64,6 +64,7 @@ _templates = Environment(
 _templates.filters["usd"] = views.usd
 _templates.filters["duration"] = views.duration
 _templates.filters["gib"] = views.gib
+_templates.filters["percent"] = views.percent
 
 # Only this origin's own files: no inline scripts or styles, no CDN, no framing.
 SECURITY_HEADERS = {
@@ -149,7 +150,17 @@ def render(
 
 def _error_page(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
     viewer = getattr(request.state, "dashboard_viewer", None)
-    return render(request, "error.html", {"title": title, "message": message}, status_code=status_code, viewer=viewer)
+    context = {"title": title, "message": views.readable(message)}
+    return render(request, "error.html", context, status_code=status_code, viewer=viewer)
+
+
+def _limit_message(exc: TooManyRequests, viewer: Viewer | None) -> str:
+    """A limit's refusal with the organization it applies to (and the key, for a per-key limit), where known."""
+    if viewer is None:
+        return exc.message
+    principal = viewer.principal
+    key = f", key {principal.key_prefix}" if principal.key_prefix and "per key" in exc.message else ""
+    return f"{exc.message} (organization {principal.organization_name!r}{key})"
 
 
 _TITLES = {
@@ -177,7 +188,7 @@ def refusal_page(path: str, status_code: int, message: str) -> HTMLResponse | No
             "csrf_field": session.CSRF_FIELD,
             "csrf_token": "",
             "title": _TITLES.get(status_code, "Something is wrong"),
-            "message": message,
+            "message": views.readable(message),
         }
     )
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
@@ -205,9 +216,11 @@ class DashboardRoute(APIRoute):
                 )
             except GpuplanError as exc:
                 title = _TITLES.get(exc.status_code, "Something is wrong")
-                page = _error_page(request, exc.status_code, title, exc.message)
-                if isinstance(exc, TooManyRequests):  # as the API says it: when to come back
-                    page.headers["Retry-After"] = str(exc.retry_after_s)
+                if not isinstance(exc, TooManyRequests):
+                    return _error_page(request, exc.status_code, title, exc.message)
+                viewer = getattr(request.state, "dashboard_viewer", None)
+                page = _error_page(request, exc.status_code, title, _limit_message(exc, viewer))
+                page.headers["Retry-After"] = str(exc.retry_after_s)  # as the API says it: when to come back
                 return page
             except RequestValidationError as exc:
                 problems = "; ".join(_validation_problem(e) for e in exc.errors()) or "invalid request"
@@ -222,7 +235,7 @@ def _validation_problem(error: Mapping[str, Any]) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("query", "path", "body"))
     message = str(error.get("msg", "invalid"))
     sent = error.get("input")
-    got = f" (got {sent!r:.60})" if isinstance(sent, str) else ""
+    got = f" (got {views.echo(sent)})" if isinstance(sent, str) else ""
     return f"{where}: {message}{got}" if where else f"{message}{got}"
 
 
@@ -241,12 +254,13 @@ def get_viewer(request: Request, db: Annotated[Database, Depends(get_db)]) -> Vi
         principal = session_principal(s, data.session_id)
     if principal is None or "read" not in principal.scopes:
         raise SignInRequired
+    # Known before the limits are checked, so a refusal's page says whose limit it is.
+    viewer = Viewer(principal=principal, session=data)
+    request.state.dashboard_viewer = viewer
     # The key's rate limit holds on its dashboard session as on the API (issue 21).
     check_rate(db.counters, principal.key_id or principal.organization_id, db.settings.rate_limit_per_minute)
     if request.method not in ("GET", "HEAD") and "plan" not in principal.scopes:
         raise Forbidden("this key may only read: planning and quoting need a key with the 'plan' scope")
-    viewer = Viewer(principal=principal, session=data)
-    request.state.dashboard_viewer = viewer
     return viewer
 
 
@@ -411,7 +425,7 @@ async def submit_plan(request: Request, viewer: ViewerDep, db: DbDep) -> Respons
                 )
                 return row.id
         except TooManyRequests as exc:  # no input to fix: the form is kept, to submit again later
-            form.add("form", exc.message)
+            form.add("form", _limit_message(exc, viewer))
             limited.append(exc)
             return None
         except (Unprocessable, EstimatorError) as exc:
@@ -459,9 +473,8 @@ def _plan_page(
             for q in loaders.quotes_for_plan(s, viewer.principal, plan_id)
         ]
     page = views.plan_page(out, candidates, quotes)
-    return render(
-        request, "plan.html", {"page": page, "quote_error": quote_error}, status_code=status_code, viewer=viewer
-    )
+    problem = views.readable(quote_error) if quote_error is not None else None
+    return render(request, "plan.html", {"page": page, "quote_error": problem}, status_code=status_code, viewer=viewer)
 
 
 @router.get("/plans/{plan_id}")
@@ -676,7 +689,7 @@ def _benchmarks_page(
         "node_choices": node_choices,
         "plan_choices": plan_choices,
         "jobs": jobs,
-        "problem": problem,
+        "problem": views.readable(problem) if problem is not None else None,
     }
     return render(request, "benchmarks.html", context, status_code=status_code, viewer=viewer)
 
@@ -719,7 +732,7 @@ async def start_calibration(request: Request, viewer: ViewerDep, db: DbDep) -> R
 
 @router.get("/{rest:path}")
 def not_found(rest: str) -> Response:
-    raise NotFound(f"no dashboard page at {PREFIX}/{rest}")
+    raise NotFound(f"no dashboard page at {views.shorten(f'{PREFIX}/{rest}')}")
 
 
 def install(app: FastAPI) -> None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
@@ -23,16 +25,71 @@ COST_TIME_AXES = ("hours (wall-clock)", "whole job, on demand (USD)")
 # --- formatting ----------------------------------------------------------------------------------
 
 
-def usd(value: float | None) -> str:
+def usd(value: float | None, most_decimals: int = 2) -> str:
+    """Money as every page shows it: "$1,234.50" ("$250,000" from $100,000; to the decimals it has, up to
+    ``most_decimals``, when more than 2). An amount that is not zero never reads "$0.00" (free, or no budget):
+    under the last decimal shown it is "< $0.01" ("> -$0.01" below zero)."""
     if value is None:
         return "—"
-    return f"${value:,.2f}" if value < 100_000 else f"${value:,.0f}"
+    size = abs(value)
+    if most_decimals > 2:
+        digits = to_decimals(size, most_decimals)
+    else:
+        digits = f"{size:,.2f}" if size < 100_000 else f"{size:,.0f}"
+    if value != 0 and not digits.strip("0.,"):
+        smallest = f"0.{'1'.rjust(most_decimals, '0')}"
+        return f"< ${smallest}" if value > 0 else f"> -${smallest}"
+    return f"{'-' if value < 0 else ''}${digits}"
 
 
 def usd_per_hour(value: float) -> str:
     """A price per hour to the decimals it has (at least 2, at most 4, as a quote's unit prices): "$0.01/h" for a
     node rented at $0.005/h was twice its price."""
-    return f"${to_decimals(value, 4)}"
+    return usd(value, 4)
+
+
+def round_half_away(value: float, decimals: int = 0) -> float:
+    """``value`` rounded as people round it, halves away from zero (12.5 -> 13), to the decimal digits it is
+    written with: round() and "%.0f" round halves to even (12.5 -> 12) and 1.45, a hair under in binary, down."""
+    step = Decimal(1).scaleb(-decimals)
+    return float(Decimal(repr(value)).quantize(step, rounding=ROUND_HALF_UP))
+
+
+def percent(value: float | None, decimals: int = 0) -> str:
+    """A percentage such as a GPU's utilisation: "13%" for 12.5."""
+    return "—" if value is None else f"{round_half_away(value, decimals):.{decimals}f}%"
+
+
+# An input echoed in a message is cut to this many characters (a name or id thousands long stays readable),
+# and a whole message to MESSAGE_CHARS; the form's inputs keep what was typed.
+ECHO_CHARS = 80
+MESSAGE_CHARS = 600
+# A quoted input in a message (as services quote them: repr), an apostrophe inside a word not being a quote.
+_QUOTED = re.compile(r"""(?<!\w)(['"])(.*?)\1(?!\w)""", re.DOTALL)
+_LONG_RUN = re.compile(rf"\S{{{ECHO_CHARS + 1},}}")
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text``, or its first ``limit`` - 1 characters and an ellipsis."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def echo(value: str) -> str:
+    """A submitted value quoted in a message: "'abc'", cut short when long."""
+    return repr(shorten(value))
+
+
+def readable(message: str) -> str:
+    """A message as a page shows it (the services' messages quote what was sent, whole): each quoted input and
+    each run of characters without a space longer than ECHO_CHARS cut short, the whole to MESSAGE_CHARS."""
+
+    def cut_quoted(found: re.Match[str]) -> str:
+        quote, inner = found.group(1), found.group(2)
+        return f"{quote}{shorten(inner)}{quote}" if len(inner) > ECHO_CHARS else found.group(0)
+
+    message = _QUOTED.sub(cut_quoted, message)
+    message = _LONG_RUN.sub(lambda found: shorten(found.group(0)), message)
+    return shorten(message, MESSAGE_CHARS)
 
 
 def duration(hours: float | None) -> str:
@@ -666,7 +723,7 @@ def node_row(node: Any, lifecycle: NodeLifecycle, now: datetime) -> NodeRowView:
         gpu=node.gpu,
         gpu_count=node.gpu_count,
         gpus=gpus,
-        mean_utilisation_pct=round(sum(read) / len(read), 1) if read else None,
+        mean_utilisation_pct=round_half_away(sum(read) / len(read), 1) if read else None,
         last_heartbeat=ago(beat, now),
         # Only a node meant to be running is "silent" when it stops reporting.
         stale=node.status in ("active", "stopping")

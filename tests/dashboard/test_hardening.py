@@ -9,7 +9,8 @@ import re
 from fastapi.testclient import TestClient
 
 from services.catalog.models import find_model
-from tests.dashboard.conftest import csrf_token
+from tests.api.conftest import QLORA_PLAN, Api
+from tests.dashboard.conftest import csrf_token, submit_done_plan
 
 FORM = {
     "model_source": "config",
@@ -71,3 +72,54 @@ def test_a_nul_in_the_url_or_an_oversized_form_is_a_dashboard_page_not_json(alph
     # The API keeps its JSON body.
     api = alpha.get("/v1/plans?before=%00")
     assert api.status_code == 422 and api.json()["field"] == "before"
+
+
+def _alerts(html: str) -> list[str]:
+    """The texts of the page's messages: the error page's alert, and the form's messages beside its inputs."""
+    return re.findall(r'(?:role="alert"|class="message" id="[a-z_]+-error")>([^<]*)<', html)
+
+
+def test_a_long_input_is_echoed_cut_short_in_messages_but_kept_in_its_input(alpha: TestClient) -> None:
+    long = "x" * 3_000
+    token = csrf_token(alpha.get("/dashboard/plans/new").text)
+    form = {**FORM, "model_source": "catalog", "model": long, "budget_usd": long, "csrf_token": token}
+    refused = alpha.post("/dashboard/plans", data=form)
+    assert refused.status_code == 422
+    assert f'value="{long}"' in refused.text  # the form keeps what was typed, to fix it
+    pages = [
+        refused,
+        alpha.get(f"/dashboard/{long}"),
+        alpha.get(f"/dashboard/plans/{long}"),
+        alpha.get(f"/dashboard/quotes/{'word ' * 600}"),
+    ]
+    for page in pages:
+        alerts = _alerts(page.text)
+        assert alerts, page.text[:2000]
+        for alert in alerts:
+            assert len(alert) < 300 and "…" in alert, (page.url, alert[:400])
+
+
+def test_a_budget_under_a_cent_is_not_shown_as_free(api: Api, alpha: TestClient) -> None:
+    plan = submit_done_plan(api, plan={**QLORA_PLAN, "constraints": {"budget_usd": 1e-300}})
+    html = alpha.get(f"/dashboard/plans/{plan['id']}").text
+    assert "<dt>budget</dt><dd>&lt; $0.01</dd>" in html, re.findall(r"<dt>budget</dt><dd>[^<]*", html)
+
+
+def test_gpu_utilisation_rounds_halves_away_from_zero(api: Api, alpha: TestClient) -> None:
+    node = alpha.post(
+        "/v1/nodes", json={"name": "half-box", "gpu": "H100 SXM", "gpu_count": 2}, headers=api.headers()
+    ).json()
+    gpus = [
+        {"index": 0, "utilisation_pct": 12.5, "memory_used_gib": 1.0, "memory_total_gib": 80.0},
+        {"index": 1, "utilisation_pct": 13.5, "memory_used_gib": 1.0, "memory_total_gib": 80.0},
+    ]
+    beat = alpha.post(
+        f"/v1/nodes/{node['id']}/heartbeat",
+        json={"gpus": gpus, "job_running": True},
+        headers={**api.headers(), "X-Node-Token": node["node_token"]},
+    )
+    assert beat.is_success, beat.text
+    html = alpha.get("/dashboard/nodes").text
+    shown = re.findall(r"GPU (\d) utilisation (\d+)%", html)
+    assert shown == [("0", "13"), ("1", "14")], shown
+    assert "</meter> 13% " in html and "</meter> 14% " in html

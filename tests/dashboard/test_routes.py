@@ -589,3 +589,17 @@ def test_a_page_over_the_rate_limit_says_when_to_come_back(database_url: str) ->
     refused = pages[-1]
     assert refused.status_code == 429 and refused.headers["content-type"].startswith("text/html"), refused.text
     assert int(refused.headers["retry-after"]) >= 1 and "Too many requests" in refused.text
+
+
+def test_a_page_over_a_limit_names_the_organization_it_applies_to(database_url: str) -> None:
+    with _signed_in(database_url, rate_limit_per_minute=6, quota_plans_per_hour=1) as client:
+        for _ in range(2):
+            form = {**FORM, "csrf_token": csrf_token(client.get("/dashboard/plans/new").text)}
+            quota = client.post("/dashboard/plans", data=form, follow_redirects=False)
+        # The rate limit refused the page before it knew who was signed in: no organization anywhere on it.
+        rate = [client.get("/dashboard/plans") for _ in range(3)][-1]
+    assert quota.status_code == 429 and "1 plans per hour per organization" in quota.text
+    assert rate.status_code == 429 and "requests per minute per key" in rate.text
+    for page in (quota, rate):
+        assert "(organization &#39;limited&#39;" in page.text, page.text
+        assert '<span class="org" title="Signed-in organization">limited</span>' in page.text

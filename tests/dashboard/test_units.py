@@ -383,6 +383,86 @@ def test_formatting() -> None:
     assert views.ago(None, now) == "never"
 
 
+def test_money_under_a_cent_is_never_shown_as_zero() -> None:
+    # A budget of 1e-300 USD read "$0.00": free, or no budget at all.
+    for tiny in (1e-300, 0.001, 0.0049):
+        assert views.usd(tiny) == "< $0.01", tiny
+    assert views.usd(-0.0049) == "> -$0.01"
+    assert views.usd(0.0) == "$0.00" and views.usd(-0.0) == "$0.00"
+    assert views.usd(0.01) == "$0.01" and views.usd(-2.5) == "-$2.50" and views.usd(250_000) == "$250,000"
+    # Prices per hour, to four decimals, the same way.
+    assert views.usd_per_hour(0.0045) == "$0.0045" and views.usd_per_hour(2.5) == "$2.50"
+    assert views.usd_per_hour(1e-9) == "< $0.0001"
+    out = SimpleNamespace(
+        id="p",
+        status="done",
+        request={"constraints": {"budget_usd": 1e-300}},
+        estimate=None,
+        recommendations=[],
+        rejections=[],
+        warnings=[],
+        error=None,
+    )
+    assert views.Fact("budget", "< $0.01") in views.plan_page(out, []).facts
+
+
+def test_percentages_round_halves_away_from_zero() -> None:
+    # As people read them (and not Python's round() or "%.0f", which gave 12.5 -> 12 and 13.5 -> 14).
+    shown = [views.percent(v) for v in (12.5, 13.5, 0.5, 99.5, 87.4, 100.0)]
+    assert shown == ["13%", "14%", "1%", "100%", "87%", "100%"]
+    assert views.percent(None) == "—"
+    assert views.round_half_away(2.675, 2) == 2.68 and views.round_half_away(-12.5) == -13.0
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    node = SimpleNamespace(
+        id="n",
+        name="box",
+        gpu="H100 SXM",
+        gpu_count=2,
+        gpus=[
+            {"index": 0, "utilisation_pct": 1.4, "memory_used_gib": 1, "memory_total_gib": 80},
+            {"index": 1, "utilisation_pct": 1.5, "memory_used_gib": 1, "memory_total_gib": 80},
+        ],
+        last_heartbeat_at=now,
+        job_running=False,
+        provider="",
+        usd_per_hour=None,
+        status="active",
+        stop_attempts=0,
+        next_stop_at=None,
+        last_stop_at=None,
+        last_stop_answer=None,
+        sync_alert=None,
+        sync_error=None,
+        sync_failing_since=None,
+        sync_pending_bytes=0,
+        unsynced_since=None,
+    )
+    # The mean of 1.4 and 1.5 is 1.45 (a float a hair under it, which round() takes down to 1.4).
+    assert views.node_row(node, views.NodeLifecycle(), now).mean_utilisation_pct == 1.5
+
+
+def test_echoed_inputs_are_cut_to_a_readable_length() -> None:
+    long = "x" * 3000
+    shown = views.echo(long)
+    assert shown.startswith("'xxx") and shown.endswith("…'") and len(shown) <= views.ECHO_CHARS + 3
+    assert views.echo("abc") == "'abc'"
+    # Messages of the services that quote what was sent (NotFound "no plan '…'"), and bare runs (a path).
+    for message in (
+        f"no plan {long!r}",
+        f"no dashboard page at /dashboard/{long}",
+        f"model: {'word ' * 600!r} is unknown",
+    ):
+        cut = views.readable(message)
+        assert len(cut) < 200 and "…" in cut, cut[:300]
+    assert views.readable("model: 'm' is not in the bundled catalog.") == "model: 'm' is not in the bundled catalog."
+    form, request = forms.parse_plan_form({**forms.DEFAULTS, "model": long, "method": long, "budget_usd": long})
+    assert request is None
+    for name in ("model", "method", "budget_usd"):
+        assert "x" * 30 in form.errors[name] and len(form.errors[name]) < 400, form.errors[name]
+        assert "…" in form.errors[name]
+    assert form.values["model"] == long  # the input keeps what was typed
+
+
 def test_node_row_with_empty_lifecycle() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     node = SimpleNamespace(
