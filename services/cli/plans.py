@@ -19,6 +19,7 @@ from services.cli.common import (
     read_plan_file,
     service_json,
 )
+from services.core.money import usd
 
 
 def register(sub: Subparsers) -> None:
@@ -94,15 +95,15 @@ def _print_plan(args: argparse.Namespace, body: dict[str, Any]) -> int:
     for rec in body.get("recommendations", [])[:5]:
         pricing = str(rec.get("pricing", "on_demand")).replace("_", " ")
         expected = rec.get("expected_cost_usd", rec["cost_usd"])
-        spot = f", spot ${rec['spot_cost_usd']:,.2f}" if rec.get("spot_cost_usd") is not None else ""
+        spot = f", spot {usd(rec['spot_cost_usd'])}" if rec.get("spot_cost_usd") is not None else ""
         # The hours of the pricing shown (a spot run's include its expected preemptions; `hours` is on demand's), and
         # the card's memory as listed (an A10's 22.5 GiB is not 22).
         hours = rec.get("expected_hours", rec["hours"])
         memory = float(rec["gpu_memory_gib"])
         card = f"{memory:.0f}" if memory.is_integer() else f"{memory:.1f}"
         print(
-            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}, {pricing}): ${expected:,.2f} expected; "
-            f"{rec['peak_gib_per_gpu']:.1f} of {card} GiB, {hours:.1f} h, ${rec['cost_usd']:,.2f} on demand{spot}"
+            f"  {rec['gpus']} x {rec['gpu']} ({rec['provider']}, {pricing}): {usd(expected)} expected; "
+            f"{rec['peak_gib_per_gpu']:.1f} of {card} GiB, {hours:.1f} h, {usd(rec['cost_usd'])} on demand{spot}"
         )
         # The planner's notes on the setup, in the words the plan page, the quote and the export use.
         for note in rec.get("notes") or ():

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from services.core.money import usd_written
 from services.dashboard.charts import MemoryChart, Point, ScatterChart, memory_chart, scatter
 from services.estimator.padding import padding_shows
 from services.quotes.document import gib as card_gib
@@ -36,10 +37,7 @@ def usd(value: float | None, most_decimals: int = 2) -> str:
         digits = to_decimals(size, most_decimals)
     else:
         digits = f"{size:,.2f}" if size < 100_000 else f"{size:,.0f}"
-    if value != 0 and not digits.strip("0.,"):
-        smallest = f"0.{'1'.rjust(most_decimals, '0')}"
-        return f"< ${smallest}" if value > 0 else f"> -${smallest}"
-    return f"{'-' if value < 0 else ''}${digits}"
+    return usd_written(value, digits, most_decimals)
 
 
 def usd_per_hour(value: float) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 
 from services.catalog.market import Market
 from services.catalog.offers import Offer
+from services.core.money import usd
 from services.estimator.memo import quick_init
 from services.planner.checkpoints import DEFAULT_MAX_INTERVAL_S, FAILURES_PER_GPU_HOUR, MIN_INTERVAL_S
 from services.planner.models import PricingMode
@@ -227,11 +228,11 @@ def spot_note(cost: RunCost, nodes: int, on_demand_usd: float) -> str:
     return (
         f"spot: {cost.expected_preemptions:.2f} preemptions expected ({rate}; {cost.rate_source}); each costs a "
         f"restart of {cost.restart_s / 60:.0f} min and half a checkpoint interval (every "
-        f"{cost.checkpoint_interval_s / 60:.0f} min): ${rework:,.2f} of rework and "
-        f"${cost.breakdown['checkpoint_writes']:,.2f} of checkpoints, plus {cost.capacity_wait_hours * 60:.0f} min "
+        f"{cost.checkpoint_interval_s / 60:.0f} min): {usd(rework)} of rework and "
+        f"{usd(cost.breakdown['checkpoint_writes'])} of checkpoints, plus {cost.capacity_wait_hours * 60:.0f} min "
         f"waiting for capacity (unbilled); a {cost.on_demand_fallback_probability:.0%} chance capacity does not "
         f"come back within {CAPACITY_WAIT_CAP_HOURS:g} h and the job finishes on demand "
-        f"(${cost.on_demand_fallback_usd:,.2f} expected); on demand the same setup is ${on_demand_usd:,.2f}"
+        f"({usd(cost.on_demand_fallback_usd)} expected); on demand the same setup is {usd(on_demand_usd)}"
     )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from services.catalog.gpus import GpuSpec, gpu_specs
 from services.catalog.market import as_market
 from services.catalog.offers import Offer, bundled_offers
+from services.core.money import usd
 from services.estimator.architecture import Architecture, parameter_counts
 from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import synchronisation_fraction
@@ -423,7 +424,7 @@ def _notes(ctx: PlanContext, e: Entry, age: float | None) -> list[str]:
     if cost.breakdown["billing_rounding"] > 0.005:
         notes.append(
             f"billed per {c.offer.billing_increment_s} s with a {c.offer.billing_minimum_s} s minimum: "
-            f"${cost.breakdown['billing_rounding']:,.2f} of unused billed time"
+            f"{usd(cost.breakdown['billing_rounding'])} of unused billed time"
         )
     notes.extend(e.tail)
     return notes

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
+from services.core.money import usd
 from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split, config_for
@@ -294,10 +295,10 @@ def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequenc
     over_budget = over_deadline = ""
     kind: RejectionKind
     if budget is not None:
-        spot = f" and ${cheapest.spot_cost_usd:,.2f} expected on spot" if cheapest.spot_cost_usd is not None else ""
+        spot = f" and {usd(cheapest.spot_cost_usd)} expected on spot" if cheapest.spot_cost_usd is not None else ""
         over_budget = (
-            f"the cheapest fitting setup ({_setup_label(cheapest)}) costs ${cheapest.cost_usd:,.2f} on demand{spot}, "
-            f"over the ${budget:,.2f} budget"
+            f"the cheapest fitting setup ({_setup_label(cheapest)}) costs {usd(cheapest.cost_usd)} on demand{spot}, "
+            f"over the {usd(budget)} budget"
         )
     if deadline is not None:
         over_deadline = (
@@ -314,9 +315,10 @@ def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequenc
         within_deadline = min(deadline_ok, key=lambda c: c.cost_usd)
         within_budget = min(budget_ok, key=lambda c: c.hours)
         kind, ref = "budget_and_deadline", within_deadline
+        assert budget is not None  # no setup meets both, yet some meet each: neither is absent
         reason = (
             f"no setup meets both: within the {deadline:g} h deadline the cheapest ({_setup_label(within_deadline)}) "
-            f"costs ${within_deadline.cost_usd:,.2f} (budget ${budget:,.2f}); within budget the fastest "
+            f"costs {usd(within_deadline.cost_usd)} (budget {usd(budget)}); within budget the fastest "
             f"({_setup_label(within_budget)}) takes {within_budget.hours:.2f} h"
         )
     return Rejection(

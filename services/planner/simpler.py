@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from services.core.money import usd
 from services.estimator.memory import GIB
 from services.planner.context import Entry
 from services.planner.host_ram import host_ram_available_bytes
@@ -195,7 +196,7 @@ def _simpler_notes(
         q = min(below, key=lambda j: costs[j])
         named = costs[q]
         notes.append(
-            f"the simpler {setup_label(entries[q])} costs ${costs[q]:,.2f}: this setup is {1 - cost / costs[q]:.0%} "
+            f"the simpler {setup_label(entries[q])} costs {usd(costs[q])}: this setup is {1 - cost / costs[q]:.0%} "
             f"cheaper, more than constraints.prefer_simpler_within ({tolerance:.0%})"
         )
     passed = [
@@ -206,9 +207,9 @@ def _simpler_notes(
     if passed:
         q = min(passed, key=lambda j: costs[j])
         notes.append(
-            f"ranked above {setup_label(entries[q])} at ${costs[q]:,.2f}: that is only {1 - costs[q] / cost:.0%} "
+            f"ranked above {setup_label(entries[q])} at {usd(costs[q])}: that is only {1 - costs[q] / cost:.0%} "
             f"cheaper, within constraints.prefer_simpler_within ({tolerance:.0%}) of this simpler setup at "
-            f"${cost:,.2f}"
+            f"{usd(cost)}"
         )
     return (dataclasses.replace(e, tail=(*e.tail, *notes)) if notes else e), named
 
@@ -233,7 +234,7 @@ def _caveats(out: list[Entry], gpu_only: Entry | None) -> list[Entry]:
             fast = gpu_only.candidate.throughput.data_tokens_per_s
             parts.append(
                 f"slow: {speed:,.0f} tokens/s, under a quarter of the {fast:,.0f} tokens/s of "
-                f"{setup_label(gpu_only)} without offload (${gpu_only.cost.expected_cost_usd:,.2f})"
+                f"{setup_label(gpu_only)} without offload ({usd(gpu_only.cost.expected_cost_usd)})"
             )
         result.append(
             dataclasses.replace(e, lead=("caution, CPU offload: " + "; ".join(parts), *e.lead)) if parts else e

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from services.core.money import usd as dollars
 from services.quotes.schemas import PriceList, QuoteOut
 
 
@@ -55,7 +56,7 @@ class QuoteDocument:
 
 
 def usd(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
+    return "-" if value is None else dollars(value)
 
 
 def gib(value: float) -> str:

@@ -18,6 +18,7 @@ from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
 from services.core.db import once_more_if_raced, utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.money import usd
 from services.core.pages import keyset_page
 from services.estimator.errors import EstimatorError
 from services.estimator.estimate import resolve_architecture
@@ -398,8 +399,8 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
             and s.expected_cost_usd != rec.expected_cost_usd
         ):
             raise Conflict(
-                f"the plan priced {rec.gpus} x {rec.gpu} at {rec.provider} at ${s.expected_cost_usd:,.2f}; it now "
-                f"estimates ${rec.expected_cost_usd:,.2f} (a price it also depends on, such as the on-demand price "
+                f"the plan priced {rec.gpus} x {rec.gpu} at {rec.provider} at {usd(s.expected_cost_usd)}; it now "
+                f"estimates {usd(rec.expected_cost_usd)} (a price it also depends on, such as the on-demand price "
                 "a spot run falls back to, the calibration or the catalog's defaults changed); "
                 "re-plan to quote it",
                 field="price",
@@ -548,7 +549,7 @@ def _assumptions(
     # A picked setup may be one the plan left out for its budget, deadline, GPU count, provider or region: the quote
     # says so.
     if constraints.budget_usd is not None and rec.expected_cost_usd > constraints.budget_usd:
-        out.append(f"over the plan's budget: ${rec.expected_cost_usd:,.2f} against ${constraints.budget_usd:,.2f}")
+        out.append(f"over the plan's budget: {usd(rec.expected_cost_usd)} against {usd(constraints.budget_usd)}")
     if constraints.deadline_hours is not None and rec.expected_hours > constraints.deadline_hours:
         out.append(
             f"past the plan's deadline: {rec.expected_hours:,.1f} h against {constraints.deadline_hours:g} h expected"
