@@ -57,8 +57,9 @@ LITGPT_WEIGHTS = ("lit_model.pth", "lit_model.pth.lora", "lit_model.pth.adapter"
 LITGPT_LAST = ("hyperparameters.yaml", "model_config.yaml")
 LITGPT_AFTER = ("prompt_style.yaml",)
 DCP_METADATA = ".metadata"
-# gpuplan's own files a training script may add after the framework's save.
-OWN_FILES = ("gpuplan_metric.json",)
+# gpuplan's own files a training script may add after the framework's save: the evaluation metric ({"metric": x}).
+METRIC_FILE = "gpuplan_metric.json"
+OWN_FILES = (METRIC_FILE,)
 
 _GLOBAL_STEP = re.compile(r"^global_step(\d+)$")
 _EPOCH = re.compile(r"^epoch_(\d+)$")

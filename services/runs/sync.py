@@ -60,7 +60,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from services.core.json_limits import INT32_MAX
-from services.runs.complete import checkpoint_files, completeness
+from services.runs.complete import METRIC_FILE, OWN_FILES, checkpoint_files, completeness
 from services.runs.manifest import (
     BESIDE_PREFIX,
     MANIFEST_NAME,
@@ -468,7 +468,7 @@ def read_metric(directory: Path, step: int) -> float | None:
     """The evaluation metric saved with a checkpoint: ``gpuplan_metric.json`` ({"metric": x}) if the
     training script writes one, else the last ``eval_loss`` at or before this step in transformers'
     ``trainer_state.json``."""
-    explicit = directory / "gpuplan_metric.json"
+    explicit = directory / METRIC_FILE
     value: object = None
     try:
         if explicit.is_file():
@@ -678,8 +678,14 @@ def local_changes(directory: Path, manifest: Manifest) -> list[str]:
     """Files of a durable checkpoint that differ from its manifest: added, removed, another size, or
     (only for files modified after the manifest was made, so a pass costs a stat per file) another
     SHA-256."""
-    recorded = {f.path: f for f in manifest.files}
-    local = {p.relative_to(directory).as_posix(): p for p in checkpoint_files(directory)}
+    # gpuplan's own files may follow the save (an evaluation ending after the step became durable): their metric
+    # reaches the service as such (late_metric), and the checkpoint's data is unchanged.
+    recorded = {f.path: f for f in manifest.files if f.path not in OWN_FILES}
+    local = {
+        relative: p
+        for p in checkpoint_files(directory)
+        if (relative := p.relative_to(directory).as_posix()) not in OWN_FILES
+    }
     changed = sorted(set(local) ^ set(recorded))
     made_ns = int(manifest.created_at.timestamp() * 1e9)
     for relative in sorted(set(local) & set(recorded)):
@@ -691,6 +697,27 @@ def local_changes(directory: Path, manifest: Manifest) -> list[str]:
         except FileNotFoundError:
             changed.append(relative)  # removed since the listing
     return sorted(changed)
+
+
+# The metric files late_metric read, by (path, mtime): a pass reads a changed file once, and warns once of a bad one.
+_LATE_METRICS: dict[tuple[str, int], float | None] = {}
+
+
+def late_metric(directory: Path, step: int, manifest: Manifest) -> float | None:
+    """A metric the training script wrote after the step became durable (``gpuplan_metric.json`` may follow the
+    marker: docs/runs.md) that its manifest does not carry; None: none new. Retention keeps the best by it."""
+    path = directory / METRIC_FILE
+    if manifest.metric is not None or not path.is_file():
+        return None
+    try:
+        key = (str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _LATE_METRICS:
+        if len(_LATE_METRICS) > 10_000:
+            _LATE_METRICS.clear()
+        _LATE_METRICS[key] = read_metric(directory, step)
+    return _LATE_METRICS[key]
 
 
 def _manifest_for(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
@@ -769,9 +796,11 @@ def sync_pass(
         if step in durable or step in deleted:
             try:
                 stored_manifest = _manifest_for(s3, bucket, run_prefix, step) if step in durable else None
-                # Already durable: marking it final rewrites only its manifest, read anew (the cache may be older).
+                # Already durable: marking it final, or adding the metric an evaluation wrote after it became durable,
+                # rewrites only its manifest, read anew (the cache may be older).
                 marking = final and step == newest_local and step in durable
-                stored = read_manifest(s3, bucket, run_prefix, step) if marking else None
+                metric = late_metric(directory, step, stored_manifest) if stored_manifest is not None else None
+                stored = read_manifest(s3, bucket, run_prefix, step) if marking or metric is not None else None
             except UnreadableManifest as exc:
                 # Damaged in the bucket: said (the agent's sync error), and newer checkpoints still sync; it failed
                 # every pass of a new node's agent, so that no checkpoint after it ever became durable.
@@ -780,11 +809,16 @@ def sync_pass(
                 continue
             if stored_manifest is not None:
                 note_changes(step, directory, stored_manifest)
-            if stored is not None and not stored.final:  # read only where the pass marks its newest step final
-                marked = stored.model_copy(update={"final": True})
+            update: dict[str, Any] = {"final": True} if marking else {}
+            if metric is not None and stored is not None and stored.metric is None:  # another writer's stands
+                update["metric"] = metric
+            if stored is not None and any(getattr(stored, name) != value for name, value in update.items()):
+                marked = stored.model_copy(update=update)
                 write_manifest(s3, bucket, run_prefix, marked)
                 _MANIFESTS[(bucket, run_prefix, step)] = marked
                 apply_retention(control.report_durable(marked, None))
+            elif stored is not None:
+                _MANIFESTS[(bucket, run_prefix, step)] = stored  # another writer's update: not read again each pass
             result.already_durable.append(step)
             continue
         if durable and step < max(durable):
