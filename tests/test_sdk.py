@@ -58,6 +58,9 @@ def test_bad_input_names_the_field_as_the_api_does() -> None:
     with pytest.raises(PlanError) as missing:
         plan({k: v for k, v in QLORA_PLAN.items() if k != "dataset"})
     assert missing.value.field == "dataset"
+    with pytest.raises(PlanError) as kernels:
+        estimate({**QLORA_PLAN, "framework": "hf-trainer", "kernels": "unsloth"})
+    assert kernels.value.field == "kernels"
     with pytest.raises(PlanError) as card:
         estimate(QLORA_PLAN, gpu="no such card")
     assert card.value.field is not None

@@ -38,6 +38,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
+from services.api.query import refuse_repeats, single_valued_query
+
 # The exit stacks FastAPI keeps in the scope: its request wrapper opens them in the main loop, where the
 # handler's dependencies would then be entered from the other loop; the worker loop opens its own.
 _STACK_KEYS = ("fastapi_middleware_astack", "fastapi_inner_astack", "fastapi_function_astack")
@@ -186,11 +188,16 @@ class OffLoopRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
-        if not self._leaves_loop():
-            return handler
+        # Every API route is built with this class, so the check that a single-valued query parameter is
+        # given once (services/api/query.py) is made here, for all of them, before the request is read.
+        single = single_valued_query(self.dependant)
+        leaves_loop = self._leaves_loop()
 
-        async def run_off_loop(request: Request) -> Response:
+        async def run(request: Request) -> Response:
+            refuse_repeats(request, single)
+            if not leaves_loop:
+                return await handler(request)
             await request.body()  # read here; FastAPI's handler reads the cached bytes
             return await run_in_worker_loop(handler, request)
 
-        return run_off_loop
+        return run

@@ -10,7 +10,7 @@ import itertools
 import operator
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator
 
 from services.core.json_limits import JsonInputError, check_value
 from services.core.request_models import ClosedModel
@@ -272,14 +272,22 @@ class Plan(_Strict):
     )
     data: DataSpec | None = None
 
+    @field_validator("kernels")
+    @classmethod
+    def _kernels_of_the_framework(cls, value: Kernels | None, info: ValidationInfo) -> Kernels | None:
+        # A field validator (framework is declared, so validated, before kernels) and not the model check
+        # below: its error is located at kernels, the field to change, where a model check's has no location.
+        framework = info.data.get("framework")
+        if framework == "unsloth" and value not in (None, "unsloth"):
+            raise ValueError("Unsloth always runs its own kernels; leave kernels unset or give 'unsloth'")
+        if value == "unsloth" and framework is not None and framework != "unsloth":
+            raise ValueError(f"Unsloth's kernels come only with framework 'unsloth', not {framework!r}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
         if self.framework_version is not None:
             parse_framework_version(self.framework, self.framework_version)
-        if self.framework == "unsloth" and self.kernels not in (None, "unsloth"):
-            raise ValueError(f"kernels: Unsloth always runs its own kernels; {self.kernels!r} does not apply to it")
-        if self.kernels == "unsloth" and self.framework != "unsloth":
-            raise ValueError("kernels: Unsloth's kernels come only with framework 'unsloth'")
         if self.mode == "inference":
             _check_serving(self)
         elif self.quantization is not None and self.quantization not in TRAINING_QUANTIZATIONS:

@@ -106,14 +106,21 @@ def apply_setup(plan: Plan, setup: Recommendation | None) -> Plan:
 
 
 def rebuild(base: Plan, fields: dict[str, Any], *, field: str = "files") -> Plan:
-    """``base`` with ``fields`` replaced, through the Plan validators; a rejected combination names ``field``."""
+    """``base`` with ``fields`` replaced, through the Plan validators; a rejected combination names ``field``,
+    or the plan's own setting that conflicts with the new values (kernels 'unsloth' re-planned for axolotl):
+    that is the one the caller can change."""
     data = base.model_dump()
     data.update(fields)
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg']}" for e in exc.errors())
-        raise ExportError(field, f"the settings do not form a valid plan: {problems}") from exc
+        errors = exc.errors()
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg'].removeprefix('Value error, ')}" for e in errors
+        )
+        located = errors[0]["loc"][:1]
+        named = str(located[0]) if located and located[0] in data and located[0] not in fields else field
+        raise ExportError(named, f"the settings do not form a valid plan: {problems}") from exc
 
 
 def node_shape(plan: Plan, setup: Recommendation | None) -> tuple[int, int]:

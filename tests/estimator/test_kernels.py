@@ -61,3 +61,19 @@ def test_defaults_follow_the_framework() -> None:
 def test_kernels_that_do_not_apply_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError, match="kernels"):
         make_plan(**fields)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"framework": "unsloth", "kernels": "liger"},
+        {"framework": "hf-trainer", "kernels": "unsloth"},
+        {"kernels": "unsloth"},  # the default framework, hf-trainer
+    ],
+)
+def test_kernels_that_conflict_with_the_framework_are_located_at_kernels(fields: dict[str, object]) -> None:
+    # The location, not only the message, names kernels: callers that read it (the SDK's PlanError.field,
+    # an export's re-plan) named nothing, or the framework they had changed.
+    with pytest.raises(ValidationError) as refused:
+        make_plan(**fields)
+    assert [error["loc"] for error in refused.value.errors()] == [("kernels",)]
