@@ -85,11 +85,12 @@ class NodeWalk:
     made: list[NodeStep] = field(default_factory=list)
     # The setups without offload per step, growing until they are enough (then the shared empty tuple).
     plain: list[Sequence[Setup]] | None = None
-    # Without a host RAM limit, per offload flag: the fastest setup per GPU count the walk keeps.
-    grown: dict[bool, list[Setup]] = field(default_factory=dict)
+    # Without a host RAM limit, per offload flag and whether it walks for a deadline: the fastest setup per GPU count
+    # the walk keeps.
+    grown: dict[tuple[bool, bool], list[Setup]] = field(default_factory=dict)
     # Under a host RAM, per (offload flag, what the RAM decides: RamKey's last part): the fastest setups per GPU
     # count and the configurations the RAM cannot hold.
-    ram: dict[tuple[bool, object], tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
+    ram: dict[tuple[bool, object, bool], tuple[list[Setup], list[HostRamBlocked]]] = field(default_factory=dict)
 
     def steps(self) -> Iterator[NodeStep]:
         """The steps in order, each made on first use: most walks stop after a few."""
@@ -134,8 +135,11 @@ class SearchMemo:
     beyond: dict[tuple[str, int, bool, float | None], object] = field(default_factory=dict)
     # With a deadline: the offer of the catalog slowest to start (start-up and model download), on which a setup
     # must meet the deadline for more nodes to be pointless (search._verdicts), and its hours per (layout, training
-    # seconds) on demand.
+    # seconds) on demand (the most of those and the spot_risks' hours on spot).
     slowest_start: Offer | None = None
+    # With spot allowed too: an offer per spot risk of the catalog, starting as slowly; a setup must meet the deadline
+    # on spot on each (a walk that stopped where only on demand met it missed spot runs on more nodes that meet it).
+    spot_risks: tuple[Offer, ...] = ()
     deadline_hours: dict[tuple[Layout, float], float] = field(default_factory=dict)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from services.planner.costs import OfferColumns, RunShape, offer_columns, run_co
 from services.planner.models import Rejection
 from services.planner.rejections import filter_rejection, lacks_precision, precision_rejection
 from services.planner.search import offer_search, settled_setups, shape_key
+from services.planner.spot import spot_risk
 
 # Entries of a card put in rank order at first (then four times as many each time more are needed): the ranking
 # visits a card's entries only until its first one left out, a handful over thousands of offers.
@@ -354,7 +355,9 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     if ctx.constraints.deadline_hours is not None and len(offers):
         # The offer slowest to start bounds every offer's non-training hours (search._meets_deadline).
         columns = offer_columns(offers, np.arange(len(offers)), ctx.sizes.model_download_bytes, False)
-        ctx.memo.slowest_start = offers[int(np.argmax(columns.startup_s + columns.download_s))]
+        ctx.memo.slowest_start = slowest = offers[int(np.argmax(columns.startup_s + columns.download_s))]
+        if ctx.constraints.spot_allowed:
+            ctx.memo.spot_risks = _spot_risks(offers, columns.spot_usd_per_hour, slowest)
     for shape, layouts in _group_offers(ctx, scan, specs):
         shape.shape = shape_key(ctx, shape.spec, offers[shape.first])
         # Where one node of the shape is enough without offload, no offer's network or host RAM changes its setups.
@@ -383,6 +386,22 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
         scan.fitting_group[np.concatenate(members)] = np.repeat(fitting, [len(m) for m in members])
     scan.bounds = _bounds(ctx, scan)
     return scan
+
+
+def _spot_risks(offers: Market, spot_usd_per_hour: np.ndarray, slowest: Offer) -> tuple[Offer, ...]:
+    """With a deadline and spot allowed: one offer with a spot price per spot risk of the catalog (its provider's
+    sourced figures, or its own preemption rate), starting as slowly as ``slowest``, on which a setup's spot run must
+    meet the deadline too for more nodes to be pointless (search._meets_deadline)."""
+    ids, distinct = offers.codes(("provider", "preemption_per_hour"))
+    spot_rows = np.flatnonzero(~np.isnan(spot_usd_per_hour))
+    firsts = _firsts(ids[spot_rows], len(distinct))  # per provider and rate, its first offer with a spot price
+    risks: dict[tuple[int, float | None], Offer] = {}
+    for first in firsts[firsts < len(spot_rows)].tolist():
+        offer = offers[int(spot_rows[first])]
+        key = (id(spot_risk(offer.provider)), offer.preemption_per_hour)
+        if key not in risks:
+            risks[key] = replace(offer, startup_s=slowest.startup_s, download_gbit_per_s=slowest.download_gbit_per_s)
+    return tuple(risks.values())
 
 
 def _bounds(ctx: PlanContext, scan: Scan) -> dict[str, CardBounds]:

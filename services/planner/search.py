@@ -203,8 +203,11 @@ def offer_search(
         return _ram_search(ctx, offer, spec, ram_key, single.found)
     if single.enough or offer.inter_node_gbit_per_s is None:
         return single.fastest, []
-    # More nodes are searched to do without offload; offload on several nodes only where no node fits.
+    # More nodes are searched to do without offload; offload on several nodes only where no node fits, or where no
+    # setup found meets the deadline.
     grown = _grown(ctx, offer, spec, base, not single.found)
+    if single.found and _offload_for_deadline(ctx, single.fastest + grown):
+        grown = _fastest_per_count(grown + _grown(ctx, offer, spec, base, True, for_deadline=True))
     return (single.fastest + grown if grown else single.fastest), []
 
 
@@ -218,19 +221,23 @@ def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey
     return single.fastest if settled else None
 
 
-def _grown(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool) -> list[Setup]:
+def _grown(
+    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool, for_deadline: bool = False
+) -> list[Setup]:
     """The fastest setup per GPU count on more nodes of the offer's shape, adding nodes until they are enough
-    (``_enough``); with offload where ``offload``. No host RAM limit."""
+    (``_enough``), or ``for_deadline`` until one meets the deadline with offload too (``_offload_for_deadline``);
+    with offload where ``offload``. No host RAM limit."""
     walk = _walk(ctx, offer, base)
-    found = walk.grown.get(offload)
+    key = (offload, for_deadline)
+    found = walk.grown.get(key)
     if found is None:
         grown: list[Setup] = []
         for step in walk.steps():
             more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
-            if enough:
+            if enough or (for_deadline and _meets_any(ctx, more)):
                 break
-        found = walk.grown[offload] = _fastest_per_count(grown)
+        found = walk.grown[key] = _fastest_per_count(grown)
     return found
 
 
@@ -262,8 +269,28 @@ def _ram_search(
     fastest, blocked, enough = _held_single(ctx, base, held, found_anywhere)
     if not enough and offer.inter_node_gbit_per_s is not None:
         more, more_blocked = _ram_walk(ctx, offer, spec, base, not any(held), decided)
+        if _offload_for_deadline(ctx, fastest + more):
+            extra, extra_blocked = _ram_walk(ctx, offer, spec, base, True, decided, throughout=True)
+            more = _fastest_per_count(more + extra)
+            more_blocked = more_blocked + [b for b in extra_blocked if b not in more_blocked]
         return fastest + more, blocked + more_blocked
     return fastest, blocked
+
+
+def _offload_for_deadline(ctx: PlanContext, found: list[Setup]) -> bool:
+    """Whether a walk without offload leaves the deadline unmet by every setup found, so offload is walked over more
+    nodes too: sharded over more nodes it offloads less per node and can meet it (a probe of stop 56: 70B full on
+    aws 8 x A10G took 22.35 h on one node, 11.70 h on four with offload, and was rejected as the fastest)."""
+    c = ctx.constraints
+    if c.deadline_hours is None or not c.allow_cpu_offload or ctx.plan.cpu_offload:
+        return False
+    return not _meets_any(ctx, found)
+
+
+def _meets_any(ctx: PlanContext, found: Sequence[Setup]) -> bool:
+    """Whether one of the setups, offload or not, meets the deadline (``_meets_deadline``)."""
+    deadline = ctx.constraints.deadline_hours
+    return deadline is not None and any(_meets_deadline(ctx, s, deadline) for s in found)
 
 
 def _held_single(
@@ -281,13 +308,21 @@ def _held_single(
 
 
 def _ram_walk(
-    ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool, decided: object
+    ctx: PlanContext,
+    offer: Offer,
+    spec: GpuSpec,
+    base: ShapeKey,
+    offload: bool,
+    decided: object,
+    throughout: bool = False,
 ) -> tuple[list[Setup], list[HostRamBlocked]]:
     """The multi-node part of ``_ram_search`` (fastest setups per GPU count, configurations the RAM cannot
     hold): it reads of the single-node search only whether offload is still to be tried, and of the host RAM only
-    what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it."""
+    what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it. ``throughout``: offload is
+    tried on every node count until a setup meets the deadline (``_offload_for_deadline``), not only up to the first
+    on which it fits."""
     walk = _walk(ctx, offer, base)
-    key = (offload, decided)
+    key = (offload, decided, throughout)
     cached = walk.ram.get(key)
     if cached is not None:
         return cached
@@ -299,9 +334,9 @@ def _ram_walk(
             break
         more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
         grown.extend(more)
-        if enough:
+        if enough or (throughout and _meets_any(ctx, more)):
             break
-        if offload and offloads:
+        if offload and offloads and not throughout:
             offload = False
     cached = walk.ram[key] = (_fastest_per_count(grown), blocked)
     return cached
@@ -486,8 +521,10 @@ def _verdicts(ctx: PlanContext, found: list[Setup]) -> tuple[bool, bool]:
 def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
     """Whether the setup meets the deadline on every offer of its shape: its whole run on demand (start-up, download,
     training, checkpoints, rework: what the deadline is checked against, costs.run_cost) on the catalog's offer
-    slowest to start. Training alone under the deadline was taken for enough, and setups on more nodes that would
-    have met it were never searched (a planner probe of stop 49)."""
+    slowest to start and, where spot is allowed, its spot run under each of the catalog's spot risks. Training alone
+    under the deadline was taken for enough, and setups on more nodes that would have met it were never searched (a
+    planner probe of stop 49); so was on demand alone, and a spot run on one more node, cheaper than any on demand,
+    was missed (a probe of stop 56: 62 of 792 constrained plans)."""
     if s.training_s / 3600.0 > deadline:
         return False
     offer = ctx.memo.slowest_start
@@ -506,6 +543,12 @@ def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
             sizes.final_upload_bytes,
             sizes.checkpoint_write_s,
         )
-        cost = run_cost(offer, shape, "on_demand", restart_s=ctx.constraints.restart_s)
-        hours = ctx.memo.deadline_hours[key] = cost.hours
+        c = ctx.constraints
+        hours = run_cost(offer, shape, "on_demand", restart_s=c.restart_s).hours
+        for spot in ctx.memo.spot_risks:  # spot adds rework and waits for capacity
+            rate = c.preemptions_per_hour
+            hours = max(
+                hours, run_cost(spot, shape, "spot", preemptions_per_node_hour=rate, restart_s=c.restart_s).hours
+            )
+        ctx.memo.deadline_hours[key] = hours
     return bool(ctx.constraints.meets_deadline(hours))

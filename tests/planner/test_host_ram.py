@@ -81,3 +81,21 @@ def test_a_multi_gpu_offload_setup_never_shows_perfect_scaling() -> None:
     offloaded = [r for r in result.recommendations if r.cpu_offload and r.gpus > 1]
     assert offloaded
     assert all(0 < r.scaling_efficiency < 0.99 for r in offloaded), [r.scaling_efficiency for r in offloaded]
+
+
+def test_offload_is_walked_over_more_nodes_when_no_setup_meets_the_deadline() -> None:
+    """A probe of the constrained search (stop 56): 70B full on AWS's 8 x A10G fits only with CPU offload. One node
+    takes 22.35 h; the walk over more nodes tried only setups without offload (none fits up to 64 GPUs), so a deadline
+    of 16.6 h rejected the offer, naming the one-node setup the fastest, where 3 or 4 nodes with offload meet it."""
+    from benchmarks.planner.run import benchmark_plan
+    from services.catalog.offers import bundled_offers
+    from services.planner import Constraints, plan_setups
+
+    g5 = [o for o in bundled_offers() if (o.provider, o.gpu, o.gpus_per_node) == ("aws", "A10G", 8)]
+    assert len(g5) == 1 and g5[0].host_ram_gib_per_node == 768
+    plan = benchmark_plan("full", "meta-llama/Llama-3.1-70B")
+    result = plan_setups(plan, g5, constraints=Constraints(deadline_hours=16.5735))
+    assert result.recommendations, result.rejections
+    best = result.recommendations[0]
+    assert best.cpu_offload and best.nodes > 1 and best.expected_hours <= 16.5735
+    assert not [r for r in result.rejections if r.kind == "deadline"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from services.catalog.offers import Offer
+from services.core.money import usd
 from services.estimator.architecture import architecture_from_config, parameter_counts
 from services.estimator.memory import adapter_params
 from services.estimator.recipe import resolve_recipe
@@ -174,5 +175,23 @@ def test_a_spot_recommendation_shows_its_preemptions_and_their_cost() -> None:
         assert rec.expected_preemptions is not None and rec.expected_preemptions > 0
         note = next(n for n in rec.notes if n.startswith("spot: "))
         assert f"{rec.expected_preemptions:.2f} preemptions expected" in note
-        assert f"${rec.cost_breakdown['checkpoint_writes']:,.2f} of checkpoints" in note
+        assert f"{usd(rec.cost_breakdown['checkpoint_writes'])} of checkpoints" in note
         assert "spot-traces" in note and "finishes on demand" in note
+
+
+def test_a_deadline_is_met_on_spot_on_more_nodes_where_on_demand_met_it_on_fewer() -> None:
+    """A probe of the constrained search against brute force (stop 56): the walk over node counts stopped at the first
+    count whose run on demand met the deadline. Spot there missed it (rework, waits for capacity), and spot on one node
+    more, cheaper than anything on demand, was never searched; with a budget as well, nothing was recommended."""
+    from benchmarks.planner.run import benchmark_plan, generated_catalog
+    from services.planner import Constraints, plan_setups
+
+    plan = benchmark_plan("lora", data={"examples": 100_000, "avg_tokens_per_example": 1024, "epochs": 2})
+    offers = generated_catalog(300, 1)
+    for constraints in (Constraints(deadline_hours=2.5056), Constraints(deadline_hours=2.5056, budget_usd=0.78)):
+        result = plan_setups(plan, offers, constraints=constraints)
+        assert result.recommendations, result.rejections
+        best = result.recommendations[0]
+        assert (best.provider, best.gpu, best.gpus, best.nodes, best.pricing) == ("provider-57", "B200", 3, 3, "spot")
+        assert best.expected_hours <= 2.5056 and best.expected_cost_usd <= 0.78
+        assert all(r.expected_hours <= 2.5056 for r in [*result.recommendations, *result.best_per_gpu])
