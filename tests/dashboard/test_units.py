@@ -406,6 +406,30 @@ def test_money_under_a_cent_is_never_shown_as_zero() -> None:
     assert views.Fact("budget", "< $0.01") in views.plan_page(out, []).facts
 
 
+def _node(**fields: Any) -> SimpleNamespace:
+    """A node row as the nodes page reads it: an active 2 x H100 SXM with no lifecycle history, and ``fields``."""
+    base: dict[str, Any] = {
+        "id": "n",
+        "name": "box",
+        "gpu": "H100 SXM",
+        "gpu_count": 2,
+        "job_running": False,
+        "provider": "",
+        "usd_per_hour": None,
+        "status": "active",
+        "stop_attempts": 0,
+        "next_stop_at": None,
+        "last_stop_at": None,
+        "last_stop_answer": None,
+        "sync_alert": None,
+        "sync_error": None,
+        "sync_failing_since": None,
+        "sync_pending_bytes": 0,
+        "unsynced_since": None,
+    }
+    return SimpleNamespace(**{**base, **fields})
+
+
 def test_percentages_round_halves_away_from_zero() -> None:
     # As people read them (and not Python's round() or "%.0f", which gave 12.5 -> 12 and 13.5 -> 14).
     shown = [views.percent(v) for v in (12.5, 13.5, 0.5, 99.5, 87.4, 100.0)]
@@ -413,29 +437,12 @@ def test_percentages_round_halves_away_from_zero() -> None:
     assert views.percent(None) == "—"
     assert views.round_half_away(2.675, 2) == 2.68 and views.round_half_away(-12.5) == -13.0
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    node = SimpleNamespace(
-        id="n",
-        name="box",
-        gpu="H100 SXM",
-        gpu_count=2,
+    node = _node(
         gpus=[
             {"index": 0, "utilisation_pct": 1.4, "memory_used_gib": 1, "memory_total_gib": 80},
             {"index": 1, "utilisation_pct": 1.5, "memory_used_gib": 1, "memory_total_gib": 80},
         ],
         last_heartbeat_at=now,
-        job_running=False,
-        provider="",
-        usd_per_hour=None,
-        status="active",
-        stop_attempts=0,
-        next_stop_at=None,
-        last_stop_at=None,
-        last_stop_answer=None,
-        sync_alert=None,
-        sync_error=None,
-        sync_failing_since=None,
-        sync_pending_bytes=0,
-        unsynced_since=None,
     )
     # The mean of 1.4 and 1.5 is 1.45 (a float a hair under it, which round() takes down to 1.4).
     assert views.node_row(node, views.NodeLifecycle(), now).mean_utilisation_pct == 1.5
@@ -465,26 +472,9 @@ def test_echoed_inputs_are_cut_to_a_readable_length() -> None:
 
 def test_node_row_with_empty_lifecycle() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    node = SimpleNamespace(
-        id="n",
-        name="box",
-        gpu="H100 SXM",
-        gpu_count=2,
+    node = _node(
         gpus=[{"index": 0, "utilisation_pct": 90.0, "memory_used_gib": 70, "memory_total_gib": 80}],
         last_heartbeat_at=now - timedelta(minutes=10),
-        job_running=False,
-        provider="",
-        usd_per_hour=None,
-        status="active",
-        stop_attempts=0,
-        next_stop_at=None,
-        last_stop_at=None,
-        last_stop_answer=None,
-        sync_alert=None,
-        sync_error=None,
-        sync_failing_since=None,
-        sync_pending_bytes=0,
-        unsynced_since=None,
     )
     row = views.node_row(node, views.NodeLifecycle(), now)
     assert row.stale and row.mean_utilisation_pct == 90.0 and row.price == "—"
