@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from decimal import ROUND_CEILING, Decimal
 
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
@@ -10,7 +11,7 @@ from services.core.money import usd
 from services.estimator.memory import GIB
 from services.estimator.plan import Method, Optimizer, Plan, Sharding
 from services.planner.batching import batch_split, config_for
-from services.planner.constraints import Constraints
+from services.planner.constraints import SHOWN_HOURS_DECIMALS, Constraints
 from services.planner.context import Candidate, HostRamBlocked, PlanContext, PricedSetup
 from services.planner.evaluator import Evaluator
 from services.planner.host_ram import (
@@ -302,7 +303,7 @@ def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequenc
         )
     if deadline is not None:
         over_deadline = (
-            f"the fastest fitting setup ({_setup_label(fastest)}) takes {fastest.hours:.2f} h, "
+            f"the fastest fitting setup ({_setup_label(fastest)}) takes {_over(fastest.hours, deadline, 2):.2f} h, "
             f"over the {deadline:g} h deadline"
         )
     if not budget_ok and not deadline_ok:
@@ -319,7 +320,7 @@ def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequenc
         reason = (
             f"no setup meets both: within the {deadline:g} h deadline the cheapest ({_setup_label(within_deadline)}) "
             f"costs {usd(within_deadline.cost_usd)} (budget {usd(budget)}); within budget the fastest "
-            f"({_setup_label(within_budget)}) takes {within_budget.hours:.2f} h"
+            f"({_setup_label(within_budget)}) takes {_over(within_budget.hours, deadline, 2):.2f} h"
         )
     return Rejection(
         gpu=cheapest.spec.name,
@@ -330,8 +331,17 @@ def constraint_rejection(constraints: Constraints, offer: Offer, setups: Sequenc
         gpu_memory_gib=ref.spec.memory_gib,
         gpus=ref.layout.gpus,
         cost_usd=round(ref.cost_usd, 2),
-        hours=round(ref.hours, 3),
+        hours=_over(ref.hours, deadline, SHOWN_HOURS_DECIMALS),
     )
+
+
+def _over(hours: float, deadline: float | None, decimals: int) -> float:
+    """``hours`` rounded to ``decimals`` places, up where a run over the deadline would read as meeting it (a
+    rejection's hours read 1.806 beside a 1.806 h deadline, its run 1.8062 h)."""
+    shown = round(hours, decimals)
+    if deadline is not None and hours > deadline >= shown:
+        shown = float(Decimal(repr(hours)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_CEILING))
+    return shown
 
 
 def filter_rejection(constraints: Constraints, offer: Offer) -> Rejection | None:

@@ -195,3 +195,21 @@ def test_a_deadline_is_met_on_spot_on_more_nodes_where_on_demand_met_it_on_fewer
         assert (best.provider, best.gpu, best.gpus, best.nodes, best.pricing) == ("provider-57", "B200", 3, 3, "spot")
         assert best.expected_hours <= 2.5056 and best.expected_cost_usd <= 0.78
         assert all(r.expected_hours <= 2.5056 for r in [*result.recommendations, *result.best_per_gpu])
+
+
+def test_a_deadline_rejection_never_reads_as_meeting_the_deadline() -> None:
+    """A run 1.8062 h long misses a 1.806 h deadline; its rejection read hours=1.806 (a probe of stop 56)."""
+    from benchmarks.planner.run import benchmark_plan, generated_catalog
+    from services.planner import Constraints, plan_setups
+
+    result = plan_setups(
+        benchmark_plan("full", "meta-llama/Llama-3.1-70B"),
+        generated_catalog(300, 1),
+        constraints=Constraints(deadline_hours=1.806),
+    )
+    missed = [r for r in result.rejections if r.kind == "deadline"]
+    assert missed
+    for rejection in missed:
+        assert rejection.hours is not None and rejection.hours > 1.806, rejection
+        shown = float(rejection.reason.split(" takes ")[1].split(" h")[0])
+        assert shown > 1.806, rejection.reason
