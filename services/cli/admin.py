@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.cli.common import CliError, Parser, Subparsers, int_arg
+from services.cli.common import CliError, Parser, Subparsers, int_arg, regular_file
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -200,8 +200,8 @@ def cmd_import_offers(args: argparse.Namespace) -> int:
     from services.core.db import unit_of_work
 
     path = Path(args.file)
-    if not path.is_file():
-        raise CliError(f"import-offers: no file {args.file}")
+    if not regular_file(path):
+        raise CliError(f"import-offers: no file {args.file[:200]}")
     factory = _session_factory()
     with unit_of_work(factory) as session:
         organization_id = _organization_id(session, args.org)

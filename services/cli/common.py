@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import re
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,12 +38,37 @@ class Subparsers(Protocol):
     def add_parser(self, name: str, **kwargs: Any) -> Parser: ...
 
 
+def regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; a name the system refuses (too long, say) is not one. Path.is_file raises
+    OSError for ENAMETOOLONG: a traceback."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def read_regular_file(path: str, what: str) -> bytes:
+    """The bytes of a regular file named by ``what``. A FIFO blocked for ever waiting for a writer and /dev/zero
+    read until memory ran out; the check is made on the opened descriptor (no race with a swapped path), which is
+    opened non-blocking so that opening a FIFO itself cannot wait."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise CliError(f"{what} {path[:200]}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise CliError(f"{what} {path[:200]}: not a regular file")
+    with os.fdopen(descriptor, "rb") as fh:
+        try:
+            return fh.read()
+        except OSError as exc:
+            raise CliError(f"{what} {path[:200]}: cannot read ({exc.strerror or exc})") from None
+
+
 def read_json(path: str, what: str) -> Any:
     """Parse a JSON file named on the command line; errors name the flag and the position."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+        text = read_regular_file(path, what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CliError(f"{what} {path}: not UTF-8 text (byte {exc.start}): a JSON file is UTF-8") from None
     try:
@@ -172,9 +198,7 @@ def api_key(
     env = os.environ if environ is None else environ
     if getattr(args, "key_file", None):
         try:
-            key = Path(args.key_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise CliError(f"--key-file {args.key_file}: cannot read ({exc.strerror or exc})") from None
+            key = read_regular_file(args.key_file, "--key-file").decode("utf-8").strip()
         except UnicodeDecodeError as exc:
             raise CliError(f"--key-file {args.key_file}: not UTF-8 text (byte {exc.start})") from None
         if not key:

@@ -17,6 +17,8 @@ from services.cli.common import (
     api_key,
     examples,
     id_arg,
+    read_regular_file,
+    regular_file,
 )
 
 
@@ -87,12 +89,18 @@ def country_arg(name: str) -> Callable[[str], str]:
 def cmd_data_check(args: argparse.Namespace) -> int:
     from services.datacheck import DataCheckError, check_dataset, data_location_warning, write_clean, write_masked
 
+    for flag, value in (
+        ("--names", args.names),
+        ("--write-clean", args.write_clean),
+        ("--write-masked", args.write_masked),
+    ):
+        if value is not None and not value.strip():  # an empty path was taken as the flag not given (exit 0)
+            raise CliError(f"{flag}: no file named (got {value!r})")
     names = None
     if args.names:
         try:
-            names = [n.strip() for n in Path(args.names).read_text(encoding="utf-8").splitlines() if n.strip()]
-        except OSError as exc:
-            raise CliError(f"--names {args.names}: cannot read ({exc.strerror or exc})") from None
+            text = read_regular_file(args.names, "--names").decode("utf-8")
+            names = [n.strip() for n in text.splitlines() if n.strip()]
         except UnicodeDecodeError as exc:
             raise CliError(f"--names {args.names}: not UTF-8 text (byte {exc.start})") from None
     if args.model and args.tokenizer:
@@ -185,8 +193,8 @@ def cmd_data_upload(args: argparse.Namespace) -> int:
     from services.datasets.client import UploadError, upload_file, wait_for_check
 
     path = Path(args.file)
-    if not path.is_file():
-        raise CliError(f"file: no such file {args.file!r}")
+    if not regular_file(path):
+        raise CliError(f"file: no such file {args.file[:200]!r}")
     headers = {"Authorization": f"Bearer {api_key(args, 'data upload')}"}
     try:
         with httpx.Client(base_url=args.api, timeout=300, headers=headers) as client:

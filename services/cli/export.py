@@ -117,7 +117,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.gpus:
             raise CliError("--gpus needs --gpu NAME (without --gpu the planner picks the card and the count)")
         bundle, setup = _planned(plan, args.format, data)
-    if args.out:
+    if args.out is not None:
+        if not args.out.strip():  # an empty --out printed the files instead, exit 0
+            raise CliError(f"--out: no directory named (got {args.out!r})")
         out = Path(args.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise CliError(f"--out {args.out}: must be a new or empty directory (nothing is overwritten)")

@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from services.cli import admin, catalog, completion, data, estimate, export, nodes, plans, runs, server, trace
 from services.cli.common import EXIT_BAD_INPUT, CliError, Parser, command_log
 from services.core.errors import GpuplanError
@@ -75,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GpuplanError as exc:
         details = f" ({'; '.join(map(str, exc.details[:5]))})" if isinstance(exc.details, list) else ""
         print(f"gpuplan: error: {exc.message}{details}", file=sys.stderr)
+    except ValidationError as exc:
+        # The settings read deeper down (the Hub client's GPUPLAN_HUB_*, and with them every other GPUPLAN_* value)
+        # than server.load_settings, which commands call first; any other model's error is a bug: its traceback.
+        if exc.title != "Settings":
+            raise
+        print(f"gpuplan: error: {server.settings_problem(exc)}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 

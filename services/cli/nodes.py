@@ -7,7 +7,7 @@ import logging
 import sys
 
 from services.cli import runs as runs_cli
-from services.cli.common import CliError, Subparsers, add_key_options, api_key, examples, float_arg
+from services.cli.common import CliError, Subparsers, add_key_options, api_key, api_url, examples, float_arg
 from services.nodes.idle import HEARTBEAT_INTERVAL_S
 
 
@@ -18,7 +18,9 @@ def register(sub: Subparsers) -> None:
         "GPUPLAN_API_KEY=$KEY gpuplan agent --api http://planner:8000 --once",
         "gpuplan agent --api http://planner:8000 --key-file ~/.gpuplan-key --run RUN_ID -- accelerate launch train.py",
     )
-    agent.add_argument("--api", required=True, metavar="URL", help="the gpuplan service, e.g. http://planner:8000")
+    agent.add_argument(
+        "--api", required=True, type=api_url, metavar="URL", help="the gpuplan service, e.g. http://planner:8000"
+    )
     add_key_options(agent)
     agent.add_argument("--name", help="node name (default: the host name)")
     agent.add_argument(

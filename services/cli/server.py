@@ -19,6 +19,7 @@ from services.cli.common import LOCAL_KEY_FILE, CliError, Subparsers, command_lo
 if TYPE_CHECKING:
     from celery import Celery
     from fastapi import FastAPI
+    from pydantic import ValidationError
 
     from services.core.settings import Settings
 
@@ -118,9 +119,14 @@ def load_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = "GPUPLAN_" + str(err["loc"][0]).upper() if err["loc"] else "GPUPLAN_*"
-        raise SystemExit(f"gpuplan: error: {name}: {err['msg']} (got {err.get('input')!r})") from None
+        raise SystemExit(f"gpuplan: error: {settings_problem(exc)}") from None
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """A bad GPUPLAN_* value as one line naming the variable (its value cut short: it may be long)."""
+    err = exc.errors()[0]
+    name = "GPUPLAN_" + str(err["loc"][0]).upper() if err["loc"] else "GPUPLAN_*"
+    return f"{name}: {err['msg']} (got {str(err.get('input'))[:100]!r})"
 
 
 def migrate_database(settings: Settings) -> None:
@@ -312,7 +318,10 @@ def _check_beat(app: Celery, schedule_arg: str | None) -> int:
 
     schedule = Path(schedule_arg) if schedule_arg else default_beat_schedule()
     # The dbm behind shelve decides the names: FILE (gdbm, ndbm: FILE.db) or FILE.dat/.dir/.bak (dumb).
-    files = [p for p in (schedule, *schedule.parent.glob(schedule.name + ".*")) if p.is_file()]
+    try:
+        files = [p for p in (schedule, *schedule.parent.glob(schedule.name + ".*")) if p.is_file()]
+    except OSError as exc:  # a name too long for the file system: was a traceback
+        raise CliError(f"--schedule {str(schedule)[:200]}: {exc.strerror or exc}") from None
     if not files:
         raise SystemExit(f"gpuplan: error: beat has not written {schedule} yet")
     intervals = [
