@@ -14,6 +14,9 @@ from types import MappingProxyType
 
 from services.core.errors import EstimatorError
 
+# An unknown card's name is quoted in its error up to this many characters.
+ECHOED_NAME_CHARS = 80
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -158,6 +161,8 @@ def find_gpu(name: str, specs: tuple[GpuSpec, ...] | None = None) -> GpuSpec:
     if len(best) == 1:
         return best[0]
     names = [s.name for s in specs]
+    if len(name) > ECHOED_NAME_CHARS:  # a name thousands long was echoed whole (and compared with every card's)
+        raise EstimatorError("gpu", f"unknown GPU {name[: ECHOED_NAME_CHARS - 1] + '…'!r} Known: {', '.join(names)}")
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise EstimatorError("gpu", f"unknown GPU {name!r}{hint} Known: {', '.join(names)}")

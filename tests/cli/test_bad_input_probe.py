@@ -113,3 +113,15 @@ def test_an_empty_output_path_is_refused_not_ignored(tmp_path: Path, args: tuple
     done = _gpuplan(tmp_path, *args)
     _one_line(done, f"{args[-2]}: no ")
     assert done.stdout == ""
+
+
+def test_an_unknown_gpu_name_thousands_long_is_quoted_cut_short() -> None:
+    # The error quoted a 100,000-character --gpu whole (and compared it with every card's name first).
+    done = subprocess.run(
+        [str(GPUPLAN), "estimate", "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--gpu", "x" * 100_000],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert len(done.stderr) < 2_000 and "unknown GPU 'xxx" in done.stderr and "…'" in done.stderr, done.stderr[:300]
