@@ -35,7 +35,7 @@ StepSetups = tuple["Sequence[Setup]", bool, bool]
 
 class SingleNode(NamedTuple):
     """The setups on one node of a shape: all of them, the fastest per GPU count, whether they are enough to stop
-    there (services.planner.search._enough) and whether one of them offloads."""
+    there (services.planner.enough.enough) and whether one of them offloads."""
 
     found: list[Setup]
     fastest: list[Setup]
@@ -134,7 +134,7 @@ class SearchMemo:
     # Per (card, node size, networked, host RAM GiB per node): where offload first fits that RAM on more nodes.
     beyond: dict[tuple[str, int, bool, float | None], object] = field(default_factory=dict)
     # With a deadline: the offer of the catalog slowest to start (start-up and model download), on which a setup
-    # must meet the deadline for more nodes to be pointless (search._verdicts), and its hours per (layout, training
+    # must meet the deadline for more nodes to be pointless (enough.verdicts), and its hours per (layout, training
     # seconds) on demand (the most of those and the spot_risks' hours on spot).
     slowest_start: Offer | None = None
     # With spot allowed too: an offer per spot risk of the catalog, starting as slowly; a setup must meet the deadline

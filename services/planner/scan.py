@@ -353,7 +353,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
     scan = Scan(as_market(offers))
     offers = scan.offers
     if ctx.constraints.deadline_hours is not None and len(offers):
-        # The offer slowest to start bounds every offer's non-training hours (search._meets_deadline).
+        # The offer slowest to start bounds every offer's non-training hours (enough.meets_deadline).
         columns = offer_columns(offers, np.arange(len(offers)), ctx.sizes.model_download_bytes, False)
         ctx.memo.slowest_start = slowest = offers[int(np.argmax(columns.startup_s + columns.download_s))]
         if ctx.constraints.spot_allowed:
@@ -391,7 +391,7 @@ def scan_offers(ctx: PlanContext, offers: Sequence[Offer], specs: tuple[GpuSpec,
 def _spot_risks(offers: Market, spot_usd_per_hour: np.ndarray, slowest: Offer) -> tuple[Offer, ...]:
     """With a deadline and spot allowed: one offer with a spot price per spot risk of the catalog (its provider's
     sourced figures, or its own preemption rate), starting as slowly as ``slowest``, on which a setup's spot run must
-    meet the deadline too for more nodes to be pointless (search._meets_deadline)."""
+    meet the deadline too for more nodes to be pointless (enough.meets_deadline)."""
     ids, distinct = offers.codes(("provider", "preemption_per_hour"))
     spot_rows = np.flatnonzero(~np.isnan(spot_usd_per_hour))
     firsts = _firsts(ids[spot_rows], len(distinct))  # per provider and rate, its first offer with a spot price

@@ -51,7 +51,7 @@ from services.planner.context import (
     SingleNode,
     StepSetups,
 )
-from services.planner.costs import RunShape, run_cost
+from services.planner.enough import enough, meets_any, offload_for_deadline, verdicts
 from services.planner.evaluator import Config
 from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
 from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
@@ -206,7 +206,7 @@ def offer_search(
     # More nodes are searched to do without offload; offload on several nodes only where no node fits, or where no
     # setup found meets the deadline.
     grown = _grown(ctx, offer, spec, base, not single.found)
-    if single.found and _offload_for_deadline(ctx, single.fastest + grown):
+    if single.found and offload_for_deadline(ctx, single.fastest + grown):
         grown = _fastest_per_count(grown + _grown(ctx, offer, spec, base, True, for_deadline=True))
     return (single.fastest + grown if grown else single.fastest), []
 
@@ -214,7 +214,7 @@ def offer_search(
 def settled_setups(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) -> list[Setup] | None:
     """The setups ``offer_search`` gives every offer of this one's card, link kind and node shape (size, whole nodes
     only: ``base``, its ``shape_key``) whatever its network and host RAM, where it does: one node is enough
-    (``_enough``) and no setup on it offloads, so neither more nodes nor the host RAM are searched. None where the
+    (``enough``) and no setup on it offloads, so neither more nodes nor the host RAM are searched. None where the
     search reads them."""
     single = _single_node(ctx, offer, spec, base)
     settled = single.enough and not ctx.plan.cpu_offload and not single.offloads
@@ -225,7 +225,7 @@ def _grown(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey, offload: bool, for_deadline: bool = False
 ) -> list[Setup]:
     """The fastest setup per GPU count on more nodes of the offer's shape, adding nodes until they are enough
-    (``_enough``), or ``for_deadline`` until one meets the deadline with offload too (``_offload_for_deadline``);
+    (``enough``), or ``for_deadline`` until one meets the deadline with offload too (``offload_for_deadline``);
     with offload where ``offload``. No host RAM limit."""
     walk = _walk(ctx, offer, base)
     key = (offload, for_deadline)
@@ -235,7 +235,7 @@ def _grown(
         for step in walk.steps():
             more, enough, _ = _step_setups(ctx, spec, step, offload)
             grown.extend(more)
-            if enough or (for_deadline and _meets_any(ctx, more)):
+            if enough or (for_deadline and meets_any(ctx, more)):
                 break
         found = walk.grown[key] = _fastest_per_count(grown)
     return found
@@ -250,7 +250,7 @@ def _single_node(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) 
         for layout in layouts:
             if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
                 found.extend(layout_setups(ctx, spec, layout, ctx.links(spec, offer, layout)))
-        enough, offloads = _verdicts(ctx, found)
+        enough, offloads = verdicts(ctx, found)
         single = SingleNode(found, _fastest_per_count(found), enough, offloads)
         ctx.memo.single[base] = single
     return single
@@ -269,7 +269,7 @@ def _ram_search(
     fastest, blocked, enough = _held_single(ctx, base, held, found_anywhere)
     if not enough and offer.inter_node_gbit_per_s is not None:
         more, more_blocked = _ram_walk(ctx, offer, spec, base, not any(held), decided)
-        if _offload_for_deadline(ctx, fastest + more):
+        if offload_for_deadline(ctx, fastest + more):
             extra, extra_blocked = _ram_walk(ctx, offer, spec, base, True, decided, throughout=True)
             more = _fastest_per_count(more + extra)
             more_blocked = more_blocked + [b for b in extra_blocked if b not in more_blocked]
@@ -277,33 +277,17 @@ def _ram_search(
     return fastest, blocked
 
 
-def _offload_for_deadline(ctx: PlanContext, found: list[Setup]) -> bool:
-    """Whether a walk without offload leaves the deadline unmet by every setup found, so offload is walked over more
-    nodes too: sharded over more nodes it offloads less per node and can meet it (a probe of stop 56: 70B full on
-    aws 8 x A10G took 22.35 h on one node, 11.70 h on four with offload, and was rejected as the fastest)."""
-    c = ctx.constraints
-    if c.deadline_hours is None or not c.allow_cpu_offload or ctx.plan.cpu_offload:
-        return False
-    return not _meets_any(ctx, found)
-
-
-def _meets_any(ctx: PlanContext, found: Sequence[Setup]) -> bool:
-    """Whether one of the setups, offload or not, meets the deadline (``_meets_deadline``)."""
-    deadline = ctx.constraints.deadline_hours
-    return deadline is not None and any(_meets_deadline(ctx, s, deadline) for s in found)
-
-
 def _held_single(
     ctx: PlanContext, base: ShapeKey, held: tuple[bool, ...], found_anywhere: list[Setup]
 ) -> tuple[list[Setup], list[HostRamBlocked], bool]:
     """The single-node part of ``_ram_search``: the fastest per GPU count of the setups the RAM holds, those it
-    cannot hold, and whether the held ones are enough (``_enough``). The shape's networks share it."""
+    cannot hold, and whether the held ones are enough (``enough``). The shape's networks share it."""
     key = (base, held)
     found = ctx.memo.held_single.get(key)
     if found is None:
         kept = [s for s, ok in zip(found_anywhere, held, strict=True) if ok]
         blocked: list[HostRamBlocked] = [s for s, ok in zip(found_anywhere, held, strict=True) if not ok]
-        found = ctx.memo.held_single[key] = (_fastest_per_count(kept), blocked, _enough(ctx, kept))
+        found = ctx.memo.held_single[key] = (_fastest_per_count(kept), blocked, enough(ctx, kept))
     return found
 
 
@@ -319,7 +303,7 @@ def _ram_walk(
     """The multi-node part of ``_ram_search`` (fastest setups per GPU count, configurations the RAM cannot
     hold): it reads of the single-node search only whether offload is still to be tried, and of the host RAM only
     what ``decided`` (the last part of the RamKey) says, so shapes of one walk share it. ``throughout``: offload is
-    tried on every node count until a setup meets the deadline (``_offload_for_deadline``), not only up to the first
+    tried on every node count until a setup meets the deadline (``offload_for_deadline``), not only up to the first
     on which it fits."""
     walk = _walk(ctx, offer, base)
     key = (offload, decided, throughout)
@@ -334,7 +318,7 @@ def _ram_walk(
             break
         more, enough, offloads = _ram_layout_setups(ctx, offer, spec, step, offload, blocked)
         grown.extend(more)
-        if enough or (throughout and _meets_any(ctx, more)):
+        if enough or (throughout and meets_any(ctx, more)):
             break
         if offload and offloads and not throughout:
             offload = False
@@ -346,7 +330,7 @@ def _ram_layout_setups(
     ctx: PlanContext, offer: Offer, spec: GpuSpec, step: NodeStep, offload: bool, blocked: list[HostRamBlocked]
 ) -> StepSetups:
     """``layout_setups`` under the offer's host RAM, adding what the RAM cannot hold to ``blocked``; where it
-    holds none of them, no setup's speed is computed. With whether those kept are enough (``_enough``) and
+    holds none of them, no setup's speed is computed. With whether those kept are enough (``enough``) and
     whether one offloads."""
     layout = step.layout
     needs = _config_needs(ctx, spec, layout, offload)
@@ -365,7 +349,7 @@ def _ram_layout_setups(
             blocked.append(s)
     if len(kept) == len(setups):
         return kept, enough, offloads
-    return kept, *_verdicts(ctx, kept)
+    return kept, *verdicts(ctx, kept)
 
 
 # No setups, and a step on which nothing fits (most steps of a long walk): one value each for every step and plan,
@@ -382,12 +366,12 @@ def _step_links(ctx: PlanContext, spec: GpuSpec, step: NodeStep) -> Links:
 
 
 def _step_setups(ctx: PlanContext, spec: GpuSpec, step: NodeStep, offload: bool) -> StepSetups:
-    """``layout_setups`` of a multi-node step, whether they are enough (``_enough``) and whether one offloads."""
+    """``layout_setups`` of a multi-node step, whether they are enough (``enough``) and whether one offloads."""
     found = step.offloaded if offload else step.plain
     if found is None:
         if card_configs(ctx, spec, step.layout.gpus, offload):  # the links only for a step on which something fits
             setups = layout_setups(ctx, spec, step.layout, _step_links(ctx, spec, step), offload)
-            found = (setups, *_verdicts(ctx, setups))
+            found = (setups, *verdicts(ctx, setups))
         else:
             found = _NOTHING
         if offload:
@@ -497,58 +481,3 @@ def _config_needs(ctx: PlanContext, spec: GpuSpec, layout: Layout, offload: bool
         plain = any(not cfg.cpu_offload for cfg in configs)
         found = ctx.memo.needs[key] = ConfigNeeds(configs, needs, blocked, plain, min(needs, default=math.inf))
     return found
-
-
-def _enough(ctx: PlanContext, found: list[Setup]) -> bool:
-    """Whether setups make more nodes pointless: one fits without offload or an 8-bit optimizer (those
-    only fit, slowly) and, with a deadline, meets it."""
-    return _verdicts(ctx, found)[0]
-
-
-def _verdicts(ctx: PlanContext, found: list[Setup]) -> tuple[bool, bool]:
-    """Whether setups are ``_enough``, and whether one of them offloads, in one pass (a walk reads both of each
-    step)."""
-    deadline, offload = ctx.constraints.deadline_hours, ctx.plan.cpu_offload
-    enough = offloads = False
-    for s in found:
-        cfg = s.cfg
-        offloads = offloads or cfg.cpu_offload
-        if not enough and cfg.optimizer is None and cfg.cpu_offload == offload:
-            enough = deadline is None or _meets_deadline(ctx, s, deadline)
-    return enough, offloads
-
-
-def _meets_deadline(ctx: PlanContext, s: Setup, deadline: float) -> bool:
-    """Whether the setup meets the deadline on every offer of its shape: its whole run on demand (start-up, download,
-    training, checkpoints, rework: what the deadline is checked against, costs.run_cost) on the catalog's offer
-    slowest to start and, where spot is allowed, its spot run under each of the catalog's spot risks. Training alone
-    under the deadline was taken for enough, and setups on more nodes that would have met it were never searched (a
-    planner probe of stop 49); so was on demand alone, and a spot run on one more node, cheaper than any on demand,
-    was missed (a probe of stop 56: 62 of 792 constrained plans)."""
-    if s.training_s / 3600.0 > deadline:
-        return False
-    offer = ctx.memo.slowest_start
-    if offer is None:
-        return True
-    key = (s.layout, s.training_s)
-    hours = ctx.memo.deadline_hours.get(key)
-    if hours is None:
-        sizes = ctx.sizes
-        shape = RunShape(
-            s.layout.gpus,
-            s.layout.nodes,
-            s.training_s,
-            sizes.model_download_bytes,
-            sizes.checkpoint_bytes,
-            sizes.final_upload_bytes,
-            sizes.checkpoint_write_s,
-        )
-        c = ctx.constraints
-        hours = run_cost(offer, shape, "on_demand", restart_s=c.restart_s).hours
-        for spot in ctx.memo.spot_risks:  # spot adds rework and waits for capacity
-            rate = c.preemptions_per_hour
-            hours = max(
-                hours, run_cost(spot, shape, "spot", preemptions_per_node_hour=rate, restart_s=c.restart_s).hours
-            )
-        ctx.memo.deadline_hours[key] = hours
-    return bool(ctx.constraints.meets_deadline(hours))
