@@ -218,15 +218,17 @@ class Evaluator:
         found = self._card_steps.get(key)
         if found is None:
             util, source = self.utilisation.get(spec.name, (None, None))
+            states = self._model_states(cfg)
             found = card_step(
                 self.plan(cfg),
                 self.arch,
                 self._recipe(cfg),
-                self._model_states(cfg),
+                states,
                 spec,
                 utilisation=util,
                 utilisation_source=source,
-                peak_device_bytes=self.memory(cfg).peak_device if spill else None,
+                # Only paged optimizer states read the peak (what spills): the rest spares a memory estimate.
+                peak_device_bytes=self.memory(cfg).peak_device if spill and states.optimizer_states_paged else None,
                 work=self._step_work(cfg),
             )
             self._card_steps[key] = found
