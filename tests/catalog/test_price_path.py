@@ -11,6 +11,7 @@ from benchmarks.planner.run import benchmark_plan
 from services.catalog.feeds import aws, vast
 from services.catalog.offers import bundled_offers
 from services.planner import Constraints, plan_setups
+from services.planner.models import Recommendation
 from tests.catalog.fakes import aws_product
 
 WHEN = "2026-12-01T01:00:00Z"
@@ -52,6 +53,14 @@ def test_a_vast_offer_without_its_memory_is_not_read_as_the_larger_card() -> Non
     assert out.skipped == {"A100 PCIE (memory not reported)", "A100 SXM4 (memory not reported)"}
 
 
+def _planned_on(provider: str, method: str) -> list[Recommendation]:
+    """Every setup (the top 200 and each card's first) the benchmark plan gets over the bundled list's offers of one
+    provider."""
+    plan = benchmark_plan(method)  # type: ignore[arg-type]
+    result = plan_setups(plan, bundled_offers(), constraints=Constraints(providers=(provider,)), top_n=200)
+    return [*result.recommendations, *result.best_per_gpu]
+
+
 # Lambda's on-demand instance types and their price per GPU-hour (skypilot-org/skypilot-catalog
 # catalogs/v7/lambda/vms.csv@11580132, the us-east-1 rows): an instance is rented whole.
 LAMBDA_SIZES = {
@@ -73,9 +82,7 @@ def test_the_bundled_lambda_offers_rent_only_the_instances_lambda_sells(method: 
     """The bundled rows of Lambda's 8-GPU instances were rentable per GPU: plans recommended 1 x H100 SXM at $2.99 an
     hour (Lambda's 1-GPU H100 SXM costs $3.29) and 1 of an 8 x A100 80GB or V100 instance, which Lambda does not sell.
     Every setup planned on Lambda is one of its instance types at that type's price."""
-    plan = benchmark_plan(method)  # type: ignore[arg-type]
-    result = plan_setups(plan, bundled_offers(), constraints=Constraints(providers=("lambda",)), top_n=200)
-    setups = [*result.recommendations, *result.best_per_gpu]
+    setups = _planned_on("lambda", method)
     assert setups
     for rec in setups:
         assert (rec.gpu, rec.gpus) in LAMBDA_SIZES, (rec.gpu, rec.gpus)
@@ -107,9 +114,7 @@ def test_the_bundled_aws_offers_rent_only_the_instances_aws_sells(method: str) -
     """The bundled g5 and g6 rows were the 8-GPU instance's price per GPU, rentable per GPU: a plan could rent 1 or 2
     of a g5.48xlarge's A10Gs at $2.036 each, where a g5.xlarge costs $1.006 and AWS sells no 2-GPU g5. Every setup
     planned on AWS is whole instances of one type at that type's price."""
-    plan = benchmark_plan(method)  # type: ignore[arg-type]
-    result = plan_setups(plan, bundled_offers(), constraints=Constraints(providers=("aws",)), top_n=200)
-    setups = [*result.recommendations, *result.best_per_gpu]
+    setups = _planned_on("aws", method)
     assert {rec.gpu for rec in setups} >= {"A10G", "L4", "L40S"}
     for rec in setups:
         key = (rec.gpu, rec.gpus_per_node)
