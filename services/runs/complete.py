@@ -25,6 +25,8 @@ never uploaded as durable, never the latest, and counted as unsynced. The rules,
   every weight file is whole (a safetensors header gives the file's exact length), an adapter has its
   adapter_config.json, and the directory settled (the config files copied last). ``dist_epoch_N/``
   (its DCP saver) is done when ``.metadata`` (written last by torch.distributed.checkpoint) exists.
+- A save sharded over ranks also needs every rank's part beside its marker (services/runs/shards.py): DeepSpeed's
+  ZeRO shards, the files a DCP ``.metadata`` names.
 - LitGPT (``litgpt/finetune/*.py``, ``pretrain.py``): ``step-N/lit_model.pth`` (or ``.lora``,
   ``.adapter``, ``.adapter_v2``), then the config files, ``hyperparameters.yaml`` and
   ``model_config.yaml`` (the order differs between scripts; both come after the weights). The
@@ -40,14 +42,14 @@ write behind a marker that did reach the disk is caught there.
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import re
 import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.runs.shards import DCP_METADATA, dcp_missing, torch_archive_state, zero_shards_missing
 
 COMPLETE_MARKER = ".complete"
 HF_STATE = "trainer_state.json"
@@ -56,7 +58,6 @@ TORCHTUNE_RECIPE_STATE = Path("recipe_state") / "recipe_state.pt"
 LITGPT_WEIGHTS = ("lit_model.pth", "lit_model.pth.lora", "lit_model.pth.adapter", "lit_model.pth.adapter_v2")
 LITGPT_LAST = ("hyperparameters.yaml", "model_config.yaml")
 LITGPT_AFTER = ("prompt_style.yaml",)
-DCP_METADATA = ".metadata"
 # gpuplan's own files a training script may add after the framework's save: the evaluation metric ({"metric": x}).
 METRIC_FILE = "gpuplan_metric.json"
 OWN_FILES = (METRIC_FILE,)
@@ -179,6 +180,9 @@ def _hf_trainer(directory: Path) -> Completeness:
         tag = _latest_tag(directory)  # the Trainer under DeepSpeed: the engine's tag file came before
         if tag is None or not (directory / tag).is_dir():
             return Completeness(False, "hf-trainer", f"DeepSpeed shards without a '{DEEPSPEED_LATEST}' naming them")
+        missing = zero_shards_missing(directory / tag)
+        if missing is not None:
+            return Completeness(False, "hf-trainer", missing)
     missing = _hf_missing(directory)
     if missing is not None:
         return Completeness(False, "hf-trainer", missing)
@@ -208,6 +212,11 @@ def _hf_missing(directory: Path) -> str | None:
             missing = sorted(str(s) for s in shards if not (directory / str(s)).is_file())
             if missing:
                 return f"shards {index} names are missing: {missing[:3]}"
+    for name in sorted(names):
+        folder = directory / name
+        lacks = dcp_missing(folder) if _FSDP_SHARDED.match(name) and folder.is_dir() else None
+        if lacks is not None:  # FSDP's sharded save (SHARDED_STATE_DICT): a DCP folder per state
+            return lacks
     if not (deepspeed or sharded or names & {*HF_WEIGHTS, *HF_INDEXES}):
         return f"no model weights ({', '.join(HF_WEIGHTS)} or a sharded index): the Trainer writes them first"
     if names & {"adapter_model.safetensors", "adapter_model.bin"} and "adapter_config.json" not in names:
@@ -226,6 +235,9 @@ def _deepspeed(directory: Path, step: int) -> Completeness:
     if match is None:
         return Completeness(False, "deepspeed", f"no '{DEEPSPEED_LATEST}' beside it names a global_stepN tag")
     latest = int(match.group(1))
+    missing = zero_shards_missing(directory)
+    if missing is not None:
+        return Completeness(False, "deepspeed", missing)
     if latest > step:
         return Completeness(True, "deepspeed", f"'{DEEPSPEED_LATEST}' names a newer tag ({tag})")
     if latest < step:
@@ -237,40 +249,10 @@ def _deepspeed(directory: Path, step: int) -> Completeness:
     return Completeness(True, "deepspeed", f"'{DEEPSPEED_LATEST}' names it and was written after its shards")
 
 
-class _Stub:
-    """Whatever a torch pickle builds (tensors, devices): not needed to read two integers."""
-
-    def __new__(cls, *_args: object, **_kwargs: object) -> _Stub:
-        return object.__new__(cls)
-
-    def __init__(self, *_args: object, **_kwargs: object) -> None:
-        pass
-
-    def __setstate__(self, _state: object) -> None:
-        pass
-
-
-class _NoCodeUnpickler(pickle.Unpickler):
-    """Reads a torch.save archive's pickle without torch and without running any of its code: every
-    global but an OrderedDict becomes a stub, every tensor storage None."""
-
-    def find_class(self, module: str, name: str) -> type:
-        if (module, name) == ("collections", "OrderedDict"):
-            import collections
-
-            return collections.OrderedDict
-        return _Stub
-
-    def persistent_load(self, pid: object) -> None:
-        return None
-
-
 def recipe_epochs(path: Path) -> tuple[int, int] | None:
     """(epochs_run, total_epochs) from torchtune's recipe_state.pt; None if unreadable."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            name = next(n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
-            state = _NoCodeUnpickler(io.BytesIO(archive.read(name))).load()
+        state = torch_archive_state(path)
         return int(state["epochs_run"]), int(state["total_epochs"])
     except Exception:  # a file that is not torchtune's recipe state: any error means "cannot tell"
         return None
@@ -328,8 +310,9 @@ def _litgpt(directory: Path) -> Completeness:
         return _marker_rule(directory, list(LITGPT_AFTER), "litgpt")
     for name in LITGPT_WEIGHTS:
         sharded = directory / name
-        if sharded.is_dir() and not (sharded / DCP_METADATA).is_file():  # FSDP's sharded save
-            return Completeness(False, "litgpt", f"{name}/ has no {DCP_METADATA} yet")
+        lacks = dcp_missing(sharded) if sharded.is_dir() else None  # FSDP's sharded save
+        if lacks is not None:
+            return Completeness(False, "litgpt", lacks)
     return _marker_rule(directory, list(LITGPT_LAST), "litgpt", LITGPT_AFTER)
 
 
@@ -346,10 +329,11 @@ def completeness(directory: Path, step: int) -> Completeness:
     elif _EPOCH.match(directory.name):
         decided = _torchtune(directory, step)
     elif _DIST_EPOCH.match(directory.name):
+        missing = dcp_missing(directory)
         decided = (
-            Completeness(True, "torchtune", f"{DCP_METADATA} written last")
-            if (directory / DCP_METADATA).is_file()
-            else Completeness(False, "torchtune", f"no {DCP_METADATA} yet")
+            Completeness(True, "torchtune", f"{DCP_METADATA} written last, with every file it names")
+            if missing is None
+            else Completeness(False, "torchtune", missing)
         )
     else:
         return Completeness(
