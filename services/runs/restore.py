@@ -26,6 +26,7 @@ from services.runs.manifest import BESIDE_PREFIX, Manifest, ManifestFile, step_p
 from services.runs.sync import read_manifest
 
 CHUNK = 8 * 2**20
+_TAG = re.compile(r"global_step\d+")  # a DeepSpeed tag folder, which gets a `latest` naming it
 
 
 class RestoreError(Exception):
@@ -108,6 +109,28 @@ def _fetch_verified(s3: Any, bucket: str, key: str, target: Path, entry: Manifes
     return fetched
 
 
+def _taken_beside(to: Path, stored: Manifest) -> str | None:
+    """What stands where the restore puts a file beside the folder, with other contents (None: nothing): a newer
+    save's recipe state, or a ``latest`` naming another tag. Replacing it would resume the run there from this step
+    without a word, as restoring over an existing folder would; the same file is left as it is."""
+    for entry in stored.beside:
+        place = to / entry.path
+        if place.is_symlink() or (place.exists() and not place.is_file()):
+            return f"{place} already exists and is not a plain file"
+        if place.exists() and (place.stat().st_size != entry.size or _sha256(place) != entry.sha256):
+            return f"{place} already exists with other contents (another step's)"
+    latest = to / DEEPSPEED_LATEST
+    if _TAG.fullmatch(stored.dir_name) and (latest.exists() or latest.is_symlink()):
+        try:
+            named = latest.read_text().strip() if latest.is_file() and not latest.is_symlink() else None
+        except (OSError, UnicodeDecodeError):
+            named = None
+        if named != stored.dir_name:
+            shown = "something else" if named is None else repr(named[:80])
+            return f"{latest} already exists and names {shown}, not {stored.dir_name}"
+    return None
+
+
 def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest, to: Path) -> RestoreResult:
     """Download and verify the checkpoint ``expected`` describes (the control plane's record); the
     manifest in the bucket must agree with it, or nothing is restored."""
@@ -119,6 +142,9 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
     final = to / stored.dir_name
     if final.exists():
         raise RestoreError(f"{final} already exists; restore into an empty directory or remove it")
+    taken = _taken_beside(to, stored)
+    if taken is not None:
+        raise RestoreError(f"{taken}; restore into an empty directory or remove it")
     partial = to / f"{stored.dir_name}.partial"
     base = step_prefix(run_prefix, stored.step)
     _prune(partial, {entry.path for entry in stored.files})
@@ -138,7 +164,7 @@ def restore_checkpoint(s3: Any, bucket: str, run_prefix: str, expected: Manifest
     partial.rename(final)
     for target, place in beside:
         target.replace(place)
-    if re.fullmatch(r"global_step\d+", stored.dir_name):
+    if _TAG.fullmatch(stored.dir_name):
         latest = to / f"{DEEPSPEED_LATEST}.partial"
         latest.write_text(stored.dir_name)
         os.utime(latest, ns=(stamp, stamp))

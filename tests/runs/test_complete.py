@@ -32,7 +32,7 @@ from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import sweep
 from services.runs.complete import completeness
 from services.runs.manifest import step_of, step_prefix
-from services.runs.restore import restore_checkpoint
+from services.runs.restore import RestoreError, restore_checkpoint
 from services.runs.sync import SyncOptions, pending_steps, read_manifest, stored_steps, sync_pass
 from services.storage.s3 import make_s3_client
 from tests.nodes.helpers import SLOW_AGENT
@@ -289,6 +289,18 @@ def test_a_restored_deepspeed_checkpoint_is_complete_when_the_wall_clock_runs_ah
     assert restored.step == 3
     assert completeness(restored.directory, 3).complete, completeness(restored.directory, 3)
 
+    # A `latest` naming another tag (a newer save on this disk) is not replaced: DeepSpeed would resume from the
+    # restored step instead, without a word. Refused before a byte is fetched; one naming the same tag is kept.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "latest").write_text("global_step9")
+    with pytest.raises(RestoreError, match=r"latest already exists and names 'global_step9', not global_step3"):
+        restore_checkpoint(s3, run["bucket"], run["prefix"], env.api.choose(None, False), other)
+    assert sorted(p.name for p in other.iterdir()) == ["latest"]
+    (other / "latest").write_text("global_step3\n")
+    assert restore_checkpoint(s3, run["bucket"], run["prefix"], env.api.choose(None, False), other).step == 3
+    assert (other / "latest").read_text() == "global_step3"
+
 
 def test_torchtunes_last_epoch_counts_only_with_every_shard_whole_and_settled(run_env: RunEnv, tmp_path: Path) -> None:
     """The last epoch has no recipe state after it: the index must name only whole shards that are
@@ -383,6 +395,15 @@ def test_torchtunes_recipe_state_travels_with_its_epoch_and_a_restore_resumes_fr
     ).stdout.split()
     assert "resume_from_checkpoint=True" in found
     assert "checkpointer.adapter_checkpoint=epoch_1/adapter_model.pt" in found
+
+    # Epoch 0 restored into the same folder would put its recipe state over epoch 1's (torchtune would resume
+    # from epoch 1 again with epoch 0's optimizer): refused before a byte is fetched, epoch 1's state untouched.
+    first = read_manifest(s3, run["bucket"], run["prefix"], 0)
+    assert first is not None
+    with pytest.raises(RestoreError, match=r"recipe_state.pt already exists with other contents"):
+        restore_checkpoint(s3, run["bucket"], run["prefix"], first, fresh)
+    assert (fresh / "recipe_state" / "recipe_state.pt").read_bytes() == states[1]
+    assert not (fresh / "epoch_0").exists() and not list(fresh.rglob("*.partial"))
 
 
 def test_a_rewrite_in_place_is_in_progress_until_the_marker_is_written_again(tmp_path: Path) -> None:
