@@ -227,8 +227,9 @@ def record_durable(session: Session, principal: Principal, run_id: str, body: Ch
     rows = checkpoints(session, run)
     durable = [r.step for r in rows if r.status == "durable"]
     run.last_durable_step = max(durable) if durable else None
-    if body.upload_bytes_per_s is not None:
-        # The measured bandwidth replaces the assumption, and the interval follows it.
+    if body.upload_bytes_per_s is not None and existing is None:
+        # The measured bandwidth replaces the assumption, and the interval follows it. A report of a step already
+        # durable (a retry whose answer was lost, a manifest marked final) measured no new upload.
         previous = run.upload_bytes_per_s
         run.upload_bytes_per_s = (
             body.upload_bytes_per_s if previous is None else 0.5 * (previous + body.upload_bytes_per_s)

@@ -134,6 +134,12 @@ def test_durable_checkpoints_progress_and_tenancy(api: Api) -> None:
     body = api.client.get(f"/v1/runs/{run_id}", headers=api.headers()).json()
     assert body["schedule"]["upload_measured"] is True and body["upload_bytes_per_s"] == 5e6
     assert body["schedule"]["idle"] == {"idle_minutes": 15.0, "gpu_busy_pct": 10.0}  # kept through the update
+    # A report replayed (a retry whose answer was lost) measured no new upload: the average stays.
+    slower = {"manifest": _manifest(run_id, 350), "upload_bytes_per_s": 1e6}
+    assert api.client.post(url, json=slower, headers=api.headers()).status_code == 200
+    assert api.client.get(f"/v1/runs/{run_id}", headers=api.headers()).json()["upload_bytes_per_s"] == 3e6
+    assert api.client.post(url, json=slower, headers=api.headers()).status_code == 200
+    assert api.client.get(f"/v1/runs/{run_id}", headers=api.headers()).json()["upload_bytes_per_s"] == 3e6
     assert [c["step"] for c in body["checkpoints"]] == [100, 200, 300]
 
     hb = {"progress": {"run_id": run_id, "step": 321, "loss": 1.25}, "job_running": True}
