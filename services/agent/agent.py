@@ -167,7 +167,9 @@ class Agent:
             body["sync"] = syncer.run.health()
         try:
             answer = self._post(f"/v1/nodes/{self.node_id}/heartbeat", body).json()
-        except (httpx.HTTPError, RuntimeError) as exc:
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            # ValueError: a body JSON cannot carry (a non-finite number). The loop goes on: an agent that ended
+            # here would leave its node unwatched and its checkpoints unsynced.
             log.warning("heartbeat failed: %s", exc)
             return False
         if self.guard is not None:
@@ -197,7 +199,11 @@ class Agent:
             log.exception("calibration %s failed", job["id"])
             self._post(f"/v1/calibrations/{job['id']}/failure", {"error": f"{type(exc).__name__}: {exc}"[:2000]})
         else:
-            self._post(f"/v1/calibrations/{job['id']}/result", result)
+            try:
+                self._post(f"/v1/calibrations/{job['id']}/result", result)
+            except ValueError as exc:  # a figure JSON cannot carry (NaN): the job fails, the agent goes on
+                log.warning("calibration %s result not sent: %s", job["id"], exc)
+                self._post(f"/v1/calibrations/{job['id']}/failure", {"error": f"unsendable result: {exc}"[:2000]})
         finally:
             self.busy = False
             self.heartbeat()
@@ -220,7 +226,7 @@ class Agent:
             if reachable:
                 try:
                     ran = self.poll_once()
-                except (httpx.HTTPError, RuntimeError) as exc:
+                except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                     log.warning("calibration poll failed: %s", exc)
             if self.syncer is not None and self.syncer.due(time.time()):
                 run = self.syncer.run

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import threading
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.agent.signals import JobWatch, interactive_idle_s
+from services.core.json_limits import INT32_MAX
 from services.nodes.idle import IdlePolicy, Signals, gpu_reading, next_idle_since
 from services.runs.client import RunApi, RunApiError
 from services.runs.sync import (
@@ -153,18 +155,26 @@ def read_progress(checkpoint_dir: Path) -> tuple[int | None, float | None]:
         explicit = checkpoint_dir / "gpuplan_progress.json"
         if explicit.is_file():
             data = json.loads(explicit.read_text())
-            return int(data["step"]), (float(data["loss"]) if data.get("loss") is not None else None)
+            return _reportable(int(data["step"]), float(data["loss"]) if data.get("loss") is not None else None)
         dirs = checkpoint_dirs(checkpoint_dir)
         if dirs:
             state = dirs[-1][1] / "trainer_state.json"
             if state.is_file():
                 data = json.loads(state.read_text())
                 losses = [e["loss"] for e in data.get("log_history", []) if "loss" in e]
-                return int(data.get("global_step", dirs[-1][0])), (float(losses[-1]) if losses else None)
-            return dirs[-1][0], None
+                return _reportable(int(data.get("global_step", dirs[-1][0])), float(losses[-1]) if losses else None)
+            return _reportable(dirs[-1][0], None)
     except (OSError, ValueError, KeyError, TypeError):
         log.debug("unreadable progress in %s", checkpoint_dir)
     return None, None
+
+
+def _reportable(step: int, loss: float | None) -> tuple[int | None, float | None]:
+    """Progress as the heartbeat can carry it (services/nodes/schemas.py RunProgress): a diverged run's NaN or
+    infinite loss (the Trainer logs NaN) and a step out of range are sent as unknown. JSON has no NaN, so one sent
+    as it was failed the heartbeat's encoding, and the exception ended the agent (a probe of the node lifecycle);
+    a step out of range had every heartbeat refused."""
+    return (step if 0 <= step <= INT32_MAX else None), (loss if loss is not None and math.isfinite(loss) else None)
 
 
 class NodeGuard:

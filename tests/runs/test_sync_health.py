@@ -282,3 +282,33 @@ def test_a_complete_step_the_bucket_cannot_hold_is_the_agents_sync_error(run_env
     assert 200 in sync.pass_once(env.api).superseded
     sync.succeeded()
     assert sync.last_error is None and sync.failing_since is None and sync.unsynced() == 0
+
+
+def test_a_diverged_runs_nan_loss_is_sent_as_unknown_and_the_agent_goes_on(run_env: RunEnv, tmp_path: Path) -> None:
+    """The Trainer logs a diverged fp16 run's loss as NaN, which JSON cannot carry: the heartbeat's encoding raised,
+    and the exception ended `gpuplan agent`, leaving its node unwatched and its checkpoints unsynced (a probe of the
+    node lifecycle). A step out of range had every heartbeat refused. Both are sent as unknown now."""
+    env = run_env
+    root = tmp_path / "out"
+    checkpoint = make_checkpoint(root, 100, 2**20, seed=1)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 100, "log_history": [{"loss": NaN}]}')
+    agent = Agent(env.client, env.key)
+    agent.register(name="nan-node", gpu="A100 80GB")
+    join = env.client.post(
+        f"/v1/runs/{env.run_id}/nodes",
+        json={"node_id": agent.node_id},
+        headers={**env.headers, "X-Node-Token": agent.node_token},
+    )
+    assert join.status_code == 200, join.text
+    run = env.run()
+    s3 = make_s3_client(env.s3)
+    agent.attach_run(RunSync(env.api, s3, run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600))
+    assert agent.heartbeat()
+    assert env.run()["progress_step"] == 100 and env.run()["progress_loss"] is None
+
+    (root / "gpuplan_progress.json").write_text('{"step": 1099511627776, "loss": Infinity}')
+    assert agent.heartbeat()  # accepted: neither figure is sent
+    (root / "gpuplan_progress.json").write_text('{"step": 120, "loss": 0.75}')
+    assert agent.heartbeat()
+    assert env.run()["progress_step"] == 120 and env.run()["progress_loss"] == 0.75
+    assert agent.run(once=True) == "once"  # the loop itself runs through such a file
