@@ -43,12 +43,19 @@ class Signals:
     pending_bytes: int = 0  # bytes of local checkpoints the bucket does not hold, as the agent's sync counts them
 
 
-def gpu_reading(gpus: Sequence[Mapping[str, Any]]) -> tuple[float, bool]:
+def gpu_reading(gpus: Sequence[Mapping[str, Any]], registered: int | None = None) -> tuple[float, bool]:
     """(the busiest GPU's utilisation, whether every GPU was read) from a heartbeat's ``gpus``; a null
-    ``utilisation_pct`` is a GPU NVML could not read (services/agent/signals.py read_gpus)."""
+    ``utilisation_pct`` is a GPU NVML could not read (services/agent/signals.py read_gpus). With ``registered``
+    (the node's GPU count), a GPU of the node that a heartbeat reporting GPUs leaves out is not read either: one
+    reporting one GPU of four made the other three look idle (a probe of the node lifecycle). A heartbeat with no
+    GPUs reports no GPU state at all (a CPU host, or a client of the API that does not read NVML): its other
+    signals decide, as they always did."""
     read = [g.get("utilisation_pct", 0.0) for g in gpus]
     known = [float(u) for u in read if u is not None]
-    return max(known, default=0.0), len(known) == len(read)
+    every = len(known) == len(read)
+    if registered is not None and every and gpus:
+        every = {g.get("index") for g in gpus} >= set(range(registered))
+    return max(known, default=0.0), every
 
 
 def busy_reasons(signals: Signals, policy: IdlePolicy) -> dict[str, str]:
@@ -62,7 +69,7 @@ def busy_reasons(signals: Signals, policy: IdlePolicy) -> dict[str, str]:
     if not signals.gpu_readable:
         # Unknown is not idle: a failed read of a training GPU (a driver hiccup, "GPU is lost") reported 0 % and
         # no processes, and the sweep could stop the node mid-run (a probe of the idle lifecycle).
-        reasons["gpu-unreadable"] = "GPU state unreadable (NVML)"
+        reasons["gpu-unreadable"] = "GPU state unreadable (NVML) or not reported"
     if signals.uploading:
         reasons["upload"] = "an upload is in progress"
     if signals.interactive_idle_s is not None and signals.interactive_idle_s < policy.idle_minutes * 60:

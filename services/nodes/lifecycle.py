@@ -97,7 +97,7 @@ def stop_lease_s(timeout_s: float, position: int, concurrency: int) -> float:
 
 
 def signals_of(node: NodeRow) -> Signals:
-    utilisation, readable = gpu_reading(node.gpus or [])
+    utilisation, readable = gpu_reading(node.gpus or [], node.gpu_count)
     return Signals(
         job_running=node.job_running,
         gpu_utilisation_pct=utilisation,

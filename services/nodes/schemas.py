@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from services.core.json_limits import INT32_MAX
 from services.core.request_models import ClosedModel, SingleLine, UtcDatetime
@@ -67,8 +67,8 @@ class SyncHealth(_In):
 
 class Heartbeat(_In):
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
-    job_running: bool = False
-    uploading: bool = Field(default=False, description="a checkpoint upload is in progress")
+    job_running: StrictBool = False
+    uploading: StrictBool = Field(default=False, description="a checkpoint upload is in progress")
     interactive_idle_s: StrictFloat | None = Field(
         default=None, ge=0, le=10**9, description="seconds since the most recently active interactive session"
     )
@@ -87,6 +87,14 @@ class Heartbeat(_In):
         description="seconds the agent waits between heartbeats; a longer gap restarts the idle timer "
         "(services/nodes/idle.py cadence_gap_s)",
     )
+
+    @field_validator("gpus")
+    @classmethod
+    def _each_gpu_once(cls, gpus: list[GpuStatus]) -> list[GpuStatus]:
+        indices = [g.index for g in gpus]
+        if len(set(indices)) != len(indices):
+            raise ValueError("each GPU index once: a GPU reported twice hides another's state")
+        return gpus
 
 
 class CalibrationRequest(_In):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -61,9 +62,13 @@ class World:
             self.tokens[row.id] = token
             return row.id
 
-    def beat(self, node_id: str, minute: float, *, busy: bool = False, **fields: Any) -> list[str]:
+    def beat(
+        self, node_id: str, minute: float, *, busy: bool = False, gpus: list[GpuStatus] | None = None, **fields: Any
+    ) -> list[str]:
         body = Heartbeat(
-            gpus=[
+            gpus=gpus
+            if gpus is not None
+            else [
                 GpuStatus(index=0, utilisation_pct=95.0 if busy else 0.0, memory_used_gib=1.0, memory_total_gib=80.0)
             ],
             job_running=busy,
@@ -224,3 +229,25 @@ def test_an_idle_node_waiting_for_its_final_sync_logs_the_request_once(world: Wo
         if minute:
             assert "sync" in commands  # asked again at every heartbeat until the checkpoints are durable
     assert driver.stops == [] and world.events(node, "sync_requested") == 1
+
+
+def test_gpus_of_the_node_a_heartbeat_leaves_out_are_not_read_as_idle(world: World) -> None:
+    """A heartbeat naming one GPU of a four-GPU node made the other GPUs look idle, and the sweep stopped the node
+    whatever they ran (a probe of the node lifecycle): a GPU of the node left out is unread, as one NVML could not
+    read. A heartbeat with no GPUs reports no GPU state (its other signals decide). A GPU reported twice (hiding
+    another) is refused, naming the field."""
+    driver = Driver()
+    idle = GpuStatus(index=0, utilisation_pct=0.0, memory_used_gib=1.0, memory_total_gib=80.0)
+    partial, empty, whole = (world.register(n, gpu_count=4) for n in ("partial", "empty", "whole"))
+    for minute in range(0, 17):
+        world.beat(partial, minute, gpus=[idle])
+        world.beat(empty, minute, gpus=[])
+        world.beat(whole, minute, gpus=[idle.model_copy(update={"index": i}) for i in range(4)])
+    world.sweep(16.5, driver)
+    assert sorted(driver.stops) == sorted([empty, whole])
+    assert "GPU state unreadable (NVML) or not reported" in (world.node(partial).last_reason or "")
+    with pytest.raises(ValidationError, match="each GPU index once"):
+        Heartbeat(gpus=[idle, idle])
+    for lax in ("yes", 1, "true"):  # booleans are JSON's true and false only
+        with pytest.raises(ValidationError, match="job_running"):
+            Heartbeat.model_validate({"job_running": lax})
