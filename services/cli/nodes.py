@@ -37,7 +37,9 @@ def register(sub: Subparsers) -> None:
     )
     agent.add_argument(
         "--interval",
-        type=float_arg("--interval", 0.1, 86_400.0),  # the heartbeat's heartbeat_interval_s takes up to a day
+        # Idle time accrues only across gaps up to the service's lost threshold (300 s by default, cadence_gap_s):
+        # beyond half of it every gap restarted the idle timer, and an idle node was never stopped (a probe).
+        type=float_arg("--interval", 0.1, 150.0),
         default=HEARTBEAT_INTERVAL_S,
         metavar="S",
         help="seconds between heartbeats (idle time accrues only across gaps of up to three of them plus 30 s)",

@@ -98,7 +98,7 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--settle-s", type=float_arg("--settle-s", 0), default=60.0, metavar="S")
     agent.add_argument(
         "--idle-minutes",
-        type=float_arg("--idle-minutes", 0),
+        type=float_arg("--idle-minutes", 0, 7 * 24 * 60),  # IdlePolicy's bound: beyond it the guard failed to start
         default=15.0,
         metavar="M",
         help="node-side guard: idle this long ...",

@@ -36,9 +36,11 @@ CASES = [
     (("data", "check", "ok.jsonl", "--data-country", "ZZZ"), "not a two-letter ISO country code"),
     (("plans", "get", "../../v1/keys"), "is not an id"),
     ((*AGENT, "--price-usd-per-hour", "nan"), "--price-usd-per-hour must be a finite number"),
-    ((*AGENT, "--interval", "-1"), "--interval must be from 0.1 to 86400"),
-    # Each heartbeat declares the interval, which the service takes up to a day: beyond it every heartbeat was a 422.
-    ((*AGENT, "--interval", "100000"), "--interval must be from 0.1 to 86400, got '100000'"),
+    ((*AGENT, "--interval", "-1"), "--interval must be from 0.1 to 150"),
+    # Each heartbeat declares the interval; over half the service's lost threshold (300 s) no idle time accrued, so
+    # an idle node was never stopped.
+    ((*AGENT, "--interval", "301"), "--interval must be from 0.1 to 150, got '301'"),
+    ((*AGENT, "--idle-minutes", "20000"), "--idle-minutes must be from 0 to 10080, got '20000'"),
     (("sync", "--dir", ".", "--run", "r1", "--settle-s", "nan"), "--settle-s must be a finite number"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),
