@@ -148,6 +148,11 @@ def test_zero_stages_shard_what_they_should() -> None:
     # Stage 3 frees the 16-bit gradients bucket by bucket: 18 bytes per parameter / GPUs in all.
     assert s3.gradients == TOTAL * 4 / 4
     assert s3.weights + s3.master_weights + s3.gradients + s3.optimizer_states == TOTAL * 18 / 4
+    # bf16 at stage 1 runs DeepSpeed's BF16_Optimizer (engine.py _do_optimizer_sanity_check), whose fp32 gradient
+    # buffer is whole (above); fp16 runs the stage-1 ZeRO optimizer, which makes fp32 only of its own partition.
+    for precision in ("fp16", "fp16-mixed"):
+        fp16 = make_plan(gpus=4, precision=precision, sharding="zero1")
+        assert model_states(fp16, ARCH, resolve_recipe(fp16)).gradients == TOTAL * 2 + TOTAL * 4 / 4
 
 
 def test_deepspeed_bf16_keeps_fp32_master_weights() -> None:

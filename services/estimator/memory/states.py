@@ -182,6 +182,12 @@ def model_states(plan: Plan, arch: Architecture, recipe: Recipe) -> ModelStates:
         # partition stays (estimate_zero3_model_states_mem_needs: 18 bytes per parameter / GPUs =
         # 16-bit param 2 + fp32 master 4 + fp32 gradient 4 + Adam 8).
         grads = float(trainable * 4)
+    if shard == "zero1" and recipe.master_weights and param_bytes == 2 and plan.precision.startswith("fp16"):
+        # DeepSpeed's stage-1 optimizer of an fp16 model (runtime/zero/stage_1_and_2.py, partition_grads off)
+        # all-reduces the whole 16-bit gradients and makes fp32 only of this rank's partition (a helper's probe of the
+        # estimator found all 6 bytes kept whole). A bf16 model at stage 1 runs BF16_Optimizer instead
+        # (runtime/engine.py _do_optimizer_sanity_check), whose fp32 gradient buffer is whole: the 2 + 4 above.
+        grads = float(trainable * param_bytes) + float(trainable * 4) / n
     largest = _largest_trainable_tensor(arch, plan, recipe) * grad_bytes
 
     state_dtype = 4 if (recipe.master_weights or param_bytes == 4) else param_bytes
