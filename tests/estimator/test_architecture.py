@@ -8,6 +8,7 @@ from services.estimator.architecture import (
     architecture_from_config,
     parameter_counts,
 )
+from services.estimator.architecture.sizes import check_architecture_sizes
 from services.estimator.errors import EstimatorError
 
 REQUIRED_FAMILIES = {
@@ -142,3 +143,28 @@ def test_kv_heads_must_divide_heads() -> None:
             }
         )
     assert err.value.field == "model.config.num_key_value_heads"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"num_local_experts": 4, "num_experts_per_tok": 0}, "num_experts_per_tok"),
+        ({"num_local_experts": 4, "num_experts_per_tok": 8}, "num_experts_per_tok"),
+    ],
+)
+def test_a_moe_config_routing_to_no_expert_or_more_than_it_has_is_refused(fields: dict[str, int], field: str) -> None:
+    """Routing each token to no expert was sized as a model without MLPs (a probe of the estimator): refused, naming
+    the field, by the CLI as by the API."""
+    config = {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        **fields,
+    }
+    with pytest.raises(EstimatorError) as caught:
+        check_architecture_sizes(architecture_from_config(config))
+    assert caught.value.field == f"model.config.{field}"

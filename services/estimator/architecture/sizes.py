@@ -40,6 +40,15 @@ def check_architecture_sizes(arch: Architecture) -> None:
             raise over_bound(prefix + "num_experts", block.num_experts, EXPERTS)
         if block.experts_per_token > EXPERTS_PER_TOKEN.limit:
             raise over_bound(prefix + "num_experts_per_tok", block.experts_per_token, EXPERTS_PER_TOKEN)
+        if block.num_experts < 1 or block.experts_per_token < 1:
+            # A MoE layer of no experts, or routing each token to none, has no MLP to train: a config that says so
+            # is cut short or wrong, and was sized as a model with its MLPs gone (a probe of the estimator).
+            field, count = (
+                ("num_experts", block.num_experts)
+                if block.num_experts < 1
+                else ("num_experts_per_tok", block.experts_per_token)
+            )
+            raise EstimatorError(prefix + field, f"{count} experts: a MoE layer routes each token to at least one")
         if block.num_experts > 1 and block.experts_per_token > block.num_experts:
             raise EstimatorError(
                 prefix + "num_experts_per_tok",
