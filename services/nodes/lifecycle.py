@@ -347,10 +347,14 @@ def record_failed_attempt(
 
 def _claim_stop(session: Session, node: NodeRow, now: datetime, owner: str, lease_s: float) -> bool:
     """Take the node's stop lease: a compare-and-set from active, so of two sweeps (or beat processes)
-    deciding the same node, one sends the stop."""
+    deciding the same node, one sends the stop; and from the heartbeat the decision read, so a heartbeat recorded
+    since (a job started) is decided on first. On Postgres the sweep's row lock holds heartbeats back; SQLite takes
+    no row lock, and a busy heartbeat committed between the read and the claim was stopped on (a probe)."""
+    seen = node.last_heartbeat_at
+    same_heartbeat = NodeRow.last_heartbeat_at.is_(None) if seen is None else NodeRow.last_heartbeat_at == seen
     result = session.execute(
         update(NodeRow)
-        .where(NodeRow.id == node.id, NodeRow.status == "active")
+        .where(NodeRow.id == node.id, NodeRow.status == "active", same_heartbeat)
         .values(
             status="stopping",
             stop_lease_owner=owner,

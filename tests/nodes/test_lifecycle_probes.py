@@ -4,6 +4,7 @@ node back, a stale row of a restarted agent stopping its machine, and the event 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
 from services.core.settings import Settings
+from services.nodes import lifecycle
 from services.nodes.drivers import DriverError, NodeTarget
 from services.nodes.lifecycle import run_sweep
 from services.nodes.schemas import GpuStatus, Heartbeat, NodeRegistration, SyncHealth
@@ -251,3 +253,32 @@ def test_gpus_of_the_node_a_heartbeat_leaves_out_are_not_read_as_idle(world: Wor
     for lax in ("yes", 1, "true"):  # booleans are JSON's true and false only
         with pytest.raises(ValidationError, match="job_running"):
             Heartbeat.model_validate({"job_running": lax})
+
+
+def test_a_busy_heartbeat_recorded_between_the_sweeps_read_and_its_claim_is_not_stopped_on(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite takes no row lock: a heartbeat saying a job started, committed after the sweep read the node idle and
+    before it claimed the stop, was stopped on anyway (a probe of the node lifecycle). The claim compares the
+    heartbeat it decided on."""
+    node, driver = world.register("gpu-1"), Driver()
+    for minute in range(0, 16):
+        world.beat(node, minute)
+    decide = lifecycle.decide
+    fired: list[bool] = []
+
+    def busy_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(True)
+            beat = threading.Thread(target=lambda: world.beat(node, 15.9, busy=True))
+            beat.start()
+            beat.join()
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "decide", busy_meanwhile)
+    world.sweep(16.0, driver)
+    assert fired and driver.stops == []
+    assert world.node(node).status == "active" and world.node(node).job_running
+    monkeypatch.setattr(lifecycle, "decide", decide)
+    world.sweep(16.5, driver)  # the next sweep reads the busy heartbeat
+    assert driver.stops == []
