@@ -202,11 +202,18 @@ def read_gpus(registered: int) -> tuple[list[dict[str, Any]], set[int]]:
     return gpus, pids
 
 
+# Idle seconds of a session `who` calls "old": the most a heartbeat carries (services/nodes/schemas.py
+# interactive_idle_s), past every idle window (at most a week, IdlePolicy).
+OLD_SESSION_S = 1e9
+
+
 def parse_who_idle(output: str) -> float | None:
     """Seconds since the most recently active login session, from `who -u` (None: no session).
 
     `who -u` prints an IDLE column: "." for activity in the last minute, "HH:MM" for older, "old" for
-    more than a day (coreutils manual, "who invocation")."""
+    more than a day (coreutils manual, "who invocation"). "old" is read as idle for good (OLD_SESSION_S): read as
+    one day, a forgotten session kept a node whose idle window is longer than a day from ever being stopped (a
+    probe of the node lifecycle)."""
     best: float | None = None
     for line in output.splitlines():
         # LOGIN-TIME IDLE PID: the idle field follows the login clock time and precedes the PID.
@@ -217,7 +224,7 @@ def parse_who_idle(output: str) -> float | None:
         if idle == ".":
             seconds = 0.0
         elif idle == "old":
-            seconds = 86_400.0
+            seconds = OLD_SESSION_S
         else:
             hours, minutes = idle.split(":")
             seconds = int(hours) * 3600.0 + int(minutes) * 60.0

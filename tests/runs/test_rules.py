@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.agent.signals import parse_who_idle
+from services.agent.signals import OLD_SESSION_S, parse_who_idle
 from services.estimator.estimate import resolve_architecture
+from services.nodes.idle import IdlePolicy, Signals, busy_reasons
 from services.planner.checkpoints import FAILURES_PER_GPU_HOUR, CheckpointSchedule, ScheduleInputs, checkpoint_schedule
 from services.runs.manifest import (
     ManifestFile,
@@ -89,3 +90,6 @@ def test_who_idle_column(tmp_path: Path) -> None:
     assert parse_who_idle(who) == 0.0
     assert parse_who_idle(who.splitlines()[0]) == 42 * 60
     assert parse_who_idle("") is None
+    # "old" is more than a day, how much more unknown: idle past any idle window (up to a week), not one day.
+    assert parse_who_idle(who.splitlines()[2]) == OLD_SESSION_S
+    assert not busy_reasons(Signals(interactive_idle_s=OLD_SESSION_S), IdlePolicy(idle_minutes=7 * 24 * 60))
