@@ -122,6 +122,10 @@ def submit(
         )
     repo = PlanRepository(session)
     body = request.model_dump(mode="json", exclude_none=True)
+    if "safety_margin" not in request.constraints.model_fields_set:
+        # Left to the server (GPUPLAN_SAFETY_MARGIN, services.plans.recommend): stored as 0.0 it read as the user's
+        # own on every later reading, and the server's margin was ignored by the estimation and the quotes.
+        body.get("constraints", {}).pop("safety_margin", None)
     if idempotency_key is not None:
         if not 1 <= len(idempotency_key) <= 200:
             raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")

@@ -4,7 +4,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from services.core.request_models import ClosedModel, SingleLine
 
@@ -32,7 +32,7 @@ class QuoteRequest(ClosedModel):
         "of the card in that region, where it sells several node sizes",
     )
     best_for_gpus: StrictInt | None = Field(default=None, ge=1, le=1024)
-    spot: bool = False
+    spot: StrictBool = False
     checkpoint_storage_months: StrictFloat = Field(
         default=0.0,
         ge=0,

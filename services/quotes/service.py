@@ -107,6 +107,7 @@ def create_quote(
             field, message = "best_for_gpus", "best_for_gpus: " + message.removeprefix("gpus: ")
         raise Unprocessable(message, field=field) from None
     _unchanged(stored, rec)
+    _dearer_than_planned(stored, rec, request)
     rec = _with_ranking_notes(stored, rec)
 
     items = cost_lines(rec)
@@ -114,23 +115,25 @@ def create_quote(
     checkpoint_gb = _checkpoint_gb(plan)
     if request.checkpoint_storage_months > 0 and checkpoint_gb > 0:
         gb_months = round(checkpoint_gb * request.checkpoint_storage_months, 2)
-        items.append(
-            LineItem(
-                description="checkpoint storage (S3-compatible), the last checkpoint kept",
-                quantity=gb_months,
-                unit="GB-month",
-                unit_price_usd=STORAGE_USD_PER_GB_MONTH,
-                # The quantity shown times the price, to the cent, so the line multiplies out as printed.
-                amount_usd=float(_to_cents(Decimal(str(gb_months)) * Decimal(str(STORAGE_USD_PER_GB_MONTH)))),
+        # The quantity shown times the price, to the cent, so the line multiplies out as printed.
+        storage_usd = float(_to_cents(Decimal(str(gb_months)) * Decimal(str(STORAGE_USD_PER_GB_MONTH))))
+        if storage_usd > 0:  # under a cent is no line (cost_lines leaves such lines out too): never a $0.00 charge
+            items.append(
+                LineItem(
+                    description="checkpoint storage (S3-compatible), the last checkpoint kept",
+                    quantity=gb_months,
+                    unit="GB-month",
+                    unit_price_usd=STORAGE_USD_PER_GB_MONTH,
+                    amount_usd=storage_usd,
+                )
             )
-        )
     total = round(sum(i.amount_usd for i in items), 2)
     row = QuoteRow(
         organization_id=principal.organization_id,
         plan_id=plan_row.id,
         setup=_setup(rec),
         line_items=[i.model_dump() for i in items],
-        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints, offer),
+        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints, offer, total),
         total_usd=total,
         currency=QUOTE_CURRENCY,
         valid_until=utcnow() + timedelta(days=validity_days),
@@ -407,6 +410,33 @@ def _unchanged(stored: Sequence[Recommendation], rec: Recommendation) -> None:
             )
 
 
+def _dearer_than_planned(stored: Sequence[Recommendation], rec: Recommendation, request: QuoteRequest) -> None:
+    """409 when a quote that names no offer (no provider, region or node size) costs more than the plan's cheapest
+    setup of the same card (any card for ``best_for_gpus``), GPU count, nodes and pricing: the offer the plan priced
+    is gone, lost its spot price, or got dearer, and the quote had moved to another one without a word (a probe: a
+    spot quote of 2 x A100 40GB moved from the plan's $44.71 to another provider's $305.74). Naming the provider
+    asks for that offer (_vanished answers)."""
+    if request.provider is not None or request.region is not None or request.offer_gpus_per_node is not None:
+        return
+    same = [
+        s
+        for s in stored
+        if s.gpus == rec.gpus
+        and s.pricing == rec.pricing
+        and (request.gpu is None or s.gpu == rec.gpu)
+        and (request.nodes is None or s.nodes == rec.nodes)
+    ]
+    planned = min(same, key=lambda s: s.expected_cost_usd, default=None)
+    if planned is not None and rec.expected_cost_usd - planned.expected_cost_usd >= 0.005:
+        pricing = "on spot" if rec.pricing == "spot" else "on demand"
+        raise Conflict(
+            f"the plan priced {planned.gpus} x {planned.gpu} {pricing} at {planned.provider} ({planned.region}) for "
+            f"{usd(planned.expected_cost_usd)}; that offer is gone or dearer now, and today's cheapest is "
+            f"{rec.provider} ({rec.region}) at {usd(rec.expected_cost_usd)}: re-plan to quote today's offers",
+            field="price",
+        )
+
+
 def _cents(parts: Sequence[float], total_cents: int) -> list[int]:
     """Whole cents for ``parts`` (USD) that add up to ``total_cents``: largest remainders get the odd cents
     (Hamilton's method), so the lines sum to the plan's rounded total exactly."""
@@ -525,6 +555,7 @@ def _assumptions(
     checkpoint_gb: float,
     constraints: Constraints,
     offer: Offer,
+    total_usd: float,
 ) -> list[str]:
     offload = (
         f", with the optimizer states offloaded to host RAM (about {rec.host_ram_gib_per_node:,.0f} GiB per node)"
@@ -550,6 +581,11 @@ def _assumptions(
     # says so.
     if constraints.budget_usd is not None and rec.expected_cost_usd > constraints.budget_usd:
         out.append(f"over the plan's budget: {usd(rec.expected_cost_usd)} against {usd(constraints.budget_usd)}")
+    elif constraints.budget_usd is not None and total_usd > constraints.budget_usd:
+        out.append(
+            f"over the plan's budget with checkpoint storage: {usd(total_usd)} in total against "
+            f"{usd(constraints.budget_usd)} (the job alone {usd(rec.expected_cost_usd)})"
+        )
     if constraints.deadline_hours is not None and rec.expected_hours > constraints.deadline_hours:
         out.append(
             f"past the plan's deadline: {rec.expected_hours:,.1f} h against {constraints.deadline_hours:g} h expected"
