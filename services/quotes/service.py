@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.catalog.gpus import find_gpu
+from services.catalog.gpus import find_gpu, gpu_name_key
 from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
 from services.core.db import once_more_if_raced, utcnow
@@ -133,7 +133,10 @@ def create_quote(
         plan_id=plan_row.id,
         setup=_setup(rec),
         line_items=[i.model_dump() for i in items],
-        assumptions=_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints, offer, total),
+        assumptions=[
+            *_read_as(request.gpu, gpu),
+            *_assumptions(rec, plan_row.estimate or {}, request, checkpoint_gb, constraints, offer, total),
+        ],
         total_usd=total,
         currency=QUOTE_CURRENCY,
         valid_until=utcnow() + timedelta(days=validity_days),
@@ -219,7 +222,16 @@ def _card(name: str) -> str:
     try:
         return find_gpu(name).name
     except EstimatorError as exc:
-        raise Unprocessable(exc.message, field="gpu") from None
+        raise Unprocessable(f"gpu: {exc.message}", field="gpu") from None
+
+
+def _read_as(name: str | None, gpu: str | None) -> list[str]:
+    """An assumption line where the card asked for is not the card's own name (an alias, or ``find_gpu``'s forgiving
+    match): "A100" is quoted as the A100 80GB, and the quote says so rather than leave the A100 40GB unmentioned (a
+    probe of the quote path)."""
+    if name is None or gpu is None or gpu_name_key(name) == gpu_name_key(gpu):
+        return []
+    return [f"the card asked for, {name.strip()[:80]!r}, is read as the {gpu}"]
 
 
 def _card_name(offer: Offer) -> str | None:

@@ -105,3 +105,16 @@ def test_the_servers_safety_margin_holds_for_plans_and_quotes(margin_api: Api) -
     own = _done_plan(api, {**FULL_8B_LONG, "constraints": {"safety_margin": 0.0}})
     assert own["request"]["constraints"]["safety_margin"] == 0.0  # the user's own 0.0 is kept as theirs
     assert any(r["peak_gib_per_gpu"] > 0.7 * r["gpu_memory_gib"] for r in own["recommendations"])
+
+
+def test_a_card_matched_loosely_is_said_and_an_unknown_one_names_the_field(api: Api) -> None:
+    plan = _done_plan(api, FULL_8B_LONG)
+    url = f"/v1/plans/{plan['id']}/quotes"
+    loose = api.client.post(url, json={"gpu": "A100", "gpus": 2}, headers=api.headers())
+    assert loose.status_code == 201, loose.text
+    assert loose.json()["setup"]["gpu"] == "A100 80GB"
+    assert "the card asked for, 'A100', is read as the A100 80GB" in loose.json()["assumptions"]
+    exact = api.client.post(url, json={"gpu": "A100 80GB", "gpus": 2}, headers=api.headers()).json()
+    assert not any("read as" in a for a in exact["assumptions"])
+    unknown = api.client.post(url, json={"gpu": "a100-80", "gpus": 2}, headers=api.headers())
+    assert unknown.status_code == 422 and unknown.json()["message"].startswith("gpu: unknown GPU 'a100-80'")
