@@ -146,3 +146,19 @@ def test_the_gap_takes_its_unit_from_checkpointing_and_its_cell_from_the_optimiz
     # States kept off the GPU (CPU offload, paged) are not created in freed segments.
     frozen = ALLOCATOR_GAP["rebuilt/frozen"]
     assert allocator_gap_bytes(full, acts, 0.0) == pytest.approx(tuple(g * acts.recompute for g in frozen))
+
+
+def test_offloaded_activations_come_back_as_a_rebuild_does_with_checkpointing_or_without() -> None:
+    """Under activation offloading each block's saved tensors come back just before its backward, as a checkpointed
+    block is rebuilt: the cache gap scales with that block either way. Read as kept activations, the small on-GPU
+    stash left no gap, and turning checkpointing on raised the 8B full fine-tune's peak at 8,192 tokens by 4.6 GiB
+    (75.9 to 80.4 GiB: one fits an 80 GB card, the other not; a probe of the estimator)."""
+    arch = architecture_from_config(LLAMA_8B)
+    gaps = []
+    for checkpointing in (False, True):
+        plan = make_plan(activation_offloading=True, seq_len=8192, gradient_checkpointing=checkpointing)
+        recipe = resolve_recipe(plan)
+        acts = activation_bytes(plan, arch, recipe)
+        assert acts.offloaded > 0
+        gaps.append(allocator_gap_bytes(plan, acts, 1.0))
+    assert gaps[0] == pytest.approx(gaps[1], rel=0.01) and gaps[0][1] > 2**30
