@@ -170,6 +170,12 @@ class DataSpec(_Strict):
         if self.tokens is None and (self.examples is None or self.avg_tokens_per_example is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens_per_example'")
         check_length_percentiles([(name, getattr(self, name)) for name in LENGTH_PERCENTILE_FIELDS])
+        longest, mean = self.max_tokens_per_example, self.avg_tokens_per_example
+        if longest is not None and mean is not None and mean > longest:
+            raise ValueError(
+                f"avg_tokens_per_example: {mean:g} is more than max_tokens_per_example ({longest}): no data set "
+                "averages longer than its longest example"
+            )
         return self
 
     def length_percentiles(self) -> tuple[tuple[float, int], ...] | None:

@@ -53,6 +53,10 @@ def test_inconsistent_fields_are_named() -> None:
     assert line.startswith("cpu_offload:")
     (line,) = _problems({"model": {"name": "x"}, "mode": "inference", "activation_offloading": True})
     assert line.startswith("activation_offloading:")
+    lengths = {"p50_tokens_per_example": 100, "p90_tokens_per_example": 200, "p99_tokens_per_example": 300}
+    data = {"examples": 10, "avg_tokens_per_example": 600, **lengths, "max_tokens_per_example": 500}
+    (line,) = _problems({"model": {"name": "x"}, "data": data})  # a mean over the longest: a probe of the estimator
+    assert "avg_tokens_per_example: 600 is more than max_tokens_per_example (500)" in line, line
 
 
 def test_lora_target_list_errors_point_at_the_item() -> None:
