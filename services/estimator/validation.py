@@ -51,6 +51,9 @@ def describe_error_list(
         parts = [str(part) for part in err["loc"] if "[" not in str(part) and "-" not in str(part)]
         if parts[:1] == ["body"]:
             parts = parts[1:]
+        elif [str(part) for part in err["loc"][:1]] == ["header"] and len(err["loc"]) > 1:
+            # A header as the client sends it (X-Node-Token, Idempotency-Key): its hyphens are no validator tag.
+            parts = [str(err["loc"][1])]
         loc = ".".join(parts)
         msg = err["msg"]
         if msg.startswith("Value error, "):

@@ -118,3 +118,16 @@ def test_a_card_matched_loosely_is_said_and_an_unknown_one_names_the_field(api: 
     assert not any("read as" in a for a in exact["assumptions"])
     unknown = api.client.post(url, json={"gpu": "a100-80", "gpus": 2}, headers=api.headers())
     assert unknown.status_code == 422 and unknown.json()["message"].startswith("gpu: unknown GPU 'a100-80'")
+
+
+def test_a_header_too_long_is_named_as_the_client_sends_it(api: Api) -> None:
+    """The 422 for a 201-character Idempotency-Key (or X-Node-Token) named the field "header"."""
+    plan = _done_plan(api, FULL_8B_LONG)
+    headers = {**api.headers(), "Idempotency-Key": "k" * 201}
+    answer = api.client.post(f"/v1/plans/{plan['id']}/quotes", json={"gpu": "A10", "gpus": 1}, headers=headers)
+    assert answer.status_code == 422 and answer.json()["field"] == "Idempotency-Key", answer.text
+    node = api.client.post("/v1/nodes", json={"name": "n", "gpu": "A100 80GB"}, headers=api.headers()).json()
+    beat = api.client.post(
+        f"/v1/nodes/{node['id']}/heartbeat", json={}, headers={**api.headers(), "X-Node-Token": "t" * 201}
+    )
+    assert beat.status_code == 422 and beat.json()["field"] == "X-Node-Token", beat.text
