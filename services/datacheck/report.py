@@ -135,6 +135,9 @@ class DatasetReport(BaseModel):
     near_duplicates: tuple[DuplicateRow, ...]
     rows_kept: int
     tokens: TokenStats
+    # The same of the kept rows alone (no empty row, no duplicate): what training sees once the file is cleaned, and
+    # what a plan from the data set is priced by (None in reports from before it).
+    kept_tokens: TokenStats | None = None
     validation_split: ValidationSplit
     pii: tuple[PiiKindSummary, ...]
     pii_findings_total: int
@@ -254,6 +257,7 @@ class _Pass:
         self.empty = _Listed[int](limit)
         self.short = _Listed[int](limit)
         self.lengths = LengthHistogram()
+        self.kept_lengths = LengthHistogram()  # of the rows kept: neither empty nor a duplicate
         self.scratch = Scratch(SPILL_DIR)
         self.overlong = _Overlong(limit, self.scratch, SPILL_ROWS)
         self.exact_index = ExactIndex(self.scratch, SPILL_ROWS)
@@ -334,6 +338,11 @@ class _Pass:
                 row = DuplicateRow(row_number=d.row_number, duplicate_of=d.duplicate_of, similarity=d.similarity)
                 self.near.add(row)
         near = {d.row_number for d in found}
+        self.kept_lengths.add(
+            length
+            for (number, _, empty, _), length in zip(self.chunk, lengths, strict=True)
+            if not empty and number not in exact and number not in near
+        )
         for number, _, empty, digest in self.chunk:
             if not empty and number not in near:
                 self._offer_validation(int.from_bytes(digest, "big"), number)
@@ -395,6 +404,7 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         near_duplicates=tuple(state.near.items),
         rows_kept=kept,
         tokens=stats,
+        kept_tokens=histogram_token_stats(*state.kept_lengths.arrays(), method, notes),
         validation_split=ValidationSplit(rows=split, row_numbers=tuple(chosen), rule=VALIDATION_RULE),
         pii=pii,
         pii_findings_total=sum(state.pii_counts.values()),

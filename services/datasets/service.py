@@ -576,9 +576,23 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
     report = row.report
     tokens = report["tokens"]
     counts = report.get("counts", {})
-    examples = max(1, int(report["rows_kept"]) - int(report["validation_split"]["rows"]))
-    rows_counted = max(1, int(tokens["rows_counted"]))
-    avg_tokens = max(1.0, float(tokens["tokens_per_epoch_packed"]) / rows_counted)
+    training_rows = int(report["rows_kept"]) - int(report["validation_split"]["rows"])
+    if training_rows <= 0:
+        # A plan priced at one example of one token is no plan (a probe: an all-empty file, one of the wrong format).
+        raise Unprocessable(
+            f"dataset_id: data set {row.name} has no row to train on ({report['rows_total']:,} rows, "
+            f"{report['rows_kept']:,} kept: see its report's broken, mismatched, empty and duplicate rows)",
+            field="dataset_id",
+        )
+    examples = training_rows
+    # The kept rows' lengths, every token counted: the plan's own seq_len decides what is cut or packed (the
+    # estimator's data model). Reports from before keep the old reading: all rows, cut at the recommended seq_len.
+    kept = report.get("kept_tokens")
+    if kept is not None and kept.get("tokens_per_epoch") is not None and int(kept["rows_counted"]) > 0:
+        tokens = kept
+        avg_tokens = max(1.0, float(kept["tokens_per_epoch"]) / int(kept["rows_counted"]))
+    else:
+        avg_tokens = max(1.0, float(tokens["tokens_per_epoch_packed"]) / max(1, int(tokens["rows_counted"])))
     # Reports checked before the tokenizer entry existed name only the method.
     counted_by = (report.get("tokenizer") or {}).get("source") or tokens["method"]
     warnings = [

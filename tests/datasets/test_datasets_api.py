@@ -273,11 +273,15 @@ def test_plan_sized_from_the_checked_data_set_with_a_kvkk_warning(
     plan = data_api.wait_for_plan(response.json()["id"])
     assert plan["status"] == "done", plan["error"]
     examples = report["rows_kept"] - report["validation_split"]["rows"]
-    avg = round(report["tokens"]["tokens_per_epoch_packed"] / report["tokens"]["rows_counted"], 2)
-    t = report["tokens"]
+    # The kept rows' lengths, every token counted (the planted empty and duplicate rows are not trained on, and the
+    # plan's seq_len decides what is cut): a probe found the average over every row, cut at the recommended length.
+    t = report["kept_tokens"]
+    assert t["rows_counted"] == report["rows_kept"] < report["tokens"]["rows_counted"]
+    assert t["tokens_per_epoch"] > t["tokens_per_epoch_packed"]  # the planted long rows, whole
+    avg = round(t["tokens_per_epoch"] / t["rows_counted"], 2)
     percentiles = {k: t[k] for k in ("p50_tokens", "p90_tokens", "p99_tokens", "max_tokens")}
     assert plan["request"]["dataset"] == {"examples": examples, "avg_tokens": avg, **percentiles}
-    assert plan["request"]["seq_len"] == report["tokens"]["recommended_seq_len_tokens"] == 512
+    assert plan["request"]["seq_len"] == t["recommended_seq_len_tokens"] == 512
     assert plan["request"]["dataset_id"] == checked["id"]
     warnings = "\n".join(plan["warnings"])
     assert f"{examples:,} training examples" in warnings
