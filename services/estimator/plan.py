@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator
@@ -72,12 +73,24 @@ class GenericModel(_Strict):
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 class ModelSpec(_Strict):
     """Which model: an HF id from the bundled catalog, an HF config.json, or a generic size."""
 
     name: str | None = Field(default=None, min_length=1, max_length=200)
     config: dict[str, Any] | None = None
     generic: GenericModel | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        # A name is one line of text: exports write it into launch.sh and train.py, where a line break in it
+        # became a command of its own (a probe of the exports).
+        if value is not None and _CONTROL.search(value):
+            raise ValueError(f"control characters (line breaks, tabs) are not part of a model name: {value[:40]!r}")
+        return value
 
     @field_validator("config", mode="before")
     @classmethod

@@ -78,6 +78,14 @@ def _check(target: Target) -> None:
             f"{plan.precision!r}: axolotl loads the weights in the training dtype (no fp32 weights under autocast); "
             "allowed: bf16, fp16, fp32",
         )
+    if plan.sharding == "fsdp" and plan.optimizer == "adamw-8bit":
+        # axolotl's config check (check_fsdp2_w_8bit_optimizer) refuses bitsandbytes' 8-bit AdamW under FSDP2, "CUDA
+        # ops errors"; the torchao one it suggests is not the optimizer the setup was estimated with (a probe).
+        raise ExportError(
+            "optimizer",
+            "'adamw-8bit' under FSDP: axolotl's FSDP2 refuses bitsandbytes' adamw_bnb_8bit; allowed under FSDP: "
+            "adamw, paged-adamw, paged-adamw-8bit, adafactor (or ZeRO for adamw-8bit)",
+        )
 
 
 def _adapter(target: Target) -> dict[str, Any]:
@@ -114,7 +122,9 @@ def _sharding(target: Target) -> dict[str, Any]:
                 "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                 "state_dict_type": "SHARDED_STATE_DICT",
                 "reshard_after_forward": True,
-                "cpu_ram_efficient_loading": True,
+                # axolotl refuses it with a 4-bit base under FSDP2 ("deadlocks the state dict scatter", its config
+                # check), and a QLoRA export that does not start was what a probe found.
+                "cpu_ram_efficient_loading": plan.quantized != "nf4",
             },
         }
     if plan.sharding in ZERO_STAGES:
@@ -201,7 +211,10 @@ def axolotl_command(target: Target) -> str:
         # One process under accelerate launch is a plain one (no --multi_gpu, --use_fsdp or config file), and
         # accelerate applies axolotl's FSDP or ZeRO only to a distributed state: torchrun starts a group of one.
         return f"torchrun --nproc_per_node 1 -m axolotl.cli.train {CONFIG_FILE}"
-    command = f"accelerate launch --num_processes {target.plan.gpus}"
+    # --multi_gpu: without it (or a config file) accelerate launches a group only where the node itself has more
+    # than one GPU (commands/launch.py), so 2 nodes of 1 GPU each ran two plain processes, each over the whole data
+    # set (a probe of the exports); it also keeps a default_config.yaml on the node from choosing another launch.
+    command = f"accelerate launch --multi_gpu --num_processes {target.plan.gpus}"
     if target.nodes > 1:
         command += (
             f" --num_machines {target.nodes} --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "

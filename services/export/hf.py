@@ -39,7 +39,7 @@ from services.export.dataset import ALPACA_PROMPT, ALPACA_PROMPT_WITH_INPUT, Dat
 from services.export.errors import ExportError
 from services.export.names import hf_target_modules, lora_notes, lora_settings, roles_from_hf
 from services.export.policy import WARMUP_RATIO, policy
-from services.export.render import load_json, validated
+from services.export.render import comment_block, load_json, one_line, validated
 from services.export.resume import DEFAULT_CHECKPOINT_DIR, RESUME_FILE
 from services.export.target import Target, require_default
 
@@ -410,9 +410,11 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
     ]
     if quant is not None:
         imports.insert(2, "BitsAndBytesConfig")
-    out = "".join(f"# {line}\n" for line in header)
+    out = comment_block(header)
     name = model["pretrained_model_name_or_path"]
-    out += f'"""Fine-tune {name} with the Hugging Face Trainer (the values of {ARGS_FILE})."""\n\n'
+    # The name in a comment line, not the docstring: a name with three quotes would end it (a probe of the exports).
+    out += f"# Fine-tune {one_line(name)} with the Hugging Face Trainer (the values of {ARGS_FILE}).\n"
+    out += f'"""Fine-tune the model above with the Hugging Face Trainer (the values of {ARGS_FILE})."""\n\n'
     out += "from check_versions import check_versions\n\ncheck_versions()  # before the libraries load\n\n"
     out += "import os  # noqa: E402\nimport sys  # noqa: E402\nfrom itertools import chain  # noqa: E402\n\n"
     out += "from datasets import load_dataset  # noqa: E402\n"
@@ -421,7 +423,7 @@ def train_script(header: list[str], sections: Mapping[str, Any], data: DataForma
     out += f"from transformers import {', '.join(imports)}  # noqa: E402\n"
     out += f"from {RESUME_FILE.removesuffix('.py')} import checkpoint_dir, last_hf_checkpoint  # noqa: E402\n\n"
     out += f"MAX_SEQ_LENGTH = {seq!r}\n"
-    out += f"# {data.describe()}.\n"
+    out += f"# {one_line(data.describe())}.\n"
     out += 'TRAIN_FILE = "train.jsonl"\n'
     out += f"# Optional: {VALIDATION_FILE} beside it is evaluated every eval_steps; without it evaluation is off.\n"
     out += f"VALIDATION_FILE = {VALIDATION_FILE!r}\n"

@@ -7,6 +7,7 @@ the generated script ignore the key).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -45,8 +46,17 @@ def header_lines(target: Target, command: str, assumed: Sequence[str] = ()) -> l
     ]
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of a comment: a line break (or any control character) in a name or a note would end
+    the comment, and the rest would run as a command of launch.sh or code of train.py."""
+    return _CONTROL.sub(" ", text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def comment_block(lines: list[str]) -> str:
-    return "".join(f"# {line}\n" for line in lines)
+    return "".join(f"# {one_line(line)}\n" for line in lines)
 
 
 def yaml_text(header: list[str], data: Mapping[str, Any]) -> str:
@@ -63,8 +73,8 @@ def json_text(header: list[str], data: Mapping[str, Any]) -> str:
 def launch_text(header: list[str], command: str, prelude: list[str] | None = None, setup: Sequence[str] = ()) -> str:
     """A bash script that starts training (``prelude`` lines are comments printed before the command;
     ``setup`` lines, ``export`` or ``mapfile`` only, run before the version check and the command)."""
-    lines = ["#!/usr/bin/env bash", *(f"# {line}" for line in header)]
-    lines += [f"# {line}" for line in prelude or []]
+    lines = ["#!/usr/bin/env bash", *(f"# {one_line(line)}" for line in header)]
+    lines += [f"# {one_line(line)}" for line in prelude or []]
     # The version check right before the command: the setup lines only name a folder and run resume.py (stdlib).
     lines += ["set -euo pipefail", *setup, CHECK_COMMAND, command]
     return "\n".join(lines) + "\n"

@@ -94,7 +94,8 @@ def test_the_version_check_runs_first(tmp_path: Path) -> None:
     assert launch[-2] == "python check_versions.py"
     # The run's checkpoint folder and resume.py's choice follow the command (services/export/resume.py).
     resume = r' --output_dir="\$GPUPLAN_CHECKPOINT_DIR" "\$\{RESUME\[@\]\}"'
-    assert re.fullmatch(r"accelerate launch --num_processes \d+ -m axolotl.cli.train axolotl.yaml" + resume, launch[-1])
+    command = r"accelerate launch --multi_gpu --num_processes \d+ -m axolotl.cli.train axolotl.yaml"
+    assert re.fullmatch(command + resume, launch[-1])
 
 
 @pytest.mark.parametrize(

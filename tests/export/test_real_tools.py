@@ -261,6 +261,8 @@ AXOLOTL_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("qlora", {}, "chat"),
     ("lora", {}, "sharegpt"),
     ("lora", {"gpus": 4, "sharding": "fsdp"}, "alpaca"),
+    # QLoRA under FSDP2: axolotl refuses cpu_ram_efficient_loading with a 4-bit base (a probe of the exports).
+    ("qlora", {"gpus": 4, "sharding": "fsdp", "cpu_offload": True}, "alpaca"),
     ("lora", {"gpus": 4, "sharding": "zero2"}, "dolly"),
     ("full", {"gpus": 8, "sharding": "zero3", "cpu_offload": True}, "prompt_completion"),
 ]
@@ -422,8 +424,8 @@ def test_axolotl_resumes_from_the_newest_complete_checkpoint_only(tmp_path: Path
     cases = []
     for root in (both, cut_only):
         argv = _launched_argv(files, "accelerate", root)
-        assert argv[:5] == ["launch", "--num_processes", "4", "-m", "axolotl.cli.train"]
-        cases.append({"config": config, "gpus": 4, "args": argv[6:]})
+        assert argv[:6] == ["launch", "--multi_gpu", "--num_processes", "4", "-m", "axolotl.cli.train"]
+        cases.append({"config": config, "gpus": 4, "args": argv[7:]})
     resumed, fresh = _in_subprocess(_AXOLOTL_RESUME, cases, axolotl)
     assert resumed["output_dir"] == str(both) and resumed["resume_from_checkpoint"] == str(both / "checkpoint-8")
     assert resumed["gradient_accumulation_steps"] == 1

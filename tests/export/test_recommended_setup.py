@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
+from services.export.errors import ExportError
 from services.export.models import ExportBundle
+from services.export.render import comment_block
 from services.export.target import apply_setup
 from services.planner.models import Recommendation
+from tests.conftest import LLAMA_8B
 from tests.export.helpers import export, llama_plan
 from tests.export.test_roundtrip import recommendation
 
@@ -168,3 +171,71 @@ def test_a_setup_stored_before_it_named_its_optimizer_keeps_the_plans() -> None:
     stored = Recommendation.model_validate(switched.model_dump(exclude={"optimizer"}))
     assert apply_setup(plan, stored).optimizer == "adamw-8bit"
     assert apply_setup(plan, switched).optimizer == "paged-adamw-8bit"
+
+
+def test_axolotl_on_two_nodes_of_one_gpu_each_starts_one_group_of_two(tmp_path: Path) -> None:
+    # Without --multi_gpu, accelerate launch starts a group only where the node itself has several GPUs: the
+    # planner's 64 x 1-GPU nodes ran 64 plain processes, each over the whole data set (a probe of the exports).
+    setup = recommendation(
+        gpus=2, gpus_per_node=1, nodes=2, sharding="fsdp", cpu_offload=False, micro_batch_size=1,
+        gradient_accumulation_steps=2,
+    )  # fmt: skip
+    bundle = export(llama_plan("axolotl", "lora"), "axolotl", setup=setup)
+    package = tmp_path / "axolotl" / "cli"
+    package.mkdir(parents=True)
+    (tmp_path / "axolotl" / "__init__.py").write_text("", encoding="utf-8")
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "train.py").write_text(_AXOLOTL_PROBE + 'print("world size:", os.environ.get("WORLD_SIZE"))\n')
+    launch = shlex.split(bundle.files["launch.sh"].strip().splitlines()[-1])
+    # This test's own port (parallel runs), node 0 on loopback.
+    launch[launch.index("--main_process_port") + 1] = "18143"
+    launch[launch.index("--main_process_ip") + 1] = "127.0.0.1"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(tmp_path), HOME=str(tmp_path))
+    nodes = []
+    for rank in ("0", "1"):
+        argv = [a if a != "$NODE_RANK" else rank for a in launch[2:]]
+        nodes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "accelerate.commands.launch", *argv],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for node in nodes:
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-2000:]
+        assert "state: MULTI_CPU" in out and "world size: 2" in out, out
+    assert launch[:3] == ["accelerate", "launch", "--multi_gpu"], launch
+
+
+def test_axolotl_refuses_bitsandbytes_8bit_adamw_under_fsdp() -> None:
+    # axolotl's config check refuses adamw_bnb_8bit under FSDP2 (check_fsdp2_w_8bit_optimizer): the export exited 0
+    # with files that do not start (a probe of the exports). Refused naming the optimizer, so the export moves on
+    # to a setup the format can run.
+    plan = llama_plan("axolotl", "full", optimizer="adamw-8bit", gpus=4, sharding="fsdp")
+    with pytest.raises(ExportError) as caught:
+        export(plan, "axolotl")
+    assert caught.value.field == "optimizer" and "adamw_bnb_8bit" in caught.value.message
+
+
+def test_a_model_name_with_a_line_break_never_reaches_launch_sh(tmp_path: Path) -> None:
+    # The name is written into every file's header comments: a line break in it ran the rest as a command of
+    # launch.sh (a probe of the exports made `bash launch.sh` touch a file). Refused as the plan is read, naming the
+    # field; and no header line can carry a line break whatever reaches it.
+    plan = json.loads(
+        (Path(__file__).resolve().parents[2] / "infra" / "examples" / "llama-3.1-8b-qlora.json").read_text()
+    )
+    plan["model"] = {"name": f"evil\ntouch {tmp_path / 'PWNED'}\n#", "config": dict(LLAMA_8B)}
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    gpuplan = Path(sys.executable).with_name("gpuplan")
+    argv = [str(gpuplan), "export", "--plan", str(path), "--format", "hf-trainer", "--gpu", "A100 80GB"]
+    done = subprocess.run([*argv, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("gpuplan: error: model.name: control characters"), done.stderr
+    assert not (tmp_path / "run").exists()
+    assert comment_block(["a\nrm -rf x", "b\u2028c"]) == "# a rm -rf x\n# b c\n"
