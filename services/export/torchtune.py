@@ -144,6 +144,14 @@ def _check(target: Target, entry: TorchtuneModel) -> None:
             f"{plan.optimizer!r}: bitsandbytes optimizers do not take FSDP2's sharded (DTensor) parameters; "
             "allowed on several GPUs: adamw, sgd, adafactor",
         )
+    epochs = plan.data.epochs if plan.data is not None else 1
+    if epochs != math.ceil(epochs):
+        # torchtune's recipes run whole epochs: 1.2 planned ran 2, two thirds more than priced (a probe of the exports).
+        raise ExportError(
+            "data.epochs",
+            f"{epochs:g}: torchtune trains whole epochs, so it would run {math.ceil(epochs)}, "
+            f"{math.ceil(epochs) / epochs - 1:.0%} more than planned; plan a whole number of epochs",
+        )
     if plan.optimizer_in_backward and plan.method != "full":
         raise ExportError("optimizer_in_backward", "only torchtune's full fine-tuning recipes step in backward")
     if plan.optimizer_in_backward and (plan.gradient_accumulation_steps or 1) > 1:
@@ -278,7 +286,7 @@ def tune_config(target: Target, entry: TorchtuneModel, accumulation: int) -> dic
     full = plan.method == "full"
     rules = policy(plan, accumulation)
     ckpt = checkpoint_dir(entry)
-    epochs = math.ceil(plan.data.epochs) if plan.data is not None else 1
+    epochs = int(plan.data.epochs) if plan.data is not None else 1  # whole (_check)
     config: dict[str, Any] = {
         # launch.sh passes the run's folder ($GPUPLAN_CHECKPOINT_DIR) and, when a complete checkpoint is there,
         # the overrides that resume from it (resume.py); resume_from_checkpoint stays false for a fresh start.
@@ -377,8 +385,6 @@ def export_torchtune(target: Target) -> Built:
             f"torchtune checkpoints at the end of each epoch: the {target.checkpoint_interval_s / 60:.0f}-minute "
             "checkpoint interval the spot estimate assumed cannot be set"
         )
-    if target.plan.data is not None and target.plan.data.epochs != math.ceil(target.plan.data.epochs):
-        notes.append(f"torchtune counts whole epochs: {target.plan.data.epochs} rounded up")
     prelude = [f"Download first: {download}"]
     if target.nodes > 1:
         prelude.append(f"Run on each of the {target.nodes} nodes with MASTER_ADDR set to node 0's address.")

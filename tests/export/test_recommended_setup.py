@@ -239,3 +239,13 @@ def test_a_model_name_with_a_line_break_never_reaches_launch_sh(tmp_path: Path) 
     assert done.stderr.startswith("gpuplan: error: model.name: control characters"), done.stderr
     assert not (tmp_path / "run").exists()
     assert comment_block(["a\nrm -rf x", "b\u2028c"]) == "# a rm -rf x\n# b c\n"
+
+
+def test_torchtune_refuses_a_fraction_of_an_epoch_it_would_run_whole() -> None:
+    # torchtune's recipes run whole epochs: 1.2 planned was written as 2, 67% more than priced, with a note only.
+    plan = llama_plan("torchtune", "lora", data={"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 1.2})
+    with pytest.raises(ExportError) as caught:
+        export(plan, "torchtune")
+    assert caught.value.field == "data.epochs" and "it would run 2, 67% more than planned" in caught.value.message
+    whole = llama_plan("torchtune", "lora", data={"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 2.0})
+    assert yaml.safe_load(export(whole, "torchtune").files["config.yaml"])["epochs"] == 2
