@@ -12,7 +12,7 @@ import re
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -26,10 +26,26 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors become a `CliError` (one line, exit 2)."""
+    """An argument parser whose usage errors become a `CliError` (one line, exit 2), and that refuses an option of
+    one value given twice: argparse keeps the last, so `--format axolotl --format torchtune` exported torchtune and
+    exited 0, where the API refuses a repeated parameter (a probe of the exports)."""
 
     def error(self, message: str) -> NoReturn:
         raise CliError(message)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            given = list(args)[: list(args).index("--")] if "--" in args else list(args)
+            for action in self._actions:
+                if type(action) is not argparse._StoreAction:  # one value, the last kept
+                    continue
+                for option in action.option_strings:
+                    count = sum(1 for a in given if a == option or a.startswith(option + "="))
+                    if count > 1:
+                        self.error(f"{option} given more than once: give it once")
+        return super().parse_known_args(args, namespace)
 
 
 class Subparsers(Protocol):

@@ -121,7 +121,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not args.out.strip():  # an empty --out printed the files instead, exit 0
             raise CliError(f"--out: no directory named (got {args.out!r})")
         out = Path(args.out)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        try:
+            taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
+        except OSError as exc:  # a name the system refuses (too long, say): one line, not a traceback
+            raise CliError(f"--out {args.out[:200]}: cannot use it ({exc.strerror or exc})") from None
+        if taken:
             raise CliError(f"--out {args.out}: must be a new or empty directory (nothing is overwritten)")
         try:
             _write_files(out, bundle.files)

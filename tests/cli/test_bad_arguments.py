@@ -21,6 +21,7 @@ def _gpuplan(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> s
     (tmp_path / "ok.jsonl").write_text('{"text": "hello there"}\n', encoding="utf-8")
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
     (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}', encoding="utf-8")
+    (tmp_path / "plan.json").write_text((REPO / "infra" / "examples" / "llama-3.1-8b-qlora.json").read_text())
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [str(GPUPLAN), *args], capture_output=True, text=True, timeout=60, env=full, cwd=tmp_path, check=False
@@ -47,6 +48,9 @@ CASES = [
     # An empty host bound 127.0.0.1 silently; a malformed one printed "serving on" before uvicorn's error.
     (("serve", "--host", ""), "--host: not an IP address or host name (got '')"),
     (("serve", "--host", "bad host"), "--host: not an IP address or host name (got 'bad host')"),
+    # argparse keeps the last of a repeated option: the export of the second format exited 0 (a probe of the exports).
+    (("export", "--plan", "plan.json", "--format", "axolotl", "--format=torchtune"), "--format given more than once"),
+    (("export", "--plan", "plan.json", "--format", "axolotl", "--out", "x" * 300), "--out xxxx"),
 ]
 
 
