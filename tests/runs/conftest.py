@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
+from services.agent.agent import Agent
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
@@ -46,6 +47,18 @@ class RunEnv:
 
     def run(self) -> dict[str, Any]:
         return self.api.run()
+
+    def joined_agent(self, name: str) -> Agent:
+        """An agent registered as a node of this organization (an A100 80GB) and joined to the run."""
+        agent = Agent(self.client, self.key)
+        agent.register(name=name, gpu="A100 80GB")
+        join = self.client.post(
+            f"/v1/runs/{self.run_id}/nodes",
+            json={"node_id": agent.node_id},
+            headers={**self.headers, "X-Node-Token": agent.node_token},
+        )
+        assert join.status_code == 200, join.text
+        return agent
 
     def new_run(self, **fields: Any) -> str:
         body = {"node_ids": [self.node_id], "checkpoint_dir": "/data/ckpt", "bucket": self.s3.s3_bucket, **fields}

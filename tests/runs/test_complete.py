@@ -25,7 +25,6 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from services.agent.agent import Agent
 from services.agent.node import RunSync
 from services.core.db import make_sessionmaker, unit_of_work
 from services.nodes.drivers import NodeTarget
@@ -572,14 +571,7 @@ def test_the_agent_reports_an_in_progress_checkpoint_unsynced_and_the_sweep_keep
         disk.write(relative, data)
     optimizer = root / "checkpoint-200" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[: 3 * 2**20])
-    agent = Agent(env.client, env.key)
-    agent.register(name="ckpt-node", gpu="A100 80GB")
-    join = env.client.post(
-        f"/v1/runs/{env.run_id}/nodes",
-        json={"node_id": agent.node_id},
-        headers={**env.headers, "X-Node-Token": agent.node_token},
-    )
-    assert join.status_code == 200, join.text
+    agent = env.joined_agent("ckpt-node")
     run = env.run()
     s3 = make_s3_client(env.s3)
     agent.attach_run(RunSync(env.api, s3, run["bucket"], run["prefix"], root, SyncOptions(settle_s=SETTLE_S), 3600))

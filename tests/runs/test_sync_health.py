@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.agent.agent import Agent
 from services.agent.node import RunSync, Syncer
 from services.core.db import make_sessionmaker, unit_of_work
 from services.core.settings import Settings
@@ -162,14 +161,7 @@ def test_an_agent_whose_uploads_fail_is_seen_on_the_nodes_page_and_in_metrics(ru
     env = run_env
     root = tmp_path / "out"
     make_checkpoint(root, 100, 2 * 2**20, seed=1)
-    agent = Agent(env.client, env.key)
-    agent.register(name="sync-node", gpu="A100 80GB")
-    join = env.client.post(
-        f"/v1/runs/{env.run_id}/nodes",
-        json={"node_id": agent.node_id},
-        headers={**env.headers, "X-Node-Token": agent.node_token},
-    )
-    assert join.status_code == 200, join.text
+    agent = env.joined_agent("sync-node")
     run = env.run()
     dead = make_s3_client(
         env.s3.model_copy(update={"s3_endpoint_url": _dead_endpoint()}),
@@ -292,14 +284,7 @@ def test_a_diverged_runs_nan_loss_is_sent_as_unknown_and_the_agent_goes_on(run_e
     root = tmp_path / "out"
     checkpoint = make_checkpoint(root, 100, 2**20, seed=1)
     (checkpoint / "trainer_state.json").write_text('{"global_step": 100, "log_history": [{"loss": NaN}]}')
-    agent = Agent(env.client, env.key)
-    agent.register(name="nan-node", gpu="A100 80GB")
-    join = env.client.post(
-        f"/v1/runs/{env.run_id}/nodes",
-        json={"node_id": agent.node_id},
-        headers={**env.headers, "X-Node-Token": agent.node_token},
-    )
-    assert join.status_code == 200, join.text
+    agent = env.joined_agent("nan-node")
     run = env.run()
     s3 = make_s3_client(env.s3)
     agent.attach_run(RunSync(env.api, s3, run["bucket"], run["prefix"], root, SyncOptions(settle_s=0), 3600))
