@@ -34,11 +34,13 @@ _MAX_METADATA_BYTES = 64 * 2**20  # a .metadata lists every tensor's chunks: meg
 class _Stub:
     """Whatever a torch pickle builds (tensors, devices, dataclasses): only the state it is given is kept."""
 
+    state: object = None  # a stub built without a state (NEWOBJ with no BUILD) has none
+
     def __new__(cls, *_args: object, **_kwargs: object) -> _Stub:
         return object.__new__(cls)
 
     def __init__(self, *_args: object, **_kwargs: object) -> None:
-        self.state: object = None
+        pass
 
     def __setstate__(self, state: object) -> None:
         self.state = state
