@@ -41,6 +41,9 @@ class RowError:
 
     kind: Literal["broken", "encoding"]
     reason: str
+    # The file cannot be read past this row (a JSON array's syntax broke): a JSON loader reads none of it, and the
+    # rows after it are neither counted nor listed.
+    ends_file: bool = False
 
 
 def compressed_name(path: str | Path) -> bool:
@@ -203,14 +206,17 @@ def _json_array_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[
         line = lines_before + buf.count("\n", 0, at) + 1
         newline = buf.rfind("\n", 0, at)
         column = at - newline if newline >= 0 else columns_before + len(buf[:at].replace("\ufeff", "")) + 1
-        return RowError("broken", f"file is not valid JSON: {message} at line {line} column {column}")
+        return RowError("broken", f"file is not valid JSON: {message} at line {line} column {column}", ends_file=True)
 
     fill()
     if buf.startswith("\ufeff"):
         pos = 1
     if not skip_space() or buf[pos] != "[":
         found = "nothing" if pos >= len(buf) else repr(buf[pos])
-        yield 1, RowError("broken", f"a .json file must hold an array of rows, found {found} at the start")
+        yield (
+            1,
+            RowError("broken", f"a .json file must hold an array of rows, found {found} at the start", ends_file=True),
+        )
         return
     pos += 1
     expect_value = True

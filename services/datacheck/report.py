@@ -138,6 +138,9 @@ class DatasetReport(BaseModel):
     # The same of the kept rows alone (no empty row, no duplicate): what training sees once the file is cleaned, and
     # what a plan from the data set is priced by (None in reports from before it).
     kept_tokens: TokenStats | None = None
+    # Where the file stops being readable (a JSON array whose syntax breaks): a loader reads none of it, and rows
+    # after it are not counted. None: the whole file was read.
+    file_problem: str | None = None
     validation_split: ValidationSplit
     pii: tuple[PiiKindSummary, ...]
     pii_findings_total: int
@@ -273,6 +276,7 @@ class _Pass:
         self.pii_examples: dict[str, list[PiiFinding]] = {}
         self.chunk: list[tuple[int, str, bool, bytes]] = []
         self.chunk_chars = 0
+        self.file_problem: str | None = None  # where the file stopped being readable (RowError.ends_file)
 
     def close(self) -> None:
         self.scratch.close()
@@ -281,6 +285,8 @@ class _Pass:
         self.rows_total += 1
         if isinstance(row, RowError):
             self.problems[row.kind].add(RowProblem(row_number=number, reason=row.reason))
+            if row.ends_file and self.file_problem is None:
+                self.file_problem = f"row {number}: {row.reason}"
             return
         fits = [f for f in FORMATS if format_problem(row, f) is None]
         self.votes.update(fits)
@@ -405,6 +411,7 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         rows_kept=kept,
         tokens=stats,
         kept_tokens=histogram_token_stats(*state.kept_lengths.arrays(), method, notes),
+        file_problem=state.file_problem,
         validation_split=ValidationSplit(rows=split, row_numbers=tuple(chosen), rule=VALIDATION_RULE),
         pii=pii,
         pii_findings_total=sum(state.pii_counts.values()),

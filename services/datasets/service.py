@@ -576,6 +576,13 @@ def plan_data(session: Session, organization_id: str, dataset_id: str) -> PlanDa
     report = row.report
     tokens = report["tokens"]
     counts = report.get("counts", {})
+    if report.get("file_problem"):
+        # A trainer's JSON loader reads none of such a file; the rows before the break priced a plan (a probe).
+        raise Unprocessable(
+            f"dataset_id: data set {row.name} cannot be loaded whole ({report['file_problem']}): a JSON loader "
+            "reads none of it; fix the file and upload it again",
+            field="dataset_id",
+        )
     training_rows = int(report["rows_kept"]) - int(report["validation_split"]["rows"])
     if training_rows <= 0:
         # A plan priced at one example of one token is no plan (a probe: an all-empty file, one of the wrong format).

@@ -87,3 +87,18 @@ def test_a_data_set_with_no_row_to_train_on_is_no_plan(data_api: DataApi, data: 
     response = _plan_dataset(data_api, checked["id"])
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "dataset_id" and "no row to train on" in response.json()["message"]
+
+
+def test_a_json_array_that_breaks_midway_is_no_plan(data_api: DataApi) -> None:
+    """The check reads a .json array up to its first syntax error; the rows after it were neither counted nor listed,
+    and the plan was priced by the rows before it, where a trainer's JSON loader reads none of the file (a probe)."""
+    data = b'[{"text": "row one here"}, {"text": }, {"text": "row three"}, {"text": "row four"}]'
+    checked = data_api.upload(data, name="train.json")
+    assert checked["status"] == "done", checked["error"]
+    report = checked["report"]
+    assert report["file_problem"].startswith("row 2: file is not valid JSON"), report["file_problem"]
+    response = _plan_dataset(data_api, checked["id"])
+    assert response.status_code == 422 and response.json()["field"] == "dataset_id", response.text
+    assert "cannot be loaded whole" in response.json()["message"]
+    whole = data_api.upload(b'[{"text": "row one here"}, {"text": "row two"}]', name="ok.json")
+    assert whole["report"]["file_problem"] is None
