@@ -73,7 +73,9 @@ class GenericModel(_Strict):
     )
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Characters that end or break a line of text (C0, DEL, C1, the Unicode line and paragraph separators): what a model
+# name may not hold, and what the exports keep out of a comment line (services.export.render.one_line).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class ModelSpec(_Strict):
@@ -88,7 +90,7 @@ class ModelSpec(_Strict):
     def _one_line(cls, value: str | None) -> str | None:
         # A name is one line of text: exports write it into launch.sh and train.py, where a line break in it
         # became a command of its own (a probe of the exports).
-        if value is not None and _CONTROL.search(value):
+        if value is not None and CONTROL_CHARACTERS.search(value):
             raise ValueError(f"control characters (line breaks, tabs) are not part of a model name: {value[:40]!r}")
         return value
 

@@ -7,7 +7,6 @@ the generated script ignore the key).
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from services.estimator.plan import CONTROL_CHARACTERS
 from services.export.errors import ExportError
 from services.export.target import Target
 
@@ -49,10 +49,7 @@ def header_lines(target: Target, command: str, assumed: Sequence[str] = ()) -> l
 def one_line(text: str) -> str:
     """``text`` as one line of a comment: a line break (or any control character) in a name or a note would end
     the comment, and the rest would run as a command of launch.sh or code of train.py."""
-    return _CONTROL.sub(" ", text)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+    return CONTROL_CHARACTERS.sub(" ", text)
 
 
 def comment_block(lines: list[str]) -> str:
