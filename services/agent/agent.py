@@ -12,6 +12,10 @@ The GPU it registers is the one NVML reports, sent as ``nvml_gpu`` too; a GPU na
 counts only where NVML cannot tell, and the server then uses none of the node's calibrations
 (services/nodes/calibration.py). Each heartbeat reports every GPU registered; one NVML cannot read then is
 sent with null figures, and the node is kept while its GPU state is unknown (services/nodes/idle.py).
+
+A calibration runs in the agent's thread while another keeps the loop's heartbeats (and due sync passes) going, each
+reporting the node busy: one calibration outlasting the lost threshold got the node marked lost, and none of its
+heartbeats said the GPU was in use.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from services.agent.node import NodeGuard, RunSync, Syncer, local_signals, read_progress, stop_machine
+from services.agent.node import NodeGuard, RunSync, Syncer, every, local_signals, read_progress, stop_machine
 from services.agent.signals import JobWatch, read_gpus
 from services.catalog.gpus import find_gpu
 from services.catalog.models import find_model
@@ -94,6 +98,7 @@ class Agent:
         self.gpu_count = 0  # the GPUs NVML reported at registration: each is reported, unreadable or not
         self.interval_s = HEARTBEAT_INTERVAL_S  # seconds between heartbeats, declared in each (run() sets it)
         self.final_sync_error: str | None = None  # set by run() when its final sync left checkpoints not durable
+        self.reachable = True  # the last heartbeat reached the control plane (a due sync pass goes through the API)
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
@@ -145,6 +150,10 @@ class Agent:
 
     def heartbeat(self) -> bool:
         """Report the node's state; False when the control plane could not be reached."""
+        self.reachable = self._heartbeat()
+        return self.reachable
+
+    def _heartbeat(self) -> bool:
         self._reap_job()
         gpus, gpu_pids = read_gpus(self.gpu_count)
         syncer = self.syncer
@@ -178,14 +187,46 @@ class Agent:
             syncer.start(syncer.run.api)
         return True
 
+    def sync_if_due(self) -> None:
+        """Start the periodic sync pass when it is due: through the API when the last heartbeat reached it, else
+        against the bucket alone."""
+        if self.syncer is not None and self.syncer.due(time.time()):
+            run = self.syncer.run
+            self.syncer.start(run.api if self.reachable else BucketOnly(run.s3, run.bucket, run.prefix))
+
+    def _tick(self) -> None:
+        """What the loop does every interval while a calibration holds it: a heartbeat and a due sync pass."""
+        self.heartbeat()
+        self.sync_if_due()
+
     def poll_once(self) -> bool:
-        """Claim and run the node's next calibration; False when there was none."""
+        """Claim and run the node's next calibration; False when there was none. The node reports itself busy until
+        the result is sent, and heartbeats every interval while the calibration runs."""
         response = self._post(f"/v1/nodes/{self.node_id}/calibrations/next", {})
         if response.status_code == 204:
             return False
         job = response.json()
         self.busy = True
-        self.heartbeat()
+        try:
+            result, error = self._calibrate(job)
+            if error is not None:
+                self._post(f"/v1/calibrations/{job['id']}/failure", {"error": error})
+            else:
+                try:
+                    self._post(f"/v1/calibrations/{job['id']}/result", result)
+                except ValueError as exc:  # a figure JSON cannot carry (NaN): the job fails, the agent goes on
+                    log.warning("calibration %s result not sent: %s", job["id"], exc)
+                    self._post(f"/v1/calibrations/{job['id']}/failure", {"error": f"unsendable result: {exc}"[:2000]})
+        finally:
+            self.busy = False
+            self.heartbeat()
+        return True
+
+    def _calibrate(self, job: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """Run the calibration in this thread while another makes the loop's heartbeats (the first at once, each
+        reporting the node busy) and starts due sync passes; (the result, None) or ({}, why it failed). The reports
+        are sent after the heartbeats end, so no two requests of this agent run at once."""
+        end = every(self._tick, self.interval_s, "heartbeat during a calibration", "gpuplan-calibration-heartbeats")
         try:
             from services.agent.calibrate import run_calibration
 
@@ -194,20 +235,12 @@ class Agent:
                 request.pop(key, None)
             plan = Plan.model_validate(request)
             config = plan.model.config or find_model(plan.model.name or "").config
-            result = run_calibration(plan, dict(config), job["warmup_steps"], job["timed_steps"])
+            return run_calibration(plan, dict(config), job["warmup_steps"], job["timed_steps"]), None
         except Exception as exc:
             log.exception("calibration %s failed", job["id"])
-            self._post(f"/v1/calibrations/{job['id']}/failure", {"error": f"{type(exc).__name__}: {exc}"[:2000]})
-        else:
-            try:
-                self._post(f"/v1/calibrations/{job['id']}/result", result)
-            except ValueError as exc:  # a figure JSON cannot carry (NaN): the job fails, the agent goes on
-                log.warning("calibration %s result not sent: %s", job["id"], exc)
-                self._post(f"/v1/calibrations/{job['id']}/failure", {"error": f"unsendable result: {exc}"[:2000]})
+            return {}, f"{type(exc).__name__}: {exc}"[:2000]
         finally:
-            self.busy = False
-            self.heartbeat()
-        return True
+            end()
 
     def _on_sigterm(self, _signum: int, _frame: Any) -> None:
         log.warning("SIGTERM: final sync, then exit")
@@ -228,9 +261,7 @@ class Agent:
                     ran = self.poll_once()
                 except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                     log.warning("calibration poll failed: %s", exc)
-            if self.syncer is not None and self.syncer.due(time.time()):
-                run = self.syncer.run
-                self.syncer.start(run.api if reachable else BucketOnly(run.s3, run.bucket, run.prefix))
+            self.sync_if_due()
             reason = self.guard.should_stop() if self.guard is not None else None
             if reason is not None:
                 log.warning("node-side guard: %s; final sync, then stop", reason)

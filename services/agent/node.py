@@ -289,10 +289,11 @@ class Syncer:
         Returns None when the pass ended without an error, else the line it logged (the agent's exit fails on it)."""
         with self._lock:
             self._finishing = True  # a heartbeat's "sync" command starts no pass beside this one
-        done, beats = threading.Event(), None
-        if heartbeat is not None:
-            beats = threading.Thread(target=_every, args=(heartbeat, interval_s, done), name="gpuplan-final-heartbeats")
-            beats.start()
+        end = (
+            every(heartbeat, interval_s, "heartbeat during the final sync", "gpuplan-final-heartbeats")
+            if heartbeat is not None
+            else None
+        )
         unsettled: list[int] = []
         try:
             self.wait()
@@ -316,9 +317,8 @@ class Syncer:
                     self.run.failed(f"{type(exc).__name__}: {exc}")
         finally:
             self.uploading = False
-            done.set()
-            if beats is not None:
-                beats.join()  # bounded: a heartbeat in flight ends within the HTTP client's timeout
+            if end is not None:
+                end()
         if self.run.last_error is not None:
             why = self.run.last_error
         elif unsettled:
@@ -350,12 +350,26 @@ class Syncer:
         return self.run.pass_once(control).unsettled
 
 
-def _every(call: Callable[[], object], interval_s: float, done: threading.Event) -> None:
+def _every(call: Callable[[], object], interval_s: float, done: threading.Event, what: str) -> None:
     """``call`` now and every ``interval_s`` until ``done`` is set; one that raises is logged, the next one made."""
     while True:
         try:
             call()
         except Exception as exc:
-            log.warning("heartbeat during the final sync failed: %s: %s", type(exc).__name__, exc)
+            log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
         if done.wait(interval_s):
             return
+
+
+def every(call: Callable[[], object], interval_s: float, what: str, name: str) -> Callable[[], None]:
+    """Start calling ``call`` now and every ``interval_s`` from a thread; returns what ends it (and waits for a call
+    in flight: bounded, as a heartbeat in flight ends within the HTTP client's timeout)."""
+    done = threading.Event()
+    thread = threading.Thread(target=_every, args=(call, interval_s, done, what), name=name, daemon=True)
+    thread.start()
+
+    def end() -> None:
+        done.set()
+        thread.join()
+
+    return end

@@ -677,7 +677,12 @@ def node_stop(node: Any, now: datetime) -> str | None:
     answer = node.last_stop_answer or "no answer recorded"
     attempts = node.stop_attempts
     if node.status == "stop_failed":
-        return f"given up after {attempts} attempt(s); last answer: {answer}"
+        retry = (
+            f"; retried after {node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC if it still reports idle"
+            if node.next_stop_at is not None
+            else ""
+        )
+        return f"given up after {attempts} attempt(s); last answer: {answer}{retry}"
     if node.status == "stopping":
         return f"attempt {attempts} sent {ago(node.last_stop_at, now)}"
     if node.status == "stopped":

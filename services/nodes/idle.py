@@ -168,3 +168,11 @@ def stop_backoff_s(attempt: int, policy: StopPolicy) -> float:
     backoff as in AWS's "Exponential Backoff and Jitter" (Brooker, 2015); one sweep per node sends, so
     no jitter is needed to spread many clients."""
     return float(min(policy.backoff_s * 2.0 ** max(attempt - 1, 0), policy.backoff_max_s))
+
+
+def stop_retry_s(policy: StopPolicy) -> float:
+    """The wait between retries of a stop already given up (a ``stop_failed`` node still reporting idle): the
+    backoff's cap, an hour by default. A provider outage longer than the streak then costs at most that much
+    billing once the provider is back, and a provider that refuses for good is asked once per period, not once
+    per sweep."""
+    return float(policy.backoff_max_s)

@@ -14,7 +14,10 @@ provider would otherwise stall every other organization's heartbeats and, on SQL
 the sweep commits its decision with a lease on the node (status ``stopping``), calls the provider with
 a timeout outside any transaction, and records the answer in a new short transaction. Each attempt is
 one audit row. A failed attempt, or a confirmed stop after which the node still heartbeats past a grace
-period, is retried with capped exponential backoff; after the last attempt the node is ``stop_failed``.
+period, is retried with capped exponential backoff; after the last attempt the node is ``stop_failed``. A
+``stop_failed`` node that keeps heartbeating idle is still retried, once per backoff cap (``stop_retry_s``): a provider
+outage longer than the streak left an idle machine billing until someone acted. It stays ``stop_failed`` (given up
+once: one audit row, one count of the metric) until a stop succeeds or it reports work; a silent one is never stopped.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from services.nodes.idle import (
     gpu_reading,
     next_idle_since,
     stop_backoff_s,
+    stop_retry_s,
 )
 from services.nodes.providers import make_driver
 from services.nodes.schemas import SyncHealth
@@ -212,7 +216,8 @@ def after_heartbeat(
 
     A node the provider confirmed stopped may still report while it shuts down (``grace_s``). Past that,
     an idle report means the stop changed nothing: a failed attempt, retried after its backoff. A busy
-    report means someone started the machine for work again: it is back, with a fresh streak."""
+    report means someone started the machine for work again: it is back, with a fresh streak. A
+    ``stop_failed`` node reporting idle stays so; the sweep retries it (``stop_retry_s``)."""
     stops = stops or StopPolicy()
     idle = not busy_reasons(signals_of(node), policy_of(node, lost_after_s))
     since_s = (at - node.stopped_at).total_seconds() if node.stopped_at is not None else stops.grace_s + 1
@@ -245,6 +250,7 @@ class SweepSummary:
     lost: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # stop attempts that failed (each retried or given up)
     given_up: list[str] = field(default_factory=list)  # nodes marked stop_failed
+    retried: list[str] = field(default_factory=list)  # stop_failed nodes whose stop this sweep sent again
     events: int = 0
 
 
@@ -258,6 +264,7 @@ class StopClaim:
     reason: str  # the idle decision's
     code: str
     owner: str
+    given_up: bool = False  # claimed from stop_failed: a retry after the streak was given up
 
 
 @dataclass(frozen=True)
@@ -308,20 +315,62 @@ def _check_ownership(session: Session, node: NodeRow) -> None:
 
 
 def record_failed_attempt(
-    session: Session, node: NodeRow, answer: str, at: datetime, stops: StopPolicy, kind: str, code: str
+    session: Session,
+    node: NodeRow,
+    answer: str,
+    at: datetime,
+    stops: StopPolicy,
+    kind: str,
+    code: str,
+    given_up: bool | None = None,
 ) -> bool:
     """A stop attempt that failed (or changed nothing): back to active with the next attempt after its
-    backoff, or, after the last attempt, ``stop_failed`` with an audit row and the metric. True: given up."""
+    backoff, or, after the last attempt, ``stop_failed`` with an audit row and the metric, and the next
+    retry after ``stop_retry_s``. True: given up by this attempt.
+
+    ``given_up``: the attempt was a retry of a streak already given up (the sweep claimed it from
+    ``stop_failed``); it stays ``stop_failed`` with its next retry, and raises no second audit row or count.
+    None (an attempt whose claim is not known: a lease that expired, a stop that changed nothing): so when
+    the streak's attempts are past the last one."""
     attempt = max(node.stop_attempts, 1)
+    if given_up is None:
+        given_up = attempt > stops.max_attempts
     node.last_stop_answer = answer[:2000]
     node.stop_lease_owner = node.stop_lease_expires_at = None
     node.last_decision, node.last_decision_at = code, at
     details: dict[str, object] = {"code": code, "attempt": attempt, "max_attempts": stops.max_attempts}
-    if attempt >= stops.max_attempts:
+    if given_up or attempt >= stops.max_attempts:
         node.status = "stop_failed"
-        node.next_stop_at = None
-        node.last_reason = f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; stop given up"
-        add_event(session, node, kind, node.last_reason, at, {**details, "gave_up": True})
+        # Retried while it reports idle, at the backoff's cap: a provider outage longer than the streak must not leave
+        # an idle machine billing until someone acts.
+        node.next_stop_at = at + timedelta(seconds=stop_retry_s(stops))
+        retry = (
+            f"retried every {_duration(stop_retry_s(stops))} while the node reports idle, next after "
+            f"{node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        if given_up:
+            node.last_reason = (
+                f"stop attempt {attempt} failed (given up after {stops.max_attempts}): {answer}; still {retry}"
+            )
+            add_event(
+                session,
+                node,
+                kind,
+                node.last_reason,
+                at,
+                {**details, "gave_up": True, "retry": True, "next_stop_at": node.next_stop_at.isoformat()},
+            )
+            log.warning("node %s: stop retry (attempt %d) failed: %s", node.id, attempt, answer)
+            return False
+        node.last_reason = f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; stop given up, {retry}"
+        add_event(
+            session,
+            node,
+            kind,
+            node.last_reason,
+            at,
+            {**details, "gave_up": True, "next_stop_at": node.next_stop_at.isoformat()},
+        )
         audit.record(
             session,
             node.organization_id,
@@ -346,15 +395,22 @@ def record_failed_attempt(
 
 
 def _claim_stop(session: Session, node: NodeRow, now: datetime, owner: str, lease_s: float) -> bool:
-    """Take the node's stop lease: a compare-and-set from active, so of two sweeps (or beat processes)
-    deciding the same node, one sends the stop; and from the heartbeat the decision read, so a heartbeat recorded
-    since (a job started) is decided on first. On Postgres the sweep's row lock holds heartbeats back; SQLite takes
-    no row lock, and a busy heartbeat committed between the read and the claim was stopped on (a probe)."""
+    """Take the node's stop lease: a compare-and-set from the status the decision read (active, or stop_failed for
+    a retry) and its count of attempts, so of two sweeps (or beat processes) deciding the same node, one sends the
+    stop, even when the other's attempt failed meanwhile and put the node back as it was (every claim counts one
+    more attempt); and from the heartbeat the decision read, so a heartbeat recorded since (a job started) is decided
+    on first. On Postgres the sweep's row lock holds heartbeats back; SQLite takes no row lock, and a busy heartbeat
+    committed between the read and the claim was stopped on (a probe)."""
     seen = node.last_heartbeat_at
     same_heartbeat = NodeRow.last_heartbeat_at.is_(None) if seen is None else NodeRow.last_heartbeat_at == seen
     result = session.execute(
         update(NodeRow)
-        .where(NodeRow.id == node.id, NodeRow.status == "active", same_heartbeat)
+        .where(
+            NodeRow.id == node.id,
+            NodeRow.status == node.status,
+            NodeRow.stop_attempts == node.stop_attempts,
+            same_heartbeat,
+        )
         .values(
             status="stopping",
             stop_lease_owner=owner,
@@ -380,7 +436,9 @@ def decide_all(
     concurrency: int,
 ) -> tuple[SweepSummary, list[StopClaim]]:
     """The sweep's decisions over every active node, in the caller's (short) transaction; returns the stops
-    to send once it commits. Stops whose sweep died before recording an answer count as failed first."""
+    to send once it commits. Stops whose sweep died before recording an answer count as failed first. A
+    ``stop_failed`` node idle past its threshold is sent its stop again once its retry is due; a silent one
+    (lost by the heartbeat rule) is never stopped, and stays ``stop_failed``."""
     summary = SweepSummary()
     orphans = session.scalars(
         select(NodeRow)
@@ -393,14 +451,22 @@ def decide_all(
         if record_failed_attempt(session, node, answer, now, stops, "stop_failed", f"stop-failed:{driver.name}"):
             summary.given_up.append(node.id)
     nodes = session.scalars(
-        select(NodeRow).where(NodeRow.status == "active").order_by(NodeRow.id).with_for_update(skip_locked=True)
+        select(NodeRow)
+        .where(NodeRow.status.in_(("active", "stop_failed")))
+        .order_by(NodeRow.id)
+        .with_for_update(skip_locked=True)
     ).all()
     claims: list[StopClaim] = []
     for node in nodes:
-        summary.decided += 1
         policy = policy_of(node, lost_after_s)
         signals = signals_of(node)
         decision = decide(node.last_heartbeat_at, node.idle_since, signals, policy, now, node.heartbeat_interval_s)
+        given_up = node.status == "stop_failed"
+        if given_up and decision.action != "stop":
+            # Not idle past its threshold now (silent: never stopped, as any node whose heartbeats stop; a busy
+            # heartbeat made it active already): it stays stop_failed, its reason the given-up stop's.
+            continue
+        summary.decided += 1
         if decision.action == "lost":
             node.status = "lost"
             _record(session, node, decision, now, summary)
@@ -437,8 +503,10 @@ def decide_all(
             continue
         if _claim_stop(session, node, now, owner, stop_lease_s(timeout_s, len(claims), concurrency)):
             claims.append(
-                StopClaim(node.id, target_of(node), node.stop_attempts, decision.reason, decision.code, owner)
+                StopClaim(node.id, target_of(node), node.stop_attempts, decision.reason, decision.code, owner, given_up)
             )
+            if given_up:
+                summary.retried.append(node.id)
     return summary, claims
 
 
@@ -508,7 +576,8 @@ def record_stop(
     )
     if not result.ok:
         summary.failed.append(node.id)
-        if record_failed_attempt(session, node, result.answer, at, stops, "stop_failed", f"stop-failed:{driver_name}"):
+        code = f"stop-failed:{driver_name}"
+        if record_failed_attempt(session, node, result.answer, at, stops, "stop_failed", code, claim.given_up):
             summary.given_up.append(node.id)
         return
     node.status = "stopped"

@@ -149,8 +149,9 @@ def test_a_stop_the_provider_ignores_ends_in_stop_failed_after_retries_with_back
         run_sweep(stack.factory, stack.settings, now=seen_at + timedelta(seconds=backoff_s - 1))
         assert len(stack.provider.calls) == attempt
         sweep_at = seen_at + timedelta(seconds=backoff_s + 1)
-    assert row.status == "stop_failed" and row.stop_attempts == 3 and row.next_stop_at is None
-    # Given up: later sweeps never call the provider again.
+    # Given up, with a retry an hour on while it reports idle (tests/nodes/test_stop_failed_retries.py).
+    assert row.status == "stop_failed" and row.stop_attempts == 3 and row.next_stop_at == seen_at + timedelta(hours=1)
+    # Silent since: later sweeps never call the provider again (a node whose heartbeats stop is never stopped).
     for minutes in (60, 120, 600):
         run_sweep(stack.factory, stack.settings, now=t0 + timedelta(minutes=minutes))
     assert len(stack.provider.calls) == 3
@@ -174,7 +175,7 @@ def test_a_stop_the_provider_ignores_ends_in_stop_failed_after_retries_with_back
     assert kinds.count("stop") == 3 and kinds.count("stop_ineffective") == 3, kinds
 
     api = stack.client.get(f"/v1/nodes/{node_id}", headers=stack.headers()).json()
-    assert api["status"] == "stop_failed" and api["stop_attempts"] == 3 and api["next_stop_at"] is None
+    assert api["status"] == "stop_failed" and api["stop_attempts"] == 3 and api["next_stop_at"] is not None
     assert "the provider confirmed the stop" in api["last_stop_answer"] and "HTTP 200" in api["last_stop_answer"]
     assert "stop attempt 3 of 3 failed" in api["last_reason"] and "given up" in api["last_reason"]
 
@@ -182,6 +183,7 @@ def test_a_stop_the_provider_ignores_ends_in_stop_failed_after_retries_with_back
     html = stack.client.get("/dashboard/nodes").text
     assert '<span class="badge warn">stop failed</span>' in html
     assert "given up after 3 attempt(s); last answer: the provider confirmed the stop" in html
+    assert f"retried after {seen_at + timedelta(hours=1):%Y-%m-%d %H:%M:%S} UTC if it still reports idle" in html
 
 
 def test_a_provider_that_refuses_is_retried_with_backoff_and_its_answer_is_shown(stack: Stack) -> None:
