@@ -14,7 +14,14 @@ from services.estimator.plan import Plan
 from services.estimator.validation import parse_plan
 from services.export import FORMATS, ExportBundle, export_setup
 from services.export.dataset import DATA_KINDS, DEFAULT_DATA, DataFormat, data_format
-from services.export.replan import describe_setup, export_retargeted, retarget_plan, setup_for_format
+from services.export.replan import (
+    describe_setup,
+    export_retargeted,
+    plan_on_gpus,
+    retarget_plan,
+    setup_for_format,
+)
+from services.planner.batching import effective_batch_size
 from services.planner.models import Recommendation
 
 
@@ -48,14 +55,16 @@ def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat)
     """The export of ``plan`` on ``gpus`` x ``gpu``, sized again for the format."""
     spec = find_gpu(gpu)
     count = gpus or plan.gpus
-    if count != plan.gpus:
-        plan = plan.model_copy(update={"gpus": count, "sharding": plan.sharding if count > 1 else "none"})
-    target, notes = retarget_plan(plan, fmt)
+    effective = effective_batch_size(plan)
+    # The planner's batch split and sharding for that count (the plan's effective batch kept), validated again.
+    plan, moved = plan_on_gpus(plan, count)
+    target, notes = retarget_plan(plan, fmt, effective)
     report = estimate(target, spec)
     peak = report.memory.peak_device_gib
     if notes:
         before = estimate(plan, spec).memory.peak_device_gib
         notes.append(f"peak on {count} x {spec.name}: {before:.2f} -> {peak:.2f} GiB per GPU")
+    notes[:0] = moved
     bundle = export_setup(
         target,
         None,

@@ -31,7 +31,7 @@ from services.export.errors import ExportError
 from services.export.export import export_setup
 from services.export.models import ExportBundle, Format
 from services.export.target import FORMAT_FRAMEWORK, accumulation_for, apply_setup, check_format, rebuild
-from services.planner.batching import effective_batch_size
+from services.planner.batching import batch_split, effective_batch_size
 from services.planner.models import Recommendation
 
 _ZERO = ("zero1", "zero2", "zero3")
@@ -58,6 +58,55 @@ def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
     return None
 
 
+def plan_on_gpus(plan: Plan, gpus: int) -> tuple[Plan, list[str]]:
+    """``plan`` laid out on ``gpus`` GPUs of the same kind as the planner lays it out there; the changes as sentences.
+
+    The batch: the planner's split for that count (services/planner/batching.py ``batch_split``), which keeps
+    the plan's effective batch (micro-batch x accumulation x GPUs) or, where the GPUs cannot split it evenly,
+    takes the smallest larger one, as the planner's setups do. Every sharding the plans name (none, ZeRO, FSDP)
+    is data parallel over all the GPUs, so the count is the data-parallel size. The plan's micro-batch is kept
+    where it divides the samples per GPU, else the largest that does below it (no more activation memory).
+
+    The sharding: the plan's on several GPUs; none on one, except with ``cpu_offload``, which keeps the plan's
+    ZeRO or FSDP: the estimator refuses offload without it (services/estimator/plan.py), the trainers offload
+    only through it, and both run on one GPU (DeepSpeed's ZeRO-Offload and FSDP's CPU offload under a
+    distributed launch of one process, the launchers' single-GPU sharded case); the planner's one-GPU
+    options drop none the same way when offloading (services/planner/layouts.py ``sharding_options``).
+    """
+    if gpus == plan.gpus:
+        return plan, []
+    effective = effective_batch_size(plan)
+    split = batch_split(effective, gpus)
+    micro = max(m for m in split.micro_batch_sizes if m <= plan.micro_batch_size)
+    steps = split.accumulation_steps(micro)
+    sharding = plan.sharding if gpus > 1 or plan.cpu_offload else "none"
+    # A null accumulation counts one step (effective_batch_size) and stays null where one step is the split:
+    # retarget_plan then writes the framework's default as it would for the plan's own count.
+    accumulation = None if plan.gradient_accumulation_steps is None and steps == 1 else steps
+    moved = rebuild(
+        plan,
+        {"gpus": gpus, "sharding": sharding, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation},
+        field="gpus",
+    )
+    label = "GPU" if gpus == 1 else "GPUs"
+    was = f"{plan.micro_batch_size} x {plan.gradient_accumulation_steps or 1} x {plan.gpus}"
+    notes = [
+        f"--gpus {gpus}: micro-batch {micro} x {steps} accumulation {'step' if steps == 1 else 'steps'} x {gpus} "
+        f"{label} = effective batch {split.effective_batch_size} (the plan: {was} = {effective})"
+    ]
+    if split.effective_batch_size != effective:
+        notes.append(
+            f"effective batch {split.effective_batch_size} instead of the plan's {effective}: {effective} "
+            f"{'sample does' if effective == 1 else 'samples do'} not split evenly over {gpus} {label} (the "
+            "planner takes the smallest larger batch the GPUs reach)"
+        )
+    if sharding != plan.sharding:
+        notes.append(f"--gpus {gpus}: sharding {plan.sharding} -> {sharding} (one GPU has nothing to shard)")
+    elif gpus == 1 and sharding != "none":
+        notes.append(f"--gpus 1: sharding {sharding} kept: the plan offloads to the CPU, which runs only under it")
+    return moved, notes
+
+
 def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> tuple[Plan, list[str]]:
     """``plan`` with the framework ``fmt`` runs (and a sharding it can express); the changes as sentences.
 
@@ -82,6 +131,11 @@ def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> t
                 f"release, the {known} files pin {RELEASES[framework][0]}'s tested release"
             )
     sharding = format_sharding(known, plan.sharding, plan.gpus)
+    if sharding == "none" and plan.cpu_offload:
+        # torchtune on one GPU: offload needs sharding (the estimator's rule), which its single-device recipes lack.
+        raise ExportError(
+            "cpu_offload", "torchtune's single-device recipes do not offload to the CPU; plan with more GPUs"
+        )
     if sharding is not None:
         fields["sharding"] = sharding
         changes.append(f"re-planned for {known}: sharding {plan.sharding} -> {sharding} (what {known} runs)")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.planner.batching import batch_split
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "infra" / "examples" / "llama-3.1-8b-qlora.json"
 GPUPLAN = shutil.which("gpuplan", path=str(ROOT / ".venv" / "bin")) or "gpuplan"
@@ -141,3 +143,158 @@ def test_kernels_liger_is_exported_or_refused_naming_the_field(tmp_path: Path) -
     assert result.returncode == 2 and "error: kernels:" in result.stderr and "Traceback" not in result.stderr, (
         result.stderr
     )
+
+
+# --gpus N moves the plan to another GPU count: the files keep its effective batch (micro-batch x accumulation x
+# GPUs) with the planner's split for N (services/planner/batching.py), not the plan's accumulation times N GPUs.
+LORA_PLAN = {
+    "model": {"name": "meta-llama/Llama-3.1-8B"},
+    "method": "lora",
+    "framework": "hf-trainer",
+    "lora": {"rank": 16, "alpha": 32, "targets": "all-linear"},
+    "precision": "bf16",
+    "optimizer": "adamw",
+    "micro_batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "seq_len": 2048,
+    "gradient_checkpointing": True,
+    "gpus": 1,
+    "sharding": "none",
+}
+# A full fine-tune whose setup offloads the optimizer to the CPU under ZeRO-3 on 4 GPUs: 2 x 4 x 4 = 32 samples.
+OFFLOAD_PLAN = {
+    "model": {"name": "meta-llama/Llama-3.1-8B"},
+    "method": "full",
+    "framework": "hf-trainer",
+    "precision": "bf16",
+    "optimizer": "adamw",
+    "micro_batch_size": 2,
+    "gradient_accumulation_steps": 4,
+    "seq_len": 2048,
+    "gradient_checkpointing": True,
+    "gpus": 4,
+    "sharding": "zero3",
+    "cpu_offload": True,
+}
+
+
+def _plan_file(tmp_path: Path, plan: dict[str, object], **fields: object) -> str:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**plan, **fields}))
+    return str(path)
+
+
+def _launched_gpus(out: Path) -> int:
+    """The processes launch.sh starts (one node): torchrun/tune --nproc_per_node, deepspeed --num_gpus,
+    accelerate --num_processes or accelerate.yaml's num_processes; plain python is one."""
+    command = (out / "launch.sh").read_text().splitlines()[-1]
+    found = re.search(r"--(?:nproc_per_node|num_gpus|num_processes) (\d+)", command)
+    if found is not None:
+        return int(found[1])
+    if "--config_file accelerate.yaml" in command:
+        return int(yaml.safe_load((out / "accelerate.yaml").read_text())["num_processes"])
+    assert command.startswith("python "), command
+    return 1
+
+
+def _exported_batch(out: Path, fmt: str) -> tuple[int, int, int]:
+    """(micro-batch, accumulation, GPUs) as the written files run them."""
+    if fmt == "torchtune":
+        config = yaml.safe_load((out / "config.yaml").read_text())
+        micro, steps = config["batch_size"], config["gradient_accumulation_steps"]
+    elif fmt == "axolotl":
+        config = yaml.safe_load((out / "axolotl.yaml").read_text())
+        micro, steps = config["micro_batch_size"], config["gradient_accumulation_steps"]
+    else:
+        args = json.loads((out / "hf_args.json").read_text())["training_args"]
+        micro, steps = args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
+    gpus = _launched_gpus(out)
+    if (out / "ds_config.json").exists():
+        # DeepSpeed checks its own train_batch_size against the world size: it must say the same.
+        ds = json.loads((out / "ds_config.json").read_text())
+        assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (micro, steps)
+        assert ds["train_batch_size"] == micro * steps * gpus
+    return micro, steps, gpus
+
+
+@pytest.mark.parametrize("fmt", ["hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl"])
+@pytest.mark.parametrize(
+    ("plan_gpus", "plan_steps", "gpus", "split"),
+    [
+        (1, 4, 2, (4, 2)),  # 4 x 4 x 1 = 16: half the accumulation on 2 GPUs
+        (1, 4, 8, (2, 1)),  # 16 over 8 GPUs is 2 each: the micro-batch shrinks too
+        (8, 1, 2, (4, 4)),  # 4 x 1 x 8 = 32 on 2 GPUs: accumulation grows
+    ],
+)
+def test_gpus_keeps_the_plans_effective_batch(
+    fmt: str, plan_gpus: int, plan_steps: int, gpus: int, split: tuple[int, int], tmp_path: Path
+) -> None:
+    plan = _plan_file(tmp_path, LORA_PLAN, gpus=plan_gpus, gradient_accumulation_steps=plan_steps)
+    planned = 4 * plan_steps * plan_gpus
+    out = tmp_path / "run"
+    args = ("--format", fmt, "--gpu", "a100-80gb", "--gpus", str(gpus), "--out", str(out))
+    result = gpuplan("export", "--plan", plan, *args)
+    assert result.returncode == 0, result.stderr
+    micro, steps, launched = _exported_batch(out, fmt)
+    assert launched == gpus
+    assert micro * steps * launched == planned
+    assert (micro, steps) == split
+    assert f"effective batch {planned} (the plan: 4 x {plan_steps} x {plan_gpus} = {planned})" in result.stderr
+
+
+def test_gpus_that_cannot_split_the_batch_take_the_planners_next_larger_one(tmp_path: Path) -> None:
+    # 16 samples do not split over 3 GPUs: as the planner does (batch_split), 6 each = 18, said in a note.
+    out = tmp_path / "run"
+    args = ("--format", "deepspeed", "--gpu", "a100-80gb", "--gpus", "3", "--out", str(out))
+    result = gpuplan("export", "--plan", _plan_file(tmp_path, LORA_PLAN), *args)
+    assert result.returncode == 0, result.stderr
+    micro, steps, gpus = _exported_batch(out, "deepspeed")
+    assert gpus == 3 and micro * steps * gpus == batch_split(16, 3).effective_batch_size == 18
+    assert micro <= 4  # never a larger micro-batch than the plan's (its activations were sized for 4)
+    assert "effective batch 18 instead of the plan's 16: 16 samples do not split evenly over 3 GPUs" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("fmt", "sharding", "offloaded"),
+    [
+        ("hf-trainer", "zero3", "ds"),  # the Trainer formats share ds_config.json
+        ("deepspeed", "fsdp", "ds"),  # FSDP runs as ZeRO-3 under DeepSpeed
+        ("hf-trainer", "fsdp", "hf"),
+        ("accelerate", "fsdp", "accelerate"),
+        ("axolotl", "fsdp", "axolotl"),
+    ],
+)
+def test_one_gpu_keeps_the_plans_offload_under_its_sharding(
+    fmt: str, sharding: str, offloaded: str, tmp_path: Path
+) -> None:
+    # Offload runs only under ZeRO or FSDP (the estimator refuses it with sharding none, the trainers ignore it):
+    # on 1 GPU the export keeps the plan's sharding, which DeepSpeed and FSDP run as a group of one.
+    plan = _plan_file(tmp_path, OFFLOAD_PLAN, sharding=sharding)
+    out = tmp_path / "run"
+    result = gpuplan("export", "--plan", plan, "--format", fmt, "--gpu", "h100", "--gpus", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"1 x H100 SXM, {'zero3' if fmt == 'deepspeed' else sharding}," in result.stdout
+    micro, steps, gpus = _exported_batch(out, fmt)
+    assert (micro, steps, gpus) == (2, 16, 1)  # the plan's 2 x 4 x 4 = 32 samples
+    if offloaded == "ds":
+        zero = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
+        assert zero["stage"] == 3
+        assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    elif offloaded == "hf":
+        args = json.loads((out / "hf_args.json").read_text())["training_args"]
+        assert args["fsdp"] is True and args["fsdp_config"]["cpu_offload"] is True
+    elif offloaded == "accelerate":
+        config = yaml.safe_load((out / "accelerate.yaml").read_text())
+        assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_offload_params"] is True
+    else:
+        assert yaml.safe_load((out / "axolotl.yaml").read_text())["fsdp_config"]["offload_params"] is True
+    # A sharded single GPU needs a distributed launch (a group of one), not plain python.
+    assert not (out / "launch.sh").read_text().splitlines()[-1].startswith("python ")
+
+
+def test_one_gpu_torchtune_refuses_the_plans_offload_naming_it(tmp_path: Path) -> None:
+    plan = _plan_file(tmp_path, OFFLOAD_PLAN, sharding="fsdp")
+    result = gpuplan("export", "--plan", plan, "--format", "torchtune", "--gpu", "h100", "--gpus", "1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuplan: error: cpu_offload:"), lines
