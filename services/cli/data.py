@@ -1,4 +1,5 @@
-"""`gpuplan data check` and `gpuplan data upload`: a fine-tuning data set checked before renting GPUs."""
+"""`gpuplan data check`, `gpuplan data upload` and `gpuplan data delete`: a fine-tuning data set checked before
+renting GPUs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from services.cli.common import (
     Subparsers,
     add_api_option,
     add_key_options,
+    api_error,
     api_key,
     examples,
     id_arg,
@@ -59,6 +61,12 @@ def register(sub: Subparsers) -> None:
     upload.add_argument("--wait", action="store_true", help="wait for the check and print its summary")
     upload.add_argument("--json", action="store_true")
     upload.set_defaults(handler=cmd_data_upload)
+    delete = data_sub.add_parser("delete", help="delete an uploaded data set and its stored file")
+    examples(delete, "gpuplan data delete DATASET_ID")
+    delete.add_argument("id", type=id_arg("id"), help="the data set's id (gpuplan data upload prints it)")
+    add_api_option(delete, "--server")
+    add_key_options(delete)  # the embedded default keeps the key in .gpuplan/local-key
+    delete.set_defaults(handler=cmd_data_delete)
 
 
 # The exit status of `data check` on a data set none of whose rows is kept (bad arguments exit 2).
@@ -229,6 +237,25 @@ def cmd_data_upload(args: argparse.Namespace) -> int:
             print(f"personal data: {kind['count']} {kind['kind']}")
         print(f'plan from it: "dataset_id": "{body["id"]}"')
     return 0 if body["status"] != "failed" else 1
+
+
+def cmd_data_delete(args: argparse.Namespace) -> int:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key(args, 'data delete')}"}
+    try:
+        with httpx.Client(base_url=args.api, timeout=60, headers=headers) as client:
+            response = client.delete(f"/v1/datasets/{args.id}")
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {args.api}: {exc}") from None
+    if response.status_code >= 400:
+        raise CliError(f"data set {args.id}: {api_error(response)}")
+    if response.status_code != 204:
+        # Another server on that address answered (a proxy's page): nothing was deleted.
+        kind = response.headers.get("content-type") or "no content type"
+        raise CliError(f"--api {args.api}: the answer ({kind}) is not a gpuplan service's; check the URL")
+    print(f"data set {args.id}: deleted, with its stored file")
+    return 0
 
 
 def tokenizer_line(tokenizer: dict[str, str]) -> str:

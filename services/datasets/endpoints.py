@@ -120,3 +120,13 @@ def recheck_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep) -
     """Run the check again (after a failure)."""
     with db.transaction() as (session, pending):
         return service.to_out(session, service.recheck(session, principal, dataset_id, pending))
+
+
+@router.delete("/datasets/{dataset_id}", operation_id="datasets-delete", status_code=204, response_class=Response)
+@off_loop
+def delete_dataset(dataset_id: DatasetId, db: DbDep, principal: PrincipalDep, settings: SettingsDep) -> Response:
+    """Delete the data set and its stored file; plans made from it keep their numbers (404: none in this
+    organization)."""
+    with db.transaction() as (session, _pending):
+        service.delete(session, principal, dataset_id, settings)
+    return Response(status_code=204)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from services.core.db import requeue_running
@@ -56,3 +56,9 @@ class DatasetRepository:
         self.session.add(row)
         self.session.flush()
         return row
+
+    def delete(self, row: DatasetRow) -> None:
+        """The data set's row and its parts (the parts first: not every database enforces the cascade)."""
+        self.session.execute(delete(DatasetPartRow).where(DatasetPartRow.dataset_id == row.id))
+        self.session.delete(row)
+        self.session.flush()

@@ -341,9 +341,7 @@ def set_tokenizer(
         raise StorageUnavailable(_storage_error(exc)) from None
     row.tokenizer_key = key
     if row.status in ("done", "failed"):
-        row.status = "queued"
-        row.error = None
-        pending.enqueue(CHECK_TASK, row.id)
+        _queue_again(row, pending)
     return row
 
 
@@ -353,10 +351,50 @@ def recheck(session: Session, principal: Principal, dataset_id: str, pending: Pe
     if row.status == "uploading":
         raise Conflict(f"data set {dataset_id} is still uploading; complete the upload first", field="id")
     if row.status in ("done", "failed"):
-        row.status = "queued"
-        row.error = None
-        pending.enqueue(CHECK_TASK, row.id)
+        _queue_again(row, pending)
     return row
+
+
+def _queue_again(row: DatasetRow, pending: PendingTasks) -> None:
+    """Queue a finished data set's check again. The report of the check before goes: its counts are no longer
+    the data set's (a new tokenizer counts otherwise; the file may no longer be read), and a check that then fails
+    must not leave them shown beside its error as if current. A plan waits for the new check (plan_data)."""
+    row.status = "queued"
+    row.error = None
+    row.report = None
+    row.rows_done, row.rows_total, row.rows_total_estimated = 0, None, True
+    pending.enqueue(CHECK_TASK, row.id)
+
+
+def delete(session: Session, principal: Principal, dataset_id: str, settings: Settings) -> None:
+    """Delete a data set: its stored objects (the file, its tokenizer.json, an unfinished multipart upload),
+    its parts and its row. Plans made from it keep the numbers they took; a new plan naming it is a 404. The
+    objects go first: storage that does not answer is a 503 and the data set stays, whole, to delete again."""
+    row = get(session, principal, dataset_id)
+    client = s3_client(settings)
+    try:
+        if row.upload_id is not None:
+            try:
+                client.abort_multipart_upload(Bucket=row.bucket, Key=row.object_key, UploadId=row.upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                    raise
+        for key in _stored_keys(client, row):
+            client.delete_object(Bucket=row.bucket, Key=key)
+    except (ClientError, BotoCoreError) as exc:
+        raise StorageUnavailable(_storage_error(exc)) from None
+    DatasetRepository(session).delete(row)
+
+
+def _stored_keys(client: Any, row: DatasetRow) -> list[str]:
+    """The data set's objects: its file and tokenizer.json, and anything else under its own folder (the key
+    prefix that ends in its id, which no other data set shares)."""
+    keys = {row.object_key, *([row.tokenizer_key] if row.tokenizer_key else [])}
+    folder = row.object_key.rsplit("/", 1)[0]
+    if folder.rsplit("/", 1)[-1] == row.id:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=row.bucket, Prefix=folder + "/"):
+            keys.update(o["Key"] for o in page.get("Contents", []))
+    return sorted(keys)
 
 
 # --- the background check -------------------------------------------------------------------------
@@ -439,6 +477,8 @@ def _finish(
             row.rows_total_estimated = False
             row.status = "done"
         else:
+            # No report beside the error: counts from a check before this one are not the data set's now.
+            row.report = None
             row.error = error
             row.status = "failed"
         row.finished_at = utcnow()

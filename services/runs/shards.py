@@ -21,14 +21,25 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import threading
 import zipfile
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 DCP_METADATA = ".metadata"
 _ZERO_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MAX_METADATA_BYTES = 64 * 2**20  # a .metadata lists every tensor's chunks: megabytes for the largest models
+
+# What was read of a shard file, by (kind, path, size, mtime_ns): a pending sharded checkpoint is checked again on
+# every sync pass, and each pass read up to three ZeRO pickles and a .metadata of up to 64 MiB anew. A file of the
+# same size and mtime is read once; one rewritten (another size or mtime) is read again. Only the small answer is
+# kept (a partition count, the file names a .metadata lists), the least recently used dropped past the bound.
+_READS: OrderedDict[tuple[str, str, int, int], object] = OrderedDict()
+_READS_LIMIT = 1024
+_READS_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
 class _Stub:
@@ -79,14 +90,40 @@ def _ranks(numbers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _partition_count(path: Path) -> int | None:
-    """The data-parallel ranks a ZeRO optimizer shard was saved among (None: the file does not say)."""
+def _read_once(kind: str, path: Path, read: Callable[[Path], _T]) -> _T:
+    """``read(path)``, or what it gave for this file at the same size and mtime. An answer is kept only when the
+    file's size and mtime are the same after the read as before it (a file written meanwhile is read again)."""
+    before = path.stat()
+    key = (kind, str(path.resolve()), before.st_size, before.st_mtime_ns)
+    with _READS_LOCK:
+        if key in _READS:
+            _READS.move_to_end(key)
+            return _READS[key]  # type: ignore[return-value]
+    value = read(path)
+    after = path.stat()
+    if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+        with _READS_LOCK:
+            _READS[key] = value
+            while len(_READS) > _READS_LIMIT:
+                _READS.popitem(last=False)
+    return value
+
+
+def _read_partition_count(path: Path) -> int | None:
     try:
         count = torch_archive_state(path)["optimizer_state_dict"]["partition_count"]
         count = max(count) if isinstance(count, list | tuple) else count
     except Exception:  # not DeepSpeed's layout, or not readable: any error means "cannot tell"
         return None
     return count if isinstance(count, int) and count > 0 else None
+
+
+def _partition_count(path: Path) -> int | None:
+    """The data-parallel ranks a ZeRO optimizer shard was saved among (None: the file does not say)."""
+    try:
+        return _read_once("zero", path, _read_partition_count)
+    except OSError:  # removed or unreadable since the listing: cannot tell
+        return None
 
 
 def zero_shards_missing(tag: Path) -> str | None:
@@ -137,6 +174,16 @@ def _storage_paths(obj: object, seen: set[int] | None = None) -> Iterator[str]:
             yield from _storage_paths(item, seen)
 
 
+def _read_dcp_names(metadata: Path) -> tuple[str, ...] | str:
+    """The data files a ``.metadata`` names, sorted; or, for one that cannot be read, the name of the error."""
+    try:
+        with metadata.open("rb") as fh:
+            state = NoCodeUnpickler(fh).load()
+    except Exception as exc:  # a cut-short or foreign file: never complete on it
+        return type(exc).__name__
+    return tuple(sorted(set(_storage_paths(state))))
+
+
 def dcp_missing(folder: Path) -> str | None:
     """What a torch.distributed.checkpoint folder lacks (None: nothing): its ``.metadata``, or a data file the
     metadata names."""
@@ -146,11 +193,12 @@ def dcp_missing(folder: Path) -> str | None:
     try:
         if metadata.stat().st_size > _MAX_METADATA_BYTES:
             return f"{folder.name}/{DCP_METADATA} is over {_MAX_METADATA_BYTES // 2**20} MiB: not read"
-        with metadata.open("rb") as fh:
-            state = NoCodeUnpickler(fh).load()
-    except Exception as exc:  # a cut-short or foreign file: never complete on it
-        return f"{folder.name}/{DCP_METADATA} unreadable ({type(exc).__name__})"
-    named = sorted(set(_storage_paths(state)))
+        names = _read_once("dcp", metadata, _read_dcp_names)
+    except OSError as exc:  # removed since it was seen: never complete on it
+        names = type(exc).__name__
+    if isinstance(names, str):
+        return f"{folder.name}/{DCP_METADATA} unreadable ({names})"
+    named = list(names)
     missing = [name for name in named if not (folder / name).is_file()]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")

@@ -42,6 +42,7 @@ DRIVEN = {
     "beat": "test_worker_and_beat_need_redis",
     "data check": "test_data_check",
     "data upload": "test_data_upload_wait",
+    "data delete": "tests/datasets/test_delete_dataset.py::test_gpuplan_data_delete",
     "plans submit": "test_plans_submit_and_get",
     "plans get": "test_plans_submit_and_get",
     "agent": "test_agent_sync_and_restore",
