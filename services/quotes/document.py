@@ -81,10 +81,6 @@ def _when(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _day(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d")
-
-
 def _hours(value: Any) -> str:
     if value is None:
         return "-"
@@ -144,7 +140,9 @@ def quote_document(out: QuoteOut) -> QuoteDocument:
         plan_id=out.plan_id,
         number=out.number,
         issued=_when(out.created_at),
-        valid_until=_day(out.valid_until),
+        # To the minute, as the JSON and the dashboard's list have it: a quote issued at 13:26 expires at 13:26, and
+        # "Valid until 2026-12-21" read as the whole of that day.
+        valid_until=_when(out.valid_until),
         customer=customer or ("(no customer given)",),
         issuer=out.issuer,
         job=tuple(f for f in job if f.value),

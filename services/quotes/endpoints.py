@@ -26,7 +26,7 @@ def create_quote(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> QuoteOut:
     """Issue a quote of a setup of a done plan (201); a retry with the same Idempotency-Key and body answers with
-    the quote it issued (200)."""
+    the quote it issued (200), or 409 once that quote has expired (a new key issues a new one)."""
     out, created = service.issue(
         db.transaction,
         principal,

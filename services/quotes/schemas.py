@@ -42,10 +42,11 @@ class QuoteRequest(ClosedModel):
     customer_name: SingleLine | None = Field(default=None, min_length=1, max_length=200)
     customer_email: SingleLine | None = Field(default=None, max_length=320)
 
-    @field_validator("customer_name", "customer_email", mode="before")
+    @field_validator("provider", "customer_name", "customer_email", mode="before")
     @classmethod
     def _trimmed(cls, value: Any) -> Any:
-        # What the document prints: "  Ada " is Ada, and a name of spaces alone is no name (min_length).
+        # What the document prints: "  Ada " is Ada, and a name of spaces alone is no name (min_length); a provider
+        # of spaces alone is none either, not a 422 saying "no offer for A40 at     in the catalog".
         return value.strip() if isinstance(value, str) else value
 
     @field_validator("customer_email")

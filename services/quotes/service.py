@@ -177,7 +177,8 @@ def issue(
 ) -> tuple[QuoteOut, bool]:
     """(the quote, whether it is new): :func:`create_quote` in its own transaction. A repeated Idempotency-Key with
     the same plan and body answers with the quote it issued, whatever the catalog says since; with another body it
-    is a 409.
+    is a 409, and so it is once that quote has expired (its ``valid_until`` passed): a 200 with a quote no longer
+    valid read as a quote to accept, and a new one under the same key would be two quotes for one key.
 
     Two requests with one new key both find no quote and both insert: the later runs again (once_more_if_raced)."""
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
@@ -188,6 +189,7 @@ def issue(
             if idempotency_key is not None:
                 existing = _issued_with(session, principal, plan_id, request, idempotency_key)
                 if existing is not None:
+                    _still_valid(existing)
                     return to_out(existing), False
             row = create_quote(
                 session, principal, plan_id, request, safety_margin, validity_days, idempotency_key=idempotency_key
@@ -216,6 +218,17 @@ def _issued_with(
             field="Idempotency-Key",
         )
     return row
+
+
+def _still_valid(row: QuoteRow) -> None:
+    """409 on Idempotency-Key where the quote issued with the key has expired: the retry names it (to read back with
+    GET /v1/quotes/{id}) and a new key asks for a quote at today's prices."""
+    if row.valid_until <= utcnow():
+        raise Conflict(
+            f"Idempotency-Key was used for quote {quote_number(row)} (id {row.id}), which expired at "
+            f"{row.valid_until.astimezone(UTC):%Y-%m-%d %H:%M} UTC; send a new Idempotency-Key for a new quote",
+            field="Idempotency-Key",
+        )
 
 
 def _card(name: str) -> str:
