@@ -79,6 +79,11 @@ class FrameworkDefaults:
     # accelerate's FullyShardedDataParallelPlugin and Lightning Fabric's FSDPStrategy wrap with FSDP1;
     # torchtune (since v0.2) and torchtitan use fully_shard.
     fsdp1: bool = True
+    # Whether the framework runs DeepSpeed ZeRO (the Trainer and axolotl through accelerate's DeepSpeed plugin). The
+    # others shard with FSDP only: torchtune's distributed recipes call training.shard_model (fully_shard), LitGPT's
+    # finetune scripts take Fabric's FSDPStrategy for several devices (litgpt/finetune/lora.py), and torchtitan
+    # composes FSDP2 with tensor and pipeline parallelism; a ZeRO setup of theirs is one the user cannot run.
+    runs_deepspeed: bool = True
     # FSDP's MixedPrecision param_dtype for a "-mixed" run: accelerate's FullyShardedDataParallelPlugin
     # sets param_dtype = reduce_dtype = buffer_dtype = bf16/fp16 (set_mixed_precision), so embeddings
     # and norms compute in 16-bit and the residual stream is 16-bit, not autocast's fp32. Lightning's
@@ -212,6 +217,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         expands_kv=True,
         python_gelu=False,
         note="torchtune recipe defaults",
+        runs_deepspeed=False,
         fsdp_accumulates_unsharded=False,
         fsdp1=False,
         loss_chunks=8,
@@ -231,6 +237,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         expands_kv=True,
         python_gelu=False,
         note="LitGPT finetune defaults",
+        runs_deepspeed=False,
         fsdp_flat_param_grads=True,
         fsdp_params_16bit=False,
         compiles_loss=False,  # LitGPT computes chunked_cross_entropy outside the model
@@ -254,6 +261,7 @@ _DEFAULTS: dict[Framework, FrameworkDefaults] = {
         expands_kv=True,
         python_gelu=False,
         note="torchtitan defaults",
+        runs_deepspeed=False,
         fsdp_accumulates_unsharded=False,
         # torchtitan compiles the loss with the model since #1033 (2025-04-02, first in v0.1.0); v0.2.0's
         # compile.components defaults to ["model", "loss"] (torchtitan/components/loss.py). Earlier trees

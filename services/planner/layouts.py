@@ -8,8 +8,12 @@ Rules (Offer schema v2):
 - More GPUs than one node means several full nodes (2, 3, 4, 6, 8, 12, ... of them) over the provider's
   network (``inter_node_gbit_per_s``); an offer without one cannot span nodes.
 - One GPU trains unsharded (plus the plan's own sharding, if it names one); several GPUs try DDP
-  ("none"), ZeRO-2 and FSDP (ZeRO-3 holds the same memory as FSDP), plus the plan's own. A plan with
-  ``cpu_offload`` keeps it, so its candidates are sharded ones only (offload needs sharding).
+  ("none"), ZeRO-2, FSDP and ZeRO-3, plus the plan's own; ZeRO only for a framework that runs DeepSpeed
+  (services/estimator/frameworks.py ``runs_deepspeed``: torchtune, LitGPT and torchtitan shard with FSDP alone). ZeRO-3 is not FSDP's memory: under gradient
+  accumulation FSDP's no_sync keeps the whole unsharded gradient and ZeRO-3 its partition (both in
+  services/estimator/memory/states.py), so ZeRO-3 fits, or fits a faster split, where FSDP does not (a
+  brute-force probe: 8B full at 8,192 tokens on 8 x A100 40GB, $4.99 against the planner's $8.97). A plan
+  with ``cpu_offload`` keeps it, so its candidates are sharded ones only (offload needs sharding).
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import NamedTuple
 from services.catalog.gpus import GpuSpec
 from services.catalog.offers import Offer
 from services.estimator.communication import Links, links_for
+from services.estimator.frameworks import versioned_defaults
 from services.estimator.plan import Plan, Sharding
 
-MULTI_GPU_SHARDINGS: tuple[Sharding, ...] = ("none", "zero2", "fsdp")
+MULTI_GPU_SHARDINGS: tuple[Sharding, ...] = ("none", "zero2", "fsdp", "zero3")
 OFFLOAD_SHARDINGS: tuple[Sharding, ...] = ("fsdp", "zero2")
 
 
@@ -89,11 +94,24 @@ def multi_node_counts(most: int) -> tuple[int, ...]:
 
 
 def sharding_options(plan: Plan, gpus: int) -> tuple[Sharding, ...]:
-    """Sharding modes to try on ``gpus`` GPUs, in order, without repeats."""
-    options: tuple[Sharding, ...] = ("none", plan.sharding) if gpus == 1 else (*MULTI_GPU_SHARDINGS, plan.sharding)
+    """Sharding modes to try on ``gpus`` GPUs, in order, without repeats (the plan's own always)."""
+    tried = MULTI_GPU_SHARDINGS if gpus > 1 else ("none",)
+    options: tuple[Sharding, ...] = (*_runnable(plan, tried), plan.sharding)
     if plan.cpu_offload:
         options = tuple(s for s in options if s != "none") or ("fsdp",)
     return tuple(dict.fromkeys(options))
+
+
+def offload_shardings(plan: Plan) -> tuple[Sharding, ...]:
+    """The sharding modes CPU offload is tried with (``OFFLOAD_SHARDINGS`` the plan's framework runs)."""
+    return _runnable(plan, OFFLOAD_SHARDINGS)
+
+
+def _runnable(plan: Plan, modes: tuple[Sharding, ...]) -> tuple[Sharding, ...]:
+    """``modes`` less ZeRO where the plan's framework does not run DeepSpeed."""
+    if versioned_defaults(plan).runs_deepspeed:
+        return modes
+    return tuple(s for s in modes if not s.startswith("zero"))
 
 
 def offer_links(spec: GpuSpec, offer: Offer, layout: Layout) -> Links:

@@ -20,7 +20,7 @@ from services.planner.host_ram import (
     host_ram_margin,
     usable_host_ram_bytes,
 )
-from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
+from services.planner.layouts import Layout, gpu_layouts, offload_shardings, sharding_options
 from services.planner.models import Rejection, RejectionKind
 
 # Cheaper fine-tuning methods to suggest, least change first.
@@ -50,9 +50,9 @@ def leanest_need(
 ) -> tuple[float, Sharding]:
     """Smallest bytes per GPU a setup is sized on (peak device memory times the headroom ratio) on ``gpus`` GPUs
     (micro-batch 1, gradient checkpointing on), over the sharding modes the planner tries (with CPU offload:
-    FSDP and ZeRO-2), and the mode that reaches it."""
+    FSDP and ZeRO-2, ``offload_shardings``), and the mode that reaches it."""
     split = batch_split(effective_batch_size, gpus)
-    modes = OFFLOAD_SHARDINGS if offload else sharding_options(evaluator.base, gpus)
+    modes = offload_shardings(evaluator.base) if offload else sharding_options(evaluator.base, gpus)
     needs = [(evaluator.sized_bytes(config_for(split, s, 1, True, offload, optimizer)), s) for s in modes]
     return min(needs, key=lambda pair: pair[0])
 

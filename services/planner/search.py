@@ -54,7 +54,7 @@ from services.planner.context import (
 from services.planner.enough import enough, meets_any, offload_for_deadline, verdicts
 from services.planner.evaluator import Config
 from services.planner.host_ram import holds, host_ram_bytes_per_node, host_ram_fits, usable_host_ram_bytes
-from services.planner.layouts import OFFLOAD_SHARDINGS, Layout, gpu_layouts, sharding_options
+from services.planner.layouts import Layout, gpu_layouts, offload_shardings, sharding_options
 
 
 def _setup(ctx: PlanContext, spec: GpuSpec, layout: Layout, links: Links, cfg: Config) -> Setup:
@@ -160,7 +160,7 @@ def fitting_configs(ctx: PlanContext, usable: float, gpus: int, offload: bool = 
             if found:
                 break
     if not found and offload and c.allow_cpu_offload and not ctx.plan.cpu_offload:
-        found = search(OFFLOAD_SHARDINGS, True, None)
+        found = search(offload_shardings(ctx.plan), True, None)
     ctx.memo.configs[key] = tuple(found)
     return ctx.memo.configs[key]
 

@@ -9,7 +9,14 @@ from services.catalog.gpus import find_gpu
 from services.catalog.offers import Offer
 from services.planner.batching import batch_split, divisors, effective_batch_size
 from services.planner.constraints import Constraints
-from services.planner.layouts import Layout, gpu_layouts, multi_node_counts, offer_links, sharding_options
+from services.planner.layouts import (
+    Layout,
+    gpu_layouts,
+    multi_node_counts,
+    offer_links,
+    offload_shardings,
+    sharding_options,
+)
 from tests.conftest import make_plan
 
 
@@ -87,11 +94,11 @@ def test_layouts_for_whole_node_offers() -> None:
 
 def test_sharding_options() -> None:
     assert sharding_options(make_plan(), 1) == ("none",)
-    assert sharding_options(make_plan(), 4) == ("none", "zero2", "fsdp")
-    assert sharding_options(make_plan(sharding="zero3", gpus=2), 4) == ("none", "zero2", "fsdp", "zero3")
+    assert sharding_options(make_plan(), 4) == ("none", "zero2", "fsdp", "zero3")
+    assert sharding_options(make_plan(sharding="zero1", gpus=2), 4) == ("none", "zero2", "fsdp", "zero3", "zero1")
     offload = make_plan(sharding="zero2", cpu_offload=True)
     assert sharding_options(offload, 1) == ("zero2",)
-    assert sharding_options(offload, 8) == ("zero2", "fsdp")
+    assert sharding_options(offload, 8) == ("zero2", "fsdp", "zero3")
 
 
 def test_links_follow_the_offer() -> None:
@@ -124,3 +131,15 @@ def test_constraints_validation_names_the_field() -> None:
     assert (defaults.max_gpus, defaults.safety_margin, defaults.preemptions_per_hour) == (64, 0.0, None)
     assert defaults.spot_allowed and defaults.restart_minutes is None
     assert not defaults.allow_optimizer_change and defaults.allow_cpu_offload
+
+
+def test_zero_is_tried_only_where_the_framework_runs_deepspeed() -> None:
+    # torchtune, LitGPT and torchtitan shard with FSDP alone: a ZeRO setup of theirs could not be run.
+    for framework in ("torchtune", "litgpt", "torchtitan"):
+        assert sharding_options(make_plan(framework=framework), 4) == ("none", "fsdp"), framework
+        assert offload_shardings(make_plan(framework=framework)) == ("fsdp",), framework
+    # The plan's own sharding is always tried.
+    assert sharding_options(make_plan(framework="torchtune", sharding="zero2", gpus=2), 4) == ("none", "fsdp", "zero2")
+    for framework in ("hf-trainer", "axolotl", "pytorch", "unsloth"):
+        assert sharding_options(make_plan(framework=framework), 4) == ("none", "zero2", "fsdp", "zero3"), framework
+        assert offload_shardings(make_plan(framework=framework)) == ("fsdp", "zero2"), framework
