@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.catalog.gpus import find_gpu
-from services.catalog.offers import Offer
+from services.catalog.offers import Offer, bundled_offers
+from services.planner import plan_setups
 from services.planner.batching import batch_split, divisors, effective_batch_size
 from services.planner.constraints import Constraints
 from services.planner.layouts import (
@@ -143,3 +144,21 @@ def test_zero_is_tried_only_where_the_framework_runs_deepspeed() -> None:
     for framework in ("hf-trainer", "axolotl", "pytorch", "unsloth"):
         assert sharding_options(make_plan(framework=framework), 4) == ("none", "zero2", "fsdp", "zero3"), framework
         assert offload_shardings(make_plan(framework=framework)) == ("fsdp", "zero2"), framework
+
+
+def test_zero3_is_offered_where_fsdp_accumulates_the_whole_gradient() -> None:
+    # A brute-force probe (stop 58): 8B full at 8,192 tokens on lambda's 8 x A100 40GB. FSDP's no_sync keeps the whole
+    # 16-bit gradient under accumulation and fits no split on 8 GPUs, so the planner took one GPU with CPU offload
+    # ($8.97, 6.9 h); ZeRO-3 keeps its partition and fits 8 GPUs at 1 x 2, without offload, for about half.
+    plan = make_plan(
+        method="full",
+        seq_len=8192,
+        micro_batch_size=4,
+        gradient_accumulation_steps=4,
+        data={"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3},
+    )
+    offers = [o for o in bundled_offers() if (o.provider, o.gpu, o.gpus_per_node) == ("lambda", "A100 40GB", 8)]
+    best = plan_setups(plan, offers).recommendations[0]
+    assert (best.gpus, best.sharding, best.cpu_offload) == (8, "zero3", False), best
+    assert (best.micro_batch_size, best.gradient_accumulation_steps) == (1, 2)
+    assert best.expected_cost_usd < 6.0
