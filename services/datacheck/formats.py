@@ -70,7 +70,8 @@ class RowText:
     target: str | None
 
 
-def _chat_messages(row: Mapping[str, Any]) -> tuple[list[Any], str, str] | None:
+def chat_messages(row: Mapping[str, Any]) -> tuple[list[Any], str, str] | None:
+    """(messages, role key, content key) of a chat row: OpenAI's messages or ShareGPT's conversations."""
     if "messages" in row:
         return row["messages"], "role", "content"
     if "conversations" in row:
@@ -79,7 +80,7 @@ def _chat_messages(row: Mapping[str, Any]) -> tuple[list[Any], str, str] | None:
 
 
 def _chat_problem(row: Mapping[str, Any]) -> str | None:
-    found = _chat_messages(row)
+    found = chat_messages(row)
     if found is None:
         return "no 'messages' (role/content) or 'conversations' (from/value) list"
     messages, role_key, content_key = found
@@ -162,9 +163,10 @@ def detect_format(votes: Mapping[str, int]) -> str | None:
 
 
 def row_text(row: Mapping[str, Any], fmt: str) -> RowText:
-    """The training text of a row that fits `fmt` (fields joined by newlines; chat templates not added)."""
+    """The text of a row that fits `fmt`, its fields joined by newlines: what the duplicate and empty checks read.
+    What the trainer tokenizes (templates, special tokens) is training.training_text."""
     if fmt == "chat":
-        found = _chat_messages(row)
+        found = chat_messages(row)
         messages, role_key, content_key = found if found is not None else ([], "role", "content")
         contents = [str(m[content_key]) for m in messages]
         answers = [str(m[content_key]) for m in messages if ROLE_ALIASES.get(str(m[role_key]).lower()) == "assistant"]

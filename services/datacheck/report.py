@@ -42,7 +42,9 @@ from .tokens import (
     TokenStats,
     histogram_token_stats,
     make_counter,
+    trained_lengths,
 )
+from .training import CHAT_NOTE, TRAINING_NOTE, TrainingText, template_tokens, training_text
 
 _T = TypeVar("_T")
 
@@ -158,7 +160,7 @@ RULES = (
     f"near duplicate: MinHash over word 5-shingles (CRC-32), 64 permutations, 16 LSH bands x 4, estimated "
     f"Jaccard (on the low 16 bits of each value) >= {NEAR_DUPLICATE_JACCARD}",
     "empty: no text, or an empty answer (output/completion/assistant turns)",
-    f"very short: fewer than {SHORT_ROW_TOKENS} tokens",
+    f"very short: fewer than {SHORT_ROW_TOKENS} tokens of the row's own text (no prompt template or special tokens)",
     "overlong: more tokens than the recommended seq_len (p99 bucket)",
     "write_clean drops broken, encoding-problem, format-mismatched, empty, exact- and near-duplicate rows",
     VALIDATION_RULE,
@@ -275,6 +277,8 @@ class _Pass:
         self.pii_counts: Counter_[str] = Counter_()
         self.pii_examples: dict[str, list[PiiFinding]] = {}
         self.chunk: list[tuple[int, str, bool, bytes]] = []
+        self.training: list[TrainingText] = []  # what train.py encodes for each row of the chunk
+        self.template_tokens: int | None = None  # the most tokens a row's template adds (training.template_tokens)
         self.chunk_chars = 0
         self.file_problem: str | None = None  # where the file stopped being readable (RowError.ends_file)
 
@@ -310,6 +314,7 @@ class _Pass:
         text = row_text(row, self.fmt)
         empty = not text.text.strip() or (text.target is not None and not text.target.strip())
         self.chunk.append((number, text.text, empty, b"" if empty else text_digest(text.text)))
+        self.training.append(training_text(row, self.fmt))
         self.chunk_chars += len(text.text)
         if len(self.chunk) >= CHUNK_ROWS or self.chunk_chars >= CHUNK_CHARS:
             self.flush()
@@ -317,17 +322,18 @@ class _Pass:
     def flush(self) -> None:
         if not self.chunk:
             return
-        lengths = self.count([text for _, text, _, _ in self.chunk])
+        lengths = trained_lengths(self.count, self.training)
         self.lengths.add(lengths)
         signed: list[tuple[int, list[int]]] = []
         hashed: list[int] = []
         hashes: list[int] = []
-        for (number, text, empty, digest), length in zip(self.chunk, lengths, strict=True):
+        short = self._short_rows(lengths)
+        for (number, text, empty, digest), length, is_short in zip(self.chunk, lengths, short, strict=True):
             self.overlong.add(number, length)
             if empty:
                 self.empty.add(number)
                 continue
-            if length < SHORT_ROW_TOKENS:
+            if is_short:
                 self.short.add(number)
             hashed.append(number)
             hashes.append(int.from_bytes(digest[:8], "big"))
@@ -353,7 +359,25 @@ class _Pass:
             if not empty and number not in near:
                 self._offer_validation(int.from_bytes(digest, "big"), number)
         self.chunk = []
+        self.training = []
         self.chunk_chars = 0
+
+    def _short_rows(self, lengths: list[int]) -> list[bool]:
+        """Per row of the chunk, whether its own text is under SHORT_ROW_TOKENS tokens. A row's trained length
+        holds the template and special tokens train.py adds (an Alpaca row is never under 8 with its prompt), so
+        only the rows within that overhead of the limit are counted again, on their text alone."""
+        if self.template_tokens is None:
+            self.template_tokens = template_tokens(self.count, self.fmt)
+        maybe = [
+            i
+            for i, (length, row) in enumerate(zip(lengths, self.training, strict=True))
+            if length < SHORT_ROW_TOKENS + row.extra_tokens + self.template_tokens
+        ]
+        short = [False] * len(lengths)
+        own = self.count([self.chunk[i][1] for i in maybe]) if maybe else []
+        for i, n in zip(maybe, own, strict=True):
+            short[i] = n < SHORT_ROW_TOKENS
+        return short
 
     def _offer_validation(self, digest: int, number: int) -> None:
         if digest in self.validation_digests:
@@ -367,8 +391,15 @@ class _Pass:
             self.validation_digests.add(digest)
 
 
+def counting_notes(fmt: str | None) -> tuple[str, ...]:
+    """What the token counts include beyond the rows' own text (training.py): the rendering train.py does, and
+    for chat rows the estimated template overhead."""
+    return (TRAINING_NOTE, CHAT_NOTE) if fmt == "chat" else (TRAINING_NOTE,)
+
+
 def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, ...]) -> DatasetReport:
     limit = state.limit
+    notes = notes + counting_notes(state.fmt)
     stats = histogram_token_stats(*state.lengths.arrays(), method, notes)
     overlong = state.overlong.over(stats.recommended_seq_len_tokens)
     kept = state.lengths.rows - state.empty.count - state.exact.count - state.near.count
@@ -424,7 +455,8 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
             )
             if state.index.full
             else ()
-        ),
+        )
+        + ((CHAT_NOTE,) if state.fmt == "chat" else ()),
         rules=RULES,
     )
 

@@ -15,6 +15,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from services.datacheck.limits import DataCheckError
+from services.datacheck.training import TrainingText
 
 # English text through GPT-2/Llama-style BPE averages about 4 characters per token (OpenAI's tokenizer
 # guide: "one token generally corresponds to ~4 characters of common English text"). Expect +-20-30% for
@@ -23,7 +24,8 @@ CHARS_PER_TOKEN = 4.0
 APPROXIMATION_NOTE = (
     "token counts approximated as ceil(characters / 4): typically within 20-30% for English text with a BPE "
     "tokenizer, and an under-count (often by 1.5-2x) for Turkish, other non-English text and code; pass "
-    "the data set's model (its tokenizer.json is fetched from the Hub) or a tokenizer.json for exact counts"
+    "the data set's model (its tokenizer.json is fetched from the Hub) or a tokenizer.json for exact counts; "
+    "a row's special tokens are estimated as 1 BOS (where train.py adds the tokenizer's) and 1 EOS"
 )
 # The report's tokenizer.source for the estimate and for an uploaded tokenizer.json; a Hub tokenizer is
 # "hub:owner/name" (services/hub/tokenizer.py).
@@ -31,6 +33,11 @@ ESTIMATE_SOURCE = "estimate: characters/4"
 UPLOAD_SOURCE = "upload"
 APPROX_METHOD = "approx_4_chars_per_token"
 TOKENIZER_METHOD = "tokenizer_json"
+# The special tokens the estimate adds where train.py encodes with add_special_tokens=True: one BOS, as the
+# tokenizer.json post-processors of Llama 2/3, Mistral and Gemma add ("<|begin_of_text|> $A" in
+# huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/tokenizer.json, "post_processor"); GPT-2's and Qwen's add
+# none, so one is the conservative figure.
+APPROX_SPECIAL_TOKENS = 1
 SEQ_LEN_BUCKETS_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 PERCENTILES = (50, 90, 95, 99)
 
@@ -64,11 +71,35 @@ def approx_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-Counter = Callable[[Sequence[str]], list[int]]
+class Counter:
+    """Token counts of a batch of texts: without special tokens, or (special=True) with the ones the tokenizer adds
+    when train.py encodes a row's first piece with add_special_tokens=True."""
+
+    def __init__(self, encode: Callable[[Sequence[str], bool], list[int]]) -> None:
+        self._encode = encode
+
+    def __call__(self, texts: Sequence[str], special: bool = False) -> list[int]:
+        return self._encode(texts, special)
 
 
-def _approx_batch(texts: Sequence[str]) -> list[int]:
-    return [approx_tokens(t) for t in texts]
+def _approx_encode(texts: Sequence[str], special: bool) -> list[int]:
+    added = APPROX_SPECIAL_TOKENS if special else 0
+    return [approx_tokens(t) + added for t in texts]
+
+
+_approx_batch = Counter(_approx_encode)
+
+
+def trained_lengths(count: Counter, rows: Sequence[TrainingText]) -> list[int]:
+    """Tokens train.py trains on per row: each piece counted on its own (the first of a non-chat row with the
+    tokenizer's special tokens), plus the tokens it adds around them (training.TrainingText.extra_tokens)."""
+    lengths = [row.extra_tokens for row in rows]
+    first = [(i, row.pieces[0]) for i, row in enumerate(rows) if row.special_first and row.pieces]
+    rest = [(i, p) for i, row in enumerate(rows) for p in row.pieces[1 if row.special_first else 0 :]]
+    for batch, special in ((first, True), (rest, False)):
+        for (i, _), n in zip(batch, count([text for _, text in batch], special), strict=True):
+            lengths[i] += n
+    return lengths
 
 
 def make_counter(tokenizer_json: str | Path | None) -> tuple[Counter, str, tuple[str, ...]]:
@@ -108,11 +139,11 @@ def counter_from_json(tokenizer_json_text: str, label: str = "tokenizer.json") -
     tokenizer.no_truncation()
     tokenizer.no_padding()
 
-    def count(texts: Sequence[str]) -> list[int]:
-        # encode_batch tokenizes on the package's own threads.
-        return [len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+    def encode(texts: Sequence[str], special: bool) -> list[int]:
+        # encode_batch tokenizes on the package's own threads; the post-processor adds the special tokens.
+        return [len(e.ids) for e in tokenizer.encode_batch(list(texts), add_special_tokens=special)]
 
-    return count, TOKENIZER_METHOD, (f"exact counts from {label}",)
+    return Counter(encode), TOKENIZER_METHOD, (f"exact counts from {label}",)
 
 
 def percentile(sorted_values: Sequence[int], pct: float) -> int:

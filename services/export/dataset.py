@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# The Alpaca templates are the data check's (services/datacheck/training.py), so the tokens it counts are the tokens
+# the exported trainers render; re-exported here for hf.py and axolotl.py.
+from services.datacheck.training import ALPACA_PROMPT as ALPACA_PROMPT
+from services.datacheck.training import ALPACA_PROMPT_WITH_INPUT as ALPACA_PROMPT_WITH_INPUT
 from services.export.errors import ExportError
 
 DataKind = Literal["chat", "sharegpt", "alpaca", "dolly", "prompt_completion", "text"]
@@ -28,16 +32,6 @@ _FROM_CHECK: dict[str, DataKind] = {
     "prompt_completion": "prompt_completion",
     "text": "text",
 }
-
-ALPACA_PROMPT_WITH_INPUT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_PROMPT = (
-    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
 
 
 @dataclass(frozen=True)

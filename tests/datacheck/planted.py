@@ -72,7 +72,7 @@ class Planted:
 
 def write_planted(path: Path, *, base_rows: int = 1000, filler_bytes: int = 0, seed: int = 7) -> Planted:
     """An Alpaca JSONL file: `base_rows` distinct rows of 120-160 words, then planted problems, then
-    distinct filler rows (~1.6 kB) until the file has at least `filler_bytes` bytes."""
+    distinct filler rows (~1.5 kB) until the file has at least `filler_bytes` bytes."""
     rng = random.Random(seed)
     vocab = _vocabulary(rng)
     planted = Planted()
@@ -132,7 +132,8 @@ def write_planted(path: Path, *, base_rows: int = 1000, filler_bytes: int = 0, s
         planted.overlong.append(add_row(row(6000)))
     size = sum(len(line) + 1 for line in lines)
     while size < filler_bytes:
-        size += len(lines[add_row(row(rng.randint(190, 210))) - 1]) + 1
+        # 180-195 words: under 512 tokens as trained, the Alpaca prompt and special tokens included.
+        size += len(lines[add_row(row(rng.randint(180, 195))) - 1]) + 1
     planted.rows_total = len(lines)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return planted

@@ -134,7 +134,7 @@ def test_tokenizer_json_without_tokenizers_falls_back_with_a_note(
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "abcd" * 10}])
     report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
     assert report.tokens.method == "approx_4_chars_per_token"
-    assert report.tokens.max_tokens == 10
+    assert report.tokens.max_tokens == 10 + 2  # 40 characters / 4, plus the estimate's BOS and train.py's EOS
     assert "tokenizers package is not installed" in report.tokens.notes[0]
 
 
@@ -146,7 +146,8 @@ def test_tokenizer_json_gives_exact_counts(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "a a a a a"}, {"text": "a b"}])
     report = check_dataset(path, tokenizer_json=tmp_path / "tokenizer.json")
     assert report.tokens.method == "tokenizer_json"
-    assert (report.tokens.max_tokens, report.tokens.p50_tokens) == (5, 2)
+    # Each row's words plus the EOS train.py appends (this tokenizer's post-processor adds no BOS).
+    assert (report.tokens.max_tokens, report.tokens.p50_tokens) == (5 + 1, 2 + 1)
 
 
 def test_parquet_rows_are_read_with_pyarrow(tmp_path: Path) -> None:

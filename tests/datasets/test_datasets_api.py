@@ -219,7 +219,8 @@ def test_uploaded_tokenizer_gives_exact_counts(data_api: DataApi, tmp_path: Path
     checked = data_api.wait_for_dataset(body["id"])
     assert checked["status"] == "done", checked["error"]
     tokens = checked["report"]["tokens"]
-    assert (tokens["method"], tokens["max_tokens"], tokens["p50_tokens"]) == ("tokenizer_json", 40, 20)
+    # Each row's words plus the EOS train.py appends (this tokenizer's post-processor adds no BOS).
+    assert (tokens["method"], tokens["max_tokens"], tokens["p50_tokens"]) == ("tokenizer_json", 40 + 1, 20 + 1)
 
 
 def test_the_datasets_model_tokenizer_from_the_hub_counts(
@@ -233,7 +234,8 @@ def test_the_datasets_model_tokenizer_from_the_hub_counts(
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setenv("GPUPLAN_HUB_CACHE_DIR", str(tmp_path / "hub-cache"))
-        lengths = [len(e.ids) for e in tokenizer.encode_batch(TURKISH, add_special_tokens=False)]
+        # Each row as train.py encodes it: the tokenizer's special tokens (none here), then one EOS.
+        lengths = [len(e.ids) + 1 for e in tokenizer.encode_batch(TURKISH, add_special_tokens=True)]
         data = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in TURKISH).encode()
         body = data_api.upload(data, model="acme/tiny-bpe")
         assert body["status"] == "done", body["error"]

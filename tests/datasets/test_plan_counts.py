@@ -54,8 +54,9 @@ def test_a_tokenizers_own_truncation_and_padding_never_count(
     rows' own (a probe: a max_length of 16 priced 1,440 tokens of 9,910)."""
     data = _rows(*(" ".join(["a"] * n) for n in range(1, 41)))
     tokens = _checked_with(data_api, data, _word_tokenizer(tmp_path, **settings))["report"]["tokens"]
-    assert (tokens["method"], tokens["max_tokens"], tokens["p50_tokens"]) == ("tokenizer_json", 40, 20)
-    assert tokens["tokens_per_epoch"] == sum(range(1, 41))
+    # Each row's words plus the EOS train.py appends (this tokenizer's post-processor adds no BOS).
+    assert (tokens["method"], tokens["max_tokens"], tokens["p50_tokens"]) == ("tokenizer_json", 40 + 1, 20 + 1)
+    assert tokens["tokens_per_epoch"] == sum(range(1, 41)) + 40
 
 
 def test_a_plan_is_priced_by_the_kept_rows_every_token_counted(data_api: DataApi, tmp_path: Path) -> None:
@@ -68,14 +69,14 @@ def test_a_plan_is_priced_by_the_kept_rows_every_token_counted(data_api: DataApi
     report = checked["report"]
     kept = report["kept_tokens"]
     assert report["rows_kept"] == kept["rows_counted"] == 62
-    every_token = sum(len(t.split()) for t in unique + long_rows)
+    every_token = sum(len(t.split()) + 1 for t in unique + long_rows)  # the words and train.py's EOS
     assert kept["tokens_per_epoch"] == every_token
     response = _plan_dataset(data_api, checked["id"])
     assert response.status_code == 202, response.text
     plan = data_api.wait_for_plan(response.json()["id"])
     assert plan["status"] == "done", plan["error"]
     assert plan["request"]["dataset"]["avg_tokens"] == round(every_token / 62, 2)
-    assert plan["request"]["dataset"]["max_tokens"] == 3001
+    assert plan["request"]["dataset"]["max_tokens"] == 3001 + 1
 
 
 @pytest.mark.parametrize("data", [_rows("", " ", ""), b'{"foo": 1}\n{"foo": 2}\n{"foo": 3}\n'])

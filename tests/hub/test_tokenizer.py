@@ -46,12 +46,13 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
 
 
 def expected_lengths(path: Path, tokenizer: Tokenizer) -> list[int]:
-    """What tokenizers itself counts for the text the check reads from each row."""
+    """What tokenizers itself counts for each (plain text) row as the exported train.py encodes it: the text with the
+    tokenizer's special tokens, and one EOS appended."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     fmt = detect_format(format_votes(rows))
-    assert fmt is not None
+    assert fmt == "text"
     texts = [row_text(r, fmt).text for r in rows]
-    return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return [len(e.ids) + 1 for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
 
 
 @pytest.fixture
