@@ -9,11 +9,11 @@ Rules (Offer schema v2):
   network (``inter_node_gbit_per_s``); an offer without one cannot span nodes.
 - One GPU trains unsharded (plus the plan's own sharding, if it names one); several GPUs try DDP
   ("none"), ZeRO-2, FSDP and ZeRO-3, plus the plan's own; ZeRO only for a framework that runs DeepSpeed
-  (services/estimator/frameworks.py ``runs_deepspeed``: torchtune, LitGPT and torchtitan shard with FSDP alone). ZeRO-3 is not FSDP's memory: under gradient
-  accumulation FSDP's no_sync keeps the whole unsharded gradient and ZeRO-3 its partition (both in
-  services/estimator/memory/states.py), so ZeRO-3 fits, or fits a faster split, where FSDP does not (a
-  brute-force probe: 8B full at 8,192 tokens on 8 x A100 40GB, $4.99 against the planner's $8.97). A plan
-  with ``cpu_offload`` keeps it, so its candidates are sharded ones only (offload needs sharding).
+  (services/estimator/frameworks.py ``runs_deepspeed``: torchtune, LitGPT and torchtitan shard with FSDP
+  alone). ZeRO-3 is not FSDP's memory: under gradient accumulation FSDP's no_sync keeps the whole unsharded
+  gradient and ZeRO-3 its partition (services/estimator/memory/states.py), so ZeRO-3 fits, or fits a faster
+  split, where FSDP does not (docs/planner.md). A plan with ``cpu_offload`` keeps it, so its candidates are
+  sharded ones only (offload needs sharding).
 """
 
 from __future__ import annotations
