@@ -126,6 +126,13 @@ class DatasetReport(BaseModel):
     file_format: str
     rows_total: int
     detected_format: str | None
+    # The field names the instruction rows use ('instruction/output' Alpaca, 'instruction/response' Dolly,
+    # 'prompt/response'; formats.alpaca_spelling), which an export must read; None for other formats and in reports
+    # from before it.
+    instruction_spelling: str | None = None
+    # The list chat rows hold their turns in: 'messages' (role/content) or 'conversations' (ShareGPT's from/value),
+    # the one most chat rows use; None for other formats and in reports from before it.
+    chat_field: str | None = None
     format_votes: dict[str, int]
     broken_rows: tuple[RowProblem, ...]
     encoding_problem_rows: tuple[RowProblem, ...]
@@ -253,6 +260,7 @@ class _Pass:
         # For instruction files: the field names the file's rows use; a row spelled otherwise is a mismatch.
         self.spelling = spelling
         self.spelling_votes: Counter_[str] = Counter_()
+        self.chat_fields: Counter_[str] = Counter_()  # per chat row, the list its turns are in
         self.count = counter
         self.names = names
         self.limit = limit
@@ -297,6 +305,8 @@ class _Pass:
         spelling = alpaca_spelling(row) if "alpaca" in fits else None
         if spelling is not None:
             self.spelling_votes[spelling] += 1
+        if "chat" in fits:
+            self.chat_fields["messages" if "messages" in row else "conversations"] += 1
         for finding in find_pii(number, row, self.names):
             self.pii_counts[finding.kind] += 1
             examples = self.pii_examples.setdefault(finding.kind, [])
@@ -430,6 +440,8 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
         file_format=kind,
         rows_total=state.rows_total,
         detected_format=state.fmt,
+        instruction_spelling=state.spelling if state.fmt == "alpaca" else None,
+        chat_field=state.chat_fields.most_common(1)[0][0] if state.fmt == "chat" and state.chat_fields else None,
         format_votes=dict(state.votes),
         broken_rows=tuple(state.problems["broken"].items),
         encoding_problem_rows=tuple(state.problems["encoding"].items),

@@ -24,8 +24,8 @@ from services.export.errors import ExportError
 
 DataKind = Literal["chat", "sharegpt", "alpaca", "dolly", "prompt_completion", "text"]
 DATA_KINDS: tuple[DataKind, ...] = ("chat", "sharegpt", "alpaca", "dolly", "prompt_completion", "text")
-# The data check's detected_format -> the kind an export writes (a checked chat file is taken as
-# 'messages', an instruction file as Alpaca's spelling; --data-format names the other spellings).
+# The data check's detected_format -> the kind an export writes; the report's chat_field and instruction_spelling
+# then tell ShareGPT from OpenAI-style chat and Dolly from Alpaca (data_format_of_report).
 _FROM_CHECK: dict[str, DataKind] = {
     "chat": "chat",
     "alpaca": "alpaca",
@@ -105,6 +105,17 @@ def data_format_of_report(report: Mapping[str, Any], name: str) -> DataFormat:
     """The format the data check found in data set ``name`` (its stored report's ``detected_format``)."""
     detected = report.get("detected_format")
     kind = _FROM_CHECK.get(str(detected)) if detected is not None else None
+    spelling = report.get("instruction_spelling")
+    if kind == "chat" and report.get("chat_field") == "conversations":
+        kind = "sharegpt"  # read as 'messages', every ShareGPT row lacked them
+    elif kind == "alpaca" and spelling == "instruction/response":
+        kind = "dolly"  # Dolly's instruction/context/response: read as Alpaca's, every row lacked 'output'
+    elif kind == "alpaca" and spelling == "prompt/response":
+        raise ExportError(
+            "dataset_id",
+            f"data set {name} names its instruction fields 'prompt'/'response', which no export reads: rename them "
+            "'instruction'/'output' (Alpaca) or 'instruction'/'response' (Dolly), or give data_format",
+        )
     if kind is None:
         raise ExportError(
             "dataset_id",

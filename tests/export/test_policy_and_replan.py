@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from services.datacheck import check_dataset
 from services.estimator.plan import Plan
 from services.export import ExportError
 from services.export.dataset import data_format, data_format_of_report
@@ -174,6 +176,48 @@ def test_data_formats_name_their_field() -> None:
     with pytest.raises(ExportError) as err:
         data_format_of_report({"detected_format": None}, "d.jsonl")
     assert err.value.field == "dataset_id" and "give data_format" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [(("instruction", "input", "output"), "alpaca"), (("instruction", "context", "response"), "dolly"), (None, None)],
+)
+def test_a_checked_instruction_file_is_exported_with_its_own_field_names(
+    fields: tuple[str, str, str] | None, kind: str | None, tmp_path: Path
+) -> None:
+    # A Dolly file was exported as Alpaca, whose train.py reads 'output': every row lacked it. A 'prompt'/'response'
+    # file (the check takes it as instructions) is read by no export: refused naming the data set.
+    instruction, extra, answer = fields or ("prompt", "context", "response")
+    rows = [{instruction: f"Say {i}", extra: "", answer: f"{i}"} for i in range(30)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = check_dataset(path).model_dump(mode="json")
+    assert report["detected_format"] == "alpaca"
+    if kind is None:
+        with pytest.raises(ExportError) as err:
+            data_format_of_report(report, "d.jsonl")
+        assert err.value.field == "dataset_id" and "'prompt'/'response'" in err.value.message
+        return
+    data = data_format_of_report(report, "d.jsonl")
+    assert data.kind == kind and data.instruction_fields == (instruction, extra, answer)
+
+
+@pytest.mark.parametrize(
+    ("field", "role", "content", "kind"),
+    [("messages", "role", "content", "chat"), ("conversations", "from", "value", "sharegpt")],
+)
+def test_a_checked_chat_file_is_exported_with_its_own_list(
+    field: str, role: str, content: str, kind: str, tmp_path: Path
+) -> None:
+    # A ShareGPT file was exported as 'messages': train.py found no turns in any row.
+    user, assistant = ("user", "assistant") if kind == "chat" else ("human", "gpt")
+    rows = [{field: [{role: user, content: f"Say {i}"}, {role: assistant, content: f"{i}"}]} for i in range(30)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = check_dataset(path).model_dump(mode="json")
+    assert report["detected_format"] == "chat" and report["chat_field"] == field
+    data = data_format_of_report(report, "d.jsonl")
+    assert (data.kind, data.messages_field, data.role_key, data.content_key) == (kind, field, role, content)
 
 
 def test_axolotl_without_accumulation_keeps_the_effective_batch_as_the_planner_rounds_it() -> None:
