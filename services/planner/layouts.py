@@ -48,32 +48,42 @@ class Layout(_LayoutFields):
         return super().__new__(cls, gpus_per_node, nodes, gpus_per_node * nodes)
 
 
-def single_node_counts(gpus_per_node: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, ... up to the node size, and the node size itself."""
-    counts = []
+def single_node_counts(gpus_per_node: int, effective_batch: int = 0) -> tuple[int, ...]:
+    """1, 2, 4, 8, ... up to the node size, the node size itself, and the midpoints 3, 6, 12, ... (as
+    ``multi_node_counts`` has them) that split ``effective_batch`` evenly: there they keep the plan's batch and can
+    be the cheapest count that fits or meets a deadline (a brute-force probe: 6 of a node's GPUs below the 8 the
+    planner took); where they do not split it they would train a larger batch, and are not tried."""
+    counts = {1, gpus_per_node}
     n = 1
     while n < gpus_per_node:
-        counts.append(n)
+        counts.add(n)
+        middle = n + n // 2
+        if n >= 2 and middle < gpus_per_node and effective_batch and effective_batch % middle == 0:
+            counts.add(middle)
         n *= 2
-    counts.append(gpus_per_node)
-    return tuple(counts)
+    return tuple(sorted(counts))
 
 
-def gpu_layouts(offer: Offer, max_gpus: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
-    """(single-node, multi-node) layouts an offer can be rented in, ascending, at most ``max_gpus`` GPUs."""
+def gpu_layouts(offer: Offer, max_gpus: int, effective_batch: int = 0) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    """(single-node, multi-node) layouts an offer can be rented in, ascending, at most ``max_gpus`` GPUs (the
+    plan's ``effective_batch`` decides the single-node midpoints, ``single_node_counts``)."""
     return _layouts(
-        max(1, offer.gpus_per_node), offer.whole_nodes_only, offer.inter_node_gbit_per_s is not None, max_gpus
+        max(1, offer.gpus_per_node),
+        offer.whole_nodes_only,
+        offer.inter_node_gbit_per_s is not None,
+        max_gpus,
+        effective_batch,
     )
 
 
 @functools.lru_cache(maxsize=1024)
 def _layouts(
-    k: int, whole_nodes_only: bool, networked: bool, max_gpus: int
+    k: int, whole_nodes_only: bool, networked: bool, max_gpus: int, effective_batch: int
 ) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
     if whole_nodes_only:
         single: tuple[Layout, ...] = (Layout(k, 1),) if k <= max_gpus else ()
     else:
-        single = tuple(Layout(n, 1) for n in single_node_counts(k) if n <= max_gpus)
+        single = tuple(Layout(n, 1) for n in single_node_counts(k, effective_batch) if n <= max_gpus)
     if not networked:
         return single, ()
     multi = tuple(Layout(k, n) for n in multi_node_counts(max_gpus // k))

@@ -222,9 +222,8 @@ def memory_rejection(
 
     ``ram_blocked``: where some offers' CPU-offload setups fit the GPUs but not the nodes' host RAM, the one whose
     nodes come closest; the reason then says so in numbers, and the fix goes on to more GPUs or nodes."""
-    counts = sorted(
-        {layout.gpus for offer in offers for group in gpu_layouts(offer, ctx.constraints.max_gpus) for layout in group}
-    )
+    most, batch = ctx.constraints.max_gpus, ctx.effective_batch_size
+    counts = sorted({layout.gpus for offer in offers for group in gpu_layouts(offer, most, batch) for layout in group})
     margin = ctx.constraints.safety_margin
     usable = ctx.usable_bytes(spec)
     if not counts:

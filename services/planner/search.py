@@ -245,7 +245,7 @@ def _single_node(ctx: PlanContext, offer: Offer, spec: GpuSpec, base: ShapeKey) 
     """The setups on one node of the shape."""
     single = ctx.memo.single.get(base)
     if single is None:
-        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus)
+        layouts, _ = gpu_layouts(offer, ctx.constraints.max_gpus, ctx.effective_batch_size)
         found: list[Setup] = []
         for layout in layouts:
             if card_configs(ctx, spec, layout.gpus):  # the links only for a layout on which something fits
@@ -389,7 +389,7 @@ def _walk(ctx: PlanContext, offer: Offer, base: ShapeKey) -> NodeWalk:
     key = (card, kind, per_node, offer.inter_node_gbit_per_s)
     found = ctx.memo.walks.get(key)
     if found is None:
-        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus)
+        _, multi = gpu_layouts(offer, ctx.constraints.max_gpus, ctx.effective_batch_size)
         found = ctx.memo.walks[key] = NodeWalk(multi, offer)
     return found
 
@@ -458,7 +458,8 @@ def _beyond(ctx: PlanContext, offer: Offer, spec: GpuSpec) -> object:
     if key in ctx.memo.beyond:
         return ctx.memo.beyond[key]
     beyond: object = None
-    for index, layout in enumerate(gpu_layouts(offer, ctx.constraints.max_gpus)[1]):  # the walk's steps
+    # The walk's steps (multi-node: the effective batch plays no part in them).
+    for index, layout in enumerate(gpu_layouts(offer, ctx.constraints.max_gpus)[1]):
         needs = _config_needs(ctx, spec, layout, True)
         usable = usable_host_ram_bytes(ctx, offer, layout)
         fits = tuple(holds(need, usable) for need in needs.needs)

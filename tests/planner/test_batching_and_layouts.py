@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from services.catalog.gpus import find_gpu
 from services.catalog.offers import Offer, bundled_offers
+from services.estimator.plan import Plan
 from services.planner import plan_setups
 from services.planner.batching import batch_split, divisors, effective_batch_size
 from services.planner.constraints import Constraints
@@ -17,6 +18,7 @@ from services.planner.layouts import (
     offer_links,
     offload_shardings,
     sharding_options,
+    single_node_counts,
 )
 from tests.conftest import make_plan
 
@@ -162,3 +164,26 @@ def test_zero3_is_offered_where_fsdp_accumulates_the_whole_gradient() -> None:
     assert (best.gpus, best.sharding, best.cpu_offload) == (8, "zero3", False), best
     assert (best.micro_batch_size, best.gradient_accumulation_steps) == (1, 2)
     assert best.expected_cost_usd < 6.0
+
+
+def test_single_node_midpoints_are_tried_where_they_split_the_effective_batch() -> None:
+    assert single_node_counts(8) == single_node_counts(8, 16) == (1, 2, 4, 8)
+    assert single_node_counts(8, 24) == (1, 2, 3, 4, 6, 8)
+    assert single_node_counts(16, 9) == (1, 2, 3, 4, 8, 16)  # 6 and 12 would train 12 samples a step for 9
+    # A brute-force probe (stop 58): Qwen2.5-32B LoRA at 8,192 tokens, 4 x 6 samples a step, on vast's A100 40GB
+    # rented per GPU: 6 GPUs (1 x 4 x 6 = 24) fit and cost less than the 8 (1 x 3 x 8) the planner took.
+    offers = [o for o in bundled_offers() if (o.provider, o.gpu) == ("vast", "A100 40GB")]
+    fields = {"seq_len": 8192, "micro_batch_size": 4, "gradient_accumulation_steps": 6}
+    plan = Plan.model_validate(
+        {
+            "model": {"name": "Qwen/Qwen2.5-32B"},
+            "method": "lora",
+            "data": {"examples": 10_000, "avg_tokens_per_example": 512, "epochs": 3},
+            **fields,
+        }
+    )
+    best = plan_setups(plan, offers).recommendations[0]
+    assert (best.gpus, best.micro_batch_size * best.gradient_accumulation_steps * best.gpus) == (6, 24), best
+    # An effective batch 6 GPUs do not split (16) is not trained larger on 6: no setup of 3 or 6 GPUs.
+    sixteen = plan.model_copy(update={"gradient_accumulation_steps": 4})
+    assert {r.gpus for r in plan_setups(sixteen, offers, top_n=50).recommendations}.isdisjoint({3, 6})
