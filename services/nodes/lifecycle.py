@@ -348,29 +348,17 @@ def record_failed_attempt(
             f"retried every {_duration(stop_retry_s(stops))} while the node reports idle, next after "
             f"{node.next_stop_at:%Y-%m-%d %H:%M:%S} UTC"
         )
-        if given_up:
-            node.last_reason = (
-                f"stop attempt {attempt} failed (given up after {stops.max_attempts}): {answer}; still {retry}"
-            )
-            add_event(
-                session,
-                node,
-                kind,
-                node.last_reason,
-                at,
-                {**details, "gave_up": True, "retry": True, "next_stop_at": node.next_stop_at.isoformat()},
-            )
+        retried = {"retry": True} if given_up else {}
+        node.last_reason = (
+            f"stop attempt {attempt} failed (given up after {stops.max_attempts}): {answer}; still {retry}"
+            if given_up
+            else f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; stop given up, {retry}"
+        )
+        extra = {"gave_up": True, **retried, "next_stop_at": node.next_stop_at.isoformat()}
+        add_event(session, node, kind, node.last_reason, at, {**details, **extra})
+        if given_up:  # a retry of a streak given up: no second audit row or count, the alert fired once
             log.warning("node %s: stop retry (attempt %d) failed: %s", node.id, attempt, answer)
             return False
-        node.last_reason = f"stop attempt {attempt} of {stops.max_attempts} failed: {answer}; stop given up, {retry}"
-        add_event(
-            session,
-            node,
-            kind,
-            node.last_reason,
-            at,
-            {**details, "gave_up": True, "next_stop_at": node.next_stop_at.isoformat()},
-        )
         audit.record(
             session,
             node.organization_id,

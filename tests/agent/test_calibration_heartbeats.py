@@ -27,11 +27,10 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import run_sweep
 from services.nodes.tables import CalibrationRow
 from services.orgs.service import create_key, create_organization
-from tests.nodes.helpers import load_node
+from tests.nodes.helpers import Recording, load_node
 
 INTERVAL_S = 0.05  # the agent's heartbeat interval in these tests
 LOST_AFTER_S = 60.0
@@ -57,19 +56,6 @@ TINY_PLAN: dict[str, Any] = {
     "dataset": {"tokens": 1_000_000},
     "epochs": 1,
 }
-
-
-@dataclass
-class Recording:
-    name: str = "recording"
-    stopped: list[str] = field(default_factory=list)
-
-    def stop(self, node: NodeTarget) -> str:
-        self.stopped.append(node.id)
-        return "stopped"
-
-    def start(self, node: NodeTarget) -> str:
-        return "started"
 
 
 @dataclass

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from tests.api import conftest as api_fixtures
 from tests.api.conftest import QLORA_PLAN, Api
-from tests.conftest import _free_port, require_service
+from tests.conftest import require_service, served_on_loopback
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -76,7 +74,6 @@ class LiveServer:
 
 
 def _live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    import uvicorn
 
     from services.api.app import create_app
     from services.core.db import make_engine, make_sessionmaker, unit_of_work
@@ -93,22 +90,9 @@ def _live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
             create_organization(session, org)
             keys[org] = create_key(session, org)
     engine.dispose()
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(Settings(database_url=url)), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the dashboard's test server did not start")
-        time.sleep(0.05)
-    try:
-        yield LiveServer(url=f"http://127.0.0.1:{port}", keys=keys, database_url=url)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    app = create_app(Settings(database_url=url))
+    with served_on_loopback(app, "dashboard-uvicorn") as base:
+        yield LiveServer(url=base, keys=keys, database_url=url)
 
 
 live_server = pytest.fixture(scope="module")(_live_server)

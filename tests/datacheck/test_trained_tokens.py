@@ -4,9 +4,7 @@ its fields joined by newlines without special tokens: Alpaca rows priced at a th
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,8 +13,7 @@ import pytest
 
 from services.datacheck import check_dataset
 from services.datacheck.training import CHAT_TOKENS_PER_CONVERSATION, CHAT_TOKENS_PER_MESSAGE
-from services.export.dataset import data_format
-from tests.export.helpers import export, llama_plan
+from tests.export.helpers import train_module
 
 ENGLISH = [
     "Summarise the customer's complaint in one sentence.",
@@ -71,20 +68,7 @@ def _train_module(kind: str, where: Path) -> ModuleType:
     """train.py of an hf-trainer export reading ``kind`` rows, imported (its version check runs)."""
     pytest.importorskip("datasets")
     pytest.importorskip("peft")
-    files = export(llama_plan("hf-trainer", "lora", seq_len=16), "hf-trainer", data=data_format(kind, "test")).files
-    where.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (where / name).write_text(text)
-    sys.path.insert(0, str(where))
-    try:
-        spec = importlib.util.spec_from_file_location(f"train_{kind}_counted", where / "train.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(where))
-        sys.modules.pop("check_versions", None)
-    return module
+    return train_module(kind, where, f"train_{kind}_counted")
 
 
 @pytest.mark.parametrize("kind", ["alpaca", "dolly", "prompt_completion", "text"])

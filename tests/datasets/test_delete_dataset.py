@@ -5,19 +5,16 @@ from it keep the numbers they took, and a new plan naming it is a 404 as for an 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from services.cli.main import main
 from services.core.settings import Settings
 from services.storage.s3 import make_s3_client
 from tests.api.conftest import QLORA_PLAN
+from tests.conftest import served_on_loopback
 from tests.datasets.conftest import PART_BYTES, DataApi
 
 
@@ -39,20 +36,8 @@ def _stored(s3_settings: Settings) -> list[str]:
 @pytest.fixture
 def live_api(data_api: DataApi) -> Iterator[str]:
     """The data_api app served over real HTTP on loopback, for the CLI."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(data_api.client.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served_on_loopback(data_api.client.app, "datasets-uvicorn", lifespan="off") as url:
+        yield url
 
 
 def test_a_deleted_data_set_and_its_stored_files_are_gone_and_its_plans_keep_their_numbers(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from services.estimator.estimate import resolve_architecture
@@ -10,6 +13,7 @@ from services.estimator.memory import MemoryBreakdown, peak_memory
 from services.estimator.plan import Plan
 from services.estimator.recipe import resolve_recipe
 from services.export import ExportBundle, export_setup
+from services.export.dataset import data_format
 from services.export.target import FORMAT_FRAMEWORK
 
 # SEEDS.md section 1's worked example: 10,000 examples x 512 tokens x 3 epochs.
@@ -78,3 +82,20 @@ def write_files(files: dict[str, str], where: Path) -> Path:
     for name, text in files.items():
         (where / name).write_text(text, encoding="utf-8")
     return where
+
+
+def train_module(kind: str, where: Path, name: str) -> ModuleType:
+    """train.py of an hf-trainer LoRA export reading ``kind`` rows, written into ``where`` and imported as ``name``
+    (its version check runs)."""
+    files = export(llama_plan("hf-trainer", "lora", seq_len=16), "hf-trainer", data=data_format(kind, "test")).files
+    write_files(files, where)
+    sys.path.insert(0, str(where))
+    try:
+        spec = importlib.util.spec_from_file_location(name, where / "train.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(where))
+        sys.modules.pop("check_versions", None)
+    return module

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.export.dataset import data_format
-from tests.export.helpers import export, llama_plan
+from tests.export.helpers import export, llama_plan, train_module
 
 
 def _write(files: dict[str, str], where: Path) -> Path:
@@ -71,19 +69,7 @@ def test_an_old_library_is_named_with_the_reason(tmp_path: Path) -> None:
 
 
 def _train_module(kind: str, where: Path) -> ModuleType:
-    """train.py of an hf-trainer export reading ``kind`` rows, imported (its version check runs)."""
-    files = export(llama_plan("hf-trainer", "lora", seq_len=16), "hf-trainer", data=data_format(kind, "test")).files
-    _write(files, where)
-    sys.path.insert(0, str(where))
-    try:
-        spec = importlib.util.spec_from_file_location(f"train_{kind}", where / "train.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(where))
-        sys.modules.pop("check_versions", None)
-    return module
+    return train_module(kind, where, f"train_{kind}")
 
 
 WORDS = [

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import unit_of_work
 from services.core.settings import Settings
+from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import stop_policy
 from services.nodes.schemas import Heartbeat
 from services.nodes.service import heartbeat
@@ -52,3 +54,18 @@ def beat(
             stops=stop_policy(settings),
             record_progress=record_heartbeat_progress,
         )
+
+
+@dataclass
+class Recording:
+    """A driver that records the nodes it was asked to stop, and always succeeds."""
+
+    name: str = "recording"
+    stopped: list[str] = field(default_factory=list)
+
+    def stop(self, node: NodeTarget) -> str:
+        self.stopped.append(node.id)
+        return "stopped"
+
+    def start(self, node: NodeTarget) -> str:
+        return "started"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,11 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.drivers import NodeTarget
 from services.nodes.idle import IdlePolicy
 from services.nodes.lifecycle import run_sweep
 from services.orgs.service import create_key, create_organization
 from tests.dashboard.conftest import sign_in
-from tests.nodes.helpers import load_node
+from tests.nodes.helpers import Recording, load_node
 
 
 class NVMLError(Exception):
@@ -105,19 +104,6 @@ class FakeNvml(types.ModuleType):
         if slot > 1:
             raise NVMLError("Not Found", NOT_FOUND)
         return (handle, slot)
-
-
-@dataclass
-class Recording:
-    name: str = "recording"
-    stopped: list[str] = field(default_factory=list)
-
-    def stop(self, node: NodeTarget) -> str:
-        self.stopped.append(node.id)
-        return "stopped"
-
-    def start(self, node: NodeTarget) -> str:
-        return "started"
 
 
 @dataclass

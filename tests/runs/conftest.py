@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from services.agent.agent import Agent
@@ -24,7 +22,7 @@ from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.runs.client import RunApi
 from tests.api.conftest import QLORA_PLAN
-from tests.conftest import S3_TEST_CREDENTIALS
+from tests.conftest import S3_TEST_CREDENTIALS, served_on_loopback
 
 
 @dataclass
@@ -124,20 +122,8 @@ def make_checkpoint(root: Path, step: int, big_bytes: int, seed: int, settled: b
 @pytest.fixture
 def live_api(run_env: RunEnv) -> Iterator[str]:
     """The run_env app served over real HTTP on loopback (the agent is a separate process)."""
-    app = run_env.client.app
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served_on_loopback(run_env.client.app, "runs-uvicorn", lifespan="off") as url:
+        yield url
 
 
 def free_port() -> int:
