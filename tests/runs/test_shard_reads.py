@@ -46,11 +46,12 @@ def _sync(args: list[str], folder: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def _bump(path: Path, data: bytes | None = None) -> None:
-    """Rewrite (or only touch) a file so that its mtime moves on."""
+    """Rewrite (or only touch) a file so that its mtime changes: a second back, never ahead of the clock (a file
+    dated in the future reads as still being written, and the sync would wait for it)."""
     if data is not None:
         path.write_bytes(data)
     stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns - 1_000_000_000))
 
 
 def test_an_unchanged_pending_zero_shard_is_read_once_across_sync_passes(
