@@ -17,45 +17,20 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from services.agent import calibrate
 from services.agent import node as agent_node
 from services.agent.agent import Agent
 from services.agent.signals import JobWatch
 from services.api.app import create_app
-from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
-from services.core.migrate import upgrade
+from services.core.db import unit_of_work, utcnow
 from services.core.settings import Settings
 from services.nodes.lifecycle import run_sweep
 from services.nodes.tables import CalibrationRow
-from services.orgs.service import create_key, create_organization
-from tests.nodes.helpers import Recording, load_node
+from tests.nodes.helpers import TINY_PLAN, AgentStack, Recording, alpha_database, load_node
 
 INTERVAL_S = 0.05  # the agent's heartbeat interval in these tests
 LOST_AFTER_S = 60.0
-TINY_PLAN: dict[str, Any] = {
-    "model": {
-        "name": "tiny-llama-test",
-        "config": {
-            "model_type": "llama",
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "vocab_size": 1000,
-            "tie_word_embeddings": False,
-        },
-    },
-    "method": "lora",
-    "lora": {"rank": 4},
-    "framework": "pytorch",
-    "micro_batch_size": 2,
-    "seq_len": 64,
-    "dataset": {"tokens": 1_000_000},
-    "epochs": 1,
-}
 
 
 @dataclass
@@ -66,16 +41,7 @@ class Beat:
     body: dict[str, Any]
 
 
-@dataclass
-class Stack:
-    client: TestClient
-    factory: sessionmaker[Session]
-    key: str
-    settings: Settings
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
+class Stack(AgentStack):
     def agent(self, tmp_path: Path) -> tuple[Agent, list[Beat]]:
         """A CPU node's agent (no job process: an empty /proc), and the heartbeats the API answers, as they come."""
         (tmp_path / "proc").mkdir(exist_ok=True)
@@ -116,12 +82,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     monkeypatch.setattr(agent_node, "interactive_idle_s", lambda: None)
     monkeypatch.setitem(sys.modules, "pynvml", None)
     previous = signal.getsignal(signal.SIGTERM)  # Agent.run installs its handler in the main thread
-    url = f"sqlite:///{tmp_path / 'agent.db'}"
-    upgrade(url)
-    factory = make_sessionmaker(make_engine(url))
-    with unit_of_work(factory) as session:
-        create_organization(session, "alpha")
-        key = create_key(session, "alpha")
+    url, factory, key = alpha_database(tmp_path / "agent.db")
     settings = Settings(database_url=url, node_lost_after_s=LOST_AFTER_S, idle_sweep_interval_s=3600)
     try:
         with TestClient(create_app(settings)) as client:

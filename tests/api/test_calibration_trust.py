@@ -11,8 +11,8 @@ from services.agent.agent import Agent
 from services.catalog.gpus import find_gpu
 from services.nodes.calibration import limits, plausible_range
 from tests.api.conftest import Api
-from tests.api.test_nodes import TINY_PLAN
 from tests.conftest import require_trace_extra
+from tests.nodes.helpers import TINY_PLAN
 
 A100 = "A100 80GB"
 A100_NVML = "NVIDIA A100-SXM4-80GB"  # what NVML and torch.cuda.get_device_name call an A100 SXM 80GB

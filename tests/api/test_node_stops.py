@@ -21,17 +21,14 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
 from services.core.migrate import upgrade
 from services.core.settings import Settings
-from services.nodes.lifecycle import run_sweep, stop_policy
-from services.nodes.schemas import Heartbeat
-from services.nodes.service import heartbeat
+from services.nodes.lifecycle import run_sweep
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_key, create_organization
 from services.orgs.tables import AuditEvent
-from services.runs.service import record_heartbeat_progress
 from tests.api.conftest import QLORA_PLAN
 from tests.dashboard.conftest import sign_in
 from tests.nodes.fake_provider import FakeProvider, running_provider
-from tests.nodes.helpers import SLOW_AGENT, load_node
+from tests.nodes.helpers import SLOW_AGENT, beat, load_node
 
 INSTANCE = "i-0abc1234def567890"
 
@@ -63,19 +60,7 @@ class Stack:
     def beat(self, node_id: str, token: str, at: datetime, org: str = "alpha") -> None:
         """An idle heartbeat at ``at``, through the heartbeat service with the app's stop settings. The test's clock
         jumps minutes between heartbeats, so its agent declares the longest interval: those gaps are its cadence."""
-        principal = Principal(self.orgs[org], org, False)
-        with unit_of_work(self.factory) as session:
-            heartbeat(
-                session,
-                principal,
-                node_id,
-                Heartbeat(**SLOW_AGENT),
-                self.settings.node_lost_after_s,
-                at,
-                token=token,
-                stops=stop_policy(self.settings),
-                record_progress=record_heartbeat_progress,
-            )
+        beat(self.factory, self.settings, Principal(self.orgs[org], org, False), node_id, token, at)
 
     def node(self, node_id: str) -> NodeRow:
         return load_node(self.factory, node_id)

@@ -9,27 +9,7 @@ import pytest
 from services.agent.agent import Agent
 from tests.api.conftest import Api
 from tests.conftest import require_trace_extra
-
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}
-TINY_PLAN: dict[str, Any] = {
-    "model": {"name": "tiny-llama-test", "config": TINY},
-    "method": "lora",
-    "lora": {"rank": 4},
-    "framework": "pytorch",
-    "micro_batch_size": 2,
-    "seq_len": 64,
-    "dataset": {"tokens": 1_000_000},
-    "epochs": 1,
-}
+from tests.nodes.helpers import TINY_PLAN
 
 
 def _t4_estimate(api: Api) -> dict[str, Any]:

@@ -8,28 +8,24 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from services.agent import node as agent_node
 from services.agent.agent import Agent
 from services.agent.node import NodeGuard
 from services.agent.signals import JobWatch
 from services.api.app import create_app
-from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
-from services.core.migrate import upgrade
+from services.core.db import utcnow
 from services.core.settings import Settings
 from services.nodes.idle import IdlePolicy
 from services.nodes.lifecycle import run_sweep
-from services.orgs.service import create_key, create_organization
 from tests.dashboard.conftest import sign_in
-from tests.nodes.helpers import Recording, load_node
+from tests.nodes.helpers import AgentStack, Recording, alpha_database, load_node
 
 
 class NVMLError(Exception):
@@ -106,13 +102,7 @@ class FakeNvml(types.ModuleType):
         return (handle, slot)
 
 
-@dataclass
-class Stack:
-    client: TestClient
-    factory: sessionmaker[Session]
-    key: str
-    settings: Settings
-
+class Stack(AgentStack):
     def agent(self, tmp_path: Path, guard: NodeGuard | None = None) -> Agent:
         # No process of this machine is the job: an empty /proc stands in for the node's.
         (tmp_path / "proc").mkdir(exist_ok=True)
@@ -122,9 +112,7 @@ class Stack:
         return agent
 
     def get(self, node_id: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client.get(
-            f"/v1/nodes/{node_id}", headers={"Authorization": f"Bearer {self.key}"}
-        ).json()
+        answer: dict[str, Any] = self.client.get(f"/v1/nodes/{node_id}", headers=self.headers()).json()
         return answer
 
     def sweep_later(self, minutes: float) -> Recording:
@@ -138,12 +126,7 @@ class Stack:
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     # Whoever is logged in to the test machine must not keep the node busy.
     monkeypatch.setattr(agent_node, "interactive_idle_s", lambda: None)
-    url = f"sqlite:///{tmp_path / 'nodes.db'}"
-    upgrade(url)
-    factory = make_sessionmaker(make_engine(url))
-    with unit_of_work(factory) as session:
-        create_organization(session, "alpha")
-        key = create_key(session, "alpha")
+    url, factory, key = alpha_database(tmp_path / "nodes.db")
     # The sweep runs on the test's clock, 20 min ahead: the lost threshold is past that.
     settings = Settings(database_url=url, node_lost_after_s=3600, idle_sweep_interval_s=3600)
     with TestClient(create_app(settings)) as client:

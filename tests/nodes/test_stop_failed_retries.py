@@ -14,19 +14,16 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.core.db import make_engine, make_sessionmaker, unit_of_work
+from services.core.db import unit_of_work
 from services.core.leases import worker_identity
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes import lifecycle
 from services.nodes.drivers import DriverError, NodeTarget
 from services.nodes.lifecycle import run_sweep
 from services.nodes.schemas import NodeRegistration
-from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow, NodeRow
-from services.orgs.service import Principal, create_organization
 from services.orgs.tables import AuditEvent
-from tests.nodes.helpers import beat, load_node
+from tests.nodes.helpers import Db, beat, load_node, node_database
 
 T0 = datetime(2026, 12, 9, 9, 0, tzinfo=UTC)
 # Two attempts a minute apart, then given up; retried every 10 min (the cap). Lost after 15 min of silence.
@@ -54,19 +51,9 @@ class Provider:
         return "started"
 
 
-Db = tuple[sessionmaker[Session], Principal, str, str]
-
-
 @pytest.fixture
 def db(tmp_path: Path) -> Db:
-    url = f"sqlite:///{tmp_path / 'stop_failed.db'}"
-    upgrade(url)
-    factory = make_sessionmaker(make_engine(url))
-    with unit_of_work(factory) as session:
-        org = create_organization(session, "stop-failed")
-        principal = Principal(org.id, org.name, False)
-        node, token = register_node(session, principal, NodeRegistration(name="h100x8", gpu="H100 80GB"))
-    return factory, principal, node.id, token
+    return node_database(tmp_path / "stop_failed.db", "stop-failed", NodeRegistration(name="h100x8", gpu="H100 80GB"))
 
 
 def _at(minutes: float, seconds: float = 0) -> datetime:

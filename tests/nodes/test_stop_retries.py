@@ -13,21 +13,17 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
-from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
+from services.core.db import unit_of_work
 from services.core.settings import Settings
 from services.nodes.drivers import DriverError, LocalDriver, NodeTarget, NoDriver
 from services.nodes.idle import StopPolicy, stop_backoff_s
 from services.nodes.lifecycle import run_sweep, stop_lease_s
 from services.nodes.processes import start_ticks
 from services.nodes.schemas import NodeRegistration
-from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow, NodeRow
-from services.orgs.service import Principal, create_organization
 from services.orgs.tables import AuditEvent
-from tests.nodes.helpers import beat, load_node
+from tests.nodes.helpers import Db, beat, load_node, node_database
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -51,20 +47,13 @@ class Refusing:
         return "started"
 
 
-Db = tuple[sessionmaker[Session], Principal, str, str]  # the factory, the organization, a node and its token
-
-
 @pytest.fixture
 def db(tmp_path: Path) -> Db:
-    url = f"sqlite:///{tmp_path / 'stops.db'}"
-    upgrade(url)
-    factory = make_sessionmaker(make_engine(url))
-    with unit_of_work(factory) as session:
-        org = create_organization(session, "stops")
-        principal = Principal(org.id, org.name, False)
-        node, token = register_node(session, principal, NodeRegistration(name="n", gpu="A100 80GB"))
-    beat(factory, SETTINGS, principal, node.id, token, T0)
-    return factory, principal, node.id, token
+    factory, principal, node_id, token = node_database(
+        tmp_path / "stops.db", "stops", NodeRegistration(name="n", gpu="A100 80GB")
+    )
+    beat(factory, SETTINGS, principal, node_id, token, T0)
+    return factory, principal, node_id, token
 
 
 def test_backoff_doubles_per_attempt_up_to_its_cap() -> None:

@@ -6,7 +6,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from services.agent.agent import Agent
 from services.api.app import create_app
+from services.cli.main import main
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.migrate import upgrade
 from services.core.settings import Settings
@@ -124,6 +125,26 @@ def live_api(run_env: RunEnv) -> Iterator[str]:
     """The run_env app served over real HTTP on loopback (the agent is a separate process)."""
     with served_on_loopback(run_env.client.app, "runs-uvicorn", lifespan="off") as url:
         yield url
+
+
+@pytest.fixture
+def connect(run_env: RunEnv, live_api: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The `gpuplan sync` arguments that reach the live API and, through the environment, the loopback bucket."""
+    monkeypatch.setenv("GPUPLAN_S3_ENDPOINT_URL", run_env.s3.s3_endpoint_url or "")
+    monkeypatch.setenv("GPUPLAN_S3_ACCESS_KEY_ID", S3_TEST_CREDENTIALS["s3_access_key_id"])
+    monkeypatch.setenv("GPUPLAN_S3_SECRET_ACCESS_KEY", S3_TEST_CREDENTIALS["s3_secret_access_key"])
+    return ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
+
+
+@pytest.fixture
+def sync(connect: list[str], capsys: pytest.CaptureFixture[str]) -> Callable[[Path], str]:
+    """One `gpuplan sync` pass over a folder (no settling wait) that must succeed; returns what it printed."""
+
+    def sync_once(folder: Path) -> str:
+        assert main(["sync", *connect, "--dir", str(folder), "--settle-s", "0"]) == 0
+        return capsys.readouterr().out
+
+    return sync_once
 
 
 def free_port() -> int:

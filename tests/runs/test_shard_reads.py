@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from services.cli.main import main
 from services.runs import shards
 from tests.runs.conftest import RunEnv
-from tests.runs.test_sharded_saves import _dcp_save_on_two_ranks, _deepspeed_tag, _zero_shard, connect  # noqa: F401
+from tests.runs.test_sharded_saves import _dcp_save_on_two_ranks, _deepspeed_tag, _zero_shard
 
 
 @pytest.fixture
@@ -40,11 +40,6 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return counts
 
 
-def _sync(args: list[str], folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(["sync", *args, "--dir", str(folder), "--settle-s", "0"]) == 0
-    return capsys.readouterr().out
-
-
 def _bump(path: Path, data: bytes | None = None) -> None:
     """Rewrite (or only touch) a file so that its mtime changes: a second back, never ahead of the clock (a file
     dated in the future reads as still being written, and the sync would wait for it)."""
@@ -55,50 +50,42 @@ def _bump(path: Path, data: bytes | None = None) -> None:
 
 
 def test_an_unchanged_pending_zero_shard_is_read_once_across_sync_passes(
-    run_env: RunEnv,
-    connect: list[str],  # noqa: F811  (the fixture of test_sharded_saves)
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    reads: Counter[str],
+    run_env: RunEnv, tmp_path: Path, sync: Callable[[Path], str], reads: Counter[str]
 ) -> None:
     node0 = tmp_path / "node0" / "out"
     tag = _deepspeed_tag(node0, 10, range(8), 16)  # ranks 0-7 of 16: waits for the other node's shards
     first = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     for _ in range(2):
-        assert "lacks the ZeRO optimizer shards of data-parallel ranks 8-15 of 16" in _sync(connect, node0, capsys)
+        assert "lacks the ZeRO optimizer shards of data-parallel ranks 8-15 of 16" in sync(node0)
     assert reads[first] == 1, reads
 
     _bump(tag / first, _zero_shard(16))  # rewritten: read again, once
     for _ in range(2):
-        assert "data-parallel ranks 8-15 of 16" in _sync(connect, node0, capsys)
+        assert "data-parallel ranks 8-15 of 16" in sync(node0)
     assert reads[first] == 2, reads
     _bump(tag / first)  # only its mtime moved: read again too
-    assert "data-parallel ranks 8-15 of 16" in _sync(connect, node0, capsys)
+    assert "data-parallel ranks 8-15 of 16" in sync(node0)
     assert reads[first] == 3, reads
     assert run_env.run()["checkpoints"] == []
 
 
 def test_an_unchanged_pending_dcp_metadata_is_read_once_across_sync_passes(
-    run_env: RunEnv,
-    connect: list[str],  # noqa: F811  (the fixture of test_sharded_saves)
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    reads: Counter[str],
+    run_env: RunEnv, tmp_path: Path, sync: Callable[[Path], str], reads: Counter[str]
 ) -> None:
     node0, node1 = tmp_path / "node0" / "out", tmp_path / "node1" / "out"
     _dcp_save_on_two_ranks(tmp_path, (node0 / "dist_epoch_0", node1 / "dist_epoch_0"))
     metadata = node0 / "dist_epoch_0" / shards.DCP_METADATA
     for _ in range(2):
-        assert "dist_epoch_0/ lacks 1 of the 2 files its .metadata names" in _sync(connect, node0, capsys)
+        assert "dist_epoch_0/ lacks 1 of the 2 files its .metadata names" in sync(node0)
     assert reads["unpickled"] == 1, reads
 
     _bump(metadata)  # a new mtime (the coordinator wrote it again): read again
-    assert "lacks 1 of the 2 files" in _sync(connect, node0, capsys)
+    assert "lacks 1 of the 2 files" in sync(node0)
     assert reads["unpickled"] == 2, reads
 
     # The missing rank's file copied in: complete and durable, the cached names still right.
     (node0 / "dist_epoch_0" / "__1_0.distcp").write_bytes((node1 / "dist_epoch_0" / "__1_0.distcp").read_bytes())
-    assert "step 0: durable (3 files" in _sync(connect, node0, capsys)
+    assert "step 0: durable (3 files" in sync(node0)
     assert reads["unpickled"] == 2, reads
 
 

@@ -23,7 +23,6 @@ import torch
 
 from services.cli.main import main
 from services.runs.complete import completeness
-from tests.conftest import S3_TEST_CREDENTIALS
 from tests.runs.conftest import RunEnv
 
 _DCP_SAVE = textwrap.dedent(
@@ -55,14 +54,6 @@ def _dcp_save_on_two_ranks(tmp_path: Path, folders: tuple[Path, Path]) -> None:
     for process in ranks:
         output, _ = process.communicate(timeout=120)
         assert process.returncode == 0, output.decode(errors="replace")
-
-
-@pytest.fixture
-def connect(run_env: RunEnv, live_api: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.setenv("GPUPLAN_S3_ENDPOINT_URL", run_env.s3.s3_endpoint_url or "")
-    monkeypatch.setenv("GPUPLAN_S3_ACCESS_KEY_ID", S3_TEST_CREDENTIALS["s3_access_key_id"])
-    monkeypatch.setenv("GPUPLAN_S3_SECRET_ACCESS_KEY", S3_TEST_CREDENTIALS["s3_secret_access_key"])
-    return ["--api", live_api, "--key", run_env.key, "--run", run_env.run_id]
 
 
 def test_a_dcp_save_split_over_two_nodes_disks_is_never_made_durable(
