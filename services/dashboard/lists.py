@@ -98,7 +98,7 @@ def quote_rows(quotes: Sequence[Any], now: datetime) -> list[QuoteView]:
                 total=usd(q.total_usd),
                 issued=when(q.created_at),
                 valid_until=when(q.valid_until),
-                expired=q.valid_until < now,
+                expired=q.valid_until <= now,  # as the API says it (services.quotes.service.to_out)
             )
         )
     return out

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Header, Query, Response
 from services.api.deps import DbDep, PrincipalDep, SettingsDep
 from services.api.routing import OffLoopRoute
 from services.catalog.gpus import find_gpu
+from services.core.idempotency import MAX_KEY_CHARS
 from services.estimator.budget import CpuBudget
 from services.estimator.estimate import estimate
 from services.export import Format
@@ -59,7 +60,7 @@ def create_plan(
     db: DbDep,
     principal: PrincipalDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=MAX_KEY_CHARS)] = None,
 ) -> PlanCreated:
     # A model named by its Hub id is fetched (and cached) before the plan's transaction opens; what was found
     # is handed to the submission, which does not look it up again.

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.catalog.service import catalog_offers
 from services.core.db import once_more_if_raced, unit_of_work, utcnow
 from services.core.errors import Conflict, GpuplanError, NotFound, TooManyRequests, Unprocessable, with_api_hint
+from services.core.idempotency import idempotency_key as checked_idempotency_key
 from services.core.leases import SweepDecision, held_after_releasing_dead
 from services.core.retry import DEFAULT_RETRIES, RetryPolicy, describe, is_transient
 from services.core.tasks import PendingTasks
@@ -126,9 +127,8 @@ def submit(
         # Left to the server (GPUPLAN_SAFETY_MARGIN, services.plans.recommend): stored as 0.0 it read as the user's
         # own on every later reading, and the server's margin was ignored by the estimation and the quotes.
         body.get("constraints", {}).pop("safety_margin", None)
+    idempotency_key = checked_idempotency_key(idempotency_key)
     if idempotency_key is not None:
-        if not 1 <= len(idempotency_key) <= 200:
-            raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")
         existing = repo.by_idempotency_key(principal.organization_id, idempotency_key)
         if existing is not None:
             if existing.request != body:

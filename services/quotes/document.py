@@ -41,6 +41,7 @@ class QuoteDocument:
     number: str
     issued: str
     valid_until: str
+    expired: bool  # valid_until passed when the document was rendered: it says so, not only the date
     customer: tuple[str, ...]  # name, email: the lines of the address block
     issuer: str
     job: tuple[Fact, ...]  # model, method, job
@@ -88,6 +89,21 @@ def _hours(value: Any) -> str:
     return f"{h * 60:.0f} min" if h < 1 else f"{h:,.1f} h"
 
 
+def pricing_words(pricing: Any) -> str:
+    """The setup's pricing as a reader says it: the API's on_demand (and the on-demand of quotes issued before it)
+    is "on demand"."""
+    if pricing in (None, "on_demand", "on-demand"):
+        return "on demand"
+    return str(pricing)
+
+
+def expiry_notice(doc: QuoteDocument) -> str:
+    """What an expired quote's document says at its head ("" for one still valid)."""
+    if not doc.expired:
+        return ""
+    return f"Expired: this quote was valid until {doc.valid_until} and is no longer an offer; ask for a new quote."
+
+
 def setup_facts(s: dict[str, Any]) -> tuple[Fact, ...]:
     """What the setup is, in the order a reader checks it."""
     nodes = int(s.get("nodes") or 1)
@@ -95,7 +111,7 @@ def setup_facts(s: dict[str, Any]) -> tuple[Fact, ...]:
     facts = [
         Fact("setup", f"{s.get('gpus')} x {s.get('gpu')}" + (f" on {nodes} nodes" if nodes > 1 else "")),
         Fact("provider", where),
-        Fact("pricing", str(s.get("pricing", "on-demand"))),
+        Fact("pricing", pricing_words(s.get("pricing"))),
         Fact("expected duration", _hours(s.get("expected_hours", s.get("hours")))),
         Fact(
             "per GPU",
@@ -143,6 +159,7 @@ def quote_document(out: QuoteOut) -> QuoteDocument:
         # To the minute, as the JSON and the dashboard's list have it: a quote issued at 13:26 expires at 13:26, and
         # "Valid until 2026-12-21" read as the whole of that day.
         valid_until=_when(out.valid_until),
+        expired=out.expired,
         customer=customer or ("(no customer given)",),
         issuer=out.issuer,
         job=tuple(f for f in job if f.value),
@@ -240,6 +257,8 @@ def render_pdf(doc: QuoteDocument) -> bytes:
 
     text(f"Quote {doc.number}", size=18, style="B", height=10)
     text(f"Issued {doc.issued} by {doc.issuer}. Valid until {doc.valid_until}", size=9)
+    if doc.expired:
+        text(expiry_notice(doc), size=10, style="B")
     heading("For")
     for address in doc.customer:
         text(address)

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Header, Response
 
 from services.api.deps import DbDep, PageCursor, PageLimit, PrincipalDep, SettingsDep
 from services.api.routing import OffLoopRoute
+from services.core.idempotency import MAX_KEY_CHARS
 from services.core.pages import DEFAULT_LIMIT
 from services.quotes import service
 from services.quotes.document import quote_document, render_html, render_pdf
@@ -23,7 +24,7 @@ def create_quote(
     principal: PrincipalDep,
     settings: SettingsDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=MAX_KEY_CHARS)] = None,
 ) -> QuoteOut:
     """Issue a quote of a setup of a done plan (201); a retry with the same Idempotency-Key and body answers with
     the quote it issued (200), or 409 once that quote has expired (a new key issues a new one)."""

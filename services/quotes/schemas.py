@@ -99,12 +99,19 @@ class QuoteOut(BaseModel):
     plan_id: str
     created_at: datetime
     valid_until: datetime
+    expired: bool = Field(
+        description="whether valid_until has passed by the server's clock when the quote is read: an expired quote "
+        "is no longer an offer (ask for a new one)"
+    )
     customer: Customer
     issuer: str = Field(default="", description="the organization that issued the quote")
     model: str = ""
     method: str = ""
     job: str = Field(default="", description="the training job: data set, epochs and tokens")
-    setup: dict[str, Any]
+    setup: dict[str, Any] = Field(
+        description="the quoted setup, as the plan's recommendation has it; pricing is on_demand or spot (the plan's "
+        "spelling)"
+    )
     line_items: list[LineItem]
     job_cost_usd: float = Field(description="the planned run's expected cost: the plan's number for this setup")
     total_usd: float

@@ -18,6 +18,7 @@ from services.catalog.offers import Offer
 from services.catalog.service import catalog_offers
 from services.core.db import once_more_if_raced, utcnow
 from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.idempotency import idempotency_key as checked_idempotency_key
 from services.core.money import usd
 from services.core.pages import keyset_page
 from services.estimator.errors import EstimatorError
@@ -181,8 +182,7 @@ def issue(
     valid read as a quote to accept, and a new one under the same key would be two quotes for one key.
 
     Two requests with one new key both find no quote and both insert: the later runs again (once_more_if_raced)."""
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
-        raise Unprocessable("Idempotency-Key: 1-200 characters", field="Idempotency-Key")
+    idempotency_key = checked_idempotency_key(idempotency_key)
 
     def once() -> tuple[QuoteOut, bool]:
         with transaction() as (session, _pending):
@@ -568,7 +568,7 @@ _SETUP_KEYS = (
 def _setup(rec: Recommendation) -> dict[str, Any]:
     data = rec.model_dump(mode="json")
     setup = {k: data[k] for k in _SETUP_KEYS}
-    setup["pricing"] = "spot" if rec.pricing == "spot" else "on-demand"
+    setup["pricing"] = rec.pricing  # on_demand or spot: the plan's spelling, so a quote matches its recommendation
     setup["cost_breakdown"] = dict(rec.cost_breakdown)
     return setup
 
@@ -675,21 +675,27 @@ def quote_number(row: QuoteRow) -> str:
     return f"Q-{row.created_at:%Y%m%d}-{row.id[:8].upper()}"
 
 
-def to_out(row: QuoteRow) -> QuoteOut:
+def to_out(row: QuoteRow, now: datetime | None = None) -> QuoteOut:
+    """The quote as the API answers it; ``expired`` by the server's clock at ``now`` (default: now), as a retried
+    Idempotency-Key tells (:func:`_still_valid`)."""
     doc = row.document or {}
     price_list = doc.get("price_list")
+    setup = dict(row.setup)
+    if setup.get("pricing") == "on-demand":  # quotes issued before pricing took the plan's spelling
+        setup["pricing"] = "on_demand"
     return QuoteOut(
         id=row.id,
         number=quote_number(row),
         plan_id=row.plan_id,
         created_at=row.created_at,
         valid_until=row.valid_until,
+        expired=row.valid_until <= (now if now is not None else utcnow()),
         customer=Customer(name=row.customer_name, email=row.customer_email),
         issuer=str(doc.get("issuer", "")),
         model=str(doc.get("model", "")),
         method=str(doc.get("method", "")),
         job=str(doc.get("job", "")),
-        setup=row.setup,
+        setup=setup,
         line_items=[LineItem.model_validate(i) for i in row.line_items],
         job_cost_usd=float(doc.get("job_cost_usd", row.total_usd)),
         total_usd=row.total_usd,

@@ -92,6 +92,19 @@ def test_idempotency_key(api: Api) -> None:
     assert beta.status_code == 202 and beta.json()["id"] != first.json()["id"]
 
 
+def test_an_idempotency_key_of_blanks_is_422_and_surrounding_blanks_are_trimmed(api: Api) -> None:
+    """Over the ASGI app (no HTTP parser trims the header) a key of spaces made a plan under the key "   ", and
+    " run-7 " was another key than "run-7", as quotes had it (services.core.idempotency)."""
+    for blank in ("   ", "\t", " \t "):
+        response = api.client.post("/v1/plans", json=QLORA_PLAN, headers={**api.headers(), "Idempotency-Key": blank})
+        assert response.status_code == 422 and response.json()["field"] == "Idempotency-Key", (blank, response.text)
+    first = api.client.post("/v1/plans", json=QLORA_PLAN, headers={**api.headers(), "Idempotency-Key": " run-7 "})
+    again = api.client.post("/v1/plans", json=QLORA_PLAN, headers={**api.headers(), "Idempotency-Key": "run-7"})
+    assert first.status_code == 202 and again.status_code == 200, (first.text, again.text)
+    assert again.json()["id"] == first.json()["id"]
+    assert len(api.client.get("/v1/plans", headers=api.headers()).json()["items"]) == 1
+
+
 def test_tenancy_other_organizations_plans_are_invisible(api: Api) -> None:
     plan_id = api.client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers("alpha")).json()["id"]
     assert api.client.get(f"/v1/plans/{plan_id}", headers=api.headers("beta")).status_code == 404

@@ -75,3 +75,33 @@ def test_the_document_says_when_the_quote_expires_to_the_minute(api: Api) -> Non
     assert shown in html, [line for line in html.splitlines() if "Valid until" in line]
     pdf = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
     assert shown in pdf, pdf[:300]
+
+
+def test_a_quote_says_whether_it_has_expired_and_its_document_says_so(api: Api) -> None:
+    """A probe: GET /v1/quotes/{id} had no ``expired``: a client compared valid_until with its own clock to tell
+    whether the quote still holds, and the document of an expired quote read as a valid offer."""
+    plan = _done_plan(api)
+    response = api.client.post(
+        f"/v1/plans/{plan['id']}/quotes", json=_pick(plan["recommendations"][0]), headers=api.headers()
+    )
+    assert response.status_code == 201, response.text
+    quote = response.json()
+    assert quote["expired"] is False
+    read = api.client.get(f"/v1/quotes/{quote['id']}", headers=api.headers()).json()
+    assert read["expired"] is False
+    listed = api.client.get("/v1/quotes", headers=api.headers()).json()["items"]
+    assert [q["expired"] for q in listed] == [False]
+    html = api.client.get(f"/v1/quotes/{quote['id']}/html", headers=api.headers()).text
+    assert "Expired" not in html
+
+    _set_valid_until(api, quote["id"], datetime.now(UTC) - timedelta(minutes=1))
+    read = api.client.get(f"/v1/quotes/{quote['id']}", headers=api.headers()).json()
+    assert read["expired"] is True, read
+    listed = api.client.get("/v1/quotes", headers=api.headers()).json()["items"]
+    assert [q["expired"] for q in listed] == [True]
+    html = api.client.get(f"/v1/quotes/{quote['id']}/html", headers=api.headers()).text
+    assert "Expired:</strong> this quote was valid until" in html, html[:800]
+    pdf = _pdf_text(api.client.get(f"/v1/quotes/{quote['id']}/pdf", headers=api.headers()).content)
+    assert "Expired: this quote was valid until" in pdf, pdf[:400]
+    schema = api.client.get("/openapi.json").json()["components"]["schemas"]["QuoteOut"]
+    assert "expired" in schema["required"] and schema["properties"]["expired"]["description"]
