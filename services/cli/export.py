@@ -56,8 +56,9 @@ def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat)
     spec = find_gpu(gpu)
     count = gpus or plan.gpus
     effective = effective_batch_size(plan)
-    # The planner's batch split and sharding for that count (the plan's effective batch kept), validated again.
-    plan, moved = plan_on_gpus(plan, count)
+    # The planner's batch split, micro-batch and sharding for that count on the card (the plan's effective batch
+    # kept), validated again.
+    plan, moved = plan_on_gpus(plan, count, spec, fmt)
     target, notes = retarget_plan(plan, fmt, effective)
     report = estimate(target, spec)
     peak = report.memory.peak_device_gib
@@ -75,7 +76,13 @@ def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat)
         data=data,
         replan_notes=notes,
     )
-    return bundle, f"{count} x {spec.name}, {target.sharding}, {peak:.1f} GiB of {spec.memory_gib:.0f} GiB"
+    # The line describe_setup prints for a planned setup: the micro-batch the files run with it.
+    offload = ", CPU offload" if target.cpu_offload else ""
+    checkpointing = ", checkpointing" if target.gradient_checkpointing else ""
+    return bundle, (
+        f"{count} x {spec.name}, {target.sharding}{offload}, micro-batch {target.micro_batch_size}{checkpointing}, "
+        f"{peak:.1f} GiB of {spec.memory_gib:.0f} GiB"
+    )
 
 
 def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]:

@@ -20,18 +20,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.catalog.gpus import find_gpu
+from services.catalog.gpus import GpuSpec, find_gpu
 from services.estimator.estimate import estimate
+from services.estimator.fit import usable_card_bytes
 from services.estimator.plan import Plan, Sharding
 from services.estimator.recipe import resolve_recipe
-from services.estimator.resolved import ResolvedPlan
+from services.estimator.resolved import ResolvedPlan, resolve_plan
 from services.estimator.versions import RELEASES
 from services.export.dataset import DataFormat
 from services.export.errors import ExportError
 from services.export.export import export_setup
 from services.export.models import ExportBundle, Format
 from services.export.target import FORMAT_FRAMEWORK, accumulation_for, apply_setup, check_format, rebuild
-from services.planner.batching import batch_split, effective_batch_size
+from services.planner.batching import BatchSplit, batch_split, effective_batch_size, largest_fitting_micro_batch
+from services.planner.constraints import Constraints
+from services.planner.evaluator import Evaluator
 from services.planner.models import Recommendation
 
 _ZERO = ("zero1", "zero2", "zero3")
@@ -58,14 +61,18 @@ def format_sharding(fmt: Format, sharding: str, gpus: int) -> Sharding | None:
     return None
 
 
-def plan_on_gpus(plan: Plan, gpus: int) -> tuple[Plan, list[str]]:
+def plan_on_gpus(plan: Plan, gpus: int, spec: GpuSpec | None = None, fmt: str | None = None) -> tuple[Plan, list[str]]:
     """``plan`` laid out on ``gpus`` GPUs of the same kind as the planner lays it out there; the changes as sentences.
 
     The batch: the planner's split for that count (services/planner/batching.py ``batch_split``), which keeps
     the plan's effective batch (micro-batch x accumulation x GPUs) or, where the GPUs cannot split it evenly,
     takes the smallest larger one, as the planner's setups do. Every sharding the plans name (none, ZeRO, FSDP)
-    is data parallel over all the GPUs, so the count is the data-parallel size. The plan's micro-batch is kept
-    where it divides the samples per GPU, else the largest that does below it (no more activation memory).
+    is data parallel over all the GPUs, so the count is the data-parallel size. The micro-batch is the one the
+    planner picks for that layout on ``spec`` (:func:`fitting_micro_batch`: the largest of the split that fits
+    the card, the plan's sharding, checkpointing and offload kept, sized as ``fmt`` runs it), so the files run
+    the setup the planner would price there. Without ``spec``, or where no micro-batch of the split fits, the
+    plan's micro-batch is kept where it divides the samples per GPU, else the largest that does below it (the
+    export's peak check then decides).
 
     The sharding: the plan's on several GPUs; none on one, except with ``cpu_offload``, which keeps the plan's
     ZeRO or FSDP: the estimator refuses offload without it (services/estimator/plan.py), the trainers offload
@@ -77,23 +84,26 @@ def plan_on_gpus(plan: Plan, gpus: int) -> tuple[Plan, list[str]]:
         return plan, []
     effective = effective_batch_size(plan)
     split = batch_split(effective, gpus)
-    micro = max(m for m in split.micro_batch_sizes if m <= plan.micro_batch_size)
-    steps = split.accumulation_steps(micro)
+    kept = max(m for m in split.micro_batch_sizes if m <= plan.micro_batch_size)
     sharding = plan.sharding if gpus > 1 or plan.cpu_offload else "none"
-    # A null accumulation counts one step (effective_batch_size) and stays null where one step is the split:
-    # retarget_plan then writes the framework's default as it would for the plan's own count.
-    accumulation = None if plan.gradient_accumulation_steps is None and steps == 1 else steps
-    moved = rebuild(
-        plan,
-        {"gpus": gpus, "sharding": sharding, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation},
-        field="gpus",
-    )
+    moved = _split_plan(plan, gpus, sharding, split, kept)
+    micro = kept
+    fitting = fitting_micro_batch(moved, split, spec, fmt, effective) if spec is not None else None
+    if fitting is not None and fitting != kept:
+        micro = fitting
+        moved = _split_plan(plan, gpus, sharding, split, micro)
+    steps = split.accumulation_steps(micro)
     label = "GPU" if gpus == 1 else "GPUs"
     was = f"{plan.micro_batch_size} x {plan.gradient_accumulation_steps or 1} x {plan.gpus}"
     notes = [
         f"--gpus {gpus}: micro-batch {micro} x {steps} accumulation {'step' if steps == 1 else 'steps'} x {gpus} "
         f"{label} = effective batch {split.effective_batch_size} (the plan: {was} = {effective})"
     ]
+    if spec is not None and micro != kept:
+        notes.append(
+            f"--gpus {gpus}: micro-batch {micro}, the largest of the split that fits {gpus} x {spec.name} (as the "
+            "planner picks it for this layout)"
+        )
     if split.effective_batch_size != effective:
         notes.append(
             f"effective batch {split.effective_batch_size} instead of the plan's {effective}: {effective} "
@@ -105,6 +115,43 @@ def plan_on_gpus(plan: Plan, gpus: int) -> tuple[Plan, list[str]]:
     elif gpus == 1 and sharding != "none":
         notes.append(f"--gpus 1: sharding {sharding} kept: the plan offloads to the CPU, which runs only under it")
     return moved, notes
+
+
+def _split_plan(plan: Plan, gpus: int, sharding: Sharding, split: BatchSplit, micro: int) -> Plan:
+    """``plan`` on ``gpus`` GPUs under ``sharding`` with micro-batch ``micro`` of ``split`` (validated again)."""
+    steps = split.accumulation_steps(micro)
+    # A null accumulation counts one step (effective_batch_size) and stays null where one step is the split:
+    # retarget_plan then writes the framework's default as it would for the plan's own count.
+    accumulation = None if plan.gradient_accumulation_steps is None and steps == 1 else steps
+    return rebuild(
+        plan,
+        {"gpus": gpus, "sharding": sharding, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation},
+        field="gpus",
+    )
+
+
+def fitting_micro_batch(
+    plan: Plan, split: BatchSplit, spec: GpuSpec, fmt: str | None = None, effective_batch: int | None = None
+) -> int | None:
+    """The micro-batch of ``split`` the planner picks for ``plan``'s layout on ``spec``: the largest whose peak,
+    sized with the planner's headroom, fits the card (services/planner/batching.py ``largest_fitting_micro_batch``,
+    the rule services/planner/search.py ``fitting_configs`` applies per sharding and checkpointing), with the
+    plan's sharding, checkpointing, offload and optimizer. ``fmt``: size it as that format runs the plan (its
+    framework and sharding, :func:`retarget_plan`). None where no micro-batch of the split fits, or where the
+    plan has no architecture to size (a generic model, which no export writes)."""
+    if plan.model.generic is not None:
+        return None
+    sized = retarget_plan(plan, fmt, effective_batch)[0] if fmt is not None else plan
+    resolved = resolve_plan(sized)
+    evaluator = Evaluator(resolved.plan, resolved.architecture, recipe=resolved.recipe)
+    return largest_fitting_micro_batch(
+        evaluator,
+        split,
+        resolved.plan.sharding,
+        resolved.plan.gradient_checkpointing,
+        usable_card_bytes(spec.memory_gib, Constraints().safety_margin),
+        resolved.plan.cpu_offload,
+    )
 
 
 def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> tuple[Plan, list[str]]:

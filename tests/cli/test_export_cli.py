@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.catalog.gpus import find_gpu
+from services.estimator.fit import usable_card_bytes
+from services.estimator.validation import parse_plan
+from services.export.target import FORMAT_FRAMEWORK
 from services.planner.batching import batch_split
+from services.planner.constraints import Constraints
+from services.planner.planner import plan_context
+from services.planner.search import fitting_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "infra" / "examples" / "llama-3.1-8b-qlora.json"
@@ -217,17 +224,49 @@ def _exported_batch(out: Path, fmt: str) -> tuple[int, int, int]:
     return micro, steps, gpus
 
 
+def _exported_sharding(stdout: str) -> str:
+    """The sharding the setup line names ('<fmt>: 2 x A100 80GB, zero2, micro-batch 8, ...')."""
+    found = re.search(r": \d+ x [^,]+, (\w+)(?:, CPU offload)?, micro-batch (\d+)", stdout)
+    assert found is not None, stdout
+    return found[1]
+
+
+def _planners_micro_batch(plan: dict[str, object], fmt: str, card: str, gpus: int, sharding: str) -> int:
+    """The micro-batch the planner's own search (services/planner/search.py ``fitting_configs``) keeps for ``gpus``
+    x ``card`` under ``sharding``, the plan sized with the framework ``fmt`` runs: what --gpus must export."""
+    with_data = {**plan, "framework": FORMAT_FRAMEWORK[fmt], "sharding": sharding, "data": {"tokens": 1_000_000}}  # type: ignore[index]
+    _, ctx = plan_context(parse_plan(with_data), Constraints())
+    usable = usable_card_bytes(find_gpu(card).memory_gib, Constraints().safety_margin)
+    found = [
+        c.micro_batch_size
+        for c in fitting_configs(ctx, usable, gpus, offload=False)
+        if c.sharding == sharding and c.checkpointing == plan["gradient_checkpointing"] and c.optimizer is None
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _check_agreement(result: subprocess.CompletedProcess[str], out: Path, fmt: str, micro: int, steps: int) -> None:
+    """The setup line, the --gpus note and the files' headers name the micro-batch and accumulation the files run."""
+    assert f", micro-batch {micro}," in result.stdout.splitlines()[0], result.stdout
+    step_word = "step" if steps == 1 else "steps"
+    assert f"micro-batch {micro} x {steps} accumulation {step_word}" in result.stderr
+    for name in ("train.py", "config.yaml", "axolotl.yaml"):
+        if (out / name).exists():
+            assert f"micro-batch {micro} x " in (out / name).read_text(), name
+
+
 @pytest.mark.parametrize("fmt", ["hf-trainer", "accelerate", "deepspeed", "torchtune", "axolotl"])
 @pytest.mark.parametrize(
-    ("plan_gpus", "plan_steps", "gpus", "split"),
+    ("plan_gpus", "plan_steps", "gpus"),
     [
-        (1, 4, 2, (4, 2)),  # 4 x 4 x 1 = 16: half the accumulation on 2 GPUs
-        (1, 4, 8, (2, 1)),  # 16 over 8 GPUs is 2 each: the micro-batch shrinks too
-        (8, 1, 2, (4, 4)),  # 4 x 1 x 8 = 32 on 2 GPUs: accumulation grows
+        (1, 4, 2),  # 4 x 4 x 1 = 16: 8 samples per GPU on 2 GPUs
+        (1, 4, 8),  # 16 over 8 GPUs is 2 each: the micro-batch shrinks
+        (8, 1, 2),  # 4 x 1 x 8 = 32 on 2 GPUs: 16 samples per GPU
     ],
 )
 def test_gpus_keeps_the_plans_effective_batch(
-    fmt: str, plan_gpus: int, plan_steps: int, gpus: int, split: tuple[int, int], tmp_path: Path
+    fmt: str, plan_gpus: int, plan_steps: int, gpus: int, tmp_path: Path
 ) -> None:
     plan = _plan_file(tmp_path, LORA_PLAN, gpus=plan_gpus, gradient_accumulation_steps=plan_steps)
     planned = 4 * plan_steps * plan_gpus
@@ -238,8 +277,75 @@ def test_gpus_keeps_the_plans_effective_batch(
     micro, steps, launched = _exported_batch(out, fmt)
     assert launched == gpus
     assert micro * steps * launched == planned
-    assert (micro, steps) == split
+    # The micro-batch the planner picks for that layout (the largest of the split that fits), not the plan's kept.
+    fields = {**LORA_PLAN, "gpus": plan_gpus, "gradient_accumulation_steps": plan_steps}
+    assert micro == _planners_micro_batch(fields, fmt, "a100-80gb", gpus, _exported_sharding(result.stdout))
+    _check_agreement(result, out, fmt, micro, steps)
     assert f"effective batch {planned} (the plan: 4 x {plan_steps} x {plan_gpus} = {planned})" in result.stderr
+
+
+# A LoRA plan priced at micro-batch 2 x 8 accumulation steps on one GPU: on 2 or 4 A100 80GB a larger micro-batch
+# fits (the planner runs 8 x 1 and 4 x 1 there); the export used to keep 2 (2 x 4 and 2 x 2), slower than need be.
+@pytest.mark.parametrize("fmt", ["hf-trainer", "deepspeed", "torchtune", "axolotl"])
+@pytest.mark.parametrize(("gpus", "split"), [(2, (8, 1)), (4, (4, 1))])
+def test_gpus_takes_the_largest_micro_batch_that_fits_as_the_planner_does(
+    fmt: str, gpus: int, split: tuple[int, int], tmp_path: Path
+) -> None:
+    fields = {**LORA_PLAN, "micro_batch_size": 2, "gradient_accumulation_steps": 8}
+    out = tmp_path / "run"
+    args = ("--format", fmt, "--gpu", "a100-80gb", "--gpus", str(gpus), "--out", str(out))
+    result = gpuplan("export", "--plan", _plan_file(tmp_path, fields), *args)
+    assert result.returncode == 0, result.stderr
+    micro, steps, launched = _exported_batch(out, fmt)
+    assert (micro, steps, launched) == (*split, gpus)
+    assert micro == _planners_micro_batch(fields, fmt, "a100-80gb", gpus, _exported_sharding(result.stdout))
+    _check_agreement(result, out, fmt, micro, steps)
+    assert f"micro-batch {micro}, the largest of the split that fits {gpus} x A100 80GB" in result.stderr
+
+
+def test_gpus_keeps_a_micro_batch_that_is_already_the_largest_that_fits(tmp_path: Path) -> None:
+    # 8B LoRA at 4,096 tokens on an A100 40GB: micro-batch 2 is the largest that fits one GPU, and on 2 GPUs too
+    # (8 samples each): 2 x 4, as the plan's micro-batch; the setup line names it.
+    fields = {**LORA_PLAN, "seq_len": 4096, "micro_batch_size": 2, "gradient_accumulation_steps": 8}
+    out = tmp_path / "run"
+    args = ("--format", "hf-trainer", "--gpu", "a100-40gb", "--gpus", "2", "--out", str(out))
+    result = gpuplan("export", "--plan", _plan_file(tmp_path, fields), *args)
+    assert result.returncode == 0, result.stderr
+    assert _exported_batch(out, "hf-trainer") == (2, 4, 2)
+    assert _planners_micro_batch(fields, "hf-trainer", "a100-40gb", 2, "none") == 2
+    _check_agreement(result, out, "hf-trainer", 2, 4)
+    assert "the largest of the split that fits" not in result.stderr
+
+
+# A full fine-tune planned at 1 x 8 x 4 GPUs under ZeRO-3 or FSDP: on 8 H100s each GPU takes 4 samples, and the
+# planner runs all 4 as one micro-batch (the export kept 1 x 4).
+@pytest.mark.parametrize(
+    ("fmt", "sharding", "written"),
+    [("deepspeed", "zero3", "zero3"), ("accelerate", "fsdp", "fsdp"), ("torchtune", "fsdp", "fsdp")],
+)
+def test_gpus_full_fine_tune_under_sharding_takes_the_planners_micro_batch(
+    fmt: str, sharding: str, written: str, tmp_path: Path
+) -> None:
+    fields = {
+        **OFFLOAD_PLAN,
+        "cpu_offload": False,
+        "sharding": sharding,
+        "micro_batch_size": 1,
+        "gradient_accumulation_steps": 8,
+    }
+    out = tmp_path / "run"
+    args = ("--format", fmt, "--gpu", "h100", "--gpus", "8", "--out", str(out))
+    result = gpuplan("export", "--plan", _plan_file(tmp_path, fields), *args)
+    assert result.returncode == 0, result.stderr
+    assert _exported_sharding(result.stdout) == written
+    micro, steps, launched = _exported_batch(out, fmt)
+    assert (micro, steps, launched) == (4, 1, 8)
+    assert micro == _planners_micro_batch(fields, fmt, "h100", 8, written)
+    _check_agreement(result, out, fmt, micro, steps)
+    if fmt == "deepspeed":
+        assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
+    elif fmt == "accelerate":
+        assert yaml.safe_load((out / "accelerate.yaml").read_text())["distributed_type"] == "FSDP"
 
 
 def test_gpus_that_cannot_split_the_batch_take_the_planners_next_larger_one(tmp_path: Path) -> None:
@@ -250,7 +356,8 @@ def test_gpus_that_cannot_split_the_batch_take_the_planners_next_larger_one(tmp_
     assert result.returncode == 0, result.stderr
     micro, steps, gpus = _exported_batch(out, "deepspeed")
     assert gpus == 3 and micro * steps * gpus == batch_split(16, 3).effective_batch_size == 18
-    assert micro <= 4  # never a larger micro-batch than the plan's (its activations were sized for 4)
+    # The planner's micro-batch for 6 samples per GPU: the largest that fits, here all 6 in one step.
+    assert (micro, steps) == (6, 1) == (_planners_micro_batch(LORA_PLAN, "deepspeed", "a100-80gb", 3, "zero2"), 1)
     assert "effective batch 18 instead of the plan's 16: 16 samples do not split evenly over 3 GPUs" in result.stderr
 
 
@@ -275,7 +382,10 @@ def test_one_gpu_keeps_the_plans_offload_under_its_sharding(
     assert result.returncode == 0, result.stderr
     assert f"1 x H100 SXM, {'zero3' if fmt == 'deepspeed' else sharding}," in result.stdout
     micro, steps, gpus = _exported_batch(out, fmt)
-    assert (micro, steps, gpus) == (2, 16, 1)  # the plan's 2 x 4 x 4 = 32 samples
+    assert gpus == 1 and micro * steps == 32  # the plan's 2 x 4 x 4 = 32 samples
+    # The micro-batch the planner picks for one H100 under the sharding and offload the files run.
+    written = "zero3" if fmt == "deepspeed" else sharding
+    assert micro == _planners_micro_batch(OFFLOAD_PLAN, fmt, "h100", 1, written) > 2
     if offloaded == "ds":
         zero = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
         assert zero["stage"] == 3
