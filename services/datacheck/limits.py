@@ -42,6 +42,20 @@ class Limits:
     # max(expansion_floor_bytes, expansion_ratio x its stored size); text compresses 3-10x.
     expansion_ratio: float = 100.0
     expansion_floor_bytes: int = 256 * 2**20
+    # Lines read from one file (blank lines counted), JSON array elements or Parquet rows: a product limit. Every
+    # line costs the check time whatever it holds (a blank one about 1 microsecond to skip, a row of text 75-130
+    # to check), so a 1 MB gzip of 1 GB of newlines held a check for minutes though under the expansion limit
+    # (256 MiB: 268 million lines). A file may hold as many lines as a plain file of its stored size could (one
+    # byte each, the newline), at least `line_floor` and never more than `max_lines` (twenty million rows: more
+    # than the largest instruction sets, and about the most one check gets through in its hour).
+    max_lines: int = 20_000_000
+    line_floor: int = 100_000
+
+    def line_limit(self, stored_bytes: int | None) -> int:
+        """The most lines (or rows) a file of `stored_bytes` may hold (None: size unknown, `max_lines`)."""
+        if stored_bytes is None:
+            return self.max_lines
+        return min(self.max_lines, max(self.line_floor, stored_bytes))
 
     def decoded_limit(self, stored_bytes: int | None) -> int | None:
         """The most bytes a file of `stored_bytes` may decode to (None: size unknown, no limit)."""
@@ -57,6 +71,7 @@ SETTING = {
     "column_chunk_bytes": "GPUPLAN_DATACHECK_MAX_COLUMN_CHUNK_BYTES",
     "row_group_bytes": "GPUPLAN_DATACHECK_MAX_ROW_GROUP_BYTES",
     "expansion": "GPUPLAN_DATACHECK_EXPANSION_RATIO / GPUPLAN_DATACHECK_EXPANSION_FLOOR_BYTES",
+    "lines": "a product limit, services/datacheck/limits.py",
 }
 
 
@@ -74,4 +89,15 @@ def over_expansion(label: str, limits: Limits, stored_bytes: int) -> DataLimitEr
         f"{label} decodes to more than {size_text(limit)}, over the expansion limit: at most "
         f"{limits.expansion_ratio:g} times its {size_text(stored_bytes)} stored, and at least "
         f"{size_text(limits.expansion_floor_bytes)} ({SETTING['expansion']})"
+    )
+
+
+def over_lines(
+    label: str, limits: Limits, stored_bytes: int | None, unit: str = "lines (blank ones counted)"
+) -> DataLimitError:
+    limit = limits.line_limit(stored_bytes)
+    stored = "" if stored_bytes is None else f"one per byte of its {size_text(stored_bytes)} stored, "
+    return DataLimitError(
+        f"{label} holds more than {limit:,} {unit}, over the line limit: {stored}at least "
+        f"{limits.line_floor:,} and at most {limits.max_lines:,} ({SETTING['lines']})"
     )

@@ -10,6 +10,7 @@ import gzip
 import importlib
 import io
 import json
+import re
 import shutil
 import tempfile
 import zlib
@@ -22,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .limits import DataCheckError as DataCheckError
-from .limits import DataLimitError, Limits, over_cell, over_expansion, over_record, size_text
+from .limits import DataLimitError, Limits, over_cell, over_expansion, over_lines, over_record, size_text
 
 FILE_FORMATS = ("jsonl", "json", "csv", "parquet")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd")
@@ -30,6 +31,11 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd")
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 # Nesting deeper than this is refused per row: the checks that walk a row stay far from Python's recursion limit.
 MAX_DEPTH = 64
+# Values in one row (object keys, strings, numbers, lists and objects), a product limit: a row with more is refused as
+# broken before it is walked further. A row trains as one sequence of at most 32,768 tokens (the largest seq_len
+# bucket, tokens.py) and a chat turn costs at least 5 template tokens (training.py), so no trainable row comes near;
+# one 20 MB line of ten million numbers took 28 s and 880 MB to check, a 31 MB line of two million keys 31 s.
+MAX_VALUES = 100_000
 # Lone surrogates are what errors="surrogateescape" leaves for bytes that are not UTF-8, and what a JSON escape such as
 # "\ud800" leaves unpaired: neither is Unicode text, so neither can be written as UTF-8 (--write-clean) or tokenized.
 _SURROGATE_LOW, _SURROGATE_HIGH = "\ud800", "\udfff"
@@ -71,9 +77,11 @@ def _bad_text(text: str) -> bool:
 
 
 def _row_problem(value: Any) -> RowError | None:
-    """Why a decoded row cannot be used as it is: nested past MAX_DEPTH, or escaped non-UTF-8 bytes inside.
+    """Why a decoded row cannot be used as it is: nested past MAX_DEPTH, more than MAX_VALUES values, or escaped
+    non-UTF-8 bytes inside.
     Walks the value with an explicit stack (no recursion, whatever the nesting)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
+    values = 1
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
@@ -82,6 +90,9 @@ def _row_problem(value: Any) -> RowError | None:
         elif isinstance(item, dict | list):
             if depth > MAX_DEPTH:
                 return RowError("broken", f"nested more than {MAX_DEPTH} levels deep")
+            values += len(item) * (2 if isinstance(item, dict) else 1)
+            if values > MAX_VALUES:
+                return RowError("broken", f"more than {MAX_VALUES:,} values (keys, strings, numbers, lists, objects)")
             if isinstance(item, dict):
                 stack.extend((k, depth) for k in item)
                 stack.extend((v, depth + 1) for v in item.values())
@@ -90,32 +101,35 @@ def _row_problem(value: Any) -> RowError | None:
     return None
 
 
-def _has_bad_bytes(value: Any) -> bool:
-    """Whether a decoded value still holds escaped non-UTF-8 bytes anywhere inside it."""
-    return _row_problem(value) is _ENCODING_ERROR
-
-
 _ENCODING_ERROR = RowError("encoding", "bytes that are not valid UTF-8, or an escaped lone surrogate such as \\ud800")
 _TOO_LONG_NUMBER = RowError("broken", "not valid JSON: a number of more than 4,300 digits")
 _TOO_DEEP = RowError("broken", "not valid JSON: nested too deeply")
 
 
-def _bounded_lines(handle: IO[bytes], limit: int, label: str) -> Iterator[tuple[int, bytes]]:
-    """(line_number, line) with the newline; a line over `limit` bytes is refused before more is read."""
+def _bounded_lines(
+    handle: IO[bytes], limits: Limits, label: str, stored_bytes: int | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """(line_number, line) with the newline; a line over the record limit is refused before more is read, and
+    a file past the line limit (limits.line_limit; blank lines count) when its next line is reached."""
+    limit, most = limits.record_bytes, limits.line_limit(stored_bytes)
     number = 0
     while True:
         raw = handle.readline(limit + 2)
         if not raw:
             return
         number += 1
+        if number > most:
+            raise over_lines(label, limits, stored_bytes)
         if len(raw) - raw.endswith(b"\n") - raw.endswith(b"\r\n") > limit:
             raise over_record(f"line {number} of {label}", limit)
         yield number, raw
 
 
-def _jsonl_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[tuple[int, Any]]:
+def _jsonl_rows(
+    handle: IO[bytes], limits: Limits, label: str, stored_bytes: int | None = None
+) -> Iterator[tuple[int, Any]]:
     # Row number = line number, so an editor can jump to it; blank lines are skipped but still counted.
-    for number, raw in _bounded_lines(handle, limits.record_bytes, label):
+    for number, raw in _bounded_lines(handle, limits, label, stored_bytes):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -164,11 +178,18 @@ class _Chained(io.RawIOBase):
 
 
 _READ_CHUNK_BYTES = 1 << 20
+# JSON's whitespace (RFC 8259 section 2), skipped in C: a character at a time in Python, 64 MiB of spaces inside an
+# array took 12 s.
+_JSON_SPACE = re.compile(r"[ \t\r\n]*")
 
 
-def _json_array_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[tuple[int, Any]]:
+def _json_array_rows(
+    handle: IO[bytes], limits: Limits, label: str, stored_bytes: int | None = None
+) -> Iterator[tuple[int, Any]]:
     """Elements of a top-level JSON array, decoded one at a time from the stream (never the whole file);
-    an element over the record limit (counted in characters) is refused."""
+    an element over the record limit (counted in characters) is refused, and a file past the line limit
+    (limits.line_limit, counting elements)."""
+    most = limits.line_limit(stored_bytes)
     decoder = json.JSONDecoder()
     text_decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     # lines_before / columns_before: where buf[0] sits in the file (newlines before it, characters
@@ -195,8 +216,8 @@ def _json_array_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[
     def skip_space() -> bool:
         nonlocal pos
         while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n":
-                pos += 1
+            space = _JSON_SPACE.match(buf, pos)  # always matches (maybe the empty string)
+            pos = space.end() if space else pos
             if pos < len(buf):
                 return True
             if not fill():
@@ -259,6 +280,8 @@ def _json_array_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[
             fill(max(_READ_CHUNK_BYTES, pending))
         if end - pos > limits.record_bytes:
             raise over_record(f"element {number + 1} of {label}", limits.record_bytes)
+        if number >= most:
+            raise over_lines(label, limits, stored_bytes, "array elements")
         number += 1
         pos = end
         expect_value = False
@@ -269,9 +292,9 @@ class _RecordLines:
     """The decoded lines of a CSV file for csv.reader, refusing a record (one or more lines) over the
     record limit as it is read: `record_bytes` is reset by the caller at each record boundary."""
 
-    def __init__(self, handle: IO[bytes], limit: int, label: str) -> None:
-        self._lines = _bounded_lines(handle, limit, label)
-        self.limit, self.label = limit, label
+    def __init__(self, handle: IO[bytes], limits: Limits, label: str, stored_bytes: int | None = None) -> None:
+        self._lines = _bounded_lines(handle, limits, label, stored_bytes)
+        self.limit, self.label = limits.record_bytes, label
         self.record_bytes = 0
         self.line = 0
 
@@ -287,12 +310,14 @@ class _RecordLines:
         return text.removeprefix("\ufeff") if self.line == 1 else text  # a BOM (Excel writes one) is not data
 
 
-def _csv_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[tuple[int, Any]]:
+def _csv_rows(
+    handle: IO[bytes], limits: Limits, label: str, stored_bytes: int | None = None
+) -> Iterator[tuple[int, Any]]:
     # Row 1 is the first data row after the header. The csv module's own cell limit (128 KiB by default,
     # process-wide) is raised to ours and never lowered; ours is checked on each record.
     if csv.field_size_limit() < limits.cell_bytes:
         csv.field_size_limit(limits.cell_bytes)
-    lines = _RecordLines(handle, limits.record_bytes, label)
+    lines = _RecordLines(handle, limits, label, stored_bytes)
     reader = csv.DictReader(lines)
     number = 0
     while True:
@@ -313,10 +338,8 @@ def _csv_rows(handle: IO[bytes], limits: Limits, label: str) -> Iterator[tuple[i
             yield number, RowError("broken", f"more cells than the {len(reader.fieldnames or [])} header columns")
         elif any(v is None for v in record.values()):
             yield number, RowError("broken", f"fewer cells than the {len(reader.fieldnames or [])} header columns")
-        elif _has_bad_bytes(record):
-            yield number, _ENCODING_ERROR
-        else:
-            yield number, dict(record)
+        else:  # not UTF-8, or more than MAX_VALUES cells
+            yield number, _row_problem(record) or dict(record)
 
 
 # --- Parquet --------------------------------------------------------------------------------------
@@ -346,9 +369,11 @@ def _cell_sizes(pa: Any, pc: Any, array: Any) -> tuple[npt.NDArray[np.int64], np
     kind = array.type
     rows = len(array)
     if pa.types.is_dictionary(kind):
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        if not len(array.dictionary):  # every value null: index 0 would be out of range (was an IndexError)
+            return np.ones(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
         total, longest = _cell_sizes(pa, pc, array.dictionary)
         index = pc.fill_null(array.indices, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        valid = array.is_valid().to_numpy(zero_copy_only=False)
         return np.where(valid, total[index], 1), np.where(valid, longest[index], 0)
     if (
         pa.types.is_string(kind)
@@ -441,6 +466,8 @@ def _parquet_rows(
     decoded_limit = limits.decoded_limit(stored)
     decoded, number = 0, 0
     meta = reader.metadata
+    if meta.num_rows > limits.line_limit(stored):  # from the footer, before any row is read
+        raise over_lines(label, limits, stored, "rows")
     for group in range(meta.num_row_groups):
         row_group = meta.row_group(group)
         per_row = max(1, row_group.total_byte_size // max(1, row_group.num_rows))
@@ -603,16 +630,16 @@ def iter_rows(
             return
         buffered = io.BufferedReader(cast(io.RawIOBase, stream), _READ_CHUNK_BYTES)
         if kind == "jsonl":
-            yield from _jsonl_rows(buffered, limits, label)
+            yield from _jsonl_rows(buffered, limits, label, stored_bytes)
         elif kind == "csv":
-            yield from _csv_rows(buffered, limits, label)
+            yield from _csv_rows(buffered, limits, label, stored_bytes)
         else:
             start = buffered.peek(_READ_CHUNK_BYTES)[:_READ_CHUNK_BYTES]
             if start.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n").startswith(b"["):
-                yield from _json_array_rows(buffered, limits, label)
+                yield from _json_array_rows(buffered, limits, label, stored_bytes)
             else:
                 # Many ".json" files are really JSON Lines.
-                yield from _jsonl_rows(buffered, limits, label)
+                yield from _jsonl_rows(buffered, limits, label, stored_bytes)
     except (OSError, EOFError, zlib.error) as exc:
         # A truncated or corrupt compressed stream: the rows before it were read; the rest cannot be.
         raise DataCheckError(f"file: cannot be read to the end ({exc})") from exc

@@ -79,7 +79,18 @@ class Counter:
         self._encode = encode
 
     def __call__(self, texts: Sequence[str], special: bool = False) -> list[int]:
-        return self._encode(texts, special)
+        try:
+            return self._encode(texts, special)
+        except BaseException as exc:
+            # The tokenizers package panics (pyo3_runtime.PanicException, a BaseException) where a tokenizer.json's
+            # pattern fails on a text: Oniguruma's "retry-limit-in-match over" for a backtracking regex such as
+            # (a|aa)+$ on 32 a's. Uncaught it ended the check process with no answer ("most likely out of memory").
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise DataCheckError(
+                f"tokenizer: the tokenizer failed on a row of the data set ({str(exc)[:200]}); check the patterns "
+                "of its normalizer and pre_tokenizer"
+            ) from None
 
 
 def _approx_encode(texts: Sequence[str], special: bool) -> list[int]:

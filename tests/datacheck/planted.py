@@ -137,3 +137,18 @@ def write_planted(path: Path, *, base_rows: int = 1000, filler_bytes: int = 0, s
     planted.rows_total = len(lines)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return planted
+
+
+# A tokenizer.json whose pattern Oniguruma gives up on (tokenizers then panics): (a|aa)+$ over 32 a's and a b.
+BACKTRACKING_TOKENIZER = {
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": [],
+    "normalizer": None,
+    # Oniguruma gives up on (a|aa)+$ over 32 a's and a b ("retry-limit-in-match over"): tokenizers panics.
+    "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": False},
+    "post_processor": None,
+    "decoder": None,
+    "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"},
+}
