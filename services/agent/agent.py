@@ -74,6 +74,15 @@ def same_gpu(a: str, b: str) -> bool:
         return a.strip().lower() == b.strip().lower()
 
 
+def _message(response: httpx.Response) -> str:
+    """The service's one-line message of an error answer (its JSON body was printed whole, braces and all)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text
+    return str(body.get("message") or body) if isinstance(body, dict) else response.text
+
+
 class Agent:
     def __init__(
         self,
@@ -104,7 +113,7 @@ class Agent:
         headers = {**self.headers, "X-Node-Token": self.node_token} if self.node_token else self.headers
         response = self.client.post(path, json=body, headers=headers)
         if response.status_code >= 400:
-            raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
+            raise RuntimeError(f"{path}: HTTP {response.status_code}: {_message(response)[:300]}")
         return response
 
     def register(self, **overrides: Any) -> str:

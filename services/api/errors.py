@@ -15,9 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from services.core.errors import EstimatorError, GpuplanError, TooManyRequests, with_api_hint
-from services.estimator.validation import describe_error_list, describe_errors
+from services.estimator.validation import describe_error_list
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type"}
+# pydantic's sequence length errors, and the string ones they are when the input is a string.
+_SEQUENCE_LENGTH = {"too_long": "string_too_long", "too_short": "string_too_short"}
 _NOT_AN_OBJECT = frozenset(("model_attributes_type", "dict_type", "model_type", "missing", "list_type"))
 
 
@@ -81,9 +83,26 @@ def allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
+def _string_wording(errors: list[Any]) -> list[Any]:
+    """pydantic's length errors with "characters" where the input is text: a length constraint it cannot put in the
+    string schema (a ``str`` with an after-validator, inside ``| None``: RunCreate.prefix) is checked as a sequence's,
+    and said "Value should have at most 512 items after validation, not 513" of a string."""
+    out = []
+    for err in errors:
+        kind, given, ctx = err.get("type"), err.get("input"), err.get("ctx") or {}
+        if kind in _SEQUENCE_LENGTH and isinstance(given, str):
+            limit = ctx.get("max_length" if kind == "too_long" else "min_length")
+            if isinstance(limit, int):
+                bound = "at most" if kind == "too_long" else "at least"
+                noun = "character" if limit == 1 else "characters"
+                err = {**err, "type": _SEQUENCE_LENGTH[kind], "msg": f"String should have {bound} {limit} {noun}"}
+        out.append(err)
+    return out
+
+
 def validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
     """The 422 for a request FastAPI could not validate: its first problem, and at most 50 more listed."""
-    errors = list(exc.errors())
+    errors = _string_wording(list(exc.errors()))
     special = _json_syntax(errors, exc.body)
     if special is not None and "content-type" not in request.headers:
         special += "; send JSON with the header Content-Type: application/json"
@@ -96,7 +115,7 @@ def validation_response(request: Request, exc: RequestValidationError) -> JSONRe
 
 
 def _pydantic_response(exc: ValidationError) -> JSONResponse:
-    return _invalid(describe_errors(exc))
+    return _invalid(describe_error_list(_string_wording(list(exc.errors()))))
 
 
 def _invalid(problems: list[str]) -> JSONResponse:

@@ -126,11 +126,11 @@ ReplaceProvider = Annotated[
 async def _price_list_text(request: Request) -> tuple[str, str]:
     raw = await request.body()
     if len(raw) > MAX_PRICE_LIST_BYTES:
-        raise Unprocessable(f"price list larger than {MAX_PRICE_LIST_BYTES} bytes", field="body")
+        raise Unprocessable(f"body: a price list larger than {MAX_PRICE_LIST_BYTES} bytes", field="body")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise Unprocessable("price list must be UTF-8 text", field="body") from None
+        raise Unprocessable("body: a price list must be UTF-8 text", field="body") from None
     fmt = "json" if "json" in request.headers.get("content-type", "") else "csv"
     return text, fmt
 

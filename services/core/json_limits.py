@@ -73,6 +73,8 @@ def _path(field: str, trail: tuple[str | int, ...]) -> str:
 
 
 def _leaf_problem(value: object) -> str | None:
+    if isinstance(value, _LongInteger):
+        return f"integer too large (at most {MAX_SAFE_INTEGER:,} in magnitude)"
     if isinstance(value, str):
         return _string_problem(value)
     if isinstance(value, bool):
@@ -157,6 +159,24 @@ def loads(data: bytes | str, field: str = "body", max_depth: int = MAX_DEPTH) ->
     except RecursionError:
         raise JsonInputError(field, f"nested more than {max_depth} levels deep") from None
     except ValueError as exc:  # e.g. an integer literal over Python's 4,300-digit limit
-        raise JsonInputError(field, f"not acceptable JSON: {exc}") from None
+        # Parsed again with such literals kept as text, so the check names the field that holds one (the message
+        # was the body's, and Python's own advice: "use sys.set_int_max_str_digits() to increase the limit").
+        try:
+            value = json.loads(text, parse_int=_integer)
+        except ValueError:
+            raise JsonInputError(field, f"not acceptable JSON: {exc}") from None
     check_value(value, "" if field == "body" else field, max_depth)
     return value
+
+
+class _LongInteger(str):
+    """An integer literal too long to be read as a number (only :func:`loads`' second reading makes these)."""
+
+
+def _integer(literal: str) -> int | _LongInteger:
+    return _LongInteger(literal) if len(literal) > _MAX_INTEGER_DIGITS else int(literal)
+
+
+# Sign and digits of the longest literal read as a number: MAX_SAFE_INTEGER has 16 digits, so any longer one is
+# refused as too large by check_value, and none near Python's 4,300-digit limit is converted.
+_MAX_INTEGER_DIGITS = 32

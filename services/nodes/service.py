@@ -110,7 +110,7 @@ def register_node(
         try:
             gpu = find_gpu(body.gpu).name
         except EstimatorError as exc:
-            raise Unprocessable(exc.message, field="gpu") from None
+            raise Unprocessable(f"gpu: {exc.message}", field="gpu") from None
     nvml = catalog_name(body.nvml_gpu)
     if nvml is not None and gpu != nvml:
         # --gpu names a GPU NVML cannot tell; where NVML tells, the two must agree (issue 25).
@@ -283,7 +283,10 @@ def request_calibration(
     session: Session, principal: Principal, node_id: str, body: CalibrationRequest, *, plans: PlanSource
 ) -> CalibrationRow:
     node = get_node(session, principal, node_id)
-    plans.request(session, principal, body.plan_id)  # the plan must be the organization's
+    try:
+        plans.request(session, principal, body.plan_id)  # the plan must be the organization's
+    except NotFound as exc:  # a body field: a 422 on it, not a 404 on 'id' (the path names the node)
+        raise Unprocessable(f"plan_id: {exc.message}", field="plan_id") from None
     row = CalibrationRow(
         organization_id=principal.organization_id,
         node_id=node.id,
@@ -469,7 +472,7 @@ def _benchmarks_query(
         try:
             query = query.where(BenchmarkRow.gpu == (gpu if gpu.lower() == "cpu" else find_gpu(gpu).name))
         except EstimatorError as exc:
-            raise Unprocessable(exc.message, field="gpu") from None
+            raise Unprocessable(f"gpu: {exc.message}", field="gpu") from None
     if model:
         query = query.where(BenchmarkRow.model_name == model)
     if method:

@@ -63,7 +63,7 @@ def create_run(session: Session, principal: Principal, plan_id: str, body: RunCr
     plan = get_plan(session, principal, plan_id)
     nodes = [_body_node(session, principal, node_id, "node_ids") for node_id in body.node_ids]
     if len({n.gpu for n in nodes}) > 1:
-        raise Unprocessable("the nodes of one run must have the same GPU model", field="node_ids")
+        raise Unprocessable("node_ids: the nodes of one run must have the same GPU model", field="node_ids")
     bucket = body.bucket or settings.s3_bucket
     if not bucket:
         raise Unprocessable("no bucket: give 'bucket' or set GPUPLAN_S3_BUCKET on the server", field="bucket")
@@ -137,7 +137,7 @@ def join_run(session: Session, principal: Principal, run_id: str, node_id: str, 
     if node.id not in run.node_ids:
         first = session.get(NodeRow, run.node_ids[0]) if run.node_ids else None
         if first is not None and first.gpu != node.gpu:
-            raise Unprocessable(f"the run's nodes have {first.gpu}, this node has {node.gpu}", field="node_id")
+            raise Unprocessable(f"node_id: the run's nodes have {first.gpu}, this node has {node.gpu}", field="node_id")
         run.node_ids = [*run.node_ids, node.id]
     _attach(run, node)
     return run
@@ -159,7 +159,7 @@ def _body_node(
             return authenticate_node(session, principal, node_id, token)
         return get_node(session, principal, node_id)
     except NotFound as exc:
-        raise Unprocessable(exc.message, field=field) from None
+        raise Unprocessable(f"{field}: {exc.message}", field=field) from None
 
 
 def get_run(session: Session, principal: Principal, run_id: str) -> RunRow:
@@ -276,9 +276,9 @@ def record_heartbeat_progress(session: Session, principal: Principal, node: Node
     try:
         run = get_run(session, principal, progress.run_id)
     except NotFound as exc:
-        raise Unprocessable(exc.message, field="progress.run_id") from None
+        raise Unprocessable(f"progress.run_id: {exc.message}", field="progress.run_id") from None
     if node.id not in run.node_ids:
-        raise Unprocessable(f"node {node.id} is not part of run {run.id}", field="progress.run_id")
+        raise Unprocessable(f"progress.run_id: node {node.id} is not part of run {run.id}", field="progress.run_id")
     record_progress(run, progress.step, progress.loss)
 
 
