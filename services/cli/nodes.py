@@ -61,6 +61,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     key = api_key(args, "agent", warn_argument=True, local=False)
     with httpx.Client(base_url=args.api, timeout=60) as client:
         agent = Agent(client, key)
+        runs_cli.agent_run_check(args, client, key)
         try:
             node = agent.register(
                 name=args.name,

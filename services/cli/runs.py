@@ -266,6 +266,17 @@ def _bucket_step(s3: Any, run: dict[str, Any], best: bool) -> int:
     return step
 
 
+def agent_run_check(args: argparse.Namespace, client: httpx.Client, key: str) -> None:
+    """The run ``--run`` names, read before the node registers: an unknown run (or another organization's) stops the
+    agent with nothing left behind, where it registered an active node first and then failed to join."""
+    if args.run is None:
+        return
+    try:
+        RunApi(client, key, args.run).run()
+    except RunApiError as exc:
+        raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
+
+
 def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, key: str) -> None:
     """Attach the run and the guard the agent's flags ask for."""
     from services.agent.node import NodeGuard, RunSync

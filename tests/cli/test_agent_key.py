@@ -64,6 +64,12 @@ def test_the_agent_takes_its_key_from_a_file_or_the_environment_never_needing_an
         for path, message in ((empty, "the file is empty"), (tmp_path / "absent", "cannot read")):
             failed = agent("--key-file", str(path))
             assert failed.returncode == 2 and message in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
+        # A run that is not there stops the agent before it registers: no active node is left behind (one was).
+        lost = agent("--key-file", str(key_file), "--name", "lost-node", "--run", "no-such-run")
+        assert lost.returncode != 0 and "cannot join run no-such-run" in lost.stderr, lost.stderr
+        assert len(lost.stderr.strip().splitlines()) == 1, lost.stderr
+        listed = httpx.get(f"{api}/v1/nodes", headers={"Authorization": f"Bearer {key}"}).json()["items"]
+        assert "lost-node" not in {n["name"] for n in listed}
     finally:
         server.terminate()
         server.wait(timeout=30)
