@@ -44,7 +44,7 @@ from .tokens import (
     make_counter,
     trained_lengths,
 )
-from .training import CHAT_NOTE, TRAINING_NOTE, TrainingText, template_tokens, training_text
+from .training import TRAINING_NOTE, ChatDefault, TrainingText, chat_default, chat_note, template_tokens, training_text
 
 _T = TypeVar("_T")
 
@@ -254,9 +254,18 @@ class _Pass:
     rows themselves. close() deletes that file."""
 
     def __init__(
-        self, fmt: str | None, counter: Counter, names: Sequence[str], limit: int | None, spelling: str | None = None
+        self,
+        fmt: str | None,
+        counter: Counter,
+        names: Sequence[str],
+        limit: int | None,
+        spelling: str | None = None,
+        model: str | None = None,
     ) -> None:
         self.fmt = fmt
+        # The model whose chat template renders chat rows, and the default system prompt that template writes.
+        self.model = model
+        self.chat_default: ChatDefault | None = chat_default(model)
         # For instruction files: the field names the file's rows use; a row spelled otherwise is a mismatch.
         self.spelling = spelling
         self.spelling_votes: Counter_[str] = Counter_()
@@ -324,7 +333,7 @@ class _Pass:
         text = row_text(row, self.fmt)
         empty = not text.text.strip() or (text.target is not None and not text.target.strip())
         self.chunk.append((number, text.text, empty, b"" if empty else text_digest(text.text)))
-        self.training.append(training_text(row, self.fmt))
+        self.training.append(training_text(row, self.fmt, self.chat_default))
         self.chunk_chars += len(text.text)
         if len(self.chunk) >= CHUNK_ROWS or self.chunk_chars >= CHUNK_CHARS:
             self.flush()
@@ -377,7 +386,7 @@ class _Pass:
         holds the template and special tokens train.py adds (an Alpaca row is never under 8 with its prompt), so
         only the rows within that overhead of the limit are counted again, on their text alone."""
         if self.template_tokens is None:
-            self.template_tokens = template_tokens(self.count, self.fmt)
+            self.template_tokens = template_tokens(self.count, self.fmt, self.chat_default)
         maybe = [
             i
             for i, (length, row) in enumerate(zip(lengths, self.training, strict=True))
@@ -401,15 +410,16 @@ class _Pass:
             self.validation_digests.add(digest)
 
 
-def counting_notes(fmt: str | None) -> tuple[str, ...]:
+def counting_notes(fmt: str | None, note: str = "") -> tuple[str, ...]:
     """What the token counts include beyond the rows' own text (training.py): the rendering train.py does, and
-    for chat rows the estimated template overhead."""
-    return (TRAINING_NOTE, CHAT_NOTE) if fmt == "chat" else (TRAINING_NOTE,)
+    for chat rows ``note``: the estimated template overhead and the default system prompt (training.chat_note)."""
+    return (TRAINING_NOTE, note) if fmt == "chat" else (TRAINING_NOTE,)
 
 
 def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, ...]) -> DatasetReport:
     limit = state.limit
-    notes = notes + counting_notes(state.fmt)
+    chat = chat_note(state.chat_default, state.model)
+    notes = notes + counting_notes(state.fmt, chat)
     stats = histogram_token_stats(*state.lengths.arrays(), method, notes)
     overlong = state.overlong.over(stats.recommended_seq_len_tokens)
     kept = state.lengths.rows - state.empty.count - state.exact.count - state.near.count
@@ -468,7 +478,7 @@ def _report(state: _Pass, label: str, kind: str, method: str, notes: tuple[str, 
             if state.index.full
             else ()
         )
-        + ((CHAT_NOTE,) if state.fmt == "chat" else ()),
+        + ((chat,) if state.fmt == "chat" else ()),
         rules=RULES,
     )
 
@@ -483,6 +493,7 @@ def check_source(
     progress: Callable[[int, int], None] | None = None,
     max_listed: int | None = None,
     tokenizer: dict[str, str] | None = None,
+    model: str | None = None,
 ) -> DatasetReport:
     """Check the rows of `source` in one streaming pass (two when the format guessed from the first
     FORMAT_PROBE_ROWS rows is not the majority format of the whole set).
@@ -493,15 +504,21 @@ def check_source(
     the report lists every problem row, so those lists (the output) grow with the problems found.
     `progress(rows_done, rows_total)` is called every PROGRESS_EVERY_ROWS rows with the total
     estimated from the share of the input read, and once at the end with the exact total. `tokenizer`
-    says which tokenizer counted (default: "upload" for a tokenizer.json counter, else the estimate)."""
+    says which tokenizer counted (default: "upload" for a tokenizer.json counter, else the estimate). `model`
+    names the model whose chat template renders chat rows (default: the model of `tokenizer`, "hub:owner/name" or
+    its "model"): its template's default system prompt is counted where training.CHAT_DEFAULT_SYSTEM_PROMPTS
+    knows it."""
     count, method, notes = counter or make_counter(None)
+    if model is None and tokenizer is not None:
+        source_name = tokenizer.get("source", "")
+        model = tokenizer.get("model") or (source_name.removeprefix("hub:") if source_name.startswith("hub:") else None)
     if tokenizer is None:
         tokenizer = {"source": UPLOAD_SOURCE if method == TOKENIZER_METHOD else ESTIMATE_SOURCE}
     fmt: str | None = None
     spelling: str | None = None
     probed = False
     while True:
-        state = _Pass(fmt, count, names or (), max_listed, spelling)
+        state = _Pass(fmt, count, names or (), max_listed, spelling, model)
         try:  # the pass's scratch files are deleted whatever happens
             rows = source.rows()
             if not probed:
@@ -601,6 +618,7 @@ def check_dataset(
     limits: Limits | None = None,
     counter: tuple[Counter, str, tuple[str, ...]] | None = None,
     tokenizer: dict[str, str] | None = None,
+    model: str | None = None,
 ) -> DatasetReport:
     """Check a data set file: readability, format, lengths, duplicates, personal data and a validation split.
 
@@ -616,6 +634,7 @@ def check_dataset(
         progress=progress,
         max_listed=max_listed,
         tokenizer=tokenizer,
+        model=model,
     )
 
 

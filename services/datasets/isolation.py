@@ -95,6 +95,7 @@ def run_job(job: CheckJob, progress: Callable[[int, int], None]) -> dict[str, An
         progress=progress,
         max_listed=job.max_listed,
         tokenizer=tokenizer,
+        model=job.model,  # its chat template's default system prompt (datacheck.training), also with an upload
     )
     data = report.model_dump(mode="json")
     data.pop("path", None)
