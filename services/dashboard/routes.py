@@ -239,9 +239,19 @@ def _validation_problem(error: Mapping[str, Any]) -> str:
     return f"{where}: {message}{got}" if where else f"{message}{got}"
 
 
+# The longest page to return to after signing in; a longer one (a made-up URL) goes to the plans instead.
+MAX_NEXT_CHARS = 2000
+
+
 def _safe_next(target: str | None) -> str:
     """Only paths of this dashboard: never another site (open redirect) or a scheme-relative URL."""
-    if target and target.startswith(PREFIX) and not target.startswith("//") and "\\" not in target:
+    if (
+        target
+        and len(target) <= MAX_NEXT_CHARS
+        and target.startswith(PREFIX)
+        and not target.startswith("//")
+        and "\\" not in target
+    ):
         return target
     return f"{PREFIX}/plans"
 
@@ -286,7 +296,9 @@ def home() -> RedirectResponse:
 
 
 @router.get("/login")
-def login_page(request: Request, next: Annotated[str | None, Query(max_length=500)] = None) -> HTMLResponse:
+def login_page(request: Request, next: str | None = None) -> HTMLResponse:
+    # No length limit on ``next`` (a 422 page here was a dead end for a signed-out visit to a long but valid
+    # URL, such as the catalog with its filters): _safe_next drops a page too long to return to.
     anonymous = _read_session(request) or session.new_session(time.time())
     return render(request, "login.html", {"next": _safe_next(next), "message": None}, anonymous=anonymous)
 
@@ -340,6 +352,12 @@ def _audit_sign_in(db: Database, principal: Principal | None, action: str, addre
         organization = principal.organization_id if principal is not None else None
         actor = f"key:{principal.key_prefix}" if principal is not None else "anonymous"
         audit.record(s, organization, actor, action, None, address)
+
+
+@router.get("/logout")
+def logout_page() -> RedirectResponse:
+    """Signing out is a form (POST with the CSRF token); the address opened on its own goes to the plans."""
+    return RedirectResponse(f"{PREFIX}/plans", status_code=303)
 
 
 @router.post("/logout")
@@ -462,6 +480,7 @@ def _plan_page(
     plan_id: str,
     quote_error: str | None = None,
     status_code: int = 200,
+    quote_form: QuoteForm | None = None,
 ) -> HTMLResponse:
     margin = _settings(request).safety_margin
     with db.transaction() as (s, _pending):
@@ -474,7 +493,42 @@ def _plan_page(
         ]
     page = views.plan_page(out, candidates, quotes)
     problem = views.readable(quote_error) if quote_error is not None else None
-    return render(request, "plan.html", {"page": page, "quote_error": problem}, status_code=status_code, viewer=viewer)
+    context = {"page": page, "quote_error": problem, "quote_form": quote_form}
+    return render(request, "plan.html", context, status_code=status_code, viewer=viewer)
+
+
+@dataclass(frozen=True)
+class QuoteForm:
+    """A refused quote request as it was sent (shown again in the plan page's quote form) and the input the
+    refusal is about ("setup", "spot", "customer_name" or "customer_email"), which the message is linked to."""
+
+    setup: str
+    spot: bool
+    customer_name: str
+    customer_email: str
+    field: str
+
+
+_QUOTE_INPUTS = ("customer_name", "customer_email", "spot")
+
+
+def _quote_input(problem: str) -> str:
+    """The quote form's input a refusal names before its colon ("customer_email: not an email address ..."); the
+    setup for the rest (no offer, a price changed since the plan)."""
+    named = problem.partition(":")[0].strip()
+    return named if named in _QUOTE_INPUTS else "setup"
+
+
+def _quote_problem(error: Mapping[str, Any]) -> str:
+    """One invalid quote input as the page says it: "customer_name: at most 200 characters (got 100,000)" rather
+    than pydantic's "Value should have at most 200 items after validation"."""
+    where = ".".join(str(p) for p in error.get("loc", ()))
+    sent = error.get("input")
+    if error.get("type") == "too_long" and isinstance(sent, str):
+        limit = (error.get("ctx") or {}).get("max_length")
+        return f"{where}: at most {limit:,} characters (got {len(sent):,})"
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return message if message.startswith(where) else f"{where}: {message}"
 
 
 @router.get("/plans/{plan_id}")
@@ -491,14 +545,22 @@ def plan_status(plan_id: str, viewer: ViewerDep, db: DbDep) -> JSONResponse:
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
+@router.get("/plans/{plan_id}/quotes")
+def quote_form_page(plan_id: str) -> RedirectResponse:
+    """The address a refused quote request leaves in the browser (the plan page answered the POST), opened again:
+    the plan's quote form, not a 404 (the plan page itself says 404 for another organization's plan)."""
+    return RedirectResponse(f"{PREFIX}/plans/{quote(plan_id, safe='')}#quote-h", status_code=303)
+
+
 @router.post("/plans/{plan_id}/quotes")
 async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: DbDep) -> Response:
     form = await request.form()
     _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
     choice = views.parse_quote_value(str(form.get("setup") or ""))
     spot = bool(form.get("spot"))
-    customer_name = str(form.get("customer_name") or "").strip() or None
-    customer_email = str(form.get("customer_email") or "").strip() or None
+    sent = {k: str(form.get(k) or "") for k in ("setup", "customer_name", "customer_email")}
+    customer_name = sent["customer_name"].strip() or None
+    customer_email = sent["customer_email"].strip() or None
     settings = _settings(request)
 
     def create() -> tuple[str | None, str | None, int]:
@@ -520,10 +582,7 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
                 customer_email=customer_email,
             )
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-            return None, message if message.startswith(where) else f"{where}: {message}", 422
+            return None, _quote_problem(exc.errors()[0]), 422
         try:
             with db.transaction() as (s, _pending):
                 row = quotes_service.create_quote(
@@ -536,7 +595,9 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
 
     quote_id, problem, status = await run_in_threadpool(create)
     if quote_id is None:
-        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, status)
+        # The form comes back as it was sent (setup, spot, customer), its message linked to the input it names.
+        kept = QuoteForm(spot=spot, field=_quote_input(problem or ""), **sent)
+        return await run_in_threadpool(_plan_page, request, viewer, db, plan_id, problem, status, kept)
     return RedirectResponse(f"{PREFIX}/quotes/{quote_id}", status_code=303)
 
 
@@ -576,8 +637,9 @@ def catalog_page(
     db: DbDep,
     gpu: Annotated[str | None, Query(max_length=100)] = None,
     provider: Annotated[str | None, Query(max_length=100)] = None,
-    min_memory_gib: Annotated[float | None, Query(ge=0, le=10_000)] = None,
-    max_usd_per_hour: Annotated[float | None, Query(ge=0, le=100_000)] = None,
+    # NaN said "should be less than or equal to 10000" (got 'nan'): a finite number is what is missing.
+    min_memory_gib: Annotated[float | None, Query(ge=0, le=10_000, allow_inf_nan=False)] = None,
+    max_usd_per_hour: Annotated[float | None, Query(ge=0, le=100_000, allow_inf_nan=False)] = None,
     spot: Annotated[bool, Query()] = False,
 ) -> HTMLResponse:
     """The offers this organization plans on, by card, with each price's age and source."""
@@ -647,8 +709,50 @@ def nodes_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLResponse:
     return render(request, "nodes.html", {"nodes": rows}, viewer=viewer)
 
 
+@dataclass(frozen=True)
+class CalibrationForm:
+    """A refused calibration request as it was sent (shown again) and the input its message is about."""
+
+    node_id: str
+    plan_id: str
+    warmup_steps: str
+    timed_steps: str
+    field: str
+
+
+_STEP_INPUTS = {"warmup_steps": "warm-up steps", "timed_steps": "timed steps"}
+
+
+def _step_bounds(name: str) -> tuple[int, int, int]:
+    """The lowest, highest and default count of a CalibrationRequest step field, as the API's schema has them."""
+    field = CalibrationRequest.model_fields[name]
+    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "le") if hasattr(m, k)}
+    return int(bounds["ge"]), int(bounds["le"]), int(field.default)
+
+
+def _steps(raw: str, name: str) -> tuple[int | None, str | None]:
+    """A step count of the calibration form, or why it is not one (naming the input, as the plan form does)."""
+    label = _STEP_INPUTS[name]
+    lo, hi, default = _step_bounds(name)
+    text = raw.strip()
+    if not text:
+        return default, None
+    try:
+        value = int(text)
+    except ValueError:
+        return None, f"{label}: a whole number from {lo} to {hi} (got {views.echo(text)})"
+    if not lo <= value <= hi:
+        return None, f"{label}: from {lo} to {hi} (got {value:,})"
+    return value, None
+
+
 def _benchmarks_page(
-    request: Request, viewer: Viewer, db: Database, problem: str | None = None, status_code: int = 200
+    request: Request,
+    viewer: Viewer,
+    db: Database,
+    problem: str | None = None,
+    status_code: int = 200,
+    calibration_form: CalibrationForm | None = None,
 ) -> HTMLResponse:
     with db.transaction() as (s, _pending):
         results = [
@@ -666,7 +770,7 @@ def _benchmarks_page(
         node_choices = [(n.id, f"{n.name} ({n.gpu_count} x {n.gpu})") for n in nodes]
         names = {n.id: n.name for n in nodes_service.list_nodes(s, viewer.principal)}
         plan_choices = [
-            (p.id, f"{p.model_name} {p.method} ({p.id[:8]})")
+            (p.id, f"{views.display_name(p.model_name)} {p.method} ({p.id[:8]})")
             for p in plans_service.list_plans(s, viewer.principal, 50, None)
             if p.status == "done"
         ]
@@ -690,6 +794,7 @@ def _benchmarks_page(
         "plan_choices": plan_choices,
         "jobs": jobs,
         "problem": views.readable(problem) if problem is not None else None,
+        "cal_form": calibration_form,
     }
     return render(request, "benchmarks.html", context, status_code=status_code, viewer=viewer)
 
@@ -699,6 +804,12 @@ def benchmarks_page(request: Request, viewer: ViewerDep, db: DbDep) -> HTMLRespo
     return _benchmarks_page(request, viewer, db)
 
 
+@router.get("/calibrations")
+def calibration_form_page() -> RedirectResponse:
+    """The address a refused calibration request leaves in the browser, opened again: the benchmarks page's form."""
+    return RedirectResponse(f"{PREFIX}/benchmarks#bm-jobs-h", status_code=303)
+
+
 @router.post("/calibrations")
 async def start_calibration(request: Request, viewer: ViewerDep, db: DbDep) -> Response:
     """Queue a calibration on a node: what POST /v1/nodes/{id}/calibrations does (its agent claims it)."""
@@ -706,27 +817,35 @@ async def start_calibration(request: Request, viewer: ViewerDep, db: DbDep) -> R
     _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
     fields = {k: str(form.get(k) or "") for k in ("node_id", "plan_id", "warmup_steps", "timed_steps")}
 
-    def create() -> str | None:
+    def create() -> tuple[str, str] | None:
+        """None, or the input at fault and the message (the page said "2 validation errors for
+        CalibrationRequest" or "invalid literal for int() with base 10: 'nan'", and reset every input)."""
         if not fields["node_id"]:
-            return "Pick a node to calibrate on."
+            return "node_id", "Pick a node to calibrate on."
+        if not fields["plan_id"]:
+            return "plan_id", "Pick a finished plan to run."
+        steps = {}
+        for name in _STEP_INPUTS:
+            value, problem = _steps(fields[name], name)
+            if problem is not None:
+                return name, problem
+            steps[name] = value
         try:
-            body = CalibrationRequest(
-                plan_id=fields["plan_id"],
-                warmup_steps=int(fields["warmup_steps"] or 2),
-                timed_steps=int(fields["timed_steps"] or 5),
-            )
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            return f"Check the plan and the step counts (warm-up 0-100, timed 1-1000): {str(exc).splitlines()[0]}"
+            body = CalibrationRequest(plan_id=fields["plan_id"], **steps)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return "plan_id", f"plan: {first.get('msg', 'invalid')}"
         try:
             with db.transaction() as (s, _pending):
                 nodes_service.request_calibration(s, viewer.principal, fields["node_id"], body, plans=STORED_PLANS)
         except NotFound as exc:
-            return exc.message
+            return ("plan_id" if exc.message.startswith("no plan") else "node_id"), exc.message
         return None
 
-    problem = await run_in_threadpool(create)
-    if problem is not None:
-        return await run_in_threadpool(_benchmarks_page, request, viewer, db, problem, 422)
+    refused = await run_in_threadpool(create)
+    if refused is not None:
+        kept = CalibrationForm(field=refused[0], **fields)
+        return await run_in_threadpool(_benchmarks_page, request, viewer, db, refused[1], 422, kept)
     return RedirectResponse(f"{PREFIX}/benchmarks#bm-jobs-h", status_code=303)
 
 

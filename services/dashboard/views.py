@@ -67,6 +67,17 @@ _QUOTED = re.compile(r"""(?<!\w)(['"])(.*?)\1(?!\w)""", re.DOTALL)
 _LONG_RUN = re.compile(rf"\S{{{ECHO_CHARS + 1},}}")
 
 
+# Bidi controls (LRM/RLM, ALM, embeddings and overrides, isolates) and C0/C1 control characters: a name from a
+# pasted config.json holding U+202E showed itself, and the rest of its line ("qlora", "· gpuplan"), reversed.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def display_name(text: str) -> str:
+    """A name someone else typed (a config's _name_or_path) as a page shows it: without the characters that
+    reorder or hide the text around it."""
+    return _UNSHOWN.sub("", text)
+
+
 def shorten(text: str, limit: int = ECHO_CHARS) -> str:
     """``text``, or its first ``limit`` - 1 characters and an ellipsis."""
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
@@ -157,7 +168,7 @@ def plan_list_item(summary: Any) -> PlanListItem:
     return PlanListItem(
         id=summary.id,
         status=summary.status,
-        model=summary.model,
+        model=display_name(str(summary.model)),
         method=summary.method,
         created=when(summary.created_at),
         cheapest=f"{setup_label(cheapest)} · {cheapest['provider']}" if cheapest else None,
@@ -533,9 +544,9 @@ def plan_page(
 def _model_name(request: Mapping[str, Any]) -> str:
     model = request.get("model") or {}
     if model.get("name"):
-        return str(model["name"])
+        return display_name(str(model["name"]))
     config = model.get("config") or {}
-    return str(config.get("_name_or_path") or f"custom {config.get('model_type', 'model')} (config.json)")
+    return display_name(str(config.get("_name_or_path") or f"custom {config.get('model_type', 'model')} (config.json)"))
 
 
 # --- inference memory ----------------------------------------------------------------------------

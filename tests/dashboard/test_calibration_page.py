@@ -50,7 +50,7 @@ def test_a_calibration_is_started_from_the_page(api: Api, alpha: TestClient) -> 
     assert "<td>running</td>" in jobs
     # Bad input is a message on the page, not a 500; a foreign or unknown node likewise.
     bad = alpha.post("/dashboard/calibrations", data={**form, "timed_steps": "0"})
-    assert bad.status_code == 422 and "timed 1-1000" in bad.text
+    assert bad.status_code == 422 and "timed steps: from 1 to 1000 (got 0)" in bad.text
     unknown = alpha.post("/dashboard/calibrations", data={**form, "node_id": "nope"})
     assert unknown.status_code == 422 and "no node" in unknown.text
     refused = alpha.post("/dashboard/calibrations", data={k: v for k, v in form.items() if k != "csrf_token"})

@@ -30,7 +30,11 @@
   syncMode();
 
   // Move focus to the error summary after a rejected submission, so keyboard and screen-reader users hear it.
-  var summary = document.getElementById("form-errors");
+  // The quote form's message is far down the plan page: focusing it scrolls it into view too.
+  var summary =
+    document.getElementById("form-errors") ||
+    document.getElementById("quote-error") ||
+    document.getElementById("calibrate-error");
   if (summary) summary.focus();
 
   // Live status of a plan being estimated: poll, then reload once it is done or failed.
@@ -70,6 +74,24 @@
     setup.addEventListener("change", function () { syncSpot(true); });
     syncSpot(false);
   }
+
+  // Every form is sent once: a second click (or Enter) while the answer loads sent it again, a second plan or
+  // quote. Sendable again when the page comes back from the browser's cache (Back) or after 10 s without answer.
+  var release = function (form) {
+    form.removeAttribute("data-sending");
+    form.querySelectorAll("button[type=submit]").forEach(function (b) { b.removeAttribute("aria-disabled"); });
+  };
+  document.querySelectorAll("form[method=post]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      if (form.hasAttribute("data-sending")) { event.preventDefault(); return; }
+      form.setAttribute("data-sending", "");
+      form.querySelectorAll("button[type=submit]").forEach(function (b) { b.setAttribute("aria-disabled", "true"); });
+      window.setTimeout(function () { release(form); }, 10000);
+    });
+  });
+  window.addEventListener("pageshow", function (event) {
+    if (event.persisted) document.querySelectorAll("form[data-sending]").forEach(release);
+  });
 
   document.querySelectorAll("[data-print]").forEach(function (el) {
     el.addEventListener("click", function () { window.print(); });
