@@ -76,7 +76,7 @@ class OfferRow(BaseModel):
     spot_usd_per_hour: float | None = Field(default=None, gt=0, le=10_000)
     currency: str = Field(default="USD", max_length=3)
     region: str = Field(default="", max_length=100)
-    country: str = Field(default="", max_length=2)
+    country: str = Field(default="", description="ISO 3166-1 alpha-2 code (US, DE), upper-cased; empty: unknown")
     interconnect: str = Field(default="", max_length=100)
     fetched_at: str = Field(default_factory=_today, max_length=40)
     source: str = Field(default="", max_length=500)
@@ -135,6 +135,16 @@ class OfferRow(BaseModel):
         if value.upper() != "USD":
             raise ValueError("prices are USD per GPU-hour: convert the row to USD (gpuplan holds no exchange rate)")
         return "USD"
+
+    @field_validator("country")
+    @classmethod
+    def _iso_country(cls, value: str) -> str:
+        # The planner's region filter and the catalog's ?region= match an offer by this code (Constraints.allows_region,
+        # services/catalog/repository.py, upper-cased): "1", "U" or "USA" matched no place anyone names, and went on
+        # into a String(2) column.
+        if value and not (len(value) == 2 and value.isascii() and value.isalpha()):
+            raise ValueError("expected an ISO 3166-1 alpha-2 country code (two letters, e.g. US, DE), or empty")
+        return value.upper()
 
     @field_validator("fetched_at")
     @classmethod

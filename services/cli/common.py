@@ -110,9 +110,9 @@ def int_arg(name: str, low: int | None = None, high: int | None = None) -> Calla
 
     def parse(value: str) -> int:
         try:
-            number = int(value)
+            number = int(_ascii_number(value))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be an integer (ASCII digits), got {value!r}") from None
         _in_range(name, number, low, high, value)
         return number
 
@@ -141,9 +141,9 @@ def float_arg(name: str, low: float | None = None, high: float | None = None) ->
 
     def parse(value: str) -> float:
         try:
-            number = float(value)
+            number = float(_ascii_number(value))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be a number (ASCII digits), got {value!r}") from None
         if not math.isfinite(number):
             raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {value!r}")
         _in_range(name, number, low, high, value)
@@ -152,10 +152,26 @@ def float_arg(name: str, low: float | None = None, high: float | None = None) ->
     return parse
 
 
+def _ascii_number(value: str) -> str:
+    """``value`` where it is written in ASCII without '_'; else ValueError. int() and float() read any Unicode
+    decimal digit ('１' full-width, '٣' Arabic-Indic), Unicode spaces around it and '_' between digits: a flag
+    given such a number was taken as the number, where the API's JSON reads ASCII digits alone (a fuzz)."""
+    if not value.isascii() or "_" in value:
+        raise ValueError(value)
+    return value
+
+
+def _bound(number: float | None) -> str:
+    """A range's end as written: a whole number in full (:g wrote --job-pid's 4194304 as 4.1943e+06)."""
+    if number is not None and float(number).is_integer() and abs(number) < 1e15:
+        return str(int(number))
+    return f"{number:g}"
+
+
 def _in_range(name: str, number: float, low: float | None, high: float | None, given: str) -> None:
     if (low is not None and number < low) or (high is not None and number > high):
-        span = f"from {low:g} to {high:g}" if low is not None and high is not None else ""
-        span = span or (f"at least {low:g}" if low is not None else f"at most {high:g}")
+        span = f"from {_bound(low)} to {_bound(high)}" if low is not None and high is not None else ""
+        span = span or (f"at least {_bound(low)}" if low is not None else f"at most {_bound(high)}")
         raise argparse.ArgumentTypeError(f"{name} must be {span}, got {given!r}")
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any, get_args
 
-from services.cli.common import CliError, Subparsers, examples, int_arg, read_json, read_plan_file
+from services.cli.common import CliError, Subparsers, examples, float_arg, int_arg, read_json, read_plan_file
 from services.cli.render import render_estimate
 from services.estimator.estimate import estimate
 from services.estimator.plan import KvCacheDtype, Plan, Quantization
@@ -114,8 +114,8 @@ def register(sub: Subparsers) -> None:
     est.add_argument("--no-double-quant", dest="double_quant", action="store_false")
     est.add_argument("--dataset-tokens", type=int_arg("--dataset-tokens"), metavar="N", help="tokens per epoch")
     est.add_argument("--examples", type=int_arg("--examples"), metavar="N", help="examples per epoch")
-    est.add_argument("--avg-tokens", type=float, metavar="N", help="average tokens per example")
-    est.add_argument("--epochs", type=float, metavar="N")
+    est.add_argument("--avg-tokens", type=float_arg("--avg-tokens"), metavar="N", help="average tokens per example")
+    est.add_argument("--epochs", type=float_arg("--epochs"), metavar="N")
     est.set_defaults(handler=cmd_estimate)
 
 

@@ -22,7 +22,7 @@ def register(sub: Subparsers) -> None:
         "--api", required=True, type=api_url, metavar="URL", help="the gpuplan service, e.g. http://planner:8000"
     )
     add_key_options(agent)
-    agent.add_argument("--name", help="node name (default: the host name)")
+    agent.add_argument("--name", type=_node_name, help="node name (default: the host name)")
     agent.add_argument(
         "--gpu",
         help="GPU model only where NVML cannot tell (ignored where it can); such a node's calibrations are "
@@ -51,6 +51,14 @@ def register(sub: Subparsers) -> None:
     agent.set_defaults(
         handler=cmd_agent, log_level=logging.INFO, log_printed=("in_progress", "changed", "repaired", "refused")
     )
+
+
+def _node_name(value: str) -> str:
+    """--name without the spaces around it (the service trims it too); one of spaces alone names no node."""
+    name = value.strip()
+    if not name:
+        raise argparse.ArgumentTypeError(f"--name: {value!r} is blank: give the node a name (default: the host name)")
+    return name
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -22,6 +22,9 @@ from services.runs.sync import BucketOnly, SyncError, SyncOptions, read_manifest
 from services.storage.s3 import make_s3_client
 
 MiB = 2**20
+# The largest pid Linux gives (PID_MAX_LIMIT, the most /proc/sys/kernel/pid_max takes). --job-pid 0 or 99999999999
+# names no process: it was accepted, and the job it meant to keep the node busy was never watched.
+PID_MAX = 2**22
 
 
 class RunCliError(Exception):
@@ -98,7 +101,8 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--settle-s", type=float_arg("--settle-s", 0), default=60.0, metavar="S")
     agent.add_argument(
         "--idle-minutes",
-        type=float_arg("--idle-minutes", 0, 7 * 24 * 60),  # IdlePolicy's bound: beyond it the guard failed to start
+        # IdlePolicy's bounds: beyond 7 days the guard failed to start; below 1 minute it was read as 1, silently.
+        type=float_arg("--idle-minutes", 1, 7 * 24 * 60),
         default=15.0,
         metavar="M",
         help="node-side guard: idle this long ...",
@@ -117,7 +121,7 @@ def add_agent_options(agent: argparse.ArgumentParser) -> None:
     )
     agent.add_argument(
         "--job-pid",
-        type=int_arg("--job-pid", 0),
+        type=int_arg("--job-pid", 1, PID_MAX),
         action="append",
         default=[],
         metavar="PID",
@@ -286,7 +290,7 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, 
     agent.jobs = JobWatch(pids=args.job_pid, pattern=args.job_pattern)
     if args.stop_command:
         agent.stop_command = shlex.split(args.stop_command)
-    agent.guard = NodeGuard(IdlePolicy(idle_minutes=max(1.0, args.idle_minutes)), args.unreachable_minutes * 60)
+    agent.guard = NodeGuard(IdlePolicy(idle_minutes=args.idle_minutes), args.unreachable_minutes * 60)
     if args.run is None:
         return
     api = RunApi(client, key, args.run)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from services.core.json_limits import INT32_MAX
 from services.core.request_models import ClosedModel, SingleLine, UtcDatetime
@@ -14,8 +14,18 @@ class _In(ClosedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _node_name(value: Any) -> Any:
+    """A node's name without the spaces around it (trimmed before its length is checked); one of spaces alone,
+    registered and listed as '   ', names no node (a fuzz)."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be blank: give the node a name (the agent's default is the host name)")
+    return value
+
+
 class NodeRegistration(_In):
-    name: SingleLine = Field(min_length=1, max_length=100)
+    name: Annotated[SingleLine, BeforeValidator(_node_name)] = Field(min_length=1, max_length=100)
     gpu: SingleLine = Field(min_length=1, max_length=100, description="GPU model ('A100 80GB', ...) or 'cpu'")
     gpu_count: StrictInt = Field(default=1, ge=0, le=64)
     gpu_memory_gib: StrictFloat = Field(default=0.0, ge=0, le=10_000)

@@ -25,7 +25,9 @@ class RunCreate(ClosedModel):
         min_length=1, max_length=64, description="the nodes that run it"
     )
     checkpoint_dir: SingleLine = Field(
-        min_length=1, max_length=1024, description="where the trainer saves, on the node"
+        min_length=1,
+        max_length=1024,
+        description="where the trainer saves: an absolute path on the node (the agent's --checkpoint-dir overrides it)",
     )
     bucket: str | None = Field(default=None, description="S3 bucket; default GPUPLAN_S3_BUCKET")
     prefix: SingleLine | None = Field(
@@ -61,6 +63,19 @@ class RunCreate(ClosedModel):
         value = value.strip("/")
         if not _PREFIX.match(value) or "//" in value or any(p in (".", "..") for p in value.split("/")):
             raise ValueError("may hold letters, digits, '/', '-', '_', '.', '!', '*', \"'\", '(' and ')' only")
+        return value
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        # The agent syncs Path(checkpoint_dir) from its own working directory (services/cli/runs.py agent_run_setup),
+        # which is neither the trainer's (launch.sh's default 'outputs' is beside the exported files) nor known
+        # here: 'outputs' or '~/ckpt' watched a folder the trainer never wrote, and no checkpoint became durable.
+        if not value.startswith("/"):
+            raise ValueError(
+                f"must be an absolute path on the node, such as /data/out (got {value[:80]!r}): the agent runs in "
+                "its own working directory; its --checkpoint-dir overrides this folder"
+            )
         return value
 
     @field_validator("node_ids")

@@ -104,3 +104,49 @@ def test_the_agent_says_the_services_message_not_its_json(api: Api) -> None:
     with pytest.raises(RuntimeError) as refused:
         agent.register(name="n", gpu="zzz")
     assert "gpu: unknown GPU 'zzz'" in str(refused.value) and '{"error"' not in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("name", ["   ", "\u3000", "  \u00a0 "])
+def test_a_node_name_of_spaces_alone_is_a_422_on_name_and_nothing_is_stored(api: Api, name: str) -> None:
+    # A name of spaces alone was registered, and listed as a blank row.
+    nodes = api.client.get("/v1/nodes", headers=api.headers()).json()["items"]
+    answer = api.client.post("/v1/nodes", json={"name": name, "gpu": "A100 80GB"}, headers=api.headers())
+    assert "blank" in _names(answer, "name")["message"]
+    assert api.client.get("/v1/nodes", headers=api.headers()).json()["items"] == nodes
+
+
+def test_a_node_name_is_trimmed(api: Api) -> None:
+    node = api.client.post("/v1/nodes", json={"name": "  box-7 ", "gpu": "A100 80GB"}, headers=api.headers())
+    assert node.status_code == 201, node.text
+    listed = api.client.get("/v1/nodes", headers=api.headers()).json()["items"]
+    assert [n["name"] for n in listed if n["id"] == node.json()["id"]] == ["box-7"]
+
+
+@pytest.mark.parametrize("folder", ["outputs", "./out", "~/ckpt", "data/out", " /data/out"])
+def test_a_relative_checkpoint_dir_is_a_422_on_checkpoint_dir(api: Api, world: World, folder: str) -> None:
+    # The agent syncs the folder from its own working directory, not the trainer's: a relative one watched a folder
+    # the trainer never wrote to, and no checkpoint became durable.
+    headers = api.headers("admin")
+    runs = api.client.get("/v1/runs", headers=headers).json()["items"]
+    body = {"node_ids": [world.node_id], "checkpoint_dir": folder}
+    message = _names(api.client.post(f"/v1/plans/{world.plan_id}/runs", json=body, headers=headers), "checkpoint_dir")
+    assert "an absolute path on the node" in message["message"] and "--checkpoint-dir" in message["message"]
+    assert api.client.get("/v1/runs", headers=headers).json()["items"] == runs
+
+
+def test_a_price_list_country_is_a_two_letter_code_named_by_row(api: Api) -> None:
+    headers = {**api.headers("admin"), "Content-Type": "text/csv"}
+    before = api.client.get("/v1/catalog/offers?provider=isoco", headers=api.headers("admin")).json()["items"]
+    columns = "provider,gpu,on_demand_usd_per_hour,region,country\n"
+    bad = columns + "isoco,L4,0.5,r1,DE\nisoco,L4,0.5,r2,1\nisoco,L4,0.5,r3,USA\n"
+    answer = api.client.post("/v1/admin/catalog/offers", content=bad, headers=headers)
+    assert answer.status_code == 422, answer.text
+    details = answer.json()["details"]
+    assert [d.split(":")[0:2] for d in details] == [["row 2", " country"], ["row 3", " country"]], details
+    assert all("ISO 3166-1 alpha-2" in d for d in details), details
+    after = api.client.get("/v1/catalog/offers?provider=isoco", headers=api.headers("admin")).json()["items"]
+    assert after == before == []  # nothing half-imported
+    good = columns + "isoco,L4,0.5,r1, de\nisoco,L4,0.5,r2,\n"
+    assert api.client.post("/v1/admin/catalog/offers", content=good, headers=headers).status_code == 201
+    stored = api.client.get("/v1/catalog/offers?provider=isoco", headers=api.headers("admin")).json()["items"]
+    assert sorted(o["country"] for o in stored) == ["", "DE"]

@@ -150,3 +150,19 @@ def test_a_row_in_another_currency_is_refused_naming_the_row() -> None:
     assert len(problems) == 1 and problems[0].startswith("row 2: currency:") and "'EUR'" in problems[0], problems
     (offer,) = parse_price_list("provider,gpu,on_demand_usd_per_hour,currency\nacme,L4,0.5,usd\n", "csv")
     assert offer.currency == "USD"
+
+
+@pytest.mark.parametrize("country", ["1", "U", "USA", "\u00c4\u00d6", "\uff24\uff25"])
+def test_a_country_that_is_no_iso_code_is_refused_naming_the_row(country: str) -> None:
+    # The region filters match an offer by its ISO 3166-1 alpha-2 code: "1" was stored and matched nothing.
+    problems = _problems(
+        f"provider,gpu,on_demand_usd_per_hour,region,country\nacme,L4,0.5,a,DE\nacme,L4,0.5,b,{country}\n"
+    )
+    assert len(problems) == 1 and problems[0].startswith("row 2: country: expected an ISO 3166-1 alpha-2"), problems
+    as_json = f'[{{"provider": "acme", "gpu": "L4", "on_demand_usd_per_hour": 1, "country": "{country}"}}]'
+    assert _problems(as_json, "json")[0].startswith("row 1: country:")
+
+
+def test_a_country_is_upper_cased_and_may_be_empty() -> None:
+    text = "provider,gpu,on_demand_usd_per_hour,region,country\nacme,L4,0.5,a, de \nacme,L4,0.5,b,\n"
+    assert [o.country for o in parse_price_list(text, "csv")] == ["DE", ""]

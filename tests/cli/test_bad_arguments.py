@@ -41,7 +41,14 @@ CASES = [
     # Each heartbeat declares the interval; over half the service's lost threshold (300 s) no idle time accrued, so
     # an idle node was never stopped.
     ((*AGENT, "--interval", "301"), "--interval must be from 0.1 to 150, got '301'"),
-    ((*AGENT, "--idle-minutes", "20000"), "--idle-minutes must be from 0 to 10080, got '20000'"),
+    ((*AGENT, "--idle-minutes", "20000"), "--idle-minutes must be from 1 to 10080, got '20000'"),
+    # The guard read anything below a minute as one, silently (services/cli/runs.py agent_run_setup).
+    ((*AGENT, "--idle-minutes", "0"), "--idle-minutes must be from 1 to 10080, got '0'"),
+    # No process has pid 0 or one past Linux's largest (2**22): the job it named was never watched.
+    ((*AGENT, "--job-pid", "0"), "--job-pid must be from 1 to 4194304, got '0'"),
+    ((*AGENT, "--job-pid", "99999999999"), "--job-pid must be from 1 to 4194304, got '99999999999'"),
+    # A name of spaces alone was registered as the node's name.
+    ((*AGENT[:-4], "--gpu", "cpu", "--name", "   "), "--name: '   ' is blank"),
     (("sync", "--dir", ".", "--run", "r1", "--settle-s", "nan"), "--settle-s must be a finite number"),
     (("serve", "--port", "99999"), "--port must be from 1 to 65535"),
     (("serve", "--workers", "0"), "--workers must be from 1 to 64"),

@@ -125,3 +125,40 @@ def test_an_unknown_gpu_name_thousands_long_is_quoted_cut_short() -> None:
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert len(done.stderr) < 2_000 and "unknown GPU 'xxx" in done.stderr and "…'" in done.stderr, done.stderr[:300]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ("estimate", "--model", "meta-llama/Llama-3.1-8B", "--seq-len", "\uff11\uff10\uff12\uff14"),
+            "--seq-len must be an integer",
+        ),
+        (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--examples", "\u0663"), "--examples must be an integer"),
+        (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--examples", "1_000"), "--examples must be an integer"),
+        (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--epochs", "\uff11.\uff15"), "--epochs must be a number"),
+        (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--avg-tokens", "\u0663"), "--avg-tokens must be a number"),
+        (("serve", "--port", "\uff18\uff10\uff10\uff10"), "--port must be an integer"),
+        (("agent", "--api", "http://127.0.0.1:9", "--key", "k", "--once", "--job-pid", "\u0663"), "--job-pid must be"),
+        (
+            ("agent", "--api", "http://127.0.0.1:9", "--key", "k", "--once", "--interval", "\uff15"),
+            "--interval must be",
+        ),
+    ],
+    ids=[
+        "seq-len-fullwidth",
+        "examples-arabic-indic",
+        "examples-underscore",
+        "epochs",
+        "avg-tokens",
+        "port",
+        "job-pid",
+        "interval",
+    ],
+)
+def test_a_number_flag_takes_ascii_digits_only(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    # int() and float() read any Unicode decimal digit ('\uff11' full-width, '\u0663' Arabic-Indic) and '_' between
+    # digits: such a flag was taken as the number, where the API's JSON reads ASCII digits alone (a fuzz).
+    done = _gpuplan(tmp_path, *args)
+    _one_line(done, needle)
+    assert "(ASCII digits)" in done.stderr and done.stdout == ""
