@@ -4,7 +4,7 @@
 #                                       (SQLite, in-process tasks); e.g. `bash infra/dev.sh run --port 8080`
 #   bash infra/dev.sh setup             the runtime only, nothing started (what `run` installs)
 #   bash infra/dev.sh test [pytest args] set up with the dev, trace and exportcheck extras (CPU torch), then run
-#                                       the whole test suite
+#                                       the whole test suite, one process per core (GPUPLAN_TEST_WORKERS)
 # GPUPLAN_VENV names another environment folder (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,11 @@ case "${1:-}" in
     exportcheck_unpack axolotl 0.19.0
     exportcheck_unpack torchao 0.14.1
     shift
-    "$venv/bin/python" -m pytest "$@"
+    # One test process per core, at most 8 (pytest-xdist; tests marked with one xdist_group run in one process, in turn);
+    # GPUPLAN_TEST_WORKERS=0 runs in this process, and a later -n in the arguments wins.
+    cores=$(nproc 2>/dev/null || echo 2)
+    workers=${GPUPLAN_TEST_WORKERS:-$(( cores < 8 ? cores : 8 ))}
+    "$venv/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
     ;;
   *)
     echo "usage: bash infra/dev.sh run [serve args] | setup | test [pytest args]" >&2

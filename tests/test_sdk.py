@@ -12,17 +12,17 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.sdk import PlanError, estimate, plan
 from tests.api.conftest import QLORA_PLAN
+from tests.databases import migrate
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Any:
     url = f"sqlite:///{tmp_path / 'sdk.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "sdk")
         key = create_key(session, "sdk")

@@ -17,10 +17,10 @@ from sqlalchemy.exc import OperationalError
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.conftest import require_service
+from tests.databases import migrate
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "GPUPLAN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -74,7 +74,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def api(database_url: str) -> Iterator[Api]:
-    upgrade(database_url)
+    migrate(database_url)
     factory = make_sessionmaker(make_engine(database_url))
     keys = {}
     with unit_of_work(factory) as session:

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.orgs.service import create_key, create_organization
+from tests.databases import migrate
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def serve(
 ) -> Iterator[Served]:
     """Migrate, make an organization with an admin key, start the server (``settings`` as GPUPLAN_*
     variables) and wait for /healthz."""
-    upgrade(database_url)
+    migrate(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "acme")
         key = create_key(session, "acme", admin=True)

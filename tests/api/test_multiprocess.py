@@ -15,15 +15,15 @@ from pathlib import Path
 import httpx
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import QLORA_PLAN
+from tests.databases import migrate
 
 
 def test_two_api_processes_share_the_work(database_url: str, tmp_path: Path) -> None:
     if database_url.startswith("sqlite"):
         return  # the multi-process deployment is the Postgres one (compose); SQLite is the embedded default
-    upgrade(database_url)
+    migrate(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "acme")
         key = create_key(session, "acme")

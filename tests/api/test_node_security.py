@@ -13,12 +13,12 @@ from sqlalchemy import select
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes.lifecycle import sweep
 from services.nodes.providers import make_driver
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.service import create_key, create_organization
+from tests.databases import migrate
 from tests.nodes.fake_provider import FakeProvider, running_provider
 from tests.nodes.helpers import SLOW_AGENT
 
@@ -57,7 +57,7 @@ def provider() -> Iterator[FakeProvider]:
 
 @pytest.fixture
 def secured(database_url: str, provider: FakeProvider) -> Iterator[Secured]:
-    upgrade(database_url)
+    migrate(database_url)
     factory = make_sessionmaker(make_engine(database_url))
     with unit_of_work(factory) as session:
         keys = {}

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work, utcnow
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes.lifecycle import run_sweep
 from services.nodes.tables import NodeEventRow, NodeRow
@@ -27,6 +26,7 @@ from services.orgs.service import Principal, create_key, create_organization
 from services.orgs.tables import AuditEvent
 from tests.api.conftest import QLORA_PLAN
 from tests.dashboard.conftest import sign_in
+from tests.databases import migrate
 from tests.nodes.fake_provider import FakeProvider, running_provider
 from tests.nodes.helpers import SLOW_AGENT, beat, load_node
 
@@ -72,7 +72,7 @@ def provider() -> Iterator[FakeProvider]:
 
 
 def _stack(database_url: str, provider: FakeProvider, **settings: object) -> Iterator[Stack]:
-    upgrade(database_url)
+    migrate(database_url)
     factory = make_sessionmaker(make_engine(database_url))
     keys, orgs = {}, {}
     with unit_of_work(factory) as session:

@@ -17,16 +17,16 @@ from pathlib import Path
 import httpx
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import QLORA_PLAN
 from tests.dashboard.conftest import csrf_token
 from tests.dashboard.test_routes import FORM
+from tests.databases import migrate
 
 
 @contextmanager
 def _serve(database_url: str, tmp_path: Path, **settings: str) -> Iterator[tuple[str, str]]:
-    upgrade(database_url)
+    migrate(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "acme")
         key = create_key(session, "acme", admin=True)

@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import Api
 from tests.api.test_probe_quote_numbers import FULL_8B_LONG
 from tests.api.test_quotes import _done_plan
+from tests.databases import migrate
 
 HEADER = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,spot_usd_per_hour,region,source\n"
 
@@ -80,7 +80,7 @@ def test_checkpoint_storage_that_takes_a_quote_over_the_budget_says_so(api: Api)
 def margin_api(tmp_path: Any) -> Iterator[Api]:
     """The API of a server whose GPUPLAN_SAFETY_MARGIN is 0.3."""
     url = f"sqlite:///{tmp_path / 'margin.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "alpha")
         keys = {"alpha": create_key(session, "alpha")}

@@ -18,9 +18,9 @@ from schemathesis.specs.openapi.checks import content_type_conformance, status_c
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
+from tests.databases import migrate
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
 HTTP_METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH")
@@ -49,7 +49,7 @@ def _fuzz(operation: Any, mode: GenerationMode, key: str, failures: list[str]) -
 @pytest.mark.slow
 def test_no_input_causes_a_server_error_or_an_undocumented_status(tmp_path: Path, s3_settings: Settings) -> None:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "fuzz")
         key = create_key(session, "fuzz", admin=True)
@@ -67,7 +67,7 @@ def test_no_input_causes_a_server_error_or_an_undocumented_status(tmp_path: Path
 
 def test_every_path_answers_an_undeclared_method_with_405_and_allow(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "fuzz")
         key = create_key(session, "fuzz", admin=True)

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from services.api.app import create_app
 from services.catalog.service import record_feed_success
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
+from tests.databases import migrate
 
 JSON = {"Content-Type": "application/json"}
 
@@ -38,7 +38,7 @@ class Client:
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[Client]:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "alpha")
         admin = create_key(session, "alpha", admin=True)

@@ -17,9 +17,9 @@ from services.catalog.feeds.refresh import refresh
 from services.catalog.offers import bundled_offers
 from services.catalog.service import catalog_offers, feed_states
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from tests.catalog.fakes import FakeProviders, aws_product, fake_providers, response
+from tests.databases import migrate
 
 WHEN = "2026-12-01T01:00:00Z"
 TOKEN = "rp-SECRET-token-0123456789"
@@ -228,7 +228,7 @@ def test_aws_memory_attribute(value: str, gib: float | None) -> None:
 @pytest.fixture
 def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     yield make_sessionmaker(make_engine(url))
 
 

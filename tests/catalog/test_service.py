@@ -23,14 +23,14 @@ from services.catalog.service import (
 from services.catalog.tables import CatalogVersion, GpuOfferRow
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.errors import Unprocessable
-from services.core.migrate import upgrade
 from services.orgs.service import create_organization
+from tests.databases import migrate
 
 
 @pytest.fixture
 def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     yield make_sessionmaker(make_engine(url))
 
 

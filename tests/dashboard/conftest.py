@@ -77,12 +77,12 @@ def _live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
 
     from services.api.app import create_app
     from services.core.db import make_engine, make_sessionmaker, unit_of_work
-    from services.core.migrate import upgrade
     from services.core.settings import Settings
     from services.orgs.service import create_key, create_organization
+    from tests.databases import migrate
 
     url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     engine = make_engine(url)
     keys = {}
     with unit_of_work(make_sessionmaker(engine)) as session:

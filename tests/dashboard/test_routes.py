@@ -13,12 +13,12 @@ from markupsafe import escape as html_escape
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.repository import ApiKeyRepository
 from services.orgs.service import create_key, create_organization, hash_key
 from tests.api.conftest import QLORA_PLAN, Api
 from tests.dashboard.conftest import csrf_token, sign_in, submit_done_plan
+from tests.databases import migrate
 
 FORM = {
     "model_source": "catalog",
@@ -561,7 +561,7 @@ def test_quote_form_problems_are_shown_on_the_plan_page(api: Api, alpha: TestCli
 @contextlib.contextmanager
 def _signed_in(database_url: str, **settings: Any) -> Iterator[TestClient]:
     """The dashboard of an app with ``settings``, signed in as a new organization's admin."""
-    upgrade(database_url)
+    migrate(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "limited")
         key = create_key(session, "limited", admin=True)

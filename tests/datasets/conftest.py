@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import Api, database_url  # noqa: F401  (the SQLite/PostgreSQL parametrised fixture)
+from tests.databases import migrate
 
 PART_BYTES = 5 * 2**20  # S3's smallest part
 MAX_BYTES = 40 * 2**20
@@ -60,7 +60,7 @@ def sha256(data: bytes) -> str:
 
 @pytest.fixture
 def data_api(database_url: str, s3_settings: Settings) -> Iterator[DataApi]:  # noqa: F811
-    upgrade(database_url)
+    migrate(database_url)
     factory = make_sessionmaker(make_engine(database_url))
     keys = {}
     with unit_of_work(factory) as session:

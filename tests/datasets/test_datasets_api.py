@@ -179,10 +179,10 @@ def test_another_organization_sees_nothing(data_api: DataApi, small: tuple[bytes
 
 def test_no_bucket_is_a_clear_503(database_url: str) -> None:
     from services.core.db import make_engine, make_sessionmaker, unit_of_work
-    from services.core.migrate import upgrade
     from services.orgs.service import create_key, create_organization
+    from tests.databases import migrate
 
-    upgrade(database_url)
+    migrate(database_url)
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "alpha")
         key = create_key(session, "alpha")

@@ -16,12 +16,12 @@ def api(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
 
     from services.api.app import create_app
     from services.core.db import make_engine, make_sessionmaker, unit_of_work
-    from services.core.migrate import upgrade
     from services.core.settings import Settings
     from services.orgs.service import create_key, create_organization
+    from tests.databases import migrate
 
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "alpha")
         key = create_key(session, "alpha")

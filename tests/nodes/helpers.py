@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import stop_policy
@@ -20,6 +19,7 @@ from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeRow
 from services.orgs.service import Principal, create_key, create_organization
 from services.runs.service import record_heartbeat_progress
+from tests.databases import migrate
 
 # A tiny Llama a CPU node calibrates in a second, and a LoRA plan over it.
 TINY = {
@@ -47,7 +47,7 @@ TINY_PLAN: dict[str, Any] = {
 def alpha_database(path: Path) -> tuple[str, sessionmaker[Session], str]:
     """A migrated SQLite database at ``path`` with one organization, alpha: its URL, session factory and API key."""
     url = f"sqlite:///{path}"
-    upgrade(url)
+    migrate(url)
     factory = make_sessionmaker(make_engine(url))
     with unit_of_work(factory) as session:
         create_organization(session, "alpha")
@@ -74,7 +74,7 @@ Db = tuple[sessionmaker[Session], Principal, str, str]  # the factory, the organ
 def node_database(path: Path, org_name: str, registration: NodeRegistration) -> Db:
     """A migrated SQLite database at ``path`` with one organization and one node registered in it."""
     url = f"sqlite:///{path}"
-    upgrade(url)
+    migrate(url)
     factory = make_sessionmaker(make_engine(url))
     with unit_of_work(factory) as session:
         org = create_organization(session, org_name)

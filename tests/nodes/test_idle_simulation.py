@@ -18,7 +18,6 @@ from pathlib import Path
 from sqlalchemy import select
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.nodes.drivers import NodeTarget
 from services.nodes.lifecycle import sweep
 from services.nodes.schemas import GpuStatus, Heartbeat, NodeRegistration
@@ -26,6 +25,7 @@ from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.runs.service import record_heartbeat_progress
+from tests.databases import migrate
 
 START = datetime(2026, 11, 2, 0, 0, tzinfo=UTC)
 DAY_MIN = 24 * 60
@@ -135,7 +135,7 @@ def _heartbeat_body(node: SimNode, state: str, rng: random.Random) -> Heartbeat:
 
 def test_a_day_of_heartbeats_stops_every_idle_node_and_no_busy_one(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sim.db'}"
-    upgrade(url)
+    migrate(url)
     factory = make_sessionmaker(make_engine(url))
     rng = random.Random(42)
     nodes = _scripts(rng)

@@ -17,7 +17,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes import lifecycle
 from services.nodes.drivers import DriverError, NodeTarget
@@ -27,6 +26,7 @@ from services.nodes.service import heartbeat, register_node
 from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_organization
 from services.runs.service import record_heartbeat_progress
+from tests.databases import migrate
 from tests.nodes.helpers import load_node
 
 T0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
@@ -106,7 +106,7 @@ class World:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     url = f"sqlite:///{tmp_path / 'nodes.db'}"
-    upgrade(url)
+    migrate(url)
     factory = make_sessionmaker(make_engine(url))
     session: Session
     with unit_of_work(factory) as session:

@@ -9,13 +9,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.nodes.lifecycle import run_sweep
 from services.nodes.schemas import NodeRegistration
 from services.nodes.service import register_node
 from services.nodes.tables import NodeEventRow
 from services.orgs.service import Principal, create_organization
+from tests.databases import migrate
 from tests.nodes.helpers import beat, load_node
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -34,7 +34,7 @@ def test_a_driver_the_settings_cannot_build_is_reported_on_each_node_and_the_swe
     """GPUPLAN_PROVIDER_DRIVER=runpod without its key made every sweep raise before deciding anything: no node was
     marked lost, no final sync was asked for, and nothing but a server log line said why no idle node ever stopped."""
     db_url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(db_url)
+    migrate(db_url)
     factory = make_sessionmaker(make_engine(db_url))
     with unit_of_work(factory) as session:
         org = create_organization(session, "sweeps")

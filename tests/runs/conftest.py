@@ -18,12 +18,12 @@ from services.agent.agent import Agent
 from services.api.app import create_app
 from services.cli.main import main
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.runs.client import RunApi
 from tests.api.conftest import QLORA_PLAN
 from tests.conftest import S3_TEST_CREDENTIALS, served_on_loopback
+from tests.databases import migrate
 
 
 @dataclass
@@ -69,7 +69,7 @@ class RunEnv:
 @pytest.fixture
 def run_env(tmp_path: Path, s3_settings: Settings) -> Iterator[RunEnv]:
     url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-    upgrade(url)
+    migrate(url)
     factory = make_sessionmaker(make_engine(url))
     with unit_of_work(factory) as session:
         create_organization(session, "alpha")

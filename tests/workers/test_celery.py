@@ -16,13 +16,16 @@ from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import QLORA_PLAN
 from tests.conftest import require_service
+from tests.databases import migrate
 
 REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+# These tests empty their Redis database and run Celery workers on it: one test process runs them in turn
+# (infra/dev.sh test distributes by these groups).
+pytestmark = pytest.mark.xdist_group("redis-celery")
 LEASE_S = 3.0
 
 
@@ -40,7 +43,7 @@ def _redis_available() -> bool:
 class Stack:
     def __init__(self, tmp_path: Path) -> None:
         self.db_url = f"sqlite:///{tmp_path / 'gpuplan.db'}"
-        upgrade(self.db_url)
+        migrate(self.db_url)
         with unit_of_work(make_sessionmaker(make_engine(self.db_url))) as session:
             create_organization(session, "acme")
             self.key = create_key(session, "acme")

@@ -28,7 +28,6 @@ from services.core.leases import (
     run_leased,
     sweep_expired,
 )
-from services.core.migrate import upgrade
 from services.core.settings import Settings
 from services.core.tasks import InProcessRunner, sweep_leases
 from services.orgs.repository import OrganizationRepository
@@ -37,11 +36,12 @@ from services.plans.service import ESTIMATE_TASK, estimate_task, give_up_abandon
 from services.plans.tables import PlanRow
 from tests.api.conftest import QLORA_PLAN
 from tests.api.conftest import database_url as database_url  # the SQLite and Postgres fixture
+from tests.databases import migrate
 
 
 @pytest.fixture
 def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade(database_url)
+    migrate(database_url)
     engine = make_engine(database_url)
     yield make_sessionmaker(engine)
     engine.dispose()
@@ -161,7 +161,7 @@ def test_the_in_process_runner_forgets_finished_tasks() -> None:
 def test_a_plan_submitted_while_the_broker_is_down_is_finished_by_the_lease_sweep(
     database_url: str, tmp_path: Path
 ) -> None:
-    upgrade(database_url)
+    migrate(database_url)
     factory = make_sessionmaker(make_engine(database_url))
     with unit_of_work(factory) as session:
         create_organization(session, "acme")
