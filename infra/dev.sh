@@ -68,11 +68,11 @@ case "${1:-}" in
     exportcheck_unpack axolotl 0.19.0
     exportcheck_unpack torchao 0.14.1
     shift
-    # One test process per core, at most 8 (pytest-xdist; tests marked with one xdist_group run in one process, in turn);
+    # One test process per core, at most 8 (pytest-xdist); the tests of one file run in one process, in order;
     # GPUPLAN_TEST_WORKERS=0 runs in this process, and a later -n in the arguments wins.
     cores=$(nproc 2>/dev/null || echo 2)
     workers=${GPUPLAN_TEST_WORKERS:-$(( cores < 8 ? cores : 8 ))}
-    "$venv/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
+    "$venv/bin/python" -m pytest -n "$workers" --dist loadfile "$@"
     ;;
   *)
     echo "usage: bash infra/dev.sh run [serve args] | setup | test [pytest args]" >&2

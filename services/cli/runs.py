@@ -13,7 +13,16 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
 from services.agent.signals import JOB_PID_FILE
-from services.cli.common import Subparsers, add_api_option, add_key_options, api_key, float_arg, id_arg, int_arg
+from services.cli.common import (
+    CliError,
+    Subparsers,
+    add_api_option,
+    add_key_options,
+    api_key,
+    float_arg,
+    id_arg,
+    int_arg,
+)
 from services.core.errors import ConfigurationError
 from services.runs.client import RunApi, RunApiError
 from services.runs.restore import RestoreError, restore_checkpoint
@@ -27,8 +36,8 @@ MiB = 2**20
 PID_MAX = 2**22
 
 
-class RunCliError(Exception):
-    """A user or environment error, printed as one line."""
+class RunCliError(CliError):
+    """A user or environment error of the run commands, printed as one line."""
 
 
 def _connection(parser: argparse.ArgumentParser) -> None:

@@ -229,7 +229,8 @@ def test_a_slow_provider_delays_no_other_organizations_requests(stack: Stack) ->
         timings[name] = time.monotonic() - t
         assert response.is_success, response.text
     assert not done.is_set(), "the provider answered before the requests were timed"
-    assert max(timings.values()) < 0.5, timings
+    # Waiting for the provider would take its 5 s; half of it leaves room for a loaded machine (0.6 s was seen).
+    assert max(timings.values()) < stack.provider.delay_s / 2, timings
     assert engine.pool.checkedout() == 0  # no session or connection of the sweep is open during the call
     listed = {n["id"]: n for n in stack.client.get("/v1/nodes", headers=stack.headers()).json()["items"]}
     assert listed[node_id]["status"] == "stopping" and listed[node_id]["stop_attempts"] == 1

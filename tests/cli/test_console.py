@@ -4,6 +4,7 @@ SQLite, in-process tasks) with its data sets and checkpoints on the loopback S3 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -122,6 +123,27 @@ def test_help_lists_every_command() -> None:
     assert result.returncode == 0
     for command in {c.split()[0] for c in DRIVEN}:
         assert command in result.stdout
+
+
+def test_a_command_line_builds_the_same_parser_from_its_own_module_only() -> None:
+    """main.COMMANDS names the module of each top-level command; a command line imports that module alone, and
+    its command parses as it does in the whole parser."""
+    from services.cli.main import COMMANDS
+
+    whole = build_parser()
+    top = next(a for a in whole._actions if isinstance(a, argparse._SubParsersAction))
+    assert [c for commands in COMMANDS.values() for c in commands] == list(top.choices)
+    for command, full in top.choices.items():
+        alone = build_parser(command)
+        sub = next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction))
+        assert sub.choices[command].format_help() == full.format_help()
+    # In a fresh interpreter: the estimate command does not import the exports, the data checks or boto3.
+    probe = (
+        "import sys; from services.cli.main import build_parser; build_parser('estimate'); "
+        "print(sorted(m for m in ('services.export', 'services.datacheck', 'boto3') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 # --- commands that need no service ---------------------------------------------------------------

@@ -46,9 +46,6 @@ DOCKERFILE = ROOT / "infra" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
-# These tests empty their Redis database and run Celery workers on it: one test process runs them in turn
-# (infra/dev.sh test distributes by these groups).
-pytestmark = pytest.mark.xdist_group("redis-celery")
 # The compose services this machine provides itself (Postgres, Redis) or that no assertion here needs
 # (MinIO: plans and the idle sweep never touch object storage).
 HOSTS = ("postgres", "redis", "minio")

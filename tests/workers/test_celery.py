@@ -23,9 +23,6 @@ from tests.conftest import require_service
 from tests.databases import migrate
 
 REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-# These tests empty their Redis database and run Celery workers on it: one test process runs them in turn
-# (infra/dev.sh test distributes by these groups).
-pytestmark = pytest.mark.xdist_group("redis-celery")
 LEASE_S = 3.0
 
 
