@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.catalog.gpus import GpuSpec, find_gpu, gpu_specs, larger_of_its_model
 from services.catalog.offers import Offer
+from services.core.country import is_country_code
 from services.core.errors import EstimatorError
 
 MAX_ROWS = 10_000
@@ -142,7 +143,7 @@ class OfferRow(BaseModel):
         # The planner's region filter and the catalog's ?region= match an offer by this code (Constraints.allows_region,
         # services/catalog/repository.py, upper-cased): "1", "U" or "USA" matched no place anyone names, and went on
         # into a String(2) column.
-        if value and not (len(value) == 2 and value.isascii() and value.isalpha()):
+        if value and not is_country_code(value):
             raise ValueError("expected an ISO 3166-1 alpha-2 country code (two letters, e.g. US, DE), or empty")
         return value.upper()
 

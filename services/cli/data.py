@@ -22,6 +22,7 @@ from services.cli.common import (
     read_regular_file,
     regular_file,
 )
+from services.core.country import is_country_code
 
 
 def register(sub: Subparsers) -> None:
@@ -87,7 +88,7 @@ def country_arg(name: str) -> Callable[[str], str]:
 
     def parse(value: str) -> str:
         code = value.strip()
-        if len(code) != 2 or not code.isascii() or not code.isalpha():
+        if not is_country_code(code):
             raise argparse.ArgumentTypeError(f"{name}: {value!r} is not a two-letter ISO country code (e.g. TR, DE)")
         return code.upper()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from services.core.country import is_country_code
+
 
 class HasKind(Protocol):
     """A personal-data finding or a per-kind summary: anything that names the kind of data."""
@@ -52,7 +54,7 @@ EEA_COUNTRIES = frozenset(
 
 def _country(field: str, code: str) -> str:
     value = code.strip().upper()
-    if len(value) != 2 or not value.isalpha():
+    if not is_country_code(value):
         raise ValueError(f"{field}: {code!r} is not an ISO 3166-1 alpha-2 country code (e.g. TR, DE, US)")
     return value
 

@@ -140,6 +140,8 @@ def test_location_warning() -> None:
     assert data_location_warning([], "TR", "US") is None
     with pytest.raises(ValueError, match="provider_country"):
         data_location_warning(findings, "TR", "USA")
+    with pytest.raises(ValueError, match="data_country"):  # letters, but not ASCII ones: no country's code
+        data_location_warning(findings, "ÇA", "US")
 
 
 def test_datacheck_imports_nothing_heavy() -> None:
