@@ -73,7 +73,7 @@ def run_job(job: CheckJob, progress: Callable[[int, int], None]) -> dict[str, An
         counter = counter_from_json(body.read(TOKENIZER_MAX_BYTES + 1).decode("utf-8"), "the uploaded tokenizer.json")
     elif job.model is not None:
         # The worker's Hub settings (HF_ENDPOINT, HF_TOKEN, GPUPLAN_HUB_*) and its disk cache.
-        from services.hub.client import HubSettings
+        from services.hub.models import HubSettings
         from services.hub.tokenizer import model_counter
 
         counter, tokenizer = model_counter(job.model, settings=HubSettings.from_environment())

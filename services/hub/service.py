@@ -25,9 +25,9 @@ from services.core.db import unit_of_work, utcnow
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import ModelSpec, Plan
 from services.estimator.resolved import ResolvedPlan, resolve_plan
-from services.hub.client import Checkpoint, HubModel, HubSettings, check_repo_id, fetch_model
 from services.hub.errors import HubModelGated, HubModelNotFound, HubUnreachable
 from services.hub.ids import is_hub_id
+from services.hub.models import Checkpoint, HubModel, HubSettings, check_repo_id
 from services.hub.tables import HubModelRow
 
 Fetcher = Callable[[str], HubModel]
@@ -171,6 +171,8 @@ def _fetch_remembering_refusals(repo_id: str, settings: HubSettings) -> HubModel
     if remembered is not None and remembered[0] > now:
         error = remembered[1]
         raise type(error)(error.message, field=error.field)
+    from services.hub.client import fetch_model  # huggingface_hub: imported by a fetch, not by every command
+
     try:
         return fetch_model(repo_id, settings)
     except (HubModelNotFound, HubModelGated) as exc:

@@ -20,7 +20,8 @@ from services.core.db import utcnow
 from services.core.errors import Unprocessable
 from services.datacheck.tokens import ESTIMATE_SOURCE, TOKENIZER_METHOD, Counter, counter_from_json, make_counter
 from services.estimator.errors import EstimatorError
-from services.hub.client import HubSettings, _download, check_repo_id
+from services.hub.client import _download
+from services.hub.models import HubSettings, check_repo_id
 from services.hub.service import _key, default_cache_dir, write_cache_file
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -125,7 +125,7 @@ def test_help_lists_every_command() -> None:
         assert command in result.stdout
 
 
-def test_a_command_line_builds_the_same_parser_from_its_own_module_only() -> None:
+def test_a_command_line_builds_the_same_parser_from_its_own_module_only(tmp_path: Path) -> None:
     """main.COMMANDS names the module of each top-level command; a command line imports that module alone, and
     its command parses as it does in the whole parser."""
     from services.cli.main import COMMANDS
@@ -137,13 +137,18 @@ def test_a_command_line_builds_the_same_parser_from_its_own_module_only() -> Non
         alone = build_parser(command)
         sub = next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction))
         assert sub.choices[command].format_help() == full.format_help()
-    # In a fresh interpreter: the estimate command does not import the exports, the data checks or boto3.
+    # In a fresh interpreter, an estimate of a bundled model imports neither the exports, the data checks, boto3
+    # nor the Hub client (huggingface_hub is imported by a fetch).
     probe = (
-        "import sys; from services.cli.main import build_parser; build_parser('estimate'); "
-        "print(sorted(m for m in ('services.export', 'services.datacheck', 'boto3') if m in sys.modules))"
+        "import contextlib, io, sys; from services.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    code = main(['estimate', '--model', 'meta-llama/Llama-3.1-8B', '--method', 'qlora', '--json'])\n"
+        "heavy = ('services.export', 'services.datacheck', 'boto3', 'huggingface_hub')\n"
+        "print(code, sorted(m for m in heavy if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]", out.stdout
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.stdout.strip() == "0 []", (out.stdout, out.stderr)
 
 
 # --- commands that need no service ---------------------------------------------------------------

@@ -10,8 +10,9 @@ import pytest
 from services.estimator.architecture import architecture_from_config, parameter_counts
 from services.estimator.errors import EstimatorError
 from services.estimator.plan import Plan
-from services.hub.client import HubSettings, fetch_model, stored_format
+from services.hub.client import fetch_model, stored_format
 from services.hub.errors import HubFileInvalid, HubModelGated, HubModelNotFound, HubUnreachable
+from services.hub.models import HubSettings
 from services.hub.service import DiskCache, resolve_model, with_model_config
 from tests.hub.conftest import INDEX, QWEN_1_8B
 from tests.hub.fake_hub import FakeHub
