@@ -55,6 +55,11 @@ class QuoteDocument:
     plan_assumptions: tuple[str, ...]
     price_source: str
 
+    @property
+    def expiry_words(self) -> str:
+        """What follows "Expired:" at the head of an expired quote's document, in the HTML and the PDF alike."""
+        return f"this quote was valid until {self.valid_until} and is no longer an offer; ask for a new quote."
+
 
 def usd(value: float | None) -> str:
     return "-" if value is None else dollars(value)
@@ -95,13 +100,6 @@ def pricing_words(pricing: Any) -> str:
     if pricing in (None, "on_demand", "on-demand"):
         return "on demand"
     return str(pricing)
-
-
-def expiry_notice(doc: QuoteDocument) -> str:
-    """What an expired quote's document says at its head ("" for one still valid)."""
-    if not doc.expired:
-        return ""
-    return f"Expired: this quote was valid until {doc.valid_until} and is no longer an offer; ask for a new quote."
 
 
 def setup_facts(s: dict[str, Any]) -> tuple[Fact, ...]:
@@ -258,7 +256,7 @@ def render_pdf(doc: QuoteDocument) -> bytes:
     text(f"Quote {doc.number}", size=18, style="B", height=10)
     text(f"Issued {doc.issued} by {doc.issuer}. Valid until {doc.valid_until}", size=9)
     if doc.expired:
-        text(expiry_notice(doc), size=10, style="B")
+        text(f"Expired: {doc.expiry_words}", size=10, style="B")
     heading("For")
     for address in doc.customer:
         text(address)
