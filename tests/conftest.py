@@ -232,3 +232,36 @@ def served_on_loopback(app: Any, name: str = "test-uvicorn", **options: Any) -> 
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+# How long a test client's shutdown may take before the test goes on without it.
+CLIENT_CLOSE_BOUND_S = 60
+
+
+@contextlib.contextmanager
+def bounded_test_client(app: Any) -> Iterator[Any]:
+    """``TestClient(app)`` as a context manager whose shutdown is bounded. Twice (the project's CI run of stop 59,
+    and a run of stop 60), the portal thread of run_env's client never ended after the app's lifespan had shut
+    down (the main thread in anyio's start_blocking_portal joining a portal loop idle in select), at the same test
+    (tests/runs/test_sync_health.py's bucket-cannot-hold case, after a whole suite's worth of earlier tests in the
+    process; it passes alone and with its file), and the suite hung until CI's limit. Not understood yet: the
+    shutdown now runs in a thread of its own, and one that has not ended after CLIENT_CLOSE_BOUND_S is a warning
+    in the test report, not a hang."""
+    import warnings
+
+    from fastapi.testclient import TestClient
+
+    client = TestClient(app)
+    client.__enter__()
+    try:
+        yield client
+    finally:
+        closer = threading.Thread(
+            target=client.__exit__, args=(None, None, None), name="test-client-close", daemon=True
+        )
+        closer.start()
+        closer.join(CLIENT_CLOSE_BOUND_S)
+        if closer.is_alive():
+            warnings.warn(
+                f"the test client did not shut down within {CLIENT_CLOSE_BOUND_S} s; left running", stacklevel=2
+            )

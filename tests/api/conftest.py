@@ -19,7 +19,7 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
-from tests.conftest import require_service
+from tests.conftest import bounded_test_client, require_service
 from tests.databases import migrate
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -83,7 +83,7 @@ def api(database_url: str) -> Iterator[Api]:
             keys[org] = create_key(session, org)
         keys["admin"] = create_key(session, "alpha", admin=True)
     app = create_app(Settings(database_url=database_url))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         yield Api(client=client, url=database_url, keys=keys)
 
 

@@ -22,7 +22,7 @@ from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.runs.client import RunApi
 from tests.api.conftest import QLORA_PLAN
-from tests.conftest import S3_TEST_CREDENTIALS, served_on_loopback
+from tests.conftest import S3_TEST_CREDENTIALS, bounded_test_client, served_on_loopback
 from tests.databases import migrate
 
 
@@ -76,7 +76,7 @@ def run_env(tmp_path: Path, s3_settings: Settings) -> Iterator[RunEnv]:
         create_organization(session, "beta")
         key, other = create_key(session, "alpha"), create_key(session, "beta")
     app = create_app(Settings(database_url=url, s3_bucket=s3_settings.s3_bucket))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         headers = {"Authorization": f"Bearer {key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         deadline = time.monotonic() + 60
