@@ -13,7 +13,7 @@ from services.estimator.budget import CpuBudget
 from services.estimator.fit import fits_card, headroom_ratio
 from services.estimator.frameworks import framework_note
 from services.estimator.memory import GIB, MemoryBreakdown, groupwise_layout, peak_memory
-from services.estimator.padding import padding_note
+from services.estimator.padding import padding_note, short_run_warnings
 from services.estimator.plan import GenericModel, Plan
 from services.estimator.recipe import Recipe
 from services.estimator.reports import (
@@ -36,8 +36,7 @@ from services.estimator.throughput import (
 )
 from services.estimator.uncertainty import memory_band
 
-# Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few
-# percent between runs and library versions.
+# Below this share of free memory a fit is reported as tight: allocator behaviour varies by a few percent between runs.
 TIGHT_HEADROOM = 0.05
 
 
@@ -341,6 +340,7 @@ def _warnings(plan: Plan, arch: Architecture, recipe: Recipe, mem: MemoryBreakdo
         out.append("no lora settings given: assumed rank 16 on all linear layers (q,k,v,o,gate,up,down)")
     if arch.max_position_embeddings and plan.seq_len > arch.max_position_embeddings:
         out.append(f"seq_len {plan.seq_len} exceeds the model's max_position_embeddings {arch.max_position_embeddings}")
+    out += short_run_warnings(plan, recipe, plan.effective_batch_size)
     if gpu is not None and plan.precision.startswith("bf16") and not gpu.bf16_tflops:
         out.append(f"{gpu.name} has no bf16 tensor cores: use fp16 (throughput assumes the fp16 rate)")
     if gpu is not None and plan.precision == "fp32":

@@ -175,6 +175,30 @@ def data_tokens_per_processed_token(plan: Plan, recipe: Recipe) -> float:
     return mean / processed
 
 
+def run_samples(plan: Plan, recipe: Recipe) -> float | None:
+    """Samples (rows) the run trains on over all its epochs: its examples, or where rows are packed or only a token
+    count is given, its tokens in rows of seq_len (None: not a training run with a data set)."""
+    data = plan.data
+    if data is None or not plan.is_training:
+        return None
+    if data.examples is not None and recipe.padding != "packed":
+        return data.examples * data.epochs
+    return data.total_tokens() / plan.seq_len
+
+
+def short_run_warnings(plan: Plan, recipe: Recipe, effective_batch: int) -> list[str]:
+    """Where the run's samples (``run_samples``) are fewer than one optimizer step of ``effective_batch``, that it
+    makes no full step, in words (one warning; none otherwise)."""
+    samples = run_samples(plan, recipe)
+    if samples is None or samples >= effective_batch:
+        return []
+    shown = f"{samples:,.0f}" if samples >= 1 else f"{samples:.2g}"
+    return [
+        f"the run trains {shown} samples in all, fewer than one optimizer step of {effective_batch:,}: "
+        "it never makes a full step (a smaller effective batch, fewer GPUs, or more data)"
+    ]
+
+
 def truncation_note(plan: Plan, recipe: Recipe) -> str | None:
     """Where the data set's mean example is as long as seq_len or longer (rows not packed), that longer examples are
     cut to it, in words; None otherwise."""

@@ -191,6 +191,11 @@ class DataSpec(_Strict):
                 f"avg_tokens_per_example: {mean:g} is more than max_tokens_per_example ({longest}): no data set "
                 "averages longer than its longest example"
             )
+        total = self.total_tokens()
+        if total < 1:  # 1e-300 epochs were accepted: a run of no token, priced as its start-up alone
+            raise ValueError(
+                f"epochs: {self.epochs:g} epochs of this data set is {total:.3g} tokens; a run trains at least one"
+            )
         return self
 
     def length_percentiles(self) -> tuple[tuple[float, int], ...] | None:
@@ -333,7 +338,7 @@ class Plan(_Strict):
             raise ValueError("double_quant: only an NF4 base (method 'qlora', quantization 'nf4') has nested constants")
         if self.activation_offloading and self.mode != "train":
             raise ValueError("activation_offloading: only a training step saves activations; use mode 'train'")
-        effective = self.micro_batch_size * (self.gradient_accumulation_steps or 1) * self.gpus
+        effective = self.effective_batch_size
         if effective > MAX_EFFECTIVE_BATCH_SIZE:
             raise ValueError(
                 f"micro_batch_size: micro_batch_size x gradient_accumulation_steps x gpus is {effective:,} samples "
@@ -344,6 +349,11 @@ class Plan(_Strict):
     @property
     def is_training(self) -> bool:
         return self.mode == "train"
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step as written: micro-batch x accumulation steps x GPUs."""
+        return self.micro_batch_size * (self.gradient_accumulation_steps or 1) * self.gpus
 
     @property
     def quantized(self) -> Quantization | None:

@@ -17,7 +17,7 @@ from services.planner.evaluator import Config, Evaluator
 
 def effective_batch_size(plan: Plan) -> int:
     """Samples per optimizer step of the plan as written."""
-    return plan.micro_batch_size * (plan.gradient_accumulation_steps or 1) * plan.gpus
+    return plan.effective_batch_size
 
 
 def samples_per_gpu(effective: int, gpus: int) -> int:

@@ -30,7 +30,7 @@ from services.estimator.budget import CpuBudget, unlimited
 from services.estimator.communication import synchronisation_fraction
 from services.estimator.fit import FIT_QUANTILE
 from services.estimator.memory import GIB, adapter_params
-from services.estimator.padding import truncation_note
+from services.estimator.padding import short_run_warnings, truncation_note
 from services.estimator.plan import Plan
 from services.estimator.recipe import Recipe
 from services.estimator.resolved import ResolvedPlan, as_resolved
@@ -440,6 +440,7 @@ def _plan_warnings(ctx: PlanContext) -> list[str]:
     cut = truncation_note(plan, ctx.evaluator.recipe)  # as the estimate notes it
     if cut is not None:
         out.append(cut)
+    out += short_run_warnings(plan, ctx.evaluator.recipe, ctx.effective_batch_size)
     return out
 
 

@@ -18,6 +18,7 @@ from services.estimator.padding import (
     data_tokens_per_processed_token,
     expected_longest,
     processed_tokens_per_example,
+    run_samples,
 )
 from services.estimator.recipe import resolve_recipe
 from tests.conftest import make_plan
@@ -205,3 +206,23 @@ def test_length_percentiles_are_all_given_and_never_decrease(change: dict[str, o
     with pytest.raises(PlanError) as err:
         parse_plan({"model": {"name": "meta-llama/Llama-3.1-8B"}, "data": data})
     assert field in str(err.value)
+
+
+def test_a_run_with_fewer_samples_than_one_optimizer_step_is_warned_by_the_estimate_and_the_planner() -> None:
+    from services.planner import plan_setups
+
+    # 20 examples against micro-batch 4 x 8 accumulation steps: the run never completes a step.
+    short = make_plan(
+        method="lora",
+        micro_batch_size=4,
+        gradient_accumulation_steps=8,
+        data={"examples": 20, "avg_tokens_per_example": 400},
+    )
+    assert run_samples(short, resolve_recipe(short)) == 20
+    packed = short.model_copy(update={"padding": "packed"})  # 8,000 tokens in rows of 2,048
+    assert run_samples(packed, resolve_recipe(packed)) == pytest.approx(8_000 / short.seq_len)
+    wanted = "the run trains 20 samples in all, fewer than one optimizer step of 32"
+    assert any(w.startswith(wanted) for w in estimate(short).warnings)
+    assert any(w.startswith(wanted) for w in plan_setups(short).warnings)
+    enough = short.model_copy(update={"gradient_accumulation_steps": 5})
+    assert not any("optimizer step of" in w for w in estimate(enough).warnings)

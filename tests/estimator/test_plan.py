@@ -105,6 +105,14 @@ def test_data_total_tokens() -> None:
     assert plan.data is not None and plan.data.total_tokens() == 15_360_000
 
 
+def test_a_data_set_of_less_than_one_token_is_refused() -> None:
+    # 1e-300 epochs were accepted and priced as a run of its start-up alone.
+    (line,) = _problems({"model": {"name": "x"}, "data": {"tokens": 1000, "epochs": 1e-300}})
+    assert "epochs" in line and "a run trains at least one" in line
+    plan = parse_plan({"model": {"name": "x"}, "data": {"tokens": 1000, "epochs": 0.001}})
+    assert plan.data is not None and plan.data.total_tokens() == pytest.approx(1.0)
+
+
 def test_inference_plans_take_serving_fields_and_refuse_training_ones() -> None:
     """Issue 22 item 6: an inference plan serves quantized weights without a training method."""
     plan = parse_plan({"model": {"name": "x"}, "mode": "inference", "quantization": "nf4", "kv_cache_dtype": "fp8"})
