@@ -10,7 +10,9 @@ from services.catalog.gpus import find_gpu
 from services.cli.common import CliError, Subparsers, int_arg, read_plan_file
 from services.cli.estimate import with_hub_model
 from services.estimator.estimate import estimate
+from services.estimator.padding import run_samples
 from services.estimator.plan import Plan
+from services.estimator.recipe import resolve_recipe
 from services.estimator.validation import parse_plan
 from services.export import FORMATS, ExportBundle, export_setup
 from services.export.dataset import DATA_KINDS, DEFAULT_DATA, DataFormat, data_format
@@ -58,8 +60,11 @@ def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat)
     effective = effective_batch_size(plan)
     # The planner's batch split, micro-batch and sharding for that count on the card (the plan's effective batch
     # kept), validated again.
-    plan, moved = plan_on_gpus(plan, count, spec, fmt)
-    target, notes = retarget_plan(plan, fmt, effective)
+    moved_plan, moved = plan_on_gpus(plan, count, spec, fmt)
+    target, notes = retarget_plan(moved_plan, fmt, effective)
+    if gpus is not None:
+        _refuse_short_run(plan, target, gpus)
+    plan = moved_plan
     report = estimate(target, spec)
     peak = report.memory.peak_device_gib
     if notes:
@@ -83,6 +88,19 @@ def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat)
         f"{count} x {spec.name}, {target.sharding}{offload}, micro-batch {target.micro_batch_size}{checkpointing}, "
         f"{peak:.1f} GiB of {spec.memory_gib:.0f} GiB"
     )
+
+
+def _refuse_short_run(plan: Plan, target: Plan, gpus: int) -> None:
+    """``--gpus`` that take the optimizer step (of ``target``, the plan moved to them as the format runs it) past
+    every sample the run trains, where the plan's step fit in them, refused: the files would never make a step
+    (65,536 GPUs on 10,000 examples were exported)."""
+    samples = run_samples(target, resolve_recipe(target))
+    step = target.effective_batch_size
+    if samples is not None and plan.effective_batch_size <= samples < step:
+        raise CliError(
+            f"--gpus {gpus}: one optimizer step would take {step:,} samples, more than the {samples:,.0f} the run "
+            f"trains in all (the plan's step takes {plan.effective_batch_size:,}); use fewer GPUs"
+        )
 
 
 def _planned(plan: Plan, fmt: str, data: DataFormat) -> tuple[ExportBundle, str]:

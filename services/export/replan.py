@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from services.catalog.gpus import GpuSpec, find_gpu
 from services.estimator.estimate import estimate
 from services.estimator.fit import usable_card_bytes
+from services.estimator.padding import pads_to_longest_of_known_mean
 from services.estimator.plan import Plan, Sharding
 from services.estimator.recipe import resolve_recipe
 from services.estimator.resolved import ResolvedPlan, resolve_plan
@@ -186,6 +187,19 @@ def retarget_plan(plan: Plan, fmt: str, effective_batch: int | None = None) -> t
     if sharding is not None:
         fields["sharding"] = sharding
         changes.append(f"re-planned for {known}: sharding {plan.sharding} -> {sharding} (what {known} runs)")
+    if plan.padding is None:
+        run = plan.model_copy(update=fields)
+        if pads_to_longest_of_known_mean(run, resolve_recipe(run)):
+            # Every format's files pack the samples into rows of seq_len (train.py, torchtune's packed dataset,
+            # axolotl's sample_packing): priced with the framework's default padding to the longest sample, the
+            # setup's time and cost counted pad tokens the files never train on (the peak is sized on full rows
+            # either way), and the planner's pick could be another card's.
+            fields["padding"] = "packed"
+            changes.append(
+                f"re-planned for {known}: padding null -> packed: the {known} files pack the samples into rows of "
+                f"seq_len {plan.seq_len} ({framework}'s default pads each micro-batch to its longest sample), so "
+                "time and cost count no pad tokens"
+            )
     if plan.gradient_accumulation_steps is None and resolve_recipe(plan.model_copy(update=fields)).grads_persist:
         # Null is the framework's default, which accumulates (the estimate keeps the gradients through the
         # step); the files need a number, so the plan takes the one that keeps its effective batch.
@@ -274,8 +288,9 @@ def setup_for_format(
     plan = plan.plan if isinstance(plan, ResolvedPlan) else plan
     target_plan, notes = retarget_plan(plan, fmt)
     target_resolved = resolved.variant(target_plan) if resolved is not None else None
-    framework_changed = target_plan.framework != plan.framework
-    recs = list(replan(target_plan)) if framework_changed else list(planned)
+    # Another framework or padding changes memory and speed: the format's plan is planned again.
+    replanned = target_plan.framework != plan.framework or target_plan.padding != plan.padding
+    recs = list(replan(target_plan)) if replanned else list(planned)
     if index >= len(recs):
         raise ExportError(
             "recommendation",
@@ -293,7 +308,7 @@ def setup_for_format(
             reasons.append(f"#{rank} ({rec.gpus} x {rec.gpu}): {exc.message}")
             refusals.append(exc)
             continue
-        if framework_changed and index < len(planned):
+        if replanned and index < len(planned):
             was, now = describe_setup(planned[index]), describe_setup(fitted)
             fit_notes.insert(0, f"setup for {fmt}: {now} (" + ("unchanged)" if now == was else f"was {was})"))
         elif rank != index:

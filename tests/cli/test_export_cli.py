@@ -408,3 +408,34 @@ def test_one_gpu_torchtune_refuses_the_plans_offload_naming_it(tmp_path: Path) -
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpuplan: error: cpu_offload:"), lines
+
+
+def test_gpus_whose_one_step_outnumbers_the_runs_samples_are_refused(tmp_path: Path) -> None:
+    # 400 examples of 512 tokens: the files pack them into 100 rows of 2,048 tokens, so 128 GPUs (one step of 128
+    # samples) would never make a step; 65,536 GPUs were exported.
+    plan = _plan_file(tmp_path, LORA_PLAN, data={"examples": 400, "avg_tokens_per_example": 512})
+    args = ("export", "--plan", plan, "--format", "hf-trainer", "--gpu", "a100-80gb")
+    refused = gpuplan(*args, "--gpus", "128")
+    assert refused.returncode == 2 and refused.stdout == ""
+    (line,) = refused.stderr.splitlines()
+    assert line == (
+        "gpuplan: error: --gpus 128: one optimizer step would take 128 samples, more than the 100 the run trains in "
+        "all (the plan's step takes 16); use fewer GPUs"
+    )
+    assert gpuplan(*args, "--gpus", "64").returncode == 0
+
+
+def test_short_examples_are_exported_as_the_files_run_them_packed(tmp_path: Path) -> None:
+    # hf-trainer's default pads each micro-batch to its longest sample, which the plan was priced with; train.py packs.
+    from services.export.replan import describe_setup
+    from services.planner import plan_setups
+
+    fields = {**LORA_PLAN, "data": {"examples": 20_000, "avg_tokens_per_example": 400}}
+    result = gpuplan("export", "--plan", _plan_file(tmp_path, fields), "--format", "hf-trainer")
+    assert result.returncode == 0, result.stderr
+    assert "re-planned for hf-trainer: padding null -> packed" in result.stderr
+    packed = plan_setups(parse_plan({**fields, "padding": "packed"})).recommendations[0]
+    assert (
+        result.stdout.strip().splitlines()[-2]
+        == f"# hf-trainer: the planner's cheapest setup: {describe_setup(packed)}"
+    )

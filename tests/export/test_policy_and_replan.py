@@ -120,8 +120,15 @@ def _readme_plan(**fields: Any) -> Plan:
 
 def test_retarget_changes_framework_and_sharding_and_says_so() -> None:
     plan = _readme_plan(sharding="none")
-    same, notes = retarget_plan(plan, "hf-trainer")
-    assert same is plan and notes == []
+    # The files pack rows the Trainer's default collator would pad to the longest sample: the plan says so.
+    packed, notes = retarget_plan(plan, "hf-trainer")
+    assert packed.padding == "packed" and notes == [
+        "re-planned for hf-trainer: padding null -> packed: the hf-trainer files pack the samples into rows of "
+        "seq_len 2048 (hf-trainer's default pads each micro-batch to its longest sample), so time and cost count no "
+        "pad tokens"
+    ]
+    same, notes = retarget_plan(packed, "hf-trainer")
+    assert same is packed and notes == []
     tune, notes = retarget_plan(plan, "torchtune")
     assert tune.framework == "torchtune" and "re-planned for torchtune" in notes[0]
     ds, notes = retarget_plan(plan, "deepspeed")
