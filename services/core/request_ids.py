@@ -11,7 +11,7 @@ import uuid
 from contextvars import ContextVar
 
 HEADER = "x-request-id"
-_ACCEPTED = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # a caller's id is echoed only if it is this plain
+_ACCEPTED = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")  # a caller's id is echoed only if it is this plain
 current: ContextVar[str] = ContextVar("gpuplan_request_id", default="-")
 
 

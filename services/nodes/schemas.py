@@ -119,7 +119,7 @@ class CalibrationResult(_In):
     peak_reserved_gib: StrictFloat | None = Field(default=None, ge=0, le=10_000)
     seconds: StrictFloat = Field(ge=0, le=86_400)
     device: SingleLine = Field(default="", max_length=200)
-    notes: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
+    notes: list[Annotated[SingleLine, Field(max_length=500)]] = Field(default_factory=list, max_length=20)
     gpus: StrictInt = Field(
         default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)"
     )

@@ -20,8 +20,8 @@ from services.orgs.scopes import ADMIN_SCOPES, DEFAULT_SCOPES, format_scopes, pa
 from services.orgs.tables import ApiKey, DashboardSession, Organization
 
 KEY_PREFIX = "gp_"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}$")
-_ID = re.compile(r"^[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}\Z")
+_ID = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 @dataclass(frozen=True)

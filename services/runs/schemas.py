@@ -13,8 +13,8 @@ from services.runs.manifest import Manifest
 from services.runs.retention import RetentionPolicy
 
 # S3 bucket names (AWS rules; MinIO follows them) and key prefixes without surprises.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+_PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]*\Z")
 
 
 class RunCreate(ClosedModel):

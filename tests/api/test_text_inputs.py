@@ -62,3 +62,29 @@ def test_a_customer_email_that_is_no_address_is_refused_naming_the_field_once(
     answer = api.client.post(f"/v1/plans/{world.plan_id}/quotes", json=body, headers=world.agent())
     _refused(answer, "customer_email")
     assert "customer_email: customer_email" not in answer.text
+
+
+def test_a_trailing_line_break_is_refused_where_a_pattern_checks_the_text(api: Api, world: World) -> None:
+    # Python's "$" also matches before a final "\n": a key name, a run's bucket and prefix passed their patterns
+    # with one, and were stored.
+    headers = api.headers("admin")
+    keys = api.client.get("/v1/keys", headers=headers).json()["items"]
+    _refused(api.client.post("/v1/keys", json={"name": "ci\n"}, headers=headers), "name")
+    assert api.client.get("/v1/keys", headers=headers).json()["items"] == keys
+    route = f"/v1/plans/{world.plan_id}/runs"
+    runs = api.client.get("/v1/runs", headers=headers).json()["items"]
+    for field, value in (("bucket", "gpuplan-runs\n"), ("prefix", "exp-1/\n")):
+        body = {"node_ids": [world.node_id], "checkpoint_dir": "/data/out", "bucket": "gpuplan-runs", field: value}
+        _refused(api.client.post(route, json=body, headers=headers), field)
+    assert api.client.get("/v1/runs", headers=headers).json()["items"] == runs
+    assert api.client.post("/v1/keys", json={"name": "ci"}, headers=headers).status_code == 201
+
+
+def test_a_calibration_note_that_is_not_one_line_of_text_is_refused(api: Api, world: World) -> None:
+    calibration = world.calibration_id()
+    route = f"/v1/calibrations/{calibration}/result"
+    result = {"tokens_per_s": 1000.0, "seconds": 1.0, "comparable": False}
+    for note in ("two\nlines", "reversed \u202etxt.exe"):
+        _refused(api.client.post(route, json={**result, "notes": ["fine", note]}, headers=world.agent()), "notes.1")
+    done = api.client.post(route, json={**result, "notes": ["measured on 1 GPU"]}, headers=world.agent())
+    assert done.status_code == 200, done.text
