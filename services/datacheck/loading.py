@@ -92,13 +92,17 @@ def _row_problem(value: Any) -> RowError | None:
                 return RowError("broken", f"nested more than {MAX_DEPTH} levels deep")
             values += len(item) * (2 if isinstance(item, dict) else 1)
             if values > MAX_VALUES:
-                return RowError("broken", f"more than {MAX_VALUES:,} values (keys, strings, numbers, lists, objects)")
+                return _too_many_values()
             if isinstance(item, dict):
                 stack.extend((k, depth) for k in item)
                 stack.extend((v, depth + 1) for v in item.values())
             else:
                 stack.extend((v, depth + 1) for v in item)
     return None
+
+
+def _too_many_values() -> RowError:
+    return RowError("broken", f"more than {MAX_VALUES:,} values (keys, strings, numbers, lists, objects)")
 
 
 _ENCODING_ERROR = RowError("encoding", "bytes that are not valid UTF-8, or an escaped lone surrogate such as \\ud800")
@@ -403,6 +407,24 @@ def _cell_sizes(pa: Any, pc: Any, array: Any) -> tuple[npt.NDArray[np.int64], np
     return np.full(rows, max(1, width // 8), dtype=np.int64), np.zeros(rows, dtype=np.int64)
 
 
+def _nested_values(pa: Any, pc: Any, array: Any) -> npt.NDArray[np.int64]:
+    """Per row of an Arrow array: the values inside each cell as ``_row_problem`` counts them (a list's items, a
+    struct's keys and values, and theirs in turn), from the offsets alone: no cell becomes a Python object."""
+    kind = array.type
+    rows = len(array)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False).astype(np.int64)
+        inside = np.bincount(parents, minlength=rows).astype(np.int64)
+        np.add.at(inside, parents, _nested_values(pa, pc, array.flatten()))
+        return inside
+    if pa.types.is_struct(kind):
+        inside = np.full(rows, 2 * kind.num_fields, dtype=np.int64)
+        for field in array.flatten():
+            inside += _nested_values(pa, pc, field)
+        return inside
+    return np.zeros(rows, dtype=np.int64)
+
+
 def _parquet_file(pq: Any, source: IO[bytes], label: str, limits: Limits) -> Any:
     """The ParquetFile after checking its footer and its row-group and column-chunk sizes, all from the
     metadata, before any data page is read; string columns are read as dictionaries (not expanded)."""
@@ -476,12 +498,18 @@ def _parquet_rows(
             total = np.zeros(batch.num_rows, dtype=np.int64)
             longest = np.zeros(batch.num_rows, dtype=np.int64)
             longest_column = np.zeros(batch.num_rows, dtype=np.int64)
+            # The row's object, its keys and its cells, then what the cells hold (``_row_problem``'s count).
+            values = np.full(batch.num_rows, 1 + 2 * batch.num_columns, dtype=np.int64)
             for at, column in enumerate(batch.columns):
                 t, m = _cell_sizes(pa, pc, column)
                 total += t
                 longer = m > longest
                 longest_column[longer] = at
                 np.maximum(longest, m, out=longest)
+                values += _nested_values(pa, pc, column)
+            # Rows of too many values are refused as JSON Lines rows are, before they become Python objects: ten
+            # million one-byte list items in a 10 MB row took half a minute to check.
+            crowded = set(np.flatnonzero(values > MAX_VALUES).tolist())
             ends = decoded + np.cumsum(total)
             bad = np.flatnonzero((total > limits.record_bytes) | (longest > limits.cell_bytes))
             stop = int(bad[0]) if bad.size else batch.num_rows
@@ -489,9 +517,14 @@ def _parquet_rows(
                 stop = min(stop, int(np.searchsorted(ends, decoded_limit, side="right")))
             start = 0
             while start < stop:  # to Python in slices of about _PARQUET_SLICE_BYTES
+                if start in crowded:
+                    number += 1
+                    yield number, _too_many_values()
+                    start += 1
+                    continue
                 base = ends[start - 1] if start else decoded
                 end = max(start + 1, int(np.searchsorted(ends, base + _PARQUET_SLICE_BYTES, side="right")))
-                end = min(end, stop)
+                end = min(end, stop, min((r for r in crowded if r > start), default=stop))
                 for row in batch.slice(start, end - start).to_pylist():
                     number += 1
                     yield number, row

@@ -191,12 +191,28 @@ def test_a_parquet_string_column_of_nulls_only_is_read(tmp_path: Path) -> None:
     assert check_dataset(path).counts["mismatched_rows"] == 3
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "csv", "json"])
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "json", "parquet"])
 def test_a_row_of_too_many_values_is_broken_before_it_is_walked(
     kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # One 20 MB line of ten million numbers took 28 s and 880 MB to check; scaled down to a limit of 50 values.
     monkeypatch.setattr(loading, "MAX_VALUES", 50, raising=False)  # (raising=False: the old code had none)
+    if kind == "parquet":  # counted in Arrow: the crowded row never becomes Python objects
+        turns = [[{"role": "user", "content": "hi"}] * 4, [{"role": "user", "content": "hi"}] * 12]
+        table = pa.table({"text": ["a", "b", "c"], "ids": [list(range(40)), list(range(60)), [1]]})
+        rows = []
+        for columns in (table, pa.table({"messages": turns})):
+            path = tmp_path / "data.parquet"
+            pq.write_table(columns, path, row_group_size=2)
+            rows += load_rows(path)
+        assert [type(row).__name__ for _, row in rows] == ["dict", "RowError", "dict", "dict", "RowError"]
+        # 3 + 4 turns x 5 (the turn, its two keys and two values) = 23 values; 3 + 12 x 5 = 63.
+        assert (
+            rows[1][1]
+            == rows[4][1]
+            == RowError("broken", "more than 50 values (keys, strings, numbers, lists, objects)")
+        )
+        return
     if kind == "csv":  # a cell is two values, its column name and its text
         data = b"text," + b",".join(b"c%d" % i for i in range(20)) + b"\nhello there" + b",x" * 20 + b"\n"
         wide = b"text," + b",".join(b"c%d" % i for i in range(30)) + b"\nhello there" + b",x" * 30 + b"\n"
