@@ -36,10 +36,6 @@ MiB = 2**20
 PID_MAX = 2**22
 
 
-class RunCliError(CliError):
-    """A user or environment error of the run commands, printed as one line."""
-
-
 def _connection(parser: argparse.ArgumentParser) -> None:
     add_api_option(parser)
     add_key_options(parser)
@@ -158,14 +154,14 @@ def _s3() -> Any:
     try:
         return make_s3_client(load_settings())
     except ConfigurationError as exc:
-        raise RunCliError(exc.message) from None
+        raise CliError(exc.message) from None
 
 
 def _run_info(api: RunApi) -> dict[str, Any]:
     try:
         return api.run()
     except RunApiError as exc:
-        raise RunCliError(str(exc)) from None
+        raise CliError(str(exc)) from None
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -180,11 +176,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
                 _s3(), run["bucket"], run["prefix"], args.run, Path(args.dir), api, options, final=args.final
             )
         except (SyncError, RunApiError) as exc:
-            raise RunCliError(f"sync: {exc}; nothing local was touched, run it again to resume") from None
+            raise CliError(f"sync: {exc}; nothing local was touched, run it again to resume") from None
         except (BotoCoreError, ClientError) as exc:  # credentials, connection and store errors
-            raise RunCliError(f"sync: {exc}; run it again to resume") from None
+            raise CliError(f"sync: {exc}; run it again to resume") from None
         except OSError as exc:  # the checkpoint folder unreadable
-            raise RunCliError(f"sync: {exc.filename or args.dir}: {exc.strerror or exc}") from None
+            raise CliError(f"sync: {exc.filename or args.dir}: {exc.strerror or exc}") from None
     uploaded = [u.manifest.step for u in result.uploaded]
     if args.json:
         import json
@@ -245,18 +241,18 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 manifest = read_manifest(s3, run["bucket"], run["prefix"], step)
                 if manifest is None:
                     steps = sorted(stored_steps(s3, run["bucket"], run["prefix"]))
-                    raise RunCliError(f"step {step} has no manifest in the bucket; steps there: {steps}")
+                    raise CliError(f"step {step} has no manifest in the bucket; steps there: {steps}")
             else:
                 manifest = api.choose(args.step, args.best)
             target = Path(args.to)
             target.mkdir(parents=True, exist_ok=True)
             result = restore_checkpoint(s3, run["bucket"], run["prefix"], manifest, target)
         except (RestoreError, RunApiError, SyncError) as exc:
-            raise RunCliError(f"restore: {exc}") from None
+            raise CliError(f"restore: {exc}") from None
         except (BotoCoreError, ClientError) as exc:
-            raise RunCliError(f"restore: {exc}; run it again to resume the download") from None
+            raise CliError(f"restore: {exc}; run it again to resume the download") from None
         except OSError as exc:
-            raise RunCliError(f"restore: {args.to}: {exc.strerror or exc}") from None
+            raise CliError(f"restore: {args.to}: {exc.strerror or exc}") from None
     print(f"step {result.step}: {result.files} files, {result.bytes / MiB:.1f} MiB verified in {result.directory}")
     return 0
 
@@ -266,7 +262,7 @@ def _bucket_step(s3: Any, run: dict[str, Any], best: bool) -> int:
     the metric the manifests carry (ranked as the run's retention ranks it: --best used to restore the newest)."""
     durable = BucketOnly(s3, run["bucket"], run["prefix"]).done_steps()[0]
     if not durable:
-        raise RunCliError(f"no durable checkpoint in s3://{run['bucket']}/{run['prefix']}")
+        raise CliError(f"no durable checkpoint in s3://{run['bucket']}/{run['prefix']}")
     if not best:
         return max(durable)
     manifests = [(s, read_manifest(s3, run["bucket"], run["prefix"], s)) for s in sorted(durable)]
@@ -275,7 +271,7 @@ def _bucket_step(s3: Any, run: dict[str, Any], best: bool) -> int:
     step = best_step(stored, "max" if mode == "max" else "min")
     if step is None:
         where = f"s3://{run['bucket']}/{run['prefix']}"
-        raise RunCliError(f"no checkpoint in {where} has a metric; use --step or the latest")
+        raise CliError(f"no checkpoint in {where} has a metric; use --step or the latest")
     return step
 
 
@@ -287,7 +283,7 @@ def agent_run_check(args: argparse.Namespace, client: httpx.Client, key: str) ->
     try:
         RunApi(client, key, args.run).run()
     except RunApiError as exc:
-        raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
+        raise CliError(f"agent: cannot join run {args.run}: {exc}") from None
 
 
 def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, key: str) -> None:
@@ -306,7 +302,7 @@ def agent_run_setup(args: argparse.Namespace, agent: Any, client: httpx.Client, 
     try:
         run = api.join(agent.node_id, agent.node_token)
     except RunApiError as exc:
-        raise RunCliError(f"agent: cannot join run {args.run}: {exc}") from None
+        raise CliError(f"agent: cannot join run {args.run}: {exc}") from None
     checkpoint_dir = args.checkpoint_dir or run["checkpoint_dir"]
     agent.jobs.pid_file = Path(checkpoint_dir) / JOB_PID_FILE
     agent.attach_run(
