@@ -246,7 +246,8 @@ def bounded_test_client(app: Any) -> Iterator[Any]:
     (tests/runs/test_sync_health.py's bucket-cannot-hold case, after a whole suite's worth of earlier tests in the
     process; it passes alone and with its file), and the suite hung until CI's limit. Not understood yet: the
     shutdown now runs in a thread of its own, and one that has not ended after CLIENT_CLOSE_BOUND_S is a warning
-    in the test report, not a hang."""
+    in the test report, with every thread's stack, not a hang. Every test client of the suite run as a context
+    manager is made here."""
     import warnings
 
     from fastapi.testclient import TestClient
@@ -263,5 +264,19 @@ def bounded_test_client(app: Any) -> Iterator[Any]:
         closer.join(CLIENT_CLOSE_BOUND_S)
         if closer.is_alive():
             warnings.warn(
-                f"the test client did not shut down within {CLIENT_CLOSE_BOUND_S} s; left running", stacklevel=2
+                f"the test client did not shut down within {CLIENT_CLOSE_BOUND_S} s; left running. Threads:\n"
+                + _thread_stacks(),
+                stacklevel=2,
             )
+
+
+def _thread_stacks(frames: int = 8) -> str:
+    """The innermost ``frames`` frames of every thread, to find what a hung shutdown waits for."""
+    import sys
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"-- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)[-frames:])
+        for ident, frame in sys._current_frames().items()
+    )

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
@@ -16,6 +15,7 @@ from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from services.sdk import PlanError, estimate, plan
 from tests.api.conftest import QLORA_PLAN
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 
@@ -26,7 +26,7 @@ def served(tmp_path: Path) -> Any:
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "sdk")
         key = create_key(session, "sdk")
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=url))) as client:
         yield client, {"Authorization": f"Bearer {key}"}
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.agent import calibrate
 from services.agent import node as agent_node
@@ -27,6 +26,7 @@ from services.core.db import unit_of_work, utcnow
 from services.core.settings import Settings
 from services.nodes.lifecycle import run_sweep
 from services.nodes.tables import CalibrationRow
+from tests.conftest import bounded_test_client
 from tests.nodes.helpers import TINY_PLAN, AgentStack, Recording, alpha_database, load_node
 
 INTERVAL_S = 0.05  # the agent's heartbeat interval in these tests
@@ -85,7 +85,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     url, factory, key = alpha_database(tmp_path / "agent.db")
     settings = Settings(database_url=url, node_lost_after_s=LOST_AFTER_S, idle_sweep_interval_s=3600)
     try:
-        with TestClient(create_app(settings)) as client:
+        with bounded_test_client(create_app(settings)) as client:
             yield Stack(client, factory, key, settings)
     finally:
         signal.signal(signal.SIGTERM, previous)

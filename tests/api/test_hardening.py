@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from services.api.app import create_app
@@ -19,6 +18,7 @@ from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.plans.tables import PlanRow
 from tests.api.conftest import QLORA_PLAN, Api
+from tests.conftest import bounded_test_client
 
 LLAMA = dict(find_model("meta-llama/Llama-3.1-8B").config)
 
@@ -80,7 +80,7 @@ def test_absurd_sizes_are_refused_naming_the_field(api: Api, change: dict[str, i
 
 def test_an_estimate_over_its_cpu_budget_is_a_422_not_a_stuck_thread(database_url: str, api: Api) -> None:
     app = create_app(Settings(database_url=database_url, estimate_cpu_budget_s=1e-9))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         response = client.post(
             "/v1/estimate", json={"model": {"name": "meta-llama/Llama-3.1-8B"}}, headers=api.headers()
         )
@@ -90,7 +90,7 @@ def test_an_estimate_over_its_cpu_budget_is_a_422_not_a_stuck_thread(database_ur
 
 def test_a_plan_over_its_cpu_budget_fails_with_a_reason(database_url: str, api: Api) -> None:
     app = create_app(Settings(database_url=database_url, plan_cpu_budget_s=1e-9))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         created = client.post("/v1/plans", json=QLORA_PLAN, headers=api.headers())
         assert created.status_code == 202, created.text
         deadline = time.monotonic() + 60
@@ -286,7 +286,7 @@ def test_a_chunked_body_without_content_length_is_413_once_over_the_limit(api: A
 
 def test_the_limit_is_a_setting_and_upload_routes_keep_their_own(database_url: str, api: Api) -> None:
     app = create_app(Settings(database_url=database_url, max_request_bytes=2048))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         small = client.post("/v1/estimate", json={"model": {"name": "meta-llama/Llama-3.1-8B"}}, headers=api.headers())
         assert small.status_code == 200, small.text
         big = client.post("/v1/estimate", json={"model": {"config": LLAMA}, "x": "y" * 4096}, headers=api.headers())

@@ -18,6 +18,7 @@ from services.nodes.lifecycle import sweep
 from services.nodes.providers import make_driver
 from services.nodes.tables import NodeEventRow, NodeInstanceRow, NodeRow
 from services.orgs.service import create_key, create_organization
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 from tests.nodes.fake_provider import FakeProvider, running_provider
 from tests.nodes.helpers import SLOW_AGENT
@@ -70,7 +71,7 @@ def secured(database_url: str, provider: FakeProvider) -> Iterator[Secured]:
         provider_stop_url=provider.url + "/v1/instances/{instance_id}/stop",
         provider_auth_value=OPERATOR_TOKEN,
     )
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         yield Secured(client, database_url, keys, provider, settings)
 
 

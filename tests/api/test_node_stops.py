@@ -25,6 +25,7 @@ from services.nodes.tables import NodeEventRow, NodeRow
 from services.orgs.service import Principal, create_key, create_organization
 from services.orgs.tables import AuditEvent
 from tests.api.conftest import QLORA_PLAN
+from tests.conftest import bounded_test_client
 from tests.dashboard.conftest import sign_in
 from tests.databases import migrate
 from tests.nodes.fake_provider import FakeProvider, running_provider
@@ -86,7 +87,7 @@ def _stack(database_url: str, provider: FakeProvider, **settings: object) -> Ite
         idle_sweep_interval_s=3600,  # the test runs each sweep itself
         **settings,  # type: ignore[arg-type]
     )
-    with TestClient(create_app(config)) as client:
+    with bounded_test_client(create_app(config)) as client:
         yield Stack(client, database_url, factory, keys, orgs, provider, config)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import QLORA_PLAN, Api
+from tests.conftest import bounded_test_client
 from tests.hub.conftest import INDEX, QWEN_1_8B
 from tests.hub.fake_hub import FakeHub
 
@@ -229,7 +230,6 @@ def test_estimate_accepts_inference_plans_with_their_serving_fields(api: Api) ->
 
 
 def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) -> None:
-    from fastapi.testclient import TestClient
     from sqlalchemy import update
 
     from services.api.app import create_app
@@ -242,7 +242,7 @@ def test_plans_left_unfinished_by_a_stopped_process_resume_on_start(api: Api) ->
     # Pretend the process died mid-estimate.
     with unit_of_work(make_sessionmaker(make_engine(api.url))) as session:
         session.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="running", estimate=None))
-    with TestClient(create_app(Settings(database_url=api.url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=api.url))) as client:
         restarted = Api(client=client, url=api.url, keys=api.keys)
         body = restarted.wait_for_plan(plan_id)
     assert body["status"] == "done" and body["estimate"] is not None

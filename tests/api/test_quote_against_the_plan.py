@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
@@ -17,6 +16,7 @@ from services.orgs.service import create_key, create_organization
 from tests.api.conftest import Api
 from tests.api.test_probe_quote_numbers import FULL_8B_LONG
 from tests.api.test_quotes import _done_plan
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 HEADER = "provider,gpu,gpus_per_node,on_demand_usd_per_hour,spot_usd_per_hour,region,source\n"
@@ -84,7 +84,7 @@ def margin_api(tmp_path: Any) -> Iterator[Api]:
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "alpha")
         keys = {"alpha": create_key(session, "alpha")}
-    with TestClient(create_app(Settings(database_url=url, safety_margin=0.3))) as client:
+    with bounded_test_client(create_app(Settings(database_url=url, safety_margin=0.3))) as client:
         yield Api(client=client, url=url, keys=keys)
 
 

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from services.api.errors import install_error_handlers
 from services.api.routing import MOST_WORKER_LOOPS, OffLoopRoute, off_loop
+from tests.conftest import bounded_test_client
 
 
 class Body(BaseModel):
@@ -54,7 +54,7 @@ def _app() -> tuple[FastAPI, dict[str, int]]:
 
 def test_routes_with_a_body_or_marked_run_off_the_loop_and_others_on_it() -> None:
     app, loop_thread = _app()
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         client.get("/loop-thread")
         loop = loop_thread["id"]
         answer = client.post("/with-body", json={"n": 3}).json()
@@ -66,7 +66,7 @@ def test_routes_with_a_body_or_marked_run_off_the_loop_and_others_on_it() -> Non
 
 def test_a_validation_error_off_the_loop_is_the_api_s_422() -> None:
     app, _ = _app()
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         answer = client.post("/with-body", json={"n": "abc"})
         assert answer.status_code == 422
         assert answer.json()["message"].startswith("n: input should be a valid integer")
@@ -75,7 +75,7 @@ def test_a_validation_error_off_the_loop_is_the_api_s_422() -> None:
 def test_off_loop_requests_share_a_few_long_lived_worker_loops() -> None:
     # Starting an event loop per request cost more than an estimate; the worker loops are started once.
     app, _ = _app()
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         answers = [client.post("/with-body", json={"n": i}).json() for i in range(3 * MOST_WORKER_LOOPS)]
     assert [a["n"] for a in answers] == list(range(3 * MOST_WORKER_LOOPS))
     assert {a["name"] for a in answers} == {"gpuplan-off-loop"}
@@ -96,7 +96,7 @@ def test_a_plain_endpoint_runs_in_its_worker_loop_and_a_slow_one_holds_up_no_oth
         return {"name": threading.current_thread().name, "n": body.n, "dep": dep}
 
     app.include_router(router)
-    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+    with bounded_test_client(app) as client, ThreadPoolExecutor(1) as pool:
         slow = pool.submit(client.post, "/plain", json={"n": 0})
         time.sleep(0.3)  # it has taken a loop and waits there
         start = time.monotonic()

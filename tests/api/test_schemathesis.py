@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import schemathesis
-from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
@@ -20,6 +19,7 @@ from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
@@ -71,7 +71,7 @@ def test_every_path_answers_an_undeclared_method_with_405_and_allow(tmp_path: Pa
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "fuzz")
         key = create_key(session, "fuzz", admin=True)
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=url))) as client:
         paths = client.get("/openapi.json").json()["paths"]
         checked = 0
         for template, operations in paths.items():

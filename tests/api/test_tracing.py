@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core import tracing
 from services.core.settings import Settings
-from tests.conftest import require_service
+from tests.conftest import bounded_test_client, require_service
 from tests.databases import migrate
 
 
@@ -68,7 +67,7 @@ def test_a_request_is_traced_with_its_request_id_and_its_database_statements(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'traced.db'}"
     migrate(url)
-    with TestClient(create_app(Settings(database_url=url, otlp_endpoint=collector.url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=url, otlp_endpoint=collector.url))) as client:
         answer = client.get("/v1/plans", headers={"Authorization": "Bearer gp_unknown"})
         assert answer.status_code == 401
         rid = answer.headers["x-request-id"]

@@ -17,6 +17,7 @@ from services.catalog.service import record_feed_success
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 JSON = {"Content-Type": "application/json"}
@@ -43,7 +44,7 @@ def client(tmp_path: Path) -> Iterator[Client]:
         create_organization(session, "alpha")
         admin = create_key(session, "alpha", admin=True)
         platform = create_key(session, "alpha", platform_admin=True)
-    with TestClient(create_app(Settings(database_url=url))) as http:
+    with bounded_test_client(create_app(Settings(database_url=url))) as http:
         yield Client(http, {"Authorization": f"Bearer {admin}"}, {"Authorization": f"Bearer {platform}"})
 
 

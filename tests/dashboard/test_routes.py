@@ -17,6 +17,7 @@ from services.core.settings import Settings
 from services.orgs.repository import ApiKeyRepository
 from services.orgs.service import create_key, create_organization, hash_key
 from tests.api.conftest import QLORA_PLAN, Api
+from tests.conftest import bounded_test_client
 from tests.dashboard.conftest import csrf_token, sign_in, submit_done_plan
 from tests.databases import migrate
 
@@ -565,7 +566,7 @@ def _signed_in(database_url: str, **settings: Any) -> Iterator[TestClient]:
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "limited")
         key = create_key(session, "limited", admin=True)
-    with TestClient(create_app(Settings(database_url=database_url, **settings))) as client:
+    with bounded_test_client(create_app(Settings(database_url=database_url, **settings))) as client:
         sign_in(client, key)
         yield client
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import Api, database_url  # noqa: F401  (the SQLite/PostgreSQL parametrised fixture)
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 PART_BYTES = 5 * 2**20  # S3's smallest part
@@ -70,5 +70,5 @@ def data_api(database_url: str, s3_settings: Settings) -> Iterator[DataApi]:  # 
     settings = s3_settings.model_copy(
         update={"database_url": database_url, "dataset_part_bytes": PART_BYTES, "dataset_max_bytes": MAX_BYTES}
     )
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         yield DataApi(client=client, url=database_url, keys=keys)

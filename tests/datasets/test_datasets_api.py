@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from services.core.settings import Settings
 from tests.api.conftest import QLORA_PLAN
+from tests.conftest import bounded_test_client
 from tests.datacheck.planted import Planted, write_planted
 from tests.datasets.conftest import MAX_BYTES, PART_BYTES, DataApi, sha256
 from tests.hub.conftest import QWEN_1_8B
@@ -186,7 +186,7 @@ def test_no_bucket_is_a_clear_503(database_url: str) -> None:
     with unit_of_work(make_sessionmaker(make_engine(database_url))) as session:
         create_organization(session, "alpha")
         key = create_key(session, "alpha")
-    with TestClient(create_app(Settings(database_url=database_url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=database_url))) as client:
         response = client.post(
             "/v1/datasets", json={"name": "a.jsonl", "size_bytes": 10}, headers={"Authorization": f"Bearer {key}"}
         )

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import bounded_test_client
+
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
     """The API on a migrated SQLite file with one organization: (client, auth headers), for the user's path."""
-    from fastapi.testclient import TestClient
 
     from services.api.app import create_app
     from services.core.db import make_engine, make_sessionmaker, unit_of_work
@@ -25,5 +26,5 @@ def api(tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
     with unit_of_work(make_sessionmaker(make_engine(url))) as session:
         create_organization(session, "alpha")
         key = create_key(session, "alpha")
-    with TestClient(create_app(Settings(database_url=url))) as client:
+    with bounded_test_client(create_app(Settings(database_url=url))) as client:
         yield client, {"Authorization": f"Bearer {key}"}

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
 from services.agent import node as agent_node
 from services.agent.agent import Agent
@@ -24,6 +23,7 @@ from services.core.db import utcnow
 from services.core.settings import Settings
 from services.nodes.idle import IdlePolicy
 from services.nodes.lifecycle import run_sweep
+from tests.conftest import bounded_test_client
 from tests.dashboard.conftest import sign_in
 from tests.nodes.helpers import AgentStack, Recording, alpha_database, load_node
 
@@ -129,7 +129,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     url, factory, key = alpha_database(tmp_path / "nodes.db")
     # The sweep runs on the test's clock, 20 min ahead: the lost threshold is past that.
     settings = Settings(database_url=url, node_lost_after_s=3600, idle_sweep_interval_s=3600)
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         yield Stack(client, factory, key, settings)
 
 

@@ -19,7 +19,7 @@ from services.core.db import make_engine, make_sessionmaker, unit_of_work
 from services.core.settings import Settings
 from services.orgs.service import create_key, create_organization
 from tests.api.conftest import QLORA_PLAN
-from tests.conftest import require_service
+from tests.conftest import bounded_test_client, require_service
 from tests.databases import migrate
 
 REDIS_URL = os.environ.get("GPUPLAN_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -132,7 +132,7 @@ def test_a_celery_worker_estimates_a_submitted_plan(stack: Stack) -> None:
         metrics_port = s.getsockname()[1]
     stack.start_worker(GPUPLAN_WORKER_METRICS_PORT=str(metrics_port))
     app = create_app(Settings(database_url=stack.db_url, redis_url=REDIS_URL))
-    with TestClient(app) as client:
+    with bounded_test_client(app) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         body = _wait(client, stack.key, plan_id, ("done", "failed"), 90)
@@ -150,7 +150,7 @@ def test_a_sigkilled_worker_s_task_is_resumed_through_its_lease_and_stored_once(
     first = stack.start_worker(GPUPLAN_TASK_DEBUG_DELAY_S="60")
     stack.start_beat()
     settings = Settings(database_url=stack.db_url, redis_url=REDIS_URL, task_lease_s=LEASE_S)
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         plan_id = client.post("/v1/plans", json=QLORA_PLAN, headers=headers).json()["id"]
         running = _wait(client, stack.key, plan_id, ("running",), 90)
@@ -214,7 +214,7 @@ def test_a_celery_worker_checks_an_uploaded_data_set_and_sweeps_idle_nodes(stack
     rows = [{"instruction": f"Question {i} about GPUs?", "output": f"Answer number {i}."} for i in range(300)]
     rows.append(rows[0])  # one exact duplicate
     data = "\n".join(json.dumps(r) for r in rows).encode() + b"\n{broken\n"
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         headers = {"Authorization": f"Bearer {stack.key}"}
         created = client.post("/v1/datasets", json={"name": "t.jsonl", "size_bytes": len(data)}, headers=headers)
         assert created.status_code == 201, created.text

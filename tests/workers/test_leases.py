@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,6 +35,7 @@ from services.plans.service import ESTIMATE_TASK, estimate_task, give_up_abandon
 from services.plans.tables import PlanRow
 from tests.api.conftest import QLORA_PLAN
 from tests.api.conftest import database_url as database_url  # the SQLite and Postgres fixture
+from tests.conftest import bounded_test_client
 from tests.databases import migrate
 
 
@@ -168,7 +168,7 @@ def test_a_plan_submitted_while_the_broker_is_down_is_finished_by_the_lease_swee
         key = create_key(session, "acme")
     # Nothing listens on port 9: every send fails, as with Redis down.
     settings = Settings(database_url=database_url, redis_url="redis://127.0.0.1:9/0", task_lease_s=1.0)
-    with TestClient(create_app(settings)) as client:
+    with bounded_test_client(create_app(settings)) as client:
         started = time.monotonic()
         created = client.post("/v1/plans", json=QLORA_PLAN, headers={"Authorization": f"Bearer {key}"})
         elapsed_s = time.monotonic() - started
