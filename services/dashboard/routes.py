@@ -557,7 +557,7 @@ async def request_quote(request: Request, plan_id: str, viewer: ViewerDep, db: D
     form = await request.form()
     _check_csrf(viewer.session, form.get(session.CSRF_FIELD))
     choice = views.parse_quote_value(str(form.get("setup") or ""))
-    spot = bool(form.get("spot"))
+    spot = form.get("spot") == "on"  # the checkbox sends "on"; "false" was read as checked
     sent = {k: str(form.get(k) or "") for k in ("setup", "customer_name", "customer_email")}
     customer_name = sent["customer_name"].strip() or None
     customer_email = sent["customer_email"].strip() or None

@@ -343,16 +343,20 @@ class QuoteChoice:
     offer_gpus_per_node: int | None = None
 
 
+def _count(text: str) -> bool:
+    """Whether ``text`` is a count a setup can have: ASCII digits (str.isdigit takes "²", which int() refuses: a 500),
+    at most six of them (int() refuses past 4,300), not zero."""
+    return text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1
+
+
 def parse_quote_value(value: str) -> QuoteChoice | None:
     """The setup of a quote option's value ("gpu|gpus|provider|region|nodes", then "|offer node size" where known),
     or None when it is malformed."""
     parts = value.split("|")
-    if len(parts) not in (5, 6) or not parts[0] or not parts[2] or not parts[1].isdigit() or not parts[4].isdigit():
-        return None
-    if int(parts[1]) < 1 or int(parts[4]) < 1:
+    if len(parts) not in (5, 6) or not parts[0] or not parts[2] or not _count(parts[1]) or not _count(parts[4]):
         return None
     node = parts[5] if len(parts) == 6 else None
-    if node is not None and (not node.isdigit() or int(node) < 1):
+    if node is not None and not _count(node):
         return None
     return QuoteChoice(
         parts[0], int(parts[1]), parts[2], parts[3] or None, int(parts[4]), int(node) if node is not None else None

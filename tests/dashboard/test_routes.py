@@ -604,3 +604,16 @@ def test_a_page_over_a_limit_names_the_organization_it_applies_to(database_url: 
     for page in (quota, rate):
         assert "(organization &#39;limited&#39;" in page.text, page.text
         assert '<span class="org" title="Signed-in organization">limited</span>' in page.text
+
+
+@pytest.mark.parametrize("count", ["²", "¹", "9" * 5000])
+def test_a_quote_setup_whose_count_is_no_plain_number_is_the_forms_error(
+    api: Api, alpha: TestClient, count: str
+) -> None:
+    # str.isdigit took superscript digits and 5,000-digit numbers, which int() refuses: a 500 (an API probe).
+    plan = submit_done_plan(api)
+    token = csrf_token(alpha.get(f"/dashboard/plans/{plan['id']}").text)
+    for setup in (f"A40|{count}|vast|marketplace|1", f"A40|1|vast|marketplace|{count}", f"A40|1|vast||1|{count}"):
+        response = alpha.post(f"/dashboard/plans/{plan['id']}/quotes", data={"setup": setup, "csrf_token": token})
+        assert response.status_code == 422, response.text
+        assert "Pick a setup to quote." in response.text
