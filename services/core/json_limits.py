@@ -150,7 +150,9 @@ def loads(data: bytes | str, field: str = "body", max_depth: int = MAX_DEPTH) ->
     else:
         text = data
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise JsonInputError(exc.key, "given more than once in one object; give each field once") from None
     except json.JSONDecodeError as exc:
         line, column = _position(text, exc.pos)
         raise JsonSyntaxError(
@@ -162,11 +164,32 @@ def loads(data: bytes | str, field: str = "body", max_depth: int = MAX_DEPTH) ->
         # Parsed again with such literals kept as text, so the check names the field that holds one (the message
         # was the body's, and Python's own advice: "use sys.set_int_max_str_digits() to increase the limit").
         try:
-            value = json.loads(text, parse_int=_integer)
+            value = json.loads(text, parse_int=_integer, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as repeated:
+            raise JsonInputError(repeated.key, "given more than once in one object; give each field once") from None
         except ValueError:
             raise JsonInputError(field, f"not acceptable JSON: {exc}") from None
     check_value(value, "" if field == "body" else field, max_depth)
     return value
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members as a dict, refusing a key given twice: json.loads keeps the last one silently, so
+    {"model": ..., "model": ...} estimated whichever came last (a probe of the API)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return found
 
 
 class _LongInteger(str):

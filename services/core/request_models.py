@@ -45,7 +45,8 @@ UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
 def _single_line(value: str) -> str:
     # Control characters (newlines, escapes: "\x1b[31m" recolours a terminal) have no place in a name, a path or an
     # address, and would reach quotes sent to customers, logs and the CLI's output as they are.
-    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    # U+2028 and U+2029 (category Zl and Zp) break a line as a newline does.
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
         raise ValueError(f"must not hold control characters (found {bad!r})")
     # Bidi embeddings, overrides and isolates reorder the text around them: a customer name holding U+202E printed

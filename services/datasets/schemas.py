@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from services.core.request_models import ClosedModel, SingleLine
 
@@ -32,7 +32,7 @@ class DatasetCreate(ClosedModel):
         default=None, pattern=r"^[0-9a-fA-F]{64}$", description="SHA-256 of the file, checked on complete"
     )
     format: FileFormat | None = Field(default=None, description="jsonl, json, csv or parquet; default: from name")
-    gzip: bool | None = Field(default=None, description="gzip-compressed; default: the name ends in .gz")
+    gzip: StrictBool | None = Field(default=None, description="gzip-compressed; default: the name ends in .gz")
     data_country: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z]{2}$",

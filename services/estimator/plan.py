@@ -11,10 +11,19 @@ import operator
 import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from services.core.json_limits import JsonInputError, check_value
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 from services.estimator.versions import RELEASES, parse_framework_version
 
 Method = Literal["full", "lora", "qlora"]
@@ -184,6 +193,8 @@ class DataSpec(_Strict):
     def _size_given(self) -> DataSpec:
         if self.tokens is None and (self.examples is None or self.avg_tokens_per_example is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens_per_example'")
+        if self.tokens is not None and self.examples is not None:  # examples was ignored: the size came from tokens
+            raise ValueError("examples: give 'tokens', or 'examples' with 'avg_tokens_per_example', not both")
         check_length_percentiles([(name, getattr(self, name)) for name in LENGTH_PERCENTILE_FIELDS])
         longest, mean = self.max_tokens_per_example, self.avg_tokens_per_example
         if longest is not None and mean is not None and mean > longest:
@@ -224,7 +235,7 @@ class Plan(_Strict):
         "(None: the precision, or NF4 for QLoRA)",
     )
     optimizer: Optimizer = "adamw"
-    optimizer_in_backward: bool = False
+    optimizer_in_backward: StrictBool = False
     micro_batch_size: StrictInt = Field(
         default=1, ge=1, le=65536, description="samples per micro-batch; inference: concurrent sequences"
     )
@@ -234,17 +245,17 @@ class Plan(_Strict):
         le=4_194_304,
         description="tokens per sample; inference: context length per sequence (prompt and generated tokens)",
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: StrictBool = False
     gpus: StrictInt = Field(default=1, ge=1, le=65536)
     sharding: Sharding = "none"
-    cpu_offload: bool = False
+    cpu_offload: StrictBool = False
 
     # Extensions (all optional; None means "the framework's default").
     mode: Mode = "train"
     gradient_accumulation_steps: StrictInt | None = Field(default=None, ge=1, le=100_000)
     attention: Attention | None = None
     loss: Loss | None = None
-    logits_fp32: bool | None = None
+    logits_fp32: StrictBool | None = None
     optimizer_impl: OptimizerImpl | None = None
     checkpoint_granularity: CheckpointGranularity | None = None
     adapter_dtype: AdapterDtype | None = None
@@ -252,12 +263,12 @@ class Plan(_Strict):
         default=None,
         description="inference only: the dtype of the KV cache; None: the serving precision (fp32 for fp32)",
     )
-    compile: bool | None = Field(
+    compile: StrictBool | None = Field(
         default=None,
         description="torch.compile of the transformer blocks (and of the loss where the framework compiles it): "
         "torchtune's 'compile', the Trainer's 'torch_compile'",
     )
-    activation_offloading: bool | None = Field(
+    activation_offloading: StrictBool | None = Field(
         default=None,
         description="activations saved for backward are moved to host memory during the forward pass and "
         "brought back in backward (torchtune's 'enable_activation_offloading')",
@@ -267,7 +278,7 @@ class Plan(_Strict):
         description="how the NF4 base is quantized while loading: 'chunked' (bitsandbytes, torchao 0.2 and "
         "later) or 'whole-tensor' (torchao 0.1, which compares every element with all 16 NF4 levels at once)",
     )
-    double_quant: bool | None = Field(
+    double_quant: StrictBool | None = Field(
         default=None,
         description="nested quantization of an NF4 base's block constants (bitsandbytes bnb_4bit_use_double_quant: "
         "8-bit absmax with an fp32 scale per 256 blocks, 0.127 instead of 0.5 bits per weight); None: the "
@@ -286,7 +297,7 @@ class Plan(_Strict):
         "'transformer-engine' (TE's fused norm + linear modules) or 'none'; None: the framework's default "
         "(unsloth: 'unsloth'; hf-trainer with loss 'fused': 'liger'; else 'none')",
     )
-    framework_version: str | None = Field(
+    framework_version: SingleLine | None = Field(
         default=None,
         min_length=1,
         max_length=40,

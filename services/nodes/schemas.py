@@ -123,7 +123,7 @@ class CalibrationResult(_In):
     gpus: StrictInt = Field(
         default=1, ge=1, le=64, description="GPUs the measurement ran on (tokens_per_s is their total)"
     )
-    comparable: bool = Field(
+    comparable: StrictBool = Field(
         default=True,
         description="false: the node could not run the plan as planned (e.g. QLoRA without bitsandbytes); stored, "
         "never used to calibrate",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import numpy as np
-from pydantic import ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from services.core.request_models import ClosedModel
+from services.core.request_models import ClosedModel, SingleLine
 
 # How recommendations show a cost and a time (services.planner.planner._recommendation): to the cent, and hours to
 # three decimals. A setup shown over the budget or the deadline breaks it, whatever digits lie behind (a planner
@@ -29,6 +29,12 @@ def rounded(value: Value, decimals: int) -> Value:
     return np.round(value, decimals)  # type: ignore[no-any-return]
 
 
+# A region, country or provider named in the constraints: one line of text (a line break, a bidi control or an empty
+# name was stored and matched nothing), and at most this many of each (a list of 1,000 was taken).
+_Place = Annotated[SingleLine, Field(min_length=1, max_length=100)]
+_MOST_PLACES = 200
+
+
 class Constraints(ClosedModel):
     """Limits and assumptions for :func:`services.planner.planner.plan_setups`.
 
@@ -45,11 +51,15 @@ class Constraints(ClosedModel):
     deadline_hours: StrictFloat | None = Field(
         default=None, gt=0, description="the longest the job may take, wall-clock"
     )
-    regions: tuple[str, ...] = Field(
-        default=(), description="allowed offer regions or countries (case-insensitive); empty allows all"
+    regions: tuple[_Place, ...] = Field(
+        default=(),
+        max_length=_MOST_PLACES,
+        description="allowed offer regions or countries (case-insensitive); empty allows all",
     )
-    providers: tuple[str, ...] = Field(default=(), description="allowed providers (case-insensitive); empty allows all")
-    spot_allowed: bool = Field(default=True, description="whether spot (preemptible) prices may be used")
+    providers: tuple[_Place, ...] = Field(
+        default=(), max_length=_MOST_PLACES, description="allowed providers (case-insensitive); empty allows all"
+    )
+    spot_allowed: StrictBool = Field(default=True, description="whether spot (preemptible) prices may be used")
     max_gpus: StrictInt = Field(
         default=64, ge=1, le=4096, description="the most GPUs one setup may use, all nodes together"
     )
@@ -72,7 +82,7 @@ class Constraints(ClosedModel):
         le=1440.0,
         description="minutes from a preemption to training again; null: the offer's start-up plus the download",
     )
-    allow_optimizer_change: bool = Field(
+    allow_optimizer_change: StrictBool = Field(
         default=False,
         description="whether the planner may switch AdamW to an 8-bit or paged 8-bit optimizer to fit a card",
     )
@@ -83,7 +93,7 @@ class Constraints(ClosedModel):
         description="a setup with more GPUs, more nodes, spot or CPU offload ranks above a simpler one only when its "
         "expected cost is lower by more than this share (0.0-1.0; 0.10 = 10%)",
     )
-    allow_cpu_offload: bool = Field(
+    allow_cpu_offload: StrictBool = Field(
         default=True,
         description="whether the planner may offload optimizer states (and sharded weights) to CPU memory to fit",
     )

@@ -32,6 +32,8 @@ class Dataset(ClosedModel):
     def _size_given(self) -> Dataset:
         if self.tokens is None and (self.examples is None or self.avg_tokens is None):
             raise ValueError("give 'tokens', or 'examples' together with 'avg_tokens'")
+        if self.tokens is not None and self.examples is not None:  # examples was ignored: the size came from tokens
+            raise ValueError("examples: give 'tokens', or 'examples' with 'avg_tokens', not both")
         check_length_percentiles([(n, getattr(self, n)) for n in LENGTH_PERCENTILE_KEYS])  # under "dataset"
         return self
 

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, field_validator
 
 from services.core.request_models import ClosedModel, SingleLine
 from services.runs.manifest import Manifest
@@ -36,7 +36,7 @@ class RunCreate(ClosedModel):
         description="key prefix; default runs/<run id>; in the server's bucket (GPUPLAN_S3_BUCKET) it is "
         "always under orgs/<organization id>/",
     )
-    spot: bool = Field(default=False, description="spot (preemptible) nodes")
+    spot: StrictBool = Field(default=False, description="spot (preemptible) nodes")
     preemptions_per_node_hour: StrictFloat | None = Field(
         default=None, ge=0.0, le=60.0, description="spot only; default the plan's constraints (an assumption)"
     )

@@ -22,7 +22,7 @@ def _refused(answer: Any, field: str) -> None:
     assert answer.json()["message"].startswith(f"{field}:"), answer.text
 
 
-@pytest.mark.parametrize("name", ["a\u0001\u0007\u001b[31mred", "two\nlines", "tab\there"])
+@pytest.mark.parametrize("name", ["a\u0001\u0007\u001b[31mred", "two\nlines", "tab\there", "line\u2028separator"])
 def test_a_customer_name_with_control_characters_is_refused(api: Api, world: World, name: str) -> None:
     route = f"/v1/plans/{world.plan_id}/quotes"
     before = api.client.get("/v1/quotes", headers=world.agent()).json()["items"]
@@ -88,3 +88,16 @@ def test_a_calibration_note_that_is_not_one_line_of_text_is_refused(api: Api, wo
         _refused(api.client.post(route, json={**result, "notes": ["fine", note]}, headers=world.agent()), "notes.1")
     done = api.client.post(route, json={**result, "notes": ["measured on 1 GPU"]}, headers=world.agent())
     assert done.status_code == 200, done.text
+
+
+def test_a_step_reported_again_keeps_its_manifest_and_its_row_alike(api: Api, world: World) -> None:
+    # The same files again without the metric, marked final: the row kept metric 1.0, its stored manifest lost it.
+    route = f"/v1/runs/{world.run_id}/checkpoints"
+    first = {**_manifest(world.run_id, 700), "metric": 1.0}
+    assert api.client.post(route, json={"manifest": first}, headers=world.agent()).status_code == 200
+    again = {**_manifest(world.run_id, 700), "final": True}
+    assert api.client.post(route, json={"manifest": again}, headers=world.agent()).status_code == 200
+    run = api.client.get(f"/v1/runs/{world.run_id}", headers=world.agent()).json()
+    (row,) = [c for c in run["checkpoints"] if c["step"] == 700]
+    assert (row["metric"], row["final"]) == (1.0, True)
+    assert (row["manifest"]["metric"], row["manifest"]["final"]) == (1.0, True)

@@ -113,6 +113,14 @@ def test_a_data_set_of_less_than_one_token_is_refused() -> None:
     assert plan.data is not None and plan.data.total_tokens() == pytest.approx(1.0)
 
 
+def test_a_data_set_sized_twice_is_refused() -> None:
+    # tokens sized it and examples was ignored, silently (a probe of the CLI).
+    (line,) = _problems({"model": {"name": "x"}, "data": {"tokens": 1000, "examples": 10, "avg_tokens_per_example": 5}})
+    assert line.startswith("data.examples:") and "not both" in line
+    plan = parse_plan({"model": {"name": "x"}, "data": {"tokens": 1000, "avg_tokens_per_example": 5}})
+    assert plan.data is not None and plan.data.total_tokens() == 1000  # the mean length alone sizes the padding
+
+
 def test_inference_plans_take_serving_fields_and_refuse_training_ones() -> None:
     """Issue 22 item 6: an inference plan serves quantized weights without a training method."""
     plan = parse_plan({"model": {"name": "x"}, "mode": "inference", "quantization": "nf4", "kv_cache_dtype": "fp8"})
