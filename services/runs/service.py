@@ -222,7 +222,9 @@ def record_durable(session: Session, principal: Principal, run_id: str, body: Ch
         # The same files again: a repeated report, or the manifest rewritten to mark it final.
         existing.final = existing.final or manifest.final
         existing.metric = manifest.metric if manifest.metric is not None else existing.metric
-        existing.manifest = {**data, "final": existing.final}
+        # The stored manifest says what the row says: a repeat without the metric kept the row's metric and
+        # stored a manifest without it (best_step rested on a metric its manifest no longer had).
+        existing.manifest = {**data, "final": existing.final, "metric": existing.metric}
     session.flush()
     rows = checkpoints(session, run)
     durable = [r.step for r in rows if r.status == "durable"]
