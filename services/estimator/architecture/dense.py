@@ -43,7 +43,8 @@ def llama_like(c: Config) -> Architecture:
     kv_heads = c.get_int("num_key_value_heads", default=heads)
     head_dim = c.get_int("head_dim", default=h // heads if heads else 0)
     vocab = c.get_int("vocab_size")
-    inter = c.get_int("intermediate_size", default=0)
+    # Every MLP reads it but a Qwen MoE's with no dense layer (missing, it was taken as 0: an 8B model of 2.4B).
+    inter = c.get_int("intermediate_size", default=0 if mt in ("qwen2_moe", "qwen3_moe") else None)
     notes: list[str] = []
 
     qkv_bias = c.get_bool("attention_bias", default=mt == "qwen2" or mt == "qwen2_moe")
@@ -147,6 +148,8 @@ def llama_like(c: Config) -> Architecture:
             experts_per_token=k,
             num_experts=n_exp,
         )
+        if layers > sparse_count and not inter:
+            c.get_int("intermediate_size")  # its dense layers need it: missing, an error naming it
         blocks = (sparse, dense_block(layers - sparse_count)) if layers > sparse_count else (sparse,)
     else:
         blocks = (dense_block(layers),)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -19,6 +20,8 @@ from services.estimator.bounds import check_config_sizes
 from services.estimator.errors import EstimatorError
 from services.estimator.memo import Canonical
 
+# What a model_type can be (transformers' are lower-case identifiers such as "qwen2_moe" or "gemma3_text").
+_MODEL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _FAMILIES: dict[str, Callable[[Config], Architecture]] = {
     "llama": llama_like,
     "mistral": llama_like,
@@ -78,6 +81,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise EstimatorError("model.config.model_type", "missing; it names the architecture family")
+    if not _MODEL_TYPE.fullmatch(model_type):
+        # It is printed as given (the CLI's first line, the dashboard): "llama\x1b[2J" cleared a terminal.
+        raise EstimatorError(
+            "model.config.model_type", f"{model_type[:40]!r} is no architecture name (letters, digits, '_', '-', '.')"
+        )
     # An unknown family is estimated from the standard keys (low confidence), never refused.
     parser = _FAMILIES.get(model_type) or partial(generic_decoder, known=SUPPORTED_MODEL_TYPES)
     check_config_sizes(config)
