@@ -25,6 +25,7 @@ from services.export.replan import (
 )
 from services.planner.batching import effective_batch_size
 from services.planner.models import Recommendation
+from services.planner.rejections import lacks_precision
 
 
 def register(sub: Subparsers) -> None:
@@ -56,6 +57,11 @@ def register(sub: Subparsers) -> None:
 def _on_card(plan: Plan, fmt: str, gpu: str, gpus: int | None, data: DataFormat) -> tuple[ExportBundle, str]:
     """The export of ``plan`` on ``gpus`` x ``gpu``, sized again for the format."""
     spec = find_gpu(gpu)
+    if lacks_precision(plan, spec):  # the planner rejects such a card; the files failed when the Trainer started
+        raise CliError(
+            f"--gpu {spec.name}: it has no bf16 support, so the trainers refuse the plan's {plan.precision}; plan "
+            "with precision fp16 (or fp16-mixed), or another card"
+        )
     count = gpus or plan.gpus
     effective = effective_batch_size(plan)
     # The planner's batch split, micro-batch and sharding for that count on the card (the plan's effective batch

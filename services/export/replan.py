@@ -270,8 +270,9 @@ def describe_setup(setup: Recommendation) -> str:
     )
 
 
-# Plan options no setup changes (the kernels, the NF4's double quantization, the framework's release).
-_SETUP_INDEPENDENT = ("kernels", "double_quant", "framework_version")
+# Plan options no setup changes (the kernels, the NF4's double quantization, the framework's release, the roles
+# adapted).
+_SETUP_INDEPENDENT = ("kernels", "double_quant", "framework_version", "lora.targets")
 
 
 def setup_for_format(

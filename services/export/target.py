@@ -198,6 +198,10 @@ def check_plan(plan: Plan, fmt: Format) -> None:
             "model.generic",
             "a generic model has no architecture to name LoRA modules or check memory; give model.name or model.config",
         )
+    if plan.lora is not None and plan.lora.targets == []:
+        # The estimate sizes a frozen base with no adapter (how prompt-tuning cases are modelled); PEFT refuses
+        # target_modules=[] when train.py starts, which the files were written with.
+        raise ExportError("lora.targets", "no layer is adapted (an empty list); name the roles, or 'all-linear'")
     wanted = FORMAT_FRAMEWORK[fmt]
     if plan.framework != wanted:
         raise ExportError(
