@@ -26,9 +26,16 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors become a `CliError` (one line, exit 2), and that refuses an option of
-    one value given twice: argparse keeps the last, so `--format axolotl --format torchtune` exported torchtune and
-    exited 0, where the API refuses a repeated parameter (a probe of the exports)."""
+    """An argument parser whose usage errors become a `CliError` (one line, exit 2), that takes options only as
+    written in full, and that refuses an option of one value given twice: argparse keeps the last, so `--format
+    axolotl --format torchtune` exported torchtune and exited 0, where the API refuses a repeated parameter (a probe
+    of the exports)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviated options: `--form torchtune` after `--format axolotl` was read as a second --format and passed
+        # the check below (its count reads options as written), exporting torchtune (a probe of the CLI).
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise CliError(message)
