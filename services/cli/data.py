@@ -131,10 +131,13 @@ def cmd_data_check(args: argparse.Namespace) -> int:
         if args.data_country and args.provider_country:
             warning = data_location_warning(report.pii, args.data_country, args.provider_country)
         written = []
+        # Where no row can train the command fails, and writes nothing (an empty clean file was left behind, which a
+        # run on the mended data then refused as already there).
+        writes = report.rows_kept > 0
         try:
-            if args.write_clean:
+            if args.write_clean and writes:
                 written.append(f"{write_clean(args.file, args.write_clean)} clean rows to {args.write_clean}")
-            if args.write_masked:
+            if args.write_masked and writes:
                 written.append(
                     f"{write_masked(args.file, args.write_masked, names=names)} masked rows to {args.write_masked}"
                 )

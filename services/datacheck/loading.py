@@ -10,6 +10,7 @@ import gzip
 import importlib
 import io
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -87,6 +88,8 @@ def _row_problem(value: Any) -> RowError | None:
         if isinstance(item, str):
             if _bad_text(item):
                 return _ENCODING_ERROR
+        elif item is _NOT_FINITE:
+            return _NOT_FINITE_ERROR
         elif isinstance(item, dict | list):
             if depth > MAX_DEPTH:
                 return RowError("broken", f"nested more than {MAX_DEPTH} levels deep")
@@ -99,6 +102,24 @@ def _row_problem(value: Any) -> RowError | None:
             else:
                 stack.extend((v, depth + 1) for v in item)
     return None
+
+
+class _NotFinite:
+    """What the readers put where JSON text holds NaN, Infinity or a number past a double's range: Python's json
+    takes them, strict readers do not, and --write-clean wrote them back ("n": Infinity) as rows kept."""
+
+
+_NOT_FINITE = _NotFinite()
+_NOT_FINITE_ERROR = RowError("broken", "not valid JSON: NaN, Infinity or a number too large for a double")
+
+
+def _not_finite(_: str) -> _NotFinite:
+    return _NOT_FINITE
+
+
+def _finite_float(text: str) -> float | _NotFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NOT_FINITE
 
 
 def _too_many_values() -> RowError:
@@ -144,7 +165,7 @@ def _jsonl_rows(
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_not_finite, parse_float=_finite_float)
         except json.JSONDecodeError as exc:
             yield number, RowError("broken", f"not valid JSON: {exc.msg} at column {exc.colno}")
             continue
@@ -194,7 +215,7 @@ def _json_array_rows(
     an element over the record limit (counted in characters) is refused, and a file past the line limit
     (limits.line_limit, counting elements)."""
     most = limits.line_limit(stored_bytes)
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=_not_finite, parse_float=_finite_float)
     text_decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     # lines_before / columns_before: where buf[0] sits in the file (newlines before it, characters
     # before it on its line), so an error position inside the buffer maps to the file's line and column.

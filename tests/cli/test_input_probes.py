@@ -5,6 +5,7 @@ output file is left."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,39 @@ def test_a_second_output_refused_leaves_no_first_output(tmp_path: Path) -> None:
     )
     _one_line_error(done, "cannot write")
     assert not (tmp_path / "b.jsonl").exists()
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "train.json"])
+def test_nan_infinity_and_numbers_past_a_double_are_broken_rows_and_the_clean_file_is_strict_json(
+    tmp_path: Path, name: str
+) -> None:
+    # Python's json takes them; --write-clean wrote "n": Infinity back as a kept row, which strict readers refuse.
+    rows = [
+        '{"text": "one row here", "n": 1e999}',
+        '{"text": "two row here", "n": NaN}',
+        '{"text": "x", "n": -Infinity}',
+    ]
+    good = '{"text": "a perfectly ordinary training example", "n": 1.5}'
+    text = "\n".join([*rows, good]) + "\n" if name.endswith("l") else "[" + ", ".join([*rows, good]) + "]"
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    done = _gpuplan(tmp_path, "data", "check", name, "--json", "--write-clean", "clean.jsonl")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["rows_total"], report["rows_kept"], len(report["broken_rows"])) == (4, 1, 3)
+    written = (tmp_path / "clean.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line, parse_constant=_refuse) for line in written] == [json.loads(good)]
+
+
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_a_check_that_keeps_no_row_writes_no_output(tmp_path: Path) -> None:
+    # It exits 1 (nothing can train); an empty clean file was left, which the run on the mended file then refused.
+    (tmp_path / "train.jsonl").write_text('[1, 2]\n"text"\nnull\n', encoding="utf-8")
+    done = _gpuplan(tmp_path, "data", "check", "train.jsonl", "--write-clean", "c.jsonl", "--write-masked", "m.jsonl")
+    assert done.returncode == 1, done.stderr
+    assert not (tmp_path / "c.jsonl").exists() and not (tmp_path / "m.jsonl").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="without tokenizers no file is read")
