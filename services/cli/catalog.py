@@ -4,6 +4,7 @@ price feeds; and the catalog the planning commands use (the service's, whenever 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,6 +74,13 @@ def cmd_gpus(_args: argparse.Namespace) -> int:
     return 0
 
 
+class _PrintedOutcomes(logging.Filter):
+    """Leaves out the refresh's records of feed outcomes, which the command prints itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not hasattr(record, "feed_outcome")
+
+
 def cmd_catalog_refresh(args: argparse.Namespace) -> int:
     """Refresh the feeds; exit 1 when one failed (its last good prices stay, its error is recorded)."""
     from services.catalog.feeds.refresh import refresh
@@ -87,7 +95,13 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
             f"(feeds: {', '.join(FEED_PROVIDERS)})"
         )
     migrate_database(settings)
-    outcomes = refresh(make_sessionmaker(make_engine(settings.sqlalchemy_url)), settings, providers)
+    feed_log = logging.getLogger(refresh.__module__)
+    printed = _PrintedOutcomes()  # a failed feed was said twice: its log record, then the line below
+    feed_log.addFilter(printed)
+    try:
+        outcomes = refresh(make_sessionmaker(make_engine(settings.sqlalchemy_url)), settings, providers)
+    finally:
+        feed_log.removeFilter(printed)
     for outcome in outcomes:
         if outcome.ok:
             note = f" ({outcome.note})" if outcome.note else ""

@@ -175,6 +175,7 @@ def test_catalog_refresh_from_a_feed_and_a_failed_one(gpuplan: Gpuplan, fake: Fa
     first = gpuplan("catalog", "refresh", "--provider", "runpod", env=env)
     assert first.returncode == 1 and "no earlier fetch of it succeeded (no fetched prices to keep)" in first.stderr
     assert "prices kept" not in first.stderr
+    assert first.stderr.count("no earlier fetch") == 1, first.stderr  # the log record said it a second time
     fake.routes[("POST", "/graphql")] = (200, response("runpod_gpu_types.json"))
     out = gpuplan("catalog", "refresh", "--provider", "runpod", env=env)
     assert out.returncode == 0, out.stderr

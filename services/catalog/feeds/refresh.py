@@ -96,5 +96,6 @@ def refresh(
                 kept_from = record_feed_failure(session, provider, error, when)
             outcome = FeedOutcome(provider, False, 0, error=error, kept_from=kept_from)
             outcomes.append(outcome)
-            log.warning("catalog feed %s %s", provider, outcome.failure())
+            # Marked: `gpuplan catalog refresh` prints each outcome itself, and leaves this record out.
+            log.warning("catalog feed %s %s", provider, outcome.failure(), extra={"feed_outcome": provider})
     return outcomes
