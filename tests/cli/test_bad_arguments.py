@@ -4,6 +4,7 @@ of stop 49 found each of these printing a traceback, exiting 0, or hanging)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -22,6 +23,17 @@ def _gpuplan(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> s
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
     (tmp_path / "tokenizer.json").write_text('{"not": "a tokenizer"}', encoding="utf-8")
     (tmp_path / "plan.json").write_text((REPO / "infra" / "examples" / "llama-3.1-8b-qlora.json").read_text())
+    model = '"model": {"name": "meta-llama/Llama-3.1-8B"}'
+    (tmp_path / "twice.json").write_text(f'{{{model}, "method": "lora", "method": "full"}}', encoding="utf-8")
+    (tmp_path / "yes.json").write_text(f'{{{model}, "gradient_checkpointing": "yes"}}', encoding="utf-8")
+    (tmp_path / "epochs.json").write_text(f'{{{model}, "data": {{"tokens": 100, "epochs": 1e-300}}}}', encoding="utf-8")
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
+    (tmp_path / "no_mlp.json").write_text(json.dumps(llama), encoding="utf-8")
+    escaped = {**llama, "intermediate_size": 14336, "model_type": "llama\u001b[2J"}
+    (tmp_path / "escape.json").write_text(json.dumps(escaped), encoding="utf-8")
+    no_roles = json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "no_roles.json").write_text(json.dumps({**no_roles, "lora": {"rank": 16, "targets": []}}))
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [str(GPUPLAN), *args], capture_output=True, text=True, timeout=60, env=full, cwd=tmp_path, check=False
@@ -32,6 +44,21 @@ CASES = [
     (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--avg-tokens", "5e-324", "--examples", "10"), "avg_tokens"),
     (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--avg-tokens", "1e308", "--examples", "10"), "avg_tokens"),
     (("estimate", "--plan", "binary.json"), "--plan binary.json: not UTF-8 text"),
+    # Of a key given twice the last was used; "yes" was read as true; 1e-300 epochs were priced as no run at all.
+    (("estimate", "--plan", "twice.json"), "method: given more than once in one object"),
+    (("estimate", "--plan", "yes.json"), "gradient_checkpointing: input should be a valid boolean (got 'yes')"),
+    (("estimate", "--plan", "epochs.json"), "a run trains at least one"),
+    # Missing, intermediate_size was taken as 0: an 8B Llama of 2.4B parameters with "high" confidence.
+    (("estimate", "--config", "no_mlp.json"), "model.config.intermediate_size: missing"),
+    # The model_type was printed as given: an escape cleared the terminal.
+    (("estimate", "--config", "escape.json"), "model.config.model_type: 'llama\\x1b[2J' is no architecture name"),
+    # An empty role list is a frozen base to the estimate, but PEFT refuses target_modules=[] when train.py starts.
+    (("export", "--plan", "no_roles.json", "--format", "hf-trainer", "--gpu", "h100"), "lora.targets: no layer"),
+    (("export", "--plan", "no_roles.json", "--format", "torchtune"), "lora.targets: no recommended setup"),
+    # The planner rejects a card without bf16 for a bf16 plan; exported on it, the Trainer refused to start.
+    (("export", "--plan", "plan.json", "--format", "hf-trainer", "--gpu", "T4"), "--gpu T4: it has no bf16 support"),
+    # An abbreviation passed the check of an option given twice: torchtune was exported.
+    (("export", "--plan", "plan.json", "--format", "axolotl", "--form", "torchtune"), "unrecognized arguments: --form"),
     (("estimate", "--model", "meta-llama/Llama-3.1-8B", "--lora-targets", ""), "--lora-targets: no role given"),
     (("data", "check", "ok.jsonl", "--write-clean", "missing/dir/out.jsonl"), "cannot write"),
     (("data", "check", "ok.jsonl", "--data-country", "ZZZ"), "not a two-letter ISO country code"),
