@@ -88,7 +88,7 @@ def _row_problem(value: Any) -> RowError | None:
         if isinstance(item, str):
             if _bad_text(item):
                 return _ENCODING_ERROR
-        elif item is _NOT_FINITE:
+        elif item is _NOT_FINITE or (isinstance(item, float) and not math.isfinite(item)):  # Parquet: NaN as read
             return _NOT_FINITE_ERROR
         elif isinstance(item, dict | list):
             if depth > MAX_DEPTH:
@@ -110,7 +110,7 @@ class _NotFinite:
 
 
 _NOT_FINITE = _NotFinite()
-_NOT_FINITE_ERROR = RowError("broken", "not valid JSON: NaN, Infinity or a number too large for a double")
+_NOT_FINITE_ERROR = RowError("broken", "NaN, Infinity or a number too large for a double, which no JSON holds")
 
 
 def _not_finite(_: str) -> _NotFinite:
@@ -548,7 +548,7 @@ def _parquet_rows(
                 end = min(end, stop, min((r for r in crowded if r > start), default=stop))
                 for row in batch.slice(start, end - start).to_pylist():
                     number += 1
-                    yield number, row
+                    yield number, _row_problem(row) or row
                 start = end
             if stop < batch.num_rows:
                 row_number = number + 1

@@ -235,3 +235,16 @@ def test_a_tokenizer_that_panics_on_a_row_fails_the_check_with_a_reason(tmp_path
     counter = counter_from_json(json.dumps(BACKTRACKING_TOKENIZER))
     with pytest.raises(DataCheckError, match=r"tokenizer: the tokenizer failed on a row .*retry-limit-in-match"):
         check_dataset(path, counter=counter)
+
+
+def test_a_parquet_value_of_nan_or_infinity_is_a_broken_row(tmp_path: Path) -> None:
+    # Written back by --write-clean as NaN, which strict JSON readers refuse (as JSON Lines rows holding them are).
+    path = tmp_path / "scores.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "score": [1.0, float("nan"), float("-inf")]}), path)
+    rows = [row for _, row in load_rows(path)]
+    assert rows[0] == {"text": "a", "score": 1.0}
+    assert (
+        rows[1]
+        == rows[2]
+        == RowError("broken", "NaN, Infinity or a number too large for a double, which no JSON holds")
+    )
