@@ -702,12 +702,18 @@ def iter_rows(
             spool.close()
 
 
+def missing_file_words(path: Path) -> str:
+    """Why ``path`` cannot be read as a data file: not there, or there but no regular file (a directory named
+    data.jsonl was "no such file")."""
+    return "not a regular file" if path.exists() else "no such file"
+
+
 def load_rows(path: str | Path, limits: Limits | None = None) -> Iterator[tuple[int, Any]]:
     """Yield (row_number, row) with 1-based numbers; a row that cannot be read is a RowError with its reason."""
     source = Path(path)
     kind = file_format(source)
     if not source.is_file():
-        raise DataCheckError(f"path: no such file {str(source)!r}")
+        raise DataCheckError(f"path: {missing_file_words(source)} {str(source)!r}")
     with source.open("rb") as handle:
         yield from iter_rows(
             handle,

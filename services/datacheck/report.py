@@ -29,7 +29,7 @@ from .formats import (
     spelling_problem,
 )
 from .limits import Limits
-from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows
+from .loading import DataCheckError, RowError, file_format, iter_rows, load_rows, missing_file_words
 from .pii import PII_KINDS, PiiFinding, find_pii, mask_value
 from .spill import ExactIndex, Scratch
 from .tokens import (
@@ -589,7 +589,7 @@ class _FileSource:
     def rows(self) -> Iterator[tuple[int, Any]]:
         kind = file_format(self.path)
         if not self.path.is_file():
-            raise DataCheckError(f"path: no such file {str(self.path)!r}")
+            raise DataCheckError(f"path: {missing_file_words(self.path)} {str(self.path)!r}")
         with self.path.open("rb") as handle:
             self._handle = handle
             yield from iter_rows(

@@ -252,6 +252,8 @@ def test_data_check(tmp_path: Path) -> None:
     report = json.loads(gpuplan("data", "check", str(data), "--json").stdout)
     assert report["rows_kept"] == 2
     _one_error_line(gpuplan("data", "check", str(tmp_path / "missing.jsonl")), "no such file")
+    (tmp_path / "folder.jsonl").mkdir()  # was "no such file" too
+    _one_error_line(gpuplan("data", "check", str(tmp_path / "folder.jsonl")), "path: not a regular file")
 
 
 def test_migrate(tmp_path: Path) -> None:
