@@ -144,7 +144,10 @@ def _best_on_card(
     if pricing == "spot":
         rentable = [(o, layout) for o, layout in rentable if o.spot_usd_per_hour is not None]
         if not rentable:
-            raise PlannerError("spot", f"spot: no offer has a spot price for {gpus} x {spec.name}")
+            # Named by provider where few are left: "no offer has one" read as none in the catalog (a quote probe).
+            providers = sorted({o.provider for o in card_offers})
+            among = f" of {', '.join(providers)}" if len(providers) <= 3 else ""
+            raise PlannerError("spot", f"spot: no offer{among} has a spot price for {gpus} x {spec.name}")
     unsupported = precision_rejection(ctx.plan, spec, rentable[0][0])
     if unsupported is not None:
         raise PlannerError("gpu", f"gpu: {unsupported.reason}")

@@ -242,6 +242,8 @@ def test_a_count_between_nodes_names_the_nearest_counts(api: Api) -> None:
         url, json={"gpu": "H100 SXM", "gpus": 2, "provider": "per-gpu-dc", "spot": True}, headers=api.headers()
     )
     assert response.status_code == 422 and response.json()["field"] == "spot", response.text
+    # Named by the provider asked for: "no offer has a spot price" read as none in the whole catalog.
+    assert response.json()["message"] == "spot: no offer of per-gpu-dc has a spot price for 2 x H100 SXM"
     response = api.client.post(
         url, json={"gpu": "H100 SXM", "gpus": 16, "provider": "node-dc", "nodes": 4}, headers=api.headers()
     )
