@@ -32,8 +32,8 @@ from services.runs.sync import (
     SyncResult,
     checkpoint_dirs,
     pending_steps,
-    settled,
     sync_pass,
+    wait_settled,
 )
 
 log = logging.getLogger("gpuplan.agent")
@@ -339,14 +339,8 @@ class Syncer:
         unsettled = self.run.pass_once(control).unsettled
         if not unsettled:
             return []
-        settle_s = self.run.options.settle_s
-        folders = dict(checkpoint_dirs(self.run.checkpoint_dir))
-        deadline = time.monotonic() + settle_s
-        while not all(step not in folders or settled(folders[step], settle_s) for step in unsettled):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return unsettled
-            time.sleep(min(0.5, left))
+        if not wait_settled(self.run.checkpoint_dir, unsettled, self.run.options.settle_s):
+            return unsettled
         return self.run.pass_once(control).unsettled
 
 

@@ -27,7 +27,16 @@ from services.core.errors import ConfigurationError
 from services.runs.client import RunApi, RunApiError
 from services.runs.restore import RestoreError, restore_checkpoint
 from services.runs.retention import StoredCheckpoint, best_step
-from services.runs.sync import BucketOnly, SyncError, SyncOptions, read_manifest, stored_steps, sync_pass
+from services.runs.sync import (
+    BucketOnly,
+    SyncError,
+    SyncOptions,
+    checkpoint_dirs,
+    read_manifest,
+    stored_steps,
+    sync_pass,
+    wait_settled,
+)
 from services.storage.s3 import make_s3_client
 
 MiB = 2**20
@@ -171,10 +180,18 @@ def cmd_sync(args: argparse.Namespace) -> int:
     with httpx.Client(base_url=args.api, timeout=60) as client:
         api = RunApi(client, api_key(args, args.command), args.run)
         run = _run_info(api)
+        s3, root = _s3(), Path(args.dir)
         try:
-            result = sync_pass(
-                _s3(), run["bucket"], run["prefix"], args.run, Path(args.dir), api, options, final=args.final
-            )
+            result = sync_pass(s3, run["bucket"], run["prefix"], args.run, root, api, options, final=args.final)
+            if args.final and result.unsettled and wait_settled(root, result.unsettled, args.settle_s):
+                # After training: what is still being written settles within --settle-s, and is made durable then (a
+                # final pass that skipped it exited 0, the finished model left behind: a lifecycle probe).
+                earlier = result
+                result = sync_pass(s3, run["bucket"], run["prefix"], args.run, root, api, options, final=True)
+                result.uploaded[:0] = earlier.uploaded
+                result.deleted[:0] = earlier.deleted
+                result.repaired = {**earlier.repaired, **result.repaired}
+            newest = max((step for step, _ in checkpoint_dirs(root)), default=None) if args.final else None
         except (SyncError, RunApiError) as exc:
             raise CliError(f"sync: {exc}; nothing local was touched, run it again to resume") from None
         except (BotoCoreError, ClientError) as exc:  # credentials, connection and store errors
@@ -225,6 +242,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
             print("nothing new to sync")  # a lost step is the stderr line below, and the exit's failure
     for reason in result.lost.values():
         print(f"gpuplan sync: {reason}", file=sys.stderr)
+    durable = {*result.already_durable, *uploaded}
+    if newest is not None and newest not in durable:
+        why = result.in_progress.get(newest) or result.refused.get(newest) or result.lost.get(newest)
+        if why is None:
+            why = f"still written to after {args.settle_s:g} s" if newest in result.unsettled else "not uploaded"
+        print(f"gpuplan sync: --final: the newest checkpoint, step {newest}, is not durable ({why})", file=sys.stderr)
+        return 1
     # A refused step is also logged (a warning on stderr, as the agent shows it), so it is printed here only on stdout;
     # the pass's other logged outcomes are left out of the log (register: log_printed), printed here alone.
     return 1 if result.lost or result.refused else 0

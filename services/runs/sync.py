@@ -272,6 +272,20 @@ def settled(directory: Path, settle_s: float, now: float | None = None) -> bool:
     return now - newest >= settle_s
 
 
+def wait_settled(root: Path, steps: list[int], settle_s: float) -> bool:
+    """Wait, at most ``settle_s``, until the checkpoint folders of ``steps`` under ``root`` have settled (False: they
+    had not by then): a final pass (the agent's on its way out, ``gpuplan sync --final`` after training) makes them
+    durable instead of skipping them as still being written."""
+    folders = dict(checkpoint_dirs(root))
+    deadline = time.monotonic() + settle_s
+    while not all(step not in folders or settled(folders[step], settle_s) for step in steps):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(0.5, left))
+    return True
+
+
 # The agent is long-lived and a checkpoint does not change once settled: a pass that resumes after an
 # interruption reuses the hashes of the pass before instead of reading many GB again.
 _HASHES: dict[tuple[str, int, int, int], tuple[str, str, list[bytes]]] = {}
@@ -466,8 +480,9 @@ def _forget_hashes(path: Path) -> None:
 
 def read_metric(directory: Path, step: int) -> float | None:
     """The evaluation metric saved with a checkpoint: ``gpuplan_metric.json`` ({"metric": x}) if the
-    training script writes one, else the last ``eval_loss`` at or before this step in transformers'
-    ``trainer_state.json``."""
+    training script writes one, else the ``eval_loss`` transformers' ``trainer_state.json`` logged at this very step.
+    An earlier evaluation's is not this checkpoint's: with saves more frequent than evaluations, a later checkpoint
+    inherited the best loss, ranked best on the tie, and retention deleted the checkpoint evaluated (a probe)."""
     explicit = directory / METRIC_FILE
     value: object = None
     try:
@@ -475,7 +490,7 @@ def read_metric(directory: Path, step: int) -> float | None:
             value = json.loads(explicit.read_text())["metric"]
         elif (state := directory / "trainer_state.json").is_file():
             history = json.loads(state.read_text()).get("log_history", [])
-            losses = [e["eval_loss"] for e in history if "eval_loss" in e and int(e.get("step", 0)) <= step]
+            losses = [e["eval_loss"] for e in history if "eval_loss" in e and int(e.get("step", -1)) == step]
             value = losses[-1] if losses else None
     except (ValueError, KeyError, TypeError, OSError, AttributeError):
         log.warning("unreadable metric in %s; the checkpoint is kept without one", directory)
@@ -705,9 +720,11 @@ _LATE_METRICS: dict[tuple[str, int], float | None] = {}
 
 def late_metric(directory: Path, step: int, manifest: Manifest) -> float | None:
     """A metric the training script wrote after the step became durable (``gpuplan_metric.json`` may follow the
-    marker: docs/runs.md) that its manifest does not carry; None: none new. Retention keeps the best by it."""
+    marker: docs/runs.md) other than the one its manifest carries; None: none new. Retention keeps the best by it.
+    The file is the script's own word, so it replaces an ``eval_loss`` the manifest was made with (that one stood,
+    and retention deleted the checkpoint the file named best: a probe)."""
     path = directory / METRIC_FILE
-    if manifest.metric is not None or not path.is_file():
+    if not path.is_file():
         return None
     try:
         key = (str(path), path.stat().st_mtime_ns)
@@ -717,7 +734,8 @@ def late_metric(directory: Path, step: int, manifest: Manifest) -> float | None:
         if len(_LATE_METRICS) > 10_000:
             _LATE_METRICS.clear()
         _LATE_METRICS[key] = read_metric(directory, step)
-    return _LATE_METRICS[key]
+    found = _LATE_METRICS[key]
+    return found if found != manifest.metric else None
 
 
 def _manifest_for(s3: Any, bucket: str, run_prefix: str, step: int) -> Manifest | None:
@@ -810,7 +828,7 @@ def sync_pass(
             if stored_manifest is not None:
                 note_changes(step, directory, stored_manifest)
             update: dict[str, Any] = {"final": True} if marking else {}
-            if metric is not None and stored is not None and stored.metric is None:  # another writer's stands
+            if metric is not None and stored is not None:
                 update["metric"] = metric
             if stored is not None and any(getattr(stored, name) != value for name, value in update.items()):
                 marked = stored.model_copy(update=update)

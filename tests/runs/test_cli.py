@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -196,3 +197,70 @@ def test_the_console_command_says_a_lost_step_once_on_stderr(run_env: RunEnv, li
     lines = lost.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpuplan sync: the bucket lost 5 files of durable step 100"), lines
     assert lines[0].endswith("the API still lists it durable; restore an older step"), lines
+
+
+def _evaluated(directory: Path, step: int, evaluations: dict[int, float]) -> None:
+    """The checkpoint's trainer_state.json as the Trainer writes it: the evaluations logged up to its step."""
+    history = [{"step": s, "eval_loss": loss} for s, loss in sorted(evaluations.items()) if s <= step]
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+
+
+def _connect(run_env: RunEnv, live_api: str, run_id: str) -> list[str]:
+    return ["--api", live_api, "--key", run_env.key, "--run", run_id]
+
+
+def test_a_checkpoint_saved_between_evaluations_has_no_metric_and_the_evaluated_best_is_kept(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Saves every 50 steps, evaluations every 100: checkpoint-250 took step 200's loss, ranked best on the tie (the
+    # newer), and retention deleted checkpoint-200, the one evaluated (a lifecycle probe).
+    run_id = run_env.new_run(retention={"keep_last": 1, "keep_best": True, "metric_mode": "min"})
+    out, evaluations = tmp_path / "out", {100: 0.9, 200: 0.2, 300: 0.5, 400: 0.6}
+    for step in range(50, 401, 50):
+        _evaluated(make_checkpoint(out, step, 1 * 2**20, seed=step), step, evaluations)
+    assert main(["sync", *_connect(run_env, live_api, run_id), "--dir", str(out), "--settle-s", "0"]) == 0
+    capsys.readouterr()
+    run = run_env.client.get(f"/v1/runs/{run_id}", headers=run_env.headers).json()
+    checkpoints = {c["step"]: c for c in run["checkpoints"]}
+    assert run["best_step"] == 200 and checkpoints[200]["status"] == "durable"
+    assert checkpoints[250]["metric"] is None and checkpoints[200]["metric"] == 0.2
+
+
+def test_a_metric_file_written_after_an_evaluated_checkpoint_became_durable_replaces_its_eval_loss(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The manifest's eval_loss stood against the script's own metric file, and retention deleted the step it named best.
+    run_id = run_env.new_run(retention={"keep_last": 2, "keep_best": True, "metric_mode": "min"})
+    out, connect = tmp_path / "out", _connect(run_env, live_api, run_id)
+    for step, loss in ((100, 0.9), (200, 0.5)):
+        _evaluated(make_checkpoint(out, step, 1 * 2**20, seed=step), step, {step: loss})
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
+    (out / "checkpoint-100" / "gpuplan_metric.json").write_text('{"metric": 0.1}')
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
+    for step in (300, 400):
+        _evaluated(make_checkpoint(out, step, 1 * 2**20, seed=step), step, {step: 0.6})
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0"]) == 0
+    capsys.readouterr()
+    run = run_env.client.get(f"/v1/runs/{run_id}", headers=run_env.headers).json()
+    checkpoints = {c["step"]: c for c in run["checkpoints"]}
+    assert run["best_step"] == 100 and checkpoints[100]["status"] == "durable" and checkpoints[100]["metric"] == 0.1
+    assert checkpoints[200]["status"] == "deleted"
+
+
+def test_sync_final_waits_for_the_checkpoint_just_written_and_fails_without_it(
+    run_env: RunEnv, live_api: str, s3_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `train && gpuplan sync --final && shutdown`: the checkpoint written a moment ago was "still being written", the
+    # pass exited 0, and the finished model was left on the node (a lifecycle probe).
+    out, connect = tmp_path / "out", _connect(run_env, live_api, run_env.run_id)
+    make_checkpoint(out, 600, 1 * 2**20, seed=6, settled=False)
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "1", "--final"]) == 0
+    assert "step 600: durable" in capsys.readouterr().out
+    run = run_env.client.get(f"/v1/runs/{run_env.run_id}", headers=run_env.headers).json()
+    (final,) = [c for c in run["checkpoints"] if c["step"] == 600]
+    assert final["status"] == "durable" and final["final"]
+    # One the pass cannot make durable (its weights' index names a shard not written) fails the command.
+    broken = make_checkpoint(out, 700, 1 * 2**20, seed=7)
+    (broken / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model-00002-of-00002.safetensors"}}')
+    assert main(["sync", *connect, "--dir", str(out), "--settle-s", "0", "--final"]) == 1
+    assert "--final: the newest checkpoint, step 700, is not durable" in capsys.readouterr().err
