@@ -289,7 +289,7 @@ def setup_for_format(
     plan = plan.plan if isinstance(plan, ResolvedPlan) else plan
     target_plan, notes = retarget_plan(plan, fmt)
     target_resolved = resolved.variant(target_plan) if resolved is not None else None
-    # Another framework or padding changes memory and speed: the format's plan is planned again.
+    # Another framework changes memory and speed, another padding the time and cost: the format's plan is planned again.
     replanned = target_plan.framework != plan.framework or target_plan.padding != plan.padding
     recs = list(replan(target_plan)) if replanned else list(planned)
     if index >= len(recs):
