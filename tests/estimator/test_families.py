@@ -348,3 +348,42 @@ def test_qwen1_reads_both_intermediate_size_conventions() -> None:
     totals = {parameter_counts(architecture_from_config(cfg)).total for cfg in (own, schema, halves_only)}
     assert totals == {7_721_324_544}
     assert any("one half" in n for n in architecture_from_config(schema).notes)
+
+
+@pytest.mark.parametrize(
+    ("hf_id", "key"),
+    [
+        # Missing, each took a default transformers does not have, sizing the model silently wrong at "high"
+        # confidence (a probe of stop 61): every layer dense, Mistral with all heads as KV heads, Qwen3's and
+        # Gemma's head_dim as hidden / heads, Pythia's and Phi-2's MLP as 4 x hidden, a full q_proj for DeepSeek.
+        ("deepseek-ai/DeepSeek-V3", "n_routed_experts"),
+        ("deepseek-ai/DeepSeek-V3", "first_k_dense_replace"),
+        ("deepseek-ai/DeepSeek-V3", "n_shared_experts"),
+        ("deepseek-ai/DeepSeek-V3", "q_lora_rank"),
+        ("zai-org/GLM-4.5-Air", "n_routed_experts"),
+        ("zai-org/GLM-4.5-Air", "num_key_value_heads"),
+        ("mistralai/Mistral-7B-v0.1", "num_key_value_heads"),
+        ("Qwen/Qwen3-32B", "head_dim"),
+        ("google/gemma-7b", "head_dim"),
+        ("openai/gpt-oss-120b", "num_key_value_heads"),
+        ("microsoft/Phi-3.5-MoE-instruct", "num_key_value_heads"),
+        ("EleutherAI/pythia-6.9b", "intermediate_size"),
+        ("microsoft/phi-2", "intermediate_size"),
+        ("meta-llama/Llama-3.1-8B", "intermediate_size"),
+    ],
+)
+def test_a_size_whose_default_is_not_ours_is_required(hf_id: str, key: str) -> None:
+    config = {k: v for k, v in find_model(hf_id).config.items() if k != key}
+    with pytest.raises(EstimatorError, match=r"missing; a \w+ config.json needs it") as refused:
+        architecture_from_config(config)
+    assert refused.value.field == f"model.config.{key}"
+
+
+def test_a_llama_config_without_kv_heads_or_head_dim_takes_transformers_defaults() -> None:
+    # LlamaConfig's own defaults: every head a KV head, head_dim hidden / heads.
+    config = find_model("meta-llama/Llama-3.1-8B").config
+    bare = {k: v for k, v in config.items() if k not in ("num_key_value_heads", "head_dim")}
+    full = {**bare, "num_key_value_heads": config["num_attention_heads"]}
+    assert (
+        parameter_counts(architecture_from_config(bare)).total == parameter_counts(architecture_from_config(full)).total
+    )

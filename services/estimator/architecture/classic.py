@@ -57,7 +57,7 @@ def gpt_neox(c: Config) -> Architecture:
     h = c.get_int("hidden_size")
     heads = c.get_int("num_attention_heads")
     hd = h // heads
-    inter = c.get_int("intermediate_size", default=4 * h)
+    inter = c.get_int("intermediate_size")  # GPTNeoXConfig's default is 24576, not 4 x hidden: required
     vocab = c.get_int("vocab_size")
     bias = c.get_bool("attention_bias", default=True)
     linears = (

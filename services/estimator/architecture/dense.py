@@ -27,6 +27,13 @@ def _softcap(c: Config, key: str, gemma2_default: float) -> float:
     return c.get_float(key, default=0.0)
 
 
+# Families whose transformers config defaults num_key_value_heads to None (every head: LlamaConfig, OlmoConfig,
+# Olmo2Config, GraniteConfig), and those whose head_dim default is a number of its own (Qwen3Config and
+# Qwen3MoeConfig 128, GemmaConfig, Gemma2Config and Gemma3TextConfig 256, SeedOssConfig 128).
+_KV_HEADS_DEFAULT_ALL = frozenset({"llama", "olmo", "olmo2", "granite"})
+_OWN_HEAD_DIM = frozenset({"qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "seed_oss"})
+
+
 def llama_like(c: Config) -> Architecture:
     """llama, mistral, qwen2, qwen3, olmo, olmo2, olmoe, granite, seed_oss, stablelm, gemma(2,3), mixtral,
     qwen2_moe, qwen3_moe.
@@ -40,8 +47,11 @@ def llama_like(c: Config) -> Architecture:
     h = c.get_int("hidden_size")
     layers = c.get_int("num_hidden_layers")
     heads = c.get_int("num_attention_heads")
-    kv_heads = c.get_int("num_key_value_heads", default=heads)
-    head_dim = c.get_int("head_dim", default=h // heads if heads else 0)
+    # Missing, these take transformers' default only where it is ours (the class's None: all heads, hidden / heads);
+    # elsewhere its default is a number of its own (Mistral 8 KV heads, Qwen3 head_dim 128, Gemma 256: a probe found
+    # Qwen3-32B sized 30.5B for 32.8B), so the key is required.
+    kv_heads = c.get_int("num_key_value_heads", default=heads if mt in _KV_HEADS_DEFAULT_ALL else None)
+    head_dim = c.get_int("head_dim", default=h // heads if heads and mt not in _OWN_HEAD_DIM else None)
     vocab = c.get_int("vocab_size")
     # Every MLP reads it but a Qwen MoE's with no dense layer (missing, it was taken as 0: an 8B model of 2.4B).
     inter = c.get_int("intermediate_size", default=0 if mt in ("qwen2_moe", "qwen3_moe") else None)
@@ -223,7 +233,7 @@ def phi(c: Config) -> Architecture:
     heads = c.get_int("num_attention_heads")
     kv = c.get_int("num_key_value_heads", default=heads)
     hd = h // heads
-    inter = c.get_int("intermediate_size", default=4 * h)
+    inter = c.get_int("intermediate_size")  # PhiConfig's default is 8192, not 4 x hidden: required
     vocab = c.get_int("vocab_size")
     linears = (
         *qkvo(h, heads, kv, hd, qkv_bias=True, o_bias=True),
@@ -309,7 +319,7 @@ def glm(c: Config) -> Architecture:
     mt = c.model_type
     h = c.get_int("hidden_size")
     heads = c.get_int("num_attention_heads")
-    kv = c.get_int("num_key_value_heads", default=heads)
+    kv = c.get_int("num_key_value_heads")  # GlmConfig's default is 2, not every head: required
     hd = c.get_int("head_dim", default=h // heads if heads else 0)
     inter = c.get_int("intermediate_size")
     vocab = c.get_int("vocab_size")

@@ -39,7 +39,8 @@ def deepseek(c: Config) -> Architecture:
     heads = c.get_int("num_attention_heads")
     vocab = c.get_int("vocab_size")
     inter = c.get_int("intermediate_size")
-    q_rank = c.opt_int("q_lora_rank")
+    # Null is a full q_proj; missing, transformers' default rank (1536) applies, which is no reason to guess: required.
+    q_rank = c.opt_int("q_lora_rank") if "q_lora_rank" in c.raw else c.get_int("q_lora_rank")
     kv_rank = c.get_int("kv_lora_rank")
     rope_dim = c.get_int("qk_rope_head_dim")
     nope_dim = c.get_int("qk_nope_head_dim")
@@ -61,10 +62,11 @@ def deepseek(c: Config) -> Architecture:
     )
     latent_norms = (q_rank or 0) + kv_rank  # q_a_layernorm, kv_a_layernorm
 
-    n_routed = c.get_int("n_routed_experts", default=0)
-    moe_layers = moe_layer_count(
-        layers, c.get_int("first_k_dense_replace", default=0), c.get_int("moe_layer_freq", default=1)
-    )
+    # Missing, the routed experts were 0 (every layer dense: DeepSeek-V3 sized 37B for 671B) and V3's dense lead 0;
+    # transformers' defaults are 64 and 256 routed, 2 and 1 shared, V3's first 3 layers dense (V2's 0 is ours).
+    n_routed = c.get_int("n_routed_experts")
+    first_dense = c.get_int("first_k_dense_replace", default=0 if mt == "deepseek_v2" else None)
+    moe_layers = moe_layer_count(layers, first_dense, c.get_int("moe_layer_freq", default=1))
     n_moe = moe_layers if n_routed else 0
 
     def block(count: int, mlp: tuple[Linear, ...], other: int, width: int, k: int = 1, experts: int = 1) -> Block:
@@ -89,7 +91,7 @@ def deepseek(c: Config) -> Architecture:
     if n_moe:
         moe_inter = c.get_int("moe_intermediate_size")
         k = c.get_int("num_experts_per_tok")
-        shared_inter = moe_inter * c.get_int("n_shared_experts", default=0)
+        shared_inter = moe_inter * c.get_int("n_shared_experts")
         shared = tuple(
             Linear("shared_experts." + lin.name, lin.roles, lin.in_features, lin.out_features)
             for lin in (gated_mlp(h, shared_inter) if shared_inter else ())
@@ -134,8 +136,8 @@ def gpt_oss(c: Config) -> Architecture:
     """
     h = c.get_int("hidden_size")
     heads = c.get_int("num_attention_heads")
-    kv = c.get_int("num_key_value_heads", default=heads)
-    hd = c.get_int("head_dim", default=h // heads if heads else 0)
+    kv = c.get_int("num_key_value_heads")  # GptOssConfig's defaults are 8 and 64, not every head and hidden / heads
+    hd = c.get_int("head_dim")
     inter = c.get_int("intermediate_size")
     vocab = c.get_int("vocab_size")
     n_exp = c.get_int("num_local_experts")
@@ -298,7 +300,7 @@ def phimoe(c: Config) -> Architecture:
     experts w1/w3/w2 and a bias-free router, an untied head with bias (``lm_head_bias``)."""
     h = c.get_int("hidden_size")
     heads = c.get_int("num_attention_heads")
-    kv = c.get_int("num_key_value_heads", default=heads)
+    kv = c.get_int("num_key_value_heads")  # PhimoeConfig's default is 8, not every head: required
     hd = c.get_int("head_dim", default=h // heads if heads else 0)
     inter = c.get_int("intermediate_size")
     vocab = c.get_int("vocab_size")
@@ -348,14 +350,15 @@ def glm4_moe(c: Config) -> Architecture:
     h = c.get_int("hidden_size")
     layers = c.get_int("num_hidden_layers")
     heads = c.get_int("num_attention_heads")
-    kv = c.get_int("num_key_value_heads", default=heads)
+    kv = c.get_int("num_key_value_heads")  # Glm4MoeConfig's default is 8, not every head: required
     hd = c.get_int("head_dim", default=h // heads if heads else 0)
     vocab = c.get_int("vocab_size")
     inter = c.get_int("intermediate_size")
     attn = qkvo(h, heads, kv, hd, c.get_bool("attention_bias", default=True), False)
     qk_norm = 2 * hd if c.get_bool("use_qk_norm", default=False) else 0
-    n_routed = c.get_int("n_routed_experts", default=0)
-    n_moe = max(0, layers - c.get_int("first_k_dense_replace", default=0)) if n_routed else 0
+    # Missing, each was 0: every layer dense (GLM-4.5-Air sized 12.4B for 106.9B); transformers' defaults are 128, 1, 1.
+    n_routed = c.get_int("n_routed_experts")
+    n_moe = max(0, layers - c.get_int("first_k_dense_replace")) if n_routed else 0
     blocks: list[Block] = []
     if layers - n_moe:
         blocks.append(
@@ -374,7 +377,7 @@ def glm4_moe(c: Config) -> Architecture:
         )
     if n_moe:
         moe_inter = c.get_int("moe_intermediate_size")
-        shared_inter = moe_inter * c.get_int("n_shared_experts", default=0)
+        shared_inter = moe_inter * c.get_int("n_shared_experts")
         shared = tuple(
             Linear("shared_experts." + lin.name, lin.roles, lin.in_features, lin.out_features)
             for lin in (gated_mlp(h, shared_inter) if shared_inter else ())
